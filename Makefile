@@ -1,0 +1,73 @@
+# starfabric: build / test / demo entry points.
+# `make test` and `make demo` work on a fresh Debian 12 machine with rustup stable:
+# both first run scripts/setup.sh, which installs what is missing (and is quick
+# when everything is there).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+CARGO ?= cargo
+# Debian's python: it has python3-scapy. A pyenv/venv `python3` earlier on PATH may not.
+PYTHON ?= /usr/bin/python3
+FUZZ_SECONDS ?= 60
+
+# rustup installs cargo here; make sure it is found even from a non-login shell.
+export PATH := $(if $(CARGO_HOME),$(CARGO_HOME),$(HOME)/.cargo)/bin:$(PATH)
+export PYTHONDONTWRITEBYTECODE := 1
+
+GOLDEN_GEN    := tests/golden/gen.py
+GOLDEN_CORPUS := tests/golden/corpus.txt
+
+.PHONY: all setup build lint test golden golden-check fuzz demo bench clean
+
+all: build
+
+setup:
+	bash scripts/setup.sh
+
+build:
+	$(CARGO) build --release --workspace
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Sequential on purpose (also under -j): setup, lint, unit/integration tests,
+# golden corpus freshness, then a bounded fuzz run.
+test: setup
+	$(MAKE) --no-print-directory lint
+	$(CARGO) test --workspace --release
+	$(MAKE) --no-print-directory golden-check
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+golden:
+	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT; \
+	$(PYTHON) $(GOLDEN_GEN) > "$$tmp"; \
+	cp "$$tmp" $(GOLDEN_CORPUS); \
+	echo "wrote $(GOLDEN_CORPUS) ($$(wc -l < $(GOLDEN_CORPUS)) lines)"
+
+golden-check:
+	@test -f $(GOLDEN_CORPUS) || { echo "$(GOLDEN_CORPUS) is missing: run make golden" >&2; exit 1; }
+	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT; \
+	$(PYTHON) $(GOLDEN_GEN) > "$$tmp"; \
+	if ! diff -u $(GOLDEN_CORPUS) "$$tmp"; then \
+		echo "corpus is stale: run make golden" >&2; exit 1; \
+	fi; \
+	echo "golden corpus is up to date"
+
+fuzz:
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+demo: setup
+	$(CARGO) run --release -p starfabric -- demo
+
+bench:
+	$(CARGO) run --release -p starfabric -- bench pipeline
+	$(CARGO) bench --workspace
+
+# Keeps fuzz/artifacts (crash inputs are evidence, not build output).
+clean:
+	$(CARGO) clean
+	rm -rf fuzz/target fuzz/coverage

@@ -1,0 +1,315 @@
+//! `FlowKey`: what PP matches on. VNI + 5-tuple, v4 and v6, in one 40-byte layout.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use packet::{proto, IcmpKind, Ip, IpVersion, L4};
+
+/// Exact-match key: (VNI, src, dst, sport, dport, protocol).
+///
+/// The bytes are the canonical layout of `docs/golden-corpus.md`: src (16), dst (16),
+/// sport (2, BE), dport (2, BE), VNI (3, BE), protocol (1). IPv4 addresses are stored
+/// v4-mapped; the parser refuses v4-mapped addresses inside IPv6 packets, so the two
+/// families never collide. For ICMP echo the identifier takes the place of a port:
+/// the source port for a request, the destination port for a reply, so a reply's key is
+/// the reverse of its request's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct FlowKey {
+    bytes: [u8; 40],
+}
+
+const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/// Why no key could be built for an IP packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// A later fragment: the ports are in the first one.
+    Fragment,
+}
+
+impl FlowKey {
+    pub const LEN: usize = 40;
+
+    pub const fn from_bytes(bytes: [u8; 40]) -> Self {
+        FlowKey { bytes }
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 40] {
+        &self.bytes
+    }
+
+    /// Build a key from parts.
+    pub fn new(vni: u32, proto: u8, src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Self {
+        let mut k = FlowKey { bytes: [0; 40] };
+        k.set_addr(0, src);
+        k.set_addr(16, dst);
+        k.set_sport(sport);
+        k.set_dport(dport);
+        k.set_vni(vni);
+        k.bytes[39] = proto;
+        k
+    }
+
+    fn set_addr(&mut self, at: usize, a: IpAddr) {
+        match a {
+            IpAddr::V4(a) => {
+                self.bytes[at..at + 12].copy_from_slice(&V4_MAPPED_PREFIX);
+                self.bytes[at + 12..at + 16].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => self.bytes[at..at + 16].copy_from_slice(&a.octets()),
+        }
+    }
+
+    #[inline]
+    fn put_raw_addr(&mut self, at: usize, raw: &[u8]) {
+        if raw.len() == 4 {
+            self.bytes[at..at + 12].copy_from_slice(&V4_MAPPED_PREFIX);
+            self.bytes[at + 12..at + 16].copy_from_slice(raw);
+        } else {
+            self.bytes[at..at + 16].copy_from_slice(raw);
+        }
+    }
+
+    /// The key of an IP packet parsed from `buf`, with the VNI it arrived on.
+    ///
+    /// An ICMP error is keyed on the reversed 5-tuple of the packet it quotes, so it
+    /// finds the rule of the flow it reports on (see `packet::rewrite::rewrite_icmp_error`).
+    #[inline]
+    pub fn from_ip(buf: &[u8], ip: &Ip, vni: u32) -> Result<FlowKey, KeyError> {
+        let mut k = FlowKey { bytes: [0; 40] };
+        let (sport, dport) = match ip.l4 {
+            L4::Tcp { sport, dport, .. } | L4::Udp { sport, dport, .. } => (sport, dport),
+            L4::Icmp { kind, .. } => match kind {
+                IcmpKind::EchoRequest { id } => (id, 0),
+                IcmpKind::EchoReply { id } => (0, id),
+                IcmpKind::Error(q) => {
+                    // Reversed quote: its destination is our source.
+                    let qip = q.as_ip();
+                    k.put_raw_addr(0, &buf[qip.dst_range()]);
+                    k.put_raw_addr(16, &buf[qip.src_range()]);
+                    k.set_sport(q.dport);
+                    k.set_dport(q.sport);
+                    k.set_vni(vni);
+                    k.bytes[39] = q.proto;
+                    return Ok(k);
+                }
+                IcmpKind::Other => (0, 0),
+            },
+            L4::None => {
+                if ip.frag == packet::Frag::NonFirst {
+                    return Err(KeyError::Fragment);
+                }
+                (0, 0)
+            }
+        };
+        k.put_raw_addr(0, &buf[ip.src_range()]);
+        k.put_raw_addr(16, &buf[ip.dst_range()]);
+        k.set_sport(sport);
+        k.set_dport(dport);
+        k.set_vni(vni);
+        k.bytes[39] = ip.proto;
+        Ok(k)
+    }
+
+    /// The key of the opposite direction of this flow.
+    pub fn reversed(&self) -> FlowKey {
+        let mut k = *self;
+        k.bytes[0..16].copy_from_slice(&self.bytes[16..32]);
+        k.bytes[16..32].copy_from_slice(&self.bytes[0..16]);
+        k.bytes[32..34].copy_from_slice(&self.bytes[34..36]);
+        k.bytes[34..36].copy_from_slice(&self.bytes[32..34]);
+        k
+    }
+
+    pub fn is_v4(&self) -> bool {
+        self.bytes[0..12] == V4_MAPPED_PREFIX
+    }
+
+    pub fn version(&self) -> IpVersion {
+        if self.is_v4() {
+            IpVersion::V4
+        } else {
+            IpVersion::V6
+        }
+    }
+
+    fn addr(&self, at: usize) -> IpAddr {
+        let b = &self.bytes[at..at + 16];
+        if b[..12] == V4_MAPPED_PREFIX {
+            IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
+        } else {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(b);
+            IpAddr::V6(Ipv6Addr::from(a))
+        }
+    }
+
+    pub fn src(&self) -> IpAddr {
+        self.addr(0)
+    }
+
+    pub fn dst(&self) -> IpAddr {
+        self.addr(16)
+    }
+
+    pub fn sport(&self) -> u16 {
+        u16::from_be_bytes([self.bytes[32], self.bytes[33]])
+    }
+
+    pub fn dport(&self) -> u16 {
+        u16::from_be_bytes([self.bytes[34], self.bytes[35]])
+    }
+
+    pub fn vni(&self) -> u32 {
+        u32::from_be_bytes([0, self.bytes[36], self.bytes[37], self.bytes[38]])
+    }
+
+    pub fn proto(&self) -> u8 {
+        self.bytes[39]
+    }
+
+    pub fn set_src(&mut self, a: IpAddr) {
+        self.set_addr(0, a)
+    }
+
+    pub fn set_dst(&mut self, a: IpAddr) {
+        self.set_addr(16, a)
+    }
+
+    pub fn set_sport(&mut self, p: u16) {
+        self.bytes[32..34].copy_from_slice(&p.to_be_bytes());
+    }
+
+    pub fn set_dport(&mut self, p: u16) {
+        self.bytes[34..36].copy_from_slice(&p.to_be_bytes());
+    }
+
+    pub fn set_vni(&mut self, vni: u32) {
+        self.bytes[36..39].copy_from_slice(&vni.to_be_bytes()[1..]);
+    }
+
+    /// Stable, unseeded hash of the key (spec in `docs/golden-corpus.md`).
+    #[inline]
+    pub fn hash(&self) -> u64 {
+        flow_hash(&self.bytes)
+    }
+}
+
+#[inline]
+fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    h
+}
+
+/// The flow hash of 40 canonical key bytes. It must stay stable: the VXLAN source port
+/// derives from it, and the golden corpus and the XDP program compute it too.
+#[inline]
+pub fn flow_hash(b: &[u8; 40]) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for w in b.chunks_exact(8) {
+        let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ w).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    fmix64(h)
+}
+
+/// Per-worker remix of a flow hash, so table placement can't be predicted from outside.
+#[inline]
+pub fn seeded(h: u64, seed: u64) -> u64 {
+    fmix64(h ^ seed)
+}
+
+/// Outer UDP source port for a VXLAN packet carrying the flow with this hash: in the
+/// dynamic range, so underlay ECMP spreads flows (RFC 7348 §5).
+#[inline]
+pub fn vxlan_source_port(h: u64) -> u16 {
+    49152 + (((h as u32) ^ ((h >> 32) as u32)) % 16384) as u16
+}
+
+impl fmt::Display for FlowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = match self.proto() {
+            proto::TCP => "tcp".to_string(),
+            proto::UDP => "udp".to_string(),
+            proto::ICMP => "icmp".to_string(),
+            proto::ICMPV6 => "icmp6".to_string(),
+            n => n.to_string(),
+        };
+        let ep = |a: IpAddr, port: u16| match a {
+            IpAddr::V4(a) => format!("{a}:{port}"),
+            IpAddr::V6(a) => format!("[{a}]:{port}"),
+        };
+        write!(
+            f,
+            "{} {} {} > {}",
+            self.vni(),
+            p,
+            ep(self.src(), self.sport()),
+            ep(self.dst(), self.dport())
+        )
+    }
+}
+
+impl fmt::Debug for FlowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FlowKey({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reversed_twice_is_identity() {
+        let k = FlowKey::new(
+            7,
+            proto::TCP,
+            "198.18.0.1".parse().unwrap(),
+            1234,
+            "198.19.0.2".parse().unwrap(),
+            80,
+        );
+        assert_eq!(k.reversed().reversed(), k);
+        assert_ne!(k.reversed(), k);
+        assert_eq!(k.reversed().sport(), 80);
+        assert_eq!(k.to_string(), "7 tcp 198.18.0.1:1234 > 198.19.0.2:80");
+    }
+
+    #[test]
+    fn v4_and_v6_keys_differ() {
+        let a = FlowKey::new(
+            1,
+            proto::UDP,
+            "198.18.0.1".parse().unwrap(),
+            1,
+            "198.18.0.2".parse().unwrap(),
+            2,
+        );
+        assert!(a.is_v4());
+        let b = FlowKey::new(
+            1,
+            proto::UDP,
+            "2001:2::1".parse().unwrap(),
+            1,
+            "2001:2::2".parse().unwrap(),
+            2,
+        );
+        assert!(!b.is_v4());
+        assert_ne!(a.hash(), b.hash());
+    }
+
+    #[test]
+    fn source_port_in_dynamic_range() {
+        for i in 0..1000u64 {
+            let p = vxlan_source_port(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            assert!(p >= 49152);
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! PP's NF-independent packet pipeline: parse → match → action.
+//!
+//! A PP worker owns a [`FlowTable`] of exact-match rules keyed by [`FlowKey`] (VNI +
+//! 5-tuple). A hit runs the rule's composed action list (rewrite, decap/encap VXLAN,
+//! count, police, drop, output) with incremental checksums; a miss holds the packet in a
+//! bounded [`PendingQueue`] and sends a [`RuleRequest`] toward the fabric master. PP holds
+//! rules only, never NF state (paper 000 §3.2, §4.2).
+//!
+//! Workers process batches of descriptors from a [`PacketIo`] backend; the in-memory
+//! [`MemRing`] serves tests and benchmarks, and the PP node adds socket, AF_XDP and XDP
+//! backends behind the same trait.
+
+mod io;
+mod key;
+mod pending;
+mod pipeline;
+mod rule;
+mod stats;
+mod table;
+
+pub use io::{
+    Desc, FrameSource, IoError, MemRing, MemSink, PacketIo, VecSource, Verdict, FRAME_SIZE,
+    HEADROOM, MAX_FRAME,
+};
+pub use key::{flow_hash, seeded, vxlan_source_port, FlowKey, KeyError};
+pub use pending::{Held, PendingConfig, PendingQueue};
+pub use pipeline::{
+    Clock, ManualClock, MonotonicClock, PacketMeta, Pipeline, PipelineConfig, Policer,
+    RuleReply, RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
+};
+pub use rule::{
+    format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule,
+    RuleContext, RuleError, RuleSlot,
+};
+pub use stats::{DropReason, Stats};
+pub use table::{
+    age, EvictReason, FlowEntry, FlowTable, Inserted, TableError, TableStats, MAX_CAPACITY,
+};

@@ -1,0 +1,671 @@
+//! The per-worker pipeline: parse → match → action over batches.
+//!
+//! A batch runs in three passes so that table memory is fetched for many packets at
+//! once instead of one cache miss after another (the VPP/DPDK pattern):
+//! 1. parse, build the `FlowKey`, hash it, prefetch its two buckets;
+//! 2. find the signature match, prefetch the entry and its rule;
+//! 3. confirm the key, then run the rule's actions, or take the miss path.
+//!
+//! The miss path holds the packet in the [`PendingQueue`] and sends a [`RuleRequest`];
+//! [`Pipeline::service`] installs the rules that came back and releases the held packets
+//! in order, before the next batch.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use packet::rewrite::{rewrite_endpoint, rewrite_icmp_error, Side};
+use packet::{parse_frame_with, Frame, Ip, ParseOptions, L3, L4};
+
+use crate::io::{Desc, PacketIo, Verdict};
+use crate::key::{vxlan_source_port, FlowKey, KeyError};
+use crate::pending::{PendingConfig, PendingQueue};
+use crate::rule::{flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
+use crate::stats::{DropReason, Stats};
+use crate::table::{age, FlowTable, Inserted, Probe, TableError};
+
+/// Largest batch processed in one pass; bigger inputs are processed in chunks.
+pub const MAX_BATCH: usize = 64;
+
+/// What a tenant's VNI means to this PP node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VpcBinding {
+    pub tenant: u32,
+    /// The NF chain the tenant's traffic goes through.
+    pub chain: u32,
+}
+
+/// Facts about the first packet of a flow that the NF logic may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketMeta {
+    pub len: u16,
+    pub tcp_flags: u8,
+    pub icmp_error: bool,
+    pub ingress_port: u16,
+}
+
+/// A request for the rule of a flow that missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleRequest {
+    pub key: FlowKey,
+    pub hash: u64,
+    pub tenant: u32,
+    pub chain: u32,
+    pub meta: PacketMeta,
+    pub worker: u16,
+}
+
+/// The answer to a [`RuleRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleReply {
+    pub key: FlowKey,
+    pub result: Result<Rule, String>,
+}
+
+/// Where a worker's misses go.
+pub enum RuleSource {
+    /// Static rules only: a miss is dropped as `no-rule`.
+    None,
+    Channel {
+        requests: Sender<RuleRequest>,
+        replies: Receiver<RuleReply>,
+    },
+}
+
+/// The per-tenant rate manager's hook (paper 000 §7.2).
+pub trait Policer: Send {
+    /// Whether policer `class` admits a packet of `bytes` at `now_ms`.
+    fn admit(&mut self, class: u16, bytes: u32, now_ms: u32) -> bool;
+}
+
+/// Wall-clock source in milliseconds (wrapping), read once per batch.
+pub trait Clock: Send {
+    fn now_ms(&self) -> u32;
+}
+
+/// Milliseconds since the clock was made.
+pub struct MonotonicClock(std::time::Instant);
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        MonotonicClock(std::time::Instant::now())
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u32 {
+        self.0.elapsed().as_millis() as u32
+    }
+}
+
+/// A clock tests move by hand.
+#[derive(Clone, Default)]
+pub struct ManualClock(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl ManualClock {
+    pub fn set(&self, ms: u32) {
+        self.0.store(ms, std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn advance(&self, ms: u32) {
+        self.0.fetch_add(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Configuration of one worker's pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub flow_capacity: usize,
+    /// Seed of the table hash (per worker, random in production).
+    pub seed: u64,
+    pub node: NodeAddr,
+    /// Idle timeout of rules that name none.
+    pub default_idle_timeout: Duration,
+    pub pending: PendingConfig,
+    pub parse: ParseOptions,
+    /// Arena slots the idle sweep examines per serviced batch.
+    pub sweep_budget: usize,
+    pub worker: u16,
+}
+
+impl PipelineConfig {
+    pub fn new(node: NodeAddr) -> Self {
+        PipelineConfig {
+            flow_capacity: 1 << 16,
+            seed: 0x5eed_0f_f10e,
+            node,
+            default_idle_timeout: Duration::from_secs(300),
+            pending: PendingConfig::default(),
+            parse: ParseOptions::default(),
+            sweep_budget: 64,
+            worker: 0,
+        }
+    }
+}
+
+/// Where the matched packet's headers are, relative to the start of its data.
+#[derive(Debug, Clone, Copy)]
+struct Classified {
+    /// The IP packet the key came from (the inner one for VXLAN).
+    ip: Ip,
+    vni: u32,
+    /// Start and end of the inner frame for VXLAN; 0 when not encapsulated.
+    inner_off: u16,
+    inner_end: u16,
+}
+
+#[derive(Clone, Copy)]
+struct Stage {
+    key: FlowKey,
+    hash: u64,
+    probe: Probe,
+    cand: Option<u32>,
+    cls: Classified,
+}
+
+/// One worker's PP pipeline.
+pub struct Pipeline {
+    table: FlowTable,
+    ctx: RuleContext,
+    pending: PendingQueue,
+    stats: Stats,
+    cfg: PipelineConfig,
+    vpcs: HashMap<u32, VpcBinding>,
+    default_binding: Option<VpcBinding>,
+    source: RuleSource,
+    policer: Option<Box<dyn Policer>>,
+    stages: Vec<Option<Stage>>,
+    released: Vec<Desc>,
+    expired_keys: Vec<FlowKey>,
+}
+
+impl Pipeline {
+    pub fn new(cfg: PipelineConfig, source: RuleSource) -> Result<Self, TableError> {
+        Ok(Pipeline {
+            table: FlowTable::new(cfg.flow_capacity, cfg.seed)?,
+            ctx: RuleContext::new(cfg.node, cfg.default_idle_timeout),
+            pending: PendingQueue::new(cfg.pending),
+            stats: Stats::default(),
+            vpcs: HashMap::new(),
+            default_binding: None,
+            source,
+            policer: None,
+            stages: vec![None; MAX_BATCH],
+            released: Vec::with_capacity(cfg.pending.per_flow as usize),
+            expired_keys: Vec::new(),
+            cfg,
+        })
+    }
+
+    pub fn set_policer(&mut self, p: Box<dyn Policer>) {
+        self.policer = Some(p);
+    }
+
+    /// Bind a VNI to a tenant and chain; misses on unbound VNIs are dropped.
+    pub fn bind_vpc(&mut self, vni: u32, b: VpcBinding) {
+        self.vpcs.insert(vni, b);
+    }
+
+    /// Binding used for VNIs with no binding of their own.
+    pub fn set_default_binding(&mut self, b: Option<VpcBinding>) {
+        self.default_binding = b;
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn table(&self) -> &FlowTable {
+        &self.table
+    }
+
+    pub fn rules(&self) -> &RuleContext {
+        &self.ctx
+    }
+
+    pub fn pending(&self) -> &PendingQueue {
+        &self.pending
+    }
+
+    pub fn config(&self) -> &PipelineConfig {
+        &self.cfg
+    }
+
+    /// Name of a drop reason as counters and the golden corpus spell it.
+    pub fn drop_name(&self, r: DropReason) -> String {
+        match r {
+            DropReason::Rule(i) => format!(
+                "rule:{}",
+                self.ctx
+                    .reasons()
+                    .get(i as usize)
+                    .map(String::as_str)
+                    .unwrap_or("?")
+            ),
+            d => d.name().to_string(),
+        }
+    }
+
+    /// Install (or atomically replace) a rule.
+    pub fn install_rule(&mut self, rule: &Rule, now: u32) -> Result<(), RuleError> {
+        let slot = match self.ctx.compile(rule) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.rule_compile_errors += 1;
+                return Err(e);
+            }
+        };
+        let sport = vxlan_source_port(rule.rewritten_key().hash());
+        if slot.wants_offload() {
+            self.stats.offload_marked += 1;
+        }
+        let ctx = &self.ctx;
+        let res = self.table.insert(
+            &rule.key,
+            rule.key.hash(),
+            slot,
+            sport,
+            now,
+            |r: &RuleSlot| ctx.timeout_ms(r.timeout_class),
+        );
+        match res {
+            Inserted::New { victim, .. } => {
+                self.stats.rules_installed += 1;
+                if let Some((_, old, reason)) = victim {
+                    self.ctx.release(&old);
+                    match reason {
+                        crate::table::EvictReason::Expired => self.stats.expired += 1,
+                        _ => self.stats.evicted_table_full += 1,
+                    }
+                }
+            }
+            Inserted::Replaced { old, .. } => {
+                self.stats.rules_replaced += 1;
+                self.ctx.release(&old);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove a flow's rule. Returns its final counters.
+    pub fn remove_rule(&mut self, key: &FlowKey) -> Option<(u64, u64)> {
+        let r = self.table.remove(key)?;
+        self.ctx.release(&r);
+        Some((r.packets, r.bytes))
+    }
+
+    /// The rule installed for `key`, as an action list, with its counters.
+    pub fn lookup_rule(&self, key: &FlowKey) -> Option<(Vec<crate::Action>, u64, u64)> {
+        let i = self.table.lookup(key, key.hash())?;
+        let r = self.table.rule(i);
+        Some((self.ctx.decompile(r), r.packets, r.bytes))
+    }
+
+    /// Parse a frame down to the IP packet to match, and its VNI.
+    #[inline]
+    fn classify(&self, data: &[u8]) -> Result<Classified, DropReason> {
+        let outer: Frame = parse_frame_with(data, &self.cfg.parse)?;
+        let (ip, vni, inner_off, inner_end) = match outer.vxlan {
+            Some(v) => {
+                let inner = &data[v.inner_off as usize..v.inner_end as usize];
+                let f = parse_frame_with(inner, &self.cfg.parse)?;
+                match f.l3 {
+                    L3::Ip(ip) => (ip.shifted(v.inner_off), v.vni, v.inner_off, v.inner_end),
+                    _ => return Err(DropReason::NotIp),
+                }
+            }
+            None => match outer.l3 {
+                L3::Ip(ip) => (ip, 0, 0, 0),
+                _ => return Err(DropReason::NotIp),
+            },
+        };
+        Ok(Classified {
+            ip,
+            vni,
+            inner_off,
+            inner_end,
+        })
+    }
+
+    /// Process one batch of received descriptors in place, setting each verdict.
+    pub fn process(&mut self, region: &mut [u8], descs: &mut [Desc], now: u32) {
+        for chunk in descs.chunks_mut(MAX_BATCH) {
+            self.process_chunk(region, chunk, now, true);
+        }
+    }
+
+    fn process_chunk(&mut self, region: &mut [u8], descs: &mut [Desc], now: u32, fresh: bool) {
+        // Pass 1: parse, key, hash, prefetch buckets.
+        for (i, d) in descs.iter_mut().enumerate() {
+            if fresh {
+                self.stats.rx_packets += 1;
+                self.stats.rx_bytes += d.len as u64;
+            }
+            self.stages[i] = None;
+            let cls = match self.classify(d.data(region)) {
+                Ok(c) => c,
+                Err(r) => {
+                    self.drop(d, r);
+                    continue;
+                }
+            };
+            let key = match FlowKey::from_ip(d.data(region), &cls.ip, cls.vni) {
+                Ok(k) => k,
+                Err(KeyError::Fragment) => {
+                    self.drop(d, DropReason::Fragment);
+                    continue;
+                }
+            };
+            let hash = key.hash();
+            let probe = self.table.probe(hash);
+            self.table.prefetch_buckets(&probe);
+            self.stages[i] = Some(Stage {
+                key,
+                hash,
+                probe,
+                cand: None,
+                cls,
+            });
+        }
+        // Pass 2: signature match, prefetch entry and rule.
+        for st in self.stages[..descs.len()].iter_mut().flatten() {
+            st.cand = self.table.candidate(&st.probe);
+            if let Some(c) = st.cand {
+                self.table.prefetch_entry(c);
+            }
+        }
+        // Pass 3: confirm, act or miss.
+        for (i, d) in descs.iter_mut().enumerate() {
+            let Some(st) = self.stages[i] else { continue };
+            let hit = self.table.confirm(&st.probe, st.cand, &st.key);
+            match hit {
+                Some(idx) => {
+                    let timeout = self.ctx.timeout_ms(self.table.rule(idx).timeout_class);
+                    if age(now, self.table.entry(idx).last_seen) > timeout {
+                        let old = self.table.expire(idx);
+                        self.ctx.release(&old);
+                        self.stats.expired += 1;
+                        self.miss(region, d, &st, now);
+                    } else {
+                        self.stats.hits += 1;
+                        self.table.touch(idx, now);
+                        self.apply(region, d, &st.cls, idx, now);
+                    }
+                }
+                None => self.miss(region, d, &st, now),
+            }
+        }
+    }
+
+    #[inline]
+    fn drop(&mut self, d: &mut Desc, r: DropReason) {
+        self.stats.drop(r);
+        d.verdict = Verdict::Drop(r);
+    }
+
+    fn miss(&mut self, region: &[u8], d: &mut Desc, st: &Stage, now: u32) {
+        self.stats.misses += 1;
+        let RuleSource::Channel { requests, .. } = &self.source else {
+            return self.drop(d, DropReason::NoRule);
+        };
+        let Some(binding) = self.vpcs.get(&st.cls.vni).copied().or(self.default_binding) else {
+            return self.drop(d, DropReason::UnknownVni);
+        };
+        let held = match self
+            .pending
+            .hold(&st.key, st.hash, d.data(region), d.port, now)
+        {
+            Ok(h) => h,
+            Err(r) => return self.drop(d, r),
+        };
+        d.verdict = Verdict::Held;
+        if held.needs_request {
+            let ip = &st.cls.ip;
+            let req = RuleRequest {
+                key: st.key,
+                hash: st.hash,
+                tenant: binding.tenant,
+                chain: binding.chain,
+                meta: PacketMeta {
+                    len: d.len,
+                    tcp_flags: match ip.l4 {
+                        L4::Tcp { flags, .. } => flags,
+                        _ => 0,
+                    },
+                    icmp_error: ip.icmp_quote().is_some(),
+                    ingress_port: d.port,
+                },
+                worker: self.cfg.worker,
+            };
+            match requests.try_send(req) {
+                Ok(()) => {
+                    self.stats.rule_requests += 1;
+                    self.pending.mark_requested(&st.key, st.hash);
+                }
+                // The next packet of the flow retries; the pending timeout bounds it.
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.stats.request_channel_full += 1
+                }
+            }
+        }
+    }
+
+    /// Run rule `idx`'s actions on the packet.
+    #[inline]
+    fn apply(&mut self, region: &mut [u8], d: &mut Desc, cls: &Classified, idx: u32, now: u32) {
+        let rule = *self.table.rule(idx);
+        let f = rule.flags;
+        if f & flag::COUNT != 0 {
+            let r = self.table.rule_mut(idx);
+            r.packets += 1;
+            r.bytes += d.len as u64;
+        }
+        if f & flag::DROP != 0 {
+            return self.drop(d, DropReason::Rule(rule.arg));
+        }
+        if f & flag::POLICE != 0 {
+            if let Some(p) = self.policer.as_mut() {
+                if !p.admit(rule.police, d.len as u32, now) {
+                    return self.drop(d, DropReason::Police);
+                }
+            }
+        }
+        let slot = d.slot_mut(region);
+        let off = d.off as usize;
+        let data = &mut slot[off..off + d.len as usize];
+        if f & (flag::SRC_ADDR | flag::SRC_PORT | flag::DST_ADDR | flag::DST_PORT) != 0 {
+            let ip = &cls.ip;
+            let quote = ip.icmp_quote();
+            for (side, af, pf, a, p) in [
+                (Side::Src, flag::SRC_ADDR, flag::SRC_PORT, rule.src_addr, rule.sport),
+                (Side::Dst, flag::DST_ADDR, flag::DST_PORT, rule.dst_addr, rule.dport),
+            ] {
+                if f & (af | pf) == 0 {
+                    continue;
+                }
+                let addr = if f & af != 0 { self.ctx.addr(a) } else { None };
+                let port = (f & pf != 0).then_some(p);
+                let res = match quote {
+                    Some(q) => rewrite_icmp_error(data, ip, q, side, addr, port),
+                    None => rewrite_endpoint(data, ip, side, addr, port),
+                };
+                if res.is_err() {
+                    return self.drop(d, DropReason::RewriteFailed);
+                }
+            }
+        }
+        let (mut start, mut len) = (off, d.len as usize);
+        if f & flag::DECAP != 0 && cls.inner_off != 0 {
+            start = off + cls.inner_off as usize;
+            len = (cls.inner_end - cls.inner_off) as usize;
+        }
+        if f & flag::ENCAP != 0 {
+            let Some(nh) = self.ctx.nexthop(rule.nexthop) else {
+                return self.drop(d, DropReason::RewriteFailed);
+            };
+            let o = packet::build::VXLAN_V4_OVERHEAD;
+            if start < o {
+                return self.drop(d, DropReason::NoHeadroom);
+            }
+            if let Some(m) = nh.inner_dmac {
+                slot[start..start + 6].copy_from_slice(&m);
+            }
+            let sport = self.table.entry(idx).encap_sport;
+            nh.encap.write(&mut slot[start - o..], len, sport);
+            start -= o;
+            len += o;
+        }
+        d.off = start as u16;
+        d.len = len as u16;
+        if f & flag::OUTPUT != 0 {
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += len as u64;
+            d.verdict = Verdict::Tx(rule.arg);
+        } else {
+            self.drop(d, DropReason::NoRule);
+        }
+    }
+
+    /// Between batches: install rules that came back, release their held packets in order
+    /// through `io`, expire waiting flows, and sweep idle ones. Returns packets released.
+    pub fn service<B: PacketIo + ?Sized>(&mut self, io: &mut B, now: u32) -> usize {
+        let mut released = 0;
+        loop {
+            let reply = match &self.source {
+                RuleSource::Channel { replies, .. } => match replies.try_recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                },
+                RuleSource::None => break,
+            };
+            released += self.on_reply(io, reply, now);
+        }
+        let mut keys = std::mem::take(&mut self.expired_keys);
+        keys.clear();
+        let dropped = self.pending.expire(now, &mut keys);
+        for _ in 0..dropped {
+            self.stats.drop(DropReason::PendingTimeout);
+        }
+        self.expired_keys = keys;
+        let ctx = &mut self.ctx;
+        let budget = self.cfg.sweep_budget;
+        let mut freed: Vec<RuleSlot> = Vec::new();
+        let n = self.table.sweep(
+            now,
+            budget,
+            |r| ctx.timeout_ms(r.timeout_class),
+            |_, r| freed.push(*r),
+        );
+        for r in &freed {
+            self.ctx.release(r);
+        }
+        self.stats.expired += n as u64;
+        released
+    }
+
+    fn on_reply<B: PacketIo + ?Sized>(&mut self, io: &mut B, reply: RuleReply, now: u32) -> usize {
+        let hash = reply.key.hash();
+        let installed = match &reply.result {
+            Ok(rule) => {
+                if rule.key != reply.key {
+                    tracing::warn!(key = %reply.key, rule = %rule.key, "reply rule for another key");
+                    false
+                } else {
+                    match self.install_rule(rule, now) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::warn!(key = %reply.key, error = %e, "rule does not compile");
+                            false
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(key = %reply.key, error = %e, "rule request failed");
+                false
+            }
+        };
+        let mut descs = std::mem::take(&mut self.released);
+        descs.clear();
+        let n = self.pending.take(&reply.key, hash, &mut descs);
+        if n == 0 {
+            self.released = descs;
+            return 0;
+        }
+        if installed {
+            // Held packets run through the normal pipeline, in arrival order; their rule
+            // is now installed, so each one hits.
+            let mut region = std::mem::take(self.pending.region_mut_vec());
+            for chunk in descs.chunks_mut(MAX_BATCH) {
+                self.process_chunk(&mut region, chunk, now, false);
+            }
+            *self.pending.region_mut_vec() = region;
+            self.stats.pending_released += n as u64;
+            if let Err(e) = io.tx_from(self.pending.region_mut(), &descs) {
+                tracing::warn!(error = %e, "transmit of released packets failed");
+            }
+        } else {
+            for d in descs.iter_mut() {
+                self.drop(d, DropReason::RuleError);
+            }
+        }
+        self.pending.free(&descs);
+        self.released = descs;
+        n
+    }
+}
+
+/// A worker: one pipeline driven by one I/O backend.
+pub struct Worker<B: PacketIo> {
+    pub pipeline: Pipeline,
+    pub io: B,
+    descs: Vec<Desc>,
+    batch: usize,
+    clock: Box<dyn Clock>,
+}
+
+impl<B: PacketIo> Worker<B> {
+    pub fn new(pipeline: Pipeline, io: B, batch: usize, clock: Box<dyn Clock>) -> Self {
+        Worker {
+            pipeline,
+            io,
+            descs: Vec::with_capacity(batch),
+            batch,
+            clock,
+        }
+    }
+
+    /// Receive, process and transmit one batch, then service the miss path.
+    /// Returns packets received.
+    pub fn run_once(&mut self) -> Result<usize, crate::io::IoError> {
+        let now = self.clock.now_ms();
+        let n = self.io.rx(&mut self.descs, self.batch)?;
+        if n > 0 {
+            self.pipeline.process(self.io.region(), &mut self.descs, now);
+            self.io.tx(&self.descs)?;
+        }
+        self.pipeline.service(&mut self.io, now);
+        Ok(n)
+    }
+
+    /// Run until `stop` is set.
+    pub fn run(&mut self, stop: &std::sync::atomic::AtomicBool) -> Result<(), crate::io::IoError> {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if self.run_once()? == 0 {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}

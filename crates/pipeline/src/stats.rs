@@ -1,0 +1,193 @@
+//! Per-worker counters. Plain integers: each worker owns its own, and a snapshot is
+//! copied out between batches.
+
+use packet::ParseError;
+
+/// Why the pipeline dropped a packet. Every drop is counted under one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// A header was cut short.
+    Truncated,
+    /// A header field was invalid.
+    BadHeader,
+    /// An IPv6 packet carried an IPv4-mapped address.
+    V4Mapped,
+    /// Not IPv4/IPv6 (ARP, other EtherTypes): the host stack's business, not PP's.
+    NotIp,
+    /// A later IP fragment: no ports to match on.
+    Fragment,
+    /// The VNI is bound to no tenant.
+    UnknownVni,
+    /// Missed, and this worker has no rule source.
+    NoRule,
+    /// The rule said drop; the reason is the rule's.
+    Rule(u8),
+    /// The per-tenant policer refused it.
+    Police,
+    /// The flow's pending queue was full while its rule was outstanding.
+    PendingFlowFull,
+    /// The global pending budget was exhausted.
+    PendingGlobalFull,
+    /// The rule did not arrive within the pending timeout.
+    PendingTimeout,
+    /// The rule source answered with an error.
+    RuleError,
+    /// The rewrite did not fit the packet (address family).
+    RewriteFailed,
+    /// Not enough headroom to push an encap header.
+    NoHeadroom,
+}
+
+impl DropReason {
+    pub const FIXED: [DropReason; 14] = [
+        DropReason::Truncated,
+        DropReason::BadHeader,
+        DropReason::V4Mapped,
+        DropReason::NotIp,
+        DropReason::Fragment,
+        DropReason::UnknownVni,
+        DropReason::NoRule,
+        DropReason::Police,
+        DropReason::PendingFlowFull,
+        DropReason::PendingGlobalFull,
+        DropReason::PendingTimeout,
+        DropReason::RuleError,
+        DropReason::RewriteFailed,
+        DropReason::NoHeadroom,
+    ];
+
+    /// Stable name for counters and the golden corpus (`rule:<name>` for rule drops is
+    /// built by the caller, which knows the rule's reason table).
+    pub fn name(&self) -> &'static str {
+        match self {
+            DropReason::Truncated => "truncated",
+            DropReason::BadHeader => "bad-header",
+            DropReason::V4Mapped => "v4-mapped",
+            DropReason::NotIp => "not-ip",
+            DropReason::Fragment => "fragment",
+            DropReason::UnknownVni => "unknown-vni",
+            DropReason::NoRule => "no-rule",
+            DropReason::Rule(_) => "rule",
+            DropReason::Police => "police",
+            DropReason::PendingFlowFull => "pending-flow-full",
+            DropReason::PendingGlobalFull => "pending-global-full",
+            DropReason::PendingTimeout => "pending-timeout",
+            DropReason::RuleError => "rule-error",
+            DropReason::RewriteFailed => "rewrite-failed",
+            DropReason::NoHeadroom => "no-headroom",
+        }
+    }
+
+    fn slot(&self) -> usize {
+        match self {
+            DropReason::Rule(_) => usize::MAX,
+            d => DropReason::FIXED.iter().position(|x| x == d).unwrap_or(0),
+        }
+    }
+}
+
+impl From<ParseError> for DropReason {
+    fn from(e: ParseError) -> Self {
+        match e {
+            ParseError::Truncated(_) => DropReason::Truncated,
+            ParseError::BadHeader { .. } => DropReason::BadHeader,
+            ParseError::V4MappedAddress => DropReason::V4Mapped,
+        }
+    }
+}
+
+/// Counters of one worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Drops by fixed reason, indexed like [`DropReason::FIXED`].
+    pub drops: [u64; DropReason::FIXED.len()],
+    /// Drops by rule reason, indexed like `RuleContext::reasons`.
+    pub rule_drops: Vec<u64>,
+    pub rule_requests: u64,
+    /// Requests that found the request channel full (retried by the next packet).
+    pub request_channel_full: u64,
+    pub rules_installed: u64,
+    pub rules_replaced: u64,
+    pub rule_compile_errors: u64,
+    /// Packets released from pending queues after their rule arrived.
+    pub pending_released: u64,
+    pub evicted_table_full: u64,
+    pub expired: u64,
+    pub offload_marked: u64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            rx_packets: 0,
+            rx_bytes: 0,
+            tx_packets: 0,
+            tx_bytes: 0,
+            hits: 0,
+            misses: 0,
+            drops: [0; DropReason::FIXED.len()],
+            rule_drops: vec![0; 256],
+            rule_requests: 0,
+            request_channel_full: 0,
+            rules_installed: 0,
+            rules_replaced: 0,
+            rule_compile_errors: 0,
+            pending_released: 0,
+            evicted_table_full: 0,
+            expired: 0,
+            offload_marked: 0,
+        }
+    }
+}
+
+impl Stats {
+    #[inline]
+    pub fn drop(&mut self, r: DropReason) {
+        match r {
+            DropReason::Rule(i) => self.rule_drops[i as usize] += 1,
+            d => self.drops[d.slot()] += 1,
+        }
+    }
+
+    pub fn dropped(&self, r: DropReason) -> u64 {
+        match r {
+            DropReason::Rule(i) => self.rule_drops[i as usize],
+            d => self.drops[d.slot()],
+        }
+    }
+
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum::<u64>() + self.rule_drops.iter().sum::<u64>()
+    }
+
+    /// Fold another worker's counters into these.
+    pub fn merge(&mut self, o: &Stats) {
+        self.rx_packets += o.rx_packets;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
+            *a += b;
+        }
+        for (a, b) in self.rule_drops.iter_mut().zip(o.rule_drops.iter()) {
+            *a += b;
+        }
+        self.rule_requests += o.rule_requests;
+        self.request_channel_full += o.request_channel_full;
+        self.rules_installed += o.rules_installed;
+        self.rules_replaced += o.rules_replaced;
+        self.rule_compile_errors += o.rule_compile_errors;
+        self.pending_released += o.pending_released;
+        self.evicted_table_full += o.evicted_table_full;
+        self.expired += o.expired;
+        self.offload_marked += o.offload_marked;
+    }
+}

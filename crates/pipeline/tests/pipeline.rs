@@ -1,0 +1,391 @@
+//! Behaviour of the pipeline around its tables: miss path, pending limits, timeouts,
+//! eviction, policing, replacement, and robustness against arbitrary bytes.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+use pipeline::{
+    parse_actions, DropReason, FlowKey, ManualClock, MemRing, NodeAddr, PacketIo,
+    PendingConfig, Pipeline, PipelineConfig, Policer, Rule, RuleReply, RuleRequest,
+    RuleSource, VecSource, Verdict, VpcBinding, Worker,
+};
+use proptest::prelude::*;
+
+fn node() -> NodeAddr {
+    NodeAddr {
+        ip: Ipv4Addr::new(198, 18, 0, 1),
+        mac: [2, 0, 0, 0, 0, 1],
+        gw_mac: [2, 0, 0, 0, 0, 2],
+    }
+}
+
+/// A tenant UDP packet from 198.18.10.2:`sport` to 198.19.0.9:53 on VNI 100, with a
+/// sequence number in the payload.
+fn tenant_udp(sport: u16, seq: u32) -> Vec<u8> {
+    let inner = ip_frame(
+        Addr::V4([198, 18, 10, 2]),
+        Addr::V4([198, 19, 0, 9]),
+        L4Spec::Udp { sport, dport: 53 },
+        &seq.to_be_bytes(),
+    );
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+}
+
+fn tenant_key(sport: u16) -> FlowKey {
+    format!("100 udp 198.18.10.2:{sport} > 198.19.0.9:53")
+        .parse()
+        .unwrap()
+}
+
+fn snat_rule(sport: u16) -> Rule {
+    Rule::new(
+        tenant_key(sport),
+        parse_actions("decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; count; out 1")
+            .unwrap(),
+    )
+}
+
+struct Rig {
+    worker: Worker<MemRing<VecSource>>,
+    requests: crossbeam_channel::Receiver<RuleRequest>,
+    replies: crossbeam_channel::Sender<RuleReply>,
+    clock: ManualClock,
+}
+
+fn rig(pending: PendingConfig, channel_cap: usize) -> Rig {
+    let (req_tx, req_rx) = crossbeam_channel::bounded(channel_cap);
+    let (rep_tx, rep_rx) = crossbeam_channel::unbounded();
+    let mut cfg = PipelineConfig::new(node());
+    cfg.pending = pending;
+    cfg.flow_capacity = 1024;
+    let mut p = Pipeline::new(
+        cfg,
+        RuleSource::Channel {
+            requests: req_tx,
+            replies: rep_rx,
+        },
+    )
+    .unwrap();
+    p.bind_vpc(
+        100,
+        VpcBinding {
+            tenant: 7,
+            chain: 3,
+        },
+    );
+    let mut io = MemRing::new(VecSource::default(), 64);
+    io.sink.capture = true;
+    let clock = ManualClock::default();
+    Rig {
+        worker: Worker::new(p, io, 64, Box::new(clock.clone())),
+        requests: req_rx,
+        replies: rep_tx,
+        clock,
+    }
+}
+
+impl Rig {
+    fn send(&mut self, frames: impl IntoIterator<Item = Vec<u8>>) {
+        for f in frames {
+            self.worker.io.source.push(f, 0);
+        }
+        while !self.worker.io.source.frames.is_empty() {
+            self.worker.run_once().unwrap();
+        }
+    }
+
+    fn out(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.worker.io.sink.captured)
+            .into_iter()
+            .map(|(_, f)| f)
+            .collect()
+    }
+}
+
+/// Sequence number carried in an output frame (re-encapped: outer 50 + eth 14 + ip 20 + udp 8).
+fn seq_of(frame: &[u8]) -> u32 {
+    u32::from_be_bytes(frame[92..96].try_into().unwrap())
+}
+
+#[test]
+fn miss_holds_requests_once_then_releases_in_order_and_hits() {
+    let mut r = rig(PendingConfig::default(), 16);
+    r.send((0..5).map(|i| tenant_udp(1000, i)));
+    assert!(r.out().is_empty(), "nothing leaves before the rule");
+    let req = r.requests.try_recv().expect("one request");
+    assert!(r.requests.try_recv().is_err(), "only one request per flow");
+    assert_eq!(req.key, tenant_key(1000));
+    assert_eq!((req.tenant, req.chain), (7, 3));
+    assert_eq!(req.meta.len, tenant_udp(1000, 0).len() as u16);
+    let s = r.worker.pipeline.stats();
+    assert_eq!((s.misses, s.rule_requests, s.hits), (5, 1, 0));
+    assert_eq!(r.worker.pipeline.pending().held(), 5);
+
+    r.replies
+        .send(RuleReply {
+            key: req.key,
+            result: Ok(snat_rule(1000)),
+        })
+        .unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    let out = r.out();
+    assert_eq!(out.len(), 5);
+    assert_eq!(out.iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    // Rewritten: inner source is the pool address and port.
+    assert_eq!(&out[0][50 + 14 + 12..50 + 14 + 16], &[198, 19, 255, 1]);
+    assert_eq!(r.worker.pipeline.pending().held(), 0);
+
+    r.send((5..8).map(|i| tenant_udp(1000, i)));
+    let out = r.out();
+    assert_eq!(out.iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [5, 6, 7]);
+    let s = r.worker.pipeline.stats();
+    assert_eq!(s.pending_released, 5);
+    assert_eq!(s.hits, 5 + 3, "released packets hit too");
+    assert_eq!(s.rx_packets, 8, "released packets are not received twice");
+    let (_, pkts, _) = r.worker.pipeline.lookup_rule(&tenant_key(1000)).unwrap();
+    assert_eq!(pkts, 8);
+}
+
+#[test]
+fn pending_overflow_is_counted_per_flow_and_globally() {
+    let mut r = rig(
+        PendingConfig {
+            per_flow: 3,
+            global: 5,
+            timeout_ms: 1000,
+        },
+        64,
+    );
+    r.send((0..4).map(|i| tenant_udp(1, i)));
+    assert_eq!(
+        r.worker.pipeline.stats().dropped(DropReason::PendingFlowFull),
+        1
+    );
+    r.send([tenant_udp(2, 0), tenant_udp(2, 1), tenant_udp(3, 0)]);
+    let s = r.worker.pipeline.stats();
+    assert_eq!(s.dropped(DropReason::PendingGlobalFull), 1);
+    assert_eq!(r.worker.pipeline.pending().held(), 5);
+    assert_eq!(s.rx_packets, 7);
+    assert_eq!(
+        s.total_drops() + r.worker.pipeline.pending().held() as u64,
+        7,
+        "every packet is held or counted"
+    );
+}
+
+#[test]
+fn pending_timeout_drops_and_counts_then_a_new_packet_asks_again() {
+    let mut r = rig(
+        PendingConfig {
+            per_flow: 8,
+            global: 64,
+            timeout_ms: 100,
+        },
+        64,
+    );
+    r.send([tenant_udp(9, 0), tenant_udp(9, 1)]);
+    assert!(r.requests.try_recv().is_ok());
+    r.clock.advance(101);
+    r.worker.run_once().unwrap();
+    let s = r.worker.pipeline.stats();
+    assert_eq!(s.dropped(DropReason::PendingTimeout), 2);
+    assert_eq!(r.worker.pipeline.pending().held(), 0);
+    r.send([tenant_udp(9, 2)]);
+    assert!(r.requests.try_recv().is_ok(), "re-requested after timeout");
+}
+
+#[test]
+fn full_request_channel_is_counted_and_retried_by_the_next_packet() {
+    let mut r = rig(PendingConfig::default(), 1);
+    r.send([tenant_udp(1, 0), tenant_udp(2, 0)]);
+    assert_eq!(r.worker.pipeline.stats().request_channel_full, 1);
+    assert_eq!(r.requests.try_recv().unwrap().key, tenant_key(1));
+    r.send([tenant_udp(2, 1)]);
+    assert_eq!(r.requests.try_recv().unwrap().key, tenant_key(2));
+    assert_eq!(r.worker.pipeline.stats().rule_requests, 2);
+}
+
+#[test]
+fn error_reply_drops_held_packets_with_a_reason() {
+    let mut r = rig(PendingConfig::default(), 4);
+    r.send([tenant_udp(5, 0), tenant_udp(5, 1)]);
+    let req = r.requests.try_recv().unwrap();
+    r.replies
+        .send(RuleReply {
+            key: req.key,
+            result: Err("sc unavailable".into()),
+        })
+        .unwrap();
+    r.worker.run_once().unwrap();
+    assert_eq!(r.worker.pipeline.stats().dropped(DropReason::RuleError), 2);
+    assert!(r.out().is_empty());
+}
+
+#[test]
+fn unknown_vni_is_dropped_without_a_request() {
+    let mut r = rig(PendingConfig::default(), 4);
+    let inner = ip_frame(
+        Addr::V4([198, 18, 10, 2]),
+        Addr::V4([198, 19, 0, 9]),
+        L4Spec::Udp { sport: 1, dport: 2 },
+        b"x",
+    );
+    r.send([vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 1, 999, &inner)]);
+    assert_eq!(r.worker.pipeline.stats().dropped(DropReason::UnknownVni), 1);
+    assert!(r.requests.try_recv().is_err());
+}
+
+#[test]
+fn idle_rule_expires_and_next_packet_misses() {
+    let mut r = rig(PendingConfig::default(), 16);
+    let rule = snat_rule(77).with_idle_timeout(Duration::from_millis(1000));
+    r.worker.pipeline.install_rule(&rule, 0).unwrap();
+    r.send([tenant_udp(77, 0)]);
+    assert_eq!(r.out().len(), 1);
+    r.clock.set(900);
+    r.send([tenant_udp(77, 1)]);
+    assert_eq!(r.out().len(), 1, "touched at 900, so alive until 1900");
+    r.clock.set(1950);
+    r.send([tenant_udp(77, 2)]);
+    assert!(r.out().is_empty());
+    let s = r.worker.pipeline.stats();
+    assert_eq!((s.expired, s.misses), (1, 1));
+    assert_eq!(r.worker.pipeline.rules().interned(), (0, 0), "refs released");
+}
+
+#[test]
+fn sweep_reaps_idle_flows_without_traffic() {
+    let mut r = rig(PendingConfig::default(), 16);
+    for p in 0..100 {
+        let rule = snat_rule(p).with_idle_timeout(Duration::from_millis(10));
+        r.worker.pipeline.install_rule(&rule, 0).unwrap();
+    }
+    assert_eq!(r.worker.pipeline.table().len(), 100);
+    r.clock.set(50);
+    for _ in 0..4 {
+        r.worker.run_once().unwrap();
+    }
+    assert_eq!(r.worker.pipeline.table().len(), 0);
+    assert_eq!(r.worker.pipeline.stats().expired, 100);
+}
+
+#[test]
+fn full_table_evicts_with_a_counted_reason() {
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = 32;
+    let mut p = Pipeline::new(cfg, RuleSource::None).unwrap();
+    for i in 0..100u16 {
+        p.install_rule(&snat_rule(i), i as u32).unwrap();
+    }
+    assert_eq!(p.table().len(), 32);
+    assert_eq!(p.stats().evicted_table_full, 68);
+    assert!(p.lookup_rule(&tenant_key(99)).is_some(), "newest flow present");
+}
+
+#[test]
+fn replacing_a_rule_takes_effect_at_once() {
+    let mut r = rig(PendingConfig::default(), 16);
+    r.worker.pipeline.install_rule(&snat_rule(10), 0).unwrap();
+    r.send([tenant_udp(10, 0)]);
+    let replacement = Rule::new(
+        tenant_key(10),
+        parse_actions("decap; set-src 198.19.255.2:40001; encap 198.18.0.9 vni 200; out 1")
+            .unwrap(),
+    );
+    r.worker.pipeline.install_rule(&replacement, 0).unwrap();
+    r.send([tenant_udp(10, 1)]);
+    let out = r.out();
+    assert_eq!(&out[0][64 + 12..64 + 16], &[198, 19, 255, 1]);
+    assert_eq!(&out[1][64 + 12..64 + 16], &[198, 19, 255, 2]);
+    assert_eq!(r.worker.pipeline.stats().rules_replaced, 1);
+    assert_eq!(r.worker.pipeline.rules().interned(), (1, 1), "old refs released");
+}
+
+struct Budget(u32);
+impl Policer for Budget {
+    fn admit(&mut self, class: u16, _bytes: u32, _now: u32) -> bool {
+        assert_eq!(class, 4);
+        if self.0 == 0 {
+            return false;
+        }
+        self.0 -= 1;
+        true
+    }
+}
+
+#[test]
+fn police_hook_drops_what_the_policer_refuses() {
+    let mut r = rig(PendingConfig::default(), 16);
+    r.worker.pipeline.set_policer(Box::new(Budget(3)));
+    let rule = Rule::new(
+        tenant_key(20),
+        parse_actions("decap; police 4; out 1").unwrap(),
+    );
+    r.worker.pipeline.install_rule(&rule, 0).unwrap();
+    r.send((0..5).map(|i| tenant_udp(20, i)));
+    assert_eq!(r.out().len(), 3);
+    assert_eq!(r.worker.pipeline.stats().dropped(DropReason::Police), 2);
+}
+
+#[test]
+fn ten_million_flow_capacity_is_accepted() {
+    // Allocation is lazy for the arenas; the bucket array is 128 MiB.
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = 10_000_000;
+    let p = Pipeline::new(cfg, RuleSource::None).unwrap();
+    assert_eq!(p.table().capacity(), 10_000_000);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Arbitrary bytes, and arbitrary mutations of a valid tenant frame, never panic and
+    /// always end in a verdict that is counted.
+    #[test]
+    fn any_input_gets_a_counted_verdict(
+        raw in proptest::collection::vec(any::<u8>(), 0..200),
+        flips in proptest::collection::vec((0usize..120, any::<u8>()), 0..6),
+        cut in 0usize..140,
+    ) {
+        let mut p = Pipeline::new(PipelineConfig::new(node()), RuleSource::None).unwrap();
+        p.install_rule(&snat_rule(1000), 0).unwrap();
+        let mut valid = tenant_udp(1000, 1);
+        for (at, b) in flips {
+            if at < valid.len() { valid[at] ^= b; }
+        }
+        valid.truncate(cut.max(1));
+        let mut src = VecSource::default();
+        src.push(raw, 0);
+        src.push(valid, 0);
+        let mut io = MemRing::new(src, 4);
+        let mut descs = Vec::new();
+        io.rx(&mut descs, 4).unwrap();
+        p.process(io.region(), &mut descs, 0);
+        for d in &descs {
+            prop_assert!(matches!(d.verdict, Verdict::Tx(_) | Verdict::Drop(_)));
+        }
+        let s = p.stats();
+        prop_assert_eq!(s.tx_packets + s.total_drops(), 2);
+    }
+}
+
+#[test]
+fn key_extraction_of_v6_and_echo() {
+    let f = ip_frame(
+        Addr::V6("2001:2::1".parse::<std::net::Ipv6Addr>().unwrap().octets()),
+        Addr::V6("2001:2::2".parse::<std::net::Ipv6Addr>().unwrap().octets()),
+        L4Spec::Echo {
+            request: true,
+            id: 42,
+            seq: 1,
+        },
+        b"ping",
+    );
+    let fr = packet::parse_frame(&f).unwrap();
+    let k = FlowKey::from_ip(&f, fr.ip().unwrap(), 0).unwrap();
+    assert_eq!(k.to_string(), "0 icmp6 [2001:2::1]:42 > [2001:2::2]:0");
+    assert_eq!(k.src(), "2001:2::1".parse::<IpAddr>().unwrap());
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Install everything `make test` / `make demo` need on a fresh Debian 12 machine
+# that already has rustup + stable Rust. Idempotent: checks before installing, and
+# runs `apt-get update` only when some apt package is actually missing.
+set -euo pipefail
+
+die() { echo "setup: ERROR: $*" >&2; exit 1; }
+step() { echo "setup: $*"; }
+
+APT_PACKAGES=(
+    clang llvm lld
+    python3-scapy
+    iproute2 ethtool
+    pkg-config m4 libelf-dev zlib1g-dev
+    protobuf-compiler make
+    g++   # libfuzzer-sys compiles libFuzzer's C++ sources
+)
+
+# ---- apt packages -----------------------------------------------------------
+is_installed() {
+    [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" = "installed" ]
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    is_installed "$p" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    step "apt packages: all ${#APT_PACKAGES[@]} present"
+else
+    command -v apt-get >/dev/null || die "apt-get not found (need Debian/Ubuntu) to install: ${missing[*]}"
+    SUDO=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || die "not root and no sudo: cannot install ${missing[*]}"
+        SUDO=(sudo)
+    fi
+    step "apt packages: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    log="$(mktemp -t starfabric-setup-apt.XXXXXX)"
+    if ! "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq >"$log" 2>&1; then
+        tail -n 30 "$log" >&2; die "apt-get update failed (log: $log)"
+    fi
+    if ! "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+        tail -n 30 "$log" >&2; die "apt-get install failed for: ${missing[*]} (log: $log)"
+    fi
+    rm -f "$log"
+    for p in "${missing[@]}"; do
+        is_installed "$p" || die "package $p still not installed after apt-get install"
+    done
+fi
+
+# The golden generator needs Debian's python (the one with python3-scapy), not a
+# pyenv/venv python3 that may come first on PATH.
+/usr/bin/python3 -c 'import scapy' 2>/dev/null \
+    || die "/usr/bin/python3 cannot import scapy (python3-scapy broken?)"
+step "python: /usr/bin/python3 has scapy"
+
+# ---- Rust toolchain ---------------------------------------------------------
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+command -v cargo >/dev/null || die "cargo not found: install rustup + stable Rust first"
+command -v rustc >/dev/null || die "rustc not found: install rustup + stable Rust first"
+step "rust: $(rustc --version)"
+
+for comp in rustfmt clippy; do
+    case "$comp" in
+        rustfmt) probe=(cargo fmt --version) ;;
+        clippy)  probe=(cargo clippy --version) ;;
+    esac
+    if "${probe[@]}" >/dev/null 2>&1; then
+        step "rust component $comp: present"
+    else
+        command -v rustup >/dev/null || die "$comp missing and rustup not found"
+        step "rust component $comp: installing"
+        rustup component add "$comp" >/dev/null 2>&1 \
+            || die "rustup component add $comp failed (offline?)"
+        "${probe[@]}" >/dev/null 2>&1 || die "$comp still not usable after install"
+    fi
+done
+
+# ---- cargo-fuzz -------------------------------------------------------------
+if cargo fuzz --version >/dev/null 2>&1; then
+    step "cargo-fuzz: present ($(cargo fuzz --version 2>/dev/null))"
+else
+    step "cargo-fuzz: installing (cargo install cargo-fuzz --locked; takes a few minutes)"
+    cargo install cargo-fuzz --locked --quiet \
+        || die "cargo install cargo-fuzz failed"
+    cargo fuzz --version >/dev/null 2>&1 || die "cargo fuzz still not usable after install"
+fi
+
+step "done"
