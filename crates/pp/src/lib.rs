@@ -1,14 +1,5 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+//! The PP (packet processing) node: pipeline workers wired to I/O backends.
+//!
+//! `pipeline` holds the NF-independent parse→match→action; this crate adds the real
+//! I/O backends a PP node runs on (UDP/VXLAN sockets with recvmmsg/sendmmsg now; AF_XDP
+//! and the XDP fast path later) and, in later issues, the FM client and rate manager.
