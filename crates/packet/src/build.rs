@@ -47,7 +47,12 @@ impl EncapV4 {
     }
 
     pub fn dst(&self) -> [u8; 4] {
-        [self.bytes[30], self.bytes[31], self.bytes[32], self.bytes[33]]
+        [
+            self.bytes[30],
+            self.bytes[31],
+            self.bytes[32],
+            self.bytes[33],
+        ]
     }
 
     /// Write the outer header into `out[..50]` for an inner frame of `inner_len` bytes.
@@ -70,10 +75,22 @@ pub const DEFAULT_DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
 /// Transport header of a frame to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum L4Spec {
-    Udp { sport: u16, dport: u16 },
-    Tcp { sport: u16, dport: u16, flags: u8, seq: u32 },
+    Udp {
+        sport: u16,
+        dport: u16,
+    },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        flags: u8,
+        seq: u32,
+    },
     /// ICMP or ICMPv6 echo, by the address family.
-    Echo { request: bool, id: u16, seq: u16 },
+    Echo {
+        request: bool,
+        id: u16,
+        seq: u16,
+    },
 }
 
 /// Build an Ethernet frame carrying one IP packet with valid checksums. For tests,
@@ -91,7 +108,11 @@ pub fn ip_frame(src: Addr, dst: Addr, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0u8; 14 + ip_hdr + l4_len];
     f[0..6].copy_from_slice(&DEFAULT_DST_MAC);
     f[6..12].copy_from_slice(&DEFAULT_SRC_MAC);
-    put16(&mut f, 12, if v6 { ethertype::IPV6 } else { ethertype::IPV4 });
+    put16(
+        &mut f,
+        12,
+        if v6 { ethertype::IPV6 } else { ethertype::IPV4 },
+    );
     let pseudo = match (src, dst) {
         (Addr::V4(s), Addr::V4(d)) => {
             let ip = &mut f[14..34];

@@ -46,8 +46,12 @@ pub enum Frag {
 /// What an ICMP message is, as far as flow matching cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IcmpKind {
-    EchoRequest { id: u16 },
-    EchoReply { id: u16 },
+    EchoRequest {
+        id: u16,
+    },
+    EchoReply {
+        id: u16,
+    },
     /// An error quoting (the start of) the packet that caused it.
     Error(Quote),
     Other,
@@ -58,9 +62,21 @@ pub enum IcmpKind {
 pub enum L4 {
     /// A later fragment, or a protocol the data plane does not look into.
     None,
-    Tcp { sport: u16, dport: u16, flags: u8 },
-    Udp { sport: u16, dport: u16, len: u16 },
-    Icmp { ty: u8, code: u8, kind: IcmpKind },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        flags: u8,
+    },
+    Udp {
+        sport: u16,
+        dport: u16,
+        len: u16,
+    },
+    Icmp {
+        ty: u8,
+        code: u8,
+        kind: IcmpKind,
+    },
 }
 
 /// An IP packet inside a frame. Offsets are from the start of the frame buffer.
@@ -239,6 +255,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<Frame, ParseError> {
 /// Parse a frame: Ethernet, VLAN tags, then IPv4/IPv6/ARP, the transport header, an ICMP
 /// error's quote, and a VXLAN header. The inner frame of VXLAN is not parsed: call
 /// `parse_frame` again on [`Frame::vxlan_inner`].
+#[inline]
 pub fn parse_frame_with(buf: &[u8], opts: &ParseOptions) -> Result<Frame, ParseError> {
     if buf.len() > u16::MAX as usize {
         return Err(ParseError::BadHeader {
@@ -246,8 +263,9 @@ pub fn parse_frame_with(buf: &[u8], opts: &ParseOptions) -> Result<Frame, ParseE
             what: "frame longer than 65535 bytes",
         });
     }
-    let eth = EthernetFrame::new_checked(buf).map_err(|_| ParseError::Truncated(Layer::Ethernet))?;
-    let mut et: u16 = eth.ethertype().into();
+    EthernetFrame::new_checked(buf).map_err(|_| ParseError::Truncated(Layer::Ethernet))?;
+    // Raw EtherType: smoltcp's `ethertype()` maps through an enum, measurably slower.
+    let mut et: u16 = u16::from_be_bytes([buf[12], buf[13]]);
     let mut off = EthernetFrame::<&[u8]>::header_len();
     let mut vlan_tags = 0u8;
     let mut vlan_tci = 0u16;
@@ -304,6 +322,7 @@ fn bad(layer: Layer, what: &'static str) -> ParseError {
     ParseError::BadHeader { layer, what }
 }
 
+#[inline(always)]
 fn parse_ipv4(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
     let b = &buf[off..];
     if b.len() < 20 {
@@ -334,7 +353,8 @@ fn parse_ipv4(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
     } else {
         Frag::None
     };
-    let proto: u8 = p.next_header().into();
+    // Raw protocol byte: smoltcp's `next_header()` maps through an enum (not inlined).
+    let proto: u8 = b[9];
     let end = off + total;
     let l4 = if frag == Frag::NonFirst {
         L4::None
@@ -436,7 +456,7 @@ fn parse_ipv6(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
         return Err(bad(Layer::Ipv6, "version is not 6"));
     }
     let plen = p.payload_len() as usize;
-    if plen == 0 && u8::from(p.next_header()) != 59 {
+    if plen == 0 && b[6] != 59 {
         // Jumbograms (RFC 2675) cannot occur on Ethernet.
         return Err(bad(Layer::Ipv6, "zero payload length"));
     }
@@ -447,13 +467,7 @@ fn parse_ipv6(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
         return Err(ParseError::V4MappedAddress);
     }
     let end = off + 40 + plen;
-    let (proto, l4_off, frag) = walk_v6_ext(
-        buf,
-        p.next_header().into(),
-        off + 40,
-        end,
-        Layer::Ipv6Ext,
-    )?;
+    let (proto, l4_off, frag) = walk_v6_ext(buf, b[6], off + 40, end, Layer::Ipv6Ext)?;
     let l4 = if frag == Frag::NonFirst {
         L4::None
     } else {
@@ -470,6 +484,7 @@ fn parse_ipv6(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
     })
 }
 
+#[inline(always)]
 fn parse_l4(
     buf: &[u8],
     off: usize,
@@ -617,6 +632,7 @@ fn parse_quote(buf: &[u8], off: usize, end: usize, v: IpVersion) -> Result<Quote
     })
 }
 
+#[inline(always)]
 fn parse_vxlan(buf: &[u8], ip: &Ip, opts: &ParseOptions) -> Result<Option<VxlanMeta>, ParseError> {
     let L4::Udp { dport, len, .. } = ip.l4 else {
         return Ok(None);

@@ -136,6 +136,7 @@ fn patch_l4(buf: &mut [u8], proto: u8, v: IpVersion, off: usize, delta: Delta) {
 /// Rewrite one endpoint (address and/or port) of a packet's own headers. A port is
 /// ignored where the packet has none (other protocols, the id-less side of an echo).
 /// Later fragments carry no transport header, so only the address changes.
+#[inline]
 pub fn rewrite_endpoint(
     buf: &mut [u8],
     ip: &Ip,

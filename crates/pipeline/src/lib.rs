@@ -22,15 +22,15 @@ pub use io::{
     Desc, FrameSource, IoError, MemRing, MemSink, PacketIo, VecSource, Verdict, FRAME_SIZE,
     HEADROOM, MAX_FRAME,
 };
-pub use key::{flow_hash, seeded, vxlan_source_port, FlowKey, KeyError};
+pub use key::{flow_hash, flow_hash_with, vxlan_source_port, FlowKey, KeyError};
 pub use pending::{Held, PendingConfig, PendingQueue};
 pub use pipeline::{
-    Clock, ManualClock, MonotonicClock, PacketMeta, Pipeline, PipelineConfig, Policer,
-    RuleReply, RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
+    Clock, ManualClock, MonotonicClock, PacketMeta, Pipeline, PipelineConfig, Policer, RuleReply,
+    RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
 };
 pub use rule::{
-    format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule,
-    RuleContext, RuleError, RuleSlot,
+    format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule, RuleContext,
+    RuleError, RuleSlot,
 };
 pub use stats::{DropReason, Stats};
 pub use table::{

@@ -148,7 +148,7 @@ impl PipelineConfig {
             default_idle_timeout: Duration::from_secs(300),
             pending: PendingConfig::default(),
             parse: ParseOptions::default(),
-            sweep_budget: 64,
+            sweep_budget: 16,
             worker: 0,
         }
     }
@@ -273,7 +273,6 @@ impl Pipeline {
         let ctx = &self.ctx;
         let res = self.table.insert(
             &rule.key,
-            rule.key.hash(),
             slot,
             sport,
             now,
@@ -307,7 +306,7 @@ impl Pipeline {
 
     /// The rule installed for `key`, as an action list, with its counters.
     pub fn lookup_rule(&self, key: &FlowKey) -> Option<(Vec<crate::Action>, u64, u64)> {
-        let i = self.table.lookup(key, key.hash())?;
+        let i = self.table.lookup(key)?;
         let r = self.table.rule(i);
         Some((self.ctx.decompile(r), r.packets, r.bytes))
     }
@@ -367,7 +366,7 @@ impl Pipeline {
                     continue;
                 }
             };
-            let hash = key.hash();
+            let hash = self.table.hash(&key);
             let probe = self.table.probe(hash);
             self.table.prefetch_buckets(&probe);
             self.stages[i] = Some(Stage {
@@ -434,7 +433,7 @@ impl Pipeline {
             let ip = &st.cls.ip;
             let req = RuleRequest {
                 key: st.key,
-                hash: st.hash,
+                hash: st.key.hash(),
                 tenant: binding.tenant,
                 chain: binding.chain,
                 meta: PacketMeta {
@@ -488,8 +487,20 @@ impl Pipeline {
             let ip = &cls.ip;
             let quote = ip.icmp_quote();
             for (side, af, pf, a, p) in [
-                (Side::Src, flag::SRC_ADDR, flag::SRC_PORT, rule.src_addr, rule.sport),
-                (Side::Dst, flag::DST_ADDR, flag::DST_PORT, rule.dst_addr, rule.dport),
+                (
+                    Side::Src,
+                    flag::SRC_ADDR,
+                    flag::SRC_PORT,
+                    rule.src_addr,
+                    rule.sport,
+                ),
+                (
+                    Side::Dst,
+                    flag::DST_ADDR,
+                    flag::DST_PORT,
+                    rule.dst_addr,
+                    rule.dport,
+                ),
             ] {
                 if f & (af | pf) == 0 {
                     continue;
@@ -575,7 +586,7 @@ impl Pipeline {
     }
 
     fn on_reply<B: PacketIo + ?Sized>(&mut self, io: &mut B, reply: RuleReply, now: u32) -> usize {
-        let hash = reply.key.hash();
+        let hash = self.table.hash(&reply.key);
         let installed = match &reply.result {
             Ok(rule) => {
                 if rule.key != reply.key {
@@ -652,7 +663,8 @@ impl<B: PacketIo> Worker<B> {
         let now = self.clock.now_ms();
         let n = self.io.rx(&mut self.descs, self.batch)?;
         if n > 0 {
-            self.pipeline.process(self.io.region(), &mut self.descs, now);
+            self.pipeline
+                .process(self.io.region(), &mut self.descs, now);
             self.io.tx(&self.descs)?;
         }
         self.pipeline.service(&mut self.io, now);

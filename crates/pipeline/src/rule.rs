@@ -476,7 +476,10 @@ impl RuleContext {
 
     #[inline]
     pub(crate) fn timeout_ms(&self, class: u8) -> u32 {
-        self.timeouts_ms.get(class as usize).copied().unwrap_or(u32::MAX)
+        self.timeouts_ms
+            .get(class as usize)
+            .copied()
+            .unwrap_or(u32::MAX)
     }
 
     /// Drop-reason names, indexed as in [`crate::Stats::rule_drops`].
@@ -626,7 +629,9 @@ impl FromStr for Action {
             ["police", c] => Ok(Action::Police {
                 class: c.parse().map_err(|_| perr("police class", s))?,
             }),
-            ["out", p] => Ok(Action::Output(p.parse().map_err(|_| perr("output port", s))?)),
+            ["out", p] => Ok(Action::Output(
+                p.parse().map_err(|_| perr("output port", s))?,
+            )),
             ["drop", reason] => Ok(Action::Drop {
                 reason: reason.to_string(),
             }),
@@ -780,7 +785,9 @@ mod tests {
             assert!(parse_actions(bad).is_err(), "{bad}");
         }
         assert!("1 tcp 1.2.3.4:1 > [::1]:2".parse::<FlowKey>().is_err());
-        assert!("16777216 tcp 1.2.3.4:1 > 1.2.3.5:2".parse::<FlowKey>().is_err());
+        assert!("16777216 tcp 1.2.3.4:1 > 1.2.3.5:2"
+            .parse::<FlowKey>()
+            .is_err());
     }
 
     #[test]
@@ -789,8 +796,14 @@ mod tests {
         let mut c = ctx();
         let r = |t: &str| Rule::new(key, parse_actions(t).unwrap());
         assert_eq!(c.compile(&r("count")), Err(RuleError::NoTerminal));
-        assert_eq!(c.compile(&r("out 1; count")), Err(RuleError::AfterTerminal(1)));
-        assert_eq!(c.compile(&r("count; decap; out 1")), Err(RuleError::DecapNotFirst));
+        assert_eq!(
+            c.compile(&r("out 1; count")),
+            Err(RuleError::AfterTerminal(1))
+        );
+        assert_eq!(
+            c.compile(&r("count; decap; out 1")),
+            Err(RuleError::DecapNotFirst)
+        );
         assert_eq!(
             c.compile(&r("set-src [2001:2::1]:1; out 1")),
             Err(RuleError::FamilyMismatch)
@@ -801,7 +814,9 @@ mod tests {
         );
         assert_eq!(c.interned(), (0, 0), "failed compiles leak no references");
         let s = c
-            .compile(&r("decap; set-src 198.19.0.1:40000; encap 198.18.0.9 vni 200; out 1"))
+            .compile(&r(
+                "decap; set-src 198.19.0.1:40000; encap 198.18.0.9 vni 200; out 1",
+            ))
             .unwrap();
         assert_eq!(c.interned(), (1, 1));
         assert_eq!(
@@ -826,7 +841,10 @@ mod tests {
             "set-dst 198.19.0.8:80; out 0"
         );
         assert_eq!(c.interned(), (1, 0));
-        assert_eq!(rule.rewritten_key().dst(), "198.19.0.8".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            rule.rewritten_key().dst(),
+            "198.19.0.8".parse::<IpAddr>().unwrap()
+        );
         assert_eq!(rule.rewritten_key().dport(), 80);
     }
 }

@@ -19,7 +19,7 @@
 
 use thiserror::Error;
 
-use crate::key::{seeded, FlowKey};
+use crate::key::FlowKey;
 use crate::rule::RuleSlot;
 
 const WAYS: usize = 8;
@@ -175,14 +175,18 @@ impl FlowTable {
     /// Bytes the table holds for `capacity` flows once every arena slot is used.
     pub fn bytes_at_capacity(&self) -> usize {
         self.buckets.len() * std::mem::size_of::<Bucket>()
-            + self.capacity
-                * (std::mem::size_of::<FlowEntry>() + std::mem::size_of::<RuleSlot>())
+            + self.capacity * (std::mem::size_of::<FlowEntry>() + std::mem::size_of::<RuleSlot>())
     }
 
-    /// Signature and candidate buckets for a flow hash.
+    /// The table's (seeded) hash of a key.
     #[inline]
-    pub fn probe(&self, flow_hash: u64) -> Probe {
-        let h = seeded(flow_hash, self.seed);
+    pub fn hash(&self, key: &FlowKey) -> u64 {
+        key.hash_seeded(self.seed)
+    }
+
+    /// Signature and candidate buckets for a table hash (from [`FlowTable::hash`]).
+    #[inline]
+    pub fn probe(&self, h: u64) -> Probe {
         let sig = ((h >> 32) as u32) | 1;
         let b1 = (h as usize) & self.mask;
         let b2 = self.alt_bucket(b1, sig);
@@ -277,8 +281,8 @@ impl FlowTable {
 
     /// Unbatched lookup.
     #[inline]
-    pub fn lookup(&self, key: &FlowKey, flow_hash: u64) -> Option<u32> {
-        let p = self.probe(flow_hash);
+    pub fn lookup(&self, key: &FlowKey) -> Option<u32> {
+        let p = self.probe(self.hash(key));
         self.find(&p, key).map(|(_, _, i)| i)
     }
 
@@ -308,13 +312,12 @@ impl FlowTable {
     pub fn insert(
         &mut self,
         key: &FlowKey,
-        flow_hash: u64,
         rule: RuleSlot,
         encap_sport: u16,
         now: u32,
         timeout_of: impl Fn(&RuleSlot) -> u32,
     ) -> Inserted {
-        let p = self.probe(flow_hash);
+        let p = self.probe(self.hash(key));
         if let Some((_, _, i)) = self.find(&p, key) {
             let old = std::mem::replace(&mut self.rules[i as usize], rule);
             let e = &mut self.entries[i as usize];
@@ -428,7 +431,7 @@ impl FlowTable {
     /// Remove entry `idx`, returning its rule.
     fn remove_idx(&mut self, idx: u32, reason: EvictReason) -> RuleSlot {
         let key = self.entries[idx as usize].key;
-        let p = self.probe(key.hash());
+        let p = self.probe(self.hash(&key));
         for b in [p.b1, p.b2] {
             let bk = &mut self.buckets[b as usize];
             for w in 0..WAYS {
@@ -451,7 +454,7 @@ impl FlowTable {
 
     /// Remove `key`, returning its rule.
     pub fn remove(&mut self, key: &FlowKey) -> Option<RuleSlot> {
-        let p = self.probe(key.hash());
+        let p = self.probe(self.hash(key));
         let (_, _, i) = self.find(&p, key)?;
         Some(self.remove_idx(i, EvictReason::Removed))
     }
@@ -527,26 +530,26 @@ mod tests {
         for i in 0..1000 {
             let k = key(i);
             assert!(matches!(
-                t.insert(&k, k.hash(), slot(i as u16), 0, 0, NEVER),
+                t.insert(&k, slot(i as u16), 0, 0, NEVER),
                 Inserted::New { victim: None, .. }
             ));
         }
         assert_eq!(t.len(), 1000);
         for i in 0..1000 {
             let k = key(i);
-            let idx = t.lookup(&k, k.hash()).expect("present");
+            let idx = t.lookup(&k).expect("present");
             assert_eq!(t.rule(idx).sport, i as u16);
         }
         let k = key(7);
-        match t.insert(&k, k.hash(), slot(9999), 0, 5, NEVER) {
+        match t.insert(&k, slot(9999), 0, 5, NEVER) {
             Inserted::Replaced { old, .. } => assert_eq!(old.sport, 7),
             other => panic!("{other:?}"),
         }
-        assert_eq!(t.rule(t.lookup(&k, k.hash()).unwrap()).sport, 9999);
+        assert_eq!(t.rule(t.lookup(&k).unwrap()).sport, 9999);
         assert_eq!(t.remove(&k).unwrap().sport, 9999);
-        assert!(t.lookup(&k, k.hash()).is_none());
+        assert!(t.lookup(&k).is_none());
         assert_eq!(t.len(), 999);
-        assert!(t.lookup(&key(5000), key(5000).hash()).is_none());
+        assert!(t.lookup(&key(5000)).is_none());
     }
 
     #[test]
@@ -554,7 +557,7 @@ mod tests {
         let mut t = FlowTable::new(64, 1).unwrap();
         for i in 0..64 {
             let k = key(i);
-            t.insert(&k, k.hash(), slot(0), 0, i, NEVER);
+            t.insert(&k, slot(0), 0, i, NEVER);
         }
         let mut victims = 0;
         for i in 64..200 {
@@ -562,12 +565,15 @@ mod tests {
             if let Inserted::New {
                 victim: Some((_, _, r)),
                 ..
-            } = t.insert(&k, k.hash(), slot(0), 0, 1000 + i, NEVER)
+            } = t.insert(&k, slot(0), 0, 1000 + i, NEVER)
             {
                 assert_eq!(r, EvictReason::TableFull);
                 victims += 1;
             }
-            assert!(t.lookup(&k, k.hash()).is_some(), "new flow is always inserted");
+            assert!(
+                t.lookup(&k).is_some(),
+                "new flow is always inserted"
+            );
         }
         assert_eq!(t.len(), 64);
         assert_eq!(victims, 136);
@@ -579,7 +585,14 @@ mod tests {
         let mut t = FlowTable::new(100, 3).unwrap();
         for i in 0..100 {
             let k = key(i);
-            t.insert(&k, k.hash(), slot(0), 0, if i % 2 == 0 { 0 } else { 900 }, NEVER);
+            t.insert(
+                &k,
+                k.hash(),
+                slot(0),
+                0,
+                if i % 2 == 0 { 0 } else { 900 },
+                NEVER,
+            );
         }
         let mut seen = 0;
         let removed = t.sweep(1000, 1000, |_| 500, |_, _| seen += 1);

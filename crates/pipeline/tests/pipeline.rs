@@ -7,9 +7,9 @@ use std::time::Duration;
 use packet::build::{ip_frame, vxlan_wrap, L4Spec};
 use packet::rewrite::Addr;
 use pipeline::{
-    parse_actions, DropReason, FlowKey, ManualClock, MemRing, NodeAddr, PacketIo,
-    PendingConfig, Pipeline, PipelineConfig, Policer, Rule, RuleReply, RuleRequest,
-    RuleSource, VecSource, Verdict, VpcBinding, Worker,
+    parse_actions, DropReason, FlowKey, ManualClock, MemRing, NodeAddr, PacketIo, PendingConfig,
+    Pipeline, PipelineConfig, Policer, Rule, RuleReply, RuleRequest, RuleSource, VecSource,
+    Verdict, VpcBinding, Worker,
 };
 use proptest::prelude::*;
 
@@ -133,7 +133,10 @@ fn miss_holds_requests_once_then_releases_in_order_and_hits() {
     r.worker.run_once().unwrap();
     let out = r.out();
     assert_eq!(out.len(), 5);
-    assert_eq!(out.iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert_eq!(
+        out.iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
     // Rewritten: inner source is the pool address and port.
     assert_eq!(&out[0][50 + 14 + 12..50 + 14 + 16], &[198, 19, 255, 1]);
     assert_eq!(r.worker.pipeline.pending().held(), 0);
@@ -161,7 +164,10 @@ fn pending_overflow_is_counted_per_flow_and_globally() {
     );
     r.send((0..4).map(|i| tenant_udp(1, i)));
     assert_eq!(
-        r.worker.pipeline.stats().dropped(DropReason::PendingFlowFull),
+        r.worker
+            .pipeline
+            .stats()
+            .dropped(DropReason::PendingFlowFull),
         1
     );
     r.send([tenant_udp(2, 0), tenant_udp(2, 1), tenant_udp(3, 0)]);
@@ -233,7 +239,13 @@ fn unknown_vni_is_dropped_without_a_request() {
         L4Spec::Udp { sport: 1, dport: 2 },
         b"x",
     );
-    r.send([vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 1, 999, &inner)]);
+    r.send([vxlan_wrap(
+        [198, 18, 0, 50],
+        [198, 18, 0, 1],
+        1,
+        999,
+        &inner,
+    )]);
     assert_eq!(r.worker.pipeline.stats().dropped(DropReason::UnknownVni), 1);
     assert!(r.requests.try_recv().is_err());
 }
@@ -253,7 +265,11 @@ fn idle_rule_expires_and_next_packet_misses() {
     assert!(r.out().is_empty());
     let s = r.worker.pipeline.stats();
     assert_eq!((s.expired, s.misses), (1, 1));
-    assert_eq!(r.worker.pipeline.rules().interned(), (0, 0), "refs released");
+    assert_eq!(
+        r.worker.pipeline.rules().interned(),
+        (0, 0),
+        "refs released"
+    );
 }
 
 #[test]
@@ -282,7 +298,10 @@ fn full_table_evicts_with_a_counted_reason() {
     }
     assert_eq!(p.table().len(), 32);
     assert_eq!(p.stats().evicted_table_full, 68);
-    assert!(p.lookup_rule(&tenant_key(99)).is_some(), "newest flow present");
+    assert!(
+        p.lookup_rule(&tenant_key(99)).is_some(),
+        "newest flow present"
+    );
 }
 
 #[test]
@@ -301,7 +320,11 @@ fn replacing_a_rule_takes_effect_at_once() {
     assert_eq!(&out[0][64 + 12..64 + 16], &[198, 19, 255, 1]);
     assert_eq!(&out[1][64 + 12..64 + 16], &[198, 19, 255, 2]);
     assert_eq!(r.worker.pipeline.stats().rules_replaced, 1);
-    assert_eq!(r.worker.pipeline.rules().interned(), (1, 1), "old refs released");
+    assert_eq!(
+        r.worker.pipeline.rules().interned(),
+        (1, 1),
+        "old refs released"
+    );
 }
 
 struct Budget(u32);

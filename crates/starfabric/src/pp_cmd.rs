@@ -1,11 +1,206 @@
-//! `starfabric pp`: run a PP node.
+//! `starfabric pp`: run a PP node: one pipeline worker on a UDP VXLAN socket, with
+//! static rules from a file. There is no rule server yet, so a miss is a `no-rule` drop.
 
-use anyhow::Result;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use pipeline::{
+    DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, Worker,
+};
+use pp::{UdpVxlanConfig, UdpVxlanIo};
 
-#[derive(Args)]
-pub struct PpArgs {}
+#[derive(Args, Debug)]
+pub struct PpArgs {
+    /// Underlay IPv4 address and UDP port to receive VXLAN on.
+    #[arg(long, default_value = "0.0.0.0:4789")]
+    listen: SocketAddrV4,
+    /// Static rules: `match <vni> <proto> <src> > <dst>` / `rule <actions>` line pairs.
+    #[arg(long)]
+    rules: Option<PathBuf>,
+    /// This node's underlay address, the outer source `encap` writes (default: the
+    /// --listen address). The kernel sends from the socket's address regardless.
+    #[arg(long)]
+    node_ip: Option<Ipv4Addr>,
+    /// This node's underlay MAC, the outer source MAC `encap` writes.
+    #[arg(long, default_value = "02:00:00:00:00:01", value_parser = parse_mac)]
+    node_mac: [u8; 6],
+    /// The underlay next hop's MAC, the outer destination MAC `encap` writes.
+    #[arg(long, default_value = "02:00:00:00:00:02", value_parser = parse_mac)]
+    gw_mac: [u8; 6],
+    /// Flow table capacity.
+    #[arg(long, default_value_t = 1 << 16)]
+    flows: usize,
+    /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
+    #[arg(long, value_parser = parse_secs)]
+    duration: Option<Duration>,
+    /// Print a one-line stats summary to stdout every this many seconds.
+    #[arg(long, value_parser = parse_secs)]
+    stats_interval: Option<Duration>,
+    /// Send all output to this UDP port instead of each frame's outer destination port
+    /// (4789); for several VXLAN endpoints on one host.
+    #[arg(long)]
+    peer_port: Option<u16>,
+    /// Largest receive batch (1..=64).
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+}
 
-pub fn run(_a: PpArgs) -> Result<()> {
-    anyhow::bail!("not yet")
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in m.iter_mut() {
+        let p = parts.next().ok_or("a MAC has six parts")?;
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("bad MAC byte {p:?}"))?;
+    }
+    if parts.next().is_some() {
+        return Err("a MAC has six parts".into());
+    }
+    Ok(m)
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {s:?}"))?;
+    Duration::try_from_secs_f64(v).map_err(|e| e.to_string())
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Only an atomic store: anything else is not async-signal-safe.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn install_signal_handlers() -> Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let handler = on_signal as extern "C" fn(libc::c_int);
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe; glibc's
+        // signal() installs it with SA_RESTART semantics, and a poll(2) it interrupts
+        // returns EINTR, which the backend treats as "no packets".
+        let prev = unsafe { libc::signal(sig, handler as libc::sighandler_t) };
+        if prev == libc::SIG_ERR {
+            bail!(
+                "cannot install a handler for signal {sig}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Static rules never idle out: ask for the longest timeout the table keeps (~24 days).
+const STATIC_IDLE: Duration = Duration::from_secs(u32::MAX as u64 / 2 / 1000);
+
+pub fn run(a: PpArgs) -> Result<()> {
+    let node = NodeAddr {
+        ip: a.node_ip.unwrap_or(*a.listen.ip()),
+        mac: a.node_mac,
+        gw_mac: a.gw_mac,
+    };
+    let mut cfg = PipelineConfig::new(node);
+    cfg.flow_capacity = a.flows;
+    cfg.seed = rand::random();
+    cfg.default_idle_timeout = STATIC_IDLE;
+    let mut pipeline = Pipeline::new(cfg, RuleSource::None).context("flow table")?;
+
+    let mut nrules = 0;
+    if let Some(path) = &a.rules {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let rules = pp::parse_rules(&text).with_context(|| format!("{}", path.display()))?;
+        for r in &rules {
+            pipeline.install_rule(&r.rule, 0).with_context(|| {
+                format!("{}: line {}: rule does not compile", path.display(), r.line)
+            })?;
+        }
+        nrules = rules.len();
+    }
+
+    let mut io_cfg = UdpVxlanConfig::new(a.listen);
+    io_cfg.peer_port = a.peer_port;
+    io_cfg.slots = a.batch;
+    let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
+    let local = io.local_addr();
+    let mut worker = Worker::new(pipeline, io, a.batch, Box::new(MonotonicClock::new()));
+
+    install_signal_handlers()?;
+    let start = Instant::now();
+    let deadline = a.duration.map(|d| start + d);
+    let mut next_stats = a.stats_interval.map(|i| start + i);
+    // Tests and scripts wait for this line before sending traffic.
+    println!(
+        "pp: listening on {local}, {nrules} static rules, {} flows",
+        a.flows
+    );
+    std::io::stdout().flush()?;
+    tracing::info!(%local, rules = nrules, "PP worker running");
+
+    while !STOP.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
+            if now >= t {
+                println!("{}", summary(&worker, start.elapsed()));
+                std::io::stdout().flush()?;
+                next_stats = Some(t + i);
+            }
+        }
+        worker.run_once().context("worker")?;
+    }
+    println!("{}", summary(&worker, start.elapsed()));
+    println!("pp: stopped");
+    Ok(())
+}
+
+/// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`
+fn summary(w: &Worker<UdpVxlanIo>, t: Duration) -> String {
+    let p = &w.pipeline;
+    let s = p.stats();
+    let io = w.io.stats();
+    let mut line = format!(
+        "pp: t={:.1}s rx={} tx={} hits={} misses={} drops={}",
+        t.as_secs_f64(),
+        s.rx_packets,
+        s.tx_packets,
+        s.hits,
+        s.misses,
+        s.total_drops()
+    );
+    let mut reasons: Vec<(String, u64)> = DropReason::FIXED
+        .iter()
+        .map(|&r| (p.drop_name(r), s.dropped(r)))
+        .collect();
+    reasons.extend(
+        (0..p.rules().reasons().len())
+            .map(|i| (p.drop_name(DropReason::Rule(i as u8)), s.rule_drops[i])),
+    );
+    let nonzero: Vec<String> = reasons
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(r, n)| format!("{r}={n}"))
+        .collect();
+    if !nonzero.is_empty() {
+        let _ = write!(line, " ({})", nonzero.join(" "));
+    }
+    let _ = write!(
+        line,
+        " io: rx={} batches={} oversize={} tx={} tx_dropped={} tx_errors={} tx_unsendable={}",
+        io.rx_packets,
+        io.rx_batches,
+        io.rx_oversize,
+        io.tx_packets,
+        io.tx_dropped,
+        io.tx_errors,
+        io.tx_unsendable
+    );
+    line
 }
