@@ -21,8 +21,8 @@ pub mod rewrite;
 
 pub use error::{Layer, ParseError};
 pub use parse::{
-    parse_frame, parse_frame_with, Frag, Frame, IcmpKind, Ip, IpVersion, ParseOptions, Quote,
-    VxlanMeta, L3, L4, VXLAN_PORT,
+    parse_frame, parse_frame_with, vxlan_fast, Frag, Frame, IcmpKind, Ip, IpVersion, ParseOptions,
+    Quote, VxlanMeta, L3, L4, VXLAN_PORT,
 };
 
 /// IP protocol numbers used by the data plane.

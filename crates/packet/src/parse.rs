@@ -246,6 +246,36 @@ impl Frame {
     }
 }
 
+/// The common tenant-traffic outer header, recognised in a handful of compares: untagged
+/// Ethernet, IPv4 without options or fragmentation, UDP to the VXLAN port, I flag set,
+/// consistent lengths. Returns the VXLAN header's place, or `None` for anything else,
+/// which then takes [`parse_frame_with`] (whose result on the frames accepted here is the
+/// same; a property test checks it). VPP's vxlan4-input makes the same bet.
+#[inline(always)]
+pub fn vxlan_fast(buf: &[u8], vxlan_port: u16) -> Option<VxlanMeta> {
+    let h = buf.get(..50)?;
+    if h[12] != 0x08 || h[13] != 0x00 || h[14] != 0x45 || h[23] != proto::UDP {
+        return None;
+    }
+    let total = u16::from_be_bytes([h[16], h[17]]) as usize;
+    let udp_len = u16::from_be_bytes([h[38], h[39]]) as usize;
+    if u16::from_be_bytes([h[20], h[21]]) & 0x3fff != 0
+        || u16::from_be_bytes([h[36], h[37]]) != vxlan_port
+        || total + 14 > buf.len()
+        || udp_len < 16
+        || udp_len + 20 > total
+        || h[42] & 0x08 == 0
+    {
+        return None;
+    }
+    Some(VxlanMeta {
+        vni: u32::from_be_bytes([0, h[46], h[47], h[48]]),
+        off: 42,
+        inner_off: 50,
+        inner_end: (34 + udp_len) as u16,
+    })
+}
+
 /// Parse a frame with the default options.
 #[inline]
 pub fn parse_frame(buf: &[u8]) -> Result<Frame, ParseError> {
@@ -382,6 +412,7 @@ fn is_v4_mapped(a: &[u8]) -> bool {
 /// type is `next`) up to `end`. Returns (upper protocol, offset of it, fragment state).
 /// `strict` = false for quotes, where running out of bytes inside the extension chain is
 /// reported as a truncated quote.
+#[inline(never)]
 fn walk_v6_ext(
     buf: &[u8],
     mut next: u8,
@@ -446,6 +477,7 @@ fn walk_v6_ext(
     Err(bad(layer, "too many extension headers"))
 }
 
+#[inline(never)]
 fn parse_ipv6(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
     let b = &buf[off..];
     if b.len() < 40 {
@@ -533,6 +565,23 @@ fn parse_l4(
             })
         }
         (proto::ICMP, IpVersion::V4) | (proto::ICMPV6, IpVersion::V6) => {
+            parse_icmp(buf, off, end, v, frag)
+        }
+        _ => Ok(L4::None),
+    }
+}
+
+#[inline(never)]
+fn parse_icmp(
+    buf: &[u8],
+    off: usize,
+    end: usize,
+    v: IpVersion,
+    frag: Frag,
+) -> Result<L4, ParseError> {
+    let b = &buf[off..end];
+    {
+        {
             if b.len() < 8 {
                 return Err(ParseError::Truncated(Layer::Icmp));
             }
@@ -551,12 +600,13 @@ fn parse_l4(
             };
             Ok(L4::Icmp { ty, code, kind })
         }
-        _ => Ok(L4::None),
     }
 }
 
 /// Parse the packet an ICMP error quotes. The quote is truncated by design, so only
 /// the IP header and the first 8 bytes of the transport header are required.
+#[cold]
+#[inline(never)]
 fn parse_quote(buf: &[u8], off: usize, end: usize, v: IpVersion) -> Result<Quote, ParseError> {
     let b = &buf[off..end];
     let (hdr_len, proto) = match v {

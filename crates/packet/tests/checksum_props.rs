@@ -5,8 +5,8 @@
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
 use packet::build::{ip_frame, L4Spec};
 use packet::csum;
-use packet::rewrite::{rewrite_endpoint, rewrite_icmp_error, Addr, Side};
 use packet::parse_frame;
+use packet::rewrite::{rewrite_endpoint, rewrite_icmp_error, Addr, Side};
 use proptest::prelude::*;
 
 fn addr(v6: bool) -> impl Strategy<Value = Addr> {
@@ -85,16 +85,27 @@ fn case() -> impl Strategy<Value = Case> {
 fn assert_checksums_valid(frame: &[u8], udp_zero_expected: bool) {
     let h = PacketHeaders::from_ethernet_slice(frame).expect("etherparse parses our frame");
     let payload = h.payload.slice();
-    match (h.net.as_ref().expect("ip"), h.transport.as_ref().expect("l4")) {
+    match (
+        h.net.as_ref().expect("ip"),
+        h.transport.as_ref().expect("l4"),
+    ) {
         (NetHeaders::Ipv4(ip, _), t) => {
             assert_eq!(ip.header_checksum, ip.calc_header_checksum(), "IPv4 header");
             match t {
                 TransportHeader::Udp(u) if udp_zero_expected => assert_eq!(u.checksum, 0),
                 TransportHeader::Udp(u) => {
-                    assert_eq!(u.checksum, u.calc_checksum_ipv4(ip, payload).unwrap(), "UDP/v4")
+                    assert_eq!(
+                        u.checksum,
+                        u.calc_checksum_ipv4(ip, payload).unwrap(),
+                        "UDP/v4"
+                    )
                 }
                 TransportHeader::Tcp(t) => {
-                    assert_eq!(t.checksum, t.calc_checksum_ipv4(ip, payload).unwrap(), "TCP/v4")
+                    assert_eq!(
+                        t.checksum,
+                        t.calc_checksum_ipv4(ip, payload).unwrap(),
+                        "TCP/v4"
+                    )
                 }
                 TransportHeader::Icmpv4(i) => {
                     assert_eq!(i.checksum, i.icmp_type.calc_checksum(payload), "ICMPv4")
@@ -104,10 +115,18 @@ fn assert_checksums_valid(frame: &[u8], udp_zero_expected: bool) {
         }
         (NetHeaders::Ipv6(ip, _), t) => match t {
             TransportHeader::Udp(u) => {
-                assert_eq!(u.checksum, u.calc_checksum_ipv6(ip, payload).unwrap(), "UDP/v6")
+                assert_eq!(
+                    u.checksum,
+                    u.calc_checksum_ipv6(ip, payload).unwrap(),
+                    "UDP/v6"
+                )
             }
             TransportHeader::Tcp(t) => {
-                assert_eq!(t.checksum, t.calc_checksum_ipv6(ip, payload).unwrap(), "TCP/v6")
+                assert_eq!(
+                    t.checksum,
+                    t.calc_checksum_ipv6(ip, payload).unwrap(),
+                    "TCP/v6"
+                )
             }
             TransportHeader::Icmpv6(i) => assert_eq!(
                 i.checksum,
@@ -255,4 +274,33 @@ fn rewrite_refuses_family_mismatch() {
     let p = parse_frame(&f).unwrap();
     let ip = *p.ip().unwrap();
     assert!(rewrite_endpoint(&mut f, &ip, Side::Src, Some(&Addr::V6([1; 16])), None).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(5000))]
+
+    /// The VXLAN fast recogniser agrees with the full parser wherever it answers.
+    #[test]
+    fn vxlan_fast_agrees_with_full_parse(
+        inner_len in 0usize..100,
+        flips in proptest::collection::vec((0usize..60, any::<u8>()), 0..4),
+        cut in 0usize..200,
+    ) {
+        let inner = ip_frame(
+            Addr::V4([198, 18, 0, 2]),
+            Addr::V4([198, 19, 0, 2]),
+            L4Spec::Udp { sport: 1, dport: 2 },
+            &vec![7u8; inner_len],
+        );
+        let mut f = packet::build::vxlan_wrap([198, 18, 0, 1], [198, 18, 0, 9], 49200, 42, &inner);
+        for (at, x) in flips {
+            if at < f.len() { f[at] ^= x; }
+        }
+        f.truncate(cut.max(1));
+        if let Some(v) = packet::vxlan_fast(&f, packet::VXLAN_PORT) {
+            let full = parse_frame(&f);
+            prop_assert!(full.is_ok(), "fast accepted what full rejects: {:?}", full);
+            prop_assert_eq!(full.unwrap().vxlan, Some(v));
+        }
+    }
 }

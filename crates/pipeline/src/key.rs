@@ -13,10 +13,16 @@ use packet::{proto, IcmpKind, Ip, IpVersion, L4};
 /// families never collide. For ICMP echo the identifier takes the place of a port:
 /// the source port for a request, the destination port for a reply, so a reply's key is
 /// the reverse of its request's.
-#[derive(Clone, Copy, Eq, Hash)]
+#[derive(Clone, Copy, Eq)]
 #[repr(C)]
 pub struct FlowKey {
     bytes: [u8; 40],
+}
+
+impl std::hash::Hash for FlowKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bytes.hash(state)
+    }
 }
 
 impl PartialEq for FlowKey {
@@ -26,7 +32,14 @@ impl PartialEq for FlowKey {
     fn eq(&self, other: &Self) -> bool {
         let w = |b: &[u8; 40], i: usize| {
             u64::from_ne_bytes([
-                b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7],
+                b[i],
+                b[i + 1],
+                b[i + 2],
+                b[i + 3],
+                b[i + 4],
+                b[i + 5],
+                b[i + 6],
+                b[i + 7],
             ])
         };
         let (a, b) = (&self.bytes, &other.bytes);
@@ -251,7 +264,6 @@ pub fn flow_hash_with(b: &[u8; 40], seed: u64) -> u64 {
     }
     fmix64(h)
 }
-
 
 /// Outer UDP source port for a VXLAN packet carrying the flow with this hash: in the
 /// dynamic range, so underlay ECMP spreads flows (RFC 7348 §5).

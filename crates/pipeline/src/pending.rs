@@ -219,7 +219,9 @@ impl PendingQueue {
             self.order.pop_front();
             // The flow may have been released (and even re-pended later, with a newer
             // `since`, which has its own place in `order`).
-            let Ok(e) = self.flows.find_entry(hash, |f| f.key == key && f.since == since)
+            let Ok(e) = self
+                .flows
+                .find_entry(hash, |f| f.key == key && f.since == since)
             else {
                 continue;
             };

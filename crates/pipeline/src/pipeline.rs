@@ -143,7 +143,7 @@ impl PipelineConfig {
     pub fn new(node: NodeAddr) -> Self {
         PipelineConfig {
             flow_capacity: 1 << 16,
-            seed: 0x5eed_0f_f10e,
+            seed: 0x005e_ed0f_f10e,
             node,
             default_idle_timeout: Duration::from_secs(300),
             pending: PendingConfig::default(),
@@ -271,13 +271,11 @@ impl Pipeline {
             self.stats.offload_marked += 1;
         }
         let ctx = &self.ctx;
-        let res = self.table.insert(
-            &rule.key,
-            slot,
-            sport,
-            now,
-            |r: &RuleSlot| ctx.timeout_ms(r.timeout_class),
-        );
+        let res = self
+            .table
+            .insert(&rule.key, slot, sport, now, |r: &RuleSlot| {
+                ctx.timeout_ms(r.timeout_class)
+            });
         match res {
             Inserted::New { victim, .. } => {
                 self.stats.rules_installed += 1;
@@ -314,27 +312,34 @@ impl Pipeline {
     /// Parse a frame down to the IP packet to match, and its VNI.
     #[inline]
     fn classify(&self, data: &[u8]) -> Result<Classified, DropReason> {
-        let outer: Frame = parse_frame_with(data, &self.cfg.parse)?;
-        let (ip, vni, inner_off, inner_end) = match outer.vxlan {
-            Some(v) => {
-                let inner = &data[v.inner_off as usize..v.inner_end as usize];
-                let f = parse_frame_with(inner, &self.cfg.parse)?;
-                match f.l3 {
-                    L3::Ip(ip) => (ip.shifted(v.inner_off), v.vni, v.inner_off, v.inner_end),
-                    _ => return Err(DropReason::NotIp),
+        let v = match packet::vxlan_fast(data, self.cfg.parse.vxlan_port) {
+            Some(v) => v,
+            None => {
+                let outer: Frame = parse_frame_with(data, &self.cfg.parse)?;
+                match (outer.vxlan, outer.l3) {
+                    (Some(v), _) => v,
+                    (None, L3::Ip(ip)) => {
+                        return Ok(Classified {
+                            ip,
+                            vni: 0,
+                            inner_off: 0,
+                            inner_end: 0,
+                        })
+                    }
+                    (None, _) => return Err(DropReason::NotIp),
                 }
             }
-            None => match outer.l3 {
-                L3::Ip(ip) => (ip, 0, 0, 0),
-                _ => return Err(DropReason::NotIp),
-            },
         };
-        Ok(Classified {
-            ip,
-            vni,
-            inner_off,
-            inner_end,
-        })
+        let inner = &data[v.inner_off as usize..v.inner_end as usize];
+        match parse_frame_with(inner, &self.cfg.parse)?.l3 {
+            L3::Ip(ip) => Ok(Classified {
+                ip: ip.shifted(v.inner_off),
+                vni: v.vni,
+                inner_off: v.inner_off,
+                inner_end: v.inner_end,
+            }),
+            _ => Err(DropReason::NotIp),
+        }
     }
 
     /// Process one batch of received descriptors in place, setting each verdict.
@@ -345,13 +350,28 @@ impl Pipeline {
     }
 
     fn process_chunk(&mut self, region: &mut [u8], descs: &mut [Desc], now: u32, fresh: bool) {
+        // Lent out of `self` for the chunk so passes read stages in place, not by copy.
+        let mut stages = std::mem::take(&mut self.stages);
+        self.stage_chunk(region, descs, now, fresh, &mut stages);
+        self.stages = stages;
+    }
+
+    #[inline(always)]
+    fn stage_chunk(
+        &mut self,
+        region: &mut [u8],
+        descs: &mut [Desc],
+        now: u32,
+        fresh: bool,
+        stages: &mut [Option<Stage>],
+    ) {
         // Pass 1: parse, key, hash, prefetch buckets.
         for (i, d) in descs.iter_mut().enumerate() {
             if fresh {
                 self.stats.rx_packets += 1;
                 self.stats.rx_bytes += d.len as u64;
             }
-            self.stages[i] = None;
+            stages[i] = None;
             let cls = match self.classify(d.data(region)) {
                 Ok(c) => c,
                 Err(r) => {
@@ -369,7 +389,7 @@ impl Pipeline {
             let hash = self.table.hash(&key);
             let probe = self.table.probe(hash);
             self.table.prefetch_buckets(&probe);
-            self.stages[i] = Some(Stage {
+            stages[i] = Some(Stage {
                 key,
                 hash,
                 probe,
@@ -378,7 +398,7 @@ impl Pipeline {
             });
         }
         // Pass 2: signature match, prefetch entry and rule.
-        for st in self.stages[..descs.len()].iter_mut().flatten() {
+        for st in stages[..descs.len()].iter_mut().flatten() {
             st.cand = self.table.candidate(&st.probe);
             if let Some(c) = st.cand {
                 self.table.prefetch_entry(c);
@@ -386,7 +406,7 @@ impl Pipeline {
         }
         // Pass 3: confirm, act or miss.
         for (i, d) in descs.iter_mut().enumerate() {
-            let Some(st) = self.stages[i] else { continue };
+            let Some(st) = &stages[i] else { continue };
             let hit = self.table.confirm(&st.probe, st.cand, &st.key);
             match hit {
                 Some(idx) => {
@@ -395,14 +415,14 @@ impl Pipeline {
                         let old = self.table.expire(idx);
                         self.ctx.release(&old);
                         self.stats.expired += 1;
-                        self.miss(region, d, &st, now);
+                        self.miss(region, d, st, now);
                     } else {
                         self.stats.hits += 1;
                         self.table.touch(idx, now);
                         self.apply(region, d, &st.cls, idx, now);
                     }
                 }
-                None => self.miss(region, d, &st, now),
+                None => self.miss(region, d, st, now),
             }
         }
     }
@@ -532,6 +552,9 @@ impl Pipeline {
             if let Some(m) = nh.inner_dmac {
                 slot[start..start + 6].copy_from_slice(&m);
             }
+            if let Some(m) = nh.inner_smac {
+                slot[start + 6..start + 12].copy_from_slice(&m);
+            }
             let sport = self.table.entry(idx).encap_sport;
             nh.encap.write(&mut slot[start - o..], len, sport);
             start -= o;
@@ -552,14 +575,8 @@ impl Pipeline {
     /// through `io`, expire waiting flows, and sweep idle ones. Returns packets released.
     pub fn service<B: PacketIo + ?Sized>(&mut self, io: &mut B, now: u32) -> usize {
         let mut released = 0;
-        loop {
-            let reply = match &self.source {
-                RuleSource::Channel { replies, .. } => match replies.try_recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                },
-                RuleSource::None => break,
-            };
+        while let RuleSource::Channel { replies, .. } = &self.source {
+            let Ok(reply) = replies.try_recv() else { break };
             released += self.on_reply(io, reply, now);
         }
         let mut keys = std::mem::take(&mut self.expired_keys);

@@ -39,6 +39,9 @@ pub enum Action {
         dst: Ipv4Addr,
         vni: u32,
         inner_dmac: Option<[u8; 6]>,
+        /// Replaces the inner source MAC; needed when the reply goes back to the VTEP it
+        /// came from, since Linux drops frames carrying its own MAC as source.
+        inner_smac: Option<[u8; 6]>,
     },
     /// Count packets and bytes on the rule.
     Count,
@@ -182,6 +185,7 @@ impl RuleSlot {
 pub struct Nexthop {
     pub encap: EncapV4,
     pub inner_dmac: Option<[u8; 6]>,
+    pub inner_smac: Option<[u8; 6]>,
 }
 
 /// The PP node's own underlay identity, which encap writes as the outer source.
@@ -275,6 +279,7 @@ struct NexthopKey {
     dst: Ipv4Addr,
     vni: u32,
     inner_dmac: Option<[u8; 6]>,
+    inner_smac: Option<[u8; 6]>,
 }
 
 impl RuleContext {
@@ -355,6 +360,7 @@ impl RuleContext {
                         dst,
                         vni,
                         inner_dmac,
+                        inner_smac,
                     } => {
                         if s.flags & flag::ENCAP != 0 {
                             return Err(RuleError::TwoEncaps);
@@ -366,6 +372,7 @@ impl RuleContext {
                             dst: *dst,
                             vni: *vni,
                             inner_dmac: *inner_dmac,
+                            inner_smac: *inner_smac,
                         };
                         let idx = self
                             .nexthops
@@ -383,6 +390,7 @@ impl RuleContext {
                                 *vni,
                             ),
                             inner_dmac: *inner_dmac,
+                            inner_smac: *inner_smac,
                         });
                         s.nexthop = idx;
                         s.flags |= flag::ENCAP;
@@ -518,6 +526,7 @@ impl RuleContext {
                     dst: n.encap.dst().into(),
                     vni: n.encap.vni(),
                     inner_dmac: n.inner_dmac,
+                    inner_smac: n.inner_smac,
                 });
             }
         }
@@ -546,8 +555,10 @@ impl RuleContext {
     }
 }
 
+/// Milliseconds of an idle timeout; `u32::MAX` (from `Duration::MAX` or anything past
+/// 49 days) means never, since no wrapping age exceeds it.
 fn duration_ms(t: Duration) -> u32 {
-    t.as_millis().min(u32::MAX as u128 / 2) as u32
+    t.as_millis().min(u32::MAX as u128) as u32
 }
 
 // ---- Text form: `decap; set-src 198.19.0.1:40000; encap 198.18.0.9 vni 200; out 1` ----
@@ -613,15 +624,19 @@ impl FromStr for Action {
             ["encap", dst, "vni", vni, rest @ ..] => {
                 let dst = dst.parse().map_err(|_| perr("encap destination", s))?;
                 let vni = vni.parse().map_err(|_| perr("vni", s))?;
-                let inner_dmac = match rest {
-                    [] => None,
-                    ["dmac", m] => Some(parse_mac(m)?),
-                    _ => return Err(perr("encap", s)),
-                };
+                let (mut inner_dmac, mut inner_smac) = (None, None);
+                for pair in rest.chunks(2) {
+                    match pair {
+                        ["dmac", m] if inner_dmac.is_none() => inner_dmac = Some(parse_mac(m)?),
+                        ["smac", m] if inner_smac.is_none() => inner_smac = Some(parse_mac(m)?),
+                        _ => return Err(perr("encap", s)),
+                    }
+                }
                 Ok(Action::EncapVxlan {
                     dst,
                     vni,
                     inner_dmac,
+                    inner_smac,
                 })
             }
             ["count"] => Ok(Action::Count),
@@ -661,14 +676,17 @@ impl fmt::Display for Action {
                 dst,
                 vni,
                 inner_dmac,
+                inner_smac,
             } => {
                 write!(f, "encap {dst} vni {vni}")?;
-                if let Some(m) = inner_dmac {
-                    write!(
-                        f,
-                        " dmac {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-                        m[0], m[1], m[2], m[3], m[4], m[5]
-                    )?;
+                for (name, mac) in [("dmac", inner_dmac), ("smac", inner_smac)] {
+                    if let Some(m) = mac {
+                        write!(
+                            f,
+                            " {name} {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                            m[0], m[1], m[2], m[3], m[4], m[5]
+                        )?;
+                    }
                 }
                 Ok(())
             }
@@ -756,7 +774,7 @@ mod tests {
 
     #[test]
     fn text_round_trip() {
-        let text = "decap; set-src 198.19.0.1:40000; set-dst :8080; encap 198.18.0.9 vni 200 dmac 02:00:00:00:00:09; count; police 3; offload; out 1";
+        let text = "decap; set-src 198.19.0.1:40000; set-dst :8080; encap 198.18.0.9 vni 200 dmac 02:00:00:00:00:09 smac 02:00:00:00:00:0a; count; police 3; offload; out 1";
         let a = parse_actions(text).unwrap();
         assert_eq!(format_actions(&a), text);
         assert_eq!(

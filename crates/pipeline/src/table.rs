@@ -570,10 +570,7 @@ mod tests {
                 assert_eq!(r, EvictReason::TableFull);
                 victims += 1;
             }
-            assert!(
-                t.lookup(&k).is_some(),
-                "new flow is always inserted"
-            );
+            assert!(t.lookup(&k).is_some(), "new flow is always inserted");
         }
         assert_eq!(t.len(), 64);
         assert_eq!(victims, 136);
@@ -585,14 +582,7 @@ mod tests {
         let mut t = FlowTable::new(100, 3).unwrap();
         for i in 0..100 {
             let k = key(i);
-            t.insert(
-                &k,
-                k.hash(),
-                slot(0),
-                0,
-                if i % 2 == 0 { 0 } else { 900 },
-                NEVER,
-            );
+            t.insert(&k, slot(0), 0, if i % 2 == 0 { 0 } else { 900 }, NEVER);
         }
         let mut seen = 0;
         let removed = t.sweep(1000, 1000, |_| 500, |_, _| seen += 1);

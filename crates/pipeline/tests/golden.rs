@@ -163,7 +163,10 @@ fn golden_corpus_passes_on_the_pipeline() {
 fn flow_hash_matches_the_reference_vectors() {
     let text = std::fs::read_to_string(HASH_VECTORS).expect("hash vectors");
     let mut n = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+    {
         let f: Vec<&str> = line.split_whitespace().collect();
         let key: [u8; 40] = hex::decode(f[0]).unwrap().try_into().unwrap();
         let want = u64::from_str_radix(f[1], 16).unwrap();

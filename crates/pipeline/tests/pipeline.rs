@@ -281,7 +281,8 @@ fn sweep_reaps_idle_flows_without_traffic() {
     }
     assert_eq!(r.worker.pipeline.table().len(), 100);
     r.clock.set(50);
-    for _ in 0..4 {
+    let budget = r.worker.pipeline.config().sweep_budget;
+    for _ in 0..100usize.div_ceil(budget) {
         r.worker.run_once().unwrap();
     }
     assert_eq!(r.worker.pipeline.table().len(), 0);

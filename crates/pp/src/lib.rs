@@ -3,6 +3,7 @@
 //! `pipeline` holds the NF-independent parse→match→action; this crate adds the real
 //! I/O backends a PP node runs on (UDP/VXLAN sockets with recvmmsg/sendmmsg now; AF_XDP
 //! and the XDP fast path later) and, in later issues, the FM client and rate manager.
+//! Until the FM exists, rules come from a static file ([`parse_rules`]).
 
 mod rules_file;
 mod udp;

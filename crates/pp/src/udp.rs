@@ -388,6 +388,8 @@ impl UdpVxlanIo {
                 self.stats.rx_oversize += 1;
                 continue;
             }
+            // An AF_INET socket only reports AF_INET senders; anything else would be a
+            // kernel bug, not traffic to count.
             let Some(src) = from_sockaddr(&names[i]) else {
                 continue;
             };

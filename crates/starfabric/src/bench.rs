@@ -138,6 +138,7 @@ fn snat_rule(i: u64) -> Rule {
                 dst: Ipv4Addr::new(198, 18, 0, 9),
                 vni: 200,
                 inner_dmac: None,
+                inner_smac: None,
             },
             Action::Count,
             Action::Output(1),

@@ -8,7 +8,11 @@ mod demo;
 mod pp_cmd;
 
 #[derive(Parser)]
-#[command(name = "starfabric", version, about = "Elastic multi-tenant network functions")]
+#[command(
+    name = "starfabric",
+    version,
+    about = "Elastic multi-tenant network functions"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `pipeline=debug`.
     #[arg(long, global = true, env = "STARFABRIC_LOG", default_value = "warn")]
@@ -36,7 +40,9 @@ enum Cmd {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)?;
-    let sub = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let sub = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cli.log_json {
         sub.json().init();
     } else {

@@ -95,8 +95,8 @@ fn install_signal_handlers() -> Result<()> {
     Ok(())
 }
 
-/// Static rules never idle out: ask for the longest timeout the table keeps (~24 days).
-const STATIC_IDLE: Duration = Duration::from_secs(u32::MAX as u64 / 2 / 1000);
+/// Static rules never idle out.
+const STATIC_IDLE: Duration = Duration::MAX;
 
 pub fn run(a: PpArgs) -> Result<()> {
     let node = NodeAddr {

@@ -345,8 +345,9 @@ fn vxlan_nat_round_trip_through_linux() {
     };
 
     let client = socket_in(&a, CLIENT);
+    // Generous: replies take well under a millisecond, but CI machines get loaded.
     client
-        .set_read_timeout(Some(Duration::from_millis(500)))
+        .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     let payload = |i: usize| -> Vec<u8> {
         // Odd and even lengths up to what a 1450-byte vx100 MTU carries in one datagram.
@@ -357,7 +358,7 @@ fn vxlan_nat_round_trip_through_linux() {
     for i in 0..ROUNDS {
         let p = payload(i);
         // The first round may wait on ARP in the underlay; allow it a few tries.
-        let tries = if i == 0 { 10 } else { 1 };
+        let tries = if i == 0 { 5 } else { 1 };
         let mut got = None;
         for _ in 0..tries {
             client.send_to(&p, VIP).unwrap();

@@ -1,0 +1,118 @@
+//! Criterion benchmarks of the pipeline's parts. `starfabric bench pipeline` measures the
+//! whole worker loop; these isolate parse, hash, table lookup and the hit path per batch.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+use pipeline::{
+    Action, FlowKey, FlowTable, MemRing, NodeAddr, PacketIo, Pipeline, PipelineConfig, Rule,
+    RuleSource, VecSource,
+};
+
+fn tenant_frame(sport: u16) -> Vec<u8> {
+    let inner = ip_frame(
+        Addr::V4([198, 18, 10, 2]),
+        Addr::V4([198, 19, 0, 9]),
+        L4Spec::Udp { sport, dport: 53 },
+        &[0u8; 18],
+    );
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+}
+
+fn key(sport: u16) -> FlowKey {
+    FlowKey::new(
+        100,
+        17,
+        IpAddr::V4(Ipv4Addr::new(198, 18, 10, 2)),
+        sport,
+        IpAddr::V4(Ipv4Addr::new(198, 19, 0, 9)),
+        53,
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let f = tenant_frame(1000);
+    let mut g = c.benchmark_group("packet");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("parse_outer_and_inner", |b| {
+        b.iter(|| {
+            let o = packet::parse_frame(black_box(&f)).unwrap();
+            packet::parse_frame(o.vxlan_inner(&f).unwrap()).unwrap()
+        })
+    });
+    g.bench_function("flow_hash", |b| {
+        let k = key(1);
+        b.iter(|| black_box(&k).hash())
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("table");
+    g.throughput(Throughput::Elements(1));
+    let mut t = FlowTable::new(100_000, 7).unwrap();
+    for i in 0..50_000u16 {
+        t.insert(&key(i), Default::default(), 0, 0, |_| u32::MAX);
+    }
+    g.bench_function("lookup_hit_50k", |b| {
+        let mut i = 0u16;
+        b.iter(|| {
+            i = (i + 7919) % 50_000;
+            t.lookup(black_box(&key(i)))
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("pipeline");
+    g.throughput(Throughput::Elements(64));
+    let node = NodeAddr {
+        ip: Ipv4Addr::new(198, 18, 0, 1),
+        mac: [2, 0, 0, 0, 0, 1],
+        gw_mac: [2, 0, 0, 0, 0, 2],
+    };
+    let mut p = Pipeline::new(PipelineConfig::new(node), RuleSource::None).unwrap();
+    for s in 0..64u16 {
+        p.install_rule(
+            &Rule::new(
+                key(s),
+                vec![
+                    Action::DecapVxlan,
+                    Action::SetSrc {
+                        addr: Some(IpAddr::V4(Ipv4Addr::new(198, 19, 255, 1))),
+                        port: Some(40000 + s),
+                    },
+                    Action::EncapVxlan {
+                        dst: Ipv4Addr::new(198, 18, 0, 9),
+                        vni: 200,
+                        inner_dmac: None,
+                        inner_smac: None,
+                    },
+                    Action::Count,
+                    Action::Output(1),
+                ],
+            ),
+            0,
+        )
+        .unwrap();
+    }
+    g.bench_function("hit_batch_64_snat_reencap", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut src = VecSource::default();
+                for s in 0..64u16 {
+                    src.push(tenant_frame(s), 0);
+                }
+                let mut io = MemRing::new(src, 64);
+                let mut d = Vec::with_capacity(64);
+                io.rx(&mut d, 64).unwrap();
+                (io, d)
+            },
+            |(io, d)| p.process(io.region(), d, 1),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
