@@ -285,7 +285,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<Frame, ParseError> {
 /// Parse a frame: Ethernet, VLAN tags, then IPv4/IPv6/ARP, the transport header, an ICMP
 /// error's quote, and a VXLAN header. The inner frame of VXLAN is not parsed: call
 /// `parse_frame` again on [`Frame::vxlan_inner`].
-#[inline]
+#[inline(always)]
 pub fn parse_frame_with(buf: &[u8], opts: &ParseOptions) -> Result<Frame, ParseError> {
     if buf.len() > u16::MAX as usize {
         return Err(ParseError::BadHeader {

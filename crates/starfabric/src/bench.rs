@@ -398,7 +398,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
     })
 }
 
-fn print_table(r: &PipelineBench) {
+pub fn print_table(r: &PipelineBench) {
     println!(
         "starfabric pipeline benchmark (one core, {}-packet batches, 64-byte inner frames)",
         r.batch
