@@ -1,0 +1,577 @@
+//! Chains: sequence, branch on a verdict label, join; compiled per flow into one rule per
+//! direction.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use pipeline::{Action, FlowKey, Rule};
+use thiserror::Error;
+
+use crate::env::NfEnv;
+use crate::types::{FirstPacket, FlowEvent, NetworkFunction, NfError, Rewrite, SplitHalf, Verdict};
+
+/// One step of a chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainSpec {
+    /// Run NF number `n` of the chain.
+    Nf(usize),
+    /// Run steps in order.
+    Seq(Vec<ChainSpec>),
+    /// Run NF `nf`, then the arm whose label its verdict carries (or `default`), then
+    /// continue after the branch: Serpens `distribute` followed by a join.
+    Branch {
+        nf: usize,
+        arms: Vec<(String, ChainSpec)>,
+        default: Box<ChainSpec>,
+    },
+}
+
+impl ChainSpec {
+    /// NFs 0..n in order.
+    pub fn seq(n: usize) -> Self {
+        ChainSpec::Seq((0..n).map(ChainSpec::Nf).collect())
+    }
+
+    fn check(&self, n: usize) -> Result<(), ChainError> {
+        match self {
+            ChainSpec::Nf(i) if *i >= n => Err(ChainError::NoSuchNf(*i)),
+            ChainSpec::Nf(_) => Ok(()),
+            ChainSpec::Seq(v) => v.iter().try_for_each(|s| s.check(n)),
+            ChainSpec::Branch { nf, arms, default } => {
+                if *nf >= n {
+                    return Err(ChainError::NoSuchNf(*nf));
+                }
+                arms.iter().try_for_each(|(_, s)| s.check(n))?;
+                default.check(n)
+            }
+        }
+    }
+}
+
+/// How a composed rule leaves PP in one direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Egress {
+    /// Strip the tenant's VXLAN header first (traffic arrived encapsulated).
+    pub decap: bool,
+    /// Re-encapsulate toward this VTEP with this VNI.
+    pub encap: Option<(Ipv4Addr, u32)>,
+    pub inner_dmac: Option<[u8; 6]>,
+    pub output: u8,
+}
+
+impl Egress {
+    pub const LOCAL: Egress = Egress {
+        decap: false,
+        encap: None,
+        inner_dmac: None,
+        output: 0,
+    };
+
+    fn frame(&self, rewrites: Vec<Action>) -> Vec<Action> {
+        let mut v = Vec::with_capacity(rewrites.len() + 4);
+        if self.decap {
+            v.push(Action::DecapVxlan);
+        }
+        v.extend(rewrites);
+        if let Some((dst, vni)) = self.encap {
+            v.push(Action::EncapVxlan {
+                dst,
+                vni,
+                inner_dmac: self.inner_dmac,
+                inner_smac: None,
+            });
+        }
+        v.push(Action::Count);
+        v.push(Action::Output(self.output));
+        v
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ChainError {
+    #[error("chain refers to NF {0}, which it does not have")]
+    NoSuchNf(usize),
+    #[error("chain has no NFs")]
+    Empty,
+    #[error("NF {nf} ({kind}): {err}")]
+    Nf {
+        nf: usize,
+        kind: String,
+        err: NfError,
+    },
+}
+
+/// The rules a chain produced for one flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposedRules {
+    /// Keyed on the first packet's key.
+    pub forward: Rule,
+    /// Keyed on the reverse of the forward-rewritten key, on the forward egress VNI;
+    /// absent when the flow is dropped.
+    pub reverse: Option<Rule>,
+    /// NF kinds in the order they ran.
+    pub path: Vec<String>,
+}
+
+/// A chain instance: its NFs (with their state) and its shape.
+pub struct Chain {
+    nfs: Vec<Box<dyn NetworkFunction>>,
+    spec: ChainSpec,
+    pub forward_egress: Egress,
+    pub reverse_egress: Egress,
+}
+
+impl Chain {
+    pub fn new(
+        nfs: Vec<Box<dyn NetworkFunction>>,
+        spec: ChainSpec,
+        forward_egress: Egress,
+        reverse_egress: Egress,
+    ) -> Result<Self, ChainError> {
+        if nfs.is_empty() {
+            return Err(ChainError::Empty);
+        }
+        spec.check(nfs.len())?;
+        for (i, nf) in nfs.iter().enumerate() {
+            for t in nf.tables() {
+                t.validate().map_err(|err| ChainError::Nf {
+                    nf: i,
+                    kind: nf.kind().to_string(),
+                    err,
+                })?;
+            }
+        }
+        Ok(Chain {
+            nfs,
+            spec,
+            forward_egress,
+            reverse_egress,
+        })
+    }
+
+    pub fn nfs(&self) -> &[Box<dyn NetworkFunction>] {
+        &self.nfs
+    }
+
+    pub fn nf_mut(&mut self, i: usize) -> Option<&mut Box<dyn NetworkFunction>> {
+        self.nfs.get_mut(i)
+    }
+
+    /// Run the chain on a flow's first packet and compose the per-direction rules.
+    pub fn decide(
+        &mut self,
+        pkt: &FirstPacket,
+        env: &mut NfEnv,
+    ) -> Result<ComposedRules, ChainError> {
+        let mut walk = Walk {
+            key: pkt.key,
+            forward: Rewrite::NONE,
+            reverses: Vec::new(),
+            timeout: None,
+            path: Vec::new(),
+            dropped: None,
+        };
+        let spec = self.spec.clone();
+        self.run(&spec, pkt, env, &mut walk)?;
+        let timeout = walk.timeout;
+        if let Some(reason) = walk.dropped {
+            let mut forward = Rule::new(pkt.key, vec![Action::Count, Action::Drop { reason }]);
+            forward.idle_timeout = timeout;
+            return Ok(ComposedRules {
+                forward,
+                reverse: None,
+                path: walk.path,
+            });
+        }
+        // Replies meet the NFs in reverse order.
+        let reverse_rw = walk
+            .reverses
+            .iter()
+            .rev()
+            .fold(Rewrite::NONE, |acc, r| acc.then(r));
+        let mut forward = Rule::new(pkt.key, self.forward_egress.frame(walk.forward.actions()));
+        forward.idle_timeout = timeout;
+        let mut rkey: FlowKey = walk.key.reversed();
+        if let Some((_, vni)) = self.forward_egress.encap {
+            rkey.set_vni(vni);
+        }
+        let mut reverse = Rule::new(rkey, self.reverse_egress.frame(reverse_rw.actions()));
+        reverse.idle_timeout = timeout;
+        Ok(ComposedRules {
+            forward,
+            reverse: Some(reverse),
+            path: walk.path,
+        })
+    }
+
+    fn run(
+        &mut self,
+        spec: &ChainSpec,
+        pkt: &FirstPacket,
+        env: &mut NfEnv,
+        w: &mut Walk,
+    ) -> Result<Option<String>, ChainError> {
+        if w.dropped.is_some() {
+            return Ok(None);
+        }
+        match spec {
+            ChainSpec::Nf(i) => self.run_nf(*i, pkt, env, w),
+            ChainSpec::Seq(steps) => {
+                let mut label = None;
+                for s in steps {
+                    label = self.run(s, pkt, env, w)?;
+                    if w.dropped.is_some() {
+                        break;
+                    }
+                }
+                Ok(label)
+            }
+            ChainSpec::Branch { nf, arms, default } => {
+                let label = self.run_nf(*nf, pkt, env, w)?;
+                if w.dropped.is_some() {
+                    return Ok(None);
+                }
+                let arm = arms
+                    .iter()
+                    .find(|(l, _)| Some(l) == label.as_ref())
+                    .map(|(_, s)| s)
+                    .unwrap_or(default);
+                self.run(arm, pkt, env, w)
+            }
+        }
+    }
+
+    fn run_nf(
+        &mut self,
+        i: usize,
+        pkt: &FirstPacket,
+        env: &mut NfEnv,
+        w: &mut Walk,
+    ) -> Result<Option<String>, ChainError> {
+        let nf = self.nfs.get_mut(i).ok_or(ChainError::NoSuchNf(i))?;
+        let seen = FirstPacket { key: w.key, ..*pkt };
+        let d = nf.first_packet(&seen, env).map_err(|err| ChainError::Nf {
+            nf: i,
+            kind: nf.kind().to_string(),
+            err,
+        })?;
+        w.path.push(nf.kind().to_string());
+        if let Some(t) = d.idle_timeout {
+            w.timeout = Some(w.timeout.map_or(t, |cur: Duration| cur.min(t)));
+        }
+        match d.verdict {
+            Verdict::Drop { reason } => {
+                w.dropped = Some(reason);
+                Ok(None)
+            }
+            Verdict::Pass { label } => {
+                w.key = d.forward.apply(&w.key);
+                w.forward = w.forward.then(&d.forward);
+                w.reverses.push(d.reverse);
+                Ok(label)
+            }
+        }
+    }
+
+    /// Pass an event to every NF.
+    pub fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
+        for nf in &mut self.nfs {
+            nf.on_event(ev, env);
+        }
+    }
+
+    /// Timers of every NF; returns the flows any of them forgot.
+    pub fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
+        let mut out = Vec::new();
+        for nf in &mut self.nfs {
+            out.extend(nf.on_timer(env));
+        }
+        out.sort_by_key(|k| *k.as_bytes());
+        out.dedup();
+        out
+    }
+
+    /// State of every NF, framed as length-prefixed parts.
+    pub fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+        let parts = self
+            .nfs
+            .iter()
+            .map(|nf| nf.snapshot())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(frame_parts(&parts))
+    }
+
+    pub fn restore(&mut self, snap: &[u8]) -> Result<(), NfError> {
+        let parts = unframe_parts(snap, self.nfs.len())?;
+        for (nf, p) in self.nfs.iter_mut().zip(parts) {
+            nf.restore(p)?;
+        }
+        Ok(())
+    }
+
+    /// Split every NF's state (Fig. 3); the result is the new owner's snapshot.
+    pub fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        let parts = self
+            .nfs
+            .iter_mut()
+            .map(|nf| nf.split(half))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(frame_parts(&parts))
+    }
+
+    pub fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
+        let parts = unframe_parts(part, self.nfs.len())?;
+        for (nf, p) in self.nfs.iter_mut().zip(parts) {
+            nf.merge(p)?;
+        }
+        Ok(())
+    }
+}
+
+struct Walk {
+    key: FlowKey,
+    forward: Rewrite,
+    reverses: Vec<Rewrite>,
+    timeout: Option<Duration>,
+    path: Vec<String>,
+    dropped: Option<String>,
+}
+
+fn frame_parts(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+fn unframe_parts(mut b: &[u8], n: usize) -> Result<Vec<&[u8]>, NfError> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Some((len, rest)) = b.split_first_chunk::<8>() else {
+            return Err(NfError::Snapshot("truncated chain snapshot".into()));
+        };
+        let len = u64::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err(NfError::Snapshot("truncated chain snapshot part".into()));
+        }
+        out.push(&rest[..len]);
+        b = &rest[len..];
+    }
+    if !b.is_empty() {
+        return Err(NfError::Snapshot(format!(
+            "chain snapshot has parts for more than {n} NFs"
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Decision, TableSpec};
+    use pipeline::{format_actions, PacketMeta};
+    use std::net::IpAddr;
+
+    /// A stateless test NF: fixed decision.
+    struct Fixed(&'static str, Decision);
+    impl NetworkFunction for Fixed {
+        fn kind(&self) -> &str {
+            self.0
+        }
+        fn tables(&self) -> Vec<TableSpec> {
+            vec![]
+        }
+        fn first_packet(&mut self, _: &FirstPacket, _: &mut NfEnv) -> Result<Decision, NfError> {
+            Ok(self.1.clone())
+        }
+        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+            Ok(self.0.as_bytes().to_vec())
+        }
+        fn restore(&mut self, s: &[u8]) -> Result<(), NfError> {
+            assert_eq!(s, self.0.as_bytes());
+            Ok(())
+        }
+        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
+            self.snapshot()
+        }
+        fn merge(&mut self, s: &[u8]) -> Result<(), NfError> {
+            self.restore(s)
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn pkt() -> FirstPacket {
+        FirstPacket {
+            key: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
+                .parse()
+                .unwrap(),
+            tenant: 1,
+            meta: PacketMeta {
+                len: 60,
+                tcp_flags: 2,
+                icmp_error: false,
+                ingress_port: 0,
+            },
+        }
+    }
+
+    fn fw_lb_snat() -> Vec<Box<dyn NetworkFunction>> {
+        vec![
+            Box::new(Fixed("fw", Decision::pass())),
+            Box::new(Fixed(
+                "lb",
+                Decision {
+                    forward: Rewrite::dst(ip("198.19.1.7"), 8080),
+                    reverse: Rewrite::src(ip("198.19.0.100"), 80),
+                    ..Decision::pass()
+                },
+            )),
+            Box::new(Fixed(
+                "snat",
+                Decision {
+                    forward: Rewrite::src(ip("198.19.255.1"), 50000),
+                    reverse: Rewrite::dst(ip("198.18.10.2"), 40000),
+                    idle_timeout: Some(Duration::from_secs(240)),
+                    ..Decision::pass()
+                },
+            )),
+        ]
+    }
+
+    #[test]
+    fn fw_lb_snat_composes_into_one_rule_per_direction() {
+        let fwd = Egress {
+            decap: true,
+            encap: Some((Ipv4Addr::new(198, 18, 0, 9), 200)),
+            inner_dmac: None,
+            output: 1,
+        };
+        let rev = Egress {
+            decap: true,
+            encap: Some((Ipv4Addr::new(198, 18, 0, 50), 100)),
+            inner_dmac: None,
+            output: 1,
+        };
+        let mut c = Chain::new(fw_lb_snat(), ChainSpec::seq(3), fwd, rev).unwrap();
+        let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
+        assert_eq!(r.path, ["fw", "lb", "snat"]);
+        assert_eq!(
+            format_actions(&r.forward.actions),
+            "decap; set-src 198.19.255.1:50000; set-dst 198.19.1.7:8080; encap 198.18.0.9 vni 200; count; out 1"
+        );
+        let rv = r.reverse.unwrap();
+        assert_eq!(
+            rv.key.to_string(),
+            "200 tcp 198.19.1.7:8080 > 198.19.255.1:50000"
+        );
+        // The reply becomes VIP → client: SNAT's reverse, then LB's.
+        assert_eq!(
+            format_actions(&rv.actions),
+            "decap; set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; encap 198.18.0.50 vni 100; count; out 1"
+        );
+        assert_eq!(rv.idle_timeout, Some(Duration::from_secs(240)));
+    }
+
+    #[test]
+    fn a_drop_stops_the_chain_and_yields_a_drop_rule() {
+        let mut nfs = fw_lb_snat();
+        nfs[0] = Box::new(Fixed("fw", Decision::drop("acl-deny")));
+        let mut c = Chain::new(nfs, ChainSpec::seq(3), Egress::LOCAL, Egress::LOCAL).unwrap();
+        let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
+        assert_eq!(r.path, ["fw"]);
+        assert_eq!(format_actions(&r.forward.actions), "count; drop acl-deny");
+        assert!(r.reverse.is_none());
+    }
+
+    #[test]
+    fn branch_follows_the_label_then_joins() {
+        let nfs: Vec<Box<dyn NetworkFunction>> = vec![
+            Box::new(Fixed(
+                "classify",
+                Decision {
+                    verdict: Verdict::label("web"),
+                    ..Decision::pass()
+                },
+            )),
+            Box::new(Fixed(
+                "web-lb",
+                Decision {
+                    forward: Rewrite::dst(ip("198.19.1.1"), 80),
+                    ..Decision::pass()
+                },
+            )),
+            Box::new(Fixed(
+                "other-lb",
+                Decision {
+                    forward: Rewrite::dst(ip("198.19.2.2"), 80),
+                    ..Decision::pass()
+                },
+            )),
+            Box::new(Fixed("monitor", Decision::pass())),
+        ];
+        let spec = ChainSpec::Seq(vec![
+            ChainSpec::Branch {
+                nf: 0,
+                arms: vec![("web".into(), ChainSpec::Nf(1))],
+                default: Box::new(ChainSpec::Nf(2)),
+            },
+            ChainSpec::Nf(3),
+        ]);
+        let mut c = Chain::new(nfs, spec, Egress::LOCAL, Egress::LOCAL).unwrap();
+        let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
+        assert_eq!(r.path, ["classify", "web-lb", "monitor"]);
+        assert_eq!(
+            format_actions(&r.forward.actions),
+            "set-dst 198.19.1.1:80; count; out 0"
+        );
+    }
+
+    #[test]
+    fn bad_specs_and_snapshots_are_errors() {
+        assert!(matches!(
+            Chain::new(fw_lb_snat(), ChainSpec::Nf(3), Egress::LOCAL, Egress::LOCAL),
+            Err(ChainError::NoSuchNf(3))
+        ));
+        assert!(matches!(
+            Chain::new(vec![], ChainSpec::seq(0), Egress::LOCAL, Egress::LOCAL),
+            Err(ChainError::Empty)
+        ));
+        let mut c = Chain::new(
+            fw_lb_snat(),
+            ChainSpec::seq(3),
+            Egress::LOCAL,
+            Egress::LOCAL,
+        )
+        .unwrap();
+        let s = c.snapshot().unwrap();
+        c.restore(&s).unwrap();
+        assert!(c.restore(&s[..s.len() - 1]).is_err());
+        let mut extra = s.clone();
+        extra.extend_from_slice(&[0; 8]);
+        assert!(c.restore(&extra).is_err());
+    }
+
+    #[test]
+    fn shared_write_tables_must_name_consistency() {
+        let t = TableSpec {
+            consistency: None,
+            ..TableSpec::shared_write("pool", crate::Consistency::Partitioned)
+        };
+        assert!(t.validate().is_err());
+        assert!(
+            TableSpec::shared_write("pool", crate::Consistency::Partitioned)
+                .validate()
+                .is_ok()
+        );
+        let t = TableSpec {
+            consistency: Some(crate::Consistency::Replicated),
+            ..TableSpec::per_flow("map")
+        };
+        assert!(t.validate().is_err());
+    }
+}

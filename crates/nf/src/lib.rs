@@ -1,0 +1,34 @@
+//! The NF programming model: what an NF is, what state it declares, and how a chain of
+//! NFs becomes one composed rule per flow direction.
+//!
+//! This follows Serpens (paper 004, §III-B, §IV-A, Fig. 8/9) and S6 (paper 001):
+//! - An NF implements [`NetworkFunction`]. It declares its state tables with a scope
+//!   (per-flow | shared) and an access (read | write); a shared-write table names its
+//!   consistency: *partitioned* (Serpens "release": split and merge, e.g. a port pool) or
+//!   *replicated* (Serpens "eventual": merge by sum, e.g. counters).
+//! - It runs only on SC, and only for a flow's first packet: it returns a [`Decision`]
+//!   (verdict, rewrites for both directions, idle timeout). PP then applies the composed
+//!   rule to every later packet without asking.
+//! - Split, merge and timer hooks are what scaling and expiry call; state moves as
+//!   opaque snapshots, so SC can ship it between groups (paper 000 §4.1, Fig. 3).
+//! - A chain ([`ChainSpec`]) is a sequence of NFs with branches on a verdict label
+//!   (Serpens `distribute`) that join again afterwards. [`Chain::decide`] runs the NFs in
+//!   order on one flow and composes their rewrites into one action list per direction, so
+//!   PP does one lookup and runs the chain to completion (Serpens §III-C).
+//!
+//! Determinism: an SC group replicates by passing each request through every replica
+//! (chain replication), and each replica runs the NFs itself. NF code must therefore be a
+//! function of (its state, the request): time comes from [`NfEnv::now_ms`] (stamped by the
+//! group's head) and randomness from [`NfEnv::rng`] (seeded per request), never from
+//! the host. See `docs/nf-api.md` for a worked example.
+
+mod chain;
+mod env;
+mod types;
+
+pub use chain::{Chain, ChainError, ChainSpec, ComposedRules, Egress};
+pub use env::{DetRng, NfEnv};
+pub use types::{
+    Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, NetworkFunction, NfError,
+    Rewrite, Scope, SplitHalf, TableSpec, Verdict,
+};

@@ -1,0 +1,338 @@
+//! The contract between an NF and the platform.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use pipeline::{Action, FlowKey, PacketMeta};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::env::NfEnv;
+
+/// Who may touch a table's entries (Serpens Fig. 8 flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Scope {
+    /// Touched only by packets of one flow (a NAT mapping, a conntrack entry).
+    PerFlow,
+    /// Touched by many flows (a port pool, a counter, an ACL).
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// How shared-write state survives scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Consistency {
+    /// Single-writer, split into disjoint parts (Serpens "release"): a port pool's ranges.
+    Partitioned,
+    /// Multi-writer, each part counts on its own and parts merge by sum (Serpens
+    /// "eventual"): per-host packet counters.
+    Replicated,
+}
+
+/// A state table an NF declares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableSpec {
+    pub name: String,
+    pub scope: Scope,
+    pub access: Access,
+    /// Required for shared-write tables, absent otherwise (checked by [`TableSpec::validate`]).
+    pub consistency: Option<Consistency>,
+}
+
+impl TableSpec {
+    pub fn per_flow(name: &str) -> Self {
+        TableSpec {
+            name: name.into(),
+            scope: Scope::PerFlow,
+            access: Access::Write,
+            consistency: None,
+        }
+    }
+
+    pub fn shared_read(name: &str) -> Self {
+        TableSpec {
+            name: name.into(),
+            scope: Scope::Shared,
+            access: Access::Read,
+            consistency: None,
+        }
+    }
+
+    pub fn shared_write(name: &str, c: Consistency) -> Self {
+        TableSpec {
+            name: name.into(),
+            scope: Scope::Shared,
+            access: Access::Write,
+            consistency: Some(c),
+        }
+    }
+
+    /// A shared-write table must name its consistency; nothing else may.
+    pub fn validate(&self) -> Result<(), NfError> {
+        match (self.scope, self.access, self.consistency) {
+            (Scope::Shared, Access::Write, None) => Err(NfError::BadTable(format!(
+                "shared-write table {} must name partitioned or replicated consistency",
+                self.name
+            ))),
+            (Scope::Shared, Access::Write, Some(_)) => Ok(()),
+            (_, _, Some(_)) => Err(NfError::BadTable(format!(
+                "table {} is not shared-write, so it takes no consistency",
+                self.name
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// An address and/or port to write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub addr: Option<IpAddr>,
+    pub port: Option<u16>,
+}
+
+impl Endpoint {
+    pub fn new(addr: IpAddr, port: u16) -> Self {
+        Endpoint {
+            addr: Some(addr),
+            port: Some(port),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.addr.is_none() && self.port.is_none()
+    }
+}
+
+/// Header rewrites of one direction of a flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rewrite {
+    pub src: Endpoint,
+    pub dst: Endpoint,
+}
+
+impl Rewrite {
+    pub const NONE: Rewrite = Rewrite {
+        src: Endpoint {
+            addr: None,
+            port: None,
+        },
+        dst: Endpoint {
+            addr: None,
+            port: None,
+        },
+    };
+
+    pub fn src(addr: IpAddr, port: u16) -> Self {
+        Rewrite {
+            src: Endpoint::new(addr, port),
+            ..Rewrite::NONE
+        }
+    }
+
+    pub fn dst(addr: IpAddr, port: u16) -> Self {
+        Rewrite {
+            dst: Endpoint::new(addr, port),
+            ..Rewrite::NONE
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.src.is_empty() && self.dst.is_empty()
+    }
+
+    /// The key as it looks after this rewrite.
+    pub fn apply(&self, k: &FlowKey) -> FlowKey {
+        let mut k = *k;
+        if let Some(a) = self.src.addr {
+            k.set_src(a);
+        }
+        if let Some(p) = self.src.port {
+            k.set_sport(p);
+        }
+        if let Some(a) = self.dst.addr {
+            k.set_dst(a);
+        }
+        if let Some(p) = self.dst.port {
+            k.set_dport(p);
+        }
+        k
+    }
+
+    /// This rewrite followed by `later`: a field `later` writes takes its value.
+    pub fn then(&self, later: &Rewrite) -> Rewrite {
+        Rewrite {
+            src: Endpoint {
+                addr: later.src.addr.or(self.src.addr),
+                port: later.src.port.or(self.src.port),
+            },
+            dst: Endpoint {
+                addr: later.dst.addr.or(self.dst.addr),
+                port: later.dst.port.or(self.dst.port),
+            },
+        }
+    }
+
+    /// As PP actions.
+    pub fn actions(&self) -> Vec<Action> {
+        let mut v = Vec::new();
+        if !self.src.is_empty() {
+            v.push(Action::SetSrc {
+                addr: self.src.addr,
+                port: self.src.port,
+            });
+        }
+        if !self.dst.is_empty() {
+            v.push(Action::SetDst {
+                addr: self.dst.addr,
+                port: self.dst.port,
+            });
+        }
+        v
+    }
+}
+
+/// What an NF says about a flow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// Continue along the chain; `label` picks the branch when the next chain step is a
+    /// branch on this NF's verdict (Serpens `distribute`).
+    Pass { label: Option<String> },
+    /// Drop the flow, counting under `reason` (e.g. `acl-deny`, `snat-exhausted`).
+    Drop { reason: String },
+}
+
+impl Verdict {
+    pub fn pass() -> Self {
+        Verdict::Pass { label: None }
+    }
+
+    pub fn label(l: &str) -> Self {
+        Verdict::Pass {
+            label: Some(l.to_string()),
+        }
+    }
+
+    pub fn drop(reason: &str) -> Self {
+        Verdict::Drop {
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// An NF's answer for a flow's first packet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Applied to packets in the direction of the first packet.
+    pub forward: Rewrite,
+    /// Applied to replies, which arrive as the reverse of the forward-rewritten key.
+    pub reverse: Rewrite,
+    /// How long the flow may idle before PP forgets its rules and the NF its state.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Decision {
+    /// Pass unchanged.
+    pub fn pass() -> Self {
+        Decision {
+            verdict: Verdict::pass(),
+            forward: Rewrite::NONE,
+            reverse: Rewrite::NONE,
+            idle_timeout: None,
+        }
+    }
+
+    pub fn drop(reason: &str) -> Self {
+        Decision {
+            verdict: Verdict::drop(reason),
+            ..Decision::pass()
+        }
+    }
+}
+
+/// The first packet of a flow, as the NF sees it: the key as rewritten by the NFs before
+/// it in the chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstPacket {
+    pub key: FlowKey,
+    pub tenant: u32,
+    pub meta: PacketMeta,
+}
+
+/// Something that happened to a flow after its first packet, reported by PP or FM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowEvent {
+    /// PP saw TCP FIN or RST on the flow (key in the forward direction).
+    TcpClosing { key: FlowKey },
+    /// PP's rules for the flow idled out.
+    Expired { key: FlowKey },
+}
+
+/// Which half of a partition's key space a split keeps (paper 000 Fig. 3: per-flow state
+/// moves by key range, partitioned shared state splits in two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitHalf {
+    /// Per-flow state whose `FlowKey::hash()` falls in `[lo, hi)` moves to the new owner.
+    pub moved_lo: u64,
+    pub moved_hi: u64,
+}
+
+impl SplitHalf {
+    pub fn moves(&self, key: &FlowKey) -> bool {
+        let h = key.hash();
+        h >= self.moved_lo && h < self.moved_hi
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NfError {
+    #[error("bad table declaration: {0}")]
+    BadTable(String),
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error("state snapshot: {0}")]
+    Snapshot(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A network function. Built-in NFs and tenant NFs implement the same trait.
+pub trait NetworkFunction: Send {
+    /// Short kind name (`snat`, `lb`, `fw`, `monitor`, or the tenant's own).
+    fn kind(&self) -> &str;
+
+    /// The state tables this NF keeps.
+    fn tables(&self) -> Vec<TableSpec>;
+
+    /// Decide a new flow. Must be deterministic in (state, packet, env).
+    fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError>;
+
+    /// A later event on a flow this NF decided (TCP close, expiry).
+    fn on_event(&mut self, _ev: &FlowEvent, _env: &mut NfEnv) {}
+
+    /// Periodic housekeeping at `env.now_ms`: expire per-flow state past its timeout, fold
+    /// replicated counters. Returns the flows whose state was removed.
+    fn on_timer(&mut self, _env: &mut NfEnv) -> Vec<FlowKey> {
+        Vec::new()
+    }
+
+    /// All state, for a new replica or a state transfer.
+    fn snapshot(&self) -> Result<Vec<u8>, NfError>;
+
+    /// Replace all state with a snapshot.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError>;
+
+    /// Scale-out (Fig. 3): keep one half of the state, return the other half as a
+    /// snapshot for the new owner. Per-flow state moves by `half`; partitioned shared
+    /// state splits; replicated state starts the new part from zero.
+    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError>;
+
+    /// Scale-in: take in a part another owner split off (or its whole state).
+    fn merge(&mut self, part: &[u8]) -> Result<(), NfError>;
+}

@@ -1,0 +1,32 @@
+//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor.
+//!
+//! They are written against the public `nf` API only, exactly as a tenant's NF would be,
+//! and built from serde configuration by [`build`].
+
+pub mod fw;
+pub mod lb;
+pub mod monitor;
+pub mod snat;
+
+use nf::{NetworkFunction, NfError};
+use serde::{Deserialize, Serialize};
+
+/// Configuration of one NF instance, as the orchestrator stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum NfConfig {
+    Snat(snat::SnatConfig),
+    Lb(lb::LbConfig),
+    Fw(fw::FwConfig),
+    Monitor(monitor::MonitorConfig),
+}
+
+/// Build an NF instance (with empty state) from its configuration.
+pub fn build(cfg: &NfConfig) -> Result<Box<dyn NetworkFunction>, NfError> {
+    Ok(match cfg {
+        NfConfig::Snat(c) => Box::new(snat::Snat::new(c.clone())?),
+        NfConfig::Lb(c) => Box::new(lb::LoadBalancer::new(c.clone())?),
+        NfConfig::Fw(c) => Box::new(fw::Firewall::new(c.clone())?),
+        NfConfig::Monitor(c) => Box::new(monitor::Monitor::new(c.clone())?),
+    })
+}
