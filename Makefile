@@ -46,7 +46,9 @@ golden:
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT; \
 	$(PYTHON) $(GOLDEN_GEN) > "$$tmp"; \
 	cp "$$tmp" $(GOLDEN_CORPUS); \
-	echo "wrote $(GOLDEN_CORPUS) ($$(wc -l < $(GOLDEN_CORPUS)) lines)"
+	$(PYTHON) $(GOLDEN_GEN) --hash-vectors > "$$tmp"; \
+	cp "$$tmp" tests/golden/hash_vectors.txt; \
+	echo "wrote $(GOLDEN_CORPUS) ($$(wc -l < $(GOLDEN_CORPUS)) lines) and tests/golden/hash_vectors.txt"
 
 golden-check:
 	@test -f $(GOLDEN_CORPUS) || { echo "$(GOLDEN_CORPUS) is missing: run make golden" >&2; exit 1; }
@@ -54,6 +56,10 @@ golden-check:
 	$(PYTHON) $(GOLDEN_GEN) > "$$tmp"; \
 	if ! diff -u $(GOLDEN_CORPUS) "$$tmp"; then \
 		echo "corpus is stale: run make golden" >&2; exit 1; \
+	fi; \
+	$(PYTHON) $(GOLDEN_GEN) --hash-vectors > "$$tmp"; \
+	if ! diff -u tests/golden/hash_vectors.txt "$$tmp"; then \
+		echo "hash vectors are stale: run make golden" >&2; exit 1; \
 	fi; \
 	echo "golden corpus is up to date"
 

@@ -87,8 +87,8 @@ impl Delta {
         !fold((!csum) as u64 + self.0)
     }
 
-    /// Apply to a UDP-over-IPv4 checksum field: zero means "no checksum" and stays zero
-    /// (RFC 768); a computed zero is sent as 0xffff.
+    /// Apply to a UDP checksum field: zero means "no checksum" (IPv4) or a tunnel's zero
+    /// checksum (IPv6) and stays zero; a computed zero is sent as 0xffff.
     #[inline]
     pub fn apply_udp(self, csum: u16) -> u16 {
         if csum == 0 {
@@ -120,7 +120,7 @@ pub fn patch(buf: &mut [u8], off: usize, delta: Delta) {
     put16(buf, off, delta.apply(c));
 }
 
-/// Apply `delta` to the UDP checksum field at `off` (zero-aware, IPv4 rules).
+/// Apply `delta` to the UDP checksum field at `off` (zero-aware).
 #[inline]
 pub fn patch_udp(buf: &mut [u8], off: usize, delta: Delta) {
     let c = get16(buf, off);

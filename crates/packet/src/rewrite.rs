@@ -121,13 +121,13 @@ fn port_off(ip: &Ip, side: Side) -> Option<usize> {
     }
 }
 
-/// Apply a transport-checksum delta, honouring the UDP-over-IPv4 zero checksum.
+/// Apply a transport-checksum delta. UDP is special in both families: a zero field means
+/// "no checksum" (IPv4, RFC 768) or a tunnel's zero checksum (IPv6, RFC 6935) and stays
+/// zero, and a computed zero is sent as 0xffff (RFC 768, RFC 8200 §8.1).
 #[inline]
-fn patch_l4(buf: &mut [u8], proto: u8, v: IpVersion, off: usize, delta: Delta) {
-    if proto == proto::UDP && v == IpVersion::V4 {
+fn patch_l4(buf: &mut [u8], proto: u8, off: usize, delta: Delta) {
+    if proto == proto::UDP {
         csum::patch_udp(buf, off, delta);
-    } else if proto == proto::UDP && get16(buf, off) == 0 {
-        // A zero UDP checksum over IPv6 is only legal for tunnels (RFC 6935); keep it.
     } else {
         csum::patch(buf, off, delta);
     }
@@ -173,7 +173,7 @@ pub fn rewrite_endpoint(
         return Ok(());
     }
     if let Some(c) = l4_csum_off(ip.proto, ip.l4_off(), ip.end as usize) {
-        patch_l4(buf, ip.proto, ip.version, c, l4_delta);
+        patch_l4(buf, ip.proto, c, l4_delta);
     }
     Ok(())
 }
@@ -267,10 +267,8 @@ pub fn rewrite_icmp_error(
     if !q_l4_delta.is_zero() {
         if let Some(c) = l4_csum_off(quote.proto, q_l4, q_end) {
             let old = get16(buf, c);
-            let new = if quote.proto == proto::UDP && quote.version == IpVersion::V4 {
+            let new = if quote.proto == proto::UDP {
                 q_l4_delta.apply_udp(old)
-            } else if quote.proto == proto::UDP && old == 0 {
-                0
             } else {
                 q_l4_delta.apply(old)
             };

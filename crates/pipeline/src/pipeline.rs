@@ -60,6 +60,27 @@ pub struct RuleRequest {
 pub struct RuleReply {
     pub key: FlowKey,
     pub result: Result<Rule, String>,
+    /// Rules to install alongside, such as the flow's reverse-direction rule, so replies
+    /// hit without a request of their own.
+    pub also: Vec<Rule>,
+}
+
+impl RuleReply {
+    pub fn ok(rule: Rule) -> Self {
+        RuleReply {
+            key: rule.key,
+            result: Ok(rule),
+            also: Vec::new(),
+        }
+    }
+
+    pub fn err(key: FlowKey, e: impl Into<String>) -> Self {
+        RuleReply {
+            key,
+            result: Err(e.into()),
+            also: Vec::new(),
+        }
+    }
 }
 
 /// Where a worker's misses go.
@@ -603,6 +624,11 @@ impl Pipeline {
     }
 
     fn on_reply<B: PacketIo + ?Sized>(&mut self, io: &mut B, reply: RuleReply, now: u32) -> usize {
+        for r in &reply.also {
+            if let Err(e) = self.install_rule(r, now) {
+                tracing::warn!(key = %r.key, error = %e, "companion rule does not compile");
+            }
+        }
         let hash = self.table.hash(&reply.key);
         let installed = match &reply.result {
             Ok(rule) => {

@@ -123,12 +123,7 @@ fn miss_holds_requests_once_then_releases_in_order_and_hits() {
     assert_eq!((s.misses, s.rule_requests, s.hits), (5, 1, 0));
     assert_eq!(r.worker.pipeline.pending().held(), 5);
 
-    r.replies
-        .send(RuleReply {
-            key: req.key,
-            result: Ok(snat_rule(1000)),
-        })
-        .unwrap();
+    r.replies.send(RuleReply::ok(snat_rule(1000))).unwrap();
     r.send([]);
     r.worker.run_once().unwrap();
     let out = r.out();
@@ -220,10 +215,7 @@ fn error_reply_drops_held_packets_with_a_reason() {
     r.send([tenant_udp(5, 0), tenant_udp(5, 1)]);
     let req = r.requests.try_recv().unwrap();
     r.replies
-        .send(RuleReply {
-            key: req.key,
-            result: Err("sc unavailable".into()),
-        })
+        .send(RuleReply::err(req.key, "sc unavailable"))
         .unwrap();
     r.worker.run_once().unwrap();
     assert_eq!(r.worker.pipeline.stats().dropped(DropReason::RuleError), 2);

@@ -252,10 +252,7 @@ fn released_pending_packets_go_out_through_tx_from() {
     let rule = reflect_rule(PORT, "");
     assert_eq!(req.key, rule.key);
     rep_tx
-        .send(RuleReply {
-            key: req.key,
-            result: Ok(rule),
-        })
+        .send(RuleReply::ok(rule))
         .unwrap();
     // The next run_once services the reply and releases the held packets via tx_from.
     r.worker.run_once().unwrap();

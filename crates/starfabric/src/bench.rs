@@ -300,10 +300,7 @@ fn miss_point(a: &PipelineBenchArgs) -> Result<f64> {
                 }
                 IpAddr::V6(_) => 0,
             };
-            let _ = rep_tx.try_send(RuleReply {
-                key: req.key,
-                result: Ok(snat_rule(i)),
-            });
+            let _ = rep_tx.try_send(RuleReply::ok(snat_rule(i)));
         }
         n
     });

@@ -164,10 +164,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     );
     println!("    match {}", rule.key);
     println!("    rule  {}", format_actions(&rule.actions));
-    rep_tx.send(RuleReply {
-        key: req.key,
-        result: Ok(rule),
-    })?;
+    rep_tx.send(RuleReply::ok(rule))?;
     clock.advance(1);
     w.run_once()?;
     println!("    installed; the held packets leave in order:");
