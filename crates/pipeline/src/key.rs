@@ -229,10 +229,41 @@ impl FlowKey {
     }
 
     /// Hash from a per-worker seed, so table placement can't be predicted from outside.
+    ///
+    /// Unlike [`FlowKey::hash`], whose value is pinned by the spec, this one is free to be
+    /// fast: wyhash-style folded 128-bit multiplies, three of them independent, instead of
+    /// a chain of five dependent rounds (the chain was a fifth of the hit path).
     #[inline]
     pub fn hash_seeded(&self, seed: u64) -> u64 {
-        flow_hash_with(&self.bytes, seed)
+        const P0: u64 = 0xa076_1d64_78bd_642f;
+        const P1: u64 = 0xe703_7ed1_a0b4_28db;
+        const P2: u64 = 0x8ebc_6af0_9c88_c6e3;
+        const P3: u64 = 0x5899_65cc_7537_4cc3;
+        let b = &self.bytes;
+        let w = |i: usize| {
+            u64::from_le_bytes([
+                b[i],
+                b[i + 1],
+                b[i + 2],
+                b[i + 3],
+                b[i + 4],
+                b[i + 5],
+                b[i + 6],
+                b[i + 7],
+            ])
+        };
+        let a = mum(w(0) ^ seed ^ P0, w(8) ^ P1);
+        let c = mum(w(16) ^ seed ^ P2, w(24) ^ P3);
+        let d = mum(w(32) ^ seed ^ P1, seed ^ P2 ^ 40);
+        mum(a ^ c ^ P0, d ^ P3)
     }
+}
+
+/// 64×64→128 multiply folded to 64 bits (wyhash's mixing step).
+#[inline(always)]
+fn mum(a: u64, b: u64) -> u64 {
+    let r = (a as u128) * (b as u128);
+    (r as u64) ^ ((r >> 64) as u64)
 }
 
 #[inline]

@@ -30,7 +30,7 @@ pub use pipeline::{
 };
 pub use rule::{
     format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule, RuleContext,
-    RuleError, RuleSlot,
+    RuleCounters, RuleError, RuleSlot,
 };
 pub use stats::{DropReason, Stats};
 pub use table::{

@@ -318,16 +318,18 @@ impl Pipeline {
 
     /// Remove a flow's rule. Returns its final counters.
     pub fn remove_rule(&mut self, key: &FlowKey) -> Option<(u64, u64)> {
+        let i = self.table.lookup(key)?;
+        let c = *self.table.counters(i);
         let r = self.table.remove(key)?;
         self.ctx.release(&r);
-        Some((r.packets, r.bytes))
+        Some((c.packets, c.bytes))
     }
 
     /// The rule installed for `key`, as an action list, with its counters.
     pub fn lookup_rule(&self, key: &FlowKey) -> Option<(Vec<crate::Action>, u64, u64)> {
         let i = self.table.lookup(key)?;
-        let r = self.table.rule(i);
-        Some((self.ctx.decompile(r), r.packets, r.bytes))
+        let c = self.table.counters(i);
+        Some((self.ctx.decompile(self.table.rule(i)), c.packets, c.bytes))
     }
 
     /// Parse a frame down to the IP packet to match, and its VNI.
@@ -507,9 +509,9 @@ impl Pipeline {
         let rule = *self.table.rule(idx);
         let f = rule.flags;
         if f & flag::COUNT != 0 {
-            let r = self.table.rule_mut(idx);
-            r.packets += 1;
-            r.bytes += d.len as u64;
+            let c = self.table.counters_mut(idx);
+            c.packets += 1;
+            c.bytes += d.len as u64;
         }
         if f & flag::DROP != 0 {
             return self.drop(d, DropReason::Rule(rule.arg));

@@ -1,9 +1,9 @@
 //! Rules: a match plus a composed action list, and their compiled per-worker form.
 //!
 //! `Rule` is what the control plane (FM/SC) hands to PP. A worker compiles it into a
-//! 32-byte [`RuleSlot`]: addresses, next hops and drop reasons are interned in
-//! per-worker tables and referenced by 16-bit index, so a flow costs 48 bytes of entry
-//! (40 of them the key) plus 32 bytes of rule, and two rules share a cache line.
+//! 16-byte [`RuleSlot`]: addresses, next hops and drop reasons are interned in
+//! per-worker tables and referenced by 16-bit index, so the compiled actions fit in the
+//! flow's table entry beside its 40-byte key, and a hit reads one cache line.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -151,12 +151,10 @@ pub(crate) mod flag {
     pub const OFFLOAD: u16 = 1 << 10;
 }
 
-/// A compiled rule: one flow's action list and counters in 32 bytes.
+/// A compiled rule: one flow's composed action list in 16 bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C, align(32))]
+#[repr(C)]
 pub struct RuleSlot {
-    pub packets: u64,
-    pub bytes: u64,
     pub(crate) flags: u16,
     /// Output port (OUTPUT) or drop-reason index (DROP).
     pub(crate) arg: u8,
@@ -169,7 +167,16 @@ pub struct RuleSlot {
     pub(crate) dport: u16,
 }
 
-const _: () = assert!(std::mem::size_of::<RuleSlot>() == 32);
+const _: () = assert!(std::mem::size_of::<RuleSlot>() == 16);
+
+/// A rule's packet and byte counters, kept apart from the entry: the hit path only
+/// adds to them, so they need not share the line the lookup reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct RuleCounters {
+    pub packets: u64,
+    pub bytes: u64,
+}
 
 impl RuleSlot {
     pub fn is_drop(&self) -> bool {

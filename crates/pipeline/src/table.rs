@@ -4,9 +4,10 @@
 //! - `buckets`: one cache line each, 8 × (32-bit signature, 32-bit entry index). A key
 //!   may live in either of two buckets (two-choice hashing); no cuckoo kicks, so an insert
 //!   touches at most two lines and a full pair evicts the oldest of its 16 flows.
-//! - `entries` / `rules`: dense parallel arenas indexed by entry index. An entry is the
-//!   40-byte key, the last-seen timestamp and the encap source port (48 bytes); its rule
-//!   is the 32-byte [`RuleSlot`]. Knowing the index lets a batch prefetch both at once.
+//! - `entries`: a dense arena of one-cache-line entries: the 40-byte key, the last-seen
+//!   timestamp, the encap source port and the 16-byte compiled rule ([`RuleSlot`]). A
+//!   hit reads exactly one line. `counters`, parallel to it, takes the per-rule packet and
+//!   byte counts, which the hit path only adds to.
 //!
 //! Idle timeout follows Zeta §IV-D: the timestamp lives inside the entry, so a hit is one
 //! read (key compare) and one write (timestamp) of the same line, and no second "timer"
@@ -20,7 +21,7 @@
 use thiserror::Error;
 
 use crate::key::FlowKey;
-use crate::rule::RuleSlot;
+use crate::rule::{RuleCounters, RuleSlot};
 
 const WAYS: usize = 8;
 /// Largest supported capacity (entry indices are 32-bit).
@@ -40,17 +41,19 @@ const EMPTY_BUCKET: Bucket = Bucket {
 
 const LIVE: u16 = 1;
 
-/// A flow's entry: key, last-seen time (ms, wrapping) and cached encap source port.
+/// A flow's entry: key, last-seen time (ms, wrapping), cached encap source port and the
+/// compiled rule, in one cache line.
 #[derive(Clone, Copy)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub struct FlowEntry {
     pub key: FlowKey,
     pub last_seen: u32,
     pub encap_sport: u16,
     flags: u16,
+    pub rule: RuleSlot,
 }
 
-const _: () = assert!(std::mem::size_of::<FlowEntry>() == 48);
+const _: () = assert!(std::mem::size_of::<FlowEntry>() == 64);
 
 impl FlowEntry {
     fn is_live(&self) -> bool {
@@ -109,7 +112,7 @@ pub struct FlowTable {
     buckets: Vec<Bucket>,
     mask: usize,
     entries: Vec<FlowEntry>,
-    rules: Vec<RuleSlot>,
+    counters: Vec<RuleCounters>,
     free: Vec<u32>,
     capacity: usize,
     len: usize,
@@ -170,17 +173,17 @@ impl FlowTable {
         let nb = (capacity * 5 / 4).div_ceil(WAYS).next_power_of_two().max(2);
         let mut buckets = Vec::with_capacity(nb);
         let entries = Vec::with_capacity(capacity);
-        let rules = Vec::with_capacity(capacity);
+        let counters = Vec::with_capacity(capacity);
         // Before the first touch, so the pages fault in as huge pages.
         advise_huge_pages(&buckets);
         advise_huge_pages(&entries);
-        advise_huge_pages(&rules);
+        advise_huge_pages(&counters);
         buckets.resize(nb, EMPTY_BUCKET);
         Ok(FlowTable {
             buckets,
             mask: nb - 1,
             entries,
-            rules,
+            counters,
             free: Vec::new(),
             capacity,
             len: 0,
@@ -251,11 +254,12 @@ impl FlowTable {
         false
     }
 
-    /// Stage 1 of a batched lookup: bring the candidate buckets toward the core.
+    /// Stage 1 of a batched lookup: bring the first candidate bucket toward the core.
+    /// Inserts fill `b1` first, so most keys live there; prefetching `b2` too doubled the
+    /// outstanding misses past what the core's fill buffers hold, and prefetches stalled.
     #[inline]
     pub fn prefetch_buckets(&self, p: &Probe) {
         prefetch(&self.buckets[p.b1 as usize]);
-        prefetch(&self.buckets[p.b2 as usize]);
     }
 
     /// Stage 2: the entry index whose signature matches, if any. A signature match still
@@ -284,13 +288,12 @@ impl FlowTable {
         m
     }
 
-    /// Prefetch an entry and its rule.
+    /// Prefetch an entry (one line: key and rule) and its counters (a counted hit adds to
+    /// them, and the add's load would otherwise miss).
     #[inline]
     pub fn prefetch_entry(&self, idx: u32) {
-        let e = &self.entries[idx as usize] as *const FlowEntry;
-        prefetch(e);
-        prefetch((e as *const u8).wrapping_add(47));
-        prefetch(&self.rules[idx as usize]);
+        prefetch(&self.entries[idx as usize]);
+        prefetch(&self.counters[idx as usize]);
     }
 
     /// Stage 3: whether entry `idx` holds `key`. Falls back to a full probe when the
@@ -340,12 +343,17 @@ impl FlowTable {
 
     #[inline]
     pub fn rule(&self, idx: u32) -> &RuleSlot {
-        &self.rules[idx as usize]
+        &self.entries[idx as usize].rule
     }
 
     #[inline]
-    pub fn rule_mut(&mut self, idx: u32) -> &mut RuleSlot {
-        &mut self.rules[idx as usize]
+    pub fn counters(&self, idx: u32) -> &RuleCounters {
+        &self.counters[idx as usize]
+    }
+
+    #[inline]
+    pub fn counters_mut(&mut self, idx: u32) -> &mut RuleCounters {
+        &mut self.counters[idx as usize]
     }
 
     /// Insert or replace the rule for `key`. `timeout_of` gives a rule's idle timeout in
@@ -360,10 +368,12 @@ impl FlowTable {
     ) -> Inserted {
         let p = self.probe(self.hash(key));
         if let Some((_, _, i)) = self.find(&p, key) {
-            let old = std::mem::replace(&mut self.rules[i as usize], rule);
             let e = &mut self.entries[i as usize];
+            // One 16-byte store: no packet can see half of the old rule and half the new.
+            let old = std::mem::replace(&mut e.rule, rule);
             e.last_seen = now;
             e.encap_sport = encap_sport;
+            self.counters[i as usize] = RuleCounters::default();
             self.stats.replaces += 1;
             return Inserted::Replaced { idx: i, old };
         }
@@ -383,8 +393,9 @@ impl FlowTable {
                     last_seen: now,
                     encap_sport,
                     flags: 0,
+                    rule,
                 });
-                self.rules.push(RuleSlot::default());
+                self.counters.push(RuleCounters::default());
                 (self.entries.len() - 1) as u32
             }
         };
@@ -393,8 +404,9 @@ impl FlowTable {
             last_seen: now,
             encap_sport,
             flags: LIVE,
+            rule,
         };
-        self.rules[idx as usize] = rule;
+        self.counters[idx as usize] = RuleCounters::default();
         let placed = self.place(p.b1, p.sig, idx) || self.place(p.b2, p.sig, idx);
         debug_assert!(placed, "eviction freed a way in one of the buckets");
         self.len += 1;
@@ -435,7 +447,7 @@ impl FlowTable {
                     let e = &self.entries[i as usize];
                     let a = age(now, e.last_seen);
                     // Prefer the flow furthest past (or closest to) its own timeout.
-                    let t = timeout_of(&self.rules[i as usize]);
+                    let t = timeout_of(&e.rule);
                     let score = a.saturating_sub(t).saturating_add(a.min(t) / 2);
                     if best.is_none_or(|(s, _)| score > s) {
                         best = Some((score, i));
@@ -448,7 +460,7 @@ impl FlowTable {
             None => self.hand_victim(),
         };
         let e = self.entries[idx as usize];
-        let reason = if age(now, e.last_seen) > timeout_of(&self.rules[idx as usize]) {
+        let reason = if age(now, e.last_seen) > timeout_of(&e.rule) {
             EvictReason::Expired
         } else {
             EvictReason::TableFull
@@ -490,7 +502,7 @@ impl FlowTable {
             EvictReason::TableFull => self.stats.evicted_full += 1,
             EvictReason::Removed => self.stats.removes += 1,
         }
-        std::mem::take(&mut self.rules[idx as usize])
+        std::mem::take(&mut self.entries[idx as usize].rule)
     }
 
     /// Remove `key`, returning its rule.
@@ -523,7 +535,7 @@ impl FlowTable {
             let i = self.sweep_cursor % n;
             self.sweep_cursor = i + 1;
             let e = self.entries[i];
-            if e.is_live() && age(now, e.last_seen) > timeout_of(&self.rules[i]) {
+            if e.is_live() && age(now, e.last_seen) > timeout_of(&e.rule) {
                 let r = self.remove_idx(i as u32, EvictReason::Expired);
                 on_remove(&e.key, &r);
                 removed += 1;
@@ -532,11 +544,11 @@ impl FlowTable {
         removed
     }
 
-    /// Live flows: (key, entry index).
-    pub fn iter(&self) -> impl Iterator<Item = (&FlowEntry, &RuleSlot)> {
+    /// Live flows with their counters.
+    pub fn iter(&self) -> impl Iterator<Item = (&FlowEntry, &RuleCounters)> {
         self.entries
             .iter()
-            .zip(self.rules.iter())
+            .zip(self.counters.iter())
             .filter(|(e, _)| e.is_live())
     }
 }

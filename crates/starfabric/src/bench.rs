@@ -49,6 +49,10 @@ pub struct PipelineBenchArgs {
     /// Measure only one part (for profiling): baseline, parse, hit or miss.
     #[arg(long)]
     pub only: Option<String>,
+    /// Add a `count` action to the hit-path rule (per-rule packet/byte counters: one more
+    /// random cache line per packet).
+    #[arg(long)]
+    pub count: bool,
 }
 
 pub fn run(c: BenchCmd) -> Result<()> {
@@ -70,6 +74,8 @@ pub fn run(c: BenchCmd) -> Result<()> {
 pub struct PipelineBench {
     /// Hit path (lookup + SNAT rewrite + VXLAN re-encap), Mpps per core, by flow count.
     pub hit_mpps: BTreeMap<String, f64>,
+    /// Whether the hit-path rule also counted packets and bytes.
+    pub hit_rule_counts: bool,
     /// New flows per second through miss → request → rule → release, in Mpps.
     pub miss_mpps: f64,
     /// Parsing outer and inner headers only.
@@ -116,7 +122,7 @@ fn template() -> Vec<u8> {
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner)
 }
 
-fn snat_rule(i: u64) -> Rule {
+fn snat_rule(i: u64, count: bool) -> Rule {
     let (src, sport) = flow_src(i);
     let key = FlowKey::new(VNI, 17, src.into(), sport, DST.into(), 53);
     // Paired pooling as SNAT would: 60000 ports per public address.
@@ -126,24 +132,24 @@ fn snat_rule(i: u64) -> Rule {
         100 + (i / 60000 / 256) as u8,
         (i / 60000 % 256) as u8,
     );
-    Rule::new(
-        key,
-        vec![
-            Action::DecapVxlan,
-            Action::SetSrc {
-                addr: Some(IpAddr::V4(pool)),
-                port: Some(1024 + (i % 60000) as u16),
-            },
-            Action::EncapVxlan {
-                dst: Ipv4Addr::new(198, 18, 0, 9),
-                vni: 200,
-                inner_dmac: None,
-                inner_smac: None,
-            },
-            Action::Count,
-            Action::Output(1),
-        ],
-    )
+    let mut actions = vec![
+        Action::DecapVxlan,
+        Action::SetSrc {
+            addr: Some(IpAddr::V4(pool)),
+            port: Some(1024 + (i % 60000) as u16),
+        },
+        Action::EncapVxlan {
+            dst: Ipv4Addr::new(198, 18, 0, 9),
+            vni: 200,
+            inner_dmac: None,
+            inner_smac: None,
+        },
+    ];
+    if count {
+        actions.push(Action::Count);
+    }
+    actions.push(Action::Output(1));
+    Rule::new(key, actions)
 }
 
 /// Frames over `flows` flows, chosen by xorshift (or sequentially new, for the miss path).
@@ -236,7 +242,7 @@ fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> 
     let rss0 = rss_bytes();
     let mut p = Pipeline::new(cfg, RuleSource::None)?;
     for i in 0..flows as u64 {
-        p.install_rule(&snat_rule(i), 0)
+        p.install_rule(&snat_rule(i, a.count), 0)
             .context("installing bench rules")?;
     }
     let rss1 = rss_bytes();
@@ -300,7 +306,7 @@ fn miss_point(a: &PipelineBenchArgs) -> Result<f64> {
                 }
                 IpAddr::V6(_) => 0,
             };
-            let _ = rep_tx.try_send(RuleReply::ok(snat_rule(i)));
+            let _ = rep_tx.try_send(RuleReply::ok(snat_rule(i, a.count)));
         }
         n
     });
@@ -380,6 +386,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
     let large_over_small = rates.last().unwrap().1 / rates[0].1;
     Ok(PipelineBench {
         hit_mpps,
+        hit_rule_counts: a.count,
         miss_mpps,
         parse_mpps,
         baseline_mpps,

@@ -224,6 +224,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         batch: pipeline::MAX_BATCH,
         quick: false,
         only: None,
+        count: false,
     })?;
     crate::bench::print_table(&r);
     println!("\n(full run with 10M flows: starfabric bench pipeline [--json])");
