@@ -1,43 +1,733 @@
-//! STUB: being written.
+//! L4 load balancer: DNAT from a service's VIP:port to one of its backends, chosen by a
+//! Maglev table (see [`maglev`]) and then pinned by per-flow state.
+//!
+//! State, as declared in [`NetworkFunction::tables`]:
+//! - `services` (shared, read): the services, their backends and each service's Maglev
+//!   table. Every partition holds the whole of it; a split copies it to both halves.
+//! - `conntrack` (per-flow): flow → backend, with an idle deadline. A flow keeps its
+//!   backend while this entry lives, whatever happens to the table (backends added,
+//!   reweighted or drained), so Maglev's imperfect minimal disruption never breaks an
+//!   existing connection. Only a backend marked `down` (or removed) loses its flows:
+//!   [`LoadBalancer::update`] forgets them and returns their keys so the platform can
+//!   withdraw their rules, and their next packet is balanced afresh.
+//!
+//! A new flow's backend is the owner of slot `flow_slot_hash(FlowKey::hash(), seed) % M`
+//! of its service's table: built only on spec-pinned hashes, so every replica and every
+//! release picks the same backend.
+//!
+//! Decisions for a flow `client → VIP:port` to a service with backend `b`:
+//! forward rewrites dst → b, reverse (replies `b → client`) rewrites src → VIP:port.
+//! A first packet in the reply direction of a known flow (its reverse rule was evicted or
+//! idled at PP while the forward one lives) gets the mirror image: src → VIP:port forward,
+//! dst → b on its reverse.
+//!
+//! Flows to an address that is not a VIP pass unchanged by default, so the LB can sit in
+//! a chain that also carries other traffic; `non_vip: "drop"` drops them as `lb-not-vip`
+//! instead. A service without an active backend drops as `lb-no-backend`.
+//!
+//! Timeouts follow Linux IPVS, the closest relative of this NF (an L4 DNAT balancer):
+//! TCP 900 s, TCP after FIN/RST 120 s, UDP 300 s.
 
-use nf::NfError;
-use serde::{Deserialize, Serialize};
+pub mod maglev;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LbConfig {}
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
 
-pub struct LoadBalancer;
+use nf::{
+    Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, Rewrite, SplitHalf,
+    TableSpec,
+};
+use packet::proto;
+use pipeline::FlowKey;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use tracing::{debug, info, warn};
 
-impl LoadBalancer {
-    pub fn new(_c: LbConfig) -> Result<Self, NfError> {
-        Err(NfError::Config("not built yet".into()))
+pub use maglev::{BackendId, MaglevTable, DEFAULT_TABLE_SIZE};
+
+/// Longest timeout accepted (30 days): keeps millisecond deadlines far from overflow and
+/// catches unit mistakes (milliseconds written where seconds are meant).
+pub const MAX_TIMEOUT_S: u64 = 30 * 24 * 3600;
+
+/// Idle timeout of the drop rules PP caches for `lb-no-backend` and `lb-icmp-unrelated`.
+/// Short: a service's backends may come back at any moment, and PP keys an ICMP error on
+/// the flow it quotes, so that drop rule also holds back the flow's own packets.
+const SHORT_DROP_HOLD: Duration = Duration::from_secs(10);
+
+/// Snapshot format version, bumped on incompatible changes.
+const SNAPSHOT_VERSION: u32 = 1;
+
+/// Transport protocol of a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LbProtocol {
+    Tcp,
+    Udp,
+}
+
+impl LbProtocol {
+    pub fn number(self) -> u8 {
+        match self {
+            LbProtocol::Tcp => proto::TCP,
+            LbProtocol::Udp => proto::UDP,
+        }
     }
 }
 
-impl nf::NetworkFunction for LoadBalancer {
+impl fmt::Display for LbProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LbProtocol::Tcp => "tcp",
+            LbProtocol::Udp => "udp",
+        })
+    }
+}
+
+/// Administrative state of a backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendState {
+    /// Takes new flows in proportion to its weight.
+    #[default]
+    Active,
+    /// Takes no new flows but keeps the ones it has (graceful removal).
+    Draining,
+    /// Takes nothing: its flows are forgotten and re-balanced on their next packet.
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub addr: IpAddr,
+    pub port: u16,
+    /// Relative share of new flows; 0 takes none (like `draining`).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    #[serde(default)]
+    pub state: BackendState,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl BackendConfig {
+    pub fn new(addr: IpAddr, port: u16, weight: u32) -> Self {
+        BackendConfig {
+            addr,
+            port,
+            weight,
+            state: BackendState::Active,
+        }
+    }
+
+    pub fn id(&self) -> BackendId {
+        BackendId::new(self.addr, self.port)
+    }
+}
+
+/// A service: VIP, port and protocol, and the backends behind it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: LbProtocol,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+}
+
+impl ServiceConfig {
+    fn name(&self) -> String {
+        format!("{}/{}", BackendId::new(self.vip, self.port), self.protocol)
+    }
+}
+
+/// What to do with a flow whose destination is not a VIP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NonVipAction {
+    /// Pass unchanged (the LB is transparent to other traffic of the chain).
+    #[default]
+    Pass,
+    /// Drop as `lb-not-vip`.
+    Drop,
+}
+
+/// Idle timeouts of per-flow state and of the rules PP caches, in seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LbTimeouts {
+    pub tcp_s: u64,
+    /// After PP reports FIN or RST.
+    pub tcp_fin_s: u64,
+    pub udp_s: u64,
+}
+
+impl Default for LbTimeouts {
+    fn default() -> Self {
+        LbTimeouts {
+            tcp_s: 900,
+            tcp_fin_s: 120,
+            udp_s: 300,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LbConfig {
+    #[serde(default)]
+    pub services: Vec<ServiceConfig>,
+    /// M, the Maglev table size of every service: a prime, ideally > 100× the largest
+    /// backend count.
+    #[serde(default = "default_table_size")]
+    pub table_size: u32,
+    /// Seeds the backend permutations and the flow hash, so placement cannot be predicted
+    /// from outside. Every replica of a partition must use the same seed.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub non_vip: NonVipAction,
+    #[serde(default)]
+    pub timeouts: LbTimeouts,
+}
+
+fn default_table_size() -> u32 {
+    DEFAULT_TABLE_SIZE
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        LbConfig {
+            services: Vec::new(),
+            table_size: DEFAULT_TABLE_SIZE,
+            seed: 0,
+            non_vip: NonVipAction::Pass,
+            timeouts: LbTimeouts::default(),
+        }
+    }
+}
+
+impl LbConfig {
+    /// Parse JSON configuration, reporting any problem as [`NfError::Config`].
+    pub fn from_json(s: &str) -> Result<Self, NfError> {
+        serde_json::from_str(s).map_err(|e| NfError::Config(format!("lb: {e}")))
+    }
+}
+
+/// (VIP, port, protocol number): what a flow's destination is matched on.
+type ServiceKey = (IpAddr, u16, u8);
+
+/// A service, compiled: backend states by identity and the Maglev table of its active
+/// backends.
+#[derive(Debug, Clone)]
+struct Service {
+    vip: IpAddr,
+    port: u16,
+    states: HashMap<BackendId, BackendState>,
+    table: MaglevTable,
+}
+
+/// Per-flow state: which backend the flow went to, until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LbFlow {
+    backend: BackendId,
+    deadline_ms: u64,
+    /// PP saw FIN or RST: the shorter `tcp_fin_s` applies from then on.
+    closing: bool,
+}
+
+pub struct LoadBalancer {
+    cfg: LbConfig,
+    services: HashMap<ServiceKey, Service>,
+    /// Keyed on the forward key as this NF saw it (client → VIP:port).
+    flows: HashMap<FlowKey, LbFlow>,
+    /// Reply key (backend → client) → forward key; derived from `flows`, never
+    /// snapshotted.
+    replies: HashMap<FlowKey, FlowKey>,
+}
+
+fn compile(cfg: &LbConfig) -> Result<HashMap<ServiceKey, Service>, NfError> {
+    let err = |m: String| NfError::Config(format!("lb: {m}"));
+    maglev::check_size(cfg.table_size).map_err(|e| err(e.to_string()))?;
+    for (name, v) in [
+        ("tcp_s", cfg.timeouts.tcp_s),
+        ("tcp_fin_s", cfg.timeouts.tcp_fin_s),
+        ("udp_s", cfg.timeouts.udp_s),
+    ] {
+        if !(1..=MAX_TIMEOUT_S).contains(&v) {
+            return Err(err(format!(
+                "timeouts.{name} = {v} s: must be from 1 to {MAX_TIMEOUT_S} s"
+            )));
+        }
+    }
+    let mut out = HashMap::new();
+    for s in &cfg.services {
+        let name = s.name();
+        if s.port == 0 {
+            return Err(err(format!("service {name}: port 0 is not a service port")));
+        }
+        if s.vip.is_unspecified() || s.vip.is_multicast() {
+            return Err(err(format!(
+                "service {name}: VIP must be a unicast address"
+            )));
+        }
+        let mut states = HashMap::new();
+        let mut weighted = Vec::new();
+        for b in &s.backends {
+            let id = b.id();
+            if b.port == 0 {
+                return Err(err(format!("service {name}: backend {id}: port 0")));
+            }
+            if b.addr.is_ipv4() != s.vip.is_ipv4() {
+                return Err(err(format!(
+                    "service {name}: backend {id} is of the other address family than \
+                     the VIP; DNAT cannot translate between IPv4 and IPv6"
+                )));
+            }
+            if states.insert(id, b.state).is_some() {
+                return Err(err(format!("service {name}: backend {id} is listed twice")));
+            }
+            // Only active backends take slots: draining and down ones get no new flows.
+            let w = if b.state == BackendState::Active {
+                b.weight
+            } else {
+                0
+            };
+            weighted.push((id, w));
+        }
+        let active = weighted.iter().filter(|(_, w)| *w > 0).count();
+        if active > 0 && (cfg.table_size as u64) < 100 * active as u64 {
+            warn!(
+                service = %name,
+                table_size = cfg.table_size,
+                active,
+                "Maglev table is smaller than 100x the backends; shares will be uneven"
+            );
+        }
+        let table = MaglevTable::build(&weighted, cfg.table_size, cfg.seed)
+            .map_err(|e| err(format!("service {name}: {e}")))?;
+        let key = (s.vip, s.port, s.protocol.number());
+        let svc = Service {
+            vip: s.vip,
+            port: s.port,
+            states,
+            table,
+        };
+        if out.insert(key, svc).is_some() {
+            return Err(err(format!("service {name} is defined twice")));
+        }
+    }
+    Ok(out)
+}
+
+impl LoadBalancer {
+    pub fn new(cfg: LbConfig) -> Result<Self, NfError> {
+        let services = compile(&cfg)?;
+        Ok(LoadBalancer {
+            cfg,
+            services,
+            flows: HashMap::new(),
+            replies: HashMap::new(),
+        })
+    }
+
+    pub fn config(&self) -> &LbConfig {
+        &self.cfg
+    }
+
+    /// Replace the configuration at runtime and rebuild the Maglev tables. Flows keep
+    /// their backends unless the backend went down, was removed, or its service was
+    /// removed: those flows are forgotten and their keys returned (sorted), so the
+    /// platform can withdraw their rules; their next packet is balanced afresh. A bad
+    /// configuration changes nothing.
+    pub fn update(&mut self, cfg: LbConfig) -> Result<Vec<FlowKey>, NfError> {
+        let services = compile(&cfg)?;
+        self.cfg = cfg;
+        self.services = services;
+        let dropped = self.prune();
+        info!(
+            services = self.services.len(),
+            dropped = dropped.len(),
+            "lb configuration updated"
+        );
+        Ok(dropped)
+    }
+
+    /// The Maglev table of a service, for inspection.
+    pub fn table(&self, vip: IpAddr, port: u16, protocol: LbProtocol) -> Option<&MaglevTable> {
+        self.services
+            .get(&(vip, port, protocol.number()))
+            .map(|s| &s.table)
+    }
+
+    /// The backend a known flow is pinned to.
+    pub fn flow_backend(&self, key: &FlowKey) -> Option<BackendId> {
+        self.flows.get(key).map(|f| f.backend)
+    }
+
+    /// Number of flows with state.
+    pub fn flow_count(&self) -> usize {
+        self.flows.len()
+    }
+
+    fn service_of(&self, key: &FlowKey) -> Option<&Service> {
+        self.services.get(&(key.dst(), key.dport(), key.proto()))
+    }
+
+    /// Whether a flow's backend may keep it: its service exists and lists the backend
+    /// as active or draining.
+    fn keeps(&self, key: &FlowKey, backend: &BackendId) -> bool {
+        self.service_of(key)
+            .and_then(|s| s.states.get(backend))
+            .is_some_and(|st| *st != BackendState::Down)
+    }
+
+    fn timeout(&self, key: &FlowKey, closing: bool) -> Duration {
+        let t = &self.cfg.timeouts;
+        Duration::from_secs(match key.proto() {
+            proto::TCP if closing => t.tcp_fin_s,
+            proto::TCP => t.tcp_s,
+            _ => t.udp_s,
+        })
+    }
+
+    fn reply_key(key: &FlowKey, backend: &BackendId) -> FlowKey {
+        Rewrite::dst(backend.addr, backend.port)
+            .apply(key)
+            .reversed()
+    }
+
+    fn insert(&mut self, key: FlowKey, flow: LbFlow) {
+        if let Some(old) = self.flows.insert(key, flow) {
+            self.unindex(&key, &old.backend);
+        }
+        // Two flows share a reply key only when one client port reaches two VIPs that
+        // share a backend; PP's reverse rules collide then too. Keep the smaller forward
+        // key so every replica, and a restored one, resolves it alike.
+        let rk = Self::reply_key(&key, &flow.backend);
+        let slot = self.replies.entry(rk).or_insert(key);
+        if key.as_bytes() < slot.as_bytes() {
+            *slot = key;
+        }
+    }
+
+    fn unindex(&mut self, key: &FlowKey, backend: &BackendId) {
+        let rk = Self::reply_key(key, backend);
+        if self.replies.get(&rk) == Some(key) {
+            self.replies.remove(&rk);
+        }
+    }
+
+    fn remove(&mut self, key: &FlowKey) -> Option<LbFlow> {
+        let f = self.flows.remove(key)?;
+        self.unindex(key, &f.backend);
+        Some(f)
+    }
+
+    /// Forget flows whose backend may no longer keep them; sorted keys.
+    fn prune(&mut self) -> Vec<FlowKey> {
+        let mut gone: Vec<FlowKey> = self
+            .flows
+            .iter()
+            .filter(|(k, f)| !self.keeps(k, &f.backend))
+            .map(|(k, _)| *k)
+            .collect();
+        sort_keys(&mut gone);
+        for k in &gone {
+            self.remove(k);
+        }
+        gone
+    }
+
+    fn forward_decision(svc_vip: IpAddr, svc_port: u16, b: &BackendId, t: Duration) -> Decision {
+        Decision {
+            forward: Rewrite::dst(b.addr, b.port),
+            reverse: Rewrite::src(svc_vip, svc_port),
+            idle_timeout: Some(t),
+            ..Decision::pass()
+        }
+    }
+
+    fn to_snapshot(&self, keep: impl Fn(&FlowKey) -> bool) -> LbSnapshot {
+        let mut flows: Vec<FlowSnap> = self
+            .flows
+            .iter()
+            .filter(|(k, _)| keep(k))
+            .map(|(k, f)| FlowSnap {
+                key: HexKey(*k),
+                backend: f.backend,
+                deadline_ms: f.deadline_ms,
+                closing: f.closing,
+            })
+            .collect();
+        flows.sort_by_key(|f| *f.key.0.as_bytes());
+        LbSnapshot {
+            version: SNAPSHOT_VERSION,
+            config: self.cfg.clone(),
+            flows,
+        }
+    }
+}
+
+impl NetworkFunction for LoadBalancer {
     fn kind(&self) -> &str {
         "lb"
     }
-    fn tables(&self) -> Vec<nf::TableSpec> {
-        vec![]
+
+    fn tables(&self) -> Vec<TableSpec> {
+        vec![
+            TableSpec::shared_read("services"),
+            TableSpec::per_flow("conntrack"),
+        ]
     }
-    fn first_packet(
-        &mut self,
-        _p: &nf::FirstPacket,
-        _e: &mut nf::NfEnv,
-    ) -> Result<nf::Decision, NfError> {
-        Err(NfError::Other("stub".into()))
+
+    fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
+        let key = pkt.key;
+        // A known flow keeps its backend, whatever the table says now.
+        if let Some(f) = self.flows.get(&key).copied() {
+            if let Some(svc) = self.service_of(&key) {
+                let (vip, port) = (svc.vip, svc.port);
+                let t = self.timeout(&key, f.closing);
+                let flow = LbFlow {
+                    deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
+                    ..f
+                };
+                self.insert(key, flow);
+                return Ok(Self::forward_decision(vip, port, &f.backend, t));
+            }
+        }
+        // The reply direction of a known flow: the mirror image of its rewrites.
+        if let Some(fwd) = self.replies.get(&key).copied() {
+            if let (Some(f), Some(svc)) = (self.flows.get(&fwd).copied(), self.service_of(&fwd)) {
+                let (vip, port) = (svc.vip, svc.port);
+                let t = self.timeout(&fwd, f.closing);
+                let flow = LbFlow {
+                    deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
+                    ..f
+                };
+                self.insert(fwd, flow);
+                return Ok(Decision {
+                    forward: Rewrite::src(vip, port),
+                    reverse: Rewrite::dst(f.backend.addr, f.backend.port),
+                    idle_timeout: Some(t),
+                    ..Decision::pass()
+                });
+            }
+        }
+        let Some(svc) = self.service_of(&key) else {
+            return Ok(match self.cfg.non_vip {
+                NonVipAction::Pass => Decision::pass(),
+                NonVipAction::Drop => Decision::drop("lb-not-vip"),
+            });
+        };
+        if pkt.meta.icmp_error {
+            // An error about a flow we never balanced: there is no backend to send it to,
+            // and creating state for it would pin a flow that does not exist.
+            debug!(%key, "lb: ICMP error for an unknown flow");
+            return Ok(Decision {
+                idle_timeout: Some(SHORT_DROP_HOLD),
+                ..Decision::drop("lb-icmp-unrelated")
+            });
+        }
+        let Some(backend) = svc
+            .table
+            .lookup(maglev::flow_slot_hash(key.hash(), self.cfg.seed))
+        else {
+            debug!(%key, "lb: service has no active backend");
+            return Ok(Decision {
+                idle_timeout: Some(SHORT_DROP_HOLD),
+                ..Decision::drop("lb-no-backend")
+            });
+        };
+        let (vip, port) = (svc.vip, svc.port);
+        let t = self.timeout(&key, false);
+        self.insert(
+            key,
+            LbFlow {
+                backend,
+                deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
+                closing: false,
+            },
+        );
+        debug!(%key, %backend, "lb: new flow");
+        Ok(Self::forward_decision(vip, port, &backend, t))
     }
+
+    fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
+        match ev {
+            FlowEvent::TcpClosing { key } => {
+                let fwd = if self.flows.contains_key(key) {
+                    *key
+                } else if let Some(f) = self.replies.get(key) {
+                    *f
+                } else {
+                    return;
+                };
+                let t = self.timeout(&fwd, true);
+                if let Some(f) = self.flows.get_mut(&fwd) {
+                    f.closing = true;
+                    f.deadline_ms = env.now_ms.saturating_add(t.as_millis() as u64);
+                }
+            }
+            // PP forgetting one direction's rule does not end the flow (the other
+            // direction may still be busy); the entry's own deadline governs.
+            FlowEvent::Expired { .. } => {}
+        }
+    }
+
+    fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
+        let now = env.now_ms;
+        let mut gone: Vec<FlowKey> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.deadline_ms <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        sort_keys(&mut gone);
+        for k in &gone {
+            self.remove(k);
+        }
+        gone
+    }
+
     fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        Ok(vec![])
+        serde_json::to_vec(&self.to_snapshot(|_| true))
+            .map_err(|e| NfError::Snapshot(format!("lb: {e}")))
     }
-    fn restore(&mut self, _s: &[u8]) -> Result<(), NfError> {
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
+        let snap = LbSnapshot::parse(snapshot)?;
+        let services = compile(&snap.config)
+            .map_err(|e| NfError::Snapshot(format!("lb: configuration in snapshot: {e}")))?;
+        self.cfg = snap.config;
+        self.services = services;
+        self.flows.clear();
+        self.replies.clear();
+        for f in snap.flows {
+            self.insert(f.key.0, f.flow());
+        }
+        // A snapshot is consistent by construction; this only guards hand-made ones.
+        self.prune();
         Ok(())
     }
-    fn split(&mut self, _h: &nf::SplitHalf) -> Result<Vec<u8>, NfError> {
-        Ok(vec![])
+
+    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        // Services and tables are shared-read: the new owner gets a full copy (inside the
+        // snapshot's configuration). Flows move by their key's hash.
+        let snap = self.to_snapshot(|k| half.moves(k));
+        let out = serde_json::to_vec(&snap).map_err(|e| NfError::Snapshot(format!("lb: {e}")))?;
+        for f in &snap.flows {
+            self.remove(&f.key.0);
+        }
+        Ok(out)
     }
-    fn merge(&mut self, _p: &[u8]) -> Result<(), NfError> {
+
+    fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
+        let snap = LbSnapshot::parse(part)?;
+        if snap.config != self.cfg {
+            // Both sides are updated by the orchestrator; ours is the one this partition
+            // serves with, so it stays. Flows the merged part pinned to backends that our
+            // configuration has down or gone are re-balanced, as `update` would.
+            warn!("lb: merged part carries a different configuration; keeping ours");
+        }
+        for f in snap.flows {
+            let key = f.key.0;
+            let flow = f.flow();
+            // Parts are disjoint by key; should one overlap, the later deadline wins, a
+            // choice every replica makes alike.
+            match self.flows.get(&key) {
+                Some(cur) if cur.deadline_ms >= flow.deadline_ms => {}
+                _ => self.insert(key, flow),
+            }
+        }
+        self.prune();
         Ok(())
+    }
+}
+
+/// Sort keys by their canonical bytes, so every replica reports them in the same order.
+pub(crate) fn sort_keys(keys: &mut [FlowKey]) {
+    keys.sort_unstable_by_key(|k| *k.as_bytes());
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LbSnapshot {
+    version: u32,
+    config: LbConfig,
+    flows: Vec<FlowSnap>,
+}
+
+impl LbSnapshot {
+    fn parse(b: &[u8]) -> Result<Self, NfError> {
+        let s: LbSnapshot =
+            serde_json::from_slice(b).map_err(|e| NfError::Snapshot(format!("lb: {e}")))?;
+        if s.version != SNAPSHOT_VERSION {
+            return Err(NfError::Snapshot(format!(
+                "lb: snapshot version {} (this build reads {SNAPSHOT_VERSION})",
+                s.version
+            )));
+        }
+        Ok(s)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FlowSnap {
+    key: HexKey,
+    backend: BackendId,
+    deadline_ms: u64,
+    closing: bool,
+}
+
+impl FlowSnap {
+    fn flow(&self) -> LbFlow {
+        LbFlow {
+            backend: self.backend,
+            deadline_ms: self.deadline_ms,
+            closing: self.closing,
+        }
+    }
+}
+
+/// A `FlowKey` in snapshots: its 40 canonical bytes as hex, so it round-trips exactly
+/// (the display form would not for odd protocol numbers or ICMP identifiers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HexKey(pub FlowKey);
+
+impl Serialize for HexKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(FlowKey::LEN * 2);
+        for b in self.0.as_bytes() {
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 15) as usize] as char);
+        }
+        s.serialize_str(&out)
+    }
+}
+
+impl<'de> Deserialize<'de> for HexKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let bad = || serde::de::Error::custom(format!("flow key {s:?}: want 80 hex digits"));
+        let raw = s.as_bytes();
+        if raw.len() != FlowKey::LEN * 2 {
+            return Err(bad());
+        }
+        let nib = |c: u8| (c as char).to_digit(16).map(|v| v as u8);
+        let mut bytes = [0u8; FlowKey::LEN];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            match (nib(raw[2 * i]), nib(raw[2 * i + 1])) {
+                (Some(h), Some(l)) => *b = (h << 4) | l,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(HexKey(FlowKey::from_bytes(bytes)))
     }
 }

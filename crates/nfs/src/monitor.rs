@@ -1,43 +1,221 @@
-//! STUB: being written.
+//! Traffic monitor: packet and byte counters per tenant and per source host.
+//!
+//! The counters are Serpens' textbook multi-writer state (Table III, "host statistics"):
+//! every partition counts on its own, so the tables are shared-write with *replicated*
+//! consistency. A split hands the new part zeroed counters, a merge adds, and the true
+//! total is the sum over parts (eventual consistency). Addition commutes, so replicas and
+//! parts agree whatever order counts arrive in.
+//!
+//! SC sees only a flow's first packet; later packets are counted by PP on the rule
+//! (`Action::Count`) and reported back through [`Monitor::record`].
 
-use nf::NfError;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use nf::{
+    Consistency, Decision, FirstPacket, NetworkFunction, NfEnv, NfError, SplitHalf, TableSpec,
+};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MonitorConfig {}
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MonitorConfig {
+    /// Hosts counted one by one; traffic of further hosts still counts for its tenant and
+    /// in [`Monitor::overflow`]. Bounds memory against a spoofed-source flood.
+    #[serde(default = "default_max_hosts")]
+    pub max_hosts: usize,
+}
 
-pub struct Monitor;
+fn default_max_hosts() -> usize {
+    65_536
+}
 
-impl Monitor {
-    pub fn new(_c: MonitorConfig) -> Result<Self, NfError> {
-        Err(NfError::Config("not built yet".into()))
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            max_hosts: default_max_hosts(),
+        }
     }
 }
 
-impl nf::NetworkFunction for Monitor {
+/// Packets and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl Counters {
+    fn add(&mut self, packets: u64, bytes: u64) {
+        self.packets = self.packets.saturating_add(packets);
+        self.bytes = self.bytes.saturating_add(bytes);
+    }
+
+    fn add_all(&mut self, o: &Counters) {
+        self.add(o.packets, o.bytes);
+    }
+}
+
+/// All counters of one part. Ordered maps, so snapshots are byte-identical across
+/// replicas that counted the same things.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Counts {
+    tenants: BTreeMap<u32, Counters>,
+    hosts: BTreeMap<u32, BTreeMap<IpAddr, Counters>>,
+    overflow: Counters,
+}
+
+pub struct Monitor {
+    cfg: MonitorConfig,
+    counts: Counts,
+    hosts: usize,
+}
+
+impl Monitor {
+    pub fn new(cfg: MonitorConfig) -> Result<Self, NfError> {
+        if cfg.max_hosts == 0 {
+            return Err(NfError::Config(
+                "monitor: max_hosts must be at least 1".into(),
+            ));
+        }
+        Ok(Monitor {
+            cfg,
+            counts: Counts::default(),
+            hosts: 0,
+        })
+    }
+
+    /// Add counts reported later (by PP's rule counters, or another replica's tally).
+    pub fn record(&mut self, tenant: u32, host: IpAddr, packets: u64, bytes: u64) {
+        self.counts
+            .tenants
+            .entry(tenant)
+            .or_default()
+            .add(packets, bytes);
+        let per_tenant = self.counts.hosts.entry(tenant).or_default();
+        if let Some(c) = per_tenant.get_mut(&host) {
+            c.add(packets, bytes);
+        } else if self.hosts < self.cfg.max_hosts {
+            let mut c = Counters::default();
+            c.add(packets, bytes);
+            per_tenant.insert(host, c);
+            self.hosts += 1;
+        } else {
+            self.counts.overflow.add(packets, bytes);
+        }
+        if per_tenant.is_empty() {
+            self.counts.hosts.remove(&tenant);
+        }
+    }
+
+    pub fn tenant(&self, tenant: u32) -> Counters {
+        self.counts
+            .tenants
+            .get(&tenant)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub fn host(&self, tenant: u32, host: IpAddr) -> Counters {
+        self.counts
+            .hosts
+            .get(&tenant)
+            .and_then(|h| h.get(&host))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every tenant's counters, by tenant id.
+    pub fn tenants(&self) -> Vec<(u32, Counters)> {
+        self.counts.tenants.iter().map(|(t, c)| (*t, *c)).collect()
+    }
+
+    /// Every counted host of a tenant, by address.
+    pub fn hosts(&self, tenant: u32) -> Vec<(IpAddr, Counters)> {
+        self.counts
+            .hosts
+            .get(&tenant)
+            .map(|h| h.iter().map(|(a, c)| (*a, *c)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Traffic of hosts beyond `max_hosts`.
+    pub fn overflow(&self) -> Counters {
+        self.counts.overflow
+    }
+
+    fn encode(c: &Counts) -> Result<Vec<u8>, NfError> {
+        serde_json::to_vec(c).map_err(|e| NfError::Snapshot(format!("monitor: {e}")))
+    }
+
+    fn decode(b: &[u8]) -> Result<Counts, NfError> {
+        serde_json::from_slice(b).map_err(|e| NfError::Snapshot(format!("monitor: {e}")))
+    }
+
+    fn count_hosts(c: &Counts) -> usize {
+        c.hosts.values().map(BTreeMap::len).sum()
+    }
+}
+
+impl NetworkFunction for Monitor {
     fn kind(&self) -> &str {
         "monitor"
     }
-    fn tables(&self) -> Vec<nf::TableSpec> {
-        vec![]
+
+    fn tables(&self) -> Vec<TableSpec> {
+        vec![
+            TableSpec::shared_write("tenant-counters", Consistency::Replicated),
+            TableSpec::shared_write("host-counters", Consistency::Replicated),
+        ]
     }
-    fn first_packet(
-        &mut self,
-        _p: &nf::FirstPacket,
-        _e: &mut nf::NfEnv,
-    ) -> Result<nf::Decision, NfError> {
-        Err(NfError::Other("stub".into()))
+
+    fn first_packet(&mut self, pkt: &FirstPacket, _env: &mut NfEnv) -> Result<Decision, NfError> {
+        self.record(pkt.tenant, pkt.key.src(), 1, u64::from(pkt.meta.len));
+        Ok(Decision::pass())
     }
+
     fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        Ok(vec![])
+        Self::encode(&self.counts)
     }
-    fn restore(&mut self, _s: &[u8]) -> Result<(), NfError> {
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
+        let c = Self::decode(snapshot)?;
+        self.hosts = Self::count_hosts(&c);
+        self.counts = c;
         Ok(())
     }
-    fn split(&mut self, _h: &nf::SplitHalf) -> Result<Vec<u8>, NfError> {
-        Ok(vec![])
+
+    /// This part keeps its counts; the new part starts from zero and counts on its own.
+    fn split(&mut self, _half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        Self::encode(&Counts::default())
     }
-    fn merge(&mut self, _p: &[u8]) -> Result<(), NfError> {
+
+    /// Sum, host by host; hosts beyond `max_hosts` fold into the overflow counters.
+    fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
+        let other = Self::decode(part)?;
+        // Tenant totals already include their hosts' traffic, so hosts are added without
+        // touching the totals again.
+        for (t, c) in &other.tenants {
+            self.counts.tenants.entry(*t).or_default().add_all(c);
+        }
+        for (t, hosts) in other.hosts {
+            let mine = self.counts.hosts.entry(t).or_default();
+            for (h, c) in hosts {
+                if let Some(m) = mine.get_mut(&h) {
+                    m.add_all(&c);
+                } else if self.hosts < self.cfg.max_hosts {
+                    mine.insert(h, c);
+                    self.hosts += 1;
+                } else {
+                    self.counts.overflow.add_all(&c);
+                }
+            }
+            if mine.is_empty() {
+                self.counts.hosts.remove(&t);
+            }
+        }
+        self.counts.overflow.add_all(&other.overflow);
         Ok(())
     }
 }

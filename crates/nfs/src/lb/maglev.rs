@@ -38,9 +38,7 @@ const OFFSET_SALT: u64 = 0x6f66_6673_6574_0001; // "offset"
 const SKIP_SALT: u64 = 0x736b_6970_0000_0002; // "skip"
 
 /// A backend's identity: what its permutation is derived from.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct BackendId {
     pub addr: IpAddr,
     pub port: u16,
@@ -132,6 +130,17 @@ pub fn identity_hash(id: &BackendId, seed: u64, salt: u64) -> u64 {
         h = mix(h.wrapping_add(0x9e37_79b9_7f4a_7c15) ^ w);
     }
     h
+}
+
+/// Salt of the flow hash, so it is independent of the backend hashes under one seed.
+const FLOW_SALT: u64 = 0x666c_6f77_0000_0003; // "flow"
+
+/// The hash a flow is looked up with: the flow's spec-pinned hash (`FlowKey::hash`, fixed
+/// by `docs/golden-corpus.md`) mixed with the seed. Not `FlowKey::hash_seeded`: that one
+/// serves PP's flow table and may change between releases, and a changed slot would move
+/// every unpinned flow, or make replicas of different releases disagree.
+pub fn flow_slot_hash(flow_hash: u64, seed: u64) -> u64 {
+    mix(flow_hash ^ mix(seed ^ FLOW_SALT))
 }
 
 /// A backend's permutation of the table: (offset, skip), per the paper's
@@ -228,7 +237,9 @@ impl MaglevTable {
 
     /// The owner of every slot, as identities (empty for an empty table).
     pub fn owners(&self) -> Vec<BackendId> {
-        (0..self.slots.len()).filter_map(|s| self.owner(s)).collect()
+        (0..self.slots.len())
+            .filter_map(|s| self.owner(s))
+            .collect()
     }
 }
 
