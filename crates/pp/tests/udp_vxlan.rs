@@ -251,9 +251,7 @@ fn released_pending_packets_go_out_through_tx_from() {
     assert!(req_rx.try_recv().is_err());
     let rule = reflect_rule(PORT, "");
     assert_eq!(req.key, rule.key);
-    rep_tx
-        .send(RuleReply::ok(rule))
-        .unwrap();
+    rep_tx.send(RuleReply::ok(rule)).unwrap();
     // The next run_once services the reply and releases the held packets via tx_from.
     r.worker.run_once().unwrap();
     for i in 0..3u8 {
