@@ -259,6 +259,21 @@ impl FlowKey {
     }
 }
 
+/// The little-endian 8-byte word of a key at byte `i`.
+#[inline(always)]
+fn w(b: &[u8; 40], i: usize) -> u64 {
+    u64::from_le_bytes([
+        b[i],
+        b[i + 1],
+        b[i + 2],
+        b[i + 3],
+        b[i + 4],
+        b[i + 5],
+        b[i + 6],
+        b[i + 7],
+    ])
+}
+
 /// 64×64→128 multiply folded to 64 bits (wyhash's mixing step).
 #[inline(always)]
 fn mum(a: u64, b: u64) -> u64 {
@@ -288,9 +303,8 @@ pub fn flow_hash(b: &[u8; 40]) -> u64 {
 #[inline]
 pub fn flow_hash_with(b: &[u8; 40], seed: u64) -> u64 {
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed;
-    for w in b.chunks_exact(8) {
-        let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-        h = (h ^ w).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    for i in (0..40).step_by(8) {
+        h = (h ^ w(b, i)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         h ^= h >> 31;
     }
     fmix64(h)
