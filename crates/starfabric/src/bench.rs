@@ -23,6 +23,8 @@ use serde::Serialize;
 pub enum BenchCmd {
     /// Hit/miss/parse rates of the pipeline on one core.
     Pipeline(PipelineBenchArgs),
+    /// New flows/s and first-packet latency through PP → FM → SC → FM → PP.
+    Setup(crate::bench_setup::SetupBenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -63,6 +65,15 @@ pub fn run(c: BenchCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 print_table(&r);
+            }
+            Ok(())
+        }
+        BenchCmd::Setup(a) => {
+            let r = crate::bench_setup::run(a.clone())?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                crate::bench_setup::print(&r);
             }
             Ok(())
         }

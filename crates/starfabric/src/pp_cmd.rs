@@ -1,5 +1,8 @@
-//! `starfabric pp`: run a PP node: one pipeline worker on a UDP VXLAN socket, with
-//! static rules from a file. There is no rule server yet, so a miss is a `no-rule` drop.
+//! `starfabric pp`: run a PP node: one pipeline worker on a UDP VXLAN socket.
+//!
+//! Rules come from the fabric master (`--fm ADDR`): a miss holds the packet and asks FM,
+//! which asks the SC group owning the flow. Static rules from a file (`--rules`) can be
+//! installed too; without `--fm` they are the only rules and a miss is a `no-rule` drop.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -11,9 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pipeline::{
-    DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, Worker,
+    DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, VpcBinding, Worker,
 };
-use pp::{UdpVxlanConfig, UdpVxlanIo};
+use pp::{FmClient, FmClientConfig, UdpVxlanConfig, UdpVxlanIo};
 
 #[derive(Args, Debug)]
 pub struct PpArgs {
@@ -49,6 +52,36 @@ pub struct PpArgs {
     /// Largest receive batch (1..=64).
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// Ask this fabric master (`host:port`) for the rules of flows that miss.
+    #[arg(long)]
+    fm: Option<String>,
+    /// This node's id toward FM (default: `pp-<listen address>`).
+    #[arg(long)]
+    id: Option<String>,
+    /// Bind a VNI to a tenant chain: `VNI=TENANT:CHAIN` (repeatable). Misses on other
+    /// VNIs use `--default-chain`, or are dropped as `unknown-vni`.
+    #[arg(long = "vpc", value_parser = parse_vpc)]
+    vpcs: Vec<(u32, VpcBinding)>,
+    /// `TENANT:CHAIN` for VNIs without a `--vpc` binding.
+    #[arg(long, value_parser = parse_binding)]
+    default_chain: Option<VpcBinding>,
+}
+
+fn parse_binding(s: &str) -> Result<VpcBinding, String> {
+    let (t, c) = s.split_once(':').ok_or("expected TENANT:CHAIN")?;
+    Ok(VpcBinding {
+        tenant: t.parse().map_err(|_| format!("bad tenant {t:?}"))?,
+        chain: c.parse().map_err(|_| format!("bad chain {c:?}"))?,
+    })
+}
+
+fn parse_vpc(s: &str) -> Result<(u32, VpcBinding), String> {
+    let (v, b) = s.split_once('=').ok_or("expected VNI=TENANT:CHAIN")?;
+    let vni: u32 = v.parse().map_err(|_| format!("bad VNI {v:?}"))?;
+    if vni >> 24 != 0 {
+        return Err(format!("VNI {vni} does not fit in 24 bits"));
+    }
+    Ok((vni, parse_binding(b)?))
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -71,14 +104,14 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|e| e.to_string())
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
     // Only an atomic store: anything else is not async-signal-safe.
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn install_signal_handlers() -> Result<()> {
+pub(crate) fn install_signal_handlers() -> Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let handler = on_signal as extern "C" fn(libc::c_int);
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe; glibc's
@@ -97,6 +130,8 @@ fn install_signal_handlers() -> Result<()> {
 
 /// Static rules never idle out.
 const STATIC_IDLE: Duration = Duration::MAX;
+/// Idle timeout of FM rules that name none.
+const FM_IDLE: Duration = Duration::from_secs(300);
 
 pub fn run(a: PpArgs) -> Result<()> {
     let node = NodeAddr {
@@ -107,8 +142,26 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut cfg = PipelineConfig::new(node);
     cfg.flow_capacity = a.flows;
     cfg.seed = rand::random();
-    cfg.default_idle_timeout = STATIC_IDLE;
-    let mut pipeline = Pipeline::new(cfg, RuleSource::None).context("flow table")?;
+    let mut fm_client = None;
+    let source = match &a.fm {
+        Some(fm) => {
+            let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
+            let (client, mut links) =
+                FmClient::start(FmClientConfig::new(fm, &id)).context("FM client")?;
+            fm_client = Some(client);
+            cfg.default_idle_timeout = FM_IDLE;
+            links.remove(0).source
+        }
+        None => {
+            cfg.default_idle_timeout = STATIC_IDLE;
+            RuleSource::None
+        }
+    };
+    let mut pipeline = Pipeline::new(cfg, source).context("flow table")?;
+    for (vni, b) in &a.vpcs {
+        pipeline.bind_vpc(*vni, *b);
+    }
+    pipeline.set_default_binding(a.default_chain);
 
     let mut nrules = 0;
     if let Some(path) = &a.rules {
@@ -116,7 +169,10 @@ pub fn run(a: PpArgs) -> Result<()> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let rules = pp::parse_rules(&text).with_context(|| format!("{}", path.display()))?;
         for r in &rules {
-            pipeline.install_rule(&r.rule, 0).with_context(|| {
+            // Static rules never idle out, whatever the default for FM's rules is.
+            let mut rule = r.rule.clone();
+            rule.idle_timeout.get_or_insert(STATIC_IDLE);
+            pipeline.install_rule(&rule, 0).with_context(|| {
                 format!("{}: line {}: rule does not compile", path.display(), r.line)
             })?;
         }
@@ -126,6 +182,11 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut io_cfg = UdpVxlanConfig::new(a.listen);
     io_cfg.peer_port = a.peer_port;
     io_cfg.slots = a.batch;
+    if fm_client.is_some() {
+        // Replies are serviced between receive batches: an idle socket must not hold
+        // them back for long.
+        io_cfg.poll_timeout = Duration::from_millis(1);
+    }
     let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
     let local = io.local_addr();
     let mut worker = Worker::new(pipeline, io, a.batch, Box::new(MonotonicClock::new()));
@@ -136,8 +197,12 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut next_stats = a.stats_interval.map(|i| start + i);
     // Tests and scripts wait for this line before sending traffic.
     println!(
-        "pp: listening on {local}, {nrules} static rules, {} flows",
-        a.flows
+        "pp: listening on {local}, {nrules} static rules, {} flows{}",
+        a.flows,
+        match &a.fm {
+            Some(fm) => format!(", rules from FM {fm}"),
+            None => String::new(),
+        }
     );
     std::io::stdout().flush()?;
     tracing::info!(%local, rules = nrules, "PP worker running");
@@ -157,6 +222,9 @@ pub fn run(a: PpArgs) -> Result<()> {
         worker.run_once().context("worker")?;
     }
     println!("{}", summary(&worker, start.elapsed()));
+    if let Some(mut c) = fm_client {
+        c.stop();
+    }
     println!("pp: stopped");
     Ok(())
 }

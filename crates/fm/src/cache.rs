@@ -1,0 +1,324 @@
+//! FM's rule cache: the rules FM returned, so a repeated request (a restarted or
+//! rebalanced PP node re-learning its flows, paper 000 §3.2, §4.1) is answered without
+//! touching SC.
+//!
+//! Bounded in count; an entry lives for its rule's idle timeout after its last use,
+//! and SC's timers invalidate entries whose NF state they removed, so a cached rule
+//! never outlives the state it was computed from. Replacement is FIFO with a second
+//! chance: the periodic sweep moves live entries it passes to the back, expired ones
+//! out. Every removal is counted by cause.
+//!
+//! Two choices keep the master task's latency flat as the cache grows to millions of
+//! rules: entries hold the reply *encoded* (one allocation instead of dozens), and the
+//! cache is split into shards by key hash, so growing a table rehashes 1/64 of it at a
+//! time instead of stalling every request for tens of milliseconds.
+
+use std::collections::{HashMap, VecDeque};
+
+use prost::Message;
+use proto::v1;
+
+/// (tenant, chain, flow key bytes).
+pub type CacheKey = (u32, u32, [u8; 40]);
+
+const SHARDS: usize = 64;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub inserts: u64,
+    /// Removed to make room (the cache was full).
+    pub evicted_full: u64,
+    /// Idle past the rule's timeout.
+    pub expired: u64,
+    /// Removed because SC dropped the flow's state.
+    pub invalidated: u64,
+}
+
+struct Entry {
+    /// The reply, encoded, with id and worker cleared.
+    reply: Vec<u8>,
+    ttl_ms: u64,
+    deadline_ms: u64,
+    generation: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<CacheKey, Entry>,
+    order: VecDeque<(CacheKey, u64)>,
+}
+
+pub struct RuleCache {
+    shards: Vec<Shard>,
+    len: usize,
+    capacity: usize,
+    default_ttl_ms: u64,
+    next_gen: u64,
+    sweep_at: usize,
+    pub stats: CacheStats,
+}
+
+fn shard_of(key: &CacheKey) -> usize {
+    // The key bytes are already well mixed by the flow's addresses and ports; fold in
+    // tenant and chain so two tenants' identical keys spread too.
+    let k = &key.2;
+    let h = u64::from_le_bytes([k[12], k[13], k[14], k[15], k[28], k[29], k[30], k[31]])
+        ^ u64::from(u16::from_le_bytes([k[32], k[33]]))
+        ^ (u64::from(key.0) << 17)
+        ^ (u64::from(key.1) << 41);
+    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS
+}
+
+impl RuleCache {
+    pub fn new(capacity: usize, default_ttl_ms: u64) -> Self {
+        RuleCache {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            len: 0,
+            capacity: capacity.max(1),
+            default_ttl_ms,
+            next_gen: 1,
+            sweep_at: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The cached reply for `key` (id and worker zero), refreshing its idle deadline.
+    pub fn get(&mut self, key: &CacheKey, now_ms: u64) -> Option<v1::RuleReply> {
+        let shard = &mut self.shards[shard_of(key)];
+        let Some(e) = shard.map.get_mut(key) else {
+            self.stats.misses += 1;
+            return None;
+        };
+        if e.deadline_ms <= now_ms {
+            shard.map.remove(key);
+            self.len -= 1;
+            self.stats.expired += 1;
+            self.stats.misses += 1;
+            return None;
+        }
+        e.deadline_ms = now_ms.saturating_add(e.ttl_ms);
+        match v1::RuleReply::decode(e.reply.as_slice()) {
+            Ok(r) => {
+                self.stats.hits += 1;
+                Some(r)
+            }
+            Err(_) => {
+                // Cannot happen (we encoded it); treat as a miss.
+                shard.map.remove(key);
+                self.len -= 1;
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Cache `reply` (id and worker are cleared; each hit fills in the asker's). Only
+    /// rules are cached, never errors.
+    pub fn insert(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
+        let ttl_ms = match &reply.result {
+            Some(v1::rule_reply::Result::Rule(r)) => {
+                r.idle_timeout_ms.unwrap_or(self.default_ttl_ms)
+            }
+            _ => return,
+        };
+        let mut bytes = Vec::with_capacity(reply.encoded_len());
+        let stripped = v1::RuleReply {
+            id: 0,
+            worker: 0,
+            key: reply.key.clone(),
+            result: reply.result.clone(),
+            also: reply.also.clone(),
+        };
+        if stripped.encode(&mut bytes).is_err() {
+            return;
+        }
+        let s = shard_of(&key);
+        let replaces = self.shards[s].map.contains_key(&key);
+        if !replaces {
+            // Make room in this shard first, then anywhere.
+            let per_shard = self.capacity.div_ceil(SHARDS);
+            while self.shards[s].map.len() >= per_shard || self.len >= self.capacity {
+                let victim = if self.shards[s].map.is_empty() {
+                    (s + 1..s + SHARDS)
+                        .map(|i| i % SHARDS)
+                        .find(|i| !self.shards[*i].map.is_empty())
+                } else {
+                    Some(s)
+                };
+                match victim {
+                    Some(v) if self.evict_one(v, now_ms) => {}
+                    _ => break,
+                }
+            }
+        }
+        let generation = self.next_gen;
+        self.next_gen += 1;
+        let capacity = self.capacity;
+        let shard = &mut self.shards[s];
+        shard.map.insert(
+            key,
+            Entry {
+                reply: bytes,
+                ttl_ms,
+                deadline_ms: now_ms.saturating_add(ttl_ms),
+                generation,
+            },
+        );
+        shard.order.push_back((key, generation));
+        if !replaces {
+            self.len += 1;
+        }
+        self.stats.inserts += 1;
+        if shard.order.len() > 2 * capacity.div_ceil(SHARDS) + 64 {
+            // Replaced entries leave stale order slots behind; drop them in one pass.
+            let map = &shard.map;
+            shard
+                .order
+                .retain(|(k, g)| map.get(k).is_some_and(|e| e.generation == *g));
+        }
+    }
+
+    /// Forget `key` (its NF state is gone).
+    pub fn invalidate(&mut self, key: &CacheKey) {
+        if self.shards[shard_of(key)].map.remove(key).is_some() {
+            self.len -= 1;
+            self.stats.invalidated += 1;
+        }
+    }
+
+    fn evict_one(&mut self, s: usize, now_ms: u64) -> bool {
+        let shard = &mut self.shards[s];
+        while let Some((k, g)) = shard.order.pop_front() {
+            let live = shard.map.get(&k).map(|e| (e.generation, e.deadline_ms));
+            match live {
+                Some((eg, deadline)) if eg == g => {
+                    shard.map.remove(&k);
+                    self.len -= 1;
+                    if deadline <= now_ms {
+                        self.stats.expired += 1;
+                    } else {
+                        self.stats.evicted_full += 1;
+                    }
+                    return true;
+                }
+                _ => continue,
+            }
+        }
+        false
+    }
+
+    /// Look at up to `budget` entries (of a few shards, round robin): drop expired ones,
+    /// give live ones a second chance at the back.
+    pub fn sweep(&mut self, now_ms: u64, budget: usize) {
+        let per = budget.div_ceil(4).max(1);
+        for _ in 0..4 {
+            self.sweep_at = (self.sweep_at + 1) % SHARDS;
+            let shard = &mut self.shards[self.sweep_at];
+            for _ in 0..per {
+                let Some((k, g)) = shard.order.pop_front() else {
+                    break;
+                };
+                match shard.map.get(&k) {
+                    Some(e) if e.generation == g => {
+                        if e.deadline_ms <= now_ms {
+                            shard.map.remove(&k);
+                            self.len -= 1;
+                            self.stats.expired += 1;
+                        } else {
+                            shard.order.push_back((k, g));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(timeout: Option<u64>) -> v1::RuleReply {
+        v1::RuleReply {
+            id: 9,
+            key: None,
+            result: Some(v1::rule_reply::Result::Rule(v1::Rule {
+                key: None,
+                actions: vec![],
+                idle_timeout_ms: timeout,
+            })),
+            also: vec![],
+            worker: 3,
+        }
+    }
+
+    fn key(i: u8) -> CacheKey {
+        (1, 1, [i; 40])
+    }
+
+    #[test]
+    fn hits_refresh_and_idle_entries_expire() {
+        let mut c = RuleCache::new(10, 1000);
+        c.insert(key(1), &reply(Some(100)), 0);
+        assert_eq!(c.get(&key(1), 50).map(|r| (r.id, r.worker)), Some((0, 0)));
+        // Refreshed at 50: alive until 150.
+        assert!(c.get(&key(1), 140).is_some());
+        assert!(c.get(&key(1), 240).is_none());
+        assert_eq!(c.stats.expired, 1);
+        assert_eq!(c.stats.hits, 2);
+        // Errors are not cached.
+        let mut e = reply(None);
+        e.result = Some(v1::rule_reply::Result::Error("x".into()));
+        c.insert(key(2), &e, 0);
+        assert!(c.is_empty());
+        // The default timeout applies to rules without one.
+        c.insert(key(3), &reply(None), 0);
+        assert!(c.get(&key(3), 999).is_some());
+        for _ in 0..SHARDS {
+            c.sweep(5000, 10);
+        }
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn bounded_with_counted_evictions() {
+        let mut c = RuleCache::new(4, 1000);
+        for i in 0..10 {
+            c.insert(key(i), &reply(None), 0);
+        }
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.stats.evicted_full, 6);
+        assert!(c.get(&key(9), 1).is_some());
+        // Re-inserting a key replaces it without eviction.
+        c.insert(key(9), &reply(None), 2);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.stats.evicted_full, 6);
+        c.invalidate(&key(9));
+        assert_eq!(c.stats.invalidated, 1);
+        assert_eq!(c.len(), 3);
+
+        // Many keys over a larger cache: the bound holds and the oldest go first.
+        let mut c = RuleCache::new(1000, 1000);
+        for i in 0..5000u32 {
+            let mut k = [0u8; 40];
+            k[12..16].copy_from_slice(&i.to_le_bytes());
+            c.insert((1, 1, k), &reply(Some(1 << 30)), u64::from(i));
+        }
+        assert!(c.len() <= 1000);
+        assert_eq!(c.stats.evicted_full + c.len() as u64, 5000);
+        let mut newest = [0u8; 40];
+        newest[12..16].copy_from_slice(&4999u32.to_le_bytes());
+        assert!(c.get(&(1, 1, newest), 5000).is_some());
+    }
+}

@@ -1,0 +1,704 @@
+//! The fabric master's state and logic, owned by one task (no locks): sessions,
+//! membership, the partition map, the rule cache and the requests in flight.
+//!
+//! Per PP request: answer from the [`RuleCache`] if it can; otherwise join an identical
+//! request already in flight (same tenant, chain and key, from any PP node); otherwise
+//! number it, look its partition up and queue it for that group's head. Queued
+//! requests leave once per burst of input, one `GroupSubmit` per group, so the batch
+//! size follows the load. Tail results come back numbered; FM caches the rule and
+//! answers every waiter, in one `RuleReplyBatch` per PP session per burst.
+//!
+//! Group repair: when an SC node dies FM removes it from each of its groups, appends a
+//! spare live SC node at the tail if one exists, bumps the epoch and pushes the new
+//! order to every member. If the head changed, the requests in flight for the group are
+//! submitted again to the new head (the dead head may have taken them with it). Any
+//! request unanswered after `retry_after` is submitted again too, up to `max_attempts`;
+//! then its waiters get an error. Re-submitting is safe because NFs answer a repeated
+//! first packet of a flow they know with that flow's existing rule (the same property a
+//! restarted PP node relies on).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pipeline::FlowKey;
+use proto::v1::{self, pp_down, sc_down};
+use proto::ChainDef;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+use tracing::{debug, info, warn};
+
+use crate::cache::{CacheKey, CacheStats, RuleCache};
+use crate::membership::Membership;
+use crate::partition::PartitionMap;
+
+/// Configuration of the fabric master.
+#[derive(Debug, Clone)]
+pub struct FmConfig {
+    pub fm_id: String,
+    /// Heartbeat period nodes are told to keep.
+    pub heartbeat: Duration,
+    /// Silent periods before a node is declared dead.
+    pub miss_limit: u32,
+    /// Replicas per SC group.
+    pub replicas: usize,
+    pub cache_capacity: usize,
+    /// Cache lifetime of rules that name no idle timeout.
+    pub cache_default_ttl: Duration,
+    /// Submit a request again when no answer came within this.
+    pub retry_after: Duration,
+    pub max_attempts: u32,
+    /// Largest number of requests in one `GroupSubmit`.
+    pub max_batch: usize,
+    /// Tenant chains served.
+    pub chains: Vec<ChainDef>,
+}
+
+impl Default for FmConfig {
+    fn default() -> Self {
+        FmConfig {
+            fm_id: "fm-1".into(),
+            heartbeat: Duration::from_millis(50),
+            miss_limit: 3,
+            replicas: 3,
+            cache_capacity: 1 << 20,
+            cache_default_ttl: Duration::from_secs(300),
+            retry_after: Duration::from_millis(250),
+            max_attempts: 4,
+            max_batch: 2048,
+            chains: Vec::new(),
+        }
+    }
+}
+
+/// Counters of the fabric master.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FmStats {
+    pub pp_requests: u64,
+    /// Joined an identical request already in flight.
+    pub coalesced: u64,
+    pub submitted: u64,
+    pub submits: u64,
+    pub resubmitted: u64,
+    pub sc_replies: u64,
+    /// Answers for requests no longer in flight (repeats after a repair).
+    pub duplicate_replies: u64,
+    pub replies_to_pp: u64,
+    pub bad_requests: u64,
+    pub no_group: u64,
+    pub timeouts: u64,
+    pub reconfigurations: u64,
+    pub nodes_dead: u64,
+    pub cache: CacheStats,
+}
+
+pub(crate) type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
+pub(crate) type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
+
+pub(crate) enum MasterIn {
+    PpOpen {
+        session: u64,
+        info: v1::NodeInfo,
+        tx: PpTx,
+        seen: Arc<AtomicU64>,
+    },
+    PpRequests {
+        session: u64,
+        requests: Vec<v1::RuleRequest>,
+    },
+    PpEvents {
+        events: Vec<v1::FlowEvent>,
+    },
+    ScOpen {
+        session: u64,
+        info: v1::NodeInfo,
+        tx: ScTx,
+        seen: Arc<AtomicU64>,
+    },
+    ScResults {
+        session: u64,
+        results: v1::GroupResults,
+    },
+    ScFin {
+        fin: v1::ScaleFin,
+    },
+    Heartbeat {
+        session: u64,
+        node: String,
+        load: Option<v1::Load>,
+    },
+    Closed {
+        session: u64,
+        node: String,
+    },
+    Members(oneshot::Sender<v1::MembershipView>),
+    Map(oneshot::Sender<v1::PartitionMap>),
+    Stats(oneshot::Sender<FmStats>),
+}
+
+struct Waiter {
+    session: u64,
+    id: u64,
+    worker: u32,
+}
+
+struct Inflight {
+    id: u64,
+    group: u64,
+    request: v1::RuleRequest,
+    sent_ms: u64,
+    attempts: u32,
+    waiters: Vec<Waiter>,
+}
+
+struct PpSession {
+    tx: PpTx,
+    out: Vec<v1::RuleReply>,
+}
+
+struct ScSession {
+    tx: ScTx,
+}
+
+pub(crate) struct Master {
+    cfg: FmConfig,
+    start: Instant,
+    chains: Vec<v1::ChainConfig>,
+    members: Membership,
+    map: PartitionMap,
+    cache: RuleCache,
+    inflight: HashMap<CacheKey, Inflight>,
+    by_id: HashMap<u64, CacheKey>,
+    next_id: u64,
+    pp: HashMap<u64, PpSession>,
+    sc: HashMap<u64, ScSession>,
+    sc_by_node: HashMap<String, u64>,
+    to_submit: HashMap<u64, Vec<v1::RuleRequest>>,
+    events_to_submit: HashMap<u64, Vec<v1::FlowEvent>>,
+    /// When each group's tail last answered (ms): a group that answers is making
+    /// progress, and its unanswered requests are queued, not lost.
+    group_progress: HashMap<u64, u64>,
+    last_tick: u64,
+    stats: FmStats,
+}
+
+impl Master {
+    /// `start` is the epoch of FM's millisecond clock, shared with the session readers.
+    pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>, start: Instant) -> Self {
+        Master {
+            cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
+            cfg,
+            start,
+            chains,
+            members: Membership::default(),
+            map: PartitionMap::default(),
+            inflight: HashMap::new(),
+            by_id: HashMap::new(),
+            next_id: 1,
+            pp: HashMap::new(),
+            sc: HashMap::new(),
+            sc_by_node: HashMap::new(),
+            to_submit: HashMap::new(),
+            events_to_submit: HashMap::new(),
+            group_progress: HashMap::new(),
+            last_tick: 0,
+            stats: FmStats::default(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn register_ack(&self) -> v1::RegisterAck {
+        v1::RegisterAck {
+            fm_id: self.cfg.fm_id.clone(),
+            heartbeat_ms: self.cfg.heartbeat.as_millis() as u32,
+            miss_limit: self.cfg.miss_limit,
+            proto_version: proto::PROTO_VERSION,
+        }
+    }
+
+    pub(crate) fn handle(&mut self, m: MasterIn) {
+        let now = self.now_ms();
+        match m {
+            MasterIn::PpOpen {
+                session,
+                info,
+                tx,
+                seen,
+            } => {
+                let _ = tx.send(Ok(v1::PpDown {
+                    msg: Some(pp_down::Msg::Registered(self.register_ack())),
+                }));
+                info!(node = %info.id, session, "PP node registered");
+                if let Some(old) = self.members.register(info, session, seen, now) {
+                    self.pp.remove(&old);
+                }
+                self.pp.insert(
+                    session,
+                    PpSession {
+                        tx,
+                        out: Vec::new(),
+                    },
+                );
+            }
+            MasterIn::PpRequests { session, requests } => self.on_requests(session, requests, now),
+            MasterIn::PpEvents { events } => {
+                for e in events {
+                    let key = match e.kind.as_ref() {
+                        Some(v1::flow_event::Kind::TcpClosing(k))
+                        | Some(v1::flow_event::Kind::Expired(k)) => FlowKey::try_from(k),
+                        None => {
+                            self.stats.bad_requests += 1;
+                            continue;
+                        }
+                    };
+                    let Ok(key) = key else {
+                        self.stats.bad_requests += 1;
+                        continue;
+                    };
+                    if let Some(g) = self.map.lookup(e.tenant, e.chain, key.hash()) {
+                        self.events_to_submit.entry(g).or_default().push(e);
+                    }
+                }
+            }
+            MasterIn::ScOpen {
+                session,
+                info,
+                tx,
+                seen,
+            } => {
+                let _ = tx.send(Ok(v1::ScDown {
+                    msg: Some(sc_down::Msg::Registered(self.register_ack())),
+                }));
+                info!(node = %info.id, addr = %info.addr, session, "SC node registered");
+                let id = info.id.clone();
+                if let Some(old) = self.members.register(info, session, seen, now) {
+                    // Re-registered before its old session was found dead: the old
+                    // incarnation's replicas are gone with it.
+                    self.sc.remove(&old);
+                    self.sc_died(&id);
+                }
+                self.sc.insert(session, ScSession { tx });
+                self.sc_by_node.insert(id, session);
+                self.ensure_groups();
+            }
+            MasterIn::ScResults { session, results } => self.on_results(session, results, now),
+            MasterIn::ScFin { fin } => {
+                warn!(
+                    scale = fin.scale_id,
+                    "ScaleFin received; scaling is not built yet"
+                );
+            }
+            MasterIn::Heartbeat {
+                session,
+                node,
+                load,
+            } => self.members.heartbeat(&node, session, load),
+            MasterIn::Closed { session, node } => {
+                if self.members.mark_dead(&node, session) {
+                    self.node_dead(&node, session);
+                }
+            }
+            MasterIn::Members(tx) => {
+                let _ = tx.send(self.members.view(now));
+            }
+            MasterIn::Map(tx) => {
+                let _ = tx.send(self.map.to_proto());
+            }
+            MasterIn::Stats(tx) => {
+                let mut s = self.stats;
+                s.cache = self.cache.stats;
+                let _ = tx.send(s);
+            }
+        }
+    }
+
+    fn on_requests(&mut self, session: u64, requests: Vec<v1::RuleRequest>, now: u64) {
+        for req in requests {
+            self.stats.pp_requests += 1;
+            let key = match req.key.as_ref().map(FlowKey::try_from) {
+                Some(Ok(k)) => k,
+                _ => {
+                    self.stats.bad_requests += 1;
+                    self.answer_pp(session, proto::error_reply(&req, "bad request: flow key"));
+                    continue;
+                }
+            };
+            let ck: CacheKey = (req.tenant, req.chain, *key.as_bytes());
+            if let Some(mut r) = self.cache.get(&ck, now) {
+                r.id = req.id;
+                r.worker = req.worker;
+                self.answer_pp(session, r);
+                continue;
+            }
+            let waiter = Waiter {
+                session,
+                id: req.id,
+                worker: req.worker,
+            };
+            if let Some(f) = self.inflight.get_mut(&ck) {
+                self.stats.coalesced += 1;
+                f.waiters.push(waiter);
+                continue;
+            }
+            // Partition by the key's own hash, not the one PP sent: PP is not trusted
+            // with where state lives.
+            let Some(group) = self.map.lookup(req.tenant, req.chain, key.hash()) else {
+                self.stats.no_group += 1;
+                let msg = format!("no SC group for tenant {} chain {}", req.tenant, req.chain);
+                self.answer_pp(session, proto::error_reply(&req, msg));
+                continue;
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            let mut request = req;
+            request.id = id;
+            self.to_submit
+                .entry(group)
+                .or_default()
+                .push(request.clone());
+            self.by_id.insert(id, ck);
+            self.inflight.insert(
+                ck,
+                Inflight {
+                    id,
+                    group,
+                    request,
+                    sent_ms: now,
+                    attempts: 1,
+                    waiters: vec![waiter],
+                },
+            );
+        }
+    }
+
+    fn answer_pp(&mut self, session: u64, reply: v1::RuleReply) {
+        if let Some(s) = self.pp.get_mut(&session) {
+            s.out.push(reply);
+        }
+    }
+
+    fn on_results(&mut self, _session: u64, results: v1::GroupResults, now: u64) {
+        self.group_progress.insert(results.group, now);
+        let part = self.map.group(results.group).map(|g| g.partition);
+        for r in results.results {
+            if let Some(p) = part {
+                for k in &r.expired {
+                    if let Ok(k) = FlowKey::try_from(k) {
+                        self.cache.invalidate(&(p.tenant, p.chain, *k.as_bytes()));
+                    }
+                }
+            }
+            for reply in r.replies {
+                self.stats.sc_replies += 1;
+                let Some(ck) = self.by_id.remove(&reply.id) else {
+                    self.stats.duplicate_replies += 1;
+                    continue;
+                };
+                let Some(f) = self.inflight.remove(&ck) else {
+                    self.stats.duplicate_replies += 1;
+                    continue;
+                };
+                self.cache.insert(ck, &reply, now);
+                let mut reply = Some(reply);
+                for (i, w) in f.waiters.iter().enumerate() {
+                    let mut r = if i + 1 == f.waiters.len() {
+                        reply.take().unwrap_or_default()
+                    } else {
+                        reply.clone().unwrap_or_default()
+                    };
+                    r.id = w.id;
+                    r.worker = w.worker;
+                    self.answer_pp(w.session, r);
+                }
+            }
+        }
+    }
+
+    /// Periodic work: failure detection, retries, cache sweep, group creation.
+    pub(crate) fn tick(&mut self) {
+        let now = self.now_ms();
+        let period = self.cfg.heartbeat.as_millis() as u64;
+        let limit = period * u64::from(self.cfg.miss_limit);
+        // If this task itself ran late, the silence it sees may be its own: judge no
+        // node on this tick.
+        let late = now.saturating_sub(self.last_tick) > 2 * period;
+        self.last_tick = now;
+        let silent = if late {
+            Vec::new()
+        } else {
+            self.members.silent(now, limit)
+        };
+        for (node, session) in silent {
+            warn!(%node, silent_limit_ms = limit, "node missed its heartbeats");
+            if self.members.mark_dead(&node, session) {
+                self.node_dead(&node, session);
+            }
+        }
+        // A request is submitted again when its group has said nothing since it was sent
+        // (lost with a replica, or the group is stuck), and in any case once it is four
+        // times overdue. Re-submitting everything slow would multiply the load exactly
+        // when the group is busiest.
+        let retry = self.cfg.retry_after.as_millis() as u64;
+        let progress = &self.group_progress;
+        let stale: Vec<CacheKey> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| {
+                let age = now.saturating_sub(f.sent_ms);
+                let silent = progress.get(&f.group).is_none_or(|t| *t <= f.sent_ms);
+                age >= retry && (silent || age >= 4 * retry)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for ck in stale {
+            self.retry(&ck, now);
+        }
+        self.cache.sweep(now, 1024);
+        self.ensure_groups();
+    }
+
+    fn retry(&mut self, ck: &CacheKey, now: u64) {
+        let Some(f) = self.inflight.get_mut(ck) else {
+            return;
+        };
+        if f.attempts >= self.cfg.max_attempts {
+            let f = match self.inflight.remove(ck) {
+                Some(f) => f,
+                None => return,
+            };
+            self.by_id.remove(&f.id);
+            self.stats.timeouts += 1;
+            for w in &f.waiters {
+                let mut r = proto::error_reply(&f.request, "sc-timeout");
+                r.id = w.id;
+                r.worker = w.worker;
+                self.answer_pp(w.session, r);
+            }
+            return;
+        }
+        f.attempts += 1;
+        f.sent_ms = now;
+        // The partition may have moved to another group since.
+        let key = FlowKey::from_bytes(ck.2);
+        if let Some(g) = self.map.lookup(ck.0, ck.1, key.hash()) {
+            f.group = g;
+        }
+        self.stats.resubmitted += 1;
+        self.to_submit
+            .entry(f.group)
+            .or_default()
+            .push(f.request.clone());
+    }
+
+    fn node_dead(&mut self, node: &str, session: u64) {
+        self.stats.nodes_dead += 1;
+        if self.pp.remove(&session).is_some() {
+            info!(%node, "PP node gone");
+            return;
+        }
+        if self.sc.remove(&session).is_some() {
+            if self.sc_by_node.get(node) == Some(&session) {
+                self.sc_by_node.remove(node);
+            }
+            warn!(%node, "SC node dead; repairing its groups");
+            self.sc_died(node);
+        }
+    }
+
+    /// Remove a dead SC node from its groups and push the repaired orders.
+    fn sc_died(&mut self, node: &str) {
+        for gid in self.map.groups_of(node) {
+            let Some(g) = self.map.group(gid) else {
+                continue;
+            };
+            let old_head = g.head().map(|r| r.node_id.clone());
+            let mut replicas: Vec<v1::Replica> = g
+                .group
+                .replicas
+                .iter()
+                .filter(|r| r.node_id != node)
+                .cloned()
+                .collect();
+            if replicas.is_empty() {
+                warn!(
+                    group = gid,
+                    "SC group lost its last replica; partition unowned"
+                );
+                self.map.remove(gid);
+                continue;
+            }
+            if let Some(spare) = self.spare_for(&replicas) {
+                info!(group = gid, node = %spare.node_id, "adding a spare replica at the tail");
+                replicas.push(spare);
+            }
+            self.map.set_replicas(gid, replicas);
+            self.stats.reconfigurations += 1;
+            self.push_config(gid);
+            let new_head = self
+                .map
+                .group(gid)
+                .and_then(|g| g.head())
+                .map(|r| r.node_id.clone());
+            if new_head != old_head {
+                // Requests the old head held may be lost with it: submit them again.
+                let now = self.now_ms();
+                let keys: Vec<CacheKey> = self
+                    .inflight
+                    .iter()
+                    .filter(|(_, f)| f.group == gid)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in keys {
+                    if let Some(f) = self.inflight.get_mut(&k) {
+                        f.sent_ms = now;
+                        self.stats.resubmitted += 1;
+                        self.to_submit
+                            .entry(gid)
+                            .or_default()
+                            .push(f.request.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A live SC node not in `current`, hosting the fewest groups.
+    fn spare_for(&self, current: &[v1::Replica]) -> Option<v1::Replica> {
+        self.members
+            .live(v1::Role::Sc)
+            .filter(|m| self.sc_by_node.contains_key(&m.info.id))
+            .filter(|m| !current.iter().any(|r| r.node_id == m.info.id))
+            .min_by_key(|m| (self.map.groups_of(&m.info.id).len(), m.info.id.clone()))
+            .map(|m| v1::Replica {
+                node_id: m.info.id.clone(),
+                addr: m.info.addr.clone(),
+            })
+    }
+
+    /// Create groups for chains that have none, and refill degraded groups, when
+    /// enough SC nodes are live.
+    fn ensure_groups(&mut self) {
+        for i in 0..self.chains.len() {
+            let (tenant, chain) = (self.chains[i].tenant, self.chains[i].chain);
+            if self.map.has_chain(tenant, chain) {
+                continue;
+            }
+            let mut replicas = Vec::new();
+            while replicas.len() < self.cfg.replicas {
+                match self.spare_for(&replicas) {
+                    Some(r) => replicas.push(r),
+                    None => break,
+                }
+            }
+            if replicas.len() < self.cfg.replicas {
+                continue;
+            }
+            let gid = self.map.create(tenant, chain, 0, u64::MAX, replicas);
+            info!(tenant, chain, group = gid, "SC group created");
+            self.push_config(gid);
+        }
+        let degraded: Vec<u64> = self
+            .map
+            .groups()
+            .filter(|g| g.group.replicas.len() < self.cfg.replicas)
+            .map(|g| g.group.id)
+            .collect();
+        for gid in degraded {
+            let Some(g) = self.map.group(gid) else {
+                continue;
+            };
+            let mut replicas = g.group.replicas.clone();
+            if let Some(spare) = self.spare_for(&replicas) {
+                info!(group = gid, node = %spare.node_id, "refilling a degraded group");
+                replicas.push(spare);
+                self.map.set_replicas(gid, replicas);
+                self.stats.reconfigurations += 1;
+                self.push_config(gid);
+            }
+        }
+    }
+
+    fn push_config(&mut self, gid: u64) {
+        let Some(g) = self.map.group(gid) else {
+            return;
+        };
+        let chain = self
+            .chains
+            .iter()
+            .find(|c| c.tenant == g.partition.tenant && c.chain == g.partition.chain)
+            .cloned();
+        let cfg = v1::GroupConfig {
+            group: Some(g.group.clone()),
+            partition: Some(g.partition),
+            chain,
+        };
+        debug!(group = gid, epoch = g.group.epoch, "pushing group config");
+        for r in &g.group.replicas {
+            if let Some(s) = self.sc_by_node.get(&r.node_id).and_then(|s| self.sc.get(s)) {
+                let _ = s.tx.send(Ok(v1::ScDown {
+                    msg: Some(sc_down::Msg::Configure(cfg.clone())),
+                }));
+            }
+        }
+    }
+
+    /// Send everything queued: one submit per group, one reply batch per PP session.
+    pub(crate) fn flush(&mut self) {
+        let max = self.cfg.max_batch.max(1);
+        let groups: Vec<u64> = self
+            .to_submit
+            .keys()
+            .chain(self.events_to_submit.keys())
+            .copied()
+            .collect();
+        for gid in groups {
+            let mut reqs = self.to_submit.remove(&gid).unwrap_or_default();
+            let events = self.events_to_submit.remove(&gid).unwrap_or_default();
+            let Some(g) = self.map.group(gid) else {
+                continue; // retried against the current map later
+            };
+            let Some(tx) = g
+                .head()
+                .and_then(|h| self.sc_by_node.get(&h.node_id))
+                .and_then(|s| self.sc.get(s))
+                .map(|s| s.tx.clone())
+            else {
+                continue;
+            };
+            let epoch = g.group.epoch;
+            let mut events = Some(events).filter(|e| !e.is_empty());
+            while !reqs.is_empty() || events.is_some() {
+                let rest = if reqs.len() > max {
+                    reqs.split_off(max)
+                } else {
+                    Vec::new()
+                };
+                self.stats.submitted += reqs.len() as u64;
+                self.stats.submits += 1;
+                let _ = tx.send(Ok(v1::ScDown {
+                    msg: Some(sc_down::Msg::Submit(v1::GroupSubmit {
+                        group: gid,
+                        epoch,
+                        requests: Some(v1::RuleRequestBatch { requests: reqs }),
+                        events: events.take().map(|events| v1::FlowEventBatch { events }),
+                    })),
+                }));
+                reqs = rest;
+            }
+        }
+        for s in self.pp.values_mut() {
+            if s.out.is_empty() {
+                continue;
+            }
+            let replies = std::mem::take(&mut s.out);
+            self.stats.replies_to_pp += replies.len() as u64;
+            let _ = s.tx.send(Ok(v1::PpDown {
+                msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
+            }));
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The partition map: (tenant, chain, key-hash range) → SC group, and the groups'
+//! replica orders.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proto::v1;
+
+#[derive(Debug, Clone)]
+pub struct GroupEntry {
+    pub group: v1::ScGroup,
+    pub partition: v1::Partition,
+}
+
+impl GroupEntry {
+    pub fn head(&self) -> Option<&v1::Replica> {
+        self.group.replicas.first()
+    }
+}
+
+/// A range of key hashes, inclusive, and the group owning it: (lo, hi, group).
+type Range = (u64, u64, u64);
+
+#[derive(Debug, Default)]
+pub struct PartitionMap {
+    pub version: u64,
+    /// Per (tenant, chain): ranges sorted by `hash_lo`, disjoint.
+    ranges: HashMap<(u32, u32), Vec<Range>>,
+    groups: BTreeMap<u64, GroupEntry>,
+    next_group: u64,
+}
+
+impl PartitionMap {
+    /// The group owning `hash` of (tenant, chain).
+    pub fn lookup(&self, tenant: u32, chain: u32, hash: u64) -> Option<u64> {
+        let v = self.ranges.get(&(tenant, chain))?;
+        let i = v.partition_point(|(lo, _, _)| *lo <= hash);
+        let (lo, hi, g) = *v.get(i.checked_sub(1)?)?;
+        (lo <= hash && hash <= hi).then_some(g)
+    }
+
+    pub fn has_chain(&self, tenant: u32, chain: u32) -> bool {
+        self.ranges
+            .get(&(tenant, chain))
+            .is_some_and(|v| !v.is_empty())
+    }
+
+    /// Create a group owning [lo, hi] of (tenant, chain) with `replicas` in chain order.
+    pub fn create(
+        &mut self,
+        tenant: u32,
+        chain: u32,
+        lo: u64,
+        hi: u64,
+        replicas: Vec<v1::Replica>,
+    ) -> u64 {
+        self.next_group += 1;
+        let id = self.next_group;
+        let partition = v1::Partition {
+            tenant,
+            chain,
+            hash_lo: lo,
+            hash_hi: hi,
+            group: id,
+        };
+        self.groups.insert(
+            id,
+            GroupEntry {
+                group: v1::ScGroup {
+                    id,
+                    epoch: 1,
+                    replicas,
+                },
+                partition,
+            },
+        );
+        let v = self.ranges.entry((tenant, chain)).or_default();
+        v.push((lo, hi, id));
+        v.sort_unstable();
+        self.version += 1;
+        id
+    }
+
+    /// Drop a group that lost every replica; its range has no owner until recreated.
+    pub fn remove(&mut self, id: u64) -> Option<GroupEntry> {
+        let g = self.groups.remove(&id)?;
+        if let Some(v) = self
+            .ranges
+            .get_mut(&(g.partition.tenant, g.partition.chain))
+        {
+            v.retain(|(_, _, gid)| *gid != id);
+        }
+        self.version += 1;
+        Some(g)
+    }
+
+    pub fn group(&self, id: u64) -> Option<&GroupEntry> {
+        self.groups.get(&id)
+    }
+
+    /// Change a group's replica order; bumps its epoch.
+    pub fn set_replicas(&mut self, id: u64, replicas: Vec<v1::Replica>) -> Option<&GroupEntry> {
+        let g = self.groups.get_mut(&id)?;
+        g.group.replicas = replicas;
+        g.group.epoch += 1;
+        self.version += 1;
+        Some(g)
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = &GroupEntry> {
+        self.groups.values()
+    }
+
+    /// Groups `node` is a replica of.
+    pub fn groups_of(&self, node: &str) -> Vec<u64> {
+        self.groups
+            .values()
+            .filter(|g| g.group.replicas.iter().any(|r| r.node_id == node))
+            .map(|g| g.group.id)
+            .collect()
+    }
+
+    pub fn to_proto(&self) -> v1::PartitionMap {
+        v1::PartitionMap {
+            version: self.version,
+            partitions: self.groups.values().map(|g| g.partition).collect(),
+            groups: self.groups.values().map(|g| g.group.clone()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_by_hash_range() {
+        let mut m = PartitionMap::default();
+        let a = m.create(1, 1, 0, u64::MAX / 2, vec![]);
+        let b = m.create(1, 1, u64::MAX / 2 + 1, u64::MAX, vec![]);
+        let c = m.create(2, 1, 0, u64::MAX, vec![]);
+        assert_eq!(m.lookup(1, 1, 0), Some(a));
+        assert_eq!(m.lookup(1, 1, u64::MAX / 2), Some(a));
+        assert_eq!(m.lookup(1, 1, u64::MAX / 2 + 1), Some(b));
+        assert_eq!(m.lookup(1, 1, u64::MAX), Some(b));
+        assert_eq!(m.lookup(2, 1, 77), Some(c));
+        assert_eq!(m.lookup(3, 1, 77), None);
+        m.remove(a);
+        assert_eq!(m.lookup(1, 1, 5), None);
+        assert_eq!(m.lookup(1, 1, u64::MAX), Some(b));
+        let e = m.set_replicas(b, vec![]).unwrap().group.epoch;
+        assert_eq!(e, 2);
+    }
+}

@@ -1,0 +1,415 @@
+//! FM's gRPC face: session streams for PP and SC nodes, status queries, and the task
+//! that owns the [`Master`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
+use proto::v1::{self, pp_up, sc_up};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::master::{FmConfig, FmStats, Master, MasterIn};
+use crate::FmError;
+
+/// Counters kept outside the master task (by the stream readers).
+#[derive(Debug, Default)]
+pub struct FmWireCounters {
+    /// Messages that did not decode, or broke the session protocol.
+    pub bad_messages: AtomicU64,
+    pub sessions: AtomicU64,
+}
+
+struct Shared {
+    tx: mpsc::UnboundedSender<MasterIn>,
+    /// Epoch of FM's millisecond clock.
+    start: Instant,
+    next_session: AtomicU64,
+    wire: FmWireCounters,
+    stopped: AtomicBool,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Shared {
+    fn spawn<F>(&self, f: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let h = tokio::spawn(f).abort_handle();
+        let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() > 64 {
+            v.retain(|t| !t.is_finished());
+        }
+        v.push(h);
+    }
+
+    fn bad(&self) {
+        self.wire.bad_messages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn mark_seen(&self, seen: &AtomicU64) {
+        seen.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// A running fabric master.
+pub struct FmHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+/// Start a fabric master on the current tokio runtime, listening on `listen`.
+pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmError> {
+    let chains = cfg
+        .chains
+        .iter()
+        .map(|c| {
+            c.to_proto()
+                .map_err(|e| FmError::Config(format!("tenant {} chain {}: {e}", c.tenant, c.chain)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| FmError::Io(format!("bind {listen}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| FmError::Io(e.to_string()))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        tx,
+        start,
+        next_session: AtomicU64::new(1),
+        wire: FmWireCounters::default(),
+        stopped: AtomicBool::new(false),
+        tasks: Mutex::new(Vec::new()),
+    });
+    let heartbeat = cfg.heartbeat;
+    let master = Master::new(cfg, chains, start);
+    shared.spawn(run_master(master, rx, heartbeat));
+    let svc = FabricMasterServer::new(FmService {
+        shared: shared.clone(),
+    })
+    .max_decoding_message_size(proto::MAX_MESSAGE)
+    .max_encoding_message_size(proto::MAX_MESSAGE);
+    let incoming = proto::incoming(listener).map_err(|e| FmError::Io(e.to_string()))?;
+    shared.spawn(async move {
+        if let Err(e) = proto::server()
+            .add_service(svc)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            warn!(error = %e, "FM server stopped");
+        }
+    });
+    info!(%addr, "fabric master listening");
+    Ok(FmHandle { addr, shared })
+}
+
+/// Longest the master works through queued input before it flushes and yields.
+const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
+
+async fn run_master(
+    mut m: Master,
+    mut rx: mpsc::UnboundedReceiver<MasterIn>,
+    period: std::time::Duration,
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => {
+                let Some(msg) = msg else { break };
+                m.handle(msg);
+                // Everything already queued joins this burst: that is what batches
+                // submits to SC and replies to PP without a timer. Bounded in time, so
+                // the session readers sharing the runtime keep up.
+                let burst = std::time::Instant::now();
+                while burst.elapsed() < MAX_BURST {
+                    match rx.try_recv() {
+                        Ok(msg) => m.handle(msg),
+                        Err(_) => break,
+                    }
+                }
+                m.flush();
+                tokio::task::yield_now().await;
+            }
+            _ = tick.tick() => {
+                m.tick();
+                m.flush();
+            }
+        }
+    }
+}
+
+impl FmHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn wire_counters(&self) -> &FmWireCounters {
+        &self.shared.wire
+    }
+
+    async fn ask<T>(&self, f: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.tx.send(f(tx)).ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn members(&self) -> Option<v1::MembershipView> {
+        self.ask(MasterIn::Members).await
+    }
+
+    pub async fn partition_map(&self) -> Option<v1::PartitionMap> {
+        self.ask(MasterIn::Map).await
+    }
+
+    pub async fn stats(&self) -> Option<FmStats> {
+        self.ask(MasterIn::Stats).await
+    }
+
+    pub fn stop(&self) {
+        self.shared.stopped.store(true, Ordering::Relaxed);
+        for t in self
+            .shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for FmHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct FmService {
+    shared: Arc<Shared>,
+}
+
+/// Read the registration every session starts with.
+async fn registration<T>(
+    shared: &Shared,
+    inbound: &mut Streaming<T>,
+    role: v1::Role,
+    get: impl Fn(T) -> Option<v1::NodeInfo>,
+) -> Result<v1::NodeInfo, Status>
+where
+    T: prost::Message + Default,
+{
+    let first = inbound.message().await.inspect_err(|_| shared.bad())?;
+    let Some(info) = first.and_then(get) else {
+        shared.bad();
+        return Err(Status::invalid_argument("a session starts with register"));
+    };
+    if info.role != role as i32 {
+        shared.bad();
+        return Err(Status::invalid_argument(format!(
+            "{} node on the {} session",
+            proto::role_name(info.role),
+            proto::role_name(role as i32)
+        )));
+    }
+    if info.proto_version != proto::PROTO_VERSION {
+        shared.bad();
+        return Err(Status::failed_precondition(format!(
+            "protocol version {} (FM speaks {})",
+            info.proto_version,
+            proto::PROTO_VERSION
+        )));
+    }
+    if info.id.is_empty() {
+        shared.bad();
+        return Err(Status::invalid_argument("empty node id"));
+    }
+    Ok(info)
+}
+
+fn stream_error(shared: &Shared, e: &Status) {
+    // A message that fails to decode surfaces as Internal; a peer going away as
+    // Cancelled/Unknown/Unavailable.
+    if e.code() == tonic::Code::Internal || e.code() == tonic::Code::InvalidArgument {
+        shared.bad();
+        warn!(error = %e, "bad message on a session");
+    } else {
+        debug!(error = %e, "session stream ended");
+    }
+}
+
+#[tonic::async_trait]
+impl FabricMaster for FmService {
+    type PpSessionStream = UnboundedReceiverStream<Result<v1::PpDown, Status>>;
+    type ScSessionStream = UnboundedReceiverStream<Result<v1::ScDown, Status>>;
+
+    async fn pp_session(
+        &self,
+        req: Request<Streaming<v1::PpUp>>,
+    ) -> Result<Response<Self::PpSessionStream>, Status> {
+        let shared = self.shared.clone();
+        if shared.stopped.load(Ordering::Relaxed) {
+            return Err(Status::unavailable("stopped"));
+        }
+        let mut inbound = req.into_inner();
+        let info = registration(&shared, &mut inbound, v1::Role::Pp, |m| match m.msg {
+            Some(pp_up::Msg::Register(i)) => Some(i),
+            _ => None,
+        })
+        .await?;
+        let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
+        shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let node = info.id.clone();
+        let seen = Arc::new(AtomicU64::new(0));
+        shared.mark_seen(&seen);
+        shared
+            .tx
+            .send(MasterIn::PpOpen {
+                session,
+                info,
+                tx,
+                seen: seen.clone(),
+            })
+            .map_err(|_| Status::unavailable("stopped"))?;
+        let s = shared.clone();
+        shared.spawn(async move {
+            loop {
+                let m = match inbound.message().await {
+                    Ok(Some(m)) => {
+                        s.mark_seen(&seen);
+                        m
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        stream_error(&s, &e);
+                        break;
+                    }
+                };
+                let msg = match m.msg {
+                    Some(pp_up::Msg::Requests(b)) => MasterIn::PpRequests {
+                        session,
+                        requests: b.requests,
+                    },
+                    Some(pp_up::Msg::Events(b)) => MasterIn::PpEvents { events: b.events },
+                    Some(pp_up::Msg::Heartbeat(h)) => MasterIn::Heartbeat {
+                        session,
+                        node: node.clone(),
+                        load: h.load,
+                    },
+                    Some(pp_up::Msg::Register(_)) | None => {
+                        s.bad();
+                        continue;
+                    }
+                };
+                if s.tx.send(msg).is_err() {
+                    break;
+                }
+            }
+            let _ = s.tx.send(MasterIn::Closed { session, node });
+        });
+        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    }
+
+    async fn sc_session(
+        &self,
+        req: Request<Streaming<v1::ScUp>>,
+    ) -> Result<Response<Self::ScSessionStream>, Status> {
+        let shared = self.shared.clone();
+        if shared.stopped.load(Ordering::Relaxed) {
+            return Err(Status::unavailable("stopped"));
+        }
+        let mut inbound = req.into_inner();
+        let info = registration(&shared, &mut inbound, v1::Role::Sc, |m| match m.msg {
+            Some(sc_up::Msg::Register(i)) => Some(i),
+            _ => None,
+        })
+        .await?;
+        let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
+        shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let node = info.id.clone();
+        let seen = Arc::new(AtomicU64::new(0));
+        shared.mark_seen(&seen);
+        shared
+            .tx
+            .send(MasterIn::ScOpen {
+                session,
+                info,
+                tx,
+                seen: seen.clone(),
+            })
+            .map_err(|_| Status::unavailable("stopped"))?;
+        let s = shared.clone();
+        shared.spawn(async move {
+            loop {
+                let m = match inbound.message().await {
+                    Ok(Some(m)) => {
+                        s.mark_seen(&seen);
+                        m
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        stream_error(&s, &e);
+                        break;
+                    }
+                };
+                let msg = match m.msg {
+                    Some(sc_up::Msg::Results(results)) => MasterIn::ScResults { session, results },
+                    Some(sc_up::Msg::Heartbeat(h)) => MasterIn::Heartbeat {
+                        session,
+                        node: node.clone(),
+                        load: h.load,
+                    },
+                    Some(sc_up::Msg::Fin(fin)) => MasterIn::ScFin { fin },
+                    Some(sc_up::Msg::Register(_)) | None => {
+                        s.bad();
+                        continue;
+                    }
+                };
+                if s.tx.send(msg).is_err() {
+                    break;
+                }
+            }
+            let _ = s.tx.send(MasterIn::Closed { session, node });
+        });
+        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    }
+
+    async fn members(
+        &self,
+        _req: Request<v1::MembersRequest>,
+    ) -> Result<Response<v1::MembershipView>, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::Members(tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        Ok(Response::new(
+            rx.await.map_err(|_| Status::unavailable("stopped"))?,
+        ))
+    }
+
+    async fn get_partition_map(
+        &self,
+        _req: Request<v1::PartitionMapRequest>,
+    ) -> Result<Response<v1::PartitionMap>, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::Map(tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        Ok(Response::new(
+            rx.await.map_err(|_| Status::unavailable("stopped"))?,
+        ))
+    }
+}

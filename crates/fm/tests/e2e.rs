@@ -1,0 +1,285 @@
+//! End to end in one process: a PP pipeline on its in-memory ring, the FM client, an FM,
+//! and one SC group of three replicas, all speaking real gRPC on 127.0.0.1.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{wait, Cluster};
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+use pipeline::{
+    format_actions, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, VecSource,
+    VpcBinding, Worker,
+};
+use pp::{FmClient, FmClientConfig};
+use proto::ChainDef;
+
+const VNI: u32 = 100;
+
+/// FW → SNAT → LB of the SC crate's deterministic test NFs.
+fn test_chain() -> ChainDef {
+    chain(serde_json::json!([
+        {"kind": "test-fw", "deny_dports": [23]},
+        {"kind": "test-snat", "addrs": ["198.19.255.1"], "ports": [20000, 29999]},
+        {"kind": "test-lb", "vip": "198.19.0.100", "port": 80,
+         "backend": "198.19.1.7", "backend_port": 8080}
+    ]))
+}
+
+/// FW → SNAT → LB of the built-in NFs (nfs crate).
+fn builtin_chain() -> ChainDef {
+    chain(serde_json::json!([
+        {"kind": "fw", "tenants": [{"tenant": 1, "default_action": "allow", "rules": [
+            {"name": "no-telnet", "action": "deny", "proto": "tcp", "dport": 23}
+        ]}]},
+        {"kind": "snat", "pools": [{"addresses": ["198.19.255.1"],
+                                    "ports": {"lo": 20000, "hi": 29999}}]},
+        {"kind": "lb", "services": [{"vip": "198.19.0.100", "port": 80, "protocol": "tcp",
+            "backends": [{"addr": "198.19.1.7", "port": 8080}]}]}
+    ]))
+}
+
+fn chain(nfs: serde_json::Value) -> ChainDef {
+    serde_json::from_value(serde_json::json!({
+        "tenant": 1, "chain": 1,
+        "nfs": nfs,
+        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 1},
+        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}, "output": 1}
+    }))
+    .unwrap()
+}
+
+fn node() -> NodeAddr {
+    NodeAddr {
+        ip: "198.18.0.1".parse().unwrap(),
+        mac: [2, 0, 0, 0, 0, 1],
+        gw_mac: [2, 0, 0, 0, 0, 2],
+    }
+}
+
+/// A TCP packet of client port `sport` to the VIP (or to `dport`), carrying `seq` in its
+/// payload so the test can tell the packets apart after every rewrite.
+fn packet(sport: u16, dport: u16, seq: u8) -> Vec<u8> {
+    let inner = ip_frame(
+        Addr::V4([198, 18, 10, 2]),
+        Addr::V4([198, 19, 0, 100]),
+        L4Spec::Tcp {
+            sport,
+            dport,
+            flags: 0x02,
+            seq: 1,
+        },
+        &[seq; 16],
+    );
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)
+}
+
+fn key(sport: u16, dport: u16) -> FlowKey {
+    format!("{VNI} tcp 198.18.10.2:{sport} > 198.19.0.100:{dport}")
+        .parse()
+        .unwrap()
+}
+
+struct Pp {
+    client: FmClient,
+    worker: Worker<MemRing<VecSource>>,
+    doorbell: crossbeam_channel::Receiver<()>,
+}
+
+fn pp_node(fm: &str, id: &str) -> Pp {
+    let (client, mut links) = FmClient::start(FmClientConfig::new(fm, id)).unwrap();
+    let link = links.remove(0);
+    let mut p = Pipeline::new(PipelineConfig::new(node()), link.source).unwrap();
+    p.bind_vpc(
+        VNI,
+        VpcBinding {
+            tenant: 1,
+            chain: 1,
+        },
+    );
+    let mut io = MemRing::new(VecSource::default(), 64);
+    io.sink.capture = true;
+    let worker = Worker::new(p, io, 64, Box::new(ManualClock::default()));
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
+    Pp {
+        client,
+        worker,
+        doorbell: link.doorbell,
+    }
+}
+
+impl Pp {
+    /// Service the pipeline until `n` more held packets were released.
+    fn await_release(&mut self, n: u64) {
+        let target = self.worker.pipeline.stats().pending_released + n;
+        wait(Duration::from_secs(10), "the rule", || {
+            let _ = self.doorbell.recv_timeout(Duration::from_millis(10));
+            self.worker.run_once().unwrap();
+            (self.worker.pipeline.stats().pending_released >= target).then_some(())
+        });
+    }
+}
+
+#[test]
+fn first_packet_misses_rule_returns_held_packets_release_in_order_then_hit() {
+    scenario(test_chain(), true);
+}
+
+#[test]
+fn builtin_fw_snat_lb_chain_comes_back_as_one_composed_rule() {
+    scenario(builtin_chain(), false);
+}
+
+fn scenario(chain: ChainDef, test_nfs: bool) {
+    let cluster = Cluster::start(vec![chain], 3, Arc::new(sc::testing::TestNfs));
+    let map = cluster.wait_groups(1, 3);
+    assert_eq!(map.partitions.len(), 1);
+    let mut pp = pp_node(&cluster.fm_addr(), "pp-1");
+
+    // Three packets of a new flow: the first misses, all three are held, one request.
+    for s in 0..3 {
+        pp.worker.io.source.push(packet(40000, 80, s), 0);
+    }
+    pp.worker.run_once().unwrap();
+    let st = pp.worker.pipeline.stats();
+    assert_eq!((st.misses, st.hits, st.rule_requests), (3, 0, 1));
+    assert_eq!(pp.worker.pipeline.pending().held(), 3);
+    assert!(pp.worker.io.sink.captured.is_empty());
+
+    // The rule comes back through FM from the group's tail; the held packets leave in
+    // arrival order, rewritten by the one composed rule.
+    pp.await_release(3);
+    let out: Vec<u8> = pp
+        .worker
+        .io
+        .sink
+        .captured
+        .iter()
+        .map(|(port, f)| {
+            assert_eq!(*port, 1);
+            *f.last().unwrap()
+        })
+        .collect();
+    assert_eq!(out, [0, 1, 2]);
+
+    // FW → SNAT → LB came back as one composed rule per direction.
+    let (actions, _, _) = pp.worker.pipeline.lookup_rule(&key(40000, 80)).unwrap();
+    let text = format_actions(&actions);
+    let port: u16 = text
+        .strip_prefix("decap; set-src 198.19.255.1:")
+        .and_then(|r| r.split(';').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected forward rule: {text}"));
+    assert!((20000..=29999).contains(&port));
+    assert_eq!(
+        text,
+        format!(
+            "decap; set-src 198.19.255.1:{port}; set-dst 198.19.1.7:8080; \
+             encap 198.18.0.9 vni 200; count; out 1"
+        )
+    );
+    // The reverse rule came along: the backend's reply to the SNAT address.
+    let rkey: FlowKey = format!("200 tcp 198.19.1.7:8080 > 198.19.255.1:{port}")
+        .parse()
+        .unwrap();
+    let (ractions, _, _) = pp.worker.pipeline.lookup_rule(&rkey).unwrap();
+    assert_eq!(
+        format_actions(&ractions),
+        "decap; set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; \
+         encap 198.18.0.50 vni 100; count; out 1"
+    );
+
+    // Later packets hit: no miss, no request.
+    pp.worker.io.sink.captured.clear();
+    for s in 3..6 {
+        pp.worker.io.source.push(packet(40000, 80, s), 0);
+    }
+    pp.worker.run_once().unwrap();
+    let st = pp.worker.pipeline.stats();
+    assert_eq!((st.misses, st.hits, st.rule_requests), (3, 6, 1));
+    assert_eq!(pp.worker.io.sink.captured.len(), 3);
+
+    // A denied port gets a drop rule, from the firewall at the head of the chain.
+    pp.worker.io.source.push(packet(40001, 23, 9), 0);
+    pp.worker.run_once().unwrap();
+    wait(Duration::from_secs(10), "the drop rule", || {
+        let _ = pp.doorbell.recv_timeout(Duration::from_millis(10));
+        pp.worker.run_once().unwrap();
+        pp.worker.pipeline.lookup_rule(&key(40001, 23))
+    });
+    let (actions, _, _) = pp.worker.pipeline.lookup_rule(&key(40001, 23)).unwrap();
+    let text = format_actions(&actions);
+    assert!(text.starts_with("count; drop "), "{text}");
+
+    // Another PP node asks for the same flow (say traffic was rebalanced to it): FM
+    // answers from its rule cache, and SC sees nothing.
+    let before = cluster.stats();
+    let mut pp2 = pp_node(&cluster.fm_addr(), "pp-2");
+    pp2.worker.io.source.push(packet(40000, 80, 7), 0);
+    pp2.worker.run_once().unwrap();
+    pp2.await_release(1);
+    let after = cluster.stats();
+    assert_eq!(after.cache.hits, before.cache.hits + 1);
+    assert_eq!(after.submitted, before.submitted);
+    assert_eq!(
+        pp2.worker.pipeline.lookup_rule(&key(40000, 80)).unwrap().0,
+        actions_of(&pp, 40000, 80)
+    );
+    assert_eq!(
+        pp.client
+            .stats()
+            .bad_replies
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+
+    // Every replica applied the same ops and holds the same state.
+    // (Timer ops keep arriving, so look until all three are at the same point.)
+    let states = wait(Duration::from_secs(10), "replicas in step", || {
+        let states: Vec<_> = cluster
+            .scs
+            .iter()
+            .map(|s| cluster.group_status(s.addr(), true).remove(0))
+            .collect();
+        states
+            .iter()
+            .all(|s| s.applied == states[0].applied)
+            .then_some(states)
+    });
+    assert!(states[0].applied >= 2);
+    assert!(states.iter().all(|s| s.snapshot == states[0].snapshot));
+    if test_nfs {
+        // One SNAT mapping: the flow's (the denied flow stopped at the firewall).
+        let snat = nf_part(&states[0].snapshot, 1);
+        assert_eq!(
+            sc::testing::TestSnat::decode_snapshot(&snat).unwrap().len(),
+            1
+        );
+    }
+}
+
+fn actions_of(pp: &Pp, sport: u16, dport: u16) -> Vec<pipeline::Action> {
+    pp.worker
+        .pipeline
+        .lookup_rule(&key(sport, dport))
+        .unwrap()
+        .0
+}
+
+/// Part `i` of a chain snapshot (length-prefixed parts, one per NF).
+fn nf_part(snap: &[u8], i: usize) -> Vec<u8> {
+    let mut b = snap;
+    for j in 0.. {
+        let (len, rest) = b.split_first_chunk::<8>().unwrap();
+        let len = u64::from_le_bytes(*len) as usize;
+        if j == i {
+            return rest[..len].to_vec();
+        }
+        b = &rest[len..];
+    }
+    unreachable!()
+}

@@ -1,0 +1,415 @@
+//! The PP node's client of the fabric master: bridges pipeline workers' rule request
+//! channels to one FM session stream, and FM's replies back to the workers.
+//!
+//! Two threads, so that no pipeline worker ever blocks on the network:
+//! - the *collector* waits for a worker's first request, then gathers more for up to
+//!   `linger` (~100 µs) or `batch_max` requests, and hands the batch to
+//! - the *session* thread (a single-threaded tokio runtime), which numbers requests,
+//!   sends one `RuleRequestBatch` per batch, and routes each reply to the worker that
+//!   asked (by the `worker` field FM echoes), ringing that worker's doorbell.
+//!
+//! On a broken session it reconnects (every `reconnect`) and resends the requests that
+//! have no answer yet; a request older than `forget_after` is dropped from that list,
+//! since its worker has timed its packets out by then.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use pipeline::{RuleReply, RuleRequest, RuleSource};
+use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::{debug, info, warn};
+
+#[derive(Debug, Error)]
+pub enum FmClientError {
+    #[error("starting the FM client: {0}")]
+    Start(String),
+}
+
+/// Configuration of the FM client.
+#[derive(Debug, Clone)]
+pub struct FmClientConfig {
+    /// FM address, `host:port`.
+    pub fm: String,
+    pub node_id: String,
+    /// Pipeline workers served (each gets a [`WorkerLink`]).
+    pub workers: u16,
+    /// Most requests in one batch.
+    pub batch_max: usize,
+    /// How long the collector waits for more requests after the first of a batch.
+    pub linger: Duration,
+    /// Capacity of the request channel shared by the workers (a full channel makes the
+    /// pipeline count `request_channel_full` and retry on the flow's next packet).
+    pub request_capacity: usize,
+    pub reconnect: Duration,
+    pub forget_after: Duration,
+}
+
+impl FmClientConfig {
+    pub fn new(fm: &str, node_id: &str) -> Self {
+        FmClientConfig {
+            fm: fm.to_string(),
+            node_id: node_id.to_string(),
+            workers: 1,
+            batch_max: 256,
+            linger: Duration::from_micros(100),
+            request_capacity: 1 << 16,
+            reconnect: Duration::from_millis(100),
+            forget_after: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What a pipeline worker needs: its rule source, and a doorbell that rings when
+/// replies for it arrive (so an idle worker can sleep on it instead of spinning).
+pub struct WorkerLink {
+    pub source: RuleSource,
+    pub doorbell: Receiver<()>,
+}
+
+/// Counters of the FM client.
+#[derive(Debug, Default)]
+pub struct FmClientStats {
+    pub requests_sent: AtomicU64,
+    pub batches_sent: AtomicU64,
+    pub replies: AtomicU64,
+    /// Replies that did not decode into rules (answered to the worker as errors).
+    pub bad_replies: AtomicU64,
+    /// Replies for requests not outstanding (answered twice, or after a resend).
+    pub stray_replies: AtomicU64,
+    pub sessions: AtomicU64,
+    pub resent: AtomicU64,
+    pub connected: AtomicBool,
+}
+
+/// A running FM client.
+pub struct FmClient {
+    stats: Arc<FmClientStats>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct WorkerOut {
+    replies: Sender<RuleReply>,
+    bell: Sender<()>,
+}
+
+impl FmClient {
+    /// Start the client; returns one [`WorkerLink`] per worker (index = worker id).
+    pub fn start(cfg: FmClientConfig) -> Result<(FmClient, Vec<WorkerLink>), FmClientError> {
+        let workers = cfg.workers.max(1);
+        let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.request_capacity.max(1));
+        let mut links = Vec::new();
+        let mut outs = Vec::new();
+        for _ in 0..workers {
+            // Unbounded: replies are bounded by the requests a worker has outstanding,
+            // and the session thread must never block on a slow worker.
+            let (rep_tx, rep_rx) = crossbeam_channel::unbounded();
+            let (bell_tx, bell_rx) = crossbeam_channel::bounded(1);
+            links.push(WorkerLink {
+                source: RuleSource::Channel {
+                    requests: req_tx.clone(),
+                    replies: rep_rx,
+                },
+                doorbell: bell_rx,
+            });
+            outs.push(WorkerOut {
+                replies: rep_tx,
+                bell: bell_tx,
+            });
+        }
+        drop(req_tx);
+        let stats = Arc::new(FmClientStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (net_tx, net_rx) = mpsc::unbounded_channel::<Vec<RuleRequest>>();
+
+        let c = cfg.clone();
+        let st = stop.clone();
+        let collector = std::thread::Builder::new()
+            .name("pp-fm-collect".into())
+            .spawn(move || collect(c, req_rx, net_tx, st))
+            .map_err(|e| FmClientError::Start(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| FmClientError::Start(e.to_string()))?;
+        let s = stats.clone();
+        let st = stop.clone();
+        let session = std::thread::Builder::new()
+            .name("pp-fm-session".into())
+            .spawn(move || rt.block_on(session_loop(cfg, net_rx, outs, s, st)))
+            .map_err(|e| FmClientError::Start(e.to_string()))?;
+        Ok((
+            FmClient {
+                stats,
+                stop,
+                threads: vec![collector, session],
+            },
+            links,
+        ))
+    }
+
+    pub fn stats(&self) -> &FmClientStats {
+        &self.stats
+    }
+
+    pub fn connected(&self) -> bool {
+        self.stats.connected.load(Ordering::Relaxed)
+    }
+
+    /// Stop both threads and wait for them.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FmClient {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn collect(
+    cfg: FmClientConfig,
+    rx: Receiver<RuleRequest>,
+    net: mpsc::UnboundedSender<Vec<RuleRequest>>,
+    stop: Arc<AtomicBool>,
+) {
+    let max = cfg.batch_max.max(1);
+    while !stop.load(Ordering::Relaxed) {
+        let first = match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                // Every worker is gone; nothing will ever be asked again.
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let mut batch = Vec::with_capacity(max.min(64));
+        batch.push(first);
+        let deadline = Instant::now() + cfg.linger;
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => {
+                    if cfg.linger.is_zero() {
+                        break;
+                    }
+                    match rx.recv_deadline(deadline) {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+        if net.send(batch).is_err() {
+            break;
+        }
+    }
+}
+
+struct Outstanding {
+    req: v1::RuleRequest,
+    sent: Instant,
+}
+
+async fn session_loop(
+    cfg: FmClientConfig,
+    mut net: mpsc::UnboundedReceiver<Vec<RuleRequest>>,
+    outs: Vec<WorkerOut>,
+    stats: Arc<FmClientStats>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut outstanding: HashMap<u64, Outstanding> = HashMap::new();
+    let mut next_id = 1u64;
+    let mut failures = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let r = session(
+            &cfg,
+            &mut net,
+            &outs,
+            &stats,
+            &stop,
+            &mut outstanding,
+            &mut next_id,
+        )
+        .await;
+        stats.connected.store(false, Ordering::Relaxed);
+        match r {
+            Ok(()) => return,
+            Err(e) => {
+                failures += 1;
+                if failures <= 3 || failures % 50 == 0 {
+                    warn!(fm = %cfg.fm, error = %e, "FM session failed; reconnecting");
+                }
+            }
+        }
+        tokio::time::sleep(cfg.reconnect).await;
+    }
+}
+
+/// One session. Returns Ok when the client is stopping.
+async fn session(
+    cfg: &FmClientConfig,
+    net: &mut mpsc::UnboundedReceiver<Vec<RuleRequest>>,
+    outs: &[WorkerOut],
+    stats: &FmClientStats,
+    stop: &AtomicBool,
+    outstanding: &mut HashMap<u64, Outstanding>,
+    next_id: &mut u64,
+) -> Result<(), String> {
+    let ch = proto::endpoint(&cfg.fm)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = FabricMasterClient::new(ch)
+        .max_decoding_message_size(proto::MAX_MESSAGE)
+        .max_encoding_message_size(proto::MAX_MESSAGE);
+    let (otx, orx) = mpsc::unbounded_channel::<v1::PpUp>();
+    let _ = otx.send(v1::PpUp {
+        msg: Some(pp_up::Msg::Register(v1::NodeInfo {
+            id: cfg.node_id.clone(),
+            role: v1::Role::Pp as i32,
+            addr: String::new(),
+            load: None,
+            proto_version: proto::PROTO_VERSION,
+        })),
+    });
+    let mut inbound = client
+        .pp_session(UnboundedReceiverStream::new(orx))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    let ack = match inbound.message().await.map_err(|e| e.to_string())? {
+        Some(v1::PpDown {
+            msg: Some(pp_down::Msg::Registered(a)),
+        }) => a,
+        _ => return Err("FM did not acknowledge registration".into()),
+    };
+    stats.sessions.fetch_add(1, Ordering::Relaxed);
+    stats.connected.store(true, Ordering::Relaxed);
+    info!(fm = %ack.fm_id, node = %cfg.node_id, "PP session open");
+
+    // Ask again for everything unanswered: the old session may have lost it.
+    let now = Instant::now();
+    outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+    if !outstanding.is_empty() {
+        let requests: Vec<v1::RuleRequest> = outstanding.values().map(|o| o.req.clone()).collect();
+        stats
+            .resent
+            .fetch_add(requests.len() as u64, Ordering::Relaxed);
+        let _ = otx.send(v1::PpUp {
+            msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
+        });
+    }
+
+    let mut hb = tokio::time::interval(Duration::from_millis(u64::from(ack.heartbeat_ms.max(1))));
+    let mut hb_seq = 0u64;
+    loop {
+        tokio::select! {
+            batch = net.recv() => {
+                let Some(batch) = batch else { return Ok(()) };
+                let now = Instant::now();
+                let requests: Vec<v1::RuleRequest> = batch
+                    .iter()
+                    .map(|r| {
+                        let id = *next_id;
+                        *next_id += 1;
+                        let m = proto::request_to_proto(r, id);
+                        outstanding.insert(id, Outstanding { req: m.clone(), sent: now });
+                        m
+                    })
+                    .collect();
+                stats.requests_sent.fetch_add(requests.len() as u64, Ordering::Relaxed);
+                stats.batches_sent.fetch_add(1, Ordering::Relaxed);
+                otx.send(v1::PpUp {
+                    msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
+                })
+                .map_err(|_| "session closed".to_string())?;
+            }
+            m = inbound.message() => {
+                match m.map_err(|e| e.to_string())? {
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
+                        deliver(b.replies, outs, stats, outstanding);
+                    }
+                    Some(_) => {}
+                    None => return Err("FM closed the session".into()),
+                }
+            }
+            _ = hb.tick() => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                hb_seq += 1;
+                let now = Instant::now();
+                outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+                let _ = otx.send(v1::PpUp {
+                    msg: Some(pp_up::Msg::Heartbeat(v1::Heartbeat {
+                        seq: hb_seq,
+                        load: Some(v1::Load {
+                            requests_per_s: 0.0,
+                            flows: outstanding.len() as u64,
+                            groups: 0,
+                        }),
+                    })),
+                });
+            }
+        }
+    }
+}
+
+fn deliver(
+    replies: Vec<v1::RuleReply>,
+    outs: &[WorkerOut],
+    stats: &FmClientStats,
+    outstanding: &mut HashMap<u64, Outstanding>,
+) {
+    let mut rung = vec![false; outs.len()];
+    for m in replies {
+        stats.replies.fetch_add(1, Ordering::Relaxed);
+        if outstanding.remove(&m.id).is_none() {
+            stats.stray_replies.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let reply = match RuleReply::try_from(&m) {
+            Ok(r) => r,
+            Err(e) => {
+                stats.bad_replies.fetch_add(1, Ordering::Relaxed);
+                // Release the worker's held packets now rather than at its timeout.
+                match proto::key_of(m.key.as_ref()) {
+                    Ok(k) => RuleReply::err(k, format!("bad reply: {e}")),
+                    Err(_) => continue,
+                }
+            }
+        };
+        let Some(out) = outs.get(m.worker as usize) else {
+            stats.bad_replies.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if out.replies.send(reply).is_ok() {
+            rung[m.worker as usize] = true;
+        }
+    }
+    for (i, r) in rung.into_iter().enumerate() {
+        if r {
+            match outs[i].bell.try_send(()) {
+                Ok(()) | Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => debug!(worker = i, "worker gone"),
+            }
+        }
+    }
+}

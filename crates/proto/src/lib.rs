@@ -1,0 +1,845 @@
+//! The starfabric wire protocol: protobuf package `starfabric.v1` (tonic + prost), and
+//! validated conversions between its messages and the pipeline / NF types.
+//!
+//! - [`v1`] is the generated code: messages, the `FabricMaster` and
+//!   `ServiceComputation` services (client and server).
+//! - `From` builds a message from a pipeline type and cannot fail; `TryFrom` reads one
+//!   back and checks everything a peer could get wrong (key length, VNI width, address
+//!   and MAC lengths, port ranges, unknown actions), returning a [`ConvertError`] and
+//!   never panicking. Receivers count these errors; they do not trust peers.
+//! - [`ChainDef`] is the JSON form of a tenant chain (NF configurations, shape, egress)
+//!   that configuration files use, and [`ChainParts`] what an SC node builds a chain from.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use nf::{ChainSpec, Egress};
+use pipeline::{Action, FlowKey, PacketMeta, Rule, RuleReply, RuleRequest};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Generated messages and services of `starfabric.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("starfabric.v1");
+}
+
+/// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
+pub const PROTO_VERSION: u32 = 1;
+
+/// Largest gRPC message any starfabric endpoint accepts. State snapshots of a large
+/// partition travel in one message, far past tonic's 4 MiB default.
+pub const MAX_MESSAGE: usize = 512 << 20;
+
+/// Deepest chain shape accepted from the wire (guards the recursive conversion).
+pub const MAX_CHAIN_DEPTH: usize = 32;
+
+/// Why a message could not be turned into a pipeline / NF value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConvertError {
+    #[error("missing field {0}")]
+    Missing(&'static str),
+    #[error("flow key must be 40 bytes, got {0}")]
+    KeyLength(usize),
+    #[error("address must be 4 or 16 bytes, got {0}")]
+    AddrLength(usize),
+    #[error("IPv4 address expected, got {0} bytes")]
+    NotIpv4(usize),
+    #[error("MAC must be 6 bytes, got {0}")]
+    MacLength(usize),
+    #[error("VNI {0} does not fit in 24 bits")]
+    BadVni(u32),
+    #[error("{what} {value} out of range")]
+    OutOfRange { what: &'static str, value: u64 },
+    #[error("unknown or empty action")]
+    UnknownAction,
+    #[error("bad chain configuration: {0}")]
+    Chain(String),
+}
+
+type Result<T, E = ConvertError> = std::result::Result<T, E>;
+
+fn narrow<T: TryFrom<u64>>(what: &'static str, v: impl Into<u64>) -> Result<T> {
+    let v = v.into();
+    T::try_from(v).map_err(|_| ConvertError::OutOfRange { what, value: v })
+}
+
+fn addr_bytes(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn addr_from(b: &[u8]) -> Result<Option<IpAddr>> {
+    match b.len() {
+        0 => Ok(None),
+        4 => Ok(Some(IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3])))),
+        16 => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(b);
+            Ok(Some(IpAddr::V6(Ipv6Addr::from(a))))
+        }
+        n => Err(ConvertError::AddrLength(n)),
+    }
+}
+
+fn ipv4_from(b: &[u8]) -> Result<Ipv4Addr> {
+    match b.len() {
+        4 => Ok(Ipv4Addr::new(b[0], b[1], b[2], b[3])),
+        n => Err(ConvertError::NotIpv4(n)),
+    }
+}
+
+fn mac_from(b: &[u8]) -> Result<Option<[u8; 6]>> {
+    match b.len() {
+        0 => Ok(None),
+        6 => {
+            let mut m = [0u8; 6];
+            m.copy_from_slice(b);
+            Ok(Some(m))
+        }
+        n => Err(ConvertError::MacLength(n)),
+    }
+}
+
+fn check_vni(vni: u32) -> Result<u32> {
+    if vni >> 24 != 0 {
+        Err(ConvertError::BadVni(vni))
+    } else {
+        Ok(vni)
+    }
+}
+
+// ------------------------------------------------------------------ keys
+
+impl From<&FlowKey> for v1::FlowKey {
+    fn from(k: &FlowKey) -> Self {
+        v1::FlowKey {
+            raw: k.as_bytes().to_vec(),
+        }
+    }
+}
+
+impl TryFrom<&v1::FlowKey> for FlowKey {
+    type Error = ConvertError;
+    fn try_from(k: &v1::FlowKey) -> Result<Self> {
+        let b: [u8; 40] = k
+            .raw
+            .as_slice()
+            .try_into()
+            .map_err(|_| ConvertError::KeyLength(k.raw.len()))?;
+        Ok(FlowKey::from_bytes(b))
+    }
+}
+
+/// A required key field.
+pub fn key_of(k: Option<&v1::FlowKey>) -> Result<FlowKey> {
+    FlowKey::try_from(k.ok_or(ConvertError::Missing("key"))?)
+}
+
+// ------------------------------------------------------------------ actions and rules
+
+fn endpoint_msg(addr: Option<IpAddr>, port: Option<u16>) -> v1::Endpoint {
+    v1::Endpoint {
+        addr: addr.map(addr_bytes).unwrap_or_default(),
+        port: port.map(u32::from),
+    }
+}
+
+fn endpoint_from(e: &v1::Endpoint) -> Result<(Option<IpAddr>, Option<u16>)> {
+    let port = e.port.map(|p| narrow("port", p)).transpose()?;
+    Ok((addr_from(&e.addr)?, port))
+}
+
+impl From<&Action> for v1::Action {
+    fn from(a: &Action) -> Self {
+        use v1::action::Kind;
+        let kind = match a {
+            Action::DecapVxlan => Kind::Decap(v1::Empty {}),
+            Action::SetSrc { addr, port } => Kind::SetSrc(endpoint_msg(*addr, *port)),
+            Action::SetDst { addr, port } => Kind::SetDst(endpoint_msg(*addr, *port)),
+            Action::EncapVxlan {
+                dst,
+                vni,
+                inner_dmac,
+                inner_smac,
+            } => Kind::Encap(v1::Encap {
+                dst: dst.octets().to_vec(),
+                vni: *vni,
+                inner_dmac: inner_dmac.map(|m| m.to_vec()).unwrap_or_default(),
+                inner_smac: inner_smac.map(|m| m.to_vec()).unwrap_or_default(),
+            }),
+            Action::Count => Kind::Count(v1::Empty {}),
+            Action::Police { class } => Kind::Police(u32::from(*class)),
+            Action::Offload => Kind::Offload(v1::Empty {}),
+            Action::Output(p) => Kind::Output(u32::from(*p)),
+            Action::Drop { reason } => Kind::Drop(reason.clone()),
+        };
+        v1::Action { kind: Some(kind) }
+    }
+}
+
+impl TryFrom<&v1::Action> for Action {
+    type Error = ConvertError;
+    fn try_from(a: &v1::Action) -> Result<Self> {
+        use v1::action::Kind;
+        Ok(match a.kind.as_ref().ok_or(ConvertError::UnknownAction)? {
+            Kind::Decap(_) => Action::DecapVxlan,
+            Kind::SetSrc(e) => {
+                let (addr, port) = endpoint_from(e)?;
+                Action::SetSrc { addr, port }
+            }
+            Kind::SetDst(e) => {
+                let (addr, port) = endpoint_from(e)?;
+                Action::SetDst { addr, port }
+            }
+            Kind::Encap(e) => Action::EncapVxlan {
+                dst: ipv4_from(&e.dst)?,
+                vni: check_vni(e.vni)?,
+                inner_dmac: mac_from(&e.inner_dmac)?,
+                inner_smac: mac_from(&e.inner_smac)?,
+            },
+            Kind::Count(_) => Action::Count,
+            Kind::Police(c) => Action::Police {
+                class: narrow("police class", *c)?,
+            },
+            Kind::Offload(_) => Action::Offload,
+            Kind::Output(p) => Action::Output(narrow("output port", *p)?),
+            Kind::Drop(r) => Action::Drop { reason: r.clone() },
+        })
+    }
+}
+
+fn timeout_ms(t: Duration) -> u64 {
+    u64::try_from(t.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn timeout_from(ms: u64) -> Duration {
+    // u64::MAX ms is how "never" (Duration::MAX) travels.
+    if ms == u64::MAX {
+        Duration::MAX
+    } else {
+        Duration::from_millis(ms)
+    }
+}
+
+impl From<&Rule> for v1::Rule {
+    fn from(r: &Rule) -> Self {
+        v1::Rule {
+            key: Some((&r.key).into()),
+            actions: r.actions.iter().map(v1::Action::from).collect(),
+            idle_timeout_ms: r.idle_timeout.map(timeout_ms),
+        }
+    }
+}
+
+impl TryFrom<&v1::Rule> for Rule {
+    type Error = ConvertError;
+    fn try_from(r: &v1::Rule) -> Result<Self> {
+        Ok(Rule {
+            key: key_of(r.key.as_ref())?,
+            actions: r
+                .actions
+                .iter()
+                .map(Action::try_from)
+                .collect::<Result<_>>()?,
+            idle_timeout: r.idle_timeout_ms.map(timeout_from),
+        })
+    }
+}
+
+// ------------------------------------------------------------------ requests and replies
+
+impl From<&PacketMeta> for v1::PacketMeta {
+    fn from(m: &PacketMeta) -> Self {
+        v1::PacketMeta {
+            len: u32::from(m.len),
+            tcp_flags: u32::from(m.tcp_flags),
+            icmp_error: m.icmp_error,
+            ingress_port: u32::from(m.ingress_port),
+        }
+    }
+}
+
+impl TryFrom<&v1::PacketMeta> for PacketMeta {
+    type Error = ConvertError;
+    fn try_from(m: &v1::PacketMeta) -> Result<Self> {
+        Ok(PacketMeta {
+            len: narrow("packet length", m.len)?,
+            tcp_flags: narrow("tcp flags", m.tcp_flags)?,
+            icmp_error: m.icmp_error,
+            ingress_port: narrow("ingress port", m.ingress_port)?,
+        })
+    }
+}
+
+/// A pipeline request as a message with the sender's request id.
+pub fn request_to_proto(r: &RuleRequest, id: u64) -> v1::RuleRequest {
+    v1::RuleRequest {
+        id,
+        key: Some((&r.key).into()),
+        hash: r.hash,
+        tenant: r.tenant,
+        chain: r.chain,
+        meta: Some((&r.meta).into()),
+        worker: u32::from(r.worker),
+    }
+}
+
+impl TryFrom<&v1::RuleRequest> for RuleRequest {
+    type Error = ConvertError;
+    fn try_from(r: &v1::RuleRequest) -> Result<Self> {
+        Ok(RuleRequest {
+            key: key_of(r.key.as_ref())?,
+            hash: r.hash,
+            tenant: r.tenant,
+            chain: r.chain,
+            meta: PacketMeta::try_from(r.meta.as_ref().ok_or(ConvertError::Missing("meta"))?)?,
+            worker: narrow("worker", r.worker)?,
+        })
+    }
+}
+
+/// A pipeline reply as a message answering request `id` of `worker`.
+pub fn reply_to_proto(r: &RuleReply, id: u64, worker: u16) -> v1::RuleReply {
+    v1::RuleReply {
+        id,
+        key: Some((&r.key).into()),
+        result: Some(match &r.result {
+            Ok(rule) => v1::rule_reply::Result::Rule(rule.into()),
+            Err(e) => v1::rule_reply::Result::Error(e.clone()),
+        }),
+        also: r.also.iter().map(v1::Rule::from).collect(),
+        worker: u32::from(worker),
+    }
+}
+
+impl TryFrom<&v1::RuleReply> for RuleReply {
+    type Error = ConvertError;
+    fn try_from(r: &v1::RuleReply) -> Result<Self> {
+        let key = key_of(r.key.as_ref())?;
+        let result = match r.result.as_ref().ok_or(ConvertError::Missing("result"))? {
+            v1::rule_reply::Result::Rule(rule) => Ok(Rule::try_from(rule)?),
+            v1::rule_reply::Result::Error(e) => Err(e.clone()),
+        };
+        Ok(RuleReply {
+            key,
+            result,
+            also: r.also.iter().map(Rule::try_from).collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// An error reply to request `req`.
+pub fn error_reply(req: &v1::RuleRequest, error: impl Into<String>) -> v1::RuleReply {
+    v1::RuleReply {
+        id: req.id,
+        key: req.key.clone(),
+        result: Some(v1::rule_reply::Result::Error(error.into())),
+        also: Vec::new(),
+        worker: req.worker,
+    }
+}
+
+// ------------------------------------------------------------------ flow events
+
+/// A flow event of a tenant chain, as the NF model sees it.
+pub fn event_from(e: &v1::FlowEvent) -> Result<nf::FlowEvent> {
+    match e.kind.as_ref().ok_or(ConvertError::Missing("event kind"))? {
+        v1::flow_event::Kind::TcpClosing(k) => Ok(nf::FlowEvent::TcpClosing {
+            key: FlowKey::try_from(k)?,
+        }),
+        v1::flow_event::Kind::Expired(k) => Ok(nf::FlowEvent::Expired {
+            key: FlowKey::try_from(k)?,
+        }),
+    }
+}
+
+pub fn event_to_proto(tenant: u32, chain: u32, e: &nf::FlowEvent) -> v1::FlowEvent {
+    let kind = match e {
+        nf::FlowEvent::TcpClosing { key } => v1::flow_event::Kind::TcpClosing(key.into()),
+        nf::FlowEvent::Expired { key } => v1::flow_event::Kind::Expired(key.into()),
+    };
+    v1::FlowEvent {
+        tenant,
+        chain,
+        kind: Some(kind),
+    }
+}
+
+// ------------------------------------------------------------------ chain configuration
+
+/// A chain's shape in configuration files: a number runs that NF, a list runs its steps
+/// in order, an object branches on an NF's verdict label (Serpens `distribute`) and
+/// joins afterwards: `[0, {"nf": 1, "arms": [{"label": "web", "step": 2}], "default": 3}, 4]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StepDef {
+    Nf(usize),
+    Seq(Vec<StepDef>),
+    Branch {
+        nf: usize,
+        arms: Vec<ArmDef>,
+        default: Box<StepDef>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmDef {
+    pub label: String,
+    pub step: StepDef,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncapDef {
+    pub dst: Ipv4Addr,
+    pub vni: u32,
+}
+
+/// How a chain's rules leave PP in one direction (see [`nf::Egress`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressDef {
+    #[serde(default)]
+    pub decap: bool,
+    #[serde(default)]
+    pub encap: Option<EncapDef>,
+    /// `aa:bb:cc:dd:ee:ff`
+    #[serde(default)]
+    pub inner_dmac: Option<String>,
+    #[serde(default)]
+    pub output: u8,
+}
+
+/// One tenant chain as configuration files write it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainDef {
+    pub tenant: u32,
+    pub chain: u32,
+    /// NF configurations in chain order (`nfs::NfConfig` JSON, e.g. `{"kind": "snat", ...}`).
+    pub nfs: Vec<serde_json::Value>,
+    /// Shape; absent: every NF in order.
+    #[serde(default)]
+    pub spec: Option<StepDef>,
+    #[serde(default)]
+    pub forward: EgressDef,
+    #[serde(default)]
+    pub reverse: EgressDef,
+}
+
+/// Parse `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let bad = || ConvertError::Chain(format!("bad MAC {s:?}"));
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in m.iter_mut() {
+        *b = u8::from_str_radix(parts.next().ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok(m)
+}
+
+fn step_to_proto(s: &StepDef) -> Result<v1::ChainStep> {
+    use v1::chain_step::Step;
+    let step = match s {
+        StepDef::Nf(i) => Step::Nf(narrow("nf index", *i as u64)?),
+        StepDef::Seq(v) => Step::Seq(v1::ChainSeq {
+            steps: v.iter().map(step_to_proto).collect::<Result<_>>()?,
+        }),
+        StepDef::Branch { nf, arms, default } => Step::Branch(Box::new(v1::ChainBranch {
+            nf: narrow("nf index", *nf as u64)?,
+            arms: arms
+                .iter()
+                .map(|a| {
+                    Ok(v1::ChainArm {
+                        label: a.label.clone(),
+                        step: Some(step_to_proto(&a.step)?),
+                    })
+                })
+                .collect::<Result<_>>()?,
+            default: Some(Box::new(step_to_proto(default)?)),
+        })),
+    };
+    Ok(v1::ChainStep { step: Some(step) })
+}
+
+fn egress_to_proto(e: &EgressDef) -> Result<v1::Egress> {
+    Ok(v1::Egress {
+        decap: e.decap,
+        encap_dst: e.encap.map(|x| x.dst.octets().to_vec()).unwrap_or_default(),
+        encap_vni: match e.encap {
+            Some(x) => check_vni(x.vni)?,
+            None => 0,
+        },
+        inner_dmac: match &e.inner_dmac {
+            Some(m) => parse_mac(m)?.to_vec(),
+            None => Vec::new(),
+        },
+        output: u32::from(e.output),
+    })
+}
+
+impl ChainDef {
+    /// The chain as FM pushes it to SC nodes (validated: NF indices, VNIs, MACs).
+    pub fn to_proto(&self) -> Result<v1::ChainConfig> {
+        let spec = self
+            .spec
+            .clone()
+            .unwrap_or_else(|| StepDef::Seq((0..self.nfs.len()).map(StepDef::Nf).collect()));
+        let c = v1::ChainConfig {
+            tenant: self.tenant,
+            chain: self.chain,
+            nfs: self.nfs.iter().map(|v| v.to_string()).collect(),
+            spec: Some(step_to_proto(&spec)?),
+            forward: Some(egress_to_proto(&self.forward)?),
+            reverse: Some(egress_to_proto(&self.reverse)?),
+        };
+        // Reject now what an SC node would reject later.
+        ChainParts::try_from(&c)?;
+        Ok(c)
+    }
+}
+
+/// What an SC node builds a chain from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainParts {
+    pub tenant: u32,
+    pub chain: u32,
+    /// NF configurations (JSON text), in chain order.
+    pub nfs: Vec<String>,
+    pub spec: ChainSpec,
+    pub forward: Egress,
+    pub reverse: Egress,
+}
+
+fn step_from(s: &v1::ChainStep, n: usize, depth: usize) -> Result<ChainSpec> {
+    use v1::chain_step::Step;
+    if depth > MAX_CHAIN_DEPTH {
+        return Err(ConvertError::Chain("chain shape nested too deeply".into()));
+    }
+    let nf_index = |i: u32| -> Result<usize> {
+        let i = i as usize;
+        if i >= n {
+            Err(ConvertError::Chain(format!("step names NF {i} of {n}")))
+        } else {
+            Ok(i)
+        }
+    };
+    Ok(
+        match s.step.as_ref().ok_or(ConvertError::Missing("chain step"))? {
+            Step::Nf(i) => ChainSpec::Nf(nf_index(*i)?),
+            Step::Seq(v) => ChainSpec::Seq(
+                v.steps
+                    .iter()
+                    .map(|s| step_from(s, n, depth + 1))
+                    .collect::<Result<_>>()?,
+            ),
+            Step::Branch(b) => ChainSpec::Branch {
+                nf: nf_index(b.nf)?,
+                arms: b
+                    .arms
+                    .iter()
+                    .map(|a| {
+                        let st = a.step.as_ref().ok_or(ConvertError::Missing("arm step"))?;
+                        Ok((a.label.clone(), step_from(st, n, depth + 1)?))
+                    })
+                    .collect::<Result<_>>()?,
+                default: Box::new(step_from(
+                    b.default
+                        .as_deref()
+                        .ok_or(ConvertError::Missing("branch default"))?,
+                    n,
+                    depth + 1,
+                )?),
+            },
+        },
+    )
+}
+
+fn egress_from(e: Option<&v1::Egress>) -> Result<Egress> {
+    let Some(e) = e else {
+        return Ok(Egress::LOCAL);
+    };
+    Ok(Egress {
+        decap: e.decap,
+        encap: if e.encap_dst.is_empty() {
+            None
+        } else {
+            Some((ipv4_from(&e.encap_dst)?, check_vni(e.encap_vni)?))
+        },
+        inner_dmac: mac_from(&e.inner_dmac)?,
+        output: narrow("output port", e.output)?,
+    })
+}
+
+impl TryFrom<&v1::ChainConfig> for ChainParts {
+    type Error = ConvertError;
+    fn try_from(c: &v1::ChainConfig) -> Result<Self> {
+        if c.nfs.is_empty() {
+            return Err(ConvertError::Chain("chain has no NFs".into()));
+        }
+        let spec = match &c.spec {
+            Some(s) => step_from(s, c.nfs.len(), 0)?,
+            None => ChainSpec::seq(c.nfs.len()),
+        };
+        Ok(ChainParts {
+            tenant: c.tenant,
+            chain: c.chain,
+            nfs: c.nfs.clone(),
+            spec,
+            forward: egress_from(c.forward.as_ref())?,
+            reverse: egress_from(c.reverse.as_ref())?,
+        })
+    }
+}
+
+// ------------------------------------------------------------------ helpers
+
+/// Role name for logs and status output.
+pub fn role_name(r: i32) -> &'static str {
+    match v1::Role::try_from(r) {
+        Ok(v1::Role::Pp) => "pp",
+        Ok(v1::Role::Fm) => "fm",
+        Ok(v1::Role::Sc) => "sc",
+        _ => "unspecified",
+    }
+}
+
+/// HTTP/2 flow-control windows of every starfabric connection. One message carries a
+/// batch of hundreds of requests or rules; with h2's 64 KiB default a stream stalls for a
+/// window update round trip every few batches.
+pub const STREAM_WINDOW: u32 = 8 << 20;
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
+
+/// A gRPC server configured as every starfabric plane serves.
+pub fn server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+}
+
+/// Accepted connections of `listener`, with TCP_NODELAY set. (A server given its own
+/// listener does not set it: Nagle's algorithm then meets delayed ACKs and every small
+/// batch waits 40 ms.)
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> Result<tonic::transport::server::TcpIncoming, String> {
+    tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
+        .map_err(|e| e.to_string())
+}
+
+/// A gRPC endpoint (`host:port`) configured as every starfabric plane connects.
+pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+    Ok(tonic::transport::Endpoint::from_shared(endpoint_uri(addr))?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .connect_timeout(std::time::Duration::from_secs(1)))
+}
+
+/// `host:port` → `http://host:port`, the form tonic endpoints take.
+pub fn endpoint_uri(addr: &str) -> String {
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipeline::{format_actions, parse_actions};
+    use prost::Message;
+
+    fn key() -> FlowKey {
+        "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn rules_round_trip_through_bytes() {
+        let text = "decap; set-src 198.19.255.1:50000; set-dst 198.19.1.7; \
+                    encap 198.18.0.9 vni 200 dmac 02:00:00:00:00:03 smac 02:00:00:00:00:04; \
+                    count; police 7; offload; out 1";
+        let mut rule = Rule::new(key(), parse_actions(text).unwrap());
+        rule.idle_timeout = Some(Duration::from_secs(240));
+        let bytes = v1::Rule::from(&rule).encode_to_vec();
+        let back = Rule::try_from(&v1::Rule::decode(bytes.as_slice()).unwrap()).unwrap();
+        assert_eq!(back, rule);
+        assert_eq!(format_actions(&back.actions), format_actions(&rule.actions));
+
+        let mut never = Rule::new(key(), parse_actions("drop acl-deny").unwrap());
+        never.idle_timeout = Some(Duration::MAX);
+        let back = Rule::try_from(&v1::Rule::from(&never)).unwrap();
+        assert_eq!(back.idle_timeout, Some(Duration::MAX));
+
+        let v6: FlowKey = "7 udp [2001:2::1]:5 > [2001:2::2]:6".parse().unwrap();
+        let r = Rule::new(v6, parse_actions("set-dst [2001:2::9]:7; out 0").unwrap());
+        assert_eq!(Rule::try_from(&v1::Rule::from(&r)).unwrap(), r);
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        let req = RuleRequest {
+            key: key(),
+            hash: key().hash(),
+            tenant: 3,
+            chain: 4,
+            meta: PacketMeta {
+                len: 60,
+                tcp_flags: 2,
+                icmp_error: false,
+                ingress_port: 1,
+            },
+            worker: 2,
+        };
+        let m = request_to_proto(&req, 77);
+        assert_eq!(m.id, 77);
+        assert_eq!(RuleRequest::try_from(&m).unwrap(), req);
+
+        let mut reply = RuleReply::ok(Rule::new(key(), parse_actions("out 0").unwrap()));
+        reply.also.push(Rule::new(
+            key().reversed(),
+            parse_actions("count; out 0").unwrap(),
+        ));
+        let m = reply_to_proto(&reply, 77, 2);
+        assert_eq!((m.id, m.worker), (77, 2));
+        assert_eq!(RuleReply::try_from(&m).unwrap(), reply);
+        let e = RuleReply::err(key(), "snat-exhausted");
+        assert_eq!(RuleReply::try_from(&reply_to_proto(&e, 1, 0)).unwrap(), e);
+    }
+
+    #[test]
+    fn bad_messages_are_typed_errors() {
+        let short = v1::FlowKey { raw: vec![0; 39] };
+        assert_eq!(FlowKey::try_from(&short), Err(ConvertError::KeyLength(39)));
+        assert_eq!(key_of(None), Err(ConvertError::Missing("key")));
+        assert_eq!(
+            Action::try_from(&v1::Action { kind: None }),
+            Err(ConvertError::UnknownAction)
+        );
+        let enc = |vni, dst: Vec<u8>, mac: Vec<u8>| v1::Action {
+            kind: Some(v1::action::Kind::Encap(v1::Encap {
+                dst,
+                vni,
+                inner_dmac: mac,
+                inner_smac: vec![],
+            })),
+        };
+        assert_eq!(
+            Action::try_from(&enc(1 << 24, vec![1, 2, 3, 4], vec![])),
+            Err(ConvertError::BadVni(1 << 24))
+        );
+        assert_eq!(
+            Action::try_from(&enc(5, vec![1; 16], vec![])),
+            Err(ConvertError::NotIpv4(16))
+        );
+        assert_eq!(
+            Action::try_from(&enc(5, vec![1; 4], vec![1; 5])),
+            Err(ConvertError::MacLength(5))
+        );
+        let port = v1::Action {
+            kind: Some(v1::action::Kind::SetSrc(v1::Endpoint {
+                addr: vec![1; 3],
+                port: None,
+            })),
+        };
+        assert_eq!(Action::try_from(&port), Err(ConvertError::AddrLength(3)));
+        let port = v1::Action {
+            kind: Some(v1::action::Kind::SetDst(v1::Endpoint {
+                addr: vec![],
+                port: Some(70000),
+            })),
+        };
+        assert!(matches!(
+            Action::try_from(&port),
+            Err(ConvertError::OutOfRange { what: "port", .. })
+        ));
+        let out = v1::Action {
+            kind: Some(v1::action::Kind::Output(256)),
+        };
+        assert!(Action::try_from(&out).is_err());
+        let mut req = request_to_proto(
+            &RuleRequest {
+                key: key(),
+                hash: 0,
+                tenant: 0,
+                chain: 0,
+                meta: PacketMeta {
+                    len: 0,
+                    tcp_flags: 0,
+                    icmp_error: false,
+                    ingress_port: 0,
+                },
+                worker: 0,
+            },
+            1,
+        );
+        req.worker = 1 << 20;
+        assert!(RuleRequest::try_from(&req).is_err());
+        req.worker = 0;
+        req.meta = None;
+        assert_eq!(
+            RuleRequest::try_from(&req),
+            Err(ConvertError::Missing("meta"))
+        );
+        // Garbage bytes are a decode error, not a panic.
+        assert!(v1::RuleRequestBatch::decode(&[0xff, 0xff, 0xff][..]).is_err());
+    }
+
+    #[test]
+    fn chain_defs_parse_and_validate() {
+        let j = r#"{
+            "tenant": 1, "chain": 2,
+            "nfs": [{"kind": "fw"}, {"kind": "snat"}, {"kind": "lb"}, {"kind": "monitor"}],
+            "spec": [{"nf": 0, "arms": [{"label": "web", "step": 2}], "default": [1]}, 3],
+            "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200},
+                        "inner_dmac": "02:00:00:00:00:09", "output": 1},
+            "reverse": {"decap": true}
+        }"#;
+        let d: ChainDef = serde_json::from_str(j).unwrap();
+        let c = d.to_proto().unwrap();
+        let p = ChainParts::try_from(&c).unwrap();
+        assert_eq!(p.nfs.len(), 4);
+        assert_eq!(
+            p.spec,
+            ChainSpec::Seq(vec![
+                ChainSpec::Branch {
+                    nf: 0,
+                    arms: vec![("web".into(), ChainSpec::Nf(2))],
+                    default: Box::new(ChainSpec::Seq(vec![ChainSpec::Nf(1)])),
+                },
+                ChainSpec::Nf(3)
+            ])
+        );
+        assert_eq!(p.forward.encap, Some((Ipv4Addr::new(198, 18, 0, 9), 200)));
+        assert_eq!(p.forward.inner_dmac, Some([2, 0, 0, 0, 0, 9]));
+        assert_eq!(
+            p.reverse,
+            Egress {
+                decap: true,
+                ..Egress::LOCAL
+            }
+        );
+
+        let mut bad = d.clone();
+        bad.spec = Some(StepDef::Nf(9));
+        assert!(bad.to_proto().is_err());
+        let mut bad = d.clone();
+        bad.forward.encap = Some(EncapDef {
+            dst: Ipv4Addr::LOCALHOST,
+            vni: 1 << 24,
+        });
+        assert!(bad.to_proto().is_err());
+        let mut bad = d;
+        bad.nfs.clear();
+        assert!(bad.to_proto().is_err());
+    }
+}

@@ -1,0 +1,507 @@
+//! `starfabric bench setup`: new flows per second and first-packet latency through the
+//! whole control path on loopback: PP miss → FM → SC head → middle → tail → FM → PP
+//! install and release.
+//!
+//! Everything runs in this process but talks real gRPC over 127.0.0.1: an FM (its own
+//! tokio runtime), three SC nodes (each on its own runtime thread, as separate processes
+//! would be), and a PP pipeline worker with the FM client. The worker's packet source
+//! makes one packet per new flow and stamps the flow's number into its payload; the
+//! packet's release after the rule is installed stops the flow's clock.
+//!
+//! Two measurements, each `--seconds` long:
+//! - *saturated*: as many new flows in flight as `--window` allows, to find the most
+//!   flows per second the path sustains (`flows_per_s`);
+//! - *paced*: new flows offered open-loop at `--rate` per second, for the latency at
+//!   that load (`p50_us`, `p99_us`).
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+use pipeline::{
+    Desc, IoError, MonotonicClock, NodeAddr, PacketIo, Pipeline, PipelineConfig, Verdict,
+    VpcBinding, Worker, FRAME_SIZE, HEADROOM,
+};
+use pp::{FmClient, FmClientConfig};
+use proto::ChainDef;
+use serde::Serialize;
+
+#[derive(Args, Clone, Debug)]
+pub struct SetupBenchArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Offered new flows per second for the latency measurement.
+    #[arg(long, default_value_t = 50_000.0)]
+    pub rate: f64,
+    /// New flows in flight at most in the saturated measurement.
+    #[arg(long, default_value_t = 2048)]
+    pub window: usize,
+    /// How long the PP FM client waits to fill a batch, in microseconds.
+    #[arg(long, default_value_t = 100)]
+    pub linger_us: u64,
+    /// NFs of the chain: `test` (the SC crate's deterministic FW → SNAT → LB) or
+    /// `builtin` (nfs' firewall, SNAT and load balancer).
+    #[arg(long, default_value = "test")]
+    pub nfs: String,
+}
+
+/// Results; field names are the documented JSON interface.
+#[derive(Serialize, Debug)]
+pub struct SetupBench {
+    /// New flows per second, saturated (window of `window` flows in flight).
+    pub flows_per_s: f64,
+    /// First-packet latency at `rate` offered flows per second, microseconds.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Offered and achieved rate of the latency measurement.
+    pub rate: f64,
+    pub paced_flows_per_s: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    /// Latency in the saturated measurement.
+    pub saturated_p50_us: f64,
+    pub saturated_p99_us: f64,
+    pub window: usize,
+    pub chain: String,
+    /// Flows that did not complete (dropped or timed out), both measurements.
+    pub failed: u64,
+    /// Mean requests per PP → FM batch and per FM → SC submit.
+    pub pp_batch: f64,
+    pub fm_batch: f64,
+    pub seconds: f64,
+}
+
+const VNI: u32 = 100;
+const DST: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 100);
+const INNER_SRC: usize = 50 + 14 + 12;
+const INNER_SPORT: usize = 50 + 14 + 20;
+const SNAT_ADDRS: usize = 32;
+
+fn chain(nfs: &str) -> Result<ChainDef> {
+    let addrs: Vec<String> = (0..SNAT_ADDRS)
+        .map(|i| format!("198.19.255.{}", i + 1))
+        .collect();
+    let nfs = match nfs {
+        "test" => serde_json::json!([
+            {"kind": "test-fw", "deny_dports": [23]},
+            {"kind": "test-snat", "addrs": addrs, "ports": [1024, 65535]},
+            {"kind": "test-lb", "vip": DST.to_string(), "port": 53,
+             "backend": "198.19.1.7", "backend_port": 5353}
+        ]),
+        "builtin" => serde_json::json!([
+            {"kind": "fw", "tenants": [{"tenant": 1, "default_action": "allow", "rules": [
+                {"action": "deny", "proto": "tcp", "dport": 23}]}]},
+            {"kind": "snat", "pools": [{"addresses": addrs, "ports": {"lo": 1024, "hi": 65535}}]},
+            {"kind": "lb", "services": [{"vip": DST.to_string(), "port": 53, "protocol": "udp",
+                "backends": [{"addr": "198.19.1.7", "port": 5353}]}]}
+        ]),
+        other => bail!("unknown --nfs {other:?} (test or builtin)"),
+    };
+    Ok(serde_json::from_value(serde_json::json!({
+        "tenant": 1, "chain": 1, "nfs": nfs,
+        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 1},
+        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}, "output": 1}
+    }))?)
+}
+
+fn template() -> Vec<u8> {
+    // 14 + 20 + 8 + 18 = 60-byte inner frame, so the payload ends the frame.
+    let inner = ip_frame(
+        Addr::V4([198, 18, 0, 0]),
+        Addr::V4(DST.octets()),
+        L4Spec::Udp {
+            sport: 1024,
+            dport: 53,
+        },
+        &[0u8; 18],
+    );
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner)
+}
+
+fn flow_src(i: u64) -> (Ipv4Addr, u16) {
+    let a = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (i >> 14) as u32;
+    (Ipv4Addr::from(a), 1024 + (i & 0x3fff) as u16)
+}
+
+enum Pace {
+    Window(usize),
+    Rate(f64),
+}
+
+/// Makes one packet per new flow and times each flow from its packet's arrival to its
+/// release.
+struct FlowGen {
+    region: Vec<u8>,
+    slots: usize,
+    template: Vec<u8>,
+    base: u64,
+    next: u64,
+    stop_generating: bool,
+    pace: Pace,
+    start: Instant,
+    /// Arrival time (ns since `start`) by flow, relative to `base`.
+    t_in: Vec<u64>,
+    lat_ns: Vec<u64>,
+    /// Flows known to have failed (set by the driver from pipeline drop counters).
+    failed: u64,
+}
+
+impl FlowGen {
+    fn new(base: u64, pace: Pace, slots: usize) -> Self {
+        FlowGen {
+            region: vec![0u8; slots * FRAME_SIZE],
+            slots,
+            template: template(),
+            base,
+            next: base,
+            stop_generating: false,
+            pace,
+            start: Instant::now(),
+            t_in: Vec::new(),
+            lat_ns: Vec::new(),
+            failed: 0,
+        }
+    }
+
+    fn generated(&self) -> u64 {
+        self.next - self.base
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.generated() - self.lat_ns.len() as u64 - self.failed
+    }
+
+    /// Flows that may be generated now.
+    fn due(&self, now_ns: u64) -> u64 {
+        if self.stop_generating {
+            return 0;
+        }
+        match self.pace {
+            Pace::Window(w) => (w as u64).saturating_sub(self.in_flight()),
+            Pace::Rate(r) => {
+                let should = (now_ns as f64 * r / 1e9) as u64;
+                should.saturating_sub(self.generated())
+            }
+        }
+    }
+
+    /// How long an idle worker may sleep: until the next paced flow is due, but at
+    /// least `GRAIN`, so that paced flows arrive in small bursts as they would from a
+    /// NIC ring rather than one wakeup per flow.
+    fn until_due(&self) -> Duration {
+        const GRAIN: u64 = 50_000;
+        match self.pace {
+            Pace::Window(_) => Duration::from_millis(1),
+            Pace::Rate(r) => {
+                let at = ((self.generated() + 1) as f64 / r * 1e9) as u64;
+                let now = self.start.elapsed().as_nanos() as u64;
+                Duration::from_nanos(at.saturating_sub(now).clamp(GRAIN, 1_000_000))
+            }
+        }
+    }
+
+    fn record(&mut self, region: &[u8], descs: &[Desc]) -> usize {
+        let now = self.start.elapsed().as_nanos() as u64;
+        let mut n = 0;
+        for d in descs {
+            if let Verdict::Tx(_) = d.verdict {
+                let data = d.data(region);
+                let Some(id) = data.last_chunk::<8>().map(|b| u64::from_le_bytes(*b)) else {
+                    continue;
+                };
+                if let Some(t) = id
+                    .checked_sub(self.base)
+                    .and_then(|i| self.t_in.get(i as usize))
+                {
+                    self.lat_ns.push(now.saturating_sub(*t));
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+}
+
+impl PacketIo for FlowGen {
+    fn rx(&mut self, descs: &mut Vec<Desc>, max: usize) -> Result<usize, IoError> {
+        descs.clear();
+        let now = self.start.elapsed().as_nanos() as u64;
+        let n = self.due(now).min(max.min(self.slots) as u64) as usize;
+        let len = self.template.len();
+        for i in 0..n {
+            let flow = self.next;
+            self.next += 1;
+            let base = i * FRAME_SIZE;
+            let out = &mut self.region[base + HEADROOM..base + HEADROOM + len];
+            out.copy_from_slice(&self.template);
+            let (src, sport) = flow_src(flow);
+            out[INNER_SRC..INNER_SRC + 4].copy_from_slice(&src.octets());
+            out[INNER_SPORT..INNER_SPORT + 2].copy_from_slice(&sport.to_be_bytes());
+            out[len - 8..].copy_from_slice(&flow.to_le_bytes());
+            self.t_in.push(now);
+            descs.push(Desc::new(base, HEADROOM, len, FRAME_SIZE, 0));
+        }
+        Ok(n)
+    }
+
+    fn region(&mut self) -> &mut [u8] {
+        &mut self.region
+    }
+
+    fn tx(&mut self, descs: &[Desc]) -> Result<usize, IoError> {
+        // Packets are held on a miss; a direct transmit means a hit, which a new flow
+        // never is.
+        let region = std::mem::take(&mut self.region);
+        let n = self.record(&region, descs);
+        self.region = region;
+        Ok(n)
+    }
+
+    fn tx_from(&mut self, region: &[u8], descs: &[Desc]) -> Result<usize, IoError> {
+        Ok(self.record(region, descs))
+    }
+}
+
+struct Phase {
+    flows_per_s: f64,
+    lat_us: Vec<f64>,
+    failed: u64,
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+/// Run one measurement on a fresh pipeline (fresh flow table) sharing the FM session.
+fn phase(
+    link: &mut Option<pp::WorkerLink>,
+    base: u64,
+    pace: Pace,
+    seconds: f64,
+) -> Result<(Phase, u64, pp::WorkerLink)> {
+    let l = link.take().context("worker link")?;
+    let mut cfg = PipelineConfig::new(NodeAddr {
+        ip: Ipv4Addr::new(198, 18, 0, 1),
+        mac: [2, 0, 0, 0, 0, 1],
+        gw_mac: [2, 0, 0, 0, 0, 2],
+    });
+    cfg.flow_capacity = 1 << 20;
+    cfg.pending.global = 16384;
+    cfg.pending.timeout_ms = 2000;
+    let mut p = Pipeline::new(cfg, l.source)?;
+    p.bind_vpc(
+        VNI,
+        VpcBinding {
+            tenant: 1,
+            chain: 1,
+        },
+    );
+    let gen = FlowGen::new(base, pace, pipeline::MAX_BATCH);
+    let mut w = Worker::new(p, gen, pipeline::MAX_BATCH, Box::new(MonotonicClock::new()));
+    let doorbell = l.doorbell;
+    w.io.start = Instant::now();
+    let run_for = Duration::from_secs_f64(seconds);
+    let drain_limit = run_for + Duration::from_secs(5);
+    loop {
+        let el = w.io.start.elapsed();
+        if el >= run_for {
+            w.io.stop_generating = true;
+        }
+        let s = w.pipeline.stats();
+        w.io.failed = s.total_drops();
+        if w.io.stop_generating && w.io.in_flight() == 0 || el >= drain_limit {
+            break;
+        }
+        let before = w.io.lat_ns.len();
+        let n = w.run_once()?;
+        if n == 0 && w.io.lat_ns.len() == before {
+            // Idle: sleep until a reply rings or the next paced flow is due.
+            let _ = doorbell.recv_timeout(w.io.until_due());
+        }
+    }
+    let s = w.pipeline.stats();
+    let done = w.io.lat_ns.len() as u64;
+    let failed = w.io.generated() - done;
+    if s.total_drops() > 0 {
+        tracing::warn!(drops = s.total_drops(), "flows dropped in the setup bench");
+    }
+    let elapsed = w.io.start.elapsed().as_secs_f64().min(seconds + 5.0);
+    let last = (w.io.t_in.iter().zip(&w.io.lat_ns))
+        .map(|(t, l)| t + l)
+        .max()
+        .unwrap_or(0) as f64
+        / 1e9;
+    let span = if last > 0.0 { last } else { elapsed };
+    let mut lat_us: Vec<f64> = w.io.lat_ns.iter().map(|n| *n as f64 / 1e3).collect();
+    lat_us.sort_by(f64::total_cmp);
+    let next = w.io.next;
+    // Give the rule source back for the next phase.
+    let Worker { pipeline, .. } = w;
+    drop(pipeline);
+    Ok((
+        Phase {
+            flows_per_s: done as f64 / span,
+            lat_us,
+            failed,
+        },
+        next,
+        pp::WorkerLink {
+            source: pipeline::RuleSource::None,
+            doorbell,
+        },
+    ))
+}
+
+pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
+    let chain = chain(&a.nfs)?;
+    let factory: Arc<dyn sc::ChainFactory> = match a.nfs.as_str() {
+        "test" => Arc::new(sc::testing::TestNfs),
+        _ => Arc::new(sc::BuiltinNfs),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let fm_cfg = fm::FmConfig {
+        chains: vec![chain],
+        ..fm::FmConfig::default()
+    };
+    let local = "127.0.0.1:0".parse()?;
+    let fm = rt.block_on(fm::start(fm_cfg, local))?;
+    let fm_addr = fm.addr().to_string();
+    let scs = (0..3)
+        .map(|i| {
+            sc::ScProcess::spawn(
+                sc::ScConfig::new(&format!("sc-{i}"), local, &fm_addr),
+                factory.clone(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let t = Instant::now();
+    loop {
+        let m = rt.block_on(fm.partition_map()).context("FM")?;
+        if m.groups.first().is_some_and(|g| g.replicas.len() == 3) {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            bail!("the SC group did not form");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // One FM client (one PP node), re-used by a fresh pipeline per measurement: each
+    // phase's flows are new, and so is its flow table.
+    let mut ccfg = FmClientConfig::new(&fm_addr, "pp-bench");
+    ccfg.linger = Duration::from_micros(a.linger_us);
+    let (client, links) = FmClient::start(ccfg)?;
+    let t = Instant::now();
+    while !client.connected() {
+        if t.elapsed() > Duration::from_secs(5) {
+            bail!("PP could not reach FM");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut links = links;
+    let link = links.remove(0);
+    let pipeline::RuleSource::Channel { requests, replies } = link.source else {
+        bail!("FM client gave no channel");
+    };
+    let mk = |d: &crossbeam_channel::Receiver<()>| pp::WorkerLink {
+        source: pipeline::RuleSource::Channel {
+            requests: requests.clone(),
+            replies: replies.clone(),
+        },
+        doorbell: d.clone(),
+    };
+    let doorbell = link.doorbell;
+
+    // Warm up connections, allocators and caches.
+    let (_, next, _) = phase(&mut Some(mk(&doorbell)), 0, Pace::Window(512), 0.3)?;
+    let s0 = rt.block_on(fm.stats()).context("FM")?;
+    let c0 = (
+        client
+            .stats()
+            .requests_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        client
+            .stats()
+            .batches_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let (sat, next, _) = phase(
+        &mut Some(mk(&doorbell)),
+        next,
+        Pace::Window(a.window),
+        a.seconds,
+    )?;
+    let (paced, _, _) = phase(
+        &mut Some(mk(&doorbell)),
+        next,
+        Pace::Rate(a.rate),
+        a.seconds,
+    )?;
+    let s1 = rt.block_on(fm.stats()).context("FM")?;
+    let c1 = (
+        client
+            .stats()
+            .requests_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        client
+            .stats()
+            .batches_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    drop(client);
+    fm.stop();
+    drop(scs);
+    Ok(SetupBench {
+        flows_per_s: sat.flows_per_s,
+        p50_us: pct(&paced.lat_us, 0.50),
+        p99_us: pct(&paced.lat_us, 0.99),
+        rate: a.rate,
+        paced_flows_per_s: paced.flows_per_s,
+        p999_us: pct(&paced.lat_us, 0.999),
+        max_us: paced.lat_us.last().copied().unwrap_or(f64::NAN),
+        saturated_p50_us: pct(&sat.lat_us, 0.50),
+        saturated_p99_us: pct(&sat.lat_us, 0.99),
+        window: a.window,
+        chain: match a.nfs.as_str() {
+            "test" => "test-fw → test-snat → test-lb".into(),
+            _ => "fw → snat → lb".into(),
+        },
+        failed: sat.failed + paced.failed,
+        pp_batch: (c1.0 - c0.0) as f64 / ((c1.1 - c0.1).max(1)) as f64,
+        fm_batch: (s1.submitted - s0.submitted) as f64 / ((s1.submits - s0.submits).max(1)) as f64,
+        seconds: a.seconds,
+    })
+}
+
+pub fn print(r: &SetupBench) {
+    println!("starfabric bench setup: PP → FM → SC head → middle → tail → FM → PP, loopback gRPC");
+    println!("  chain: {}", r.chain);
+    println!(
+        "  saturated ({} in flight): {:.0} new flows/s   (p50 {:.0} µs, p99 {:.0} µs)",
+        r.window, r.flows_per_s, r.saturated_p50_us, r.saturated_p99_us
+    );
+    println!(
+        "  paced at {:.0}/s: {:.0} new flows/s   first-packet latency p50 {:.0} µs, p99 {:.0} µs, \
+         p99.9 {:.0} µs, max {:.0} µs",
+        r.rate, r.paced_flows_per_s, r.p50_us, r.p99_us, r.p999_us, r.max_us
+    );
+    println!(
+        "  batching: {:.1} requests per PP → FM message, {:.1} per FM → SC submit; failed flows: {}",
+        r.pp_batch, r.fm_batch, r.failed
+    );
+}
