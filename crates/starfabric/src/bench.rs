@@ -113,17 +113,20 @@ const DST: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 9);
 const INNER_SRC: usize = 50 + 14 + 12;
 const INNER_SPORT: usize = 50 + 14 + 20;
 
-fn flow_src(i: u64) -> (Ipv4Addr, u16) {
+/// Source endpoint of bench flow `i`.
+pub(crate) fn flow_src(i: u64) -> (Ipv4Addr, u16) {
     // 198.18.0.0/15 has 2^17 addresses; 16384 ports each.
     let a = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (i >> 14) as u32;
     (Ipv4Addr::from(a), 1024 + (i & 0x3fff) as u16)
 }
 
-fn template() -> Vec<u8> {
-    // 14 + 20 + 8 + 18 = 60-byte inner frame.
+/// A tenant VXLAN frame (VNI 100) carrying a 60-byte inner UDP frame to `dst`:53
+/// (14 + 20 + 8 + 18 bytes, so the payload ends the frame); [`stamp_flow`] makes it
+/// flow `i`'s.
+pub(crate) fn template(dst: Ipv4Addr) -> Vec<u8> {
     let inner = ip_frame(
         Addr::V4([198, 18, 0, 0]),
-        Addr::V4(DST.octets()),
+        Addr::V4(dst.octets()),
         L4Spec::Udp {
             sport: 1024,
             dport: 53,
@@ -175,7 +178,7 @@ struct Traffic {
 impl Traffic {
     fn random(flows: u64) -> Self {
         Traffic {
-            template: template(),
+            template: template(DST),
             flows,
             rng: 0x2545_f491_4f6c_dd1d,
             sequential: false,
@@ -204,13 +207,19 @@ impl FrameSource for Traffic {
             // Multiply-shift range reduction: a 64-bit `%` costs more than a table hit.
             ((self.rng as u128 * self.flows as u128) >> 64) as u64
         };
-        let (src, sport) = flow_src(i);
         let n = self.template.len();
         out[..n].copy_from_slice(&self.template);
-        out[INNER_SRC..INNER_SRC + 4].copy_from_slice(&src.octets());
-        out[INNER_SPORT..INNER_SPORT + 2].copy_from_slice(&sport.to_be_bytes());
+        stamp_flow(out, i);
         Some((n, 0))
     }
+}
+
+/// Write flow `i`'s inner source address and port into a [`template`] frame.
+#[inline]
+pub(crate) fn stamp_flow(frame: &mut [u8], i: u64) {
+    let (src, sport) = flow_src(i);
+    frame[INNER_SRC..INNER_SRC + 4].copy_from_slice(&src.octets());
+    frame[INNER_SPORT..INNER_SPORT + 2].copy_from_slice(&sport.to_be_bytes());
 }
 
 fn node() -> NodeAddr {

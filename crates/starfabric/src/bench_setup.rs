@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
 use pipeline::{
     Desc, IoError, MonotonicClock, NodeAddr, PacketIo, Pipeline, PipelineConfig, Verdict,
     VpcBinding, Worker, FRAME_SIZE, HEADROOM,
@@ -81,8 +79,6 @@ pub struct SetupBench {
 
 const VNI: u32 = 100;
 const DST: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 100);
-const INNER_SRC: usize = 50 + 14 + 12;
-const INNER_SPORT: usize = 50 + 14 + 20;
 const SNAT_ADDRS: usize = 32;
 
 fn chain(nfs: &str) -> Result<ChainDef> {
@@ -110,25 +106,6 @@ fn chain(nfs: &str) -> Result<ChainDef> {
         "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 1},
         "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}, "output": 1}
     }))?)
-}
-
-fn template() -> Vec<u8> {
-    // 14 + 20 + 8 + 18 = 60-byte inner frame, so the payload ends the frame.
-    let inner = ip_frame(
-        Addr::V4([198, 18, 0, 0]),
-        Addr::V4(DST.octets()),
-        L4Spec::Udp {
-            sport: 1024,
-            dport: 53,
-        },
-        &[0u8; 18],
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner)
-}
-
-fn flow_src(i: u64) -> (Ipv4Addr, u16) {
-    let a = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (i >> 14) as u32;
-    (Ipv4Addr::from(a), 1024 + (i & 0x3fff) as u16)
 }
 
 enum Pace {
@@ -159,7 +136,7 @@ impl FlowGen {
         FlowGen {
             region: vec![0u8; slots * FRAME_SIZE],
             slots,
-            template: template(),
+            template: crate::bench::template(DST),
             base,
             next: base,
             stop_generating: false,
@@ -242,9 +219,7 @@ impl PacketIo for FlowGen {
             let base = i * FRAME_SIZE;
             let out = &mut self.region[base + HEADROOM..base + HEADROOM + len];
             out.copy_from_slice(&self.template);
-            let (src, sport) = flow_src(flow);
-            out[INNER_SRC..INNER_SRC + 4].copy_from_slice(&src.octets());
-            out[INNER_SPORT..INNER_SPORT + 2].copy_from_slice(&sport.to_be_bytes());
+            crate::bench::stamp_flow(out, flow);
             out[len - 8..].copy_from_slice(&flow.to_le_bytes());
             self.t_in.push(now);
             descs.push(Desc::new(base, HEADROOM, len, FRAME_SIZE, 0));
