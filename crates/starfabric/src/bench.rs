@@ -93,11 +93,14 @@ pub struct PipelineBench {
     pub parse_mpps: f64,
     /// Receive (copy into the ring) and transmit with no pipeline work.
     pub baseline_mpps: f64,
-    /// Table bytes per flow at capacity: bucket share + entry + rule.
+    /// Table bytes per flow at capacity: entry (key and rule) + counters + bucket share.
     pub bytes_per_flow: f64,
     pub key_bytes: usize,
     pub entry_bytes: usize,
+    /// Part of the entry.
     pub rule_bytes: usize,
+    /// Per-rule packet/byte counters, kept beside the entry.
+    pub counter_bytes: usize,
     /// Resident memory added per flow by the largest table, measured.
     pub rss_bytes_per_flow: Option<f64>,
     /// hit rate at the largest flow count over the rate at the smallest.
@@ -414,6 +417,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         key_bytes: FlowKey::LEN,
         entry_bytes: std::mem::size_of::<pipeline::FlowEntry>(),
         rule_bytes: std::mem::size_of::<pipeline::RuleSlot>(),
+        counter_bytes: std::mem::size_of::<pipeline::RuleCounters>(),
         rss_bytes_per_flow: rss_per_flow,
         large_over_small,
         batch: a.batch,
@@ -448,11 +452,14 @@ pub fn print_table(r: &PipelineBench) {
         "miss: hold+request+install+release", r.miss_mpps
     );
     println!(
-        "  bytes per flow: {:.1} (key {} + entry meta {} + rule {} + bucket share){}",
+        "  bytes per flow: {:.1} (entry {} = key {} + meta {} + rule {}; counters {}; bucket share {:.1}){}",
         r.bytes_per_flow,
+        r.entry_bytes,
         r.key_bytes,
-        r.entry_bytes - r.key_bytes,
+        r.entry_bytes - r.key_bytes - r.rule_bytes,
         r.rule_bytes,
+        r.counter_bytes,
+        r.bytes_per_flow - (r.entry_bytes + r.counter_bytes) as f64,
         r.rss_bytes_per_flow
             .map(|b| format!("; measured RSS {b:.1}"))
             .unwrap_or_default()
