@@ -240,21 +240,9 @@ impl FlowKey {
         const P2: u64 = 0x8ebc_6af0_9c88_c6e3;
         const P3: u64 = 0x5899_65cc_7537_4cc3;
         let b = &self.bytes;
-        let w = |i: usize| {
-            u64::from_le_bytes([
-                b[i],
-                b[i + 1],
-                b[i + 2],
-                b[i + 3],
-                b[i + 4],
-                b[i + 5],
-                b[i + 6],
-                b[i + 7],
-            ])
-        };
-        let a = mum(w(0) ^ seed ^ P0, w(8) ^ P1);
-        let c = mum(w(16) ^ seed ^ P2, w(24) ^ P3);
-        let d = mum(w(32) ^ seed ^ P1, seed ^ P2 ^ 40);
+        let a = mum(w(b, 0) ^ seed ^ P0, w(b, 8) ^ P1);
+        let c = mum(w(b, 16) ^ seed ^ P2, w(b, 24) ^ P3);
+        let d = mum(w(b, 32) ^ seed ^ P1, seed ^ P2 ^ 40);
         mum(a ^ c ^ P0, d ^ P3)
     }
 }

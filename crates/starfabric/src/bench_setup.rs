@@ -405,16 +405,15 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     // Warm up connections, allocators and caches.
     let (_, next, _) = phase(&mut Some(mk(&doorbell)), 0, Pace::Window(512), 0.3)?;
     let s0 = rt.block_on(fm.stats()).context("FM")?;
-    let c0 = (
-        client
-            .stats()
-            .requests_sent
-            .load(std::sync::atomic::Ordering::Relaxed),
-        client
-            .stats()
-            .batches_sent
-            .load(std::sync::atomic::Ordering::Relaxed),
-    );
+    // Requests and batches the PP client has sent so far.
+    let sent = || {
+        let s = client.stats();
+        (
+            s.requests_sent.load(std::sync::atomic::Ordering::Relaxed),
+            s.batches_sent.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    };
+    let c0 = sent();
     let (sat, next, _) = phase(
         &mut Some(mk(&doorbell)),
         next,
@@ -428,16 +427,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         a.seconds,
     )?;
     let s1 = rt.block_on(fm.stats()).context("FM")?;
-    let c1 = (
-        client
-            .stats()
-            .requests_sent
-            .load(std::sync::atomic::Ordering::Relaxed),
-        client
-            .stats()
-            .batches_sent
-            .load(std::sync::atomic::Ordering::Relaxed),
-    );
+    let c1 = sent();
     drop(client);
     fm.stop();
     drop(scs);
