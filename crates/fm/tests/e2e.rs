@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{wait, Cluster};
+use common::{nf_part, wait, Cluster};
 use packet::build::{ip_frame, vxlan_wrap, L4Spec};
 use packet::rewrite::Addr;
 use pipeline::{
@@ -268,18 +268,4 @@ fn actions_of(pp: &Pp, sport: u16, dport: u16) -> Vec<pipeline::Action> {
         .lookup_rule(&key(sport, dport))
         .unwrap()
         .0
-}
-
-/// Part `i` of a chain snapshot (length-prefixed parts, one per NF).
-fn nf_part(snap: &[u8], i: usize) -> Vec<u8> {
-    let mut b = snap;
-    for j in 0.. {
-        let (len, rest) = b.split_first_chunk::<8>().unwrap();
-        let len = u64::from_le_bytes(*len) as usize;
-        if j == i {
-            return rest[..len].to_vec();
-        }
-        b = &rest[len..];
-    }
-    unreachable!()
 }

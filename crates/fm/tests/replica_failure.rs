@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{wait, Cluster};
+use common::{nf_part, wait, Cluster};
 use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
 use pp::{FmClient, FmClientConfig};
 use proto::ChainDef;
@@ -279,20 +279,6 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
         t0.elapsed().as_secs_f64()
     );
     drop(client);
-}
-
-/// Part `i` of a chain snapshot (length-prefixed parts, one per NF).
-fn nf_part(snap: &[u8], i: usize) -> Vec<u8> {
-    let mut b = snap;
-    for j in 0.. {
-        let (len, rest) = b.split_first_chunk::<8>().unwrap();
-        let len = u64::from_le_bytes(*len) as usize;
-        if j == i {
-            return rest[..len].to_vec();
-        }
-        b = &rest[len..];
-    }
-    unreachable!()
 }
 
 #[test]

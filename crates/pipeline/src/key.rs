@@ -30,18 +30,6 @@ impl PartialEq for FlowKey {
     /// 8% of the hit path.
     #[inline(always)]
     fn eq(&self, other: &Self) -> bool {
-        let w = |b: &[u8; 40], i: usize| {
-            u64::from_ne_bytes([
-                b[i],
-                b[i + 1],
-                b[i + 2],
-                b[i + 3],
-                b[i + 4],
-                b[i + 5],
-                b[i + 6],
-                b[i + 7],
-            ])
-        };
         let (a, b) = (&self.bytes, &other.bytes);
         (w(a, 0) ^ w(b, 0))
             | (w(a, 8) ^ w(b, 8))

@@ -104,3 +104,17 @@ pub fn wait<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) ->
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Part `i` of a chain snapshot (length-prefixed parts, one per NF).
+pub fn nf_part(snap: &[u8], i: usize) -> Vec<u8> {
+    let mut b = snap;
+    for j in 0.. {
+        let (len, rest) = b.split_first_chunk::<8>().unwrap();
+        let len = u64::from_le_bytes(*len) as usize;
+        if j == i {
+            return rest[..len].to_vec();
+        }
+        b = &rest[len..];
+    }
+    unreachable!()
+}
