@@ -196,6 +196,47 @@ impl RuleCache {
         }
     }
 
+    /// Forget every rule of one tenant chain (the chain was removed or rebuilt);
+    /// returns how many went.
+    pub fn remove_chain(&mut self, tenant: u32, chain: u32) -> usize {
+        let mut n = 0;
+        for shard in &mut self.shards {
+            let before = shard.map.len();
+            shard.map.retain(|k, _| !(k.0 == tenant && k.1 == chain));
+            n += before - shard.map.len();
+        }
+        self.len -= n;
+        self.stats.invalidated += n as u64;
+        n
+    }
+
+    /// Live cached replies whose tenant passes `filter`: up to `limit` of them (in no
+    /// particular order), each with its time to expiry, and how many matched in all.
+    /// A scan of the whole cache: for operators (`starfabric flows`), not the data path.
+    pub fn list(
+        &self,
+        filter: impl Fn(u32) -> bool,
+        limit: usize,
+        now_ms: u64,
+    ) -> (Vec<(CacheKey, v1::RuleReply, u64)>, u64) {
+        let mut out = Vec::new();
+        let mut matched = 0u64;
+        for shard in &self.shards {
+            for (k, e) in &shard.map {
+                if e.deadline_ms <= now_ms || !filter(k.0) {
+                    continue;
+                }
+                matched += 1;
+                if out.len() < limit {
+                    if let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) {
+                        out.push((*k, r, e.deadline_ms - now_ms));
+                    }
+                }
+            }
+        }
+        (out, matched)
+    }
+
     fn evict_one(&mut self, s: usize, now_ms: u64) -> bool {
         let shard = &mut self.shards[s];
         while let Some((k, g)) = shard.order.pop_front() {
@@ -320,5 +361,25 @@ mod tests {
         let mut newest = [0u8; 40];
         newest[12..16].copy_from_slice(&4999u32.to_le_bytes());
         assert!(c.get(&(1, 1, newest), 5000).is_some());
+    }
+
+    #[test]
+    fn list_filters_by_tenant_and_remove_chain_forgets_one_chain() {
+        let mut c = RuleCache::new(100, 1000);
+        for i in 0..6u8 {
+            let tenant = 1 + u32::from(i % 2);
+            c.insert((tenant, 1, [i; 40]), &reply(Some(500)), 0);
+        }
+        c.insert((1, 2, [9; 40]), &reply(Some(500)), 0);
+        let (flows, matched) = c.list(|t| t == 1, 2, 100);
+        assert_eq!(matched, 4);
+        assert_eq!(flows.len(), 2);
+        assert!(flows.iter().all(|(k, _, ttl)| k.0 == 1 && *ttl == 400));
+        // Past their deadline they are not listed.
+        assert_eq!(c.list(|_| true, 100, 600).1, 0);
+        assert_eq!(c.remove_chain(1, 1), 3);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.list(|t| t == 1, 100, 100).1, 1);
+        assert_eq!(c.stats.invalidated, 3);
     }
 }

@@ -23,7 +23,7 @@ mod service;
 use std::time::Duration;
 
 pub use cache::{CacheKey, CacheStats, RuleCache};
-pub use master::{FmConfig, FmStats};
+pub use master::{DesiredChange, FmConfig, FmStats};
 pub use membership::Membership;
 pub use partition::PartitionMap;
 pub use service::{start, FmHandle, FmWireCounters};

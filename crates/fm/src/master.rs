@@ -135,6 +135,21 @@ pub(crate) enum MasterIn {
     Members(oneshot::Sender<v1::MembershipView>),
     Map(oneshot::Sender<v1::PartitionMap>),
     Stats(oneshot::Sender<FmStats>),
+    /// The orchestrator's desired configuration: tenant chains and their partitions.
+    SetDesired {
+        chains: Vec<v1::ChainConfig>,
+        partitions: Vec<v1::Partition>,
+        done: oneshot::Sender<DesiredChange>,
+    },
+    Flows(v1::FlowsRequest, oneshot::Sender<v1::FlowsReply>),
+}
+
+/// What applying a desired configuration changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DesiredChange {
+    pub added: usize,
+    pub changed: usize,
+    pub removed: usize,
 }
 
 struct Waiter {
@@ -165,6 +180,9 @@ pub(crate) struct Master {
     cfg: FmConfig,
     start: Instant,
     chains: Vec<v1::ChainConfig>,
+    /// Desired hash ranges per chain; a chain with none gets one partition of the whole
+    /// key space.
+    partitions: Vec<v1::Partition>,
     members: Membership,
     map: PartitionMap,
     cache: RuleCache,
@@ -191,6 +209,7 @@ impl Master {
             cfg,
             start,
             chains,
+            partitions: Vec::new(),
             members: Membership::default(),
             map: PartitionMap::default(),
             inflight: HashMap::new(),
@@ -312,6 +331,143 @@ impl Master {
                 let mut s = self.stats;
                 s.cache = self.cache.stats;
                 let _ = tx.send(s);
+            }
+            MasterIn::SetDesired {
+                chains,
+                partitions,
+                done,
+            } => {
+                let change = self.set_desired(chains, partitions);
+                let _ = done.send(change);
+            }
+            MasterIn::Flows(req, tx) => {
+                let limit = if req.limit == 0 { 100 } else { req.limit } as usize;
+                let (flows, matched) =
+                    self.cache
+                        .list(|t| req.all_tenants || t == req.tenant, limit, now);
+                let flows = flows
+                    .into_iter()
+                    .map(|(k, r, ttl)| v1::CachedFlow {
+                        tenant: k.0,
+                        chain: k.1,
+                        rule: match r.result {
+                            Some(v1::rule_reply::Result::Rule(rule)) => Some(rule),
+                            _ => None,
+                        },
+                        also: r.also,
+                        expires_in_ms: ttl,
+                    })
+                    .collect();
+                let _ = tx.send(v1::FlowsReply { flows, matched });
+            }
+        }
+    }
+
+    /// Replace the served chains. A removed chain's groups leave and its cached rules
+    /// go; a chain whose configuration changed is rebuilt the same way (NF state starts
+    /// empty: the NF API has no reconfigure hook yet), and new chains get groups as soon
+    /// as enough SC nodes are live. Requests in flight for a removed or rebuilt chain are
+    /// answered with an error, so no PP packet waits for a group that will not answer.
+    fn set_desired(
+        &mut self,
+        chains: Vec<v1::ChainConfig>,
+        partitions: Vec<v1::Partition>,
+    ) -> DesiredChange {
+        let mut change = DesiredChange::default();
+        let old: HashMap<(u32, u32), v1::ChainConfig> = self
+            .chains
+            .drain(..)
+            .map(|c| ((c.tenant, c.chain), c))
+            .collect();
+        let new: HashMap<(u32, u32), &v1::ChainConfig> =
+            chains.iter().map(|c| ((c.tenant, c.chain), c)).collect();
+        let ranges_of = |ps: &[v1::Partition], t: u32, c: u32| -> Vec<(u64, u64)> {
+            let mut v: Vec<(u64, u64)> = ps
+                .iter()
+                .filter(|p| p.tenant == t && p.chain == c)
+                .map(|p| (p.hash_lo, p.hash_hi))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let mut teardown = Vec::new();
+        for (k, c) in &old {
+            match new.get(k) {
+                None => {
+                    change.removed += 1;
+                    teardown.push(*k);
+                }
+                Some(n)
+                    if *n != c
+                        || ranges_of(&partitions, k.0, k.1)
+                            != ranges_of(&self.partitions, k.0, k.1) =>
+                {
+                    change.changed += 1;
+                    teardown.push(*k);
+                }
+                Some(_) => {}
+            }
+        }
+        change.added = new.keys().filter(|k| !old.contains_key(k)).count();
+        for (tenant, chain) in teardown {
+            self.teardown_chain(tenant, chain);
+        }
+        self.chains = chains;
+        self.partitions = partitions;
+        if change != DesiredChange::default() {
+            info!(
+                added = change.added,
+                changed = change.changed,
+                removed = change.removed,
+                chains = self.chains.len(),
+                "desired chains applied"
+            );
+        }
+        self.ensure_groups();
+        change
+    }
+
+    fn teardown_chain(&mut self, tenant: u32, chain: u32) {
+        let gids: Vec<u64> = self
+            .map
+            .groups()
+            .filter(|g| g.partition.tenant == tenant && g.partition.chain == chain)
+            .map(|g| g.group.id)
+            .collect();
+        for gid in gids {
+            if let Some(g) = self.map.remove(gid) {
+                for r in &g.group.replicas {
+                    if let Some(s) = self.sc_by_node.get(&r.node_id).and_then(|s| self.sc.get(s)) {
+                        let _ = s.tx.send(Ok(v1::ScDown {
+                            msg: Some(sc_down::Msg::Leave(v1::LeaveGroup {
+                                group: gid,
+                                epoch: g.group.epoch,
+                            })),
+                        }));
+                    }
+                }
+                self.to_submit.remove(&gid);
+                self.events_to_submit.remove(&gid);
+                self.group_progress.remove(&gid);
+                info!(tenant, chain, group = gid, "SC group dissolved");
+            }
+        }
+        self.cache.remove_chain(tenant, chain);
+        let gone: Vec<CacheKey> = self
+            .inflight
+            .keys()
+            .filter(|k| k.0 == tenant && k.1 == chain)
+            .copied()
+            .collect();
+        for ck in gone {
+            if let Some(f) = self.inflight.remove(&ck) {
+                self.by_id.remove(&f.id);
+                for w in &f.waiters {
+                    let mut r = proto::error_reply(&f.request, "chain-reconfigured");
+                    r.id = w.id;
+                    r.worker = w.worker;
+                    self.answer_pp(w.session, r);
+                }
             }
         }
     }
@@ -587,19 +743,46 @@ impl Master {
             if self.map.has_chain(tenant, chain) {
                 continue;
             }
-            let mut replicas = Vec::new();
-            while replicas.len() < self.cfg.replicas {
-                match self.spare_for(&replicas) {
-                    Some(r) => replicas.push(r),
-                    None => break,
-                }
+            let mut ranges: Vec<(u64, u64)> = self
+                .partitions
+                .iter()
+                .filter(|p| p.tenant == tenant && p.chain == chain)
+                .map(|p| (p.hash_lo, p.hash_hi))
+                .collect();
+            if ranges.is_empty() {
+                ranges.push((0, u64::MAX));
             }
-            if replicas.len() < self.cfg.replicas {
+            // All of a chain's partitions come up together, or none: a chain with part
+            // of its key space unowned would refuse some flows and not others.
+            let mut planned: Vec<Vec<v1::Replica>> = Vec::new();
+            for _ in &ranges {
+                let mut replicas = Vec::new();
+                while replicas.len() < self.cfg.replicas {
+                    match self.spare_for(&replicas) {
+                        Some(r) => replicas.push(r),
+                        None => break,
+                    }
+                }
+                if replicas.len() < self.cfg.replicas {
+                    break;
+                }
+                planned.push(replicas);
+            }
+            if planned.len() < ranges.len() {
                 continue;
             }
-            let gid = self.map.create(tenant, chain, 0, u64::MAX, replicas);
-            info!(tenant, chain, group = gid, "SC group created");
-            self.push_config(gid);
+            for ((lo, hi), replicas) in ranges.into_iter().zip(planned) {
+                let gid = self.map.create(tenant, chain, lo, hi, replicas);
+                info!(
+                    tenant,
+                    chain,
+                    group = gid,
+                    hash_lo = lo,
+                    hash_hi = hi,
+                    "SC group created"
+                );
+                self.push_config(gid);
+            }
         }
         let degraded: Vec<u64> = self
             .map

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::master::{FmConfig, FmStats, Master, MasterIn};
+use crate::master::{DesiredChange, FmConfig, FmStats, Master, MasterIn};
 use crate::FmError;
 
 /// Counters kept outside the master task (by the stream readers).
@@ -172,6 +172,26 @@ impl FmHandle {
 
     pub async fn stats(&self) -> Option<FmStats> {
         self.ask(MasterIn::Stats).await
+    }
+
+    /// Serve exactly these chains with these partitions from now on (the orchestrator's
+    /// desired state; see `Master::set_desired`).
+    pub async fn set_desired(
+        &self,
+        chains: Vec<v1::ChainConfig>,
+        partitions: Vec<v1::Partition>,
+    ) -> Option<DesiredChange> {
+        self.ask(|done| MasterIn::SetDesired {
+            chains,
+            partitions,
+            done,
+        })
+        .await
+    }
+
+    /// Rules in the cache.
+    pub async fn flows(&self, req: v1::FlowsRequest) -> Option<v1::FlowsReply> {
+        self.ask(|tx| MasterIn::Flows(req, tx)).await
     }
 
     pub fn stop(&self) {
@@ -407,6 +427,27 @@ impl FabricMaster for FmService {
         self.shared
             .tx
             .send(MasterIn::Map(tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        Ok(Response::new(
+            rx.await.map_err(|_| Status::unavailable("stopped"))?,
+        ))
+    }
+
+    async fn flows(
+        &self,
+        req: Request<v1::FlowsRequest>,
+    ) -> Result<Response<v1::FlowsReply>, Status> {
+        let req = req.into_inner();
+        if req.limit > 10_000 {
+            return Err(Status::invalid_argument(format!(
+                "limit {} is above 10000",
+                req.limit
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::Flows(req, tx))
             .map_err(|_| Status::unavailable("stopped"))?;
         Ok(Response::new(
             rx.await.map_err(|_| Status::unavailable("stopped"))?,

@@ -269,3 +269,72 @@ fn actions_of(pp: &Pp, sport: u16, dport: u16) -> Vec<pipeline::Action> {
         .unwrap()
         .0
 }
+
+/// The orchestrator's path: FM starts with no chains; `set_desired` adds one (groups
+/// form), the flow's rule is listed by `flows`, and removing the chain dissolves its
+/// group and forgets its cached rules.
+#[test]
+fn desired_chains_come_and_go_and_flows_lists_the_cache() {
+    let cluster = Cluster::start(vec![], 3, Arc::new(sc::testing::TestNfs));
+    wait(Duration::from_secs(5), "SC nodes", || {
+        let m = cluster.rt.block_on(cluster.fm.members()).unwrap();
+        (m.members.iter().filter(|m| m.alive).count() == 3).then_some(())
+    });
+    assert!(cluster.map().groups.is_empty());
+    let cfg = test_chain().to_proto().unwrap();
+    let change = cluster
+        .rt
+        .block_on(cluster.fm.set_desired(vec![cfg.clone()], vec![]))
+        .unwrap();
+    assert_eq!(
+        change,
+        fm::DesiredChange {
+            added: 1,
+            changed: 0,
+            removed: 0
+        }
+    );
+    let map = cluster.wait_groups(1, 3);
+    assert_eq!(
+        (map.partitions[0].hash_lo, map.partitions[0].hash_hi),
+        (0, u64::MAX)
+    );
+    // The same desired state again changes nothing.
+    let again = cluster
+        .rt
+        .block_on(cluster.fm.set_desired(vec![cfg], vec![]))
+        .unwrap();
+    assert_eq!(again, fm::DesiredChange::default());
+
+    let mut pp = pp_node(&cluster.fm_addr(), "pp-1");
+    pp.worker.io.source.push(packet(40001, 80, 0), 0);
+    pp.worker.run_once().unwrap();
+    pp.await_release(1);
+    let flows = |tenant: u32| {
+        cluster
+            .rt
+            .block_on(cluster.fm.flows(proto::v1::FlowsRequest {
+                tenant,
+                all_tenants: false,
+                limit: 10,
+            }))
+            .unwrap()
+    };
+    let listed = flows(1);
+    assert_eq!(listed.matched, 1);
+    let rule = listed.flows[0].rule.as_ref().unwrap();
+    assert_eq!(
+        proto::key_of(rule.key.as_ref()).unwrap(),
+        key(40001, 80),
+        "the cached rule is the flow's"
+    );
+    assert_eq!(flows(2).matched, 0, "another tenant sees none of it");
+
+    let gone = cluster
+        .rt
+        .block_on(cluster.fm.set_desired(vec![], vec![]))
+        .unwrap();
+    assert_eq!(gone.removed, 1);
+    assert!(cluster.map().groups.is_empty());
+    assert_eq!(flows(1).matched, 0);
+}
