@@ -40,6 +40,17 @@ async fn conformance_on_etcd_and_namespaces_are_isolated() {
     let r = other.put("y", vec![]).await.unwrap();
     assert!(r > rev && store.revision().await.unwrap() == r);
 
+    // Over etcd's limits: a clear Rejected error, nothing written.
+    let ops = (0..129)
+        .map(|i| store::TxnOp::Put(format!("many/{i}"), vec![]))
+        .collect();
+    let r = store.txn(vec![], ops).await;
+    assert!(matches!(r, Err(StoreError::Rejected(_))), "{r:?}");
+    let r = store.put("big", vec![7; 2 * 1024 * 1024]).await;
+    assert!(matches!(r, Err(StoreError::Rejected(_))), "{r:?}");
+    assert!(store.list("many/", None, 0).await.unwrap().is_empty());
+    assert!(store.get("big").await.unwrap().is_none());
+
     // The same cluster seen without a namespace has the prefixed keys.
     let raw = EtcdStore::connect(&etcd.endpoints(), "").await.unwrap();
     let run1 = raw.list("/starfabric-test/run1/", None, 0).await.unwrap();
