@@ -14,6 +14,9 @@ APT_PACKAGES=(
     pkg-config m4 libelf-dev zlib1g-dev
     protobuf-compiler make
     g++   # libfuzzer-sys compiles libFuzzer's C++ sources
+    # The store crate's tests start their own /usr/bin/etcd on random loopback
+    # ports with a temp data dir; etcdctl (etcd-client) is for debugging.
+    etcd-server etcd-client
 )
 
 # ---- apt packages -----------------------------------------------------------
@@ -37,6 +40,17 @@ else
     fi
     step "apt packages: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # etcd-server's postinst starts a system etcd (init script, 127.0.0.1:2379)
+    # and fails the install if that start fails. We never use a system etcd, so
+    # deny service starts for this install through Debian's policy-rc.d hook,
+    # unless the machine already has a policy (containers usually deny already).
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# starfabric setup.sh: no service starts during install\nexit 101\n' \
+            | "${SUDO[@]}" tee "$policy" >/dev/null
+        "${SUDO[@]}" chmod 755 "$policy"
+        trap '"${SUDO[@]}" rm -f "$policy"' EXIT
+    fi
     log="$(mktemp -t starfabric-setup-apt.XXXXXX)"
     if ! "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq >"$log" 2>&1; then
         tail -n 30 "$log" >&2; die "apt-get update failed (log: $log)"
