@@ -1,0 +1,735 @@
+//! The REST API (axum) and its OpenAPI document (utoipa), served at `/openapi.json`.
+//!
+//! Conventions, the way Kubernetes-style APIs behave:
+//! - `PUT` creates or replaces and is idempotent: the same body twice gives the same
+//!   object (201 the first time, 200 after) and no second change.
+//! - Lists take `?limit=` (1..=1000, default 100) and `?after=` (the `next` of the
+//!   previous page).
+//! - Errors are JSON `{"error": {"status", "code", "message", "field"}}`: 400 for a body
+//!   or query that does not parse, 422 for content that is not acceptable, 404 for an
+//!   unknown object, 409 for a conflict (a VNI in use, an object still referenced), 401
+//!   without a valid token, 403 for a tenant token reaching outside its tenant.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use proto::v1;
+use serde::de::DeserializeOwned;
+use utoipa::OpenApi;
+
+use crate::auth::{same_secret, Principal};
+use crate::control::Shared;
+use crate::desired::{Paging, Put};
+use crate::error::ApiError;
+use crate::model::*;
+
+type AppState = Arc<Shared>;
+
+/// A JSON body whose rejection is an [`ApiError`] naming what is wrong.
+pub struct Body<T>(pub T);
+
+#[axum::async_trait]
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(JsonRejection::JsonDataError(e)) => {
+                // The inner serde error carries the field path and the expectation.
+                let detail = std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| e.body_text());
+                Err(ApiError::invalid_json(format!(
+                    "invalid request body: {detail}"
+                )))
+            }
+            Err(JsonRejection::JsonSyntaxError(e)) => {
+                let detail = std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| e.body_text());
+                Err(ApiError::invalid_json(format!(
+                    "request body is not JSON: {detail}"
+                )))
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::invalid_json(
+                "send the body as JSON with Content-Type: application/json",
+            )),
+            Err(e) => Err(ApiError::invalid_json(e.body_text())),
+        }
+    }
+}
+
+#[axum::async_trait]
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .ok_or_else(|| {
+                ApiError::unauthorized(
+                    "missing token: send Authorization: Bearer <token> \
+                     (`starfabric up` writes the admin token to the CLI's config)",
+                )
+            })?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
+        if same_secret(token, &st.cfg.admin_token) {
+            return Ok(Principal::Admin);
+        }
+        match st.desired.token_tenant(token).await? {
+            Some(t) => Ok(Principal::Tenant(t)),
+            None => Err(ApiError::unauthorized("unknown or revoked token")),
+        }
+    }
+}
+
+/// Query parameters, parsed by hand so that a bad one gets a message naming it.
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn only(self, allowed: &[&str]) -> Result<Self, ApiError> {
+        for k in self.0.keys() {
+            if !allowed.contains(&k.as_str()) {
+                return Err(ApiError::bad_query(
+                    k,
+                    format!(
+                        "unknown query parameter {k:?} (allowed: {})",
+                        if allowed.is_empty() {
+                            "none".to_string()
+                        } else {
+                            allowed.join(", ")
+                        }
+                    ),
+                ));
+            }
+        }
+        Ok(self)
+    }
+
+    fn paging(&self) -> Result<Paging<'_>, ApiError> {
+        let limit = match self.0.get("limit") {
+            None => 100,
+            Some(s) => match s.parse::<usize>() {
+                Ok(n) if (1..=1000).contains(&n) => n,
+                _ => {
+                    return Err(ApiError::bad_query(
+                        "limit",
+                        format!("limit must be a number from 1 to 1000, got {s:?}"),
+                    ))
+                }
+            },
+        };
+        Ok(Paging {
+            after: self.0.get("after").map(String::as_str),
+            limit,
+        })
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, ApiError> {
+        match self.0.get(name).map(String::as_str) {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("true") | Some("1") | Some("") => Ok(true),
+            Some(v) => Err(ApiError::bad_query(
+                name,
+                format!("{name} must be true or false, got {v:?}"),
+            )),
+        }
+    }
+}
+
+#[axum::async_trait]
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Query(q) = Query::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_query("", e.body_text()))?;
+        Ok(Params(q))
+    }
+}
+
+fn put_response<T: serde::Serialize>(v: T, put: Put) -> Response {
+    let status = if put == Put::Created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (status, Json(v)).into_response()
+}
+
+// ---------------------------------------------------------------------- tenants
+
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
+    params(("limit" = Option<u32>, Query, description = "1..=1000, default 100"),
+           ("after" = Option<String>, Query, description = "`next` of the previous page")),
+    responses((status = 200, body = Page<Tenant>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+async fn list_tenants(
+    State(st): State<AppState>,
+    p: Principal,
+    q: Params,
+) -> Result<Json<Page<Tenant>>, ApiError> {
+    let q = q.only(&["limit", "after"])?;
+    let paging = q.paging()?;
+    match p.tenant() {
+        None => Ok(Json(st.desired.tenants(paging).await?)),
+        // A tenant token sees exactly its own tenant.
+        Some(t) => {
+            let own = st.desired.tenant(t).await?;
+            let items = if paging.after.is_none_or(|a| a < t) {
+                vec![own]
+            } else {
+                vec![]
+            };
+            Ok(Json(Page { items, next: None }))
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}", tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses((status = 200, body = Tenant), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_tenant(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> Result<Json<Tenant>, ApiError> {
+    p.check_tenant(&tenant)?;
+    Ok(Json(st.desired.tenant(&tenant).await?))
+}
+
+#[utoipa::path(put, path = "/v1/tenants/{tenant}", tag = "tenants",
+    params(("tenant" = String, Path, description = "DNS label")),
+    request_body = TenantSpec,
+    responses((status = 201, body = Tenant, description = "created"), (status = 200, body = Tenant, description = "updated or unchanged"),
+              (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn put_tenant(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+    Body(spec): Body<TenantSpec>,
+) -> Result<Response, ApiError> {
+    p.require_admin("creating or changing a tenant")?;
+    let (t, put) = st
+        .desired
+        .put_tenant(&tenant, spec, &st.pp_clusters())
+        .await?;
+    if put != Put::Unchanged {
+        tracing::info!(tenant = %t.name, id = t.id, pp_cluster = %t.pp_cluster, ?put, "tenant written");
+        st.bump();
+    }
+    Ok(put_response(t, put))
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}", tag = "tenants",
+    params(("tenant" = String, Path), ("cascade" = Option<bool>, Query, description = "also delete its VPCs, NFs, chains and tokens")),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_tenant(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+    q: Params,
+) -> Result<StatusCode, ApiError> {
+    p.require_admin("deleting a tenant")?;
+    let q = q.only(&["cascade"])?;
+    st.desired
+        .delete_tenant(&tenant, q.flag("cascade")?)
+        .await?;
+    tracing::info!(%tenant, "tenant deleted");
+    st.bump();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---------------------------------------------------------------------- VPCs, NFs, chains
+
+macro_rules! tenant_object_api {
+    ($what:literal, $path_list:literal, $path_one:literal, $ty:ty, $spec:ty,
+     $list:ident, $get:ident, $put:ident, $delete:ident,
+     $dlist:ident, $dget:ident, $dput:ident, $ddelete:ident) => {
+        #[utoipa::path(get, path = $path_list, tag = $what,
+            params(("tenant" = String, Path),
+                   ("limit" = Option<u32>, Query, description = "1..=1000, default 100"),
+                   ("after" = Option<String>, Query)),
+            responses((status = 200, body = Page<$ty>), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+        async fn $list(
+            State(st): State<AppState>,
+            p: Principal,
+            Path(tenant): Path<String>,
+            q: Params,
+        ) -> Result<Json<Page<$ty>>, ApiError> {
+            p.check_tenant(&tenant)?;
+            let q = q.only(&["limit", "after"])?;
+            Ok(Json(st.desired.$dlist(&tenant, q.paging()?).await?))
+        }
+
+        #[utoipa::path(get, path = $path_one, tag = $what,
+            params(("tenant" = String, Path), ("name" = String, Path)),
+            responses((status = 200, body = $ty), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+        async fn $get(
+            State(st): State<AppState>,
+            p: Principal,
+            Path((tenant, name)): Path<(String, String)>,
+        ) -> Result<Json<$ty>, ApiError> {
+            p.check_tenant(&tenant)?;
+            Ok(Json(st.desired.$dget(&tenant, &name).await?))
+        }
+
+        #[utoipa::path(put, path = $path_one, tag = $what,
+            params(("tenant" = String, Path), ("name" = String, Path, description = "DNS label")),
+            request_body = $spec,
+            responses((status = 201, body = $ty, description = "created"), (status = 200, body = $ty, description = "updated or unchanged"),
+                      (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+                      (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        async fn $put(
+            State(st): State<AppState>,
+            p: Principal,
+            Path((tenant, name)): Path<(String, String)>,
+            Body(spec): Body<$spec>,
+        ) -> Result<Response, ApiError> {
+            p.check_tenant(&tenant)?;
+            let (v, put) = st.desired.$dput(&tenant, &name, spec).await?;
+            if put != Put::Unchanged {
+                tracing::info!(%tenant, %name, kind = $what, ?put, "object written");
+                st.bump();
+            }
+            Ok(put_response(v, put))
+        }
+
+        #[utoipa::path(delete, path = $path_one, tag = $what,
+            params(("tenant" = String, Path), ("name" = String, Path)),
+            responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+        async fn $delete(
+            State(st): State<AppState>,
+            p: Principal,
+            Path((tenant, name)): Path<(String, String)>,
+        ) -> Result<StatusCode, ApiError> {
+            p.check_tenant(&tenant)?;
+            st.desired.$ddelete(&tenant, &name).await?;
+            tracing::info!(%tenant, %name, kind = $what, "object deleted");
+            st.bump();
+            Ok(StatusCode::NO_CONTENT)
+        }
+    };
+}
+
+tenant_object_api!(
+    "vpcs",
+    "/v1/tenants/{tenant}/vpcs",
+    "/v1/tenants/{tenant}/vpcs/{name}",
+    Vpc,
+    VpcSpec,
+    list_vpcs,
+    get_vpc,
+    put_vpc,
+    delete_vpc,
+    vpcs,
+    vpc,
+    put_vpc,
+    delete_vpc
+);
+tenant_object_api!(
+    "nfs",
+    "/v1/tenants/{tenant}/nfs",
+    "/v1/tenants/{tenant}/nfs/{name}",
+    NfInstance,
+    NfSpec,
+    list_nfs,
+    get_nf,
+    put_nf,
+    delete_nf,
+    nfs,
+    nf,
+    put_nf,
+    delete_nf
+);
+tenant_object_api!(
+    "chains",
+    "/v1/tenants/{tenant}/chains",
+    "/v1/tenants/{tenant}/chains/{name}",
+    Chain,
+    ChainSpec,
+    list_chains,
+    get_chain,
+    put_chain,
+    delete_chain,
+    chains,
+    chain,
+    put_chain,
+    delete_chain
+);
+
+// ---------------------------------------------------------------------- tokens
+
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/tokens", tag = "tokens",
+    params(("tenant" = String, Path)),
+    responses((status = 201, body = Token, description = "the token is shown only here"), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn create_token(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    p.check_tenant(&tenant)?;
+    let t = st.desired.create_token(&tenant).await?;
+    tracing::info!(%tenant, id = %t.id, "tenant token created");
+    Ok((StatusCode::CREATED, Json(t)).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/tokens", tag = "tokens",
+    params(("tenant" = String, Path)),
+    responses((status = 200, body = Vec<Token>), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_tokens(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> Result<Json<Vec<Token>>, ApiError> {
+    p.check_tenant(&tenant)?;
+    Ok(Json(st.desired.tokens(&tenant).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/tokens/{id}", tag = "tokens",
+    params(("tenant" = String, Path), ("id" = String, Path)),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn delete_token(
+    State(st): State<AppState>,
+    p: Principal,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    p.check_tenant(&tenant)?;
+    st.desired.delete_token(&tenant, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---------------------------------------------------------------------- observed state
+
+#[utoipa::path(get, path = "/v1/nodes", tag = "nodes",
+    responses((status = 200, body = Vec<Node>), (status = 403, body = ErrorBody)))]
+async fn list_nodes(State(st): State<AppState>, p: Principal) -> Result<Json<Vec<Node>>, ApiError> {
+    p.require_admin("listing nodes")?;
+    let now = Instant::now();
+    Ok(Json(st.node_list().iter().map(|n| n.to_api(now)).collect()))
+}
+
+#[utoipa::path(get, path = "/v1/nodes/{id}", tag = "nodes",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Node), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_node(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<Node>, ApiError> {
+    p.require_admin("reading a node")?;
+    st.node_list()
+        .iter()
+        .find(|n| n.info().id == id)
+        .map(|n| Json(n.to_api(Instant::now())))
+        .ok_or_else(|| ApiError::not_found(format!("node {id:?} has never registered")))
+}
+
+#[utoipa::path(get, path = "/v1/partitions", tag = "nodes",
+    responses((status = 200, body = Vec<Partition>)))]
+async fn list_partitions(
+    State(st): State<AppState>,
+    p: Principal,
+) -> Result<Json<Vec<Partition>>, ApiError> {
+    let snap = st.snapshot().await?;
+    let mut out = Vec::new();
+    for n in st.node_list() {
+        if !n.up || n.role() != v1::Role::Fm {
+            continue;
+        }
+        let Some(map) = n.report.as_ref().and_then(|r| r.partitions.as_ref()) else {
+            continue;
+        };
+        for part in &map.partitions {
+            let Some(t) = snap.tenant_by_id(part.tenant) else {
+                continue;
+            };
+            if p.check_tenant(&t.name).is_err() {
+                continue;
+            }
+            let chain = snap
+                .chains
+                .iter()
+                .find(|c| c.tenant == t.name && c.id == part.chain)
+                .map_or_else(|| format!("#{}", part.chain), |c| c.name.clone());
+            let g = map.groups.iter().find(|g| g.id == part.group);
+            out.push(Partition {
+                tenant: t.name.clone(),
+                chain,
+                hash_lo: format!("{:016x}", part.hash_lo),
+                hash_hi: format!("{:016x}", part.hash_hi),
+                group: part.group,
+                epoch: g.map_or(0, |g| g.epoch),
+                replicas: g
+                    .map(|g| g.replicas.iter().map(|r| r.node_id.clone()).collect())
+                    .unwrap_or_default(),
+                fm: n.info().id,
+            });
+        }
+    }
+    Ok(Json(out))
+}
+
+fn tenant_stats(st: &Shared, snap: &crate::desired::Snapshot, tenant: &Tenant) -> TenantStats {
+    let mut s = TenantStats {
+        tenant: tenant.name.clone(),
+        id: tenant.id,
+        ..Default::default()
+    };
+    for n in st.node_list() {
+        let Some(r) = &n.report else { continue };
+        let Some(c) = r.tenants.iter().find(|c| c.tenant == tenant.id) else {
+            continue;
+        };
+        s.nodes += 1;
+        match n.role() {
+            v1::Role::Pp => {
+                s.packets += c.packets;
+                s.bytes += c.bytes;
+                s.drops += c.drops;
+                s.flows_set_up += c.flows;
+            }
+            v1::Role::Fm => s.rule_requests += c.flows,
+            v1::Role::Sc => s.requests_applied += c.flows,
+            _ => {}
+        }
+    }
+    let _ = snap;
+    s
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/stats", tag = "stats",
+    params(("tenant" = String, Path)),
+    responses((status = 200, body = TenantStats), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_tenant_stats(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> Result<Json<TenantStats>, ApiError> {
+    p.check_tenant(&tenant)?;
+    let t = st.desired.tenant(&tenant).await?;
+    let snap = st.snapshot().await?;
+    Ok(Json(tenant_stats(&st, &snap, &t)))
+}
+
+#[utoipa::path(get, path = "/v1/stats", tag = "stats",
+    responses((status = 200, body = Vec<TenantStats>, description = "every tenant the token can see")))]
+async fn list_stats(
+    State(st): State<AppState>,
+    p: Principal,
+) -> Result<Json<Vec<TenantStats>>, ApiError> {
+    let snap = st.desired.snapshot().await?;
+    Ok(Json(
+        snap.tenants
+            .iter()
+            .filter(|t| p.check_tenant(&t.name).is_ok())
+            .map(|t| tenant_stats(&st, &snap, t))
+            .collect(),
+    ))
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/flows", tag = "stats",
+    params(("tenant" = String, Path), ("limit" = Option<u32>, Query, description = "1..=1000, default 100")),
+    responses((status = 200, body = Page<Flow>), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn list_flows(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+    q: Params,
+) -> Result<Json<Page<Flow>>, ApiError> {
+    p.check_tenant(&tenant)?;
+    let q = q.only(&["limit"])?;
+    let limit = q.paging()?.limit;
+    let t = st.desired.tenant(&tenant).await?;
+    let snap = st.snapshot().await?;
+    let fms = st.fm_addrs();
+    if fms.is_empty() {
+        return Err(ApiError::unavailable("no fabric master is up"));
+    }
+    let mut items = Vec::new();
+    let mut matched = 0;
+    for addr in fms {
+        let reply = async {
+            let mut c =
+                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .max_decoding_message_size(proto::MAX_MESSAGE);
+            c.flows(v1::FlowsRequest {
+                tenant: t.id,
+                all_tenants: false,
+                limit: limit as u32,
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|e| e.to_string())
+        };
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), reply)
+            .await
+            .map_err(|_| ApiError::unavailable(format!("fabric master {addr} did not answer")))?
+            .map_err(|e| ApiError::unavailable(format!("fabric master {addr}: {e}")))?;
+        matched += reply.matched;
+        for f in reply.flows {
+            let chain = snap
+                .chains
+                .iter()
+                .find(|c| c.tenant == t.name && c.id == f.chain)
+                .map_or_else(|| format!("#{}", f.chain), |c| c.name.clone());
+            let show = |r: &v1::Rule| -> Option<(String, String)> {
+                let rule = pipeline::Rule::try_from(r).ok()?;
+                Some((
+                    rule.key.to_string(),
+                    pipeline::format_actions(&rule.actions),
+                ))
+            };
+            let Some((key, actions)) = f.rule.as_ref().and_then(show) else {
+                continue;
+            };
+            let rev = f.also.first().and_then(show);
+            items.push(Flow {
+                chain,
+                key,
+                actions,
+                reverse_key: rev.as_ref().map(|r| r.0.clone()),
+                reverse_actions: rev.map(|r| r.1),
+                expires_in_ms: f.expires_in_ms,
+            });
+        }
+    }
+    items.sort_by(|a, b| a.key.cmp(&b.key));
+    items.truncate(limit);
+    let next = (matched as usize > items.len())
+        .then(|| format!("{} more", matched as usize - items.len()));
+    Ok(Json(Page { items, next }))
+}
+
+#[utoipa::path(get, path = "/v1/status", tag = "nodes",
+    responses((status = 200, body = Status)))]
+async fn status(State(st): State<AppState>, p: Principal) -> Result<Json<Status>, ApiError> {
+    let snap = st.desired.snapshot().await?;
+    let now = Instant::now();
+    let nodes: Vec<Node> = st.node_list().iter().map(|n| n.to_api(now)).collect();
+    let up = nodes.iter().filter(|n| n.status == "up").count() as u64;
+    let healthy = !nodes.is_empty() && nodes.iter().all(|n| n.status == "up" && n.ready);
+    let visible = |t: &str| p.check_tenant(t).is_ok();
+    Ok(Json(Status {
+        orchestrator: st.cfg.id.clone(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        store: st.desired.store().backend().into(),
+        store_revision: snap.revision,
+        tenants: snap.tenants.iter().filter(|t| visible(&t.name)).count() as u64,
+        chains: snap.chains.iter().filter(|c| visible(&c.tenant)).count() as u64,
+        nodes_up: up,
+        nodes_down: nodes.len() as u64 - up,
+        healthy,
+        // Node details are the operator's; a tenant sees only the summary.
+        nodes: if p.tenant().is_none() {
+            nodes
+        } else {
+            Vec::new()
+        },
+    }))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "starfabric orchestrator API", version = "1",
+         description = "Tenants, VPCs, NF instances and chains (desired state), and the nodes, partitions, flows and counters that serve them. Authenticate with `Authorization: Bearer <token>`: the admin token, or a tenant token confined to its tenant."),
+    paths(list_tenants, get_tenant, put_tenant, delete_tenant,
+          list_vpcs, get_vpc, put_vpc, delete_vpc,
+          list_nfs, get_nf, put_nf, delete_nf,
+          list_chains, get_chain, put_chain, delete_chain,
+          create_token, list_tokens, delete_token,
+          list_nodes, get_node, list_partitions, status,
+          get_tenant_stats, list_stats, list_flows),
+    components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
+                       Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let c = openapi.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no such endpoint: {uri} (see /openapi.json)"))
+}
+
+/// The API router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .route("/healthz", get(healthz))
+        .route("/v1/status", get(status))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/:id", get(get_node))
+        .route("/v1/partitions", get(list_partitions))
+        .route("/v1/stats", get(list_stats))
+        .route("/v1/tenants", get(list_tenants))
+        .route(
+            "/v1/tenants/:tenant",
+            get(get_tenant).put(put_tenant).delete(delete_tenant),
+        )
+        .route("/v1/tenants/:tenant/vpcs", get(list_vpcs))
+        .route(
+            "/v1/tenants/:tenant/vpcs/:name",
+            get(get_vpc).put(put_vpc).delete(delete_vpc),
+        )
+        .route("/v1/tenants/:tenant/nfs", get(list_nfs))
+        .route(
+            "/v1/tenants/:tenant/nfs/:name",
+            get(get_nf).put(put_nf).delete(delete_nf),
+        )
+        .route("/v1/tenants/:tenant/chains", get(list_chains))
+        .route(
+            "/v1/tenants/:tenant/chains/:name",
+            get(get_chain).put(put_chain).delete(delete_chain),
+        )
+        .route(
+            "/v1/tenants/:tenant/tokens",
+            get(list_tokens).post(create_token),
+        )
+        .route(
+            "/v1/tenants/:tenant/tokens/:id",
+            axum::routing::delete(delete_token),
+        )
+        .route("/v1/tenants/:tenant/stats", get(get_tenant_stats))
+        .route("/v1/tenants/:tenant/flows", get(list_flows))
+        .fallback(not_found)
+        .with_state(state)
+}

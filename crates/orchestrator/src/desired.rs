@@ -1,0 +1,993 @@
+//! Desired state: tenants, VPCs, NF instances and chains in the [`store::Store`], with
+//! every check that keeps them consistent.
+//!
+//! Each write is one store transaction whose compares pin what the checks read, so a
+//! request either applies whole or leaves the state exactly as it was, also against
+//! a concurrent writer (another request, or another orchestrator on the same etcd).
+//!
+//! Key layout (under the store's own prefix):
+//!
+//! ```text
+//! tenants/{tenant}                  Tenant
+//! tenant-ids/{id:010}               tenant name (ids are unique)
+//! vpcs/{tenant}/{vpc}               Vpc
+//! vnis/{vni:08}                     "{tenant}/{vpc}" (VNIs are unique across tenants)
+//! nfs/{tenant}/{nf}                 NfInstance
+//! chains/{tenant}/{chain}           Chain
+//! chain-ids/{tenant}/{id:010}       chain name
+//! vpc-chain/{tenant}/{vpc}          chain name (a VPC binds one chain)
+//! tokens/{sha256(token)}            TokenRecord
+//! meta/next-tenant-id               counter
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use store::{Compare, Store, TxnOp, Versioned};
+
+use crate::error::ApiError;
+use crate::model::*;
+
+/// Longest object name (a DNS label).
+const MAX_NAME: usize = 63;
+/// Retries of a transaction that lost a race on a counter.
+const TXN_RETRIES: usize = 8;
+
+/// Object names are DNS labels: lower-case letters, digits and `-`, 1..=63 characters,
+/// starting and ending with a letter or digit. They appear in URLs and store keys.
+pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
+    let ok = !s.is_empty()
+        && s.len() <= MAX_NAME
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!(
+                "{field} {s:?} is not a valid name: use 1 to {MAX_NAME} lower-case letters, \
+                 digits and '-', starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+fn check_prefix(field: &str, s: &str) -> Result<(), ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            field,
+            format!("{field}: {s:?} is not an address prefix like 198.19.0.0/16 or 2001:db8::/32"),
+        )
+    };
+    let (addr, len) = s.split_once('/').ok_or_else(bad)?;
+    let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    if len > max {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// A tenant token as stored: only its hash is kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub id: String,
+    pub tenant: String,
+}
+
+/// Everything desired, read at one store revision: what reconciliation works from.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub revision: u64,
+    pub tenants: Vec<Tenant>,
+    pub vpcs: Vec<Vpc>,
+    pub nfs: Vec<NfInstance>,
+    pub chains: Vec<Chain>,
+}
+
+impl Snapshot {
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+
+    pub fn tenant_by_id(&self, id: u32) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| t.id == id)
+    }
+}
+
+/// A list request: at most `limit` items after `after`.
+#[derive(Debug, Clone, Copy)]
+pub struct Paging<'a> {
+    pub after: Option<&'a str>,
+    pub limit: usize,
+}
+
+/// Desired-state operations over a store.
+#[derive(Clone)]
+pub struct Desired {
+    store: Arc<dyn Store>,
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing our own plain structs cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn decode<T: DeserializeOwned>(key: &str, v: &Versioned) -> Result<T, ApiError> {
+    serde_json::from_slice(&v.value)
+        .map_err(|e| ApiError::internal(format!("stored {key} does not decode: {e}")))
+}
+
+/// Set the read-only `revision` field of a decoded resource.
+trait Revised {
+    fn set_revision(&mut self, r: u64);
+}
+macro_rules! revised {
+    ($($t:ty),*) => {$(impl Revised for $t { fn set_revision(&mut self, r: u64) { self.revision = r; } })*};
+}
+revised!(Tenant, Vpc, NfInstance, Chain);
+
+/// Whether a PUT created the object or replaced (or kept) it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+impl Desired {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Desired { store }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    async fn read<T: DeserializeOwned + Revised>(
+        &self,
+        key: &str,
+    ) -> Result<Option<(T, u64)>, ApiError> {
+        match self.store.get(key).await? {
+            Some(v) => {
+                let mut t: T = decode(key, &v)?;
+                t.set_revision(v.mod_rev);
+                Ok(Some((t, v.mod_rev)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn list_of<T: DeserializeOwned + Revised>(
+        &self,
+        prefix: &str,
+        page: Paging<'_>,
+    ) -> Result<Page<T>, ApiError> {
+        let after = page.after.map(|a| format!("{prefix}{a}"));
+        // One more than asked tells whether a next page exists.
+        let rows = self
+            .store
+            .list(prefix, after.as_deref(), page.limit + 1)
+            .await?;
+        let more = rows.len() > page.limit;
+        let mut items = Vec::with_capacity(rows.len().min(page.limit));
+        let mut last = None;
+        for (k, v) in rows.into_iter().take(page.limit) {
+            let mut t: T = decode(&k, &v)?;
+            t.set_revision(v.mod_rev);
+            last = Some(k[prefix.len()..].to_string());
+            items.push(t);
+        }
+        Ok(Page {
+            items,
+            next: if more { last } else { None },
+        })
+    }
+
+    async fn all<T: DeserializeOwned + Revised>(&self, prefix: &str) -> Result<Vec<T>, ApiError> {
+        let rows = self.store.list(prefix, None, 0).await?;
+        rows.into_iter()
+            .map(|(k, v)| {
+                let mut t: T = decode(&k, &v)?;
+                t.set_revision(v.mod_rev);
+                Ok(t)
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------------ tenants
+
+    pub async fn tenant(&self, name: &str) -> Result<Tenant, ApiError> {
+        self.read::<Tenant>(&format!("tenants/{name}"))
+            .await?
+            .map(|(t, _)| t)
+            .ok_or_else(|| ApiError::not_found(format!("tenant {name:?} does not exist")))
+    }
+
+    pub async fn tenants(&self, page: Paging<'_>) -> Result<Page<Tenant>, ApiError> {
+        self.list_of("tenants/", page).await
+    }
+
+    /// Create or update a tenant. `clusters` are the PP clusters known now, for
+    /// placing a new tenant that names none.
+    pub async fn put_tenant(
+        &self,
+        name: &str,
+        spec: TenantSpec,
+        clusters: &[String],
+    ) -> Result<(Tenant, Put), ApiError> {
+        check_name("tenant", name)?;
+        if let Some(c) = &spec.pp_cluster {
+            check_name("pp_cluster", c)?;
+        }
+        for k in spec.labels.keys() {
+            if k.is_empty() || k.len() > 63 {
+                return Err(ApiError::invalid(
+                    "labels",
+                    format!("label key {k:?} must be 1 to 63 characters"),
+                ));
+            }
+        }
+        let key = format!("tenants/{name}");
+        for _ in 0..TXN_RETRIES {
+            let current = self.read::<Tenant>(&key).await?;
+            let (tenant, compares, mut ops, put) = match current {
+                Some((old, rev)) => {
+                    let t = Tenant {
+                        name: name.to_string(),
+                        id: old.id,
+                        pp_cluster: spec.pp_cluster.clone().unwrap_or(old.pp_cluster.clone()),
+                        labels: spec.labels.clone(),
+                        revision: 0,
+                    };
+                    if (Tenant { revision: 0, ..old }) == t {
+                        return Ok((Tenant { revision: rev, ..t }, Put::Unchanged));
+                    }
+                    (
+                        t,
+                        vec![Compare::ModRev(key.clone(), rev)],
+                        vec![],
+                        Put::Updated,
+                    )
+                }
+                None => {
+                    let ctr = self.store.get("meta/next-tenant-id").await?;
+                    let (next, ctr_rev) = match &ctr {
+                        Some(v) => (
+                            std::str::from_utf8(&v.value)
+                                .ok()
+                                .and_then(|s| s.parse::<u32>().ok())
+                                .ok_or_else(|| {
+                                    ApiError::internal("meta/next-tenant-id is not a number")
+                                })?,
+                            v.mod_rev,
+                        ),
+                        None => (1, 0),
+                    };
+                    if next == u32::MAX {
+                        return Err(ApiError::conflict("tenant ids are exhausted"));
+                    }
+                    let cluster = match &spec.pp_cluster {
+                        Some(c) => c.clone(),
+                        None => self.least_loaded_cluster(clusters).await?,
+                    };
+                    let t = Tenant {
+                        name: name.to_string(),
+                        id: next,
+                        pp_cluster: cluster,
+                        labels: spec.labels.clone(),
+                        revision: 0,
+                    };
+                    let id_key = format!("tenant-ids/{next:010}");
+                    (
+                        t,
+                        vec![
+                            Compare::Absent(key.clone()),
+                            Compare::ModRev("meta/next-tenant-id".into(), ctr_rev),
+                            Compare::Absent(id_key.clone()),
+                        ],
+                        vec![
+                            TxnOp::Put(
+                                "meta/next-tenant-id".into(),
+                                (next + 1).to_string().into_bytes(),
+                            ),
+                            TxnOp::Put(id_key, name.as_bytes().to_vec()),
+                        ],
+                        Put::Created,
+                    )
+                }
+            };
+            ops.push(TxnOp::Put(key.clone(), encode(&tenant)));
+            match self.store.txn(compares, ops).await {
+                Ok(rev) => {
+                    return Ok((
+                        Tenant {
+                            revision: rev,
+                            ..tenant
+                        },
+                        put,
+                    ))
+                }
+                Err(store::StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ApiError::conflict(format!(
+            "tenant {name:?} kept changing under this request; retry"
+        )))
+    }
+
+    async fn least_loaded_cluster(&self, clusters: &[String]) -> Result<String, ApiError> {
+        if clusters.is_empty() {
+            return Ok("default".into());
+        }
+        let tenants: Vec<Tenant> = self.all("tenants/").await?;
+        let mut load: BTreeMap<&str, usize> = clusters.iter().map(|c| (c.as_str(), 0)).collect();
+        for t in &tenants {
+            if let Some(n) = load.get_mut(t.pp_cluster.as_str()) {
+                *n += 1;
+            }
+        }
+        Ok(load
+            .into_iter()
+            .min_by_key(|(c, n)| (*n, *c))
+            .map(|(c, _)| c.to_string())
+            .unwrap_or_else(|| "default".into()))
+    }
+
+    /// Delete a tenant; with `cascade`, its VPCs, NFs, chains and tokens too, in the
+    /// same transaction. Without, a tenant that still has objects is refused.
+    pub async fn delete_tenant(&self, name: &str, cascade: bool) -> Result<(), ApiError> {
+        let key = format!("tenants/{name}");
+        let (t, rev) = self
+            .read::<Tenant>(&key)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("tenant {name:?} does not exist")))?;
+        let vpcs: Vec<Vpc> = self.all(&format!("vpcs/{name}/")).await?;
+        let nfs: Vec<NfInstance> = self.all(&format!("nfs/{name}/")).await?;
+        let chains: Vec<Chain> = self.all(&format!("chains/{name}/")).await?;
+        if !cascade && (!vpcs.is_empty() || !nfs.is_empty() || !chains.is_empty()) {
+            return Err(ApiError::conflict(format!(
+                "tenant {name:?} still has {} VPCs, {} NFs and {} chains: delete them first, \
+                 or delete with ?cascade=true",
+                vpcs.len(),
+                nfs.len(),
+                chains.len()
+            )));
+        }
+        let mut compares = vec![Compare::ModRev(key.clone(), rev)];
+        let mut ops = vec![
+            TxnOp::Delete(key),
+            TxnOp::Delete(format!("tenant-ids/{:010}", t.id)),
+        ];
+        for v in &vpcs {
+            compares.push(Compare::ModRev(
+                format!("vpcs/{name}/{}", v.name),
+                v.revision,
+            ));
+            ops.push(TxnOp::Delete(format!("vpcs/{name}/{}", v.name)));
+            ops.push(TxnOp::Delete(format!("vnis/{:08}", v.vni)));
+            ops.push(TxnOp::Delete(format!("vpc-chain/{name}/{}", v.name)));
+        }
+        for n in &nfs {
+            ops.push(TxnOp::Delete(format!("nfs/{name}/{}", n.name)));
+        }
+        for c in &chains {
+            ops.push(TxnOp::Delete(format!("chains/{name}/{}", c.name)));
+            ops.push(TxnOp::Delete(format!("chain-ids/{name}/{:010}", c.id)));
+        }
+        for (k, _) in self.store.list("tokens/", None, 0).await? {
+            if let Some(v) = self.store.get(&k).await? {
+                let r: TokenRecord = decode(&k, &v)?;
+                if r.tenant == name {
+                    ops.push(TxnOp::Delete(k));
+                }
+            }
+        }
+        self.store.txn(compares, ops).await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ VPCs
+
+    pub async fn vpc(&self, tenant: &str, name: &str) -> Result<Vpc, ApiError> {
+        self.tenant(tenant).await?;
+        self.read::<Vpc>(&format!("vpcs/{tenant}/{name}"))
+            .await?
+            .map(|(v, _)| v)
+            .ok_or_else(|| {
+                ApiError::not_found(format!("VPC {name:?} of tenant {tenant:?} does not exist"))
+            })
+    }
+
+    pub async fn vpcs(&self, tenant: &str, page: Paging<'_>) -> Result<Page<Vpc>, ApiError> {
+        self.tenant(tenant).await?;
+        self.list_of(&format!("vpcs/{tenant}/"), page).await
+    }
+
+    pub async fn put_vpc(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: VpcSpec,
+    ) -> Result<(Vpc, Put), ApiError> {
+        check_name("vpc", name)?;
+        if spec.vni == 0 || spec.vni > MAX_VNI {
+            return Err(ApiError::invalid(
+                "vni",
+                format!("vni must be 1 to {MAX_VNI} (24 bits), got {}", spec.vni),
+            ));
+        }
+        for c in &spec.cidrs {
+            check_prefix("cidrs", c)?;
+        }
+        let tkey = format!("tenants/{tenant}");
+        let (_, trev) = self
+            .read::<Tenant>(&tkey)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        let key = format!("vpcs/{tenant}/{name}");
+        let vni_key = format!("vnis/{:08}", spec.vni);
+        let owner = format!("{tenant}/{name}");
+        let vpc = Vpc {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            vni: spec.vni,
+            cidrs: spec.cidrs.clone(),
+            revision: 0,
+        };
+        if let Some(v) = self.store.get(&vni_key).await? {
+            if v.value != owner.as_bytes() {
+                let other = String::from_utf8_lossy(&v.value).to_string();
+                let (ot, ov) = other.split_once('/').unwrap_or((&other, ""));
+                return Err(ApiError::conflict(format!(
+                    "vni {} is already used by VPC {ov:?} of tenant {ot:?}",
+                    spec.vni
+                ))
+                .at("vni"));
+            }
+        }
+        let current = self.read::<Vpc>(&key).await?;
+        let mut compares = vec![Compare::ModRev(tkey, trev)];
+        let mut ops = Vec::new();
+        let put = match &current {
+            Some((old, rev)) => {
+                if (Vpc {
+                    revision: 0,
+                    ..old.clone()
+                }) == vpc
+                {
+                    return Ok((
+                        Vpc {
+                            revision: *rev,
+                            ..vpc
+                        },
+                        Put::Unchanged,
+                    ));
+                }
+                compares.push(Compare::ModRev(key.clone(), *rev));
+                if old.vni != vpc.vni {
+                    ops.push(TxnOp::Delete(format!("vnis/{:08}", old.vni)));
+                }
+                Put::Updated
+            }
+            None => {
+                compares.push(Compare::Absent(key.clone()));
+                Put::Created
+            }
+        };
+        if current.as_ref().is_none_or(|(o, _)| o.vni != vpc.vni) {
+            compares.push(Compare::Absent(vni_key.clone()));
+            ops.push(TxnOp::Put(vni_key, owner.into_bytes()));
+        }
+        ops.push(TxnOp::Put(key, encode(&vpc)));
+        let rev = self.store.txn(compares, ops).await.map_err(|e| match e {
+            store::StoreError::Conflict { key } if key.starts_with("vnis/") => {
+                ApiError::conflict(format!("vni {} was just taken by another VPC", spec.vni))
+                    .at("vni")
+            }
+            e => e.into(),
+        })?;
+        Ok((
+            Vpc {
+                revision: rev,
+                ..vpc
+            },
+            put,
+        ))
+    }
+
+    pub async fn delete_vpc(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+        let v = self.vpc(tenant, name).await?;
+        let bind = format!("vpc-chain/{tenant}/{name}");
+        if let Some(c) = self.store.get(&bind).await? {
+            return Err(ApiError::conflict(format!(
+                "VPC {name:?} is used by chain {:?}: delete the chain first",
+                String::from_utf8_lossy(&c.value)
+            )));
+        }
+        self.store
+            .txn(
+                vec![
+                    Compare::ModRev(format!("vpcs/{tenant}/{name}"), v.revision),
+                    Compare::Absent(bind),
+                ],
+                vec![
+                    TxnOp::Delete(format!("vpcs/{tenant}/{name}")),
+                    TxnOp::Delete(format!("vnis/{:08}", v.vni)),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ NFs
+
+    pub async fn nf(&self, tenant: &str, name: &str) -> Result<NfInstance, ApiError> {
+        self.tenant(tenant).await?;
+        self.read::<NfInstance>(&format!("nfs/{tenant}/{name}"))
+            .await?
+            .map(|(v, _)| v)
+            .ok_or_else(|| {
+                ApiError::not_found(format!("NF {name:?} of tenant {tenant:?} does not exist"))
+            })
+    }
+
+    pub async fn nfs(&self, tenant: &str, page: Paging<'_>) -> Result<Page<NfInstance>, ApiError> {
+        self.tenant(tenant).await?;
+        self.list_of(&format!("nfs/{tenant}/"), page).await
+    }
+
+    pub async fn put_nf(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: NfSpec,
+    ) -> Result<(NfInstance, Put), ApiError> {
+        check_name("nf", name)?;
+        let tkey = format!("tenants/{tenant}");
+        let (t, trev) = self
+            .read::<Tenant>(&tkey)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        // Building the NF is the validation: exactly what SC will do with it.
+        let built = nf_config(t.id, spec.kind, &spec.config)?;
+        nfs::build(&built).map_err(|e| {
+            ApiError::invalid("config", format!("{} configuration: {e}", spec.kind.name()))
+        })?;
+        let key = format!("nfs/{tenant}/{name}");
+        let nf = NfInstance {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            kind: spec.kind,
+            config: spec.config,
+            revision: 0,
+        };
+        let current = self.read::<NfInstance>(&key).await?;
+        let mut compares = vec![Compare::ModRev(tkey, trev)];
+        let put = match &current {
+            Some((old, rev)) => {
+                if (NfInstance {
+                    revision: 0,
+                    ..old.clone()
+                }) == nf
+                {
+                    return Ok((
+                        NfInstance {
+                            revision: *rev,
+                            ..nf
+                        },
+                        Put::Unchanged,
+                    ));
+                }
+                compares.push(Compare::ModRev(key.clone(), *rev));
+                Put::Updated
+            }
+            None => {
+                compares.push(Compare::Absent(key.clone()));
+                Put::Created
+            }
+        };
+        let rev = self
+            .store
+            .txn(compares, vec![TxnOp::Put(key, encode(&nf))])
+            .await?;
+        Ok((
+            NfInstance {
+                revision: rev,
+                ..nf
+            },
+            put,
+        ))
+    }
+
+    pub async fn delete_nf(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+        let nf = self.nf(tenant, name).await?;
+        let chains: Vec<Chain> = self.all(&format!("chains/{tenant}/")).await?;
+        if let Some(c) = chains.iter().find(|c| c.nfs.iter().any(|n| n == name)) {
+            return Err(ApiError::conflict(format!(
+                "NF {name:?} is used by chain {:?}: remove it from the chain first",
+                c.name
+            )));
+        }
+        self.store
+            .txn(
+                vec![Compare::ModRev(format!("nfs/{tenant}/{name}"), nf.revision)],
+                vec![TxnOp::Delete(format!("nfs/{tenant}/{name}"))],
+            )
+            .await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ chains
+
+    pub async fn chain(&self, tenant: &str, name: &str) -> Result<Chain, ApiError> {
+        self.tenant(tenant).await?;
+        self.read::<Chain>(&format!("chains/{tenant}/{name}"))
+            .await?
+            .map(|(v, _)| v)
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "chain {name:?} of tenant {tenant:?} does not exist"
+                ))
+            })
+    }
+
+    pub async fn chains(&self, tenant: &str, page: Paging<'_>) -> Result<Page<Chain>, ApiError> {
+        self.tenant(tenant).await?;
+        self.list_of(&format!("chains/{tenant}/"), page).await
+    }
+
+    pub async fn put_chain(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: ChainSpec,
+    ) -> Result<(Chain, Put), ApiError> {
+        check_name("chain", name)?;
+        let tkey = format!("tenants/{tenant}");
+        let (t, trev) = self
+            .read::<Tenant>(&tkey)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        check_name("vpc", &spec.vpc)?;
+        if spec.nfs.is_empty() {
+            return Err(ApiError::invalid("nfs", "a chain needs at least one NF"));
+        }
+        let vkey = format!("vpcs/{tenant}/{}", spec.vpc);
+        let vrev = self
+            .store
+            .get(&vkey)
+            .await?
+            .map(|v| v.mod_rev)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "vpc",
+                    format!("VPC {:?} of tenant {tenant:?} does not exist", spec.vpc),
+                )
+            })?;
+        let mut compares = vec![Compare::ModRev(tkey, trev), Compare::ModRev(vkey, vrev)];
+        let mut nf_objs = Vec::new();
+        for n in &spec.nfs {
+            let k = format!("nfs/{tenant}/{n}");
+            let (nf, rev) = self.read::<NfInstance>(&k).await?.ok_or_else(|| {
+                ApiError::invalid(
+                    "nfs",
+                    format!("NF {n:?} of tenant {tenant:?} does not exist"),
+                )
+            })?;
+            compares.push(Compare::ModRev(k, rev));
+            nf_objs.push(nf);
+        }
+        let key = format!("chains/{tenant}/{name}");
+        let bind = format!("vpc-chain/{tenant}/{}", spec.vpc);
+        let bound = self.store.get(&bind).await?;
+        if let Some(b) = &bound {
+            if b.value != name.as_bytes() {
+                return Err(ApiError::conflict(format!(
+                    "VPC {:?} is already bound to chain {:?}; a VPC carries one chain",
+                    spec.vpc,
+                    String::from_utf8_lossy(&b.value)
+                ))
+                .at("vpc"));
+            }
+        }
+        for _ in 0..TXN_RETRIES {
+            let current = self.read::<Chain>(&key).await?;
+            let mut cmp = compares.clone();
+            let mut ops = Vec::new();
+            let (id, put) = match &current {
+                Some((old, rev)) => {
+                    cmp.push(Compare::ModRev(key.clone(), *rev));
+                    if old.vpc != spec.vpc {
+                        ops.push(TxnOp::Delete(format!("vpc-chain/{tenant}/{}", old.vpc)));
+                    }
+                    (old.id, Put::Updated)
+                }
+                None => {
+                    cmp.push(Compare::Absent(key.clone()));
+                    let used = self
+                        .store
+                        .list(&format!("chain-ids/{tenant}/"), None, 0)
+                        .await?;
+                    let id = used
+                        .iter()
+                        .filter_map(|(k, _)| k.rsplit('/').next()?.parse::<u32>().ok())
+                        .max()
+                        .unwrap_or(0)
+                        + 1;
+                    let id_key = format!("chain-ids/{tenant}/{id:010}");
+                    cmp.push(Compare::Absent(id_key.clone()));
+                    ops.push(TxnOp::Put(id_key, name.as_bytes().to_vec()));
+                    (id, Put::Created)
+                }
+            };
+            let chain = Chain {
+                tenant: tenant.to_string(),
+                name: name.to_string(),
+                id,
+                vpc: spec.vpc.clone(),
+                nfs: spec.nfs.clone(),
+                spec: spec.spec.clone(),
+                forward: spec.forward.clone(),
+                reverse: spec.reverse.clone(),
+                revision: 0,
+            };
+            // The whole chain as SC will build it: NF indices, egress, VNIs, MACs.
+            chain_def(&t, &chain, &nf_objs)?;
+            if let Some((old, rev)) = &current {
+                if (Chain {
+                    revision: 0,
+                    ..old.clone()
+                }) == chain
+                {
+                    return Ok((
+                        Chain {
+                            revision: *rev,
+                            ..chain
+                        },
+                        Put::Unchanged,
+                    ));
+                }
+            }
+            if current.as_ref().is_none_or(|(o, _)| o.vpc != spec.vpc) {
+                cmp.push(Compare::Absent(bind.clone()));
+            }
+            ops.push(TxnOp::Put(bind.clone(), name.as_bytes().to_vec()));
+            ops.push(TxnOp::Put(key.clone(), encode(&chain)));
+            match self.store.txn(cmp, ops).await {
+                Ok(rev) => {
+                    return Ok((
+                        Chain {
+                            revision: rev,
+                            ..chain
+                        },
+                        put,
+                    ))
+                }
+                Err(store::StoreError::Conflict { key: k }) if k.starts_with("chain-ids/") => {
+                    continue
+                }
+                Err(store::StoreError::Conflict { key: k }) if k == bind => {
+                    return Err(ApiError::conflict(format!(
+                        "VPC {:?} was just bound to another chain",
+                        spec.vpc
+                    ))
+                    .at("vpc"))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ApiError::conflict(format!(
+            "chain {name:?} kept changing under this request; retry"
+        )))
+    }
+
+    pub async fn delete_chain(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+        let c = self.chain(tenant, name).await?;
+        self.store
+            .txn(
+                vec![Compare::ModRev(
+                    format!("chains/{tenant}/{name}"),
+                    c.revision,
+                )],
+                vec![
+                    TxnOp::Delete(format!("chains/{tenant}/{name}")),
+                    TxnOp::Delete(format!("chain-ids/{tenant}/{:010}", c.id)),
+                    TxnOp::Delete(format!("vpc-chain/{tenant}/{}", c.vpc)),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ tokens
+
+    pub async fn create_token(&self, tenant: &str) -> Result<Token, ApiError> {
+        self.tenant(tenant).await?;
+        let secret: [u8; 24] = rand::random();
+        let token = format!("sft_{}", hex::encode(secret));
+        let id = hex::encode(&crate::auth::token_hash(&token)[..6]);
+        let rec = TokenRecord {
+            id: id.clone(),
+            tenant: tenant.to_string(),
+        };
+        let key = format!("tokens/{}", hex::encode(crate::auth::token_hash(&token)));
+        self.store
+            .txn(
+                vec![
+                    Compare::Present(format!("tenants/{tenant}")),
+                    Compare::Absent(key.clone()),
+                ],
+                vec![TxnOp::Put(key, encode(&rec))],
+            )
+            .await?;
+        Ok(Token {
+            id,
+            tenant: tenant.to_string(),
+            token: Some(token),
+        })
+    }
+
+    pub async fn tokens(&self, tenant: &str) -> Result<Vec<Token>, ApiError> {
+        self.tenant(tenant).await?;
+        let mut out = Vec::new();
+        for (k, v) in self.store.list("tokens/", None, 0).await? {
+            let r: TokenRecord = decode(&k, &v)?;
+            if r.tenant == tenant {
+                out.push(Token {
+                    id: r.id,
+                    tenant: r.tenant,
+                    token: None,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn delete_token(&self, tenant: &str, id: &str) -> Result<(), ApiError> {
+        for (k, v) in self.store.list("tokens/", None, 0).await? {
+            let r: TokenRecord = decode(&k, &v)?;
+            if r.tenant == tenant && r.id == id {
+                self.store.delete(&k).await?;
+                return Ok(());
+            }
+        }
+        Err(ApiError::not_found(format!(
+            "tenant {tenant:?} has no token {id:?}"
+        )))
+    }
+
+    /// The tenant a token belongs to, if it is a live tenant token.
+    pub async fn token_tenant(&self, token: &str) -> Result<Option<String>, ApiError> {
+        let key = format!("tokens/{}", hex::encode(crate::auth::token_hash(token)));
+        match self.store.get(&key).await? {
+            Some(v) => Ok(Some(decode::<TokenRecord>(&key, &v)?.tenant)),
+            None => Ok(None),
+        }
+    }
+
+    // ------------------------------------------------------------------ snapshot
+
+    pub async fn snapshot(&self) -> Result<Snapshot, ApiError> {
+        let revision = self.store.revision().await?;
+        Ok(Snapshot {
+            revision,
+            tenants: self.all("tenants/").await?,
+            vpcs: self.all("vpcs/").await?,
+            nfs: self.all("nfs/").await?,
+            chains: self.all("chains/").await?,
+        })
+    }
+}
+
+/// The `nfs::NfConfig` JSON an NF instance of tenant `tenant_id` becomes. The API's FW
+/// configuration is the tenant's own ACL; the built-in FW is multi-tenant, so the ACL is
+/// filed under the tenant's number here (a tenant can never write another's ACL).
+pub fn nf_config(
+    tenant_id: u32,
+    kind: NfKind,
+    config: &serde_json::Value,
+) -> Result<nfs::NfConfig, ApiError> {
+    let obj = config
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("config", "config must be a JSON object"))?;
+    if obj.contains_key("kind") {
+        return Err(ApiError::invalid(
+            "config",
+            "config must not contain \"kind\"; give the kind next to config",
+        ));
+    }
+    let mut full = serde_json::Map::new();
+    full.insert("kind".into(), kind.name().into());
+    match kind {
+        NfKind::Fw => {
+            let mut acl = obj.clone();
+            let timeouts = acl.remove("timeouts");
+            if acl.contains_key("tenant") || acl.contains_key("tenants") {
+                return Err(ApiError::invalid(
+                    "config",
+                    "an fw config is the tenant's own ACL: give \"rules\" and \
+                     \"default_action\", not \"tenant\"/\"tenants\"",
+                ));
+            }
+            acl.insert("tenant".into(), tenant_id.into());
+            full.insert("tenants".into(), serde_json::Value::Array(vec![acl.into()]));
+            full.insert("default_action".into(), "deny".into());
+            if let Some(t) = timeouts {
+                full.insert("timeouts".into(), t);
+            }
+        }
+        _ => full.extend(obj.clone()),
+    }
+    serde_json::from_value(serde_json::Value::Object(full))
+        .map_err(|e| ApiError::invalid("config", format!("{} configuration: {e}", kind.name())))
+}
+
+/// The chain as FM and SC take it.
+pub fn chain_def(
+    t: &Tenant,
+    c: &Chain,
+    nfs_in_order: &[NfInstance],
+) -> Result<proto::ChainDef, ApiError> {
+    let nfs = nfs_in_order
+        .iter()
+        .map(|n| {
+            let cfg = nf_config(t.id, n.kind, &n.config)?;
+            serde_json::to_value(&cfg).map_err(|e| ApiError::internal(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let def = proto::ChainDef {
+        tenant: t.id,
+        chain: c.id,
+        nfs,
+        spec: c.spec.clone(),
+        forward: c.forward.clone(),
+        reverse: c.reverse.clone(),
+    };
+    def.to_proto()
+        .map_err(|e| ApiError::invalid("spec", format!("chain {:?}: {e}", c.name)))?;
+    Ok(def)
+}
+
+/// Every chain of a snapshot as FM takes it; chains whose parts went missing are
+/// skipped (the API refuses to create such a state, but another writer might).
+pub fn chain_defs(s: &Snapshot) -> Vec<proto::ChainDef> {
+    let nfs: HashMap<(&str, &str), &NfInstance> = s
+        .nfs
+        .iter()
+        .map(|n| ((n.tenant.as_str(), n.name.as_str()), n))
+        .collect();
+    let mut out = Vec::new();
+    for c in &s.chains {
+        let Some(t) = s.tenant(&c.tenant) else {
+            continue;
+        };
+        let parts: Option<Vec<NfInstance>> = c
+            .nfs
+            .iter()
+            .map(|n| {
+                nfs.get(&(c.tenant.as_str(), n.as_str()))
+                    .map(|x| (*x).clone())
+            })
+            .collect();
+        let Some(parts) = parts else {
+            tracing::warn!(tenant = %c.tenant, chain = %c.name, "chain names a missing NF; not served");
+            continue;
+        };
+        match chain_def(t, c, &parts) {
+            Ok(d) => out.push(d),
+            Err(e) => {
+                tracing::warn!(tenant = %c.tenant, chain = %c.name, error = %e, "chain does not build; not served")
+            }
+        }
+    }
+    out
+}

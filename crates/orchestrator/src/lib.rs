@@ -1,0 +1,124 @@
+//! The orchestrator: the tenant-facing side of starfabric (paper 000 §3.2, §7.1).
+//!
+//! - A REST API ([`api`], axum, OpenAPI at `/openapi.json`) over the **desired state**:
+//!   tenants, VPCs (VNIs), NF instances and chains, kept in a [`store::Store`] (redb for
+//!   one node, etcd for many) by [`desired`], which validates every write and applies it
+//!   as one transaction.
+//! - **Observed state and reconciliation** ([`control`]): every PP, FM and SC node keeps a
+//!   `Control` gRPC session, reports health, load and counters, and is pushed a complete
+//!   directive whenever its desired configuration changes: chains and partitions to FM,
+//!   VNI → (tenant, chain) bindings of its PP cluster's tenants to PP, and the FM
+//!   addresses to PP and SC. A node that stops reporting is marked down.
+//! - [`agent`] is the node side of that session, used by `starfabric pp|fm|sc`.
+//! - [`auth`]: the admin token and tenant-scoped tokens.
+
+pub mod agent;
+pub mod api;
+pub mod auth;
+pub mod control;
+pub mod desired;
+pub mod error;
+pub mod model;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use thiserror::Error;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+pub use control::{OrchestratorConfig, Shared};
+pub use desired::Desired;
+pub use error::ApiError;
+
+#[derive(Debug, Error)]
+pub enum OrchestratorError {
+    #[error("cannot bind {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running orchestrator.
+pub struct OrchestratorHandle {
+    pub api_addr: SocketAddr,
+    pub control_addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl OrchestratorHandle {
+    pub fn stop(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for OrchestratorHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Start the API on `api` and the control service on `control` (port 0: any), on the
+/// current tokio runtime.
+pub async fn start(
+    cfg: OrchestratorConfig,
+    store: Arc<dyn store::Store>,
+    api: SocketAddr,
+    control: SocketAddr,
+) -> Result<OrchestratorHandle, OrchestratorError> {
+    let shared = Shared::new(cfg, Desired::new(store));
+    let api_listener =
+        tokio::net::TcpListener::bind(api)
+            .await
+            .map_err(|source| OrchestratorError::Bind {
+                what: "the API",
+                addr: api,
+                source,
+            })?;
+    let api_addr = api_listener.local_addr()?;
+    let control_listener = tokio::net::TcpListener::bind(control)
+        .await
+        .map_err(|source| OrchestratorError::Bind {
+            what: "the control service",
+            addr: control,
+            source,
+        })?;
+    let control_addr = control_listener.local_addr()?;
+    let mut tasks = Vec::new();
+    let router = api::router(shared.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(api_listener, router).await {
+            warn!(error = %e, "API server stopped");
+        }
+    }));
+    let svc = proto::v1::control_server::ControlServer::new(control::ControlService {
+        shared: shared.clone(),
+    })
+    .max_decoding_message_size(proto::MAX_MESSAGE)
+    .max_encoding_message_size(proto::MAX_MESSAGE);
+    let incoming = proto::incoming(control_listener).map_err(std::io::Error::other)?;
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = proto::server()
+            .add_service(svc)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            warn!(error = %e, "control server stopped");
+        }
+    }));
+    tasks.push(tokio::spawn(shared.clone().housekeeping()));
+    info!(%api_addr, %control_addr, store = shared.desired.store().backend(), "orchestrator listening");
+    Ok(OrchestratorHandle {
+        api_addr,
+        control_addr,
+        shared,
+        tasks,
+    })
+}

@@ -1,0 +1,291 @@
+//! The API's resources, as the REST API reads and writes them and as the store keeps
+//! them (JSON). A `…Spec` is what a client PUTs; the resource adds what the
+//! orchestrator assigns (ids, the PP cluster) and the store revision.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Largest VNI (24 bits); 0 is reserved.
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// A tenant: the unit of isolation. Its `id` is the tenant number the data plane uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Tenant {
+    pub name: String,
+    /// Data-plane tenant number, assigned at creation, never reused while it exists.
+    pub id: u32,
+    /// The PP cluster whose nodes carry this tenant's VPCs.
+    pub pp_cluster: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Store revision of the last change (read-only).
+    #[serde(default)]
+    pub revision: u64,
+}
+
+/// PUT /v1/tenants/{tenant}
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    /// PP cluster to place the tenant on; absent: the orchestrator picks the least
+    /// loaded cluster (and keeps it on later PUTs).
+    #[serde(default)]
+    pub pp_cluster: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A tenant VPC: its traffic reaches PP VXLAN-encapsulated with this VNI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Vpc {
+    pub tenant: String,
+    pub name: String,
+    pub vni: u32,
+    /// The VPC's address prefixes (informational; NF configurations name their own).
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    #[serde(default)]
+    pub revision: u64,
+}
+
+/// PUT /v1/tenants/{tenant}/vpcs/{vpc}
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VpcSpec {
+    /// 1..=16777215, unique across all tenants.
+    pub vni: u32,
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+}
+
+/// The NF kinds the platform builds in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NfKind {
+    Snat,
+    Lb,
+    Fw,
+    Monitor,
+}
+
+impl NfKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NfKind::Snat => "snat",
+            NfKind::Lb => "lb",
+            NfKind::Fw => "fw",
+            NfKind::Monitor => "monitor",
+        }
+    }
+}
+
+/// An NF instance of a tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NfInstance {
+    pub tenant: String,
+    pub name: String,
+    pub kind: NfKind,
+    /// The configuration as given (see [`NfSpec`]).
+    #[schema(value_type = Object)]
+    pub config: serde_json::Value,
+    #[serde(default)]
+    pub revision: u64,
+}
+
+/// PUT /v1/tenants/{tenant}/nfs/{nf}
+///
+/// `config` is the NF's configuration, checked by building the NF:
+/// - `snat`: `{"pools": [{"addresses": ["198.18.100.1"], "ports": {"lo": 1024, "hi": 65535},
+///   "mapping": "endpoint-independent", "sources": ["198.19.0.0/16"]}], "timeouts": {...}}`
+/// - `lb`: `{"services": [{"vip": "198.19.0.100", "port": 80, "protocol": "tcp",
+///   "backends": [{"addr": "198.19.1.7", "port": 8080}]}], "table_size": 65537}`
+/// - `fw`: the tenant's own ACL, `{"rules": [{"action": "deny", "proto": "tcp",
+///   "dport": 23}], "default_action": "allow", "timeouts": {...}}`
+/// - `monitor`: `{"max_hosts": 65536}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NfSpec {
+    pub kind: NfKind,
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// A chain of a tenant's NFs bound to one of its VPCs: PP runs it as one composed rule
+/// per flow and direction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Chain {
+    pub tenant: String,
+    pub name: String,
+    /// Data-plane chain number within the tenant, assigned at creation.
+    pub id: u32,
+    pub vpc: String,
+    /// NF instance names, in order.
+    pub nfs: Vec<String>,
+    /// Shape over `nfs` indices (absent: each in order); see docs/nf-api.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<proto::StepDef>,
+    #[schema(value_type = Object)]
+    pub forward: proto::EgressDef,
+    #[schema(value_type = Object)]
+    pub reverse: proto::EgressDef,
+    #[serde(default)]
+    pub revision: u64,
+}
+
+/// PUT /v1/tenants/{tenant}/chains/{chain}
+///
+/// `forward`/`reverse`: how the chain's rules leave PP, e.g.
+/// `{"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 0}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChainSpec {
+    pub vpc: String,
+    pub nfs: Vec<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<proto::StepDef>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub forward: proto::EgressDef,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub reverse: proto::EgressDef,
+}
+
+/// A node as the orchestrator sees it (observed state; nodes register themselves).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub id: String,
+    /// `pp`, `fm` or `sc`.
+    pub role: String,
+    /// Where peers reach it.
+    pub addr: String,
+    /// PP: its PP cluster.
+    pub cluster: String,
+    pub metrics_url: String,
+    pub version: String,
+    /// `up` or `down`.
+    pub status: String,
+    /// Up and serving (a PP node with an FM session, an FM with SC groups, ...).
+    pub ready: bool,
+    pub detail: String,
+    /// Milliseconds since its last report.
+    pub last_report_ms: u64,
+    pub requests_per_s: f64,
+    pub flows: u64,
+    pub groups: u32,
+    /// Directive version it runs / the one it should run.
+    pub applied_version: u64,
+    pub desired_version: u64,
+}
+
+/// A partition of a tenant chain's key space and the SC group owning it, as FM reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Partition {
+    pub tenant: String,
+    pub chain: String,
+    /// Flow-hash range, inclusive, as 16 hex digits.
+    pub hash_lo: String,
+    pub hash_hi: String,
+    pub group: u64,
+    pub epoch: u64,
+    /// Replica node ids, head first.
+    pub replicas: Vec<String>,
+    /// The FM that reported it.
+    pub fm: String,
+}
+
+/// One flow's rule, from FM's rule cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Flow {
+    pub chain: String,
+    /// `VNI PROTO SRC:PORT > DST:PORT`
+    pub key: String,
+    pub actions: String,
+    /// The reverse direction's rule, if it came with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverse_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverse_actions: Option<String>,
+    pub expires_in_ms: u64,
+}
+
+/// Counters of one tenant, summed over the nodes' latest reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantStats {
+    pub tenant: String,
+    pub id: u32,
+    /// PP: packets, bytes and drops of the tenant's VNIs.
+    pub packets: u64,
+    pub bytes: u64,
+    pub drops: u64,
+    /// PP: rules installed for new flows.
+    pub flows_set_up: u64,
+    /// FM: rule requests.
+    pub rule_requests: u64,
+    /// SC: requests applied (at the tail).
+    pub requests_applied: u64,
+    /// Nodes that reported counters for it.
+    pub nodes: u32,
+}
+
+/// A tenant-scoped API token. `token` is shown once, at creation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Token {
+    pub id: String,
+    pub tenant: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// GET /v1/status
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Status {
+    pub orchestrator: String,
+    pub version: String,
+    /// `embedded` or `etcd`.
+    pub store: String,
+    pub store_revision: u64,
+    pub tenants: u64,
+    pub chains: u64,
+    pub nodes_up: u64,
+    pub nodes_down: u64,
+    /// Every node up and ready.
+    pub healthy: bool,
+    pub nodes: Vec<Node>,
+}
+
+/// A page of a list. Pass `next` as `after` to get the following page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    #[serde(default)]
+    pub next: Option<String>,
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// HTTP status.
+    pub status: u16,
+    /// Machine-readable: `invalid_json`, `invalid_field`, `not_found`, `conflict`,
+    /// `unauthorized`, `forbidden`, `unavailable`, `internal`.
+    pub code: String,
+    pub message: String,
+    /// The request field at fault, when one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}

@@ -1,0 +1,684 @@
+//! The REST API over real HTTP, against both store backends (redb, and a real etcd).
+//!
+//! Every bad request must get a 4xx whose JSON names what is wrong, and must leave the
+//! state exactly as it was: the store revision (`/v1/status`) does not move.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const ADMIN: &str = "sfa_test_admin_token";
+
+struct Api {
+    base: String,
+    _rt: tokio::runtime::Runtime,
+    _orch: orchestrator::OrchestratorHandle,
+}
+
+struct Reply {
+    status: u16,
+    body: Value,
+}
+
+impl Reply {
+    /// The error message, asserting the error shape.
+    fn message(&self) -> String {
+        let e = &self.body["error"];
+        assert_eq!(
+            e["status"].as_u64(),
+            Some(u64::from(self.status)),
+            "{}",
+            self.body
+        );
+        assert!(e["code"].is_string(), "{}", self.body);
+        e["message"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+impl Api {
+    /// `store` is made on the API's runtime: an etcd client's connection tasks live on
+    /// the runtime it was created on.
+    fn start(store: impl FnOnce(&tokio::runtime::Runtime) -> Arc<dyn store::Store>) -> Api {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = store(&rt);
+        let orch = rt
+            .block_on(orchestrator::start(
+                orchestrator::OrchestratorConfig::new(ADMIN),
+                store,
+                "127.0.0.1:0".parse().unwrap(),
+                "127.0.0.1:0".parse().unwrap(),
+            ))
+            .unwrap();
+        Api {
+            base: format!("http://{}", orch.api_addr),
+            _rt: rt,
+            _orch: orch,
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Reply {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .build();
+        let mut req = agent.request(method, &format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        let res = match body {
+            Some(b) => req.set("Content-Type", "application/json").send_string(b),
+            None => req.call(),
+        };
+        let resp = match res {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = resp.status();
+        let text = resp.into_string().unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Reply { status, body }
+    }
+
+    fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
+        self.call(
+            method,
+            path,
+            Some(ADMIN),
+            body.map(|b| b.to_string()).as_deref(),
+        )
+    }
+
+    fn revision(&self) -> u64 {
+        let r = self.admin("GET", "/v1/status", None);
+        assert_eq!(r.status, 200);
+        r.body["store_revision"].as_u64().unwrap()
+    }
+
+    /// A bad request: its status, a message containing `needle`, and no state change.
+    fn refused(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<&str>,
+        status: u16,
+        needle: &str,
+    ) {
+        let before = self.revision();
+        let r = self.call(method, path, Some(token), body);
+        assert_eq!(r.status, status, "{method} {path} {body:?}: {}", r.body);
+        let m = r.message();
+        assert!(
+            m.contains(needle),
+            "{method} {path}: message {m:?} should mention {needle:?}"
+        );
+        assert_eq!(self.revision(), before, "{method} {path} changed the state");
+    }
+}
+
+fn snat(addr: &str) -> Value {
+    json!({"kind": "snat", "config": {"pools": [{"addresses": [addr], "ports": {"lo": 1024, "hi": 65535}}]}})
+}
+
+fn suite(api: &Api) {
+    // ---- authentication
+    let r = api.call("GET", "/v1/tenants", None, None);
+    assert_eq!(r.status, 401);
+    assert!(r.message().contains("Bearer"));
+    assert_eq!(
+        api.call("GET", "/v1/tenants", Some("nope"), None).status,
+        401
+    );
+
+    // ---- tenants: create, idempotent PUT, update
+    let r = api.admin("PUT", "/v1/tenants/acme", Some(json!({})));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let acme_id = r.body["id"].as_u64().unwrap();
+    assert_eq!(r.body["pp_cluster"], "default");
+    let rev = api.revision();
+    let again = api.admin("PUT", "/v1/tenants/acme", Some(json!({})));
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body["id"].as_u64(), Some(acme_id));
+    assert_eq!(api.revision(), rev, "an identical PUT writes nothing");
+    let r = api.admin(
+        "PUT",
+        "/v1/tenants/acme",
+        Some(json!({"labels": {"tier": "gold"}})),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["labels"]["tier"], "gold");
+    assert_eq!(r.body["id"].as_u64(), Some(acme_id), "the id never changes");
+    let r = api.admin(
+        "PUT",
+        "/v1/tenants/globex",
+        Some(json!({"pp_cluster": "east"})),
+    );
+    assert_eq!(r.status, 201);
+    assert_ne!(r.body["id"].as_u64(), Some(acme_id));
+    assert_eq!(r.body["pp_cluster"], "east");
+
+    // ---- tenants: bad input
+    api.refused(
+        "PUT",
+        "/v1/tenants/x1",
+        ADMIN,
+        Some(r#"{"pp_cluster": 5}"#),
+        400,
+        "pp_cluster",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/x1",
+        ADMIN,
+        Some(r#"{"pp_clustr": "a"}"#),
+        400,
+        "unknown field",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/x1",
+        ADMIN,
+        Some("{not json"),
+        400,
+        "not JSON",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/Bad_Name",
+        ADMIN,
+        Some("{}"),
+        422,
+        "not a valid name",
+    );
+    api.refused("GET", "/v1/tenants/nobody", ADMIN, None, 404, "\"nobody\"");
+    api.refused("GET", "/v1/tenants?limit=0", ADMIN, None, 400, "limit");
+    api.refused("GET", "/v1/tenants?limit=abc", ADMIN, None, 400, "limit");
+    api.refused("GET", "/v1/tenants?color=red", ADMIN, None, 400, "color");
+    api.refused("GET", "/v1/nothing-here", ADMIN, None, 404, "openapi");
+
+    // ---- pagination walks every tenant exactly once
+    for i in 0..5 {
+        assert_eq!(
+            api.admin("PUT", &format!("/v1/tenants/t{i}"), Some(json!({})))
+                .status,
+            201
+        );
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/v1/tenants?limit=2&after={a}"),
+            None => "/v1/tenants?limit=2".to_string(),
+        };
+        let r = api.admin("GET", &path, None);
+        assert_eq!(r.status, 200);
+        let items = r.body["items"].as_array().unwrap();
+        assert!(items.len() <= 2);
+        seen.extend(
+            items
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_string()),
+        );
+        match r.body["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["acme", "globex", "t0", "t1", "t2", "t3", "t4"]);
+
+    // ---- VPCs
+    let r = api.admin(
+        "PUT",
+        "/v1/tenants/acme/vpcs/main",
+        Some(json!({"vni": 100, "cidrs": ["198.19.0.0/16"]})),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        api.admin(
+            "PUT",
+            "/v1/tenants/acme/vpcs/main",
+            Some(json!({"vni": 100, "cidrs": ["198.19.0.0/16"]}))
+        )
+        .status,
+        200
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/v2",
+        ADMIN,
+        Some("{}"),
+        400,
+        "missing field `vni`",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/v2",
+        ADMIN,
+        Some(r#"{"vni": "100"}"#),
+        400,
+        "vni",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/v2",
+        ADMIN,
+        Some(r#"{"vni": -1}"#),
+        400,
+        "vni",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/v2",
+        ADMIN,
+        Some(r#"{"vni": 0}"#),
+        422,
+        "vni must be 1 to 16777215",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/v2",
+        ADMIN,
+        Some(r#"{"vni": 16777216}"#),
+        422,
+        "24 bits",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/v2",
+        ADMIN,
+        Some(r#"{"vni": 7, "cidrs": ["10.0.0.0/33"]}"#),
+        422,
+        "10.0.0.0/33",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/nobody/vpcs/v2",
+        ADMIN,
+        Some(r#"{"vni": 7}"#),
+        404,
+        "tenant \"nobody\" does not exist",
+    );
+    // A VNI in use by another tenant's VPC.
+    api.refused(
+        "PUT",
+        "/v1/tenants/globex/vpcs/main",
+        ADMIN,
+        Some(r#"{"vni": 100}"#),
+        409,
+        "vni 100 is already used by VPC \"main\" of tenant \"acme\"",
+    );
+    let r = api.admin("GET", "/v1/tenants/globex/vpcs", None);
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        api.admin(
+            "PUT",
+            "/v1/tenants/globex/vpcs/main",
+            Some(json!({"vni": 200}))
+        )
+        .status,
+        201
+    );
+
+    // ---- NFs
+    let r = api.admin(
+        "PUT",
+        "/v1/tenants/acme/nfs/nat",
+        Some(snat("198.18.100.1")),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["kind"], "snat");
+    let fw = json!({"kind": "fw", "config": {"default_action": "allow",
+        "rules": [{"name": "no-telnet", "action": "deny", "proto": "tcp", "dport": 23}]}});
+    assert_eq!(
+        api.admin("PUT", "/v1/tenants/acme/nfs/fw", Some(fw)).status,
+        201
+    );
+    let lb = json!({"kind": "lb", "config": {"services": [{"vip": "198.19.0.100", "port": 80, "protocol": "tcp",
+        "backends": [{"addr": "198.19.1.7", "port": 8080}]}]}});
+    assert_eq!(
+        api.admin("PUT", "/v1/tenants/acme/nfs/web", Some(lb))
+            .status,
+        201
+    );
+    assert_eq!(
+        api.admin(
+            "PUT",
+            "/v1/tenants/acme/nfs/mon",
+            Some(json!({"kind": "monitor"}))
+        )
+        .status,
+        201
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/nfs/x",
+        ADMIN,
+        Some(r#"{"kind": "vpn"}"#),
+        400,
+        "unknown variant `vpn`",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/nfs/x",
+        ADMIN,
+        Some(r#"{"config": {}}"#),
+        400,
+        "missing field `kind`",
+    );
+    api.refused("PUT", "/v1/tenants/acme/nfs/x", ADMIN,
+        Some(r#"{"kind": "snat", "config": {"pools": [{"addresses": ["198.18.100.1"], "ports": {"lo": 2000, "hi": 1000}}]}}"#),
+        422, "snat configuration");
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/nfs/x",
+        ADMIN,
+        Some(r#"{"kind": "snat", "config": {"pools": [{"addresses": ["not-an-ip"]}]}}"#),
+        422,
+        "snat configuration",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/nfs/x",
+        ADMIN,
+        Some(r#"{"kind": "fw", "config": {"tenant": 2, "rules": []}}"#),
+        422,
+        "own ACL",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/nfs/x",
+        ADMIN,
+        Some(r#"{"kind": "monitor", "config": []}"#),
+        422,
+        "JSON object",
+    );
+
+    // ---- chains
+    let chain = json!({"vpc": "main", "nfs": ["fw", "nat"],
+        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 300}},
+        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}});
+    let r = api.admin("PUT", "/v1/tenants/acme/chains/egress", Some(chain.clone()));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["id"], 1);
+    assert_eq!(
+        api.admin("PUT", "/v1/tenants/acme/chains/egress", Some(chain.clone()))
+            .status,
+        200
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/chains/c2",
+        ADMIN,
+        Some(&json!({"vpc": "main", "nfs": ["nat"]}).to_string()),
+        409,
+        "already bound to chain \"egress\"",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/chains/c2",
+        ADMIN,
+        Some(&json!({"vpc": "nope", "nfs": ["nat"]}).to_string()),
+        422,
+        "VPC \"nope\"",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/chains/c2",
+        ADMIN,
+        Some(&json!({"vpc": "main", "nfs": ["ghost"]}).to_string()),
+        422,
+        "NF \"ghost\"",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/chains/c2",
+        ADMIN,
+        Some(&json!({"vpc": "main", "nfs": []}).to_string()),
+        422,
+        "at least one NF",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/chains/egress",
+        ADMIN,
+        Some(&json!({"vpc": "main", "nfs": ["fw", "nat"], "spec": [0, 5]}).to_string()),
+        422,
+        "chain \"egress\"",
+    );
+    api.refused("PUT", "/v1/tenants/acme/chains/egress", ADMIN,
+        Some(&json!({"vpc": "main", "nfs": ["nat"], "forward": {"encap": {"dst": "198.18.0.9", "vni": 99999999}}}).to_string()), 422, "VNI");
+    // Objects in use cannot go.
+    api.refused(
+        "DELETE",
+        "/v1/tenants/acme/nfs/nat",
+        ADMIN,
+        None,
+        409,
+        "used by chain \"egress\"",
+    );
+    api.refused(
+        "DELETE",
+        "/v1/tenants/acme/vpcs/main",
+        ADMIN,
+        None,
+        409,
+        "used by chain \"egress\"",
+    );
+    api.refused("DELETE", "/v1/tenants/acme", ADMIN, None, 409, "cascade");
+    let r = api.admin("GET", "/v1/tenants/acme/chains", None);
+    assert_eq!(r.body["items"][0]["nfs"], json!(["fw", "nat"]));
+
+    // ---- tenant tokens
+    let r = api.admin("POST", "/v1/tenants/acme/tokens", None);
+    assert_eq!(r.status, 201);
+    let tok = r.body["token"].as_str().unwrap().to_string();
+    let tid = r.body["id"].as_str().unwrap().to_string();
+    let listed = api.admin("GET", "/v1/tenants/acme/tokens", None);
+    assert_eq!(listed.body[0]["id"], tid.as_str());
+    assert!(
+        listed.body[0].get("token").is_none(),
+        "a token is shown only once"
+    );
+    // Its own tenant: fine.
+    assert_eq!(
+        api.call("GET", "/v1/tenants/acme", Some(&tok), None).status,
+        200
+    );
+    assert_eq!(
+        api.call("GET", "/v1/tenants/acme/vpcs", Some(&tok), None)
+            .status,
+        200
+    );
+    let r = api.call(
+        "PUT",
+        "/v1/tenants/acme/vpcs/side",
+        Some(&tok),
+        Some(r#"{"vni": 101}"#),
+    );
+    assert_eq!(r.status, 201);
+    // Its list of tenants is itself.
+    let r = api.call("GET", "/v1/tenants", Some(&tok), None);
+    let names: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["acme"]);
+    // Anything of another tenant, or the operator's: refused, and nothing changes.
+    api.refused(
+        "GET",
+        "/v1/tenants/globex",
+        &tok,
+        None,
+        403,
+        "cannot access tenant \"globex\"",
+    );
+    api.refused(
+        "GET",
+        "/v1/tenants/globex/vpcs",
+        &tok,
+        None,
+        403,
+        "\"globex\"",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/globex/vpcs/evil",
+        &tok,
+        Some(r#"{"vni": 555}"#),
+        403,
+        "\"globex\"",
+    );
+    api.refused(
+        "DELETE",
+        "/v1/tenants/globex/vpcs/main",
+        &tok,
+        None,
+        403,
+        "\"globex\"",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/globex/nfs/n",
+        &tok,
+        Some(&snat("198.18.100.9").to_string()),
+        403,
+        "\"globex\"",
+    );
+    api.refused(
+        "POST",
+        "/v1/tenants/globex/tokens",
+        &tok,
+        None,
+        403,
+        "\"globex\"",
+    );
+    api.refused(
+        "GET",
+        "/v1/tenants/globex/stats",
+        &tok,
+        None,
+        403,
+        "\"globex\"",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/newco",
+        &tok,
+        Some("{}"),
+        403,
+        "admin token",
+    );
+    api.refused("DELETE", "/v1/tenants/acme", &tok, None, 403, "admin token");
+    api.refused("GET", "/v1/nodes", &tok, None, 403, "admin token");
+    let r = api.call("GET", "/v1/stats", Some(&tok), None);
+    assert_eq!(r.body.as_array().unwrap().len(), 1);
+    assert_eq!(r.body[0]["tenant"], "acme");
+    let st = api.call("GET", "/v1/status", Some(&tok), None);
+    assert_eq!(st.body["tenants"], 1);
+    assert!(st.body["nodes"].as_array().unwrap().is_empty());
+    // Revoked: unauthorized from then on.
+    assert_eq!(
+        api.admin("DELETE", &format!("/v1/tenants/acme/tokens/{tid}"), None)
+            .status,
+        204
+    );
+    assert_eq!(
+        api.call("GET", "/v1/tenants/acme", Some(&tok), None).status,
+        401
+    );
+
+    // ---- deletes, and a freed VNI can be taken again
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/acme/chains/egress", None)
+            .status,
+        204
+    );
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/acme/nfs/mon", None).status,
+        204
+    );
+    api.refused(
+        "DELETE",
+        "/v1/tenants/acme/nfs/mon",
+        ADMIN,
+        None,
+        404,
+        "\"mon\"",
+    );
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/acme?cascade=true", None)
+            .status,
+        204
+    );
+    assert_eq!(api.admin("GET", "/v1/tenants/acme", None).status, 404);
+    assert_eq!(
+        api.admin(
+            "PUT",
+            "/v1/tenants/globex/vpcs/second",
+            Some(json!({"vni": 100}))
+        )
+        .status,
+        201
+    );
+    // The deleted tenant's id is not reused.
+    let r = api.admin("PUT", "/v1/tenants/acme", Some(json!({})));
+    assert_ne!(r.body["id"].as_u64(), Some(acme_id));
+
+    // ---- the OpenAPI document covers the resources
+    let r = api.call("GET", "/openapi.json", None, None);
+    assert_eq!(r.status, 200);
+    let paths = r.body["paths"].as_object().unwrap();
+    for p in [
+        "/v1/tenants",
+        "/v1/tenants/{tenant}",
+        "/v1/tenants/{tenant}/vpcs/{name}",
+        "/v1/tenants/{tenant}/nfs/{name}",
+        "/v1/tenants/{tenant}/chains/{name}",
+        "/v1/tenants/{tenant}/tokens",
+        "/v1/nodes",
+        "/v1/partitions",
+        "/v1/status",
+        "/v1/tenants/{tenant}/flows",
+        "/v1/tenants/{tenant}/stats",
+    ] {
+        assert!(paths.contains_key(p), "openapi lacks {p}");
+    }
+    assert!(r.body["components"]["schemas"]["VpcSpec"]["required"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("vni")));
+    assert!(r.body["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+#[test]
+fn api_on_the_embedded_store() {
+    let api = Api::start(|_| Arc::new(store::EmbeddedStore::in_memory().unwrap()));
+    suite(&api);
+}
+
+#[test]
+fn api_on_a_real_etcd() {
+    let etcd = store::testing::EtcdServer::start();
+    let api = Api::start(|rt| {
+        Arc::new(
+            rt.block_on(store::EtcdStore::connect(
+                &etcd.endpoints(),
+                "/starfabric-api-test/",
+            ))
+            .unwrap(),
+        )
+    });
+    suite(&api);
+}

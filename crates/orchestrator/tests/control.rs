@@ -1,0 +1,367 @@
+//! Reconciliation over real gRPC: node agents register, report and receive directives
+//! that follow the desired state written through the REST API; silent nodes go down.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orchestrator::agent::{Agent, AgentConfig};
+use proto::v1;
+use serde_json::{json, Value};
+
+const ADMIN: &str = "sfa_control_test";
+
+fn wait<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn agent(
+    control: &str,
+    id: &str,
+    role: v1::Role,
+    addr: &str,
+    cluster: &str,
+    report: orchestrator::agent::ReportFn,
+) -> Agent {
+    Agent::start(
+        AgentConfig {
+            orchestrator: control.to_string(),
+            hello: v1::NodeHello {
+                node: Some(v1::NodeInfo {
+                    id: id.into(),
+                    role: role as i32,
+                    addr: addr.into(),
+                    load: None,
+                    proto_version: proto::PROTO_VERSION,
+                }),
+                cluster: cluster.into(),
+                metrics_url: format!("http://{addr}/metrics"),
+                version: "test".into(),
+            },
+        },
+        report,
+    )
+    .unwrap()
+}
+
+fn ready() -> orchestrator::agent::ReportFn {
+    Arc::new(|| v1::NodeReport {
+        ready: true,
+        ..Default::default()
+    })
+}
+
+fn latest(a: &Agent) -> Option<v1::Directive> {
+    a.directives().borrow().clone()
+}
+
+fn http(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let req = ureq::request(method, &format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .timeout(Duration::from_secs(10));
+    let res = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    let r = match res {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = r.status();
+    let text = r.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[test]
+fn directives_follow_desired_state_and_silent_nodes_go_down() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
+    cfg.report_interval = Duration::from_millis(100);
+    let orch = rt
+        .block_on(orchestrator::start(
+            cfg,
+            Arc::new(store::EmbeddedStore::in_memory().unwrap()),
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
+    let base = format!("http://{}", orch.api_addr);
+    let control = orch.control_addr.to_string();
+
+    let mut fm = agent(
+        &control,
+        "fm-1",
+        v1::Role::Fm,
+        "127.0.0.1:7000",
+        "",
+        ready(),
+    );
+    let packets = Arc::new(AtomicU64::new(0));
+    let p2 = packets.clone();
+    let mut pp = agent(
+        &control,
+        "pp-1",
+        v1::Role::Pp,
+        "127.0.0.1:4789",
+        "",
+        Arc::new(move || v1::NodeReport {
+            ready: true,
+            tenants: vec![v1::TenantCounters {
+                tenant: 1,
+                packets: p2.load(Ordering::Relaxed),
+                bytes: 700,
+                drops: 1,
+                flows: 2,
+            }],
+            ..Default::default()
+        }),
+    );
+    let _sc = agent(
+        &control,
+        "sc-1",
+        v1::Role::Sc,
+        "127.0.0.1:7100",
+        "",
+        ready(),
+    );
+
+    // Every node learns the FM; the FM serves nothing yet.
+    let d = wait(Duration::from_secs(10), "PP directive with the FM", || {
+        latest(&pp).filter(|d| d.fm_addrs == ["127.0.0.1:7000"])
+    });
+    assert!(d.vpcs.is_empty());
+    assert!(wait(Duration::from_secs(5), "FM directive", || latest(&fm))
+        .chains
+        .is_empty());
+
+    // Nodes are listed up, with their PP cluster defaulted.
+    let nodes = wait(Duration::from_secs(5), "3 ready nodes", || {
+        let (_, v) = http(&base, "GET", "/v1/nodes", None);
+        let n = v.as_array()?.clone();
+        (n.len() == 3 && n.iter().all(|x| x["status"] == "up" && x["ready"] == true)).then_some(n)
+    });
+    let ppn = nodes.iter().find(|n| n["id"] == "pp-1").unwrap();
+    assert_eq!(ppn["cluster"], "default");
+    assert_eq!(ppn["role"], "pp");
+
+    // A tenant with SNAT on VNI 100 reaches FM (the chain) and PP (the binding).
+    assert_eq!(
+        http(&base, "PUT", "/v1/tenants/acme", Some(json!({}))).0,
+        201
+    );
+    assert_eq!(
+        http(
+            &base,
+            "PUT",
+            "/v1/tenants/acme/vpcs/main",
+            Some(json!({"vni": 100}))
+        )
+        .0,
+        201
+    );
+    assert_eq!(
+        http(
+            &base,
+            "PUT",
+            "/v1/tenants/acme/nfs/nat",
+            Some(json!({"kind": "snat",
+        "config": {"pools": [{"addresses": ["198.18.100.1"]}]}}))
+        )
+        .0,
+        201
+    );
+    // A second tenant on another PP cluster: its VPC must not reach pp-1.
+    assert_eq!(
+        http(
+            &base,
+            "PUT",
+            "/v1/tenants/east",
+            Some(json!({"pp_cluster": "east"}))
+        )
+        .0,
+        201
+    );
+    assert_eq!(
+        http(
+            &base,
+            "PUT",
+            "/v1/tenants/east/vpcs/main",
+            Some(json!({"vni": 900}))
+        )
+        .0,
+        201
+    );
+    assert_eq!(
+        http(
+            &base,
+            "PUT",
+            "/v1/tenants/east/nfs/nat",
+            Some(json!({"kind": "snat",
+        "config": {"pools": [{"addresses": ["198.18.100.2"]}]}}))
+        )
+        .0,
+        201
+    );
+    assert_eq!(
+        http(
+            &base,
+            "PUT",
+            "/v1/tenants/east/chains/out",
+            Some(json!({"vpc": "main", "nfs": ["nat"]}))
+        )
+        .0,
+        201
+    );
+    // VPC without a chain: not bound yet.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(latest(&pp).unwrap().vpcs.is_empty());
+    let (s, c) = http(
+        &base,
+        "PUT",
+        "/v1/tenants/acme/chains/out",
+        Some(json!({"vpc": "main", "nfs": ["nat"],
+        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 300}}})),
+    );
+    assert_eq!(s, 201, "{c}");
+    let d = wait(Duration::from_secs(5), "the binding at PP", || {
+        latest(&pp).filter(|d| !d.vpcs.is_empty())
+    });
+    assert_eq!(
+        d.vpcs,
+        [v1::VpcBinding {
+            vni: 100,
+            tenant: 1,
+            chain: 1
+        }]
+    );
+    let f = wait(Duration::from_secs(5), "both chains at FM", || {
+        latest(&fm).filter(|d| d.chains.len() == 2)
+    });
+    let acme = f.chains.iter().find(|c| c.tenant == 1).unwrap();
+    assert_eq!(acme.chain, 1);
+    let nf: Value = serde_json::from_str(&acme.nfs[0]).unwrap();
+    assert_eq!(nf["kind"], "snat");
+    assert_eq!(nf["pools"][0]["addresses"][0], "198.18.100.1");
+    assert_eq!(f.partitions.len(), 2);
+    assert!(f
+        .partitions
+        .iter()
+        .all(|p| p.hash_lo == 0 && p.hash_hi == u64::MAX));
+    // Directive versions only grow; the node reports what it applied.
+    let v = latest(&pp).unwrap().version;
+    pp.set_applied(v);
+    wait(Duration::from_secs(5), "applied version reported", || {
+        let (_, n) = http(&base, "GET", "/v1/nodes/pp-1", None);
+        (n["applied_version"].as_u64() == Some(v) && n["desired_version"].as_u64() == Some(v))
+            .then_some(())
+    });
+
+    // Reported counters add up per tenant.
+    packets.store(7, Ordering::Relaxed);
+    wait(Duration::from_secs(5), "tenant stats", || {
+        let (_, s) = http(&base, "GET", "/v1/tenants/acme/stats", None);
+        (s["packets"] == 7 && s["bytes"] == 700 && s["drops"] == 1 && s["flows_set_up"] == 2)
+            .then_some(())
+    });
+
+    // Deleting the chain unbinds the VNI at PP and removes it from FM.
+    assert_eq!(
+        http(&base, "DELETE", "/v1/tenants/acme/chains/out", None).0,
+        204
+    );
+    wait(Duration::from_secs(5), "unbinding", || {
+        latest(&pp).filter(|d| d.vpcs.is_empty())
+    });
+    wait(Duration::from_secs(5), "FM chain removal", || {
+        latest(&fm).filter(|d| d.chains.len() == 1)
+    });
+
+    // A node that goes silent is marked down; the FM going away reaches PP.
+    fm.stop();
+    wait(Duration::from_secs(5), "FM marked down", || {
+        let (_, n) = http(&base, "GET", "/v1/nodes/fm-1", None);
+        (n["status"] == "down").then_some(())
+    });
+    wait(Duration::from_secs(5), "PP told the FM is gone", || {
+        latest(&pp).filter(|d| d.fm_addrs.is_empty())
+    });
+    let (_, st) = http(&base, "GET", "/v1/status", None);
+    assert_eq!(st["nodes_down"], 1);
+    assert_eq!(st["healthy"], false);
+    pp.stop();
+}
+
+/// A node whose session stays open but whose reports stop (a hung process) is marked
+/// down after `miss_limit` report periods.
+#[test]
+fn a_node_that_stops_reporting_is_marked_down() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
+    cfg.report_interval = Duration::from_millis(100);
+    let orch = rt
+        .block_on(orchestrator::start(
+            cfg,
+            Arc::new(store::EmbeddedStore::in_memory().unwrap()),
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
+    let base = format!("http://{}", orch.api_addr);
+    let control = orch.control_addr.to_string();
+    // Hello, then silence, with the stream held open.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(v1::NodeUp {
+        msg: Some(v1::node_up::Msg::Hello(v1::NodeHello {
+            node: Some(v1::NodeInfo {
+                id: "sc-hung".into(),
+                role: v1::Role::Sc as i32,
+                addr: "127.0.0.1:1".into(),
+                load: None,
+                proto_version: proto::PROTO_VERSION,
+            }),
+            ..Default::default()
+        })),
+    })
+    .unwrap();
+    let _stream = rt.block_on(async {
+        let mut c = v1::control_client::ControlClient::connect(proto::endpoint_uri(&control))
+            .await
+            .unwrap();
+        c.node_session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let t0 = Instant::now();
+    wait(Duration::from_secs(5), "registered", || {
+        let (s, _) = http(&base, "GET", "/v1/nodes/sc-hung", None);
+        (s == 200).then_some(())
+    });
+    wait(Duration::from_secs(5), "marked down", || {
+        let (_, n) = http(&base, "GET", "/v1/nodes/sc-hung", None);
+        (n["status"] == "down").then_some(())
+    });
+    // Not before three silent periods.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    drop(tx);
+}
