@@ -238,6 +238,19 @@ impl Pipeline {
         self.vpcs.insert(vni, b);
     }
 
+    /// Replace every VNI binding at once (the orchestrator's directive). Flows of a VNI
+    /// that lost its binding keep their installed rules until those idle out; only
+    /// their new flows are refused (`unknown-vni`).
+    pub fn replace_vpcs(&mut self, bindings: impl IntoIterator<Item = (u32, VpcBinding)>) {
+        self.vpcs.clear();
+        self.vpcs.extend(bindings);
+    }
+
+    /// The VNI bindings, in no particular order.
+    pub fn vpcs(&self) -> impl Iterator<Item = (u32, VpcBinding)> + '_ {
+        self.vpcs.iter().map(|(v, b)| (*v, *b))
+    }
+
     /// Binding used for VNIs with no binding of their own.
     pub fn set_default_binding(&mut self, b: Option<VpcBinding>) {
         self.default_binding = b;

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 
+use proto::v1;
+
+use crate::node_agent::NodeAgent;
 use crate::pp_cmd::{install_signal_handlers, STOP};
 
 #[derive(Args, Debug)]
@@ -31,6 +34,13 @@ pub struct FmArgs {
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     duration: Option<f64>,
+    /// Register with this orchestrator (control address, `host:port`) and serve the
+    /// chains it directs instead of the configuration file's.
+    #[arg(long)]
+    orchestrator: Option<String>,
+    /// Address PP and SC nodes reach this FM at (default: the bound address).
+    #[arg(long)]
+    advertise: Option<String>,
 }
 
 pub fn run(a: FmArgs) -> Result<()> {
@@ -50,12 +60,40 @@ pub fn run(a: FmArgs) -> Result<()> {
         .build()?;
     let fm = rt.block_on(fm::start(cfg, a.listen))?;
     install_signal_handlers()?;
+    let advertise = a.advertise.clone().unwrap_or_else(|| fm.addr().to_string());
+    let mut agent = match &a.orchestrator {
+        Some(o) => Some(NodeAgent::start(
+            o,
+            &a.id,
+            v1::Role::Fm,
+            &advertise,
+            "",
+            None,
+        )?),
+        None => None,
+    };
     // Tests and scripts wait for this line.
     println!("fm: listening on {}, {nchains} chains", fm.addr());
     std::io::stdout().flush()?;
     let start = Instant::now();
     let mut next = a.stats_interval.map(|i| start + Duration::from_secs_f64(i));
+    let mut next_report = start;
+    let mut desired_chains = nchains;
     while !STOP.load(Ordering::Relaxed) {
+        if let Some(ag) = agent.as_mut() {
+            if let Some(d) = ag.new_directive() {
+                desired_chains = d.chains.len();
+                let change = rt.block_on(fm.set_desired(d.chains, d.partitions));
+                tracing::info!(version = d.version, ?change, "directive applied");
+                ag.set_applied(d.version);
+            }
+            if Instant::now() >= next_report {
+                next_report = Instant::now() + Duration::from_millis(250);
+                if let Some(r) = report(&rt, &fm, desired_chains) {
+                    ag.set_report(r);
+                }
+            }
+        }
         if a.duration
             .is_some_and(|d| start.elapsed() >= Duration::from_secs_f64(d))
         {
@@ -73,6 +111,71 @@ pub fn run(a: FmArgs) -> Result<()> {
     fm.stop();
     println!("fm: stopped");
     Ok(())
+}
+
+/// What FM tells the orchestrator: its partition map and membership, whether every
+/// desired chain has its SC groups, and its counters.
+fn report(
+    rt: &tokio::runtime::Runtime,
+    fm: &fm::FmHandle,
+    chains: usize,
+) -> Option<v1::NodeReport> {
+    let (s, m, map) = rt.block_on(async {
+        (
+            fm.stats().await,
+            fm.members().await,
+            fm.partition_map().await,
+        )
+    });
+    let (s, m, map) = (s?, m?, map?);
+    let served: std::collections::HashSet<(u32, u32)> =
+        map.partitions.iter().map(|p| (p.tenant, p.chain)).collect();
+    let live_sc = m
+        .members
+        .iter()
+        .filter(|x| {
+            x.alive
+                && x.node
+                    .as_ref()
+                    .is_some_and(|n| n.role == v1::Role::Sc as i32)
+        })
+        .count();
+    let ready = served.len() >= chains;
+    let counters = [
+        ("rule_requests", s.pp_requests),
+        ("cache_hits", s.cache.hits),
+        ("cache_misses", s.cache.misses),
+        ("submitted", s.submitted),
+        ("sc_replies", s.sc_replies),
+        ("timeouts", s.timeouts),
+        ("reconfigurations", s.reconfigurations),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Some(v1::NodeReport {
+        load: Some(v1::Load {
+            requests_per_s: 0.0,
+            flows: s
+                .cache
+                .inserts
+                .saturating_sub(s.cache.evicted_full + s.cache.expired + s.cache.invalidated),
+            groups: map.groups.len() as u32,
+        }),
+        ready,
+        detail: if ready {
+            format!("{} chains served, {live_sc} SC nodes", served.len())
+        } else {
+            format!(
+                "{} of {chains} chains have SC groups; {live_sc} SC nodes live",
+                served.len()
+            )
+        },
+        partitions: Some(map),
+        members: Some(m),
+        counters,
+        ..Default::default()
+    })
 }
 
 fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant) {

@@ -11,10 +11,14 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod bench_setup;
+mod cli;
 mod demo;
 mod fm_cmd;
+mod node_agent;
+mod orchestrator_cmd;
 mod pp_cmd;
 mod sc_cmd;
+mod up;
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +33,8 @@ struct Cli {
     /// Log as JSON lines.
     #[arg(long, global = true)]
     log_json: bool,
+    #[command(flatten)]
+    client: cli::ClientArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -48,6 +54,51 @@ enum Cmd {
     Fm(fm_cmd::FmArgs),
     /// Run an SC node.
     Sc(sc_cmd::ScArgs),
+    /// Run the orchestrator: the REST API and the nodes' control service.
+    Orchestrator(orchestrator_cmd::OrchestratorArgs),
+    /// Run a whole platform on loopback: orchestrator, FM, an SC group of 3, a PP node.
+    Up(up::UpArgs),
+    /// Tenants: create (optionally with a VPC and SNAT in one go), list, get, delete.
+    #[command(subcommand)]
+    Tenant(cli::TenantCmd),
+    /// A tenant's VPCs (VNIs).
+    #[command(subcommand)]
+    Vpc(cli::VpcCmd),
+    /// A tenant's NF instances: `nf create snat|lb|fw|monitor|from-file`.
+    #[command(subcommand)]
+    Nf(cli::NfCmd),
+    /// A tenant's chains of NFs.
+    #[command(subcommand)]
+    Chain(cli::ChainCmd),
+    /// Create a tenant-scoped API token.
+    Token {
+        #[arg(long)]
+        tenant: String,
+    },
+    /// The platform's nodes and their health.
+    Status {
+        /// Wait (with a spinner) until every node is up and ready.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// A tenant's flows, from FM's rule cache.
+    Flows {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Per-tenant counters from the nodes' reports.
+    Stats {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Refresh every this many seconds.
+        #[arg(long)]
+        watch: Option<f64>,
+        /// With --watch: stop after this many refreshes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -67,5 +118,24 @@ fn main() -> Result<()> {
         Cmd::Pp(a) => pp_cmd::run(a),
         Cmd::Fm(a) => fm_cmd::run(a),
         Cmd::Sc(a) => sc_cmd::run(a),
+        Cmd::Orchestrator(a) => orchestrator_cmd::run(a),
+        Cmd::Up(a) => up::run(a),
+        Cmd::Tenant(c) => cli::tenant(&cli::Client::new(&cli.client)?, c),
+        Cmd::Vpc(c) => cli::vpc(&cli::Client::new(&cli.client)?, c),
+        Cmd::Nf(c) => cli::nf(&cli::Client::new(&cli.client)?, c),
+        Cmd::Chain(c) => cli::chain(&cli::Client::new(&cli.client)?, c),
+        Cmd::Token { tenant } => cli::token_create(&cli::Client::new(&cli.client)?, &tenant),
+        Cmd::Status { wait } => cli::status(&cli::Client::new(&cli.client)?, wait),
+        Cmd::Flows { tenant, limit } => cli::flows(&cli::Client::new(&cli.client)?, &tenant, limit),
+        Cmd::Stats {
+            tenant,
+            watch,
+            count,
+        } => cli::stats(
+            &cli::Client::new(&cli.client)?,
+            tenant.as_deref(),
+            watch,
+            count,
+        ),
     }
 }

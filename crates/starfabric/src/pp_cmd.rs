@@ -18,6 +18,8 @@ use pipeline::{
 };
 use pp::{FmClient, FmClientConfig, UdpVxlanConfig, UdpVxlanIo};
 
+use crate::node_agent::NodeAgent;
+
 #[derive(Args, Debug)]
 pub struct PpArgs {
     /// Underlay IPv4 address and UDP port to receive VXLAN on.
@@ -65,6 +67,13 @@ pub struct PpArgs {
     /// `TENANT:CHAIN` for VNIs without a `--vpc` binding.
     #[arg(long, value_parser = parse_binding)]
     default_chain: Option<VpcBinding>,
+    /// Register with this orchestrator (control address, `host:port`): it binds the
+    /// VNIs of the tenants on this node's PP cluster and names the FM (unless --fm).
+    #[arg(long)]
+    orchestrator: Option<String>,
+    /// The PP cluster (vIP group) this node serves.
+    #[arg(long, default_value = "default")]
+    cluster: String,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -142,10 +151,45 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut cfg = PipelineConfig::new(node);
     cfg.flow_capacity = a.flows;
     cfg.seed = rand::random();
+    let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
+    install_signal_handlers()?;
+    let mut io_cfg = UdpVxlanConfig::new(a.listen);
+    io_cfg.peer_port = a.peer_port;
+    io_cfg.slots = a.batch;
+    if a.fm.is_some() || a.orchestrator.is_some() {
+        // Replies are serviced between receive batches: an idle socket must not hold
+        // them back for long.
+        io_cfg.poll_timeout = Duration::from_millis(1);
+    }
+    let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
+    let local = io.local_addr();
+    let mut agent = match &a.orchestrator {
+        Some(o) => Some(NodeAgent::start(
+            o,
+            &id,
+            proto::v1::Role::Pp,
+            &local.to_string(),
+            &a.cluster,
+            None,
+        )?),
+        None => None,
+    };
+    let mut first_directive = None;
+    let fm_addr = match (&a.fm, agent.as_mut()) {
+        (Some(fm), _) => Some(fm.clone()),
+        (None, Some(ag)) => match ag.wait_for_fm(&STOP) {
+            Some(d) => {
+                let fm = d.fm_addrs[0].clone();
+                first_directive = Some(d);
+                Some(fm)
+            }
+            None => return Ok(()),
+        },
+        (None, None) => None,
+    };
     let mut fm_client = None;
-    let source = match &a.fm {
+    let source = match &fm_addr {
         Some(fm) => {
-            let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
             let (client, mut links) =
                 FmClient::start(FmClientConfig::new(fm, &id)).context("FM client")?;
             fm_client = Some(client);
@@ -160,6 +204,10 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut pipeline = Pipeline::new(cfg, source).context("flow table")?;
     for (vni, b) in &a.vpcs {
         pipeline.bind_vpc(*vni, *b);
+    }
+    if let (Some(d), Some(ag)) = (first_directive.take(), agent.as_ref()) {
+        apply_directive(&mut pipeline, &a.vpcs, &d);
+        ag.set_applied(d.version);
     }
     pipeline.set_default_binding(a.default_chain);
 
@@ -179,27 +227,17 @@ pub fn run(a: PpArgs) -> Result<()> {
         nrules = rules.len();
     }
 
-    let mut io_cfg = UdpVxlanConfig::new(a.listen);
-    io_cfg.peer_port = a.peer_port;
-    io_cfg.slots = a.batch;
-    if fm_client.is_some() {
-        // Replies are serviced between receive batches: an idle socket must not hold
-        // them back for long.
-        io_cfg.poll_timeout = Duration::from_millis(1);
-    }
-    let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
-    let local = io.local_addr();
     let mut worker = Worker::new(pipeline, io, a.batch, Box::new(MonotonicClock::new()));
 
-    install_signal_handlers()?;
     let start = Instant::now();
+    let mut next_report = start;
     let deadline = a.duration.map(|d| start + d);
     let mut next_stats = a.stats_interval.map(|i| start + i);
     // Tests and scripts wait for this line before sending traffic.
     println!(
         "pp: listening on {local}, {nrules} static rules, {} flows{}",
         a.flows,
-        match &a.fm {
+        match &fm_addr {
             Some(fm) => format!(", rules from FM {fm}"),
             None => String::new(),
         }
@@ -219,6 +257,16 @@ pub fn run(a: PpArgs) -> Result<()> {
                 next_stats = Some(t + i);
             }
         }
+        if let Some(ag) = agent.as_mut() {
+            if now >= next_report {
+                next_report = now + Duration::from_millis(250);
+                if let Some(d) = ag.new_directive() {
+                    apply_directive(&mut worker.pipeline, &a.vpcs, &d);
+                    ag.set_applied(d.version);
+                }
+                ag.set_report(report(&worker, fm_client.as_ref()));
+            }
+        }
         worker.run_once().context("worker")?;
     }
     println!("{}", summary(&worker, start.elapsed()));
@@ -227,6 +275,62 @@ pub fn run(a: PpArgs) -> Result<()> {
     }
     println!("pp: stopped");
     Ok(())
+}
+
+/// Bind the directive's VNIs (plus the static `--vpc` ones, which win).
+fn apply_directive(p: &mut Pipeline, fixed: &[(u32, VpcBinding)], d: &proto::v1::Directive) {
+    let bindings: Vec<(u32, VpcBinding)> = d
+        .vpcs
+        .iter()
+        .map(|b| {
+            (
+                b.vni,
+                VpcBinding {
+                    tenant: b.tenant,
+                    chain: b.chain,
+                },
+            )
+        })
+        .chain(fixed.iter().copied())
+        .collect();
+    tracing::info!(
+        version = d.version,
+        vpcs = d.vpcs.len(),
+        "directive applied"
+    );
+    p.replace_vpcs(bindings);
+}
+
+/// What a PP node tells the orchestrator.
+fn report(w: &Worker<UdpVxlanIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
+    let p = &w.pipeline;
+    let s = p.stats();
+    let ready = fm.is_none_or(|c| c.connected());
+    proto::v1::NodeReport {
+        load: Some(proto::v1::Load {
+            requests_per_s: 0.0,
+            flows: p.table().len() as u64,
+            groups: 0,
+        }),
+        ready,
+        detail: match fm {
+            Some(c) if c.connected() => format!("FM session up, {} VNIs bound", p.vpcs().count()),
+            Some(_) => "no FM session".to_string(),
+            None => "static rules only".to_string(),
+        },
+        counters: [
+            ("rx_packets", s.rx_packets),
+            ("tx_packets", s.tx_packets),
+            ("hits", s.hits),
+            ("misses", s.misses),
+            ("drops", s.total_drops()),
+            ("rule_requests", s.rule_requests),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        ..Default::default()
+    }
 }
 
 /// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`

@@ -1,0 +1,865 @@
+//! The `starfabric` CLI verbs: a client of the orchestrator's REST API.
+//!
+//! Like kubectl with its kubeconfig, it needs no flags next to `starfabric up`: it reads
+//! the API address and a token from `~/.starfabric/config.json` (or `$STARFABRIC_CONFIG`),
+//! which `up` writes; `--server`/`--token` (or `STARFABRIC_SERVER`/`STARFABRIC_TOKEN`)
+//! override it. Output is a table by default, or `-o json|yaml`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// The CLI's credentials file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClientConfig {
+    /// `http://host:port` of the REST API.
+    pub server: String,
+    pub token: String,
+    /// The nodes' control address (for `starfabric pp|fm|sc --orchestrator`).
+    #[serde(default)]
+    pub control: String,
+}
+
+pub fn config_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("STARFABRIC_CONFIG") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".starfabric/config.json")
+}
+
+pub fn write_config(c: &ClientConfig) -> Result<PathBuf> {
+    let path = config_path();
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{}", serde_json::to_string_pretty(c)?)?;
+    Ok(path)
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Flags every client verb takes.
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Orchestrator API, `http://host:port` (default: from the config file).
+    #[arg(long, global = true, env = "STARFABRIC_SERVER")]
+    pub server: Option<String>,
+    /// API token (default: from the config file).
+    #[arg(long, global = true, env = "STARFABRIC_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+pub struct Client {
+    server: String,
+    token: String,
+    agent: ureq::Agent,
+    pub output: Output,
+}
+
+impl Client {
+    pub fn new(a: &ClientArgs) -> Result<Client> {
+        let file: Option<ClientConfig> = std::fs::read_to_string(config_path())
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        let server = a
+            .server
+            .clone()
+            .or_else(|| file.as_ref().map(|f| f.server.clone()))
+            .ok_or_else(|| {
+                anyhow!(
+                    "no orchestrator: run `starfabric up`, or pass --server (config file {} not found)",
+                    config_path().display()
+                )
+            })?;
+        let token = a
+            .token
+            .clone()
+            .or_else(|| file.as_ref().map(|f| f.token.clone()))
+            .ok_or_else(|| anyhow!("no token: pass --token or run `starfabric up`"))?;
+        Ok(Client {
+            server: server.trim_end_matches('/').to_string(),
+            token,
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(15))
+                .build(),
+            output: a.output,
+        })
+    }
+
+    /// One request; a non-2xx answer becomes an error carrying the API's message.
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let req = self
+            .agent
+            .request(method, &format!("{}{path}", self.server))
+            .set("Authorization", &format!("Bearer {}", self.token));
+        let res = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match res {
+            Ok(r) => {
+                let text = r.into_string()?;
+                Ok(if text.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_str(&text)?
+                })
+            }
+            Err(ureq::Error::Status(code, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                let msg = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v["error"]["message"].as_str().map(String::from))
+                    .unwrap_or(text);
+                bail!("{method} {path}: {code}: {msg}")
+            }
+            Err(e) => bail!("cannot reach the orchestrator at {}: {e}", self.server),
+        }
+    }
+
+    /// PUT and report what happened in one line.
+    fn put(&self, path: &str, body: Value, what: &str) -> Result<Value> {
+        let v = self.call("PUT", path, Some(body))?;
+        if self.output == Output::Table {
+            println!("{what} applied");
+        }
+        Ok(v)
+    }
+
+    /// Print `v` per `-o`; `cols` are the table's (header, JSON pointer) columns over
+    /// `rows` (the list inside `v`).
+    pub fn print(&self, v: &Value, rows: &[Value], cols: &[(&str, &str)]) -> Result<()> {
+        match self.output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
+            Output::Yaml => print!("{}", serde_yaml::to_string(v)?),
+            Output::Table => print_table(rows, cols),
+        }
+        Ok(())
+    }
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+/// Aligned columns, as kubectl prints them. (A table crate would bring box drawing and
+/// terminal probing for what is a dozen lines here.)
+pub fn print_table(rows: &[Value], cols: &[(&str, &str)]) {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            cols.iter()
+                .map(|(_, p)| cell(r.pointer(p).unwrap_or(&Value::Null)))
+                .collect()
+        })
+        .collect();
+    let widths: Vec<usize> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, (h, _))| {
+            cells
+                .iter()
+                .map(|r| r[i].len())
+                .chain([h.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |vals: Vec<String>| {
+        let s: Vec<String> = vals
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:<w$}"))
+            .collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(cols.iter().map(|(h, _)| h.to_string()).collect());
+    for r in cells {
+        line(r);
+    }
+}
+
+/// A spinner while waiting (hidden when stdout is not a terminal).
+pub fn spinner(msg: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
+}
+
+/// Poll `f` until it returns Some, with a spinner, or fail after `limit`.
+pub fn wait_for<T>(
+    msg: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let pb = spinner(msg);
+    let start = Instant::now();
+    loop {
+        match f() {
+            Ok(Some(v)) => {
+                pb.finish_and_clear();
+                return Ok(v);
+            }
+            Ok(None) => {}
+            Err(e) if start.elapsed() >= limit => {
+                pb.finish_and_clear();
+                return Err(e);
+            }
+            Err(_) => {}
+        }
+        if start.elapsed() >= limit {
+            pb.finish_and_clear();
+            bail!("timed out after {limit:?}: {msg}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+// ---------------------------------------------------------------------- verbs
+
+#[derive(Subcommand, Debug)]
+pub enum TenantCmd {
+    /// Create (or update) a tenant; with --vni and --snat also its VPC `main`, an SNAT
+    /// NF `snat` and a chain `main` through it, in one go.
+    Create {
+        name: String,
+        #[arg(long)]
+        pp_cluster: Option<String>,
+        /// VNI of the tenant's VPC `main`.
+        #[arg(long)]
+        vni: Option<u32>,
+        /// SNAT pool addresses (comma-separated): adds SNAT on the VPC.
+        #[arg(long, value_delimiter = ',')]
+        snat: Vec<String>,
+        /// SNAT port range.
+        #[arg(long, default_value = "1024-65535")]
+        ports: String,
+        /// Where translated traffic leaves: `IP:VNI` of the egress VXLAN endpoint.
+        #[arg(long)]
+        egress: Option<String>,
+        /// Where replies go back to: `IP:VNI` of the tenant's VXLAN endpoint.
+        #[arg(long = "return")]
+        ret: Option<String>,
+        /// Wait until the chain's SC group serves it.
+        #[arg(long)]
+        wait: bool,
+    },
+    List,
+    Get {
+        name: String,
+    },
+    Delete {
+        name: String,
+        /// Also delete its VPCs, NFs, chains and tokens.
+        #[arg(long)]
+        cascade: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VpcCmd {
+    Create {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        vni: u32,
+        #[arg(long = "cidr")]
+        cidrs: Vec<String>,
+    },
+    List {
+        #[arg(long)]
+        tenant: String,
+    },
+    Delete {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NfKindCmd {
+    /// Source NAT from a pool of public addresses.
+    Snat {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        /// Pool addresses, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        pool: Vec<String>,
+        #[arg(long, default_value = "1024-65535")]
+        ports: String,
+        /// Internal sources translated (prefixes); default: all.
+        #[arg(long = "source")]
+        sources: Vec<String>,
+    },
+    /// L4 load balancer (Maglev).
+    Lb {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        /// `IP:PORT[/tcp|udp]`
+        #[arg(long)]
+        vip: String,
+        /// `IP:PORT`, repeatable.
+        #[arg(long = "backend", required = true)]
+        backends: Vec<String>,
+    },
+    /// Stateful firewall with the tenant's ACL.
+    Fw {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        /// `allow` or `deny` when no rule matches.
+        #[arg(long, default_value = "deny")]
+        default: String,
+        /// `PROTO:DPORT` (e.g. `tcp:80`), repeatable.
+        #[arg(long)]
+        allow: Vec<String>,
+        #[arg(long)]
+        deny: Vec<String>,
+    },
+    /// Per-host traffic monitor.
+    Monitor {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+    },
+    /// Any kind, from a JSON configuration file.
+    FromFile {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NfCmd {
+    #[command(subcommand)]
+    Create(NfKindCmd),
+    List {
+        #[arg(long)]
+        tenant: String,
+    },
+    Delete {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ChainCmd {
+    Create {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        vpc: String,
+        /// NF names in order, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nfs: Vec<String>,
+        /// `IP:VNI` the forward direction is re-encapsulated to.
+        #[arg(long)]
+        egress: Option<String>,
+        /// `IP:VNI` replies are re-encapsulated to.
+        #[arg(long = "return")]
+        ret: Option<String>,
+        #[arg(long)]
+        wait: bool,
+    },
+    List {
+        #[arg(long)]
+        tenant: String,
+    },
+    Delete {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+fn ports(s: &str) -> Result<Value> {
+    let (lo, hi) = s
+        .split_once('-')
+        .ok_or_else(|| anyhow!("--ports must be LO-HI, got {s:?}"))?;
+    Ok(
+        json!({"lo": lo.parse::<u16>().context("--ports")?, "hi": hi.parse::<u16>().context("--ports")?}),
+    )
+}
+
+fn egress(s: Option<&str>) -> Result<Value> {
+    match s {
+        None => Ok(json!({"decap": true})),
+        Some(s) => {
+            let (ip, vni) = s
+                .rsplit_once(':')
+                .ok_or_else(|| anyhow!("expected IP:VNI, got {s:?}"))?;
+            Ok(
+                json!({"decap": true, "encap": {"dst": ip, "vni": vni.parse::<u32>().context("VNI")?}}),
+            )
+        }
+    }
+}
+
+fn snat_config(pool: &[String], port_range: &str, sources: &[String]) -> Result<Value> {
+    Ok(json!({"kind": "snat", "config": {"pools": [{
+        "addresses": pool, "ports": ports(port_range)?, "sources": sources}]}}))
+}
+
+fn wait_served(c: &Client, tenant: &str, chain: &str) -> Result<()> {
+    wait_for(
+        &format!("waiting for the SC group of {tenant}/{chain}"),
+        Duration::from_secs(30),
+        || {
+            let v = c.call("GET", "/v1/partitions", None)?;
+            Ok(v.as_array()
+                .is_some_and(|a| {
+                    a.iter().any(|p| {
+                        p["tenant"] == tenant
+                            && p["chain"] == chain
+                            && p["replicas"].as_array().is_some_and(|r| !r.is_empty())
+                    })
+                })
+                .then_some(()))
+        },
+    )?;
+    if c.output == Output::Table {
+        println!("chain {tenant}/{chain} is served");
+    }
+    Ok(())
+}
+
+const TENANT_COLS: &[(&str, &str)] = &[
+    ("NAME", "/name"),
+    ("ID", "/id"),
+    ("PP CLUSTER", "/pp_cluster"),
+    ("REVISION", "/revision"),
+];
+
+/// All pages of a list.
+fn all_pages(c: &Client, path: &str) -> Result<Value> {
+    let mut items = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let p = match &after {
+            Some(a) => format!("{path}{sep}limit=1000&after={a}"),
+            None => format!("{path}{sep}limit=1000"),
+        };
+        let v = c.call("GET", &p, None)?;
+        items.extend(v["items"].as_array().cloned().unwrap_or_default());
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => return Ok(Value::Array(items)),
+        }
+    }
+}
+
+pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
+    match cmd {
+        TenantCmd::Create {
+            name,
+            pp_cluster,
+            vni,
+            snat,
+            ports: pr,
+            egress: eg,
+            ret,
+            wait,
+        } => {
+            let mut spec = json!({});
+            if let Some(pc) = pp_cluster {
+                spec["pp_cluster"] = json!(pc);
+            }
+            let t = c.put(
+                &format!("/v1/tenants/{name}"),
+                spec,
+                &format!("tenant/{name}"),
+            )?;
+            if let Some(vni) = vni {
+                c.put(
+                    &format!("/v1/tenants/{name}/vpcs/main"),
+                    json!({"vni": vni}),
+                    &format!("vpc/{name}/main"),
+                )?;
+            }
+            if !snat.is_empty() {
+                if vni.is_none() {
+                    bail!("--snat needs --vni (the VPC it translates)");
+                }
+                c.put(
+                    &format!("/v1/tenants/{name}/nfs/snat"),
+                    snat_config(&snat, &pr, &[])?,
+                    &format!("nf/{name}/snat"),
+                )?;
+                c.put(
+                    &format!("/v1/tenants/{name}/chains/main"),
+                    json!({"vpc": "main", "nfs": ["snat"], "forward": egress(eg.as_deref())?, "reverse": egress(ret.as_deref())?}),
+                    &format!("chain/{name}/main"),
+                )?;
+                if wait {
+                    wait_served(c, &name, "main")?;
+                }
+            }
+            if c.output != Output::Table {
+                c.print(&t, &[], &[])?;
+            }
+            Ok(())
+        }
+        TenantCmd::List => {
+            let v = all_pages(c, "/v1/tenants")?;
+            c.print(&v, v.as_array().unwrap_or(&vec![]), TENANT_COLS)
+        }
+        TenantCmd::Get { name } => {
+            let v = c.call("GET", &format!("/v1/tenants/{name}"), None)?;
+            c.print(&v, std::slice::from_ref(&v), TENANT_COLS)
+        }
+        TenantCmd::Delete { name, cascade } => {
+            let q = if cascade { "?cascade=true" } else { "" };
+            c.call("DELETE", &format!("/v1/tenants/{name}{q}"), None)?;
+            println!("tenant/{name} deleted");
+            Ok(())
+        }
+    }
+}
+
+pub fn vpc(c: &Client, cmd: VpcCmd) -> Result<()> {
+    match cmd {
+        VpcCmd::Create {
+            name,
+            tenant,
+            vni,
+            cidrs,
+        } => {
+            let v = c.put(
+                &format!("/v1/tenants/{tenant}/vpcs/{name}"),
+                json!({"vni": vni, "cidrs": cidrs}),
+                &format!("vpc/{tenant}/{name}"),
+            )?;
+            if c.output != Output::Table {
+                c.print(&v, &[], &[])?;
+            }
+            Ok(())
+        }
+        VpcCmd::List { tenant } => {
+            let v = all_pages(c, &format!("/v1/tenants/{tenant}/vpcs"))?;
+            c.print(
+                &v,
+                v.as_array().unwrap_or(&vec![]),
+                &[("NAME", "/name"), ("VNI", "/vni"), ("CIDRS", "/cidrs")],
+            )
+        }
+        VpcCmd::Delete { name, tenant } => {
+            c.call("DELETE", &format!("/v1/tenants/{tenant}/vpcs/{name}"), None)?;
+            println!("vpc/{tenant}/{name} deleted");
+            Ok(())
+        }
+    }
+}
+
+fn port_rule(action: &str, s: &str) -> Result<Value> {
+    let (proto, port) = s
+        .split_once(':')
+        .ok_or_else(|| anyhow!("expected PROTO:DPORT (e.g. tcp:80), got {s:?}"))?;
+    Ok(
+        json!({"action": action, "proto": proto, "dport": port.parse::<u16>().with_context(|| format!("port in {s:?}"))?}),
+    )
+}
+
+pub fn nf(c: &Client, cmd: NfCmd) -> Result<()> {
+    let (tenant, name, body) = match cmd {
+        NfCmd::List { tenant } => {
+            let v = all_pages(c, &format!("/v1/tenants/{tenant}/nfs"))?;
+            return c.print(
+                &v,
+                v.as_array().unwrap_or(&vec![]),
+                &[
+                    ("NAME", "/name"),
+                    ("KIND", "/kind"),
+                    ("REVISION", "/revision"),
+                ],
+            );
+        }
+        NfCmd::Delete { name, tenant } => {
+            c.call("DELETE", &format!("/v1/tenants/{tenant}/nfs/{name}"), None)?;
+            println!("nf/{tenant}/{name} deleted");
+            return Ok(());
+        }
+        NfCmd::Create(k) => match k {
+            NfKindCmd::Snat {
+                name,
+                tenant,
+                pool,
+                ports: pr,
+                sources,
+            } => (tenant, name, snat_config(&pool, &pr, &sources)?),
+            NfKindCmd::Lb {
+                name,
+                tenant,
+                vip,
+                backends,
+            } => {
+                let (addr_port, proto) = vip.split_once('/').unwrap_or((&vip, "tcp"));
+                let (ip, port) = addr_port
+                    .rsplit_once(':')
+                    .ok_or_else(|| anyhow!("--vip must be IP:PORT[/tcp|udp], got {vip:?}"))?;
+                let backends = backends
+                    .iter()
+                    .map(|b| {
+                        let (ip, port) = b
+                            .rsplit_once(':')
+                            .ok_or_else(|| anyhow!("--backend must be IP:PORT, got {b:?}"))?;
+                        Ok(json!({"addr": ip, "port": port.parse::<u16>().context("backend port")?}))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (
+                    tenant,
+                    name,
+                    json!({"kind": "lb", "config": {"services": [{
+                    "vip": ip, "port": port.parse::<u16>().context("VIP port")?, "protocol": proto, "backends": backends}]}}),
+                )
+            }
+            NfKindCmd::Fw {
+                name,
+                tenant,
+                default,
+                allow,
+                deny,
+            } => {
+                let rules = deny
+                    .iter()
+                    .map(|r| port_rule("deny", r))
+                    .chain(allow.iter().map(|r| port_rule("allow", r)))
+                    .collect::<Result<Vec<_>>>()?;
+                (
+                    tenant,
+                    name,
+                    json!({"kind": "fw", "config": {"default_action": default, "rules": rules}}),
+                )
+            }
+            NfKindCmd::Monitor { name, tenant } => (tenant, name, json!({"kind": "monitor"})),
+            NfKindCmd::FromFile {
+                name,
+                tenant,
+                kind,
+                config,
+            } => {
+                let text = std::fs::read_to_string(&config)
+                    .with_context(|| format!("reading {}", config.display()))?;
+                let cfg: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", config.display()))?;
+                (tenant, name, json!({"kind": kind, "config": cfg}))
+            }
+        },
+    };
+    let v = c.put(
+        &format!("/v1/tenants/{tenant}/nfs/{name}"),
+        body,
+        &format!("nf/{tenant}/{name}"),
+    )?;
+    if c.output != Output::Table {
+        c.print(&v, &[], &[])?;
+    }
+    Ok(())
+}
+
+pub fn chain(c: &Client, cmd: ChainCmd) -> Result<()> {
+    match cmd {
+        ChainCmd::Create {
+            name,
+            tenant,
+            vpc,
+            nfs,
+            egress: eg,
+            ret,
+            wait,
+        } => {
+            let v = c.put(
+                &format!("/v1/tenants/{tenant}/chains/{name}"),
+                json!({"vpc": vpc, "nfs": nfs, "forward": egress(eg.as_deref())?, "reverse": egress(ret.as_deref())?}),
+                &format!("chain/{tenant}/{name}"),
+            )?;
+            if wait {
+                wait_served(c, &tenant, &name)?;
+            }
+            if c.output != Output::Table {
+                c.print(&v, &[], &[])?;
+            }
+            Ok(())
+        }
+        ChainCmd::List { tenant } => {
+            let v = all_pages(c, &format!("/v1/tenants/{tenant}/chains"))?;
+            c.print(
+                &v,
+                v.as_array().unwrap_or(&vec![]),
+                &[
+                    ("NAME", "/name"),
+                    ("ID", "/id"),
+                    ("VPC", "/vpc"),
+                    ("NFS", "/nfs"),
+                ],
+            )
+        }
+        ChainCmd::Delete { name, tenant } => {
+            c.call(
+                "DELETE",
+                &format!("/v1/tenants/{tenant}/chains/{name}"),
+                None,
+            )?;
+            println!("chain/{tenant}/{name} deleted");
+            Ok(())
+        }
+    }
+}
+
+pub fn token_create(c: &Client, tenant: &str) -> Result<()> {
+    let v = c.call("POST", &format!("/v1/tenants/{tenant}/tokens"), None)?;
+    c.print(
+        &v,
+        std::slice::from_ref(&v),
+        &[("ID", "/id"), ("TENANT", "/tenant"), ("TOKEN", "/token")],
+    )
+}
+
+pub fn status(c: &Client, wait: bool) -> Result<()> {
+    let v = if wait {
+        wait_for(
+            "waiting for every node to be up and ready",
+            Duration::from_secs(60),
+            || {
+                let v = c.call("GET", "/v1/status", None)?;
+                Ok((v["healthy"] == true).then_some(v))
+            },
+        )?
+    } else {
+        c.call("GET", "/v1/status", None)?
+    };
+    if c.output == Output::Table {
+        println!(
+            "orchestrator {}  store {} (revision {})  tenants {}  chains {}  nodes {} up, {} down  {}",
+            cell(&v["orchestrator"]),
+            cell(&v["store"]),
+            cell(&v["store_revision"]),
+            cell(&v["tenants"]),
+            cell(&v["chains"]),
+            cell(&v["nodes_up"]),
+            cell(&v["nodes_down"]),
+            if v["healthy"] == true { "HEALTHY" } else { "NOT HEALTHY" }
+        );
+        println!();
+    }
+    let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+    c.print(
+        &v,
+        &nodes,
+        &[
+            ("NODE", "/id"),
+            ("ROLE", "/role"),
+            ("STATUS", "/status"),
+            ("READY", "/ready"),
+            ("ADDR", "/addr"),
+            ("CLUSTER", "/cluster"),
+            ("LAST REPORT MS", "/last_report_ms"),
+            ("METRICS", "/metrics_url"),
+            ("DETAIL", "/detail"),
+        ],
+    )
+}
+
+pub fn flows(c: &Client, tenant: &str, limit: u32) -> Result<()> {
+    let v = c.call(
+        "GET",
+        &format!("/v1/tenants/{tenant}/flows?limit={limit}"),
+        None,
+    )?;
+    let rows = v["items"].as_array().cloned().unwrap_or_default();
+    c.print(
+        &v,
+        &rows,
+        &[
+            ("CHAIN", "/chain"),
+            ("FLOW", "/key"),
+            ("ACTIONS", "/actions"),
+            ("EXPIRES MS", "/expires_in_ms"),
+        ],
+    )?;
+    if c.output == Output::Table {
+        if let Some(n) = v["next"].as_str() {
+            println!("({n}; raise --limit)");
+        }
+    }
+    Ok(())
+}
+
+pub fn stats(
+    c: &Client,
+    tenant: Option<&str>,
+    watch: Option<f64>,
+    count: Option<u64>,
+) -> Result<()> {
+    let cols: &[(&str, &str)] = &[
+        ("TENANT", "/tenant"),
+        ("PACKETS", "/packets"),
+        ("BYTES", "/bytes"),
+        ("DROPS", "/drops"),
+        ("FLOWS", "/flows_set_up"),
+        ("RULE REQUESTS", "/rule_requests"),
+        ("SC APPLIED", "/requests_applied"),
+    ];
+    let mut n = 0u64;
+    loop {
+        let v = match tenant {
+            Some(t) => Value::Array(vec![c.call(
+                "GET",
+                &format!("/v1/tenants/{t}/stats"),
+                None,
+            )?]),
+            None => c.call("GET", "/v1/stats", None)?,
+        };
+        c.print(&v, v.as_array().unwrap_or(&vec![]), cols)?;
+        n += 1;
+        match watch {
+            Some(s) if count.is_none_or(|c| n < c) => {
+                std::thread::sleep(Duration::from_secs_f64(s.max(0.1)));
+                if c.output == Output::Table {
+                    println!();
+                }
+            }
+            _ => return Ok(()),
+        }
+    }
+}

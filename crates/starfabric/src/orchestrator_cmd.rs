@@ -1,0 +1,107 @@
+//! `starfabric orchestrator`: the REST API and the nodes' control service.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::pp_cmd::{install_signal_handlers, STOP};
+
+#[derive(Args, Debug)]
+pub struct OrchestratorArgs {
+    /// Address of the REST API.
+    #[arg(long, default_value = "127.0.0.1:7080")]
+    pub api: SocketAddr,
+    /// Address of the nodes' control service (gRPC).
+    #[arg(long, default_value = "127.0.0.1:7081")]
+    pub control: SocketAddr,
+    /// Desired-state store: `embedded:PATH` (a redb file) or
+    /// `etcd:http://HOST:PORT[,http://HOST:PORT...]`.
+    #[arg(long, default_value = "embedded:/var/lib/starfabric/orchestrator.redb")]
+    pub store: String,
+    /// Key prefix in etcd (several clusters can share one etcd).
+    #[arg(long, default_value = "/starfabric/")]
+    pub etcd_prefix: String,
+    /// File holding the admin token; created with a random token if missing.
+    #[arg(long, default_value = "/var/lib/starfabric/admin-token")]
+    pub admin_token_file: PathBuf,
+    /// This orchestrator's id.
+    #[arg(long, default_value = "orchestrator-1")]
+    pub id: String,
+    /// How often nodes report, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub report_ms: u64,
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM).
+    #[arg(long)]
+    pub duration: Option<f64>,
+}
+
+pub async fn open_store(spec: &str, etcd_prefix: &str) -> Result<Arc<dyn store::Store>> {
+    if let Some(path) = spec.strip_prefix("embedded:") {
+        if path.is_empty() {
+            bail!("--store embedded: needs a file path, e.g. embedded:/var/lib/starfabric/o.redb");
+        }
+        let s = store::EmbeddedStore::open(path).with_context(|| format!("opening {path}"))?;
+        Ok(Arc::new(s))
+    } else if let Some(eps) = spec.strip_prefix("etcd:") {
+        let endpoints: Vec<String> = eps
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        if endpoints.is_empty() {
+            bail!("--store etcd: needs at least one endpoint, e.g. etcd:http://127.0.0.1:2379");
+        }
+        let s = store::EtcdStore::connect(&endpoints, etcd_prefix)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
+        Ok(Arc::new(s))
+    } else {
+        bail!("--store must be embedded:PATH or etcd:URL[,URL...], got {spec:?}")
+    }
+}
+
+pub fn run(a: OrchestratorArgs) -> Result<()> {
+    let token = orchestrator::auth::load_or_create_admin_token(&a.admin_token_file)
+        .with_context(|| format!("admin token file {}", a.admin_token_file.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut cfg = orchestrator::OrchestratorConfig::new(&token);
+    cfg.id = a.id.clone();
+    cfg.report_interval = Duration::from_millis(a.report_ms.max(10));
+    let mut handle = rt.block_on(async {
+        let store = open_store(&a.store, &a.etcd_prefix).await?;
+        orchestrator::start(cfg, store, a.api, a.control)
+            .await
+            .map_err(anyhow::Error::from)
+    })?;
+    install_signal_handlers()?;
+    // `starfabric up` and scripts wait for this line.
+    println!(
+        "orchestrator: api http://{} control {} store {}",
+        handle.api_addr,
+        handle.control_addr,
+        handle.shared.desired.store().backend()
+    );
+    std::io::stdout().flush()?;
+    let start = std::time::Instant::now();
+    while !STOP.load(Ordering::Relaxed) {
+        if a.duration
+            .is_some_and(|d| start.elapsed() >= Duration::from_secs_f64(d))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    handle.stop();
+    println!("orchestrator: stopped");
+    Ok(())
+}
