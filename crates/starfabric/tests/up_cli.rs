@@ -1,0 +1,234 @@
+//! `starfabric up` and the CLI, as an operator uses them: start the platform, then run
+//! CLI verbs with no server or token flags (they come from the config file `up`
+//! writes), create a tenant with SNAT, see every node healthy, send a VXLAN packet of
+//! the tenant's through the PP node, and scrape every node's `/metrics`.
+//!
+//! Everything runs on loopback with ports the kernel picks. `up` runs in its own state
+//! directory and config file (a temp dir), and is stopped by PID (SIGTERM), which tears
+//! its children down; the test checks they are gone.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_starfabric");
+
+struct Up {
+    child: Child,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child's PID, not yet reaped.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn cli(cfg: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("STARFABRIC_CONFIG", cfg)
+        .env_remove("STARFABRIC_SERVER")
+        .env_remove("STARFABRIC_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn cli_json(cfg: &Path, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let (ok, out, err) = cli(cfg, &a);
+    assert!(ok, "starfabric {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"))
+}
+
+/// GET a URL with a plain HTTP/1.0 request: the body.
+fn http_get(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{url}: {head}");
+    body.to_string()
+}
+
+/// The value of the first series named exactly `name` with a label set containing
+/// every one of `labels` (e.g. `tenant="1"`).
+fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, lab) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            (n == name && labels.iter().all(|x| lab.split(',').any(|p| p == *x)))
+                .then(|| value.parse().ok())
+                .flatten()
+        })
+        .next()
+}
+
+/// A VXLAN (VNI `vni`) UDP datagram's payload: Ethernet + IPv4 + UDP to 198.19.200.1:53.
+fn vxlan_payload(vni: u32) -> Vec<u8> {
+    let inner = packet::build::ip_frame(
+        packet::rewrite::Addr::V4([198, 19, 0, 10]),
+        packet::rewrite::Addr::V4([198, 19, 200, 1]),
+        packet::build::L4Spec::Udp {
+            sport: 40000,
+            dport: 53,
+        },
+        b"hello",
+    );
+    let full = packet::build::vxlan_wrap([127, 0, 0, 1], [127, 0, 0, 1], 50000, vni, &inner);
+    // The socket adds Ethernet/IP/UDP; VXLAN header + inner frame is the payload.
+    full[14 + 20 + 8..].to_vec()
+}
+
+#[test]
+fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    let mut up = Up {
+        child: Command::new(BIN)
+            .args(["up", "--dir"])
+            .arg(dir.path().join("state"))
+            .args([
+                "--api", "127.0.0.1:0", "--control", "127.0.0.1:0", "--fm", "127.0.0.1:0",
+                "--vxlan", "127.0.0.1:0", "--duration", "120",
+            ])
+            .env("STARFABRIC_CONFIG", &cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    };
+    let stdout = up.child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) if l == "up: ready" => break,
+            Ok(l) => seen.push(l),
+            Err(_) => {
+                assert!(up.child.try_wait().unwrap().is_none(), "up exited: {seen:#?}");
+                assert!(Instant::now() < deadline, "up never got ready: {seen:#?}");
+            }
+        }
+    }
+
+    // The CLI finds the orchestrator and the admin token by itself.
+    let (ok, out, err) = cli(&cfg, &["tenant", "create", "acme", "--vni", "100", "--snat", "198.18.100.1", "--wait"]);
+    assert!(ok, "tenant create: {err}");
+    assert!(out.contains("chain acme/main is served"), "{out}");
+    let tenants = cli_json(&cfg, &["tenant", "list"]);
+    assert_eq!(tenants[0]["name"], "acme");
+    let acme_id = tenants[0]["id"].as_u64().unwrap();
+    let nfs = cli_json(&cfg, &["nf", "list", "--tenant", "acme"]);
+    assert_eq!(nfs[0]["kind"], "snat");
+    assert_eq!(nfs[0]["config"]["pools"][0]["addresses"][0], "198.18.100.1");
+
+    // status: every node up and ready, and its table names them all.
+    let st = cli_json(&cfg, &["status", "--wait"]);
+    assert_eq!(st["healthy"], true, "{st:#}");
+    let nodes = st["nodes"].as_array().unwrap();
+    let roles: Vec<&str> = nodes.iter().map(|n| n["role"].as_str().unwrap()).collect();
+    assert_eq!(roles.iter().filter(|r| **r == "sc").count(), 3, "{roles:?}");
+    assert!(roles.contains(&"pp") && roles.contains(&"fm"), "{roles:?}");
+    assert!(nodes.iter().all(|n| n["status"] == "up" && n["ready"] == true), "{st:#}");
+    let (ok, table, _) = cli(&cfg, &["status"]);
+    assert!(ok && table.contains("HEALTHY") && table.contains("pp-1") && table.contains("sc-3"), "{table}");
+    let parts = cli_json(&cfg, &["tenant", "get", "acme"]);
+    assert_eq!(parts["pp_cluster"], "default");
+
+    // A packet of the tenant's VPC through the PP node: it misses, FM asks the SC
+    // group, and the flow's SNAT rule shows up in `flows`.
+    let pp = nodes.iter().find(|n| n["role"] == "pp").unwrap();
+    let pp_addr: std::net::SocketAddr = pp["addr"].as_str().unwrap().parse().unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let flows = (0..100)
+        .find_map(|_| {
+            sock.send_to(&vxlan_payload(100), pp_addr).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            let f = cli_json(&cfg, &["flows", "--tenant", "acme"]);
+            f["items"].as_array().filter(|a| !a.is_empty()).cloned()
+        })
+        .expect("the flow's rule never reached FM's cache");
+    assert!(flows[0]["key"].as_str().unwrap().contains("198.19.0.10:40000"), "{flows:?}");
+    assert!(flows[0]["actions"].as_str().unwrap().contains("set-src 198.18.100.1:"), "{flows:?}");
+
+    // Every node serves Prometheus text at the URL it registered.
+    let mut scraped = 0;
+    for n in nodes {
+        let url = n["metrics_url"].as_str().unwrap();
+        assert!(!url.is_empty(), "{} registered no metrics URL", n["id"]);
+        let text = http_get(url);
+        match n["role"].as_str().unwrap() {
+            "pp" => {
+                assert!(metric(&text, "starfabric_pp_rx_packets_total", &[]).unwrap_or(0.0) >= 1.0, "{text}");
+                assert!(metric(&text, "starfabric_pp_misses_total", &[]).unwrap_or(0.0) >= 1.0);
+                assert!(metric(&text, "starfabric_pp_rule_setup_seconds_count", &[]).unwrap_or(0.0) >= 1.0);
+                assert!(metric(&text, "starfabric_pp_flow_table_entries", &[]).unwrap_or(0.0) >= 1.0);
+                let t = format!("tenant=\"{acme_id}\"");
+                assert!(metric(&text, "starfabric_pp_tenant_packets_total", &[&t]).unwrap_or(0.0) >= 1.0, "{text}");
+            }
+            "fm" => {
+                assert!(metric(&text, "starfabric_fm_rule_requests_total", &[]).unwrap_or(0.0) >= 1.0, "{text}");
+            }
+            "sc" => assert!(text.contains("starfabric_sc_"), "{text}"),
+            r => panic!("unexpected role {r}"),
+        }
+        scraped += 1;
+    }
+    assert_eq!(scraped, 5);
+
+    // Per-tenant counters reach `stats` through the nodes' reports.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = cli_json(&cfg, &["stats", "--tenant", "acme"]);
+        if s[0]["packets"].as_u64().unwrap_or(0) >= 1 && s[0]["rule_requests"].as_u64().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "stats never counted the packet: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Ctrl-C equivalent: everything stops.
+    drop(up);
+}
