@@ -31,6 +31,9 @@ pub struct FmArgs {
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     duration: Option<f64>,
+    /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 pub fn run(a: FmArgs) -> Result<()> {
@@ -53,6 +56,12 @@ pub fn run(a: FmArgs) -> Result<()> {
     // Tests and scripts wait for this line.
     println!("fm: listening on {}, {nchains} chains", fm.addr());
     std::io::stdout().flush()?;
+    let metrics = a
+        .metrics
+        .map(|addr| crate::metrics::fm_start(&rt, addr, &fm))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    tracing::info!(addr = %fm.addr(), chains = nchains, metrics = ?metrics_addr, "FM running");
     let start = Instant::now();
     let mut next = a.stats_interval.map(|i| start + Duration::from_secs_f64(i));
     while !STOP.load(Ordering::Relaxed) {

@@ -13,6 +13,7 @@ mod bench;
 mod bench_setup;
 mod demo;
 mod fm_cmd;
+mod metrics;
 mod pp_cmd;
 mod sc_cmd;
 

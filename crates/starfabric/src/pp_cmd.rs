@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -65,6 +65,9 @@ pub struct PpArgs {
     /// `TENANT:CHAIN` for VNIs without a `--vpc` binding.
     #[arg(long, value_parser = parse_binding)]
     default_chain: Option<VpcBinding>,
+    /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -205,7 +208,13 @@ pub fn run(a: PpArgs) -> Result<()> {
         }
     );
     std::io::stdout().flush()?;
-    tracing::info!(%local, rules = nrules, "PP worker running");
+    let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
+    let mut metrics = a
+        .metrics
+        .map(|addr| crate::metrics::PpMetrics::start(addr, fm_stats))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    tracing::info!(%local, rules = nrules, metrics = ?metrics_addr, "PP worker running");
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -218,6 +227,9 @@ pub fn run(a: PpArgs) -> Result<()> {
                 std::io::stdout().flush()?;
                 next_stats = Some(t + i);
             }
+        }
+        if let Some(m) = &mut metrics {
+            m.tick(&worker, now);
         }
         worker.run_once().context("worker")?;
     }

@@ -36,6 +36,9 @@ pub struct ScArgs {
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     duration: Option<f64>,
+    /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 pub fn run(a: ScArgs) -> Result<()> {
@@ -61,6 +64,12 @@ pub fn run(a: ScArgs) -> Result<()> {
         a.fm
     );
     std::io::stdout().flush()?;
+    let metrics = a
+        .metrics
+        .map(|addr| crate::metrics::sc_start(&rt, addr, &node))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    tracing::info!(node = %a.id, addr = %node.addr(), metrics = ?metrics_addr, "SC running");
     let start = Instant::now();
     while !STOP.load(Ordering::Relaxed) {
         if a.duration
