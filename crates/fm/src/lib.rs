@@ -23,10 +23,10 @@ mod service;
 use std::time::Duration;
 
 pub use cache::{CacheKey, CacheStats, RuleCache};
-pub use master::{DesiredChange, FmConfig, FmStats};
+pub use master::{DesiredChange, FmConfig, FmMetrics, FmStats};
 pub use membership::Membership;
 pub use partition::PartitionMap;
-pub use service::{start, FmHandle, FmWireCounters};
+pub use service::{start, FmHandle, FmObserver, FmWireCounters};
 
 use proto::ChainDef;
 use serde::{Deserialize, Serialize};

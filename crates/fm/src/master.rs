@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pipeline::FlowKey;
+use pipeline::{FlowKey, LatencyHistogram};
 use proto::v1::{self, pp_down, sc_down};
 use proto::ChainDef;
 use tokio::sync::{mpsc, oneshot};
@@ -93,6 +93,20 @@ pub struct FmStats {
     pub cache: CacheStats,
 }
 
+/// Observability beyond [`FmStats`]: what needs more than a counter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FmMetrics {
+    /// Rule requests from PP nodes per tenant, ascending by tenant.
+    pub tenant_requests: Vec<(u32, u64)>,
+    /// From a PP request reaching the master task to its reply leaving it (cache hits,
+    /// SC round trips, coalesced waiters and error answers alike).
+    pub request_latency: LatencyHistogram,
+    /// Rules in the cache.
+    pub cache_entries: usize,
+    /// Requests waiting for an SC answer.
+    pub inflight: usize,
+}
+
 pub(crate) type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
 pub(crate) type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
 
@@ -135,6 +149,7 @@ pub(crate) enum MasterIn {
     Members(oneshot::Sender<v1::MembershipView>),
     Map(oneshot::Sender<v1::PartitionMap>),
     Stats(oneshot::Sender<FmStats>),
+    Metrics(oneshot::Sender<FmMetrics>),
     /// The orchestrator's desired configuration: tenant chains and their partitions.
     SetDesired {
         chains: Vec<v1::ChainConfig>,
@@ -156,6 +171,8 @@ struct Waiter {
     session: u64,
     id: u64,
     worker: u32,
+    /// When the request reached the master task (µs on its clock).
+    arrived_us: u64,
 }
 
 struct Inflight {
@@ -170,6 +187,8 @@ struct Inflight {
 struct PpSession {
     tx: PpTx,
     out: Vec<v1::RuleReply>,
+    /// Arrival time (µs) of the request each `out` reply answers.
+    out_arrived: Vec<u64>,
 }
 
 struct ScSession {
@@ -199,6 +218,8 @@ pub(crate) struct Master {
     group_progress: HashMap<u64, u64>,
     last_tick: u64,
     stats: FmStats,
+    tenant_requests: HashMap<u32, u64>,
+    request_latency: LatencyHistogram,
 }
 
 impl Master {
@@ -223,11 +244,17 @@ impl Master {
             group_progress: HashMap::new(),
             last_tick: 0,
             stats: FmStats::default(),
+            tenant_requests: HashMap::new(),
+            request_latency: LatencyHistogram::default(),
         }
     }
 
     fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
+    }
+
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
     }
 
     fn register_ack(&self) -> v1::RegisterAck {
@@ -260,6 +287,7 @@ impl Master {
                     PpSession {
                         tx,
                         out: Vec::new(),
+                        out_arrived: Vec::new(),
                     },
                 );
             }
@@ -331,6 +359,17 @@ impl Master {
                 let mut s = self.stats;
                 s.cache = self.cache.stats;
                 let _ = tx.send(s);
+            }
+            MasterIn::Metrics(tx) => {
+                let mut tenant_requests: Vec<(u32, u64)> =
+                    self.tenant_requests.iter().map(|(&t, &n)| (t, n)).collect();
+                tenant_requests.sort_unstable();
+                let _ = tx.send(FmMetrics {
+                    tenant_requests,
+                    request_latency: self.request_latency,
+                    cache_entries: self.cache.len(),
+                    inflight: self.inflight.len(),
+                });
             }
             MasterIn::SetDesired {
                 chains,
@@ -466,20 +505,23 @@ impl Master {
                     let mut r = proto::error_reply(&f.request, "chain-reconfigured");
                     r.id = w.id;
                     r.worker = w.worker;
-                    self.answer_pp(w.session, r);
+                    self.answer_pp(w.session, r, w.arrived_us);
                 }
             }
         }
     }
 
     fn on_requests(&mut self, session: u64, requests: Vec<v1::RuleRequest>, now: u64) {
+        let arrived = self.now_us();
         for req in requests {
             self.stats.pp_requests += 1;
+            *self.tenant_requests.entry(req.tenant).or_insert(0) += 1;
             let key = match req.key.as_ref().map(FlowKey::try_from) {
                 Some(Ok(k)) => k,
                 _ => {
                     self.stats.bad_requests += 1;
-                    self.answer_pp(session, proto::error_reply(&req, "bad request: flow key"));
+                    let reply = proto::error_reply(&req, "bad request: flow key");
+                    self.answer_pp(session, reply, arrived);
                     continue;
                 }
             };
@@ -487,13 +529,14 @@ impl Master {
             if let Some(mut r) = self.cache.get(&ck, now) {
                 r.id = req.id;
                 r.worker = req.worker;
-                self.answer_pp(session, r);
+                self.answer_pp(session, r, arrived);
                 continue;
             }
             let waiter = Waiter {
                 session,
                 id: req.id,
                 worker: req.worker,
+                arrived_us: arrived,
             };
             if let Some(f) = self.inflight.get_mut(&ck) {
                 self.stats.coalesced += 1;
@@ -505,7 +548,7 @@ impl Master {
             let Some(group) = self.map.lookup(req.tenant, req.chain, key.hash()) else {
                 self.stats.no_group += 1;
                 let msg = format!("no SC group for tenant {} chain {}", req.tenant, req.chain);
-                self.answer_pp(session, proto::error_reply(&req, msg));
+                self.answer_pp(session, proto::error_reply(&req, msg), arrived);
                 continue;
             };
             let id = self.next_id;
@@ -531,9 +574,12 @@ impl Master {
         }
     }
 
-    fn answer_pp(&mut self, session: u64, reply: v1::RuleReply) {
+    /// Queue `reply` for PP session `session`; `arrived_us` is when its request reached
+    /// this task, for the request latency observed when the reply leaves in `flush`.
+    fn answer_pp(&mut self, session: u64, reply: v1::RuleReply, arrived_us: u64) {
         if let Some(s) = self.pp.get_mut(&session) {
             s.out.push(reply);
+            s.out_arrived.push(arrived_us);
         }
     }
 
@@ -568,7 +614,7 @@ impl Master {
                     };
                     r.id = w.id;
                     r.worker = w.worker;
-                    self.answer_pp(w.session, r);
+                    self.answer_pp(w.session, r, w.arrived_us);
                 }
             }
         }
@@ -632,7 +678,7 @@ impl Master {
                 let mut r = proto::error_reply(&f.request, "sc-timeout");
                 r.id = w.id;
                 r.worker = w.worker;
-                self.answer_pp(w.session, r);
+                self.answer_pp(w.session, r, w.arrived_us);
             }
             return;
         }
@@ -873,9 +919,13 @@ impl Master {
                 reqs = rest;
             }
         }
+        let now_us = self.now_us();
         for s in self.pp.values_mut() {
             if s.out.is_empty() {
                 continue;
+            }
+            for t in s.out_arrived.drain(..) {
+                self.request_latency.observe_us(now_us.saturating_sub(t));
             }
             let replies = std::mem::take(&mut s.out);
             self.stats.replies_to_pp += replies.len() as u64;

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::master::{DesiredChange, FmConfig, FmStats, Master, MasterIn};
+use crate::master::{DesiredChange, FmConfig, FmMetrics, FmStats, Master, MasterIn};
 use crate::FmError;
 
 /// Counters kept outside the master task (by the stream readers).
@@ -156,6 +156,77 @@ impl FmHandle {
         &self.shared.wire
     }
 
+    pub async fn members(&self) -> Option<v1::MembershipView> {
+        self.observer().members().await
+    }
+
+    pub async fn partition_map(&self) -> Option<v1::PartitionMap> {
+        self.observer().partition_map().await
+    }
+
+    pub async fn stats(&self) -> Option<FmStats> {
+        self.observer().stats().await
+    }
+
+    /// Per-tenant request counts and the request latency histogram.
+    pub async fn metrics(&self) -> Option<FmMetrics> {
+        self.observer().metrics().await
+    }
+
+    /// Serve exactly these chains with these partitions from now on (the orchestrator's
+    /// desired state; see `Master::set_desired`).
+    pub async fn set_desired(
+        &self,
+        chains: Vec<v1::ChainConfig>,
+        partitions: Vec<v1::Partition>,
+    ) -> Option<DesiredChange> {
+        self.observer()
+            .ask(|done| MasterIn::SetDesired {
+                chains,
+                partitions,
+                done,
+            })
+            .await
+    }
+
+    /// Rules in the cache.
+    pub async fn flows(&self, req: v1::FlowsRequest) -> Option<v1::FlowsReply> {
+        self.observer().ask(|tx| MasterIn::Flows(req, tx)).await
+    }
+
+    /// A read-only view of this FM that can be cloned into other tasks (a metrics
+    /// endpoint); unlike the handle, dropping it stops nothing.
+    pub fn observer(&self) -> FmObserver {
+        FmObserver {
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn stop(&self) {
+        self.shared.stopped.store(true, Ordering::Relaxed);
+        for t in self
+            .shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+/// Queries of a running FM, for observers: see [`FmHandle::observer`].
+#[derive(Clone)]
+pub struct FmObserver {
+    shared: Arc<Shared>,
+}
+
+impl FmObserver {
+    pub fn wire_counters(&self) -> &FmWireCounters {
+        &self.shared.wire
+    }
+
     async fn ask<T>(&self, f: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
         let (tx, rx) = oneshot::channel();
         self.shared.tx.send(f(tx)).ok()?;
@@ -174,37 +245,8 @@ impl FmHandle {
         self.ask(MasterIn::Stats).await
     }
 
-    /// Serve exactly these chains with these partitions from now on (the orchestrator's
-    /// desired state; see `Master::set_desired`).
-    pub async fn set_desired(
-        &self,
-        chains: Vec<v1::ChainConfig>,
-        partitions: Vec<v1::Partition>,
-    ) -> Option<DesiredChange> {
-        self.ask(|done| MasterIn::SetDesired {
-            chains,
-            partitions,
-            done,
-        })
-        .await
-    }
-
-    /// Rules in the cache.
-    pub async fn flows(&self, req: v1::FlowsRequest) -> Option<v1::FlowsReply> {
-        self.ask(|tx| MasterIn::Flows(req, tx)).await
-    }
-
-    pub fn stop(&self) {
-        self.shared.stopped.store(true, Ordering::Relaxed);
-        for t in self
-            .shared
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            t.abort();
-        }
+    pub async fn metrics(&self) -> Option<FmMetrics> {
+        self.ask(MasterIn::Metrics).await
     }
 }
 

@@ -400,6 +400,9 @@ async fn run_session(
                         Some(n) if n.session == session => {
                             let came_back = !n.up;
                             n.up = true;
+                            if !r.metrics_url.is_empty() {
+                                n.hello.metrics_url = r.metrics_url.clone();
+                            }
                             n.last_report = Instant::now();
                             n.report = Some(r);
                             if came_back {

@@ -32,7 +32,7 @@ pub use rule::{
     format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule, RuleContext,
     RuleCounters, RuleError, RuleSlot,
 };
-pub use stats::{DropReason, Stats};
+pub use stats::{DropReason, LatencyHistogram, Stats, TenantCounters, LATENCY_BOUNDS_US};
 pub use table::{
     age, EvictReason, FlowEntry, FlowTable, Inserted, TableError, TableStats, MAX_CAPACITY,
 };

@@ -45,6 +45,9 @@ struct PendingFlow {
     tail: u32,
     count: u16,
     since: u32,
+    /// When the first packet was held, in the pipeline's µs time: the start of the
+    /// flow's rule setup latency.
+    since_us: u64,
     requested: bool,
 }
 
@@ -107,7 +110,8 @@ impl PendingQueue {
         self.flows.find(hash, |f| f.key == *key).is_some()
     }
 
-    /// Copy `data` into the pool behind the flow's earlier packets.
+    /// Copy `data` into the pool behind the flow's earlier packets. `now` (ms) drives the
+    /// timeout; `now_us` only stamps a new flow for latency measurement.
     pub fn hold(
         &mut self,
         key: &FlowKey,
@@ -115,6 +119,7 @@ impl PendingQueue {
         data: &[u8],
         port: u16,
         now: u32,
+        now_us: u64,
     ) -> Result<Held, DropReason> {
         if data.len() > FRAME_SIZE - HEADROOM {
             return Err(DropReason::BadHeader);
@@ -149,6 +154,7 @@ impl PendingQueue {
                         tail: slot,
                         count: 1,
                         since: now,
+                        since_us: now_us,
                         requested: false,
                     },
                     |f| f.hash,
@@ -166,6 +172,11 @@ impl PendingQueue {
         if let Some(f) = self.flows.find_mut(hash, |f| f.key == *key) {
             f.requested = true;
         }
+    }
+
+    /// When the flow's first held packet arrived (µs), if the flow is pending.
+    pub fn held_since_us(&self, key: &FlowKey, hash: u64) -> Option<u64> {
+        self.flows.find(hash, |f| f.key == *key).map(|f| f.since_us)
     }
 
     /// Detach a flow's held packets, in arrival order, as descriptors into
@@ -209,8 +220,9 @@ impl PendingQueue {
     }
 
     /// Drop flows that waited longer than the timeout. Returns packets dropped; the
-    /// dropped flows' keys are appended to `expired` so their requests can be forgotten.
-    pub fn expire(&mut self, now: u32, expired: &mut Vec<FlowKey>) -> u64 {
+    /// dropped flows' keys are appended to `expired` with their packet counts, so their
+    /// requests can be forgotten and the drops attributed to tenants.
+    pub fn expire(&mut self, now: u32, expired: &mut Vec<(FlowKey, u16)>) -> u64 {
         let mut dropped = 0;
         while let Some(&(key, hash, since)) = self.order.front() {
             if age(now, since) <= self.cfg.timeout_ms {
@@ -233,7 +245,7 @@ impl PendingQueue {
                 dropped += 1;
                 s = self.next[s as usize];
             }
-            expired.push(key);
+            expired.push((key, f.count));
         }
         self.timed_out += dropped;
         dropped
@@ -264,12 +276,15 @@ mod tests {
         });
         let k = key(1);
         let h = k.hash();
-        assert!(q.hold(&k, h, &[1], 0, 0).unwrap().needs_request);
+        assert!(q.hold(&k, h, &[1], 0, 0, 0).unwrap().needs_request);
         q.mark_requested(&k, h);
-        assert!(!q.hold(&k, h, &[2], 0, 0).unwrap().needs_request);
-        q.hold(&k, h, &[3], 0, 0).unwrap();
-        q.hold(&k, h, &[4], 0, 0).unwrap();
-        assert_eq!(q.hold(&k, h, &[5], 0, 0), Err(DropReason::PendingFlowFull));
+        assert!(!q.hold(&k, h, &[2], 0, 0, 0).unwrap().needs_request);
+        q.hold(&k, h, &[3], 0, 0, 0).unwrap();
+        q.hold(&k, h, &[4], 0, 0, 0).unwrap();
+        assert_eq!(
+            q.hold(&k, h, &[5], 0, 0, 0),
+            Err(DropReason::PendingFlowFull)
+        );
         let mut out = Vec::new();
         assert_eq!(q.take(&k, h, &mut out), 4);
         let region = q.region_mut().to_vec();
@@ -289,11 +304,11 @@ mod tests {
         });
         for i in 0..3 {
             let k = key(i);
-            q.hold(&k, k.hash(), &[0], 0, 10).unwrap();
+            q.hold(&k, k.hash(), &[0], 0, 10, 0).unwrap();
         }
         let k = key(9);
         assert_eq!(
-            q.hold(&k, k.hash(), &[0], 0, 10),
+            q.hold(&k, k.hash(), &[0], 0, 10, 0),
             Err(DropReason::PendingGlobalFull)
         );
         let mut expired = Vec::new();
@@ -302,6 +317,6 @@ mod tests {
         assert_eq!(expired.len(), 3);
         assert_eq!(q.held(), 0);
         assert_eq!(q.flows(), 0);
-        assert!(q.hold(&k, k.hash(), &[0], 0, 120).is_ok());
+        assert!(q.hold(&k, k.hash(), &[0], 0, 120, 0).is_ok());
     }
 }

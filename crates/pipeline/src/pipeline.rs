@@ -21,7 +21,7 @@ use crate::io::{Desc, PacketIo, Verdict};
 use crate::key::{vxlan_source_port, FlowKey, KeyError};
 use crate::pending::{PendingConfig, PendingQueue};
 use crate::rule::{flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
-use crate::stats::{DropReason, Stats};
+use crate::stats::{DropReason, Stats, TenantCounters};
 use crate::table::{age, FlowTable, Inserted, Probe, TableError};
 
 /// Largest batch processed in one pass; bigger inputs are processed in chunks.
@@ -102,6 +102,13 @@ pub trait Policer: Send {
 /// Wall-clock source in milliseconds (wrapping), read once per batch.
 pub trait Clock: Send {
     fn now_ms(&self) -> u32;
+
+    /// The same clock in microseconds, for latency measurement (rule setup takes well
+    /// under a millisecond on a local fabric). `now_ms` must equal `(now_us / 1000) as
+    /// u32`; the default has millisecond resolution.
+    fn now_us(&self) -> u64 {
+        u64::from(self.now_ms()) * 1000
+    }
 }
 
 /// Milliseconds since the clock was made.
@@ -123,24 +130,91 @@ impl Clock for MonotonicClock {
     fn now_ms(&self) -> u32 {
         self.0.elapsed().as_millis() as u32
     }
+
+    fn now_us(&self) -> u64 {
+        self.0.elapsed().as_micros() as u64
+    }
 }
 
-/// A clock tests move by hand.
+/// A clock tests move by hand. It keeps microseconds; `set` and `advance` take
+/// milliseconds, `set_us` and `advance_us` microseconds.
 #[derive(Clone, Default)]
-pub struct ManualClock(std::sync::Arc<std::sync::atomic::AtomicU32>);
+pub struct ManualClock(std::sync::Arc<std::sync::atomic::AtomicU64>);
 
 impl ManualClock {
     pub fn set(&self, ms: u32) {
-        self.0.store(ms, std::sync::atomic::Ordering::Relaxed)
+        self.set_us(u64::from(ms) * 1000)
     }
     pub fn advance(&self, ms: u32) {
-        self.0.fetch_add(ms, std::sync::atomic::Ordering::Relaxed);
+        self.advance_us(u64::from(ms) * 1000)
+    }
+    pub fn set_us(&self, us: u64) {
+        self.0.store(us, std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn advance_us(&self, us: u64) {
+        self.0.fetch_add(us, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u32 {
+        (self.now_us() / 1000) as u32
+    }
+
+    fn now_us(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// VNIs are 24 bits.
+const VNI_MASK: u32 = (1 << 24) - 1;
+
+/// Per-tenant counting on the hit path, in three plain arrays (no hashing, no locks):
+/// - `vni_slot`: a dense VNI → slot table, one `u16` per possible VNI (32 MiB of
+///   address space). It is allocated zeroed, which the allocator serves from fresh
+///   zero pages, so only the pages holding bound VNIs ever become resident (4 KiB per
+///   2048 consecutive VNIs). A lookup is one load from a page that stays in cache.
+/// - `counters`: per-slot [`TenantCounters`], one entry per tenant (VNIs of one tenant
+///   share a slot); slot 0 collects packets of unbound VNIs and is not a tenant.
+/// - `ids`: slot → tenant id, read only when exporting.
+struct Tenants {
+    vni_slot: Box<[u16]>,
+    counters: Vec<TenantCounters>,
+    ids: Vec<u32>,
+    /// Slot of the default binding's tenant, for VNIs with no slot of their own.
+    default_slot: u16,
+}
+
+impl Tenants {
+    fn new() -> Self {
+        Tenants {
+            vni_slot: vec![0u16; 1 << 24].into_boxed_slice(),
+            counters: vec![TenantCounters::default()],
+            ids: vec![0],
+            default_slot: 0,
+        }
+    }
+
+    /// The slot of `tenant`, made on first use. Past `u16::MAX` tenants on one worker,
+    /// further tenants share slot 0 (unattributed).
+    fn slot_of(&mut self, tenant: u32) -> u16 {
+        if let Some(i) = self.ids.iter().skip(1).position(|&t| t == tenant) {
+            return i as u16 + 1;
+        }
+        if self.ids.len() > usize::from(u16::MAX) {
+            return 0;
+        }
+        self.ids.push(tenant);
+        self.counters.push(TenantCounters::default());
+        (self.ids.len() - 1) as u16
+    }
+
+    #[inline(always)]
+    fn slot(&self, vni: u32) -> usize {
+        match self.vni_slot[(vni & VNI_MASK) as usize] {
+            0 => usize::from(self.default_slot),
+            s => usize::from(s),
+        }
     }
 }
 
@@ -208,7 +282,14 @@ pub struct Pipeline {
     policer: Option<Box<dyn Policer>>,
     stages: Vec<Option<Stage>>,
     released: Vec<Desc>,
-    expired_keys: Vec<FlowKey>,
+    expired_keys: Vec<(FlowKey, u16)>,
+    tenants: Tenants,
+    /// Tenant slot of the packet being acted on, so `drop` can charge the tenant
+    /// without every drop site passing it; 0 (unattributed) outside the act pass.
+    cur_tenant: usize,
+    /// The pipeline's time in µs, in step with the ms `now` of `process`/`service`
+    /// (see [`Pipeline::set_now_us`]); used only for rule setup latency.
+    now_us: u64,
 }
 
 impl Pipeline {
@@ -225,6 +306,9 @@ impl Pipeline {
             stages: vec![None; MAX_BATCH],
             released: Vec::with_capacity(cfg.pending.per_flow as usize),
             expired_keys: Vec::new(),
+            tenants: Tenants::new(),
+            cur_tenant: 0,
+            now_us: 0,
             cfg,
         })
     }
@@ -236,14 +320,25 @@ impl Pipeline {
     /// Bind a VNI to a tenant and chain; misses on unbound VNIs are dropped.
     pub fn bind_vpc(&mut self, vni: u32, b: VpcBinding) {
         self.vpcs.insert(vni, b);
+        // A VNI above 24 bits never matches a packet, so it gets no slot.
+        if vni <= VNI_MASK {
+            let slot = self.tenants.slot_of(b.tenant);
+            self.tenants.vni_slot[vni as usize] = slot;
+        }
     }
 
     /// Replace every VNI binding at once (the orchestrator's directive). Flows of a VNI
     /// that lost its binding keep their installed rules until those idle out; only
     /// their new flows are refused (`unknown-vni`).
     pub fn replace_vpcs(&mut self, bindings: impl IntoIterator<Item = (u32, VpcBinding)>) {
-        self.vpcs.clear();
-        self.vpcs.extend(bindings);
+        for (vni, _) in self.vpcs.drain() {
+            if vni <= VNI_MASK {
+                self.tenants.vni_slot[vni as usize] = 0;
+            }
+        }
+        for (vni, b) in bindings {
+            self.bind_vpc(vni, b);
+        }
     }
 
     /// The VNI bindings, in no particular order.
@@ -254,10 +349,40 @@ impl Pipeline {
     /// Binding used for VNIs with no binding of their own.
     pub fn set_default_binding(&mut self, b: Option<VpcBinding>) {
         self.default_binding = b;
+        self.tenants.default_slot = match b {
+            Some(b) => self.tenants.slot_of(b.tenant),
+            None => 0,
+        };
     }
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Per-tenant counters of the tenants bound on this worker (by `bind_vpc` or the
+    /// default binding), in binding order. Packets of unbound VNIs are in no tenant's.
+    pub fn tenants(&self) -> impl Iterator<Item = (u32, &TenantCounters)> {
+        self.tenants
+            .ids
+            .iter()
+            .zip(self.tenants.counters.iter())
+            .skip(1)
+            .map(|(&t, c)| (t, c))
+    }
+
+    /// Set the pipeline's microsecond time for the next `process`/`service` call; the
+    /// [`Worker`] does this from its clock each round. Callers that pass only
+    /// milliseconds get rule setup latency at millisecond resolution.
+    pub fn set_now_us(&mut self, us: u64) {
+        self.now_us = us;
+    }
+
+    /// Keep the µs time in step with the ms `now` a caller passes.
+    #[inline]
+    fn sync_now(&mut self, now: u32) {
+        if (self.now_us / 1000) as u32 != now {
+            self.now_us = u64::from(now) * 1000;
+        }
     }
 
     pub fn table(&self) -> &FlowTable {
@@ -380,6 +505,7 @@ impl Pipeline {
 
     /// Process one batch of received descriptors in place, setting each verdict.
     pub fn process(&mut self, region: &mut [u8], descs: &mut [Desc], now: u32) {
+        self.sync_now(now);
         for chunk in descs.chunks_mut(MAX_BATCH) {
             self.process_chunk(region, chunk, now, true);
         }
@@ -401,7 +527,8 @@ impl Pipeline {
         fresh: bool,
         stages: &mut [Option<Stage>],
     ) {
-        // Pass 1: parse, key, hash, prefetch buckets.
+        // Pass 1: parse, key, hash, prefetch buckets. Its drops belong to no tenant.
+        self.cur_tenant = 0;
         for (i, d) in descs.iter_mut().enumerate() {
             if fresh {
                 self.stats.rx_packets += 1;
@@ -443,6 +570,13 @@ impl Pipeline {
         // Pass 3: confirm, act or miss.
         for (i, d) in descs.iter_mut().enumerate() {
             let Some(st) = &stages[i] else { continue };
+            let t = self.tenants.slot(st.cls.vni);
+            self.cur_tenant = t;
+            if fresh {
+                let c = &mut self.tenants.counters[t];
+                c.packets += 1;
+                c.bytes += u64::from(d.len);
+            }
             let hit = self.table.confirm(&st.probe, st.cand, &st.key);
             match hit {
                 Some(idx) => {
@@ -461,11 +595,13 @@ impl Pipeline {
                 None => self.miss(region, d, st, now),
             }
         }
+        self.cur_tenant = 0;
     }
 
     #[inline]
     fn drop(&mut self, d: &mut Desc, r: DropReason) {
         self.stats.drop(r);
+        self.tenants.counters[self.cur_tenant].drops += 1;
         d.verdict = Verdict::Drop(r);
     }
 
@@ -477,13 +613,14 @@ impl Pipeline {
         let Some(binding) = self.vpcs.get(&st.cls.vni).copied().or(self.default_binding) else {
             return self.drop(d, DropReason::UnknownVni);
         };
-        let held = match self
-            .pending
-            .hold(&st.key, st.hash, d.data(region), d.port, now)
-        {
-            Ok(h) => h,
-            Err(r) => return self.drop(d, r),
-        };
+        let held =
+            match self
+                .pending
+                .hold(&st.key, st.hash, d.data(region), d.port, now, self.now_us)
+            {
+                Ok(h) => h,
+                Err(r) => return self.drop(d, r),
+            };
         d.verdict = Verdict::Held;
         if held.needs_request {
             let ip = &st.cls.ip;
@@ -610,6 +747,7 @@ impl Pipeline {
     /// Between batches: install rules that came back, release their held packets in order
     /// through `io`, expire waiting flows, and sweep idle ones. Returns packets released.
     pub fn service<B: PacketIo + ?Sized>(&mut self, io: &mut B, now: u32) -> usize {
+        self.sync_now(now);
         let mut released = 0;
         while let RuleSource::Channel { replies, .. } = &self.source {
             let Ok(reply) = replies.try_recv() else { break };
@@ -620,6 +758,10 @@ impl Pipeline {
         let dropped = self.pending.expire(now, &mut keys);
         for _ in 0..dropped {
             self.stats.drop(DropReason::PendingTimeout);
+        }
+        for (k, n) in &keys {
+            let t = self.tenants.slot(k.vni());
+            self.tenants.counters[t].drops += u64::from(*n);
         }
         self.expired_keys = keys;
         let ctx = &mut self.ctx;
@@ -665,6 +807,7 @@ impl Pipeline {
                 false
             }
         };
+        let since_us = self.pending.held_since_us(&reply.key, hash);
         let mut descs = std::mem::take(&mut self.released);
         descs.clear();
         let n = self.pending.take(&reply.key, hash, &mut descs);
@@ -672,7 +815,16 @@ impl Pipeline {
             self.released = descs;
             return 0;
         }
+        let t = self.tenants.slot(reply.key.vni());
         if installed {
+            // A flow set up through the miss path: its first packet was held at
+            // `since_us`, and its rule is installed now.
+            if let Some(t0) = since_us {
+                self.stats
+                    .setup_latency
+                    .observe_us(self.now_us.saturating_sub(t0));
+            }
+            self.tenants.counters[t].flows_setup += 1;
             // Held packets run through the normal pipeline, in arrival order; their rule
             // is now installed, so each one hits.
             let mut region = std::mem::take(self.pending.region_mut_vec());
@@ -685,9 +837,11 @@ impl Pipeline {
                 tracing::warn!(error = %e, "transmit of released packets failed");
             }
         } else {
+            self.cur_tenant = t;
             for d in descs.iter_mut() {
                 self.drop(d, DropReason::RuleError);
             }
+            self.cur_tenant = 0;
         }
         self.pending.free(&descs);
         self.released = descs;
@@ -718,7 +872,10 @@ impl<B: PacketIo> Worker<B> {
     /// Receive, process and transmit one batch, then service the miss path.
     /// Returns packets received.
     pub fn run_once(&mut self) -> Result<usize, crate::io::IoError> {
-        let now = self.clock.now_ms();
+        // One reading per round: ms for timeouts, µs for latency measurement.
+        let now_us = self.clock.now_us();
+        let now = (now_us / 1000) as u32;
+        self.pipeline.set_now_us(now_us);
         let n = self.io.rx(&mut self.descs, self.batch)?;
         if n > 0 {
             self.pipeline

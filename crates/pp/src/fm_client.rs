@@ -84,6 +84,8 @@ pub struct FmClientStats {
     /// Replies for requests not outstanding (answered twice, or after a resend).
     pub stray_replies: AtomicU64,
     pub sessions: AtomicU64,
+    /// Sessions that failed to open or broke (each followed by a reconnect).
+    pub session_errors: AtomicU64,
     pub resent: AtomicU64,
     pub connected: AtomicBool,
 }
@@ -157,6 +159,11 @@ impl FmClient {
 
     pub fn stats(&self) -> &FmClientStats {
         &self.stats
+    }
+
+    /// The counters, shared, for a reader on another thread (a metrics endpoint).
+    pub fn stats_shared(&self) -> Arc<FmClientStats> {
+        self.stats.clone()
     }
 
     pub fn connected(&self) -> bool {
@@ -252,6 +259,7 @@ async fn session_loop(
             Ok(()) => return,
             Err(e) => {
                 failures += 1;
+                stats.session_errors.fetch_add(1, Ordering::Relaxed);
                 if failures <= 3 || failures % 50 == 0 {
                     warn!(fm = %cfg.fm, error = %e, "FM session failed; reconnecting");
                 }

@@ -20,7 +20,7 @@ pub mod replica;
 pub mod testing;
 
 pub use factory::{BuiltinNfs, ChainFactory};
-pub use node::{start, ScConfig, ScCounters, ScHandle, ScProcess};
+pub use node::{start, GroupMetrics, ScConfig, ScCounters, ScHandle, ScObserver, ScProcess};
 pub use replica::{Applied, LinkChange, Outbox, ReplicaCore, ReplicaStats};
 
 use thiserror::Error;

@@ -104,6 +104,20 @@ enum ReplicaIn {
         snapshots: bool,
         reply: oneshot::Sender<(v1::GroupState, ReplicaStats)>,
     },
+    Metrics {
+        reply: oneshot::Sender<GroupMetrics>,
+    },
+}
+
+/// What a metrics endpoint reads of one hosted replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupMetrics {
+    /// Status without the state snapshot.
+    pub state: v1::GroupState,
+    pub stats: ReplicaStats,
+    /// The tenant and chain of the group's partition (0 before it is configured).
+    pub tenant: u32,
+    pub chain: u32,
 }
 
 /// Abort handles of every task a node spawned, so that stopping it leaves nothing
@@ -243,6 +257,59 @@ impl ScHandle {
     /// Status of every hosted replica (with state snapshots if asked).
     pub async fn status(&self, snapshots: bool) -> Vec<(v1::GroupState, ReplicaStats)> {
         status(&self.shared, snapshots).await
+    }
+
+    /// A read-only view of this node that can be cloned into other tasks (a metrics
+    /// endpoint); unlike the handle, dropping it stops nothing.
+    pub fn observer(&self) -> ScObserver {
+        ScObserver {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Queries of a running SC node, for observers: see [`ScHandle::observer`].
+#[derive(Clone)]
+pub struct ScObserver {
+    shared: Arc<Shared>,
+}
+
+impl ScObserver {
+    pub fn node_id(&self) -> &str {
+        &self.shared.cfg.node_id
+    }
+
+    pub fn counters(&self) -> &ScCounters {
+        &self.shared.counters
+    }
+
+    /// Requests this node accepted as the head of its groups (each request is then
+    /// applied by every replica; counted here once).
+    pub fn head_requests(&self) -> u64 {
+        self.shared.requests_applied.load(Ordering::Relaxed)
+    }
+
+    /// Metrics of every hosted replica, ascending by group.
+    pub async fn group_metrics(&self) -> Vec<GroupMetrics> {
+        let senders: Vec<_> = self
+            .shared
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut out = Vec::with_capacity(senders.len());
+        for tx in senders {
+            let (rtx, rrx) = oneshot::channel();
+            if tx.send(ReplicaIn::Metrics { reply: rtx }).is_ok() {
+                if let Ok(m) = rrx.await {
+                    out.push(m);
+                }
+            }
+        }
+        out.sort_by_key(|m| m.state.group);
+        out
     }
 }
 
@@ -640,6 +707,15 @@ fn handle(
         ReplicaIn::Status { snapshots, reply } => {
             let state = heavy(|| core.state(snapshots));
             let _ = reply.send((state, core.stats));
+        }
+        ReplicaIn::Metrics { reply } => {
+            let p = core.partition().unwrap_or_default();
+            let _ = reply.send(GroupMetrics {
+                state: core.state(false),
+                stats: core.stats,
+                tenant: p.tenant,
+                chain: p.chain,
+            });
         }
     }
     true

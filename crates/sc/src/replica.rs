@@ -108,6 +108,9 @@ pub struct ReplicaStats {
     pub resent_ops: u64,
     pub snapshots_sent: u64,
     pub snapshots_restored: u64,
+    /// Configurations of a newer epoch after the first one: FM repairing or refilling
+    /// the group.
+    pub reconfigurations: u64,
 }
 
 /// The state of one replica of one group.
@@ -179,6 +182,11 @@ impl ReplicaCore {
         self.epoch
     }
 
+    /// The partition (tenant, chain, hash range) this group owns.
+    pub fn partition(&self) -> Option<v1::Partition> {
+        self.cfg.partition
+    }
+
     pub fn applied(&self) -> u64 {
         self.applied
     }
@@ -216,6 +224,9 @@ impl ReplicaCore {
         }
         let pos = members.iter().position(|m| m.node_id == self.node_id);
         let succ = pos.and_then(|p| members.get(p + 1)).cloned();
+        if self.epoch > 0 && epoch > self.epoch {
+            self.stats.reconfigurations += 1;
+        }
         let was_tail = self.is_tail() && self.epoch > 0;
         self.cfg = cfg;
         self.epoch = epoch;

@@ -264,6 +264,14 @@ fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> 
     cfg.flow_capacity = flows;
     let rss0 = rss_bytes();
     let mut p = Pipeline::new(cfg, RuleSource::None)?;
+    // Hits are counted per tenant: bind the VNI so they land in a tenant's slot.
+    p.bind_vpc(
+        VNI,
+        VpcBinding {
+            tenant: 1,
+            chain: 1,
+        },
+    );
     for i in 0..flows as u64 {
         p.install_rule(&snat_rule(i, a.count), 0)
             .context("installing bench rules")?;

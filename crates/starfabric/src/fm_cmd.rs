@@ -41,6 +41,9 @@ pub struct FmArgs {
     /// Address PP and SC nodes reach this FM at (default: the bound address).
     #[arg(long)]
     advertise: Option<String>,
+    /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 pub fn run(a: FmArgs) -> Result<()> {
@@ -75,6 +78,15 @@ pub fn run(a: FmArgs) -> Result<()> {
     // Tests and scripts wait for this line.
     println!("fm: listening on {}, {nchains} chains", fm.addr());
     std::io::stdout().flush()?;
+    let metrics = a
+        .metrics
+        .map(|addr| crate::metrics::fm_start(&rt, addr, &fm))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    if let Some(ag) = agent.as_mut() {
+        ag.set_metrics(metrics_addr);
+    }
+    tracing::info!(addr = %fm.addr(), chains = nchains, metrics = ?metrics_addr, "FM running");
     let start = Instant::now();
     let mut next = a.stats_interval.map(|i| start + Duration::from_secs_f64(i));
     let mut next_report = start;
@@ -120,14 +132,15 @@ fn report(
     fm: &fm::FmHandle,
     chains: usize,
 ) -> Option<v1::NodeReport> {
-    let (s, m, map) = rt.block_on(async {
+    let (s, m, map, metrics) = rt.block_on(async {
         (
             fm.stats().await,
             fm.members().await,
             fm.partition_map().await,
+            fm.metrics().await,
         )
     });
-    let (s, m, map) = (s?, m?, map?);
+    let (s, m, map, metrics) = (s?, m?, map?, metrics?);
     let served: std::collections::HashSet<(u32, u32)> =
         map.partitions.iter().map(|p| (p.tenant, p.chain)).collect();
     let live_sc = m
@@ -174,6 +187,15 @@ fn report(
         partitions: Some(map),
         members: Some(m),
         counters,
+        tenants: metrics
+            .tenant_requests
+            .iter()
+            .map(|&(tenant, n)| v1::TenantCounters {
+                tenant,
+                flows: n,
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     })
 }

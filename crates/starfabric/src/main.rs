@@ -14,6 +14,7 @@ mod bench_setup;
 mod cli;
 mod demo;
 mod fm_cmd;
+mod metrics;
 mod node_agent;
 mod orchestrator_cmd;
 mod pp_cmd;

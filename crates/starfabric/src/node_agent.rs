@@ -14,6 +14,7 @@ pub struct NodeAgent {
     agent: Agent,
     report: Arc<Mutex<v1::NodeReport>>,
     directives: tokio::sync::watch::Receiver<Option<v1::Directive>>,
+    metrics_url: String,
 }
 
 impl NodeAgent {
@@ -51,12 +52,23 @@ impl NodeAgent {
             agent,
             report,
             directives,
+            metrics_url: String::new(),
         })
     }
 
     /// Publish what the next report says.
-    pub fn set_report(&self, r: v1::NodeReport) {
+    pub fn set_report(&self, mut r: v1::NodeReport) {
+        if r.metrics_url.is_empty() {
+            r.metrics_url = self.metrics_url.clone();
+        }
         *self.report.lock().unwrap_or_else(|e| e.into_inner()) = r;
+    }
+
+    /// The node's Prometheus endpoint, once it serves one.
+    pub fn set_metrics(&mut self, addr: Option<std::net::SocketAddr>) {
+        if let Some(a) = addr {
+            self.metrics_url = format!("http://{a}/metrics");
+        }
     }
 
     /// A directive that arrived since the last call.

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -74,6 +74,9 @@ pub struct PpArgs {
     /// The PP cluster (vIP group) this node serves.
     #[arg(long, default_value = "default")]
     cluster: String,
+    /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -243,7 +246,16 @@ pub fn run(a: PpArgs) -> Result<()> {
         }
     );
     std::io::stdout().flush()?;
-    tracing::info!(%local, rules = nrules, "PP worker running");
+    let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
+    let mut metrics = a
+        .metrics
+        .map(|addr| crate::metrics::PpMetrics::start(addr, fm_stats))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    if let Some(ag) = agent.as_mut() {
+        ag.set_metrics(metrics_addr);
+    }
+    tracing::info!(%local, rules = nrules, metrics = ?metrics_addr, "PP worker running");
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -256,6 +268,9 @@ pub fn run(a: PpArgs) -> Result<()> {
                 std::io::stdout().flush()?;
                 next_stats = Some(t + i);
             }
+        }
+        if let Some(m) = &mut metrics {
+            m.tick(&worker, now);
         }
         if let Some(ag) = agent.as_mut() {
             if now >= next_report {
@@ -329,6 +344,16 @@ fn report(w: &Worker<UdpVxlanIo>, fm: Option<&FmClient>) -> proto::v1::NodeRepor
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
+        tenants: p
+            .tenants()
+            .map(|(t, c)| proto::v1::TenantCounters {
+                tenant: t,
+                packets: c.packets,
+                bytes: c.bytes,
+                drops: c.drops,
+                flows: c.flows_setup,
+            })
+            .collect(),
         ..Default::default()
     }
 }

@@ -42,6 +42,9 @@ pub struct ScArgs {
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     duration: Option<f64>,
+    /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 pub fn run(a: ScArgs) -> Result<()> {
@@ -94,6 +97,15 @@ pub fn run(a: ScArgs) -> Result<()> {
     // Tests and scripts wait for this line.
     println!("sc: node {} listening on {}, FM {fm}", a.id, node.addr());
     std::io::stdout().flush()?;
+    let metrics = a
+        .metrics
+        .map(|addr| crate::metrics::sc_start(&rt, addr, &node))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    if let Some(ag) = agent.as_mut() {
+        ag.set_metrics(metrics_addr);
+    }
+    tracing::info!(node = %a.id, addr = %node.addr(), metrics = ?metrics_addr, "SC running");
     let start = Instant::now();
     let mut next_report = start;
     while !STOP.load(Ordering::Relaxed) {

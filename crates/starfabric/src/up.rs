@@ -194,6 +194,8 @@ pub fn run(a: UpArgs) -> Result<()> {
         "fm-1",
         &[
             s(&"fm"),
+            s(&"--metrics"),
+            s(&"127.0.0.1:0"),
             s(&"--listen"),
             s(&a.fm),
             s(&"--id"),
@@ -213,6 +215,8 @@ pub fn run(a: UpArgs) -> Result<()> {
             &id,
             &[
                 s(&"sc"),
+                s(&"--metrics"),
+                s(&"127.0.0.1:0"),
                 s(&"--id"),
                 id.clone(),
                 s(&"--fm"),
@@ -232,6 +236,8 @@ pub fn run(a: UpArgs) -> Result<()> {
         "pp-1",
         &[
             s(&"pp"),
+            s(&"--metrics"),
+            s(&"127.0.0.1:0"),
             s(&"--listen"),
             s(&a.vxlan),
             s(&"--id"),

@@ -76,7 +76,10 @@ fn http_get(url: &str) -> String {
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{url}: {head}");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{url}: {head}"
+    );
     body.to_string()
 }
 
@@ -123,8 +126,16 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
             .args(["up", "--dir"])
             .arg(dir.path().join("state"))
             .args([
-                "--api", "127.0.0.1:0", "--control", "127.0.0.1:0", "--fm", "127.0.0.1:0",
-                "--vxlan", "127.0.0.1:0", "--duration", "120",
+                "--api",
+                "127.0.0.1:0",
+                "--control",
+                "127.0.0.1:0",
+                "--fm",
+                "127.0.0.1:0",
+                "--vxlan",
+                "127.0.0.1:0",
+                "--duration",
+                "120",
             ])
             .env("STARFABRIC_CONFIG", &cfg)
             .stdin(Stdio::null())
@@ -147,14 +158,29 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
             Ok(l) if l == "up: ready" => break,
             Ok(l) => seen.push(l),
             Err(_) => {
-                assert!(up.child.try_wait().unwrap().is_none(), "up exited: {seen:#?}");
+                assert!(
+                    up.child.try_wait().unwrap().is_none(),
+                    "up exited: {seen:#?}"
+                );
                 assert!(Instant::now() < deadline, "up never got ready: {seen:#?}");
             }
         }
     }
 
     // The CLI finds the orchestrator and the admin token by itself.
-    let (ok, out, err) = cli(&cfg, &["tenant", "create", "acme", "--vni", "100", "--snat", "198.18.100.1", "--wait"]);
+    let (ok, out, err) = cli(
+        &cfg,
+        &[
+            "tenant",
+            "create",
+            "acme",
+            "--vni",
+            "100",
+            "--snat",
+            "198.18.100.1",
+            "--wait",
+        ],
+    );
     assert!(ok, "tenant create: {err}");
     assert!(out.contains("chain acme/main is served"), "{out}");
     let tenants = cli_json(&cfg, &["tenant", "list"]);
@@ -171,9 +197,17 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     let roles: Vec<&str> = nodes.iter().map(|n| n["role"].as_str().unwrap()).collect();
     assert_eq!(roles.iter().filter(|r| **r == "sc").count(), 3, "{roles:?}");
     assert!(roles.contains(&"pp") && roles.contains(&"fm"), "{roles:?}");
-    assert!(nodes.iter().all(|n| n["status"] == "up" && n["ready"] == true), "{st:#}");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["status"] == "up" && n["ready"] == true),
+        "{st:#}"
+    );
     let (ok, table, _) = cli(&cfg, &["status"]);
-    assert!(ok && table.contains("HEALTHY") && table.contains("pp-1") && table.contains("sc-3"), "{table}");
+    assert!(
+        ok && table.contains("HEALTHY") && table.contains("pp-1") && table.contains("sc-3"),
+        "{table}"
+    );
     let parts = cli_json(&cfg, &["tenant", "get", "acme"]);
     assert_eq!(parts["pp_cluster"], "default");
 
@@ -190,8 +224,20 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
             f["items"].as_array().filter(|a| !a.is_empty()).cloned()
         })
         .expect("the flow's rule never reached FM's cache");
-    assert!(flows[0]["key"].as_str().unwrap().contains("198.19.0.10:40000"), "{flows:?}");
-    assert!(flows[0]["actions"].as_str().unwrap().contains("set-src 198.18.100.1:"), "{flows:?}");
+    assert!(
+        flows[0]["key"]
+            .as_str()
+            .unwrap()
+            .contains("198.19.0.10:40000"),
+        "{flows:?}"
+    );
+    assert!(
+        flows[0]["actions"]
+            .as_str()
+            .unwrap()
+            .contains("set-src 198.18.100.1:"),
+        "{flows:?}"
+    );
 
     // Every node serves Prometheus text at the URL it registered.
     let mut scraped = 0;
@@ -201,15 +247,30 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
         let text = http_get(url);
         match n["role"].as_str().unwrap() {
             "pp" => {
-                assert!(metric(&text, "starfabric_pp_rx_packets_total", &[]).unwrap_or(0.0) >= 1.0, "{text}");
+                assert!(
+                    metric(&text, "starfabric_pp_rx_packets_total", &[]).unwrap_or(0.0) >= 1.0,
+                    "{text}"
+                );
                 assert!(metric(&text, "starfabric_pp_misses_total", &[]).unwrap_or(0.0) >= 1.0);
-                assert!(metric(&text, "starfabric_pp_rule_setup_seconds_count", &[]).unwrap_or(0.0) >= 1.0);
-                assert!(metric(&text, "starfabric_pp_flow_table_entries", &[]).unwrap_or(0.0) >= 1.0);
+                assert!(
+                    metric(&text, "starfabric_pp_rule_setup_seconds_count", &[]).unwrap_or(0.0)
+                        >= 1.0
+                );
+                assert!(
+                    metric(&text, "starfabric_pp_flow_table_entries", &[]).unwrap_or(0.0) >= 1.0
+                );
                 let t = format!("tenant=\"{acme_id}\"");
-                assert!(metric(&text, "starfabric_pp_tenant_packets_total", &[&t]).unwrap_or(0.0) >= 1.0, "{text}");
+                assert!(
+                    metric(&text, "starfabric_pp_tenant_packets_total", &[&t]).unwrap_or(0.0)
+                        >= 1.0,
+                    "{text}"
+                );
             }
             "fm" => {
-                assert!(metric(&text, "starfabric_fm_rule_requests_total", &[]).unwrap_or(0.0) >= 1.0, "{text}");
+                assert!(
+                    metric(&text, "starfabric_fm_requests_total", &[]).unwrap_or(0.0) >= 1.0,
+                    "{text}"
+                );
             }
             "sc" => assert!(text.contains("starfabric_sc_"), "{text}"),
             r => panic!("unexpected role {r}"),
@@ -222,10 +283,15 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = cli_json(&cfg, &["stats", "--tenant", "acme"]);
-        if s[0]["packets"].as_u64().unwrap_or(0) >= 1 && s[0]["rule_requests"].as_u64().unwrap_or(0) >= 1 {
+        if s[0]["packets"].as_u64().unwrap_or(0) >= 1
+            && s[0]["rule_requests"].as_u64().unwrap_or(0) >= 1
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "stats never counted the packet: {s}");
+        assert!(
+            Instant::now() < deadline,
+            "stats never counted the packet: {s}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 

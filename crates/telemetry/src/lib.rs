@@ -1,0 +1,436 @@
+//! Prometheus endpoints for starfabric nodes.
+//!
+//! Every node serves `GET /metrics` (OpenMetrics text, encoded by `prometheus-client`)
+//! and `GET /healthz` (200 `ok`) on an address of its own. Metrics are rendered at
+//! scrape time from snapshots of the counters the node keeps anyway (the collector
+//! pattern): the packet path keeps plain integers and a node publishes or answers a
+//! snapshot, so serving metrics adds no atomics or locks to hot paths.
+//!
+//! - [`Exporter`]: a `prometheus-client` [`Registry`] with a name prefix, plus an
+//!   optional async hook run before each scrape, for nodes whose state lives in a task
+//!   that must be asked (FM, SC); the hook refreshes a snapshot the collectors read.
+//! - [`Scrape`] / [`collector`]: write const counters, gauges, labelled families and
+//!   fixed-bucket histograms from a snapshot inside a closure.
+//! - [`MetricsServer`]: an axum server on the caller's tokio runtime
+//!   ([`MetricsServer::spawn`]) or on a thread of its own ([`MetricsServer::spawn_thread`],
+//!   for the PP node whose worker is a plain thread).
+//! - [`scrape`]: a tiny blocking HTTP client and exposition parser, for tests and
+//!   health checks.
+
+pub mod scrape;
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use thiserror::Error;
+use tokio::sync::oneshot;
+
+pub use prometheus_client;
+
+/// What `prometheus_client::encoding::text::encode` produces: OpenMetrics 1.0 text,
+/// `# EOF` included. Prometheus negotiates it and parses it natively.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug, Error)]
+pub enum TelemetryError {
+    #[error("metrics endpoint: bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("metrics endpoint: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("metrics endpoint: encoding the exposition failed")]
+    Encode,
+}
+
+type Refresh = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A registry of collectors with a name prefix (`starfabric_pp`, ...), and an optional
+/// hook run before each scrape.
+pub struct Exporter {
+    registry: Registry,
+    refresh: Option<Refresh>,
+}
+
+impl Exporter {
+    /// Metric names get `prefix_` in front.
+    pub fn new(prefix: &str) -> Self {
+        Exporter {
+            registry: Registry::with_prefix(prefix),
+            refresh: None,
+        }
+    }
+
+    /// Add a collector; it is asked for its metrics on every scrape.
+    pub fn collector(mut self, c: impl Collector) -> Self {
+        self.registry.register_collector(Box::new(c));
+        self
+    }
+
+    /// The registry, for metrics kept as `prometheus-client` types.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// Run `f` (to completion) before every scrape, e.g. to fetch a fresh snapshot
+    /// from the task that owns the state; collectors then read what it stored.
+    pub fn on_scrape<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.refresh = Some(Arc::new(move || Box::pin(f())));
+        self
+    }
+
+    /// Refresh, then encode every collector as OpenMetrics text.
+    pub async fn render(&self) -> Result<String, TelemetryError> {
+        if let Some(r) = &self.refresh {
+            r().await;
+        }
+        self.encode()
+    }
+
+    /// Encode without refreshing.
+    pub fn encode(&self) -> Result<String, TelemetryError> {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .map_err(|_| TelemetryError::Encode)?;
+        Ok(out)
+    }
+}
+
+/// Writes metrics from a snapshot during a scrape; see [`collector`].
+pub struct Scrape<'a> {
+    enc: DescriptorEncoder<'a>,
+}
+
+impl Scrape<'_> {
+    /// A counter. `name` has no `_total`: the OpenMetrics encoder appends it.
+    pub fn counter(&mut self, name: &str, help: &str, v: u64) -> fmt::Result {
+        let c = ConstCounter::new(v);
+        c.encode(
+            self.enc
+                .encode_descriptor(name, help, None, c.metric_type())?,
+        )
+    }
+
+    pub fn gauge<V: EncodeGaugeValue>(&mut self, name: &str, help: &str, v: V) -> fmt::Result {
+        let g = ConstGauge::new(v);
+        g.encode(
+            self.enc
+                .encode_descriptor(name, help, None, g.metric_type())?,
+        )
+    }
+
+    /// A counter with one series per label set, e.g. `[("tenant", "7")]`.
+    pub fn counter_family<L: EncodeLabelSet>(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (L, u64)>,
+    ) -> fmt::Result {
+        let mut m = self
+            .enc
+            .encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (labels, v) in series {
+            ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    /// A gauge with one series per label set.
+    pub fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (L, V)>,
+    ) -> fmt::Result {
+        let mut m = self
+            .enc
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (labels, v) in series {
+            ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    /// A histogram in seconds (`name` gets `_seconds`) from fixed buckets kept
+    /// elsewhere: `buckets` are (upper bound, count in that bucket alone), ending with
+    /// `+Inf`; the encoder makes them cumulative.
+    pub fn histogram_seconds(
+        &mut self,
+        name: &str,
+        help: &str,
+        sum: f64,
+        count: u64,
+        buckets: &[(f64, u64)],
+    ) -> fmt::Result {
+        let unit = Unit::Seconds;
+        let mut m = self
+            .enc
+            .encode_descriptor(name, help, Some(&unit), MetricType::Histogram)?;
+        m.encode_histogram::<NoLabelSet>(sum, count, buckets, None)
+    }
+}
+
+/// A collector from a closure that writes metrics into a [`Scrape`].
+pub fn collector<F>(f: F) -> impl Collector
+where
+    F: Fn(&mut Scrape<'_>) -> fmt::Result + Send + Sync + 'static,
+{
+    FnCollector(f)
+}
+
+struct FnCollector<F>(F);
+
+impl<F> fmt::Debug for FnCollector<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnCollector")
+    }
+}
+
+impl<F> Collector for FnCollector<F>
+where
+    F: Fn(&mut Scrape<'_>) -> fmt::Result + Send + Sync + 'static,
+{
+    fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
+        (self.0)(&mut Scrape { enc })
+    }
+}
+
+/// A running metrics endpoint. Dropping it stops the server.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn bind(addr: SocketAddr) -> Result<(std::net::TcpListener, SocketAddr), TelemetryError> {
+    // Bound synchronously, so a bad address fails the caller at once and port 0
+    // resolves before anyone prints the address.
+    let l = std::net::TcpListener::bind(addr)
+        .map_err(|source| TelemetryError::Bind { addr, source })?;
+    l.set_nonblocking(true)?;
+    let bound = l.local_addr()?;
+    Ok((l, bound))
+}
+
+fn router(exporter: Arc<Exporter>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(exporter)
+}
+
+async fn metrics(State(exporter): State<Arc<Exporter>>) -> Response {
+    match exporter.render().await {
+        Ok(body) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics scrape failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        }
+    }
+}
+
+async fn serve(listener: std::net::TcpListener, exporter: Exporter, stop: oneshot::Receiver<()>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics endpoint cannot start");
+            return;
+        }
+    };
+    let app = router(Arc::new(exporter));
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = stop.await;
+        })
+        .await
+    {
+        tracing::warn!(error = %e, "metrics endpoint stopped");
+    }
+}
+
+impl MetricsServer {
+    /// Serve on the current tokio runtime (call from within it, e.g. in `block_on`).
+    pub fn spawn(addr: SocketAddr, exporter: Exporter) -> Result<Self, TelemetryError> {
+        let (listener, bound) = bind(addr)?;
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(serve(listener, exporter, rx));
+        tracing::info!(addr = %bound, "metrics endpoint listening");
+        Ok(MetricsServer {
+            addr: bound,
+            shutdown: Some(tx),
+            thread: None,
+        })
+    }
+
+    /// Serve on a thread of its own, with a single-threaded runtime: for callers with
+    /// no tokio runtime of their own (the PP worker loop).
+    pub fn spawn_thread(addr: SocketAddr, exporter: Exporter) -> Result<Self, TelemetryError> {
+        let (listener, bound) = bind(addr)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (tx, rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || rt.block_on(serve(listener, exporter, rx)))?;
+        tracing::info!(addr = %bound, "metrics endpoint listening");
+        Ok(MetricsServer {
+            addr: bound,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address (the real port when asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR/metrics`.
+    pub fn url(&self) -> String {
+        format!("http://{}/metrics", self.addr)
+    }
+
+    /// Stop serving; waits for the server thread if it has one.
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    fn local() -> SocketAddr {
+        "127.0.0.1:0".parse().unwrap()
+    }
+
+    fn sample_exporter(n: Arc<Mutex<u64>>) -> Exporter {
+        Exporter::new("t").collector(collector(move |s| {
+            let n = *n.lock().unwrap();
+            s.counter("things", "Things.", n)?;
+            s.gauge("level", "Level.", 0.5f64)?;
+            s.counter_family(
+                "per_tenant",
+                "Per tenant.",
+                [([("tenant", "1")], 3u64), ([("tenant", "2")], 4)],
+            )?;
+            s.histogram_seconds(
+                "latency",
+                "Latency.",
+                0.0035,
+                2,
+                &[(0.001, 1), (0.005, 1), (f64::INFINITY, 0)],
+            )
+        }))
+    }
+
+    #[test]
+    fn thread_server_serves_metrics_and_health() {
+        let n = Arc::new(Mutex::new(5));
+        let mut srv = MetricsServer::spawn_thread(local(), sample_exporter(n.clone())).unwrap();
+        assert_ne!(srv.addr().port(), 0);
+        let r = scrape::get(srv.addr(), "/metrics").unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.content_type.as_deref(), Some(CONTENT_TYPE));
+        let samples = scrape::parse(&r.body);
+        assert_eq!(scrape::value(&samples, "t_things_total", &[]), Some(5.0));
+        assert_eq!(scrape::value(&samples, "t_level", &[]), Some(0.5));
+        assert_eq!(
+            scrape::value(&samples, "t_per_tenant_total", &[("tenant", "2")]),
+            Some(4.0)
+        );
+        // Buckets are cumulative on the wire.
+        assert_eq!(
+            scrape::value(&samples, "t_latency_seconds_bucket", &[("le", "0.005")]),
+            Some(2.0)
+        );
+        assert_eq!(
+            scrape::value(&samples, "t_latency_seconds_count", &[]),
+            Some(2.0)
+        );
+        assert!(r.body.ends_with("# EOF\n"), "{}", r.body);
+        // Rendered at scrape time.
+        *n.lock().unwrap() = 6;
+        let r = scrape::get(srv.addr(), "/metrics").unwrap();
+        assert_eq!(
+            scrape::value(&scrape::parse(&r.body), "t_things_total", &[]),
+            Some(6.0)
+        );
+        let h = scrape::get(srv.addr(), "/healthz").unwrap();
+        assert_eq!((h.status, h.body.as_str()), (200, "ok"));
+        assert_eq!(scrape::get(srv.addr(), "/nope").unwrap().status, 404);
+        let addr = srv.addr();
+        srv.stop();
+        assert!(scrape::get(addr, "/healthz").is_err(), "stopped");
+    }
+
+    #[test]
+    fn runtime_server_runs_the_scrape_hook_first() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(Mutex::new(0u64));
+        let (c, s) = (calls.clone(), seen.clone());
+        let exporter = Exporter::new("t")
+            .on_scrape(move || {
+                let (c, s) = (c.clone(), s.clone());
+                async move {
+                    let n = c.fetch_add(1, Ordering::Relaxed) + 1;
+                    *s.lock().unwrap() = n;
+                }
+            })
+            .collector(collector(move |sc| {
+                sc.counter("scrapes", "Scrapes.", *seen.lock().unwrap())
+            }));
+        let srv = rt
+            .block_on(async { MetricsServer::spawn(local(), exporter) })
+            .unwrap();
+        for want in 1..=2 {
+            let r = scrape::get(srv.addr(), "/metrics").unwrap();
+            let v = scrape::value(&scrape::parse(&r.body), "t_scrapes_total", &[]);
+            assert_eq!(v, Some(want as f64));
+        }
+        assert!(matches!(
+            MetricsServer::spawn_thread(srv.addr(), Exporter::new("x")),
+            Err(TelemetryError::Bind { .. })
+        ));
+    }
+}
