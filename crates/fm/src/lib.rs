@@ -43,7 +43,7 @@ pub enum FmError {
 /// The FM configuration file (JSON).
 ///
 /// ```json
-/// { "replicas": 3, "heartbeat_ms": 50, "miss_limit": 3,
+/// { "replicas": 3, "heartbeat_ms": 50, "miss_limit": 3, "sc_miss_limit": 10,
 ///   "cache_capacity": 1000000, "cache_default_ttl_ms": 300000,
 ///   "chains": [ { "tenant": 1, "chain": 1,
 ///                 "nfs": [ {"kind": "fw", ...}, {"kind": "snat", ...} ],
@@ -59,6 +59,8 @@ pub struct FmFile {
     pub heartbeat_ms: u64,
     #[serde(default = "d_miss")]
     pub miss_limit: u32,
+    #[serde(default = "d_sc_miss")]
+    pub sc_miss_limit: u32,
     #[serde(default = "d_cache")]
     pub cache_capacity: usize,
     #[serde(default = "d_ttl")]
@@ -77,6 +79,9 @@ fn d_heartbeat() -> u64 {
 }
 fn d_miss() -> u32 {
     3
+}
+fn d_sc_miss() -> u32 {
+    10
 }
 fn d_cache() -> usize {
     1 << 20
@@ -97,15 +102,16 @@ impl FmFile {
         if self.replicas == 0 {
             return Err(FmError::Config("replicas must be at least 1".into()));
         }
-        if self.heartbeat_ms == 0 || self.miss_limit == 0 {
+        if self.heartbeat_ms == 0 || self.miss_limit == 0 || self.sc_miss_limit == 0 {
             return Err(FmError::Config(
-                "heartbeat_ms and miss_limit must be positive".into(),
+                "heartbeat_ms, miss_limit and sc_miss_limit must be positive".into(),
             ));
         }
         Ok(FmConfig {
             fm_id: fm_id.to_string(),
             heartbeat: Duration::from_millis(self.heartbeat_ms),
             miss_limit: self.miss_limit,
+            sc_miss_limit: self.sc_miss_limit,
             replicas: self.replicas,
             cache_capacity: self.cache_capacity,
             cache_default_ttl: Duration::from_millis(self.cache_default_ttl_ms),

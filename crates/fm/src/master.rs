@@ -39,8 +39,13 @@ pub struct FmConfig {
     pub fm_id: String,
     /// Heartbeat period nodes are told to keep.
     pub heartbeat: Duration,
-    /// Silent periods before a node is declared dead.
+    /// Silent periods before a PP node is declared dead.
     pub miss_limit: u32,
+    /// Silent periods before an SC node is declared dead. Longer than for PP: a
+    /// falsely suspected replica costs its group an epoch change and a state snapshot,
+    /// and a replica busy serialising a large snapshot on a loaded machine can go
+    /// quiet for a few periods without being dead.
+    pub sc_miss_limit: u32,
     /// Replicas per SC group.
     pub replicas: usize,
     pub cache_capacity: usize,
@@ -61,6 +66,7 @@ impl Default for FmConfig {
             fm_id: "fm-1".into(),
             heartbeat: Duration::from_millis(50),
             miss_limit: 3,
+            sc_miss_limit: 10,
             replicas: 3,
             cache_capacity: 1 << 20,
             cache_default_ttl: Duration::from_secs(300),
@@ -90,6 +96,12 @@ pub struct FmStats {
     pub timeouts: u64,
     pub reconfigurations: u64,
     pub nodes_dead: u64,
+    /// Groups whose every replica was declared dead. FM keeps the last one listed
+    /// (its state is the partition's) and waits for it to come back.
+    pub groups_stalled: u64,
+    /// Stalled groups whose last replica came back restarted: the partition's state
+    /// was lost and the group started over empty.
+    pub groups_reset: u64,
     pub cache: CacheStats,
 }
 
@@ -322,6 +334,10 @@ impl Master {
                 }));
                 info!(node = %info.id, addr = %info.addr, session, "SC node registered");
                 let id = info.id.clone();
+                let restarted = self
+                    .members
+                    .get(&id)
+                    .is_some_and(|e| e.info.incarnation != info.incarnation);
                 if let Some(old) = self.members.register(info, session, seen, now) {
                     // Re-registered before its old session was found dead: the old
                     // incarnation's replicas are gone with it.
@@ -329,7 +345,8 @@ impl Master {
                     self.sc_died(&id);
                 }
                 self.sc.insert(session, ScSession { tx });
-                self.sc_by_node.insert(id, session);
+                self.sc_by_node.insert(id.clone(), session);
+                self.sc_returned(&id, restarted);
                 self.ensure_groups();
             }
             MasterIn::ScResults { session, results } => self.on_results(session, results, now),
@@ -625,6 +642,7 @@ impl Master {
         let now = self.now_ms();
         let period = self.cfg.heartbeat.as_millis() as u64;
         let limit = period * u64::from(self.cfg.miss_limit);
+        let sc_limit = period * u64::from(self.cfg.sc_miss_limit.max(1));
         // If this task itself ran late, the silence it sees may be its own: judge no
         // node on this tick.
         let late = now.saturating_sub(self.last_tick) > 2 * period;
@@ -632,10 +650,16 @@ impl Master {
         let silent = if late {
             Vec::new()
         } else {
-            self.members.silent(now, limit)
+            self.members.silent(now, |role| {
+                if role == v1::Role::Sc as i32 {
+                    sc_limit
+                } else {
+                    limit
+                }
+            })
         };
         for (node, session) in silent {
-            warn!(%node, silent_limit_ms = limit, "node missed its heartbeats");
+            warn!(%node, pp_limit_ms = limit, sc_limit_ms = sc_limit, "node missed its heartbeats");
             if self.members.mark_dead(&node, session) {
                 self.node_dead(&node, session);
             }
@@ -726,11 +750,16 @@ impl Master {
                 .cloned()
                 .collect();
             if replicas.is_empty() {
+                // The dead node holds the partition's only copy of its state. Starting
+                // the group over empty would hand out NAT ports and LB choices that
+                // live flows still use, so keep it listed and wait: a node that was
+                // only slow or cut off comes back with its state (see `sc_returned`).
                 warn!(
                     group = gid,
-                    "SC group lost its last replica; partition unowned"
+                    %node,
+                    "SC group lost its last live replica; stalled until it returns"
                 );
-                self.map.remove(gid);
+                self.stats.groups_stalled += 1;
                 continue;
             }
             if let Some(spare) = self.spare_for(&replicas) {
@@ -765,6 +794,37 @@ impl Master {
                     }
                 }
             }
+        }
+    }
+
+    /// SC node `node` registered again. After [`Master::sc_died`] it is listed only in
+    /// groups it was the last replica of. If it is the same process it still holds
+    /// their state: push it a new epoch and let `ensure_groups` refill the group. If it
+    /// restarted, that state is gone and the group starts over empty.
+    fn sc_returned(&mut self, node: &str, restarted: bool) {
+        for gid in self.map.groups_of(node) {
+            let Some(g) = self.map.group(gid) else {
+                continue;
+            };
+            let others_live = g
+                .group
+                .replicas
+                .iter()
+                .any(|r| r.node_id != node && self.sc_by_node.contains_key(&r.node_id));
+            if others_live {
+                continue;
+            }
+            if restarted {
+                warn!(group = gid, %node, "last replica restarted: partition state lost, starting over");
+                self.stats.groups_reset += 1;
+                self.map.remove(gid);
+                continue;
+            }
+            info!(group = gid, %node, "last replica is back; group resumes");
+            let replicas = g.group.replicas.clone();
+            self.map.set_replicas(gid, replicas);
+            self.stats.reconfigurations += 1;
+            self.push_config(gid);
         }
     }
 
@@ -864,6 +924,7 @@ impl Master {
             group: Some(g.group.clone()),
             partition: Some(g.partition),
             chain,
+            joining: g.joining.clone(),
         };
         debug!(group = gid, epoch = g.group.epoch, "pushing group config");
         for r in &g.group.replicas {

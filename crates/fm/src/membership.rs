@@ -84,11 +84,12 @@ impl Membership {
         }
     }
 
-    /// Live nodes silent for longer than `limit_ms`: (id, session).
-    pub fn silent(&self, now_ms: u64, limit_ms: u64) -> Vec<(String, u64)> {
+    /// Live nodes silent for longer than their role's limit, `limit_ms(role)`:
+    /// (id, session).
+    pub fn silent(&self, now_ms: u64, limit_ms: impl Fn(i32) -> u64) -> Vec<(String, u64)> {
         self.nodes
             .values()
-            .filter(|e| e.alive && now_ms.saturating_sub(e.last_seen_ms()) > limit_ms)
+            .filter(|e| e.alive && now_ms.saturating_sub(e.last_seen_ms()) > limit_ms(e.info.role))
             .map(|e| (e.info.id.clone(), e.session))
             .collect()
     }

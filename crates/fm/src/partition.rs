@@ -9,6 +9,8 @@ use proto::v1;
 pub struct GroupEntry {
     pub group: v1::ScGroup,
     pub partition: v1::Partition,
+    /// Members the current epoch added (they start from a snapshot).
+    pub joining: Vec<String>,
 }
 
 impl GroupEntry {
@@ -71,6 +73,7 @@ impl PartitionMap {
                     replicas,
                 },
                 partition,
+                joining: Vec::new(),
             },
         );
         let v = self.ranges.entry((tenant, chain)).or_default();
@@ -80,7 +83,7 @@ impl PartitionMap {
         id
     }
 
-    /// Drop a group that lost every replica; its range has no owner until recreated.
+    /// Drop a group whose state is lost; its range has no owner until recreated.
     pub fn remove(&mut self, id: u64) -> Option<GroupEntry> {
         let g = self.groups.remove(&id)?;
         if let Some(v) = self
@@ -100,6 +103,11 @@ impl PartitionMap {
     /// Change a group's replica order; bumps its epoch.
     pub fn set_replicas(&mut self, id: u64, replicas: Vec<v1::Replica>) -> Option<&GroupEntry> {
         let g = self.groups.get_mut(&id)?;
+        g.joining = replicas
+            .iter()
+            .filter(|r| !g.group.replicas.iter().any(|o| o.node_id == r.node_id))
+            .map(|r| r.node_id.clone())
+            .collect();
         g.group.replicas = replicas;
         g.group.epoch += 1;
         self.version += 1;

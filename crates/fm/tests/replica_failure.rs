@@ -78,6 +78,14 @@ fn flow(i: u32) -> RuleRequest {
     }
 }
 
+/// Inverse of [`flow`].
+fn flow_index(k: &FlowKey) -> u32 {
+    let IpAddr::V4(a) = k.src() else {
+        unreachable!()
+    };
+    (u32::from(a) - u32::from(Ipv4Addr::new(198, 18, 10, 0))) + 250 * u32::from(k.sport() - 1024)
+}
+
 fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
     let rule = r.result.as_ref().ok()?;
     rule.actions.iter().find_map(|a| match a {
@@ -197,6 +205,22 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
     // Every flow got an address and port, and no two flows share one.
     assert_eq!(got.len(), flows as usize);
     let unique: HashSet<(IpAddr, u16)> = got.values().copied().collect();
+    if unique.len() != got.len() {
+        let mut by_ext: HashMap<(IpAddr, u16), Vec<u32>> = HashMap::new();
+        for (k, m) in &got {
+            let i = flow_index(k);
+            by_ext.entry(*m).or_default().push(i);
+        }
+        let mut dups: Vec<_> = by_ext.into_iter().filter(|(_, v)| v.len() > 1).collect();
+        dups.sort_by_key(|(_, v)| v.iter().min().copied());
+        eprintln!(
+            "{} shared mappings; first: {:?}; last: {:?}; stats {:?}",
+            dups.len(),
+            &dups[..dups.len().min(5)],
+            &dups[dups.len().saturating_sub(5)..],
+            cluster.stats()
+        );
+    }
     assert_eq!(
         unique.len(),
         got.len(),
@@ -208,7 +232,10 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
         let m = cluster.map();
         let g = m.groups.first()?.clone();
         let ids: Vec<String> = g.replicas.iter().map(|r| r.node_id.clone()).collect();
-        (ids.len() == 3 && !ids.contains(&victim) && ids.last() == Some(&spare)).then_some(g)
+        // On a loaded machine FM may also suspect a live replica for a moment; it then
+        // rejoins at the tail, so the spare need not be last. What must hold: three
+        // replicas, the victim gone, the spare in.
+        (ids.len() == 3 && !ids.contains(&victim) && ids.contains(&spare)).then_some(g)
     });
     assert!(repaired.epoch > group.epoch);
 
@@ -223,7 +250,7 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
     // state has every committed mapping: nothing lost, nothing extra.
     // Wait until they are in step (cheap status), then take their snapshots once; a
     // timer op landing between the three reads only means another try.
-    let states = wait(Duration::from_secs(20), "replicas in step", || {
+    let states = wait(Duration::from_secs(60), "replicas in step", || {
         let status = |snapshots| {
             survivors
                 .iter()
@@ -236,8 +263,14 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
                     .iter()
                     .all(|s| s.applied == st[0].applied && s.initialized && s.unacked == 0)
         };
-        if !in_step(&status(false)?) {
-            std::thread::sleep(Duration::from_millis(50));
+        let cheap = status(false)?;
+        if !in_step(&cheap) {
+            let view: Vec<_> = cheap
+                .iter()
+                .map(|s| (s.applied, s.initialized, s.unacked))
+                .collect();
+            eprintln!("not in step yet: (applied, initialized, unacked) = {view:?}");
+            std::thread::sleep(Duration::from_millis(200));
             return None;
         }
         Some(status(true)?).filter(in_step)

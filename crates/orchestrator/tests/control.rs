@@ -40,6 +40,7 @@ fn agent(
                     addr: addr.into(),
                     load: None,
                     proto_version: proto::PROTO_VERSION,
+                    incarnation: 0,
                 }),
                 cluster: cluster.into(),
                 metrics_url: format!("http://{addr}/metrics"),
@@ -334,6 +335,7 @@ fn a_node_that_stops_reporting_is_marked_down() {
                 addr: "127.0.0.1:1".into(),
                 load: None,
                 proto_version: proto::PROTO_VERSION,
+                incarnation: 0,
             }),
             ..Default::default()
         })),

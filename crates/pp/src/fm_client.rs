@@ -295,6 +295,7 @@ async fn session(
             addr: String::new(),
             load: None,
             proto_version: proto::PROTO_VERSION,
+            incarnation: 0,
         })),
     });
     let mut inbound = client

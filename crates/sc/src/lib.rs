@@ -8,7 +8,7 @@
 //!
 //! Who detects failures: FM. Every SC node keeps one session stream to FM and sends a
 //! heartbeat on it every `heartbeat_ms` (50 ms by default). FM declares a node dead when
-//! the stream breaks or after `miss_limit` (3) silent periods, removes it from its
+//! the stream breaks or after `sc_miss_limit` (10) silent periods, removes it from its
 //! groups, and pushes each group's new replica order (a new epoch) to the survivors,
 //! appending a spare node at the tail when one is registered. SC nodes never decide
 //! membership themselves; they follow FM's configuration, so there is exactly one

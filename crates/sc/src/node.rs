@@ -158,6 +158,8 @@ struct Shared {
     stopped: AtomicBool,
     counters: ScCounters,
     requests_applied: AtomicU64,
+    /// Random per process start (see `NodeInfo.incarnation`).
+    incarnation: u64,
 }
 
 impl Shared {
@@ -206,6 +208,7 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         stopped: AtomicBool::new(false),
         counters: ScCounters::default(),
         requests_applied: AtomicU64::new(0),
+        incarnation: rand::random(),
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -395,6 +398,7 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
             addr: shared.advertise.clone(),
             load: None,
             proto_version: proto::PROTO_VERSION,
+            incarnation: shared.incarnation,
         })),
     });
     let resp = client

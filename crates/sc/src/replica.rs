@@ -227,7 +227,20 @@ impl ReplicaCore {
         if self.epoch > 0 && epoch > self.epoch {
             self.stats.reconfigurations += 1;
         }
-        let was_tail = self.is_tail() && self.epoch > 0;
+        let rejoining =
+            self.epoch > 0 && epoch > self.epoch && cfg.joining.iter().any(|n| *n == self.node_id);
+        if rejoining {
+            // FM dropped this replica at some point and adds it back now. What it still
+            // holds may include ops that no other replica applied (it was the head and
+            // was cut off), so it must not be resumed: start over from a snapshot.
+            info!(group = gid, epoch, node = %self.node_id, "rejoining: discarding old state");
+            self.initialized = false;
+            self.applied = 0;
+            self.acked = 0;
+            self.unacked.clear();
+            self.deferred_succ = None;
+        }
+        let was_tail = self.is_tail() && self.epoch > 0 && !rejoining;
         self.cfg = cfg;
         self.epoch = epoch;
         self.pos = pos;
@@ -631,4 +644,107 @@ fn build_chain(cfg: &v1::GroupConfig, factory: &dyn ChainFactory) -> Result<Chai
         warn!(error = %e, tenant = parts.tenant, chain = parts.chain, "cannot build chain");
         e.to_string()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TestNfs;
+
+    fn config(epoch: u64, members: &[&str], joining: &[&str]) -> v1::GroupConfig {
+        let def: proto::ChainDef = serde_json::from_value(serde_json::json!({
+            "tenant": 1, "chain": 1,
+            "nfs": [{"kind": "test-snat", "addrs": ["198.19.255.1"], "ports": [1024, 1100]}],
+            "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
+            "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
+        }))
+        .unwrap();
+        v1::GroupConfig {
+            group: Some(v1::ScGroup {
+                id: 7,
+                epoch,
+                replicas: members
+                    .iter()
+                    .map(|m| v1::Replica {
+                        node_id: m.to_string(),
+                        addr: format!("{m}:1"),
+                    })
+                    .collect(),
+            }),
+            partition: Some(v1::Partition {
+                tenant: 1,
+                chain: 1,
+                hash_lo: 0,
+                hash_hi: u64::MAX,
+                group: 7,
+            }),
+            chain: Some(def.to_proto().unwrap()),
+            joining: joining.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn timer_op(seq: u64) -> v1::Op {
+        v1::Op {
+            seq,
+            now_ms: seq,
+            seed: seq,
+            body: Some(v1::op::Body::Timer(v1::Timer {})),
+        }
+    }
+
+    /// A tail `b` of epoch 1 that has applied two ops.
+    fn tail_with_state() -> ReplicaCore {
+        let mut b = ReplicaCore::new("b", config(1, &["a", "b"], &[]), &TestNfs);
+        let mut out = Outbox::default();
+        b.configure(config(1, &["a", "b"], &[]), &mut out);
+        let hello = v1::ReplicaHello {
+            group: 7,
+            epoch: 1,
+            from: "a".into(),
+        };
+        b.predecessor_hello(1, &hello).unwrap();
+        b.on_ops(1, vec![timer_op(1), timer_op(2)], &mut out)
+            .unwrap();
+        assert_eq!((b.applied(), b.initialized()), (2, true));
+        b
+    }
+
+    #[test]
+    fn a_replica_fm_adds_back_discards_its_old_state() {
+        let mut b = tail_with_state();
+        let mut out = Outbox::default();
+        // FM dropped b (epoch 2, not seen by b) and adds it back as a joiner.
+        b.configure(config(3, &["a", "b"], &["b"]), &mut out);
+        assert!(!b.initialized(), "a joiner must wait for a snapshot");
+        assert_eq!(b.applied(), 0);
+        assert!(
+            out.results.is_empty(),
+            "a joiner answers nothing from old state"
+        );
+        // The same configuration pushed again does not reset it a second time; ops
+        // before the snapshot are refused.
+        b.configure(config(3, &["a", "b"], &["b"]), &mut out);
+        b.predecessor_hello(
+            2,
+            &v1::ReplicaHello {
+                group: 7,
+                epoch: 3,
+                from: "a".into(),
+            },
+        )
+        .unwrap();
+        assert!(b.on_ops(2, vec![timer_op(3)], &mut out).is_err());
+    }
+
+    #[test]
+    fn a_member_kept_across_epochs_keeps_its_state() {
+        let mut b = tail_with_state();
+        let mut out = Outbox::default();
+        // A new epoch that only adds someone else: b keeps what it applied.
+        b.configure(config(2, &["a", "b", "c"], &["c"]), &mut out);
+        assert_eq!((b.applied(), b.initialized()), (2, true));
+        // Resumed after a stall (same members, no joiners).
+        b.configure(config(3, &["a", "b", "c"], &[]), &mut out);
+        assert_eq!((b.applied(), b.initialized()), (2, true));
+    }
 }

@@ -38,6 +38,7 @@ impl NodeAgent {
                         addr: addr.to_string(),
                         load: None,
                         proto_version: proto::PROTO_VERSION,
+                        incarnation: 0,
                     }),
                     cluster: cluster.to_string(),
                     metrics_url: metrics_url.unwrap_or_default(),

@@ -35,6 +35,11 @@ impl Cluster {
     }
 
     pub fn start_with(cfg: FmConfig, n_sc: usize, factory: Arc<dyn ChainFactory>) -> Cluster {
+        // `RUST_LOG=info cargo test ...` shows FM's and SC's logs (repairs, stalls).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
