@@ -227,8 +227,7 @@ impl ReplicaCore {
         if self.epoch > 0 && epoch > self.epoch {
             self.stats.reconfigurations += 1;
         }
-        let rejoining =
-            self.epoch > 0 && epoch > self.epoch && cfg.joining.iter().any(|n| *n == self.node_id);
+        let rejoining = self.epoch > 0 && epoch > self.epoch && cfg.joining.contains(&self.node_id);
         if rejoining {
             // FM dropped this replica at some point and adds it back now. What it still
             // holds may include ops that no other replica applied (it was the head and
