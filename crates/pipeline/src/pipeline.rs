@@ -168,6 +168,7 @@ impl Clock for ManualClock {
 
 /// VNIs are 24 bits.
 const VNI_MASK: u32 = (1 << 24) - 1;
+const VNIS: usize = 1 << 24;
 
 /// Per-tenant counting on the hit path, in three plain arrays (no hashing, no locks):
 /// - `vni_slot`: a dense VNI → slot table, one `u16` per possible VNI (32 MiB of
@@ -178,7 +179,8 @@ const VNI_MASK: u32 = (1 << 24) - 1;
 ///   share a slot); slot 0 collects packets of unbound VNIs and is not a tenant.
 /// - `ids`: slot → tenant id, read only when exporting.
 struct Tenants {
-    vni_slot: Box<[u16]>,
+    /// An array, not a slice: indexed by a masked VNI, it needs no bounds check.
+    vni_slot: Box<[u16; VNIS]>,
     counters: Vec<TenantCounters>,
     ids: Vec<u32>,
     /// Slot of the default binding's tenant, for VNIs with no slot of their own.
@@ -188,7 +190,10 @@ struct Tenants {
 impl Tenants {
     fn new() -> Self {
         Tenants {
-            vni_slot: vec![0u16; 1 << 24].into_boxed_slice(),
+            vni_slot: vec![0u16; VNIS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("VNIS entries"),
             counters: vec![TenantCounters::default()],
             ids: vec![0],
             default_slot: 0,
@@ -207,6 +212,13 @@ impl Tenants {
         self.ids.push(tenant);
         self.counters.push(TenantCounters::default());
         (self.ids.len() - 1) as u16
+    }
+
+    #[inline(always)]
+    fn add(&mut self, slot: usize, packets: u64, bytes: u64) {
+        let c = &mut self.counters[slot];
+        c.packets += packets;
+        c.bytes += bytes;
     }
 
     #[inline(always)]
@@ -548,16 +560,23 @@ impl Pipeline {
                 self.table.prefetch_entry(c);
             }
         }
-        // Pass 3: confirm, act or miss.
+        // Pass 3: confirm, act or miss. Per-tenant counts: a run of packets of one VNI
+        // (the common case within a batch) adds up in locals; the VNI table is read and
+        // the tenant's counters written only when the VNI changes, and after the pass.
+        // `cur_tenant` follows the run, for `drop`.
+        let mut run_vni = u32::MAX; // no 24-bit VNI
+        let (mut run_packets, mut run_bytes) = (0u64, 0u64);
+        let fresh_n = u64::from(fresh);
         for (i, d) in descs.iter_mut().enumerate() {
             let Some(st) = &stages[i] else { continue };
-            let t = self.tenants.slot(st.cls.vni);
-            self.cur_tenant = t;
-            if fresh {
-                let c = &mut self.tenants.counters[t];
-                c.packets += 1;
-                c.bytes += u64::from(d.len);
+            if st.cls.vni != run_vni {
+                self.tenants.add(self.cur_tenant, run_packets, run_bytes);
+                (run_packets, run_bytes) = (0, 0);
+                run_vni = st.cls.vni;
+                self.cur_tenant = self.tenants.slot(run_vni);
             }
+            run_packets += fresh_n;
+            run_bytes += fresh_n * u64::from(d.len);
             let hit = self.table.confirm(&st.probe, st.cand, &st.key);
             match hit {
                 Some(idx) => {
@@ -576,6 +595,7 @@ impl Pipeline {
                 None => self.miss(region, d, st, now),
             }
         }
+        self.tenants.add(self.cur_tenant, run_packets, run_bytes);
         self.cur_tenant = 0;
     }
 
