@@ -61,7 +61,8 @@ pub fn run(a: FmArgs) -> Result<()> {
         .map(|addr| crate::metrics::fm_start(&rt, addr, &fm))
         .transpose()?;
     let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
-    tracing::info!(addr = %fm.addr(), chains = nchains, metrics = metrics_addr.map(tracing::field::display), "FM running");
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(addr = %fm.addr(), chains = nchains, metrics = metrics_field, "FM running");
     let start = Instant::now();
     let mut next = a.stats_interval.map(|i| start + Duration::from_secs_f64(i));
     while !STOP.load(Ordering::Relaxed) {

@@ -214,7 +214,8 @@ pub fn run(a: PpArgs) -> Result<()> {
         .map(|addr| crate::metrics::PpMetrics::start(addr, fm_stats))
         .transpose()?;
     let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
-    tracing::info!(%local, rules = nrules, metrics = metrics_addr.map(tracing::field::display), "PP worker running");
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(%local, rules = nrules, metrics = metrics_field, "PP worker running");
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();

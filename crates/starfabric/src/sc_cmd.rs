@@ -69,7 +69,8 @@ pub fn run(a: ScArgs) -> Result<()> {
         .map(|addr| crate::metrics::sc_start(&rt, addr, &node))
         .transpose()?;
     let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
-    tracing::info!(node = %a.id, addr = %node.addr(), metrics = metrics_addr.map(tracing::field::display), "SC running");
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(node = %a.id, addr = %node.addr(), metrics = metrics_field, "SC running");
     let start = Instant::now();
     while !STOP.load(Ordering::Relaxed) {
         if a.duration
