@@ -124,13 +124,27 @@ impl FlowKey {
                 (0, 0)
             }
         };
-        k.put_raw_addr(0, &buf[ip.src_range()]);
-        k.put_raw_addr(16, &buf[ip.dst_range()]);
-        k.set_sport(sport);
-        k.set_dport(dport);
-        k.set_vni(vni);
-        k.bytes[39] = ip.proto;
-        Ok(k)
+        // The hot path's key: composed as five 8-byte words in registers and stored
+        // whole. Built field by field (4-, 2-, 3-, 1-byte stores), the table hash's 8-byte
+        // loads that follow at once could not be forwarded from the store buffer when
+        // the key went through memory, and whether it did depended on register
+        // allocation: unrelated edits to the batch loop swung the hit rate by ~13% at a
+        // million flows.
+        let (s0, s1) = addr_words(&buf[ip.src_range()]);
+        let (d0, d1) = addr_words(&buf[ip.dst_range()]);
+        let (sp, dp, v) = (sport.to_be_bytes(), dport.to_be_bytes(), vni.to_be_bytes());
+        let tail = u64::from_le_bytes([sp[0], sp[1], dp[0], dp[1], v[1], v[2], v[3], ip.proto]);
+        Ok(FlowKey::from_words([s0, s1, d0, d1, tail]))
+    }
+
+    /// A key from its five little-endian 8-byte words (see [`FlowKey::from_ip`]).
+    #[inline(always)]
+    fn from_words(words: [u64; 5]) -> FlowKey {
+        let mut bytes = [0u8; 40];
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        FlowKey { bytes }
     }
 
     /// The key of the opposite direction of this flow.
@@ -235,6 +249,25 @@ impl FlowKey {
     }
 }
 
+/// The two little-endian words of a 16-byte address field: IPv6 as is, IPv4 v4-mapped
+/// (`::ffff:a.b.c.d`). `raw` is 4 or 16 bytes, as the parser's address ranges are.
+#[inline(always)]
+fn addr_words(raw: &[u8]) -> (u64, u64) {
+    match raw {
+        [a, b, c, d] => (
+            0,
+            0xffff_0000 | u64::from(u32::from_le_bytes([*a, *b, *c, *d])) << 32,
+        ),
+        _ => {
+            let mut x = [0u8; 16];
+            x.copy_from_slice(raw);
+            let lo = u64::from_le_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]]);
+            let hi = u64::from_le_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]);
+            (lo, hi)
+        }
+    }
+}
+
 /// The little-endian 8-byte word of a key at byte `i`.
 #[inline(always)]
 fn w(b: &[u8; 40], i: usize) -> u64 {
@@ -326,6 +359,74 @@ impl fmt::Debug for FlowKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_ip_builds_the_canonical_layout() {
+        use packet::build::{ip_frame, L4Spec};
+        use packet::rewrite::Addr;
+        let cases = [
+            (
+                Addr::V4([198, 18, 10, 2]),
+                Addr::V4([198, 19, 0, 9]),
+                "198.18.10.2",
+                "198.19.0.9",
+            ),
+            (
+                Addr::V6([
+                    0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                ]),
+                Addr::V6([
+                    0x20, 0x01, 0x0d, 0xb8, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd,
+                ]),
+                "2001:db8:102:304:506:708:90a:b0c",
+                "2001:db8:ff00::abcd",
+            ),
+        ];
+        for (src, dst, s, d) in cases {
+            for (l4, proto) in [
+                (
+                    L4Spec::Udp {
+                        sport: 0x1234,
+                        dport: 0xfe53,
+                    },
+                    17u8,
+                ),
+                (
+                    L4Spec::Tcp {
+                        sport: 40000,
+                        dport: 80,
+                        flags: 2,
+                        seq: 1,
+                    },
+                    6,
+                ),
+            ] {
+                let f = ip_frame(src, dst, l4, &[1, 2, 3]);
+                let fr = packet::parse_frame(&f).unwrap();
+                let packet::L3::Ip(ip) = fr.l3 else {
+                    panic!("not IP")
+                };
+                let (sp, dp) = match l4 {
+                    L4Spec::Udp { sport, dport } | L4Spec::Tcp { sport, dport, .. } => {
+                        (sport, dport)
+                    }
+                    _ => unreachable!(),
+                };
+                let want = FlowKey::new(
+                    0xabcdef,
+                    proto,
+                    s.parse().unwrap(),
+                    sp,
+                    d.parse().unwrap(),
+                    dp,
+                );
+                assert_eq!(
+                    FlowKey::from_ip(&f, &ip, 0xabcdef).unwrap().as_bytes(),
+                    want.as_bytes()
+                );
+            }
+        }
+    }
 
     #[test]
     fn reversed_twice_is_identity() {

@@ -109,6 +109,13 @@ pub trait Clock: Send {
     fn now_us(&self) -> u64 {
         u64::from(self.now_ms()) * 1000
     }
+
+    /// Another handle on the same clock, which [`Worker::new`] gives its pipeline for
+    /// latency measurement. `None` (the default): the pipeline measures in the
+    /// milliseconds its callers pass.
+    fn clone_box(&self) -> Option<Box<dyn Clock>> {
+        None
+    }
 }
 
 /// Milliseconds since the clock was made.
@@ -133,6 +140,10 @@ impl Clock for MonotonicClock {
 
     fn now_us(&self) -> u64 {
         self.0.elapsed().as_micros() as u64
+    }
+
+    fn clone_box(&self) -> Option<Box<dyn Clock>> {
+        Some(Box::new(MonotonicClock(self.0)))
     }
 }
 
@@ -164,10 +175,15 @@ impl Clock for ManualClock {
     fn now_us(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    fn clone_box(&self) -> Option<Box<dyn Clock>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// VNIs are 24 bits.
 const VNI_MASK: u32 = (1 << 24) - 1;
+const VNIS: usize = 1 << 24;
 
 /// Per-tenant counting on the hit path, in three plain arrays (no hashing, no locks):
 /// - `vni_slot`: a dense VNI → slot table, one `u16` per possible VNI (32 MiB of
@@ -178,7 +194,8 @@ const VNI_MASK: u32 = (1 << 24) - 1;
 ///   share a slot); slot 0 collects packets of unbound VNIs and is not a tenant.
 /// - `ids`: slot → tenant id, read only when exporting.
 struct Tenants {
-    vni_slot: Box<[u16]>,
+    /// An array, not a slice: indexed by a masked VNI, it needs no bounds check.
+    vni_slot: Box<[u16; VNIS]>,
     counters: Vec<TenantCounters>,
     ids: Vec<u32>,
     /// Slot of the default binding's tenant, for VNIs with no slot of their own.
@@ -188,7 +205,10 @@ struct Tenants {
 impl Tenants {
     fn new() -> Self {
         Tenants {
-            vni_slot: vec![0u16; 1 << 24].into_boxed_slice(),
+            vni_slot: vec![0u16; VNIS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("VNIS entries"),
             counters: vec![TenantCounters::default()],
             ids: vec![0],
             default_slot: 0,
@@ -207,6 +227,13 @@ impl Tenants {
         self.ids.push(tenant);
         self.counters.push(TenantCounters::default());
         (self.ids.len() - 1) as u16
+    }
+
+    #[inline(always)]
+    fn add(&mut self, slot: usize, packets: u64, bytes: u64) {
+        let c = &mut self.counters[slot];
+        c.packets += packets;
+        c.bytes += bytes;
     }
 
     #[inline(always)]
@@ -287,9 +314,9 @@ pub struct Pipeline {
     /// Tenant slot of the packet being acted on, so `drop` can charge the tenant
     /// without every drop site passing it; 0 (unattributed) outside the act pass.
     cur_tenant: usize,
-    /// The pipeline's time in µs, in step with the ms `now` of `process`/`service`
-    /// (see [`Pipeline::set_now_us`]); used only for rule setup latency.
-    now_us: u64,
+    /// Microsecond time for rule setup latency, read only on the miss path and when a
+    /// reply installs a rule (see [`Pipeline::set_clock`]).
+    clock: Option<Box<dyn Clock>>,
 }
 
 impl Pipeline {
@@ -308,7 +335,7 @@ impl Pipeline {
             expired_keys: Vec::new(),
             tenants: Tenants::new(),
             cur_tenant: 0,
-            now_us: 0,
+            clock: None,
             cfg,
         })
     }
@@ -370,18 +397,21 @@ impl Pipeline {
             .map(|(&t, c)| (t, c))
     }
 
-    /// Set the pipeline's microsecond time for the next `process`/`service` call; the
-    /// [`Worker`] does this from its clock each round. Callers that pass only
-    /// milliseconds get rule setup latency at millisecond resolution.
-    pub fn set_now_us(&mut self, us: u64) {
-        self.now_us = us;
+    /// The clock rule setup latency is measured on; [`Worker::new`] sets it to a handle
+    /// on the worker's clock. Without one, latency is measured in the milliseconds
+    /// passed to `process`/`service`.
+    ///
+    /// The pipeline reads it only on the miss path and when installing a reply: the hit
+    /// path has no use for microseconds, so it pays nothing for them.
+    pub fn set_clock(&mut self, clock: Option<Box<dyn Clock>>) {
+        self.clock = clock;
     }
 
-    /// Keep the µs time in step with the ms `now` a caller passes.
-    #[inline]
-    fn sync_now(&mut self, now: u32) {
-        if (self.now_us / 1000) as u32 != now {
-            self.now_us = u64::from(now) * 1000;
+    /// Microseconds for latency measurement: the clock's, or the caller's ms.
+    fn latency_now_us(&self, now_ms: u32) -> u64 {
+        match &self.clock {
+            Some(c) => c.now_us(),
+            None => u64::from(now_ms) * 1000,
         }
     }
 
@@ -505,7 +535,6 @@ impl Pipeline {
 
     /// Process one batch of received descriptors in place, setting each verdict.
     pub fn process(&mut self, region: &mut [u8], descs: &mut [Desc], now: u32) {
-        self.sync_now(now);
         for chunk in descs.chunks_mut(MAX_BATCH) {
             self.process_chunk(region, chunk, now, true);
         }
@@ -567,16 +596,23 @@ impl Pipeline {
                 self.table.prefetch_entry(c);
             }
         }
-        // Pass 3: confirm, act or miss.
+        // Pass 3: confirm, act or miss. Per-tenant counts: a run of packets of one VNI
+        // (the common case within a batch) adds up in locals; the VNI table is read and
+        // the tenant's counters written only when the VNI changes, and after the pass.
+        // `cur_tenant` follows the run, for `drop`.
+        let mut run_vni = u32::MAX; // no 24-bit VNI
+        let (mut run_packets, mut run_bytes) = (0u64, 0u64);
+        let fresh_n = u64::from(fresh);
         for (i, d) in descs.iter_mut().enumerate() {
             let Some(st) = &stages[i] else { continue };
-            let t = self.tenants.slot(st.cls.vni);
-            self.cur_tenant = t;
-            if fresh {
-                let c = &mut self.tenants.counters[t];
-                c.packets += 1;
-                c.bytes += u64::from(d.len);
+            if st.cls.vni != run_vni {
+                self.tenants.add(self.cur_tenant, run_packets, run_bytes);
+                (run_packets, run_bytes) = (0, 0);
+                run_vni = st.cls.vni;
+                self.cur_tenant = self.tenants.slot(run_vni);
             }
+            run_packets += fresh_n;
+            run_bytes += fresh_n * u64::from(d.len);
             let hit = self.table.confirm(&st.probe, st.cand, &st.key);
             match hit {
                 Some(idx) => {
@@ -595,6 +631,7 @@ impl Pipeline {
                 None => self.miss(region, d, st, now),
             }
         }
+        self.tenants.add(self.cur_tenant, run_packets, run_bytes);
         self.cur_tenant = 0;
     }
 
@@ -613,14 +650,14 @@ impl Pipeline {
         let Some(binding) = self.vpcs.get(&st.cls.vni).copied().or(self.default_binding) else {
             return self.drop(d, DropReason::UnknownVni);
         };
-        let held =
-            match self
-                .pending
-                .hold(&st.key, st.hash, d.data(region), d.port, now, self.now_us)
-            {
-                Ok(h) => h,
-                Err(r) => return self.drop(d, r),
-            };
+        let now_us = self.latency_now_us(now);
+        let held = match self
+            .pending
+            .hold(&st.key, st.hash, d.data(region), d.port, now, now_us)
+        {
+            Ok(h) => h,
+            Err(r) => return self.drop(d, r),
+        };
         d.verdict = Verdict::Held;
         if held.needs_request {
             let ip = &st.cls.ip;
@@ -747,7 +784,6 @@ impl Pipeline {
     /// Between batches: install rules that came back, release their held packets in order
     /// through `io`, expire waiting flows, and sweep idle ones. Returns packets released.
     pub fn service<B: PacketIo + ?Sized>(&mut self, io: &mut B, now: u32) -> usize {
-        self.sync_now(now);
         let mut released = 0;
         while let RuleSource::Channel { replies, .. } = &self.source {
             let Ok(reply) = replies.try_recv() else { break };
@@ -820,9 +856,8 @@ impl Pipeline {
             // A flow set up through the miss path: its first packet was held at
             // `since_us`, and its rule is installed now.
             if let Some(t0) = since_us {
-                self.stats
-                    .setup_latency
-                    .observe_us(self.now_us.saturating_sub(t0));
+                let t = self.latency_now_us(now);
+                self.stats.setup_latency.observe_us(t.saturating_sub(t0));
             }
             self.tenants.counters[t].flows_setup += 1;
             // Held packets run through the normal pipeline, in arrival order; their rule
@@ -859,7 +894,8 @@ pub struct Worker<B: PacketIo> {
 }
 
 impl<B: PacketIo> Worker<B> {
-    pub fn new(pipeline: Pipeline, io: B, batch: usize, clock: Box<dyn Clock>) -> Self {
+    pub fn new(mut pipeline: Pipeline, io: B, batch: usize, clock: Box<dyn Clock>) -> Self {
+        pipeline.set_clock(clock.clone_box());
         Worker {
             pipeline,
             io,
@@ -872,10 +908,7 @@ impl<B: PacketIo> Worker<B> {
     /// Receive, process and transmit one batch, then service the miss path.
     /// Returns packets received.
     pub fn run_once(&mut self) -> Result<usize, crate::io::IoError> {
-        // One reading per round: ms for timeouts, µs for latency measurement.
-        let now_us = self.clock.now_us();
-        let now = (now_us / 1000) as u32;
-        self.pipeline.set_now_us(now_us);
+        let now = self.clock.now_ms();
         let n = self.io.rx(&mut self.descs, self.batch)?;
         if n > 0 {
             self.pipeline

@@ -86,7 +86,8 @@ pub fn run(a: FmArgs) -> Result<()> {
     if let Some(ag) = agent.as_mut() {
         ag.set_metrics(metrics_addr);
     }
-    tracing::info!(addr = %fm.addr(), chains = nchains, metrics = ?metrics_addr, "FM running");
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(addr = %fm.addr(), chains = nchains, metrics = metrics_field, "FM running");
     let start = Instant::now();
     let mut next = a.stats_interval.map(|i| start + Duration::from_secs_f64(i));
     let mut next_report = start;

@@ -255,7 +255,8 @@ pub fn run(a: PpArgs) -> Result<()> {
     if let Some(ag) = agent.as_mut() {
         ag.set_metrics(metrics_addr);
     }
-    tracing::info!(%local, rules = nrules, metrics = ?metrics_addr, "PP worker running");
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(%local, rules = nrules, metrics = metrics_field, "PP worker running");
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();

@@ -105,7 +105,8 @@ pub fn run(a: ScArgs) -> Result<()> {
     if let Some(ag) = agent.as_mut() {
         ag.set_metrics(metrics_addr);
     }
-    tracing::info!(node = %a.id, addr = %node.addr(), metrics = ?metrics_addr, "SC running");
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(node = %a.id, addr = %node.addr(), metrics = metrics_field, "SC running");
     let start = Instant::now();
     let mut next_report = start;
     while !STOP.load(Ordering::Relaxed) {
