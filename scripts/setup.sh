@@ -14,6 +14,11 @@ APT_PACKAGES=(
     pkg-config m4 libelf-dev zlib1g-dev
     protobuf-compiler make
     g++   # libfuzzer-sys compiles libFuzzer's C++ sources
+    # The netns testbed and its end-to-end tests (crates/testbed): real traffic tools.
+    # Their packaged daemons (nginx, stun-server) are not used: the tests start their
+    # own instances inside namespaces; see the note after the install.
+    iperf3 nginx-light wrk curl netcat-openbsd stun-client stun-server
+    nftables netsniff-ng
 )
 
 # ---- apt packages -----------------------------------------------------------
@@ -37,6 +42,18 @@ else
     fi
     step "apt packages: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # nginx, iperf3 and stun-server ship init scripts that invoke-rc.d would start on a
+    # machine without systemd: daemons in the host namespace on :80, :5201, :3478 that
+    # nothing here uses (the testbed runs its own instances inside its namespaces). A
+    # policy-rc.d answering 101 ("action forbidden") keeps them stopped during the
+    # install; one already present (container images ship one) is left as it is.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# starfabric setup.sh: do not start services during install\nexit 101\n' \
+            | "${SUDO[@]}" tee "$policy" >/dev/null
+        "${SUDO[@]}" chmod 755 "$policy"
+        trap '"${SUDO[@]}" rm -f "$policy"' EXIT
+    fi
     log="$(mktemp -t starfabric-setup-apt.XXXXXX)"
     if ! "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq >"$log" 2>&1; then
         tail -n 30 "$log" >&2; die "apt-get update failed (log: $log)"

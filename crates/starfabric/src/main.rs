@@ -10,11 +10,13 @@ use clap::{Parser, Subcommand};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod bench_e2e;
 mod bench_setup;
 mod demo;
 mod fm_cmd;
 mod pp_cmd;
 mod sc_cmd;
+mod testbed_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +50,9 @@ enum Cmd {
     Fm(fm_cmd::FmArgs),
     /// Run an SC node.
     Sc(sc_cmd::ScArgs),
+    /// The netns testbed: `up`, `down`, `status`.
+    #[command(subcommand)]
+    Testbed(testbed_cmd::TestbedCmd),
 }
 
 fn main() -> Result<()> {
@@ -67,5 +72,6 @@ fn main() -> Result<()> {
         Cmd::Pp(a) => pp_cmd::run(a),
         Cmd::Fm(a) => fm_cmd::run(a),
         Cmd::Sc(a) => sc_cmd::run(a),
+        Cmd::Testbed(c) => testbed_cmd::run(c),
     }
 }
