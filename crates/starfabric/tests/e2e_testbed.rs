@@ -168,11 +168,26 @@ fn curl_through_snat_reaches_the_internet_from_the_pool_address() {
         assert!(l.starts_with(&format!("{} ", addr::pool(0))), "{l}");
         assert!(!l.contains(&addr::CLIENT.to_string()), "{l}");
     }
-    let stats = p.pp_stats();
+    // The PP node asked for a rule per connection (its stats line comes every second).
+    let stats = pp_stats_when(&p, |s| platform::field(s, "misses").unwrap_or(0) >= 5);
     assert!(
         platform::field(&stats, "misses").unwrap_or(0) >= 5,
         "{stats}"
     );
+    assert!(platform::field(&stats, "hits").unwrap_or(0) > 0, "{stats}");
+}
+
+/// The PP node's stats line once `ok` holds for it (it prints one a second), or the last
+/// one after 5 s (for the caller's assertion to show).
+fn pp_stats_when(p: &Platform, ok: impl Fn(&str) -> bool) -> String {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = p.pp_stats();
+        if ok(&s) || std::time::Instant::now() > end {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -266,7 +281,7 @@ fn count_port(tb: &Testbed, port: u16) {
     testbed::cmd::nft(
         &tb.ns(Node::Inet),
         &format!(
-            "table inet sfcount {{ counter p{port} {{ }}\n chain input {{ type filter hook input priority -10; policy accept; tcp dport {port} counter name \"p{port}\"; }} }}\n"
+            "table inet sfcount {{\n counter p{port} {{ }}\n chain input {{ type filter hook input priority -10; policy accept; tcp dport {port} counter name \"p{port}\"; }}\n}}\n"
         ),
     )
     .unwrap();
@@ -367,7 +382,7 @@ fn firewall_allows_and_denies_and_replies_of_allowed_flows_come_back() {
     assert!(!nc_connects(tb, 8082), "TCP 8082 (default deny) connected");
     assert_eq!(counted(tb, 8080), 0, "a denied SYN reached the server");
     assert_eq!(counted(tb, 8082), 0, "a denied SYN reached the server");
-    let stats = p.pp_stats();
+    let stats = pp_stats_when(&p, |s| s.contains("rule:acl-deny="));
     assert!(stats.contains("rule:acl-deny="), "{stats}");
 }
 
@@ -388,7 +403,7 @@ fn fw_then_snat_chain() {
     // Denied before SNAT ever sees it.
     assert!(!nc_connects(tb, 8080));
     assert_eq!(counted(tb, 8080), 0);
-    let stats = p.pp_stats();
+    let stats = pp_stats_when(&p, |s| s.contains("rule:acl-deny="));
     assert!(stats.contains("rule:acl-deny="), "{stats}");
     assert!(!stats.contains("snat-"), "SNAT refused something: {stats}");
 }

@@ -3,11 +3,12 @@
 //!
 //! Three kinds of things are created: network namespaces (deleting one destroys every
 //! device in it, so veth pairs and VXLAN devices go with it; no device is ever created in
-//! the host namespace), processes (killed by PID: SIGTERM, then SIGKILL after a grace
+//! the host namespace), processes (killed by PID: SIGINT, then SIGKILL after a grace
 //! period), and files (temporary directories with configurations and logs).
 //!
 //! Processes are ended in two passes. First the ones the run started, by the PIDs it
-//! recorded (with their start times, so a recycled PID is never hit). Then any process
+//! recorded (with their start times, so a recycled PID is never hit), each with the
+//! process group it leads (the testbed starts every process in a group of its own). Then any process
 //! still inside one of the run's own namespaces, by the PIDs `ip netns pids` lists: those
 //! can only be children of what the run started (nginx workers whose master was
 //! SIGKILLed, say), and a namespace is not freed while a process holds it.
@@ -24,8 +25,11 @@ use tracing::{debug, info, warn};
 use crate::cmd;
 use crate::{Error, Result};
 
-/// How long a process gets between SIGTERM and SIGKILL.
+/// How long a process gets between SIGINT and SIGKILL.
 const GRACE: Duration = Duration::from_secs(3);
+/// What asks a process to stop. SIGINT, not SIGTERM: every tool here exits cleanly on
+/// it (nginx's fast shutdown, iperf3, starfabric), and trafgen ignores SIGTERM.
+const STOP_SIGNAL: libc::c_int = libc::SIGINT;
 
 /// A process the run started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,7 +212,7 @@ impl Resources {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// Stop one process this run started (SIGTERM, then SIGKILL), e.g. to restart the
+    /// Stop one process this run started (SIGINT, then SIGKILL), e.g. to restart the
     /// platform in the same topology.
     pub fn stop_child(&self, pid: i32) {
         let child = {
@@ -220,15 +224,20 @@ impl Resources {
             c
         };
         if let Some(mut c) = child {
-            signal(pid, libc::SIGTERM);
+            signal(pid, STOP_SIGNAL);
             let end = Instant::now() + GRACE;
             while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
                 std::thread::sleep(Duration::from_millis(10));
             }
             if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
+                signal(pid, libc::SIGKILL);
             }
             let _ = c.wait();
+            // The leader is gone; helpers of its group that outlived it get the same.
+            // SAFETY: kill(2) on the process group this run created for the process.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
         }
     }
 
@@ -249,7 +258,7 @@ impl Resources {
         g.cleaned = true;
         let pids: Vec<i32> = g.children.iter().map(|c| c.id() as i32).collect();
         for p in &pids {
-            signal(*p, libc::SIGTERM);
+            signal(*p, STOP_SIGNAL);
         }
         let end = Instant::now() + GRACE;
         loop {
@@ -266,8 +275,8 @@ impl Resources {
         }
         for c in g.children.iter_mut() {
             if matches!(c.try_wait(), Ok(None)) {
-                warn!(pid = c.id(), "ignored SIGTERM; SIGKILL");
-                let _ = c.kill();
+                warn!(pid = c.id(), "ignored SIGINT; SIGKILL");
+                signal(c.id() as i32, libc::SIGKILL);
             }
             let _ = c.wait();
         }
@@ -336,31 +345,44 @@ pub fn start_time(pid: i32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
+/// `/proc/<pid>/stat` field 5: the process group.
+fn pgrp(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Send `sig` to `pid`, and to its whole process group when it leads one: the testbed
+/// starts every process as the leader of a group of its own, so its helpers (trafgen's
+/// sender processes, nginx's workers) go with it.
 fn signal(pid: i32, sig: libc::c_int) {
-    if pid > 0 {
-        // SAFETY: kill(2) on a positive PID the caller recorded (a process this run
-        // started, or one inside this run's namespaces); no memory is involved.
-        unsafe {
-            libc::kill(pid, sig);
-        }
+    if pid <= 0 {
+        return;
+    }
+    let target = if pgrp(pid) == Some(pid) { -pid } else { pid };
+    // SAFETY: kill(2) on a positive PID (or the group it leads) that the caller recorded:
+    // a process this run started, or one inside this run's namespaces. No memory is
+    // involved.
+    unsafe {
+        libc::kill(target, sig);
     }
 }
 
-/// SIGTERM `pids`, wait up to the grace period, SIGKILL what is left. For processes that
+/// SIGINT `pids`, wait up to the grace period, SIGKILL what is left. For processes that
 /// are not our children (a zombie is reaped by its parent; we only wait for it to go).
 fn terminate(pids: &[i32]) {
     if pids.is_empty() {
         return;
     }
     for p in pids {
-        signal(*p, libc::SIGTERM);
+        signal(*p, STOP_SIGNAL);
     }
     let end = Instant::now() + GRACE;
     while Instant::now() < end && pids.iter().any(|p| start_time(*p).is_some()) {
         std::thread::sleep(Duration::from_millis(10));
     }
     for p in pids.iter().filter(|p| start_time(**p).is_some()) {
-        warn!(pid = p, "ignored SIGTERM; SIGKILL");
+        warn!(pid = p, "ignored SIGINT; SIGKILL");
         signal(*p, libc::SIGKILL);
     }
 }

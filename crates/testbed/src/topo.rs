@@ -30,6 +30,7 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -423,9 +424,13 @@ impl Testbed {
         let f2 = f
             .try_clone()
             .map_err(|e| Error::io(log.display().to_string(), e))?;
-        // `ip netns exec` execs the program, so the child's PID is the program's own.
+        // `ip netns exec` execs the program, so the child's PID is the program's own. It
+        // leads a process group of its own: stopping it stops its helpers too (trafgen's
+        // sender processes), and a terminal's Ctrl-C reaches only the testbed, which
+        // then stops everything in order.
         let ip = cmd::which("ip").unwrap_or_else(|| PathBuf::from("ip"));
         let child = Command::new(ip)
+            .process_group(0)
             .args(["netns", "exec", &ns])
             .args(argv)
             .stdin(Stdio::null())
