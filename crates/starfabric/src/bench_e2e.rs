@@ -73,6 +73,8 @@ pub struct Setup {
     pub cpus: usize,
     /// The PP node's last stats line of each starfabric run.
     pub pp_stats: Vec<String>,
+    /// Per 64-byte UDP run: what trafgen offered next to what arrived.
+    pub udp64: Vec<String>,
 }
 
 /// Start the platform under test. The one place that knows how starfabric is started
@@ -88,6 +90,7 @@ struct Runner<'a> {
     tb: &'a Testbed,
     a: &'a E2eBenchArgs,
     errors: Vec<String>,
+    offered: Vec<String>,
 }
 
 impl Runner<'_> {
@@ -124,7 +127,13 @@ impl Runner<'_> {
             std::time::Duration::from_secs(1),
             f64::from(a.secs),
         );
-        let udp64_pps = self.note(&format!("{label} udp64"), udp);
+        let udp64_pps = self.note(&format!("{label} udp64"), udp).map(|u| {
+            self.offered.push(format!(
+                "{label}: {:.0} pps offered, {:.0} arrived",
+                u.offered_pps, u.pps
+            ));
+            u.pps
+        });
         self.progress("wrk");
         let url = format!("http://{}/", addr::INET);
         let c = measure::cps(tb, Node::Client(0), &url, a.secs, a.conns);
@@ -174,6 +183,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         tb: &tb,
         a: &a,
         errors: Vec::new(),
+        offered: Vec::new(),
     };
     let mut out = E2eBench::default();
 
@@ -203,6 +213,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
     out.ratio = out.starfabric.ratio(&out.kernel);
     out.ratio_lb = out.starfabric_lb.ratio(&out.kernel_dnat_lb);
     out.errors = r.errors;
+    out.setup.udp64 = r.offered;
     out.setup.secs = a.secs;
     out.setup.udp_flows = a.udp_flows;
     out.setup.wrk_connections = a.conns;
@@ -251,6 +262,9 @@ pub fn print(r: &E2eBench) {
     };
     ratio("ratio SNAT (sf/kernel)", &r.ratio);
     ratio("ratio LB (sf/kernel)", &r.ratio_lb);
+    for s in &r.setup.udp64 {
+        println!("udp64 {s}");
+    }
     for s in &r.setup.pp_stats {
         println!("{s}");
     }

@@ -2,11 +2,11 @@
 //!
 //! - [`tcp_gbps`]: one iperf3 TCP stream, client in a VPC, server at the internet host;
 //!   the receiver's byte count (`sum_received`).
-//! - [`udp64_pps`]: trafgen writes 64-byte frames (60 bytes + the 4-byte FCS a wire
-//!   would add: Ethernet 14, IPv4 20, UDP 8, payload 18) of `flows` UDP flows into the
-//!   client's VXLAN device, as fast as it can, for warm-up + `secs`; the rate is what
-//!   the internet host's nftables sink counted during the `secs` window, not what was
-//!   sent.
+//! - [`udp64_pps`]: trafgen sends 64-byte UDP frames (60 bytes + the 4-byte FCS a wire
+//!   would add: Ethernet 14, IPv4 20, UDP 8, payload 18) of `flows` UDP flows from a
+//!   VPC client, VXLAN-encapsulated toward the PP node as the client's VXLAN device
+//!   would, as fast as it can, for warm-up + `secs`; the rate is what the internet
+//!   host's nftables sink counted during the `secs` window, not what was sent.
 //! - [`cps`]: wrk with `Connection: close`, so every request is a new TCP connection;
 //!   successful connections/s are completed 2xx/3xx responses per second.
 
@@ -86,41 +86,141 @@ pub fn parse_iperf3(json: &str) -> Result<f64> {
         })
 }
 
-/// The trafgen configuration: 64-byte UDP frames from VPC `j`'s client to `dst`:9,
-/// `flows` source ports, as the client's VXLAN device would send them to its gateway.
-pub fn trafgen_conf(j: usize, dst: Ipv4Addr, flows: u16) -> String {
-    let hi = 10000 + flows.max(1) - 1;
+/// The trafgen configuration: VPC `j`'s client sending 64-byte UDP frames to `dst`:9
+/// from `flows` source ports (at most 256), already VXLAN-encapsulated toward the PP
+/// node, written straight onto the client's underlay veth (`outer_smac` → the router's
+/// `outer_dmac`). Encapsulating in trafgen rather than through the client's VXLAN device
+/// keeps the sender's kernel out of the measurement: trafgen alone then outruns any PP.
+///
+/// Checksums: both IPv4 header checksums are constant and computed here; both UDP
+/// checksums are 0 ("none", allowed for IPv4, and what VXLAN senders use outside), so
+/// the per-flow port bytes can vary without recomputing anything.
+pub fn trafgen_conf(
+    j: usize,
+    dst: std::net::Ipv4Addr,
+    flows: u16,
+    outer_dmac: [u8; 6],
+    outer_smac: [u8; 6],
+) -> String {
+    let flows = flows.clamp(1, 256);
+    let inner_len = 20 + 8 + 18;
+    let udp_outer_len = 8 + 8 + 14 + inner_len;
+    let outer_len = 20 + udp_outer_len;
+    let mut b: Vec<String> = Vec::new();
+    let hex = |v: &[u8]| v.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
+    let mac = |m: &str| -> Vec<u8> {
+        m.split(':')
+            .map(|p| u8::from_str_radix(p, 16).unwrap_or(0))
+            .collect()
+    };
+    // Outer Ethernet, IPv4 (DF, TTL 64, UDP) and UDP (source port 0xc0NN: a flow's
+    // hash, as Linux VXLAN senders vary it; destination 4789).
+    b.extend(hex(&outer_dmac));
+    b.extend(hex(&outer_smac));
+    b.extend(hex(&[0x08, 0x00]));
+    b.extend(hex(&ipv4_header(
+        outer_len as u16,
+        addr::client_underlay(j),
+        addr::PP,
+    )));
+    b.push("0xc0".into());
+    b.push(format!("dinc(0, {})", flows - 1));
+    b.extend(hex(&[0x12, 0xb5]));
+    b.extend(hex(&(udp_outer_len as u16).to_be_bytes()));
+    b.extend(hex(&[0, 0]));
+    // VXLAN: flags (VNI valid), VNI, reserved.
+    let v = crate::topo::vni::tenant(j).to_be_bytes();
+    b.extend(hex(&[0x08, 0, 0, 0, v[1], v[2], v[3], 0]));
+    // The inner frame, as the client's VXLAN device would carry it: 60 bytes.
+    b.extend(hex(&mac(&mac::tenant_gw(j))));
+    b.extend(hex(&mac(&mac::client(j))));
+    b.extend(hex(&[0x08, 0x00]));
+    b.extend(hex(&ipv4_header(inner_len as u16, addr::CLIENT, dst)));
+    // Inner UDP: source ports 10000.. (0x27 0x10+i), destination the sink's.
+    b.push("0x27".into());
+    b.push(format!("dinc(0x10, {})", 0x10 + flows - 1));
+    b.extend(hex(&SINK_PORT.to_be_bytes()));
+    b.extend(hex(&(8u16 + 18).to_be_bytes()));
+    b.extend(hex(&[0, 0]));
+    b.extend(hex(&[0x5f; 18]));
     format!(
-        "/* 64-byte frames on the wire: 14 + 20 + 8 + 18 bytes, plus the FCS */\n\
-         {{\n\
-         \x20 eth(da={}, sa={}, type=0x0800),\n\
-         \x20 ipv4(saddr={}, daddr={dst}, ttl=64, df),\n\
-         \x20 udp(sp=dinc(10000, {hi}), dp={SINK_PORT}),\n\
-         \x20 fill(0x5f, 18)\n\
-         }}\n",
-        mac::tenant_gw(j),
-        mac::client(j),
-        addr::CLIENT,
+        "/* 64-byte UDP frames (60 bytes + FCS) from VPC {j}, VXLAN-encapsulated: {} bytes */\n{{\n  {}\n}}\n",
+        14 + outer_len,
+        b.join(", ")
     )
+}
+
+/// An IPv4 header (no options, DF, TTL 64, UDP) with its checksum.
+fn ipv4_header(total_len: u16, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&total_len.to_be_bytes());
+    h[6] = 0x40;
+    h[8] = 64;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    h
+}
+
+/// The MAC address of `dev` in `n`'s namespace.
+pub fn dev_mac(tb: &Testbed, n: Node, dev: &str) -> Result<[u8; 6]> {
+    let out = tb.exec(n, &["ip", "-j", "link", "show", dev], cmd::CONFIG_LIMIT)?;
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Parse {
+        what: "ip -j link".into(),
+        msg: e.to_string(),
+    })?;
+    let s = v[0]["address"].as_str().unwrap_or_default();
+    let m: Vec<u8> = s
+        .split(':')
+        .filter_map(|p| u8::from_str_radix(p, 16).ok())
+        .collect();
+    m.try_into().map_err(|_| Error::Parse {
+        what: "ip -j link".into(),
+        msg: format!("no MAC for {dev}: {out}"),
+    })
+}
+
+/// What a 64-byte UDP run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Udp64 {
+    /// Packets/s that arrived at the sink: the result.
+    pub pps: f64,
+    /// Packets/s trafgen put on the client's underlay link (what was offered).
+    pub offered_pps: f64,
 }
 
 /// 64-byte UDP packets/s from VPC `j`'s client to the internet host's sink: trafgen runs
 /// for `warmup` (flows get their rules, queues fill) plus `secs`; the sink's count over
 /// the `secs` window, divided by its measured length.
-pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64) -> Result<f64> {
+pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64) -> Result<Udp64> {
+    let router_mac = dev_mac(tb, Node::Router, &format!("dc{j}"))?;
+    let client_mac = dev_mac(tb, Node::Client(j), "up0")?;
     let conf = tb.path(&format!("trafgen-c{j}.cfg"));
-    std::fs::write(&conf, trafgen_conf(j, addr::INET, flows))
-        .map_err(|e| Error::io(conf.display().to_string(), e))?;
+    std::fs::write(
+        &conf,
+        trafgen_conf(j, addr::INET, flows, router_mac, client_mac),
+    )
+    .map_err(|e| Error::io(conf.display().to_string(), e))?;
     let c = conf.display().to_string();
-    // One sender process (-P 1): the machine has few cores and the PP node needs one.
-    // --no-sock-mem/--notouch-irq: leave socket memory sysctls and IRQ affinities alone.
+    // One sender process (--cpus 1): the machine has few cores and the PP node needs
+    // one. --no-sock-mem/--notouch-irq: leave socket memory sysctls and IRQ affinities
+    // alone.
     let gen = tb.spawn(
         Node::Client(j),
         &format!("trafgen c{j}"),
         &[
             "trafgen",
             "--dev",
-            "vx0",
+            "up0",
             "--conf",
             &c,
             "--cpus",
@@ -135,15 +235,15 @@ pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64
             let log = std::fs::read_to_string(&gen.log).unwrap_or_default();
             return Err(Error::Setup(format!("trafgen exited: {log}")));
         }
-        let (t0, n0) = (Instant::now(), services::udp_sink_packets(tb)?);
+        let sent = |tb: &Testbed| tb.dev_counter(Node::Client(j), "up0", "tx_packets");
+        let (s0, t0, n0) = (sent(tb)?, Instant::now(), services::udp_sink_packets(tb)?);
         cmd::sleep(Duration::from_secs_f64(secs))?;
-        let (t1, n1) = (Instant::now(), services::udp_sink_packets(tb)?);
-        debug!(
-            packets = n1 - n0,
-            secs = (t1 - t0).as_secs_f64(),
-            "udp sink"
-        );
-        Ok((n1.saturating_sub(n0)) as f64 / (t1 - t0).as_secs_f64())
+        let (s1, t1, n1) = (sent(tb)?, Instant::now(), services::udp_sink_packets(tb)?);
+        let secs = (t1 - t0).as_secs_f64();
+        Ok(Udp64 {
+            pps: n1.saturating_sub(n0) as f64 / secs,
+            offered_pps: s1.saturating_sub(s0) as f64 / secs,
+        })
     })();
     tb.stop(&gen);
     result
@@ -300,12 +400,36 @@ Transfer/sec:      1.50MB\n";
     }
 
     #[test]
-    fn trafgen_frames_are_64_bytes_with_fcs() {
-        let c = trafgen_conf(0, addr::INET, 16);
-        assert!(c.contains("udp(sp=dinc(10000, 10015), dp=9)"));
-        assert!(c.contains("daddr=198.18.200.10"));
-        assert!(c.contains("fill(0x5f, 18)"));
-        assert_eq!(14 + 20 + 8 + 18 + 4, 64);
+    fn trafgen_frames_carry_64_byte_inner_frames() {
+        let c = trafgen_conf(0, addr::INET, 16, [2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let body = c.split('{').nth(1).unwrap().split('}').next().unwrap();
+        // The counters' own commas are not byte separators.
+        let body = body
+            .replace("dinc(0, 15)", "dinc(0;15)")
+            .replace("dinc(0x10, 31)", "dinc(0x10;31)");
+        let items: Vec<&str> = body.split(',').map(str::trim).collect();
+        // One item per byte (the dinc counters are one byte each).
+        assert_eq!(items.len(), 14 + 20 + 8 + 8 + 60);
+        assert_eq!(items.len() - 50 + 4, 64, "inner frame + FCS");
+        assert_eq!(items[50 + 34 + 1], "dinc(0x10;31)");
+        assert_eq!(items[14 + 20 + 1], "dinc(0;15)");
+        // VNI 100 in the VXLAN header.
+        assert_eq!(
+            &items[42..50],
+            ["0x08", "0x00", "0x00", "0x00", "0x00", "0x00", "0x64", "0x00"]
+        );
+        assert!(c.contains("110 bytes"));
+    }
+
+    #[test]
+    fn ipv4_header_checksum_verifies() {
+        let h = ipv4_header(96, addr::client_underlay(0), addr::PP);
+        let sum: u32 = h
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        assert_eq!(folded, 0xffff);
     }
 
     #[test]
