@@ -497,3 +497,44 @@ fn stun_classifies_the_snat_mapping_as_endpoint_independent() {
         "not endpoint-independent: {primary}"
     );
 }
+
+#[test]
+fn a_panic_mid_test_leaves_no_namespace_and_no_process() {
+    if !testbed::is_root() {
+        if std::env::var_os("CI").is_some() {
+            panic!("the e2e tests need root (network namespaces); CI runs as root");
+        }
+        println!("SKIP: needs root");
+        return;
+    }
+    let prefix = format!(
+        "{ROOT}{}-{}-",
+        std::process::id(),
+        RUN.fetch_add(1, Ordering::Relaxed)
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = prefix.clone();
+    // A thread that builds a testbed, starts servers in it, and panics while they run.
+    let outcome = std::thread::spawn(move || {
+        let res = Resources::new(&p);
+        let tb = Testbed::build(TopologySpec::new(&p).backends(1), res).unwrap();
+        let inet = services::start_inet(&tb, false).unwrap();
+        let backends = services::start_backends(&tb).unwrap();
+        tx.send((inet.nginx.proc.pid, backends[0].proc.pid, tb.nodes().len()))
+            .unwrap();
+        panic!("deliberate panic with the testbed up");
+    })
+    .join();
+    assert!(outcome.is_err(), "the thread was meant to panic");
+    let (nginx, backend, nodes) = rx.recv().unwrap();
+    assert!(nodes >= 8);
+    // Unwinding dropped the guard: no namespace, no process is left.
+    assert_eq!(namespaces_with_prefix(&prefix), Vec::<String>::new());
+    for pid in [nginx, backend] {
+        assert_eq!(
+            testbed::cleanup::start_time(pid),
+            None,
+            "process {pid} survived the panic"
+        );
+    }
+}
