@@ -40,6 +40,10 @@ pub struct E2eBenchArgs {
     /// nginx backends behind the load balancers.
     #[arg(long, default_value_t = 3)]
     pub backends: usize,
+    /// Give the kernel baselines RPS on the PP namespace's underlay link, so their
+    /// receive path spreads over every CPU (a veth has no RSS).
+    #[arg(long)]
+    pub kernel_rps: bool,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -73,6 +77,8 @@ pub struct Setup {
     pub cpus: usize,
     /// The PP node's last stats line of each starfabric run.
     pub pp_stats: Vec<String>,
+    /// Whether the kernel baselines had RPS on the PP namespace's underlay link.
+    pub kernel_rps: bool,
     /// Per 64-byte UDP run: what trafgen offered next to what arrived.
     pub udp64: Vec<String>,
 }
@@ -189,6 +195,9 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
 
     for mode in [KernelMode::Forward, KernelMode::Snat, KernelMode::DnatLb] {
         let k = baseline::start_kernel(&tb, mode)?;
+        if a.kernel_rps {
+            baseline::enable_rps(&tb, Node::Pp, "up0")?;
+        }
         let n = match mode {
             KernelMode::DnatLb => r.lb(mode.name()),
             _ => r.internet(mode.name()),
@@ -201,6 +210,10 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         }
     }
 
+    if a.kernel_rps {
+        // starfabric runs without it, as it always does.
+        baseline::disable_rps(&tb, Node::Pp, "up0")?;
+    }
     let p = start_platform(&tb, &bin, ChainKind::Snat, a.backends)?;
     out.starfabric = r.internet("starfabric SNAT");
     out.setup.pp_stats.push(p.pp_stats());
@@ -219,6 +232,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
     out.setup.wrk_connections = a.conns;
     out.setup.backends = a.backends;
     out.setup.cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    out.setup.kernel_rps = a.kernel_rps;
     drop(tb);
     res.cleanup();
     Ok(out)
@@ -230,8 +244,13 @@ fn cell(v: Option<f64>, unit: f64, prec: usize) -> String {
 
 pub fn print(r: &E2eBench) {
     println!(
-        "starfabric bench e2e: {} s per run, {} UDP flows, {} wrk connections, {} backends, {} CPUs",
-        r.setup.secs, r.setup.udp_flows, r.setup.wrk_connections, r.setup.backends, r.setup.cpus
+        "starfabric bench e2e: {} s per run, {} UDP flows, {} wrk connections, {} backends, {} CPUs{}",
+        r.setup.secs,
+        r.setup.udp_flows,
+        r.setup.wrk_connections,
+        r.setup.backends,
+        r.setup.cpus,
+        if r.setup.kernel_rps { ", kernel with RPS" } else { "" }
     );
     println!(
         "{:<24} {:>10} {:>14} {:>12}",

@@ -141,6 +141,26 @@ pub fn start_kernel(tb: &Testbed, mode: KernelMode) -> Result<Kernel> {
     Ok(k)
 }
 
+/// Spread the receive processing of `dev` in `n`'s namespace over every CPU (RPS): a
+/// veth has no RSS, so without it the whole kernel path of a packet runs on the CPU of
+/// whoever sent it into the veth. Returns the mask written.
+pub fn enable_rps(tb: &Testbed, n: Node, dev: &str) -> Result<String> {
+    let cpus = std::thread::available_parallelism()
+        .map_or(1, |c| c.get())
+        .min(32);
+    let mask = format!("{:x}", (1u64 << cpus) - 1);
+    // `ip netns exec` mounts a sysfs of the namespace, so the path names its `dev`.
+    let script = format!("echo {mask} > /sys/class/net/{dev}/queues/rx-0/rps_cpus");
+    cmd::in_ns(&tb.ns(n), &["sh", "-c", &script], CONFIG_LIMIT)?;
+    Ok(mask)
+}
+
+/// Undo [`enable_rps`].
+pub fn disable_rps(tb: &Testbed, n: Node, dev: &str) -> Result<()> {
+    let script = format!("echo 0 > /sys/class/net/{dev}/queues/rx-0/rps_cpus");
+    cmd::in_ns(&tb.ns(n), &["sh", "-c", &script], CONFIG_LIMIT).map(drop)
+}
+
 impl Kernel {
     /// Undo [`start_kernel`]: the devices and the nftables table go.
     pub fn stop(self, tb: &Testbed) {
