@@ -204,6 +204,9 @@ fn iperf3_tcp_through_snat_for_5_seconds() {
         p.pp_stats()
     );
     assert!(gbps > 0.0, "no throughput");
+    // Every datagram the PP node handed to its socket was taken by the kernel.
+    let stats = p.pp_stats();
+    assert_eq!(platform::field(&stats, "tx_errors"), Some(0), "{stats}");
 }
 
 /// Requests per backend name, from nginx bodies.

@@ -262,8 +262,22 @@ impl Testbed {
     }
 
     fn create(&self) -> Result<()> {
+        // The testbed is IPv4 only. Without IPv6, VXLAN devices send no router
+        // solicitations, MLD reports or DAD probes to the PP node, which would otherwise
+        // show up as misses and drops that no test traffic caused.
         for n in self.nodes() {
-            self.res.add_namespace(&self.ns(n))?;
+            let ns = self.ns(n);
+            self.res.add_namespace(&ns)?;
+            cmd::in_ns(
+                &ns,
+                &[
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ],
+                CONFIG_LIMIT,
+            )?;
         }
         let rt = self.ns(Node::Router);
         // Routers forward; nothing filters on the reverse path (replies of NATed flows
