@@ -135,8 +135,8 @@ impl Runner<'_> {
         );
         let udp64_pps = self.note(&format!("{label} udp64"), udp).map(|u| {
             self.offered.push(format!(
-                "{label}: {:.0} pps offered, {:.0} arrived",
-                u.offered_pps, u.pps
+                "{label}: {:.0} pps offered, {:.0} arrived, {:.0} dropped at the PP namespace's UDP socket buffers",
+                u.offered_pps, u.pps, u.pp_socket_drops_pps
             ));
             u.pps
         });

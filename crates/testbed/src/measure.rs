@@ -196,6 +196,33 @@ pub struct Udp64 {
     pub pps: f64,
     /// Packets/s trafgen put on the client's underlay link (what was offered).
     pub offered_pps: f64,
+    /// Datagrams/s the PP namespace's kernel dropped because a UDP socket's receive
+    /// buffer was full (`Udp: RcvbufErrors`): a PP node that could not keep up.
+    pub pp_socket_drops_pps: f64,
+}
+
+/// `Udp: RcvbufErrors` of the PP namespace (`/proc/net/snmp`).
+pub fn pp_rcvbuf_errors(tb: &Testbed) -> Result<u64> {
+    let snmp = tb.exec(Node::Pp, &["cat", "/proc/net/snmp"], cmd::CONFIG_LIMIT)?;
+    parse_snmp(&snmp, "Udp:", "RcvbufErrors")
+}
+
+/// A counter from `/proc/net/snmp` text: a header line and a value line per protocol.
+pub fn parse_snmp(text: &str, proto: &str, name: &str) -> Result<u64> {
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.starts_with(proto))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bad = || Error::Parse {
+        what: "/proc/net/snmp".into(),
+        msg: format!("no {proto} {name}"),
+    };
+    let [names, values] = rows.as_slice() else {
+        return Err(bad());
+    };
+    let i = names.iter().position(|n| *n == name).ok_or_else(bad)?;
+    values.get(i).and_then(|v| v.parse().ok()).ok_or_else(bad)
 }
 
 /// 64-byte UDP packets/s from VPC `j`'s client to the internet host's sink: trafgen runs
@@ -236,13 +263,16 @@ pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64
             return Err(Error::Setup(format!("trafgen exited: {log}")));
         }
         let sent = |tb: &Testbed| tb.dev_counter(Node::Client(j), "up0", "tx_packets");
-        let (s0, t0, n0) = (sent(tb)?, Instant::now(), services::udp_sink_packets(tb)?);
+        let (s0, r0) = (sent(tb)?, pp_rcvbuf_errors(tb)?);
+        let (t0, n0) = (Instant::now(), services::udp_sink_packets(tb)?);
         cmd::sleep(Duration::from_secs_f64(secs))?;
-        let (s1, t1, n1) = (sent(tb)?, Instant::now(), services::udp_sink_packets(tb)?);
+        let (t1, n1) = (Instant::now(), services::udp_sink_packets(tb)?);
+        let (s1, r1) = (sent(tb)?, pp_rcvbuf_errors(tb)?);
         let secs = (t1 - t0).as_secs_f64();
         Ok(Udp64 {
             pps: n1.saturating_sub(n0) as f64 / secs,
             offered_pps: s1.saturating_sub(s0) as f64 / secs,
+            pp_socket_drops_pps: r1.saturating_sub(r0) as f64 / secs,
         })
     })();
     tb.stop(&gen);
@@ -430,6 +460,15 @@ Transfer/sec:      1.50MB\n";
             .sum();
         let folded = (sum & 0xffff) + (sum >> 16);
         assert_eq!(folded, 0xffff);
+    }
+
+    #[test]
+    fn snmp_counters() {
+        let t = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors\nUdp: 10 0 5 7 4\n";
+        assert_eq!(parse_snmp(t, "Udp:", "RcvbufErrors").unwrap(), 4);
+        assert_eq!(parse_snmp(t, "Udp:", "InDatagrams").unwrap(), 10);
+        assert!(parse_snmp(t, "Udp:", "Nope").is_err());
+        assert!(parse_snmp(t, "Tcp:", "InSegs").is_err());
     }
 
     #[test]
