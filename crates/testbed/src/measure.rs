@@ -238,6 +238,10 @@ pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64
     )
     .map_err(|e| Error::io(conf.display().to_string(), e))?;
     let c = conf.display().to_string();
+    // Stopped after warm-up + `secs`; the packet count is only a second bound, at a rate
+    // (3 Mpps) no sender reaches here.
+    let num = ((warmup.as_secs_f64() + secs + 5.0) * 3e6) as u64;
+    let num = num.to_string();
     // One sender process (--cpus 1): the machine has few cores and the PP node needs
     // one. --no-sock-mem/--notouch-irq: leave socket memory sysctls and IRQ affinities
     // alone.
@@ -254,6 +258,8 @@ pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64
             "1",
             "--no-sock-mem",
             "--notouch-irq",
+            "--num",
+            &num,
         ],
     )?;
     let result = (|| {
