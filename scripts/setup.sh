@@ -17,6 +17,11 @@ APT_PACKAGES=(
     # The store crate's tests start their own /usr/bin/etcd on random loopback
     # ports with a temp data dir; etcdctl (etcd-client) is for debugging.
     etcd-server etcd-client
+    # The netns testbed and its end-to-end tests (crates/testbed): real traffic tools.
+    # Their packaged daemons (nginx, stun-server) are not used: the tests start their
+    # own instances inside namespaces (see policy-rc.d below).
+    iperf3 nginx-light wrk curl netcat-openbsd stun-client stun-server
+    nftables netsniff-ng
 )
 
 # ---- apt packages -----------------------------------------------------------
@@ -40,10 +45,13 @@ else
     fi
     step "apt packages: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    # etcd-server's postinst starts a system etcd (init script, 127.0.0.1:2379)
-    # and fails the install if that start fails. We never use a system etcd, so
-    # deny service starts for this install through Debian's policy-rc.d hook,
-    # unless the machine already has a policy (containers usually deny already).
+    # etcd-server, nginx, iperf3 and stun-server ship init scripts that invoke-rc.d
+    # would start: a system etcd on 127.0.0.1:2379 (whose failed start fails the
+    # install) and daemons in the host namespace on :80, :5201, :3478. Nothing here
+    # uses them: the store tests start their own etcd, the testbed its own nginx,
+    # iperf3 and STUN servers inside its namespaces. A policy-rc.d answering 101
+    # ("action forbidden") keeps them stopped during the install; one already present
+    # (container images ship one) is left as it is.
     policy=/usr/sbin/policy-rc.d
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\n# starfabric setup.sh: no service starts during install\nexit 101\n' \

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod bench_e2e;
 mod bench_setup;
 mod cli;
 mod demo;
@@ -20,6 +21,7 @@ mod orchestrator_cmd;
 mod pp_cmd;
 mod sc_cmd;
 mod up;
+mod testbed_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -100,6 +102,9 @@ enum Cmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// The netns testbed: `up`, `down`, `status`.
+    #[command(subcommand)]
+    Testbed(testbed_cmd::TestbedCmd),
 }
 
 fn main() -> Result<()> {
@@ -138,5 +143,6 @@ fn main() -> Result<()> {
             watch,
             count,
         ),
+        Cmd::Testbed(c) => testbed_cmd::run(c),
     }
 }

@@ -1,0 +1,293 @@
+//! `starfabric bench e2e`: starfabric next to the Linux kernel on the netns testbed,
+//! with the same traffic from the same client: TCP Gbit/s (iperf3), 64-byte UDP
+//! packets/s (trafgen, counted at the receiver), new TCP connections/s (wrk with
+//! `Connection: close` against nginx).
+//!
+//! Runs, in one topology, one after the other: the kernel routing only, the kernel with
+//! nftables SNAT, the kernel as an nftables DNAT load balancer; then starfabric with a
+//! SNAT chain, and starfabric with an LB chain. The ratio is starfabric SNAT over
+//! kernel nftables SNAT. Every measurement is bounded in time; a failed one is
+//! reported as missing (null) with its error, and the run goes on.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+use testbed::baseline::{self, KernelMode};
+use testbed::measure::{self, Numbers};
+use testbed::platform::{self, Platform, PlatformSpec};
+use testbed::topo::{addr, vni, Node};
+use testbed::{services, Resources, Testbed, TopologySpec};
+
+use crate::testbed_cmd::{tenant_chain, ChainKind};
+
+#[derive(Args, Clone, Debug)]
+pub struct E2eBenchArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 4)]
+    pub secs: u32,
+    /// UDP flows (source ports) of the packets/s run.
+    #[arg(long, default_value_t = 16)]
+    pub udp_flows: u16,
+    /// Concurrent wrk connections.
+    #[arg(long, default_value_t = 32)]
+    pub conns: u32,
+    /// nginx backends behind the load balancers.
+    #[arg(long, default_value_t = 3)]
+    pub backends: usize,
+    /// Give the kernel baselines RPS on the PP namespace's underlay link, so their
+    /// receive path spreads over every CPU (a veth has no RSS).
+    #[arg(long)]
+    pub kernel_rps: bool,
+}
+
+/// Results; field names are the documented JSON interface.
+#[derive(Serialize, Debug, Default)]
+pub struct E2eBench {
+    /// starfabric with a SNAT chain.
+    pub starfabric: Numbers,
+    /// The kernel with nftables SNAT: the baseline of `ratio`.
+    pub kernel: Numbers,
+    /// starfabric / kernel.
+    pub ratio: Numbers,
+    /// The kernel routing only (no NAT).
+    pub kernel_forward: Numbers,
+    /// The kernel as an nftables DNAT load balancer (cps against the VIP).
+    pub kernel_dnat_lb: Numbers,
+    /// starfabric with an LB chain (cps against the VIP).
+    pub starfabric_lb: Numbers,
+    /// starfabric_lb / kernel_dnat_lb.
+    pub ratio_lb: Numbers,
+    pub setup: Setup,
+    /// Measurements that failed, with why.
+    pub errors: Vec<String>,
+}
+
+#[derive(Serialize, Debug, Default)]
+pub struct Setup {
+    pub secs: u32,
+    pub udp_flows: u16,
+    pub wrk_connections: u32,
+    pub backends: usize,
+    pub cpus: usize,
+    /// The PP node's last stats line of each starfabric run.
+    pub pp_stats: Vec<String>,
+    /// Whether the kernel baselines had RPS on the PP namespace's underlay link.
+    pub kernel_rps: bool,
+    /// Per 64-byte UDP run: what trafgen offered next to what arrived.
+    pub udp64: Vec<String>,
+}
+
+/// Start the platform under test. The one place that knows how starfabric is started
+/// (today: FM, SC and PP processes from an FM configuration file; later the
+/// orchestrator's `starfabric up`).
+fn start_platform(tb: &Testbed, bin: &Path, chain: ChainKind, backends: usize) -> Result<Platform> {
+    let c = tenant_chain(chain, 0, backends)?;
+    let spec = PlatformSpec::new(vec![c], vec![(vni::tenant(0), 1, 1)]);
+    Ok(platform::start_starfabric(tb, bin, &spec)?)
+}
+
+struct Runner<'a> {
+    tb: &'a Testbed,
+    a: &'a E2eBenchArgs,
+    errors: Vec<String>,
+    offered: Vec<String>,
+}
+
+impl Runner<'_> {
+    fn note<T>(&mut self, what: &str, r: testbed::Result<T>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let msg = format!("{what}: {e}");
+                eprintln!("bench e2e: {msg}");
+                self.errors.push(msg);
+                None
+            }
+        }
+    }
+
+    fn progress(&self, what: &str) {
+        if !self.a.json {
+            eprint!("bench e2e: {what} ... ");
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    /// TCP, UDP and cps through to the internet host.
+    fn internet(&mut self, label: &str) -> Numbers {
+        let (tb, a) = (self.tb, self.a);
+        self.progress(&format!("{label}: iperf3"));
+        let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, a.secs);
+        let tcp_gbps = self.note(&format!("{label} tcp"), tcp);
+        self.progress("trafgen");
+        let udp = measure::udp64_pps(
+            tb,
+            0,
+            a.udp_flows,
+            std::time::Duration::from_secs(1),
+            f64::from(a.secs),
+        );
+        let udp64_pps = self.note(&format!("{label} udp64"), udp).map(|u| {
+            self.offered.push(format!(
+                "{label}: {:.0} pps offered, {:.0} arrived, {:.0} dropped at the PP namespace's UDP socket buffers",
+                u.offered_pps, u.pps, u.pp_socket_drops_pps
+            ));
+            u.pps
+        });
+        self.progress("wrk");
+        let url = format!("http://{}/", addr::INET);
+        let c = measure::cps(tb, Node::Client(0), &url, a.secs, a.conns);
+        let cps = self.note(&format!("{label} cps"), c);
+        if !a.json {
+            eprintln!("done");
+        }
+        Numbers {
+            tcp_gbps,
+            udp64_pps,
+            cps,
+        }
+    }
+
+    /// cps against the VIP.
+    fn lb(&mut self, label: &str) -> Numbers {
+        self.progress(&format!("{label}: wrk"));
+        let url = format!("http://{}/", addr::VIP);
+        let c = measure::cps(self.tb, Node::Client(0), &url, self.a.secs, self.a.conns);
+        let cps = self.note(&format!("{label} cps"), c);
+        if !self.a.json {
+            eprintln!("done");
+        }
+        Numbers {
+            cps,
+            ..Numbers::default()
+        }
+    }
+}
+
+pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
+    testbed::install_signal_cleanup()?;
+    testbed::check_prerequisites()?;
+    testbed::sweep_stale("sfb-");
+    let prefix = format!("sfb-{}-", std::process::id());
+    let res = Resources::new(&prefix);
+    let tb = Testbed::build(
+        TopologySpec::new(&prefix)
+            .tenants(1)
+            .backends(a.backends.max(1)),
+        res.clone(),
+    )?;
+    services::start_inet(&tb, false)?;
+    services::start_backends(&tb)?;
+    let bin: PathBuf = std::env::current_exe()?;
+    let mut r = Runner {
+        tb: &tb,
+        a: &a,
+        errors: Vec::new(),
+        offered: Vec::new(),
+    };
+    let mut out = E2eBench::default();
+
+    for mode in [KernelMode::Forward, KernelMode::Snat, KernelMode::DnatLb] {
+        let k = baseline::start_kernel(&tb, mode)?;
+        if a.kernel_rps {
+            baseline::enable_rps(&tb, Node::Pp, "up0")?;
+        }
+        let n = match mode {
+            KernelMode::DnatLb => r.lb(mode.name()),
+            _ => r.internet(mode.name()),
+        };
+        k.stop(&tb);
+        match mode {
+            KernelMode::Forward => out.kernel_forward = n,
+            KernelMode::Snat => out.kernel = n,
+            KernelMode::DnatLb => out.kernel_dnat_lb = n,
+        }
+    }
+
+    if a.kernel_rps {
+        // starfabric runs without it, as it always does.
+        baseline::disable_rps(&tb, Node::Pp, "up0")?;
+    }
+    let p = start_platform(&tb, &bin, ChainKind::Snat, a.backends)?;
+    out.starfabric = r.internet("starfabric SNAT");
+    out.setup.pp_stats.push(p.pp_stats());
+    p.stop(&tb);
+    let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends)?;
+    out.starfabric_lb = r.lb("starfabric LB");
+    out.setup.pp_stats.push(p.pp_stats());
+    p.stop(&tb);
+
+    out.ratio = out.starfabric.ratio(&out.kernel);
+    out.ratio_lb = out.starfabric_lb.ratio(&out.kernel_dnat_lb);
+    out.errors = r.errors;
+    out.setup.udp64 = r.offered;
+    out.setup.secs = a.secs;
+    out.setup.udp_flows = a.udp_flows;
+    out.setup.wrk_connections = a.conns;
+    out.setup.backends = a.backends;
+    out.setup.cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    out.setup.kernel_rps = a.kernel_rps;
+    drop(tb);
+    res.cleanup();
+    Ok(out)
+}
+
+fn cell(v: Option<f64>, unit: f64, prec: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{:.*}", prec, v / unit))
+}
+
+pub fn print(r: &E2eBench) {
+    println!(
+        "starfabric bench e2e: {} s per run, {} UDP flows, {} wrk connections, {} backends, {} CPUs{}",
+        r.setup.secs,
+        r.setup.udp_flows,
+        r.setup.wrk_connections,
+        r.setup.backends,
+        r.setup.cpus,
+        if r.setup.kernel_rps { ", kernel with RPS" } else { "" }
+    );
+    println!(
+        "{:<24} {:>10} {:>14} {:>12}",
+        "", "TCP Gbit/s", "UDP64 kpps", "conn/s"
+    );
+    let row = |name: &str, n: &Numbers| {
+        println!(
+            "{:<24} {:>10} {:>14} {:>12}",
+            name,
+            cell(n.tcp_gbps, 1.0, 2),
+            cell(n.udp64_pps, 1e3, 1),
+            cell(n.cps, 1.0, 0)
+        );
+    };
+    row("starfabric SNAT", &r.starfabric);
+    row("kernel nft SNAT", &r.kernel);
+    row("kernel forward", &r.kernel_forward);
+    row("starfabric LB", &r.starfabric_lb);
+    row("kernel nft DNAT LB", &r.kernel_dnat_lb);
+    let ratio = |name: &str, n: &Numbers| {
+        println!(
+            "{:<24} {:>10} {:>14} {:>12}",
+            name,
+            cell(n.tcp_gbps, 1.0, 2),
+            cell(n.udp64_pps, 1.0, 2),
+            cell(n.cps, 1.0, 2)
+        );
+    };
+    ratio("ratio SNAT (sf/kernel)", &r.ratio);
+    ratio("ratio LB (sf/kernel)", &r.ratio_lb);
+    for s in &r.setup.udp64 {
+        println!("udp64 {s}");
+    }
+    for s in &r.setup.pp_stats {
+        println!("{s}");
+    }
+    for e in &r.errors {
+        println!("error: {e}");
+    }
+}

@@ -1,0 +1,543 @@
+//! End to end with real tools: each test builds its own netns testbed (crates/testbed),
+//! starts starfabric in it from an FM configuration file (FM and three SC nodes in the
+//! control namespace, a PP node in the PP namespace), and drives real traffic through it
+//! with curl, iperf3, nginx, wrk, nc and the STUN client and server.
+//!
+//! Every test's namespaces carry a prefix of its own (`sft-<pid>-<n>-`); the `Lab` guard
+//! deletes them and the processes in them when the test ends, passes or panics, and then
+//! asserts none is left. Namespaces of earlier runs that died without cleaning up
+//! (SIGKILL) are swept at the start.
+//!
+//! Needs root and the tools scripts/setup.sh installs. Without root the tests skip with
+//! a message, except under CI (the `CI` variable set), where that is a failure: CI runs
+//! as root, so a skip there would hide that nothing ran.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nfs::fw::{AclAction, AclProto};
+use proto::ChainDef;
+use testbed::chains::{self, Toward};
+use testbed::cleanup::namespaces_with_prefix;
+use testbed::measure;
+use testbed::platform::{self, Platform, PlatformSpec};
+use testbed::services::{self, Nginx};
+use testbed::topo::{addr, vni, Node};
+use testbed::{Resources, Testbed, TopologySpec};
+
+const BIN: &str = env!("CARGO_BIN_EXE_starfabric");
+const ROOT: &str = "sft-";
+static RUN: AtomicUsize = AtomicUsize::new(0);
+
+/// A test's testbed; deletes it on drop and checks nothing is left.
+struct Lab {
+    tb: Option<Testbed>,
+    res: Arc<Resources>,
+    prefix: String,
+}
+
+impl Lab {
+    /// A topology with `tenants` VPCs and `backends` nginx backends, or None (skip) when
+    /// not root outside CI.
+    fn new(tenants: usize, backends: usize) -> Option<Lab> {
+        if !testbed::is_root() {
+            if std::env::var_os("CI").is_some() {
+                panic!("the e2e tests need root (network namespaces); CI runs as root");
+            }
+            println!("SKIP: the e2e tests need root (network namespaces, veth, nftables)");
+            return None;
+        }
+        testbed::check_prerequisites().expect("prerequisites (run scripts/setup.sh)");
+        testbed::install_signal_cleanup().expect("signal handlers");
+        testbed::sweep_stale(ROOT);
+        let prefix = format!(
+            "{ROOT}{}-{}-",
+            std::process::id(),
+            RUN.fetch_add(1, Ordering::Relaxed)
+        );
+        let res = Resources::new(&prefix);
+        let tb = Testbed::build(
+            TopologySpec::new(&prefix)
+                .tenants(tenants)
+                .backends(backends),
+            res.clone(),
+        )
+        .expect("build the testbed");
+        Some(Lab {
+            tb: Some(tb),
+            res,
+            prefix,
+        })
+    }
+
+    fn tb(&self) -> &Testbed {
+        self.tb.as_ref().unwrap()
+    }
+
+    /// starfabric with `chains`, chain `i` serving VPC `i` (tenant i+1, chain 1).
+    fn start(&self, chains: Vec<ChainDef>) -> Platform {
+        let vpcs = chains
+            .iter()
+            .enumerate()
+            .map(|(j, c)| (vni::tenant(j), c.tenant, c.chain))
+            .collect();
+        platform::start_starfabric(self.tb(), Path::new(BIN), &PlatformSpec::new(chains, vpcs))
+            .expect("start starfabric")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        drop(self.tb.take());
+        self.res.cleanup();
+        let left = namespaces_with_prefix(&self.prefix);
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!("namespaces survived the cleanup: {left:?}");
+        }
+        let host_links = testbed::cmd::ip(&["-o", "link"]).unwrap_or_default();
+        assert!(
+            !host_links.contains(&self.prefix),
+            "a device of this run is in the host namespace"
+        );
+    }
+}
+
+/// `curl` from VPC `j`'s client, bounded; its stdout (the body) or a panic.
+fn curl(tb: &Testbed, j: usize, url: &str) -> String {
+    let out = tb
+        .exec_full(
+            Node::Client(j),
+            &["curl", "-sS", "--max-time", "5", url],
+            Duration::from_secs(10),
+        )
+        .expect("run curl");
+    assert!(
+        out.ok(),
+        "curl {url} from c{j}: {}: {}",
+        out.status,
+        out.stderr
+    );
+    out.stdout
+}
+
+/// `<name> <addr>:<port>` from an nginx body.
+fn peer(body: &str) -> (String, Ipv4Addr, u16) {
+    let mut w = body.split_whitespace();
+    let name = w.next().unwrap_or_default().to_string();
+    let (a, p) = w
+        .next()
+        .and_then(|s| s.split_once(':'))
+        .unwrap_or_else(|| panic!("unexpected body {body:?}"));
+    (name, a.parse().unwrap(), p.parse().unwrap())
+}
+
+/// The chain of VPC `j` with SNAT only.
+fn snat_chain(j: usize) -> ChainDef {
+    chains::chain(j as u32 + 1, 1, j, Toward::Internet, &[chains::snat(j)]).unwrap()
+}
+
+#[test]
+fn curl_through_snat_reaches_the_internet_from_the_pool_address() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    let inet = services::start_inet(tb, false).unwrap();
+    let p = lab.start(vec![snat_chain(0)]);
+    let url = format!("http://{}/", addr::INET);
+    for i in 0..5 {
+        let body = curl(tb, 0, &url);
+        let (name, src, port) = peer(&body);
+        assert_eq!(name, "inet", "request {i}: {body}");
+        assert_eq!(
+            src,
+            addr::pool(0),
+            "request {i}: the server sees the pool address"
+        );
+        assert!(
+            port >= 1024,
+            "request {i}: port {port} from the pool's range"
+        );
+    }
+    // The server's own log agrees: every request came from the pool address.
+    let log = inet.nginx.access_log();
+    assert_eq!(log.len(), 5, "{log:?}");
+    for l in &log {
+        assert!(l.starts_with(&format!("{} ", addr::pool(0))), "{l}");
+        assert!(!l.contains(&addr::CLIENT.to_string()), "{l}");
+    }
+    // The PP node asked for a rule per connection (its stats line comes every second).
+    let stats = pp_stats_when(&p, |s| platform::field(s, "misses").unwrap_or(0) >= 5);
+    assert!(
+        platform::field(&stats, "misses").unwrap_or(0) >= 5,
+        "{stats}"
+    );
+    assert!(platform::field(&stats, "hits").unwrap_or(0) > 0, "{stats}");
+}
+
+/// The PP node's stats line once `ok` holds for it (it prints one a second), or the last
+/// one after 5 s (for the caller's assertion to show).
+fn pp_stats_when(p: &Platform, ok: impl Fn(&str) -> bool) -> String {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = p.pp_stats();
+        if ok(&s) || std::time::Instant::now() > end {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn iperf3_tcp_through_snat_for_5_seconds() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    let p = lab.start(vec![snat_chain(0)]);
+    // An iperf3 error (connection refused, reset, no data) is an Err here.
+    let gbps = measure::tcp_gbps(tb, Node::Client(0), addr::INET, 5)
+        .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
+    println!(
+        "iperf3 through starfabric SNAT: {gbps:.3} Gbit/s; {}",
+        p.pp_stats()
+    );
+    assert!(gbps > 0.0, "no throughput");
+    // Every datagram the PP node handed to its socket was taken by the kernel.
+    let stats = p.pp_stats();
+    assert_eq!(platform::field(&stats, "tx_errors"), Some(0), "{stats}");
+}
+
+/// Requests per backend name, from nginx bodies.
+fn shares(bodies: &[String]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for b in bodies {
+        *m.entry(peer(b).0).or_insert(0) += 1;
+    }
+    m
+}
+
+#[test]
+fn lb_spreads_new_connections_over_nginx_backends_and_keeps_a_connection_on_one() {
+    const K: usize = 3;
+    let Some(lab) = Lab::new(1, K) else { return };
+    let tb = lab.tb();
+    let backends: Vec<Nginx> = services::start_backends(tb).unwrap();
+    let chain = chains::chain(1, 1, 0, Toward::Services, &[chains::lb(K)]).unwrap();
+    let p = lab.start(vec![chain]);
+    let url = format!("http://{}/", addr::VIP);
+
+    // New connections: wrk with `Connection: close`, each request a new flow for the LB.
+    let r = measure::wrk(tb, Node::Client(0), &url, 2, 8, true).unwrap();
+    let n: usize = backends.iter().map(|b| b.access_log().len()).sum();
+    println!("wrk: {r:?}; access log lines {n}; {}", p.pp_stats());
+    assert!(n >= 150, "too few requests to judge the spread: {n}");
+    assert!(r.non_2xx == 0, "{r:?}");
+    // Each backend's share is Binomial(n, 1/K) for a uniform hash; allow 6 standard
+    // deviations either side (a false failure about once in 10^8 runs).
+    let (mean, sd) = (
+        n as f64 / K as f64,
+        (n as f64 * (1.0 / K as f64) * (1.0 - 1.0 / K as f64)).sqrt(),
+    );
+    for b in &backends {
+        let c = b.access_log().len() as f64;
+        assert!(
+            (c - mean).abs() <= 6.0 * sd,
+            "{}: {c} of {n} requests (expected {mean:.0} ± {:.0})",
+            b.name,
+            6.0 * sd
+        );
+        // The LB rewrites the destination only: backends see the client itself.
+        assert!(
+            b.access_log()
+                .iter()
+                .all(|l| l.starts_with(&format!("{} ", addr::CLIENT))),
+            "{}",
+            b.name
+        );
+    }
+
+    // One keep-alive connection: curl fetches 20 URLs over one connection, so every
+    // answer must come from the same backend, to the same client port.
+    let urls: Vec<String> = (0..20)
+        .map(|i| format!("http://{}/?i={i}", addr::VIP))
+        .collect();
+    let mut argv = vec!["curl", "-sS", "--max-time", "10"];
+    argv.extend(urls.iter().map(String::as_str));
+    let out = tb
+        .exec(Node::Client(0), &argv, Duration::from_secs(15))
+        .unwrap();
+    let bodies: Vec<String> = out.lines().map(str::to_string).collect();
+    assert_eq!(bodies.len(), 20, "{out}");
+    let first = peer(&bodies[0]);
+    for b in &bodies {
+        assert_eq!(peer(b), first, "a keep-alive connection moved: {bodies:?}");
+    }
+    // And a curl loop of new connections reaches more than one backend.
+    let loop_bodies: Vec<String> = (0..12).map(|_| curl(tb, 0, &url)).collect();
+    assert!(shares(&loop_bodies).len() > 1, "{loop_bodies:?}");
+}
+
+/// Count TCP packets to `port` arriving at the internet host (nft counter).
+fn count_port(tb: &Testbed, port: u16) {
+    testbed::cmd::nft(
+        &tb.ns(Node::Inet),
+        &format!(
+            "table inet sfcount {{\n counter p{port} {{ }}\n chain input {{ type filter hook input priority -10; policy accept; tcp dport {port} counter name \"p{port}\"; }}\n}}\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn counted(tb: &Testbed, port: u16) -> u64 {
+    let out = tb
+        .exec(
+            Node::Inet,
+            &[
+                "nft",
+                "-j",
+                "list",
+                "counter",
+                "inet",
+                "sfcount",
+                &format!("p{port}"),
+            ],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["nftables"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|o| o["counter"]["packets"].as_u64()))
+        .unwrap()
+}
+
+/// `nc -z` from VPC 0's client to the internet host's `port`: did it connect?
+fn nc_connects(tb: &Testbed, port: u16) -> bool {
+    tb.exec_full(
+        Node::Client(0),
+        &[
+            "nc",
+            "-z",
+            "-w",
+            "2",
+            &addr::INET.to_string(),
+            &port.to_string(),
+        ],
+        Duration::from_secs(10),
+    )
+    .unwrap()
+    .ok()
+}
+
+/// An nc listener on the internet host's `port` (it accepts, so an allowed connect
+/// succeeds).
+fn nc_listen(tb: &Testbed, port: u16) {
+    let p = tb
+        .spawn(
+            Node::Inet,
+            &format!("nc listen {port}"),
+            &["nc", "-l", "-k", &addr::INET.to_string(), &port.to_string()],
+        )
+        .unwrap();
+    testbed::cmd::wait_for("nc listening", Duration::from_secs(5), || {
+        let ss = tb.exec(Node::Inet, &["ss", "-Hltn"], Duration::from_secs(5))?;
+        Ok(ss.contains(&format!(":{port} ")).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", std::fs::read_to_string(&p.log)));
+}
+
+/// FW rules of the firewall tests: TCP 80 and 8081 allowed, TCP 8080 denied, the rest
+/// denied by default.
+fn fw_rules(tenant: u32) -> nfs::NfConfig {
+    chains::fw(
+        tenant,
+        vec![
+            chains::acl(AclAction::Allow, AclProto::Tcp, 80),
+            chains::acl(AclAction::Deny, AclProto::Tcp, 8080),
+            chains::acl(AclAction::Allow, AclProto::Tcp, 8081),
+        ],
+        AclAction::Deny,
+    )
+}
+
+#[test]
+fn firewall_allows_and_denies_and_replies_of_allowed_flows_come_back() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    for port in [8080, 8081, 8082] {
+        nc_listen(tb, port);
+        count_port(tb, port);
+    }
+    let chain = chains::chain(1, 1, 0, Toward::Internet, &[fw_rules(1)]).unwrap();
+    let p = lab.start(vec![chain]);
+
+    // Allowed: the request arrives, and the reply comes back through the reverse rule.
+    // Without NAT the server sees the client's own address.
+    let (name, src, _) = peer(&curl(tb, 0, &format!("http://{}/", addr::INET)));
+    assert_eq!((name.as_str(), src), ("inet", addr::CLIENT));
+    assert!(nc_connects(tb, 8081), "allowed TCP 8081 did not connect");
+    assert!(counted(tb, 8081) >= 1);
+    // Denied by a rule and by the default: not a single packet reaches the server.
+    assert!(!nc_connects(tb, 8080), "denied TCP 8080 connected");
+    assert!(!nc_connects(tb, 8082), "TCP 8082 (default deny) connected");
+    assert_eq!(counted(tb, 8080), 0, "a denied SYN reached the server");
+    assert_eq!(counted(tb, 8082), 0, "a denied SYN reached the server");
+    let stats = pp_stats_when(&p, |s| s.contains("rule:acl-deny="));
+    assert!(stats.contains("rule:acl-deny="), "{stats}");
+}
+
+#[test]
+fn fw_then_snat_chain() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    let inet = services::start_inet(tb, false).unwrap();
+    nc_listen(tb, 8080);
+    count_port(tb, 8080);
+    let chain = chains::chain(1, 1, 0, Toward::Internet, &[fw_rules(1), chains::snat(0)]).unwrap();
+    let p = lab.start(vec![chain]);
+
+    // Allowed by the firewall, then translated: the server sees the pool address.
+    let (name, src, _) = peer(&curl(tb, 0, &format!("http://{}/", addr::INET)));
+    assert_eq!((name.as_str(), src), ("inet", addr::pool(0)));
+    assert!(inet.nginx.access_log()[0].starts_with(&format!("{} ", addr::pool(0))));
+    // Denied before SNAT ever sees it.
+    assert!(!nc_connects(tb, 8080));
+    assert_eq!(counted(tb, 8080), 0);
+    let stats = pp_stats_when(&p, |s| s.contains("rule:acl-deny="));
+    assert!(stats.contains("rule:acl-deny="), "{stats}");
+    assert!(!stats.contains("snat-"), "SNAT refused something: {stats}");
+}
+
+#[test]
+fn two_tenants_with_overlapping_addresses_are_kept_apart_by_vni() {
+    let Some(lab) = Lab::new(2, 0) else { return };
+    let tb = lab.tb();
+    let inet = services::start_inet(tb, false).unwrap();
+    let _p = lab.start(vec![snat_chain(0), snat_chain(1)]);
+    let url = format!("http://{}/", addr::INET);
+    // Both clients are 198.19.1.2 and use the very same source port: the inner 5-tuples
+    // are identical, only the VNI differs.
+    for round in 0..3 {
+        let port = (40000 + round).to_string();
+        let run = |j: usize| {
+            let tb = lab.tb();
+            let url = url.clone();
+            let port = port.clone();
+            move || {
+                tb.exec_full(
+                    Node::Client(j),
+                    &[
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "5",
+                        "--local-port",
+                        &port,
+                        &url,
+                    ],
+                    Duration::from_secs(10),
+                )
+                .unwrap()
+            }
+        };
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(run(0));
+            let b = s.spawn(run(1));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(a.ok() && b.ok(), "{a:?} {b:?}");
+        let (pa, pb) = (peer(&a.stdout), peer(&b.stdout));
+        assert_eq!(pa.1, addr::pool(0), "tenant 1 leaves from its own pool");
+        assert_eq!(pb.1, addr::pool(1), "tenant 2 leaves from its own pool");
+    }
+    let log = inet.nginx.access_log();
+    assert_eq!(log.len(), 6, "{log:?}");
+    for pool in [addr::pool(0), addr::pool(1)] {
+        assert_eq!(
+            log.iter()
+                .filter(|l| l.starts_with(&format!("{pool} ")))
+                .count(),
+            3,
+            "{log:?}"
+        );
+    }
+}
+
+#[test]
+fn stun_classifies_the_snat_mapping_as_endpoint_independent() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, true).unwrap();
+    let p = lab.start(vec![snat_chain(0)]);
+    // The client exits with a bit mask of what it found, so its status is not 0 on
+    // success; judge by what it prints.
+    let out = tb
+        .exec_full(
+            Node::Client(0),
+            &["stun", &addr::INET.to_string(), "-v"],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let primary = text
+        .lines()
+        .find(|l| l.starts_with("Primary:"))
+        .unwrap_or_else(|| panic!("no classification: {text}; pp: {}", p.pp_stats()));
+    println!("stun: {primary}");
+    assert!(
+        text.contains("is nat  = 1"),
+        "the client must see a NAT: {text}"
+    );
+    assert!(
+        text.contains("mapped IP same = 1"),
+        "the same mapping toward both server addresses: {text}"
+    );
+    assert!(
+        primary.contains("Independent Mapping"),
+        "not endpoint-independent: {primary}"
+    );
+}
+
+#[test]
+fn a_panic_mid_test_leaves_no_namespace_and_no_process() {
+    if !testbed::is_root() {
+        if std::env::var_os("CI").is_some() {
+            panic!("the e2e tests need root (network namespaces); CI runs as root");
+        }
+        println!("SKIP: needs root");
+        return;
+    }
+    let prefix = format!(
+        "{ROOT}{}-{}-",
+        std::process::id(),
+        RUN.fetch_add(1, Ordering::Relaxed)
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = prefix.clone();
+    // A thread that builds a testbed, starts servers in it, and panics while they run.
+    let outcome = std::thread::spawn(move || {
+        let res = Resources::new(&p);
+        let tb = Testbed::build(TopologySpec::new(&p).backends(1), res).unwrap();
+        let inet = services::start_inet(&tb, false).unwrap();
+        let backends = services::start_backends(&tb).unwrap();
+        tx.send((inet.nginx.proc.pid, backends[0].proc.pid, tb.nodes().len()))
+            .unwrap();
+        panic!("deliberate panic with the testbed up");
+    })
+    .join();
+    assert!(outcome.is_err(), "the thread was meant to panic");
+    let (nginx, backend, nodes) = rx.recv().unwrap();
+    assert!(nodes >= 8);
+    // Unwinding dropped the guard: no namespace, no process is left.
+    assert_eq!(namespaces_with_prefix(&prefix), Vec::<String>::new());
+    for pid in [nginx, backend] {
+        assert_eq!(
+            testbed::cleanup::start_time(pid),
+            None,
+            "process {pid} survived the panic"
+        );
+    }
+}

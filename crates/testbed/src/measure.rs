@@ -1,0 +1,497 @@
+//! Measurements with real tools, each bounded in time, each returning what arrived.
+//!
+//! - [`tcp_gbps`]: one iperf3 TCP stream, client in a VPC, server at the internet host;
+//!   the receiver's byte count (`sum_received`).
+//! - [`udp64_pps`]: trafgen sends 64-byte UDP frames (60 bytes + the 4-byte FCS a wire
+//!   would add: Ethernet 14, IPv4 20, UDP 8, payload 18) of `flows` UDP flows from a
+//!   VPC client, VXLAN-encapsulated toward the PP node as the client's VXLAN device
+//!   would, as fast as it can, for warm-up + `secs`; the rate is what the internet
+//!   host's nftables sink counted during the `secs` window, not what was sent.
+//! - [`cps`]: wrk with `Connection: close`, so every request is a new TCP connection;
+//!   successful connections/s are completed 2xx/3xx responses per second.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tracing::debug;
+
+use crate::cmd;
+use crate::services::{self, IPERF_PORT, SINK_PORT};
+use crate::topo::{addr, mac, Node, Testbed};
+use crate::{Error, Result};
+
+/// One row of results; `None` where a measurement does not apply (or failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Numbers {
+    pub tcp_gbps: Option<f64>,
+    pub udp64_pps: Option<f64>,
+    pub cps: Option<f64>,
+}
+
+impl Numbers {
+    /// `self / base` per field, where both are there and the base is positive.
+    pub fn ratio(&self, base: &Numbers) -> Numbers {
+        let r = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        Numbers {
+            tcp_gbps: r(self.tcp_gbps, base.tcp_gbps),
+            udp64_pps: r(self.udp64_pps, base.udp64_pps),
+            cps: r(self.cps, base.cps),
+        }
+    }
+}
+
+/// iperf3 TCP from `from` to the iperf3 server at `to` for `secs`: Gbit/s received.
+pub fn tcp_gbps(tb: &Testbed, from: Node, to: Ipv4Addr, secs: u32) -> Result<f64> {
+    let (t, port, dst) = (secs.to_string(), IPERF_PORT.to_string(), to.to_string());
+    let out = tb.exec_full(
+        from,
+        &[
+            "iperf3",
+            "-c",
+            &dst,
+            "-p",
+            &port,
+            "-t",
+            &t,
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ],
+        Duration::from_secs(u64::from(secs) + 20),
+    )?;
+    parse_iperf3(&out.stdout).map(|bps| bps / 1e9)
+}
+
+/// Bits/s received from `iperf3 -J` output; an error when iperf3 reported one.
+pub fn parse_iperf3(json: &str) -> Result<f64> {
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| Error::Parse {
+        what: "iperf3 -J".into(),
+        msg: format!("{e}: {}", crate::topo::tail(json, 5)),
+    })?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(Error::Command {
+            cmd: "iperf3".into(),
+            msg: e.to_string(),
+        });
+    }
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| Error::Parse {
+            what: "iperf3 -J".into(),
+            msg: "no end.sum_received.bits_per_second".into(),
+        })
+}
+
+/// The trafgen configuration: VPC `j`'s client sending 64-byte UDP frames to `dst`:9
+/// from `flows` source ports (at most 256), already VXLAN-encapsulated toward the PP
+/// node, written straight onto the client's underlay veth (`outer_smac` → the router's
+/// `outer_dmac`). Encapsulating in trafgen rather than through the client's VXLAN device
+/// keeps the sender's kernel out of the measurement: trafgen alone then outruns any PP.
+///
+/// Checksums: both IPv4 header checksums are constant and computed here; both UDP
+/// checksums are 0 ("none", allowed for IPv4, and what VXLAN senders use outside), so
+/// the per-flow port bytes can vary without recomputing anything.
+pub fn trafgen_conf(
+    j: usize,
+    dst: std::net::Ipv4Addr,
+    flows: u16,
+    outer_dmac: [u8; 6],
+    outer_smac: [u8; 6],
+) -> String {
+    let flows = flows.clamp(1, 256);
+    let inner_len = 20 + 8 + 18;
+    let udp_outer_len = 8 + 8 + 14 + inner_len;
+    let outer_len = 20 + udp_outer_len;
+    let mut b: Vec<String> = Vec::new();
+    let hex = |v: &[u8]| v.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
+    let mac = |m: &str| -> Vec<u8> {
+        m.split(':')
+            .map(|p| u8::from_str_radix(p, 16).unwrap_or(0))
+            .collect()
+    };
+    // Outer Ethernet, IPv4 (DF, TTL 64, UDP) and UDP (source port 0xc0NN: a flow's
+    // hash, as Linux VXLAN senders vary it; destination 4789).
+    b.extend(hex(&outer_dmac));
+    b.extend(hex(&outer_smac));
+    b.extend(hex(&[0x08, 0x00]));
+    b.extend(hex(&ipv4_header(
+        outer_len as u16,
+        addr::client_underlay(j),
+        addr::PP,
+    )));
+    b.push("0xc0".into());
+    b.push(format!("dinc(0, {})", flows - 1));
+    b.extend(hex(&[0x12, 0xb5]));
+    b.extend(hex(&(udp_outer_len as u16).to_be_bytes()));
+    b.extend(hex(&[0, 0]));
+    // VXLAN: flags (VNI valid), VNI, reserved.
+    let v = crate::topo::vni::tenant(j).to_be_bytes();
+    b.extend(hex(&[0x08, 0, 0, 0, v[1], v[2], v[3], 0]));
+    // The inner frame, as the client's VXLAN device would carry it: 60 bytes.
+    b.extend(hex(&mac(&mac::tenant_gw(j))));
+    b.extend(hex(&mac(&mac::client(j))));
+    b.extend(hex(&[0x08, 0x00]));
+    b.extend(hex(&ipv4_header(inner_len as u16, addr::CLIENT, dst)));
+    // Inner UDP: source ports 10000.. (0x27 0x10+i), destination the sink's.
+    b.push("0x27".into());
+    b.push(format!("dinc(0x10, {})", 0x10 + flows - 1));
+    b.extend(hex(&SINK_PORT.to_be_bytes()));
+    b.extend(hex(&(8u16 + 18).to_be_bytes()));
+    b.extend(hex(&[0, 0]));
+    b.extend(hex(&[0x5f; 18]));
+    format!(
+        "/* 64-byte UDP frames (60 bytes + FCS) from VPC {j}, VXLAN-encapsulated: {} bytes */\n{{\n  {}\n}}\n",
+        14 + outer_len,
+        b.join(", ")
+    )
+}
+
+/// An IPv4 header (no options, DF, TTL 64, UDP) with its checksum.
+fn ipv4_header(total_len: u16, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&total_len.to_be_bytes());
+    h[6] = 0x40;
+    h[8] = 64;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    h
+}
+
+/// The MAC address of `dev` in `n`'s namespace.
+pub fn dev_mac(tb: &Testbed, n: Node, dev: &str) -> Result<[u8; 6]> {
+    let out = tb.exec(n, &["ip", "-j", "link", "show", dev], cmd::CONFIG_LIMIT)?;
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Parse {
+        what: "ip -j link".into(),
+        msg: e.to_string(),
+    })?;
+    let s = v[0]["address"].as_str().unwrap_or_default();
+    let m: Vec<u8> = s
+        .split(':')
+        .filter_map(|p| u8::from_str_radix(p, 16).ok())
+        .collect();
+    m.try_into().map_err(|_| Error::Parse {
+        what: "ip -j link".into(),
+        msg: format!("no MAC for {dev}: {out}"),
+    })
+}
+
+/// What a 64-byte UDP run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Udp64 {
+    /// Packets/s that arrived at the sink: the result.
+    pub pps: f64,
+    /// Packets/s trafgen put on the client's underlay link (what was offered).
+    pub offered_pps: f64,
+    /// Datagrams/s the PP namespace's kernel dropped because a UDP socket's receive
+    /// buffer was full (`Udp: RcvbufErrors`): a PP node that could not keep up.
+    pub pp_socket_drops_pps: f64,
+}
+
+/// `Udp: RcvbufErrors` of the PP namespace (`/proc/net/snmp`).
+pub fn pp_rcvbuf_errors(tb: &Testbed) -> Result<u64> {
+    let snmp = tb.exec(Node::Pp, &["cat", "/proc/net/snmp"], cmd::CONFIG_LIMIT)?;
+    parse_snmp(&snmp, "Udp:", "RcvbufErrors")
+}
+
+/// A counter from `/proc/net/snmp` text: a header line and a value line per protocol.
+pub fn parse_snmp(text: &str, proto: &str, name: &str) -> Result<u64> {
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.starts_with(proto))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bad = || Error::Parse {
+        what: "/proc/net/snmp".into(),
+        msg: format!("no {proto} {name}"),
+    };
+    let [names, values] = rows.as_slice() else {
+        return Err(bad());
+    };
+    let i = names.iter().position(|n| *n == name).ok_or_else(bad)?;
+    values.get(i).and_then(|v| v.parse().ok()).ok_or_else(bad)
+}
+
+/// 64-byte UDP packets/s from VPC `j`'s client to the internet host's sink: trafgen runs
+/// for `warmup` (flows get their rules, queues fill) plus `secs`; the sink's count over
+/// the `secs` window, divided by its measured length.
+pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64) -> Result<Udp64> {
+    let router_mac = dev_mac(tb, Node::Router, &format!("dc{j}"))?;
+    let client_mac = dev_mac(tb, Node::Client(j), "up0")?;
+    let conf = tb.path(&format!("trafgen-c{j}.cfg"));
+    std::fs::write(
+        &conf,
+        trafgen_conf(j, addr::INET, flows, router_mac, client_mac),
+    )
+    .map_err(|e| Error::io(conf.display().to_string(), e))?;
+    let c = conf.display().to_string();
+    // Stopped after warm-up + `secs`; the packet count is only a second bound, at a rate
+    // (3 Mpps) no sender reaches here.
+    let num = ((warmup.as_secs_f64() + secs + 5.0) * 3e6) as u64;
+    let num = num.to_string();
+    // One sender process (--cpus 1): the machine has few cores and the PP node needs
+    // one. --no-sock-mem/--notouch-irq: leave socket memory sysctls and IRQ affinities
+    // alone.
+    let gen = tb.spawn(
+        Node::Client(j),
+        &format!("trafgen c{j}"),
+        &[
+            "trafgen",
+            "--dev",
+            "up0",
+            "--conf",
+            &c,
+            "--cpus",
+            "1",
+            "--no-sock-mem",
+            "--notouch-irq",
+            "--num",
+            &num,
+        ],
+    )?;
+    let result = (|| {
+        cmd::sleep(warmup)?;
+        if !tb.res.child_running(gen.pid) {
+            let log = std::fs::read_to_string(&gen.log).unwrap_or_default();
+            return Err(Error::Setup(format!("trafgen exited: {log}")));
+        }
+        let sent = |tb: &Testbed| tb.dev_counter(Node::Client(j), "up0", "tx_packets");
+        let (s0, r0) = (sent(tb)?, pp_rcvbuf_errors(tb)?);
+        let (t0, n0) = (Instant::now(), services::udp_sink_packets(tb)?);
+        cmd::sleep(Duration::from_secs_f64(secs))?;
+        let (t1, n1) = (Instant::now(), services::udp_sink_packets(tb)?);
+        let (s1, r1) = (sent(tb)?, pp_rcvbuf_errors(tb)?);
+        let secs = (t1 - t0).as_secs_f64();
+        Ok(Udp64 {
+            pps: n1.saturating_sub(n0) as f64 / secs,
+            offered_pps: s1.saturating_sub(s0) as f64 / secs,
+            pp_socket_drops_pps: r1.saturating_sub(r0) as f64 / secs,
+        })
+    })();
+    tb.stop(&gen);
+    result
+}
+
+/// What wrk reported.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WrkResult {
+    pub requests: u64,
+    pub secs: f64,
+    pub non_2xx: u64,
+    /// connect + read + write + timeout socket errors.
+    pub socket_errors: u64,
+}
+
+impl WrkResult {
+    /// Successful (2xx/3xx) responses per second.
+    pub fn ok_per_sec(&self) -> f64 {
+        self.requests.saturating_sub(self.non_2xx) as f64 / self.secs
+    }
+}
+
+/// Parse wrk's text report.
+pub fn parse_wrk(text: &str) -> Result<WrkResult> {
+    let bad = |msg: &str| Error::Parse {
+        what: "wrk output".into(),
+        msg: format!("{msg}: {}", crate::topo::tail(text, 12)),
+    };
+    // "  1234 requests in 3.00s, 200.00KB read"
+    let line = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .ok_or_else(|| bad("no `requests in` line"))?;
+    let mut w = line.split_whitespace();
+    let requests: u64 = w
+        .next()
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| bad("request count"))?;
+    let secs = line
+        .split(" requests in ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(parse_wrk_duration)
+        .ok_or_else(|| bad("duration"))?;
+    let non_2xx = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    // "  Socket errors: connect 0, read 3, write 0, timeout 0"
+    let socket_errors = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Socket errors:"))
+        .map(|r| {
+            r.split(',')
+                .filter_map(|p| p.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    Ok(WrkResult {
+        requests,
+        secs,
+        non_2xx,
+        socket_errors,
+    })
+}
+
+/// wrk durations: `3.00s`, `500.00ms`, `1.00m`.
+fn parse_wrk_duration(s: &str) -> Option<f64> {
+    let s = s.trim();
+    if let Some(v) = s.strip_suffix("ms") {
+        return v.parse::<f64>().ok().map(|v| v / 1e3);
+    }
+    if let Some(v) = s.strip_suffix("us") {
+        return v.parse::<f64>().ok().map(|v| v / 1e6);
+    }
+    if let Some(v) = s.strip_suffix('s') {
+        return v.parse().ok();
+    }
+    if let Some(v) = s.strip_suffix('m') {
+        return v.parse::<f64>().ok().map(|v| v * 60.0);
+    }
+    None
+}
+
+/// wrk from `from` against `url` for `secs` with `conns` connections; with `close`, every
+/// request on a new connection (`Connection: close`).
+pub fn wrk(
+    tb: &Testbed,
+    from: Node,
+    url: &str,
+    secs: u32,
+    conns: u32,
+    close: bool,
+) -> Result<WrkResult> {
+    let (d, c) = (format!("{secs}s"), conns.to_string());
+    let mut argv = vec!["wrk", "-t", "1", "-c", &c, "-d", &d, "--timeout", "2s"];
+    if close {
+        argv.extend(["-H", "Connection: close"]);
+    }
+    argv.push(url);
+    let out = tb.exec_full(from, &argv, Duration::from_secs(u64::from(secs) + 20))?;
+    if !out.ok() {
+        return Err(Error::Command {
+            cmd: argv.join(" "),
+            msg: format!("{}: {}{}", out.status, out.stderr, out.stdout),
+        });
+    }
+    parse_wrk(&out.stdout)
+}
+
+/// New TCP connections/s from `from` to `url`: wrk with `Connection: close`, counting
+/// successful responses.
+pub fn cps(tb: &Testbed, from: Node, url: &str, secs: u32, conns: u32) -> Result<f64> {
+    let r = wrk(tb, from, url, secs, conns, true)?;
+    debug!(?r, "wrk");
+    Ok(r.ok_per_sec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WRK: &str = "Running 3s test @ http://198.18.200.10/\n\
+  1 threads and 32 connections\n\
+  Thread Stats   Avg      Stdev     Max   +/- Stdev\n\
+    Latency     3.10ms    1.20ms  20.00ms   90.00%\n\
+    Req/Sec     9.80k     1.00k   11.00k    70.00%\n\
+  29400 requests in 3.00s, 4.50MB read\n\
+  Socket errors: connect 0, read 12, write 0, timeout 3\n\
+  Non-2xx or 3xx responses: 5\n\
+Requests/sec:   9800.00\n\
+Transfer/sec:      1.50MB\n";
+
+    #[test]
+    fn wrk_report() {
+        let r = parse_wrk(WRK).unwrap();
+        assert_eq!(r.requests, 29400);
+        assert_eq!(r.secs, 3.0);
+        assert_eq!(r.non_2xx, 5);
+        assert_eq!(r.socket_errors, 15);
+        assert!((r.ok_per_sec() - 29395.0 / 3.0).abs() < 1e-9);
+        assert_eq!(parse_wrk_duration("500.00ms"), Some(0.5));
+        assert!(parse_wrk("garbage").is_err());
+    }
+
+    #[test]
+    fn iperf3_report() {
+        let ok = r#"{"start":{},"end":{"sum_received":{"bits_per_second":2.5e9}}}"#;
+        assert_eq!(parse_iperf3(ok).unwrap(), 2.5e9);
+        let err = r#"{"start":{},"end":{},"error":"unable to connect to server"}"#;
+        assert!(parse_iperf3(err).is_err());
+        assert!(parse_iperf3("not json").is_err());
+    }
+
+    #[test]
+    fn trafgen_frames_carry_64_byte_inner_frames() {
+        let c = trafgen_conf(0, addr::INET, 16, [2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let body = c.split('{').nth(1).unwrap().split('}').next().unwrap();
+        // The counters' own commas are not byte separators.
+        let body = body
+            .replace("dinc(0, 15)", "dinc(0;15)")
+            .replace("dinc(0x10, 31)", "dinc(0x10;31)");
+        let items: Vec<&str> = body.split(',').map(str::trim).collect();
+        // One item per byte (the dinc counters are one byte each).
+        assert_eq!(items.len(), 14 + 20 + 8 + 8 + 60);
+        assert_eq!(items.len() - 50 + 4, 64, "inner frame + FCS");
+        assert_eq!(items[50 + 34 + 1], "dinc(0x10;31)");
+        assert_eq!(items[14 + 20 + 1], "dinc(0;15)");
+        // VNI 100 in the VXLAN header.
+        assert_eq!(
+            &items[42..50],
+            ["0x08", "0x00", "0x00", "0x00", "0x00", "0x00", "0x64", "0x00"]
+        );
+        assert!(c.contains("110 bytes"));
+    }
+
+    #[test]
+    fn ipv4_header_checksum_verifies() {
+        let h = ipv4_header(96, addr::client_underlay(0), addr::PP);
+        let sum: u32 = h
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        assert_eq!(folded, 0xffff);
+    }
+
+    #[test]
+    fn snmp_counters() {
+        let t = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors\nUdp: 10 0 5 7 4\n";
+        assert_eq!(parse_snmp(t, "Udp:", "RcvbufErrors").unwrap(), 4);
+        assert_eq!(parse_snmp(t, "Udp:", "InDatagrams").unwrap(), 10);
+        assert!(parse_snmp(t, "Udp:", "Nope").is_err());
+        assert!(parse_snmp(t, "Tcp:", "InSegs").is_err());
+    }
+
+    #[test]
+    fn ratios() {
+        let a = Numbers {
+            tcp_gbps: Some(2.0),
+            udp64_pps: Some(100.0),
+            cps: None,
+        };
+        let b = Numbers {
+            tcp_gbps: Some(4.0),
+            udp64_pps: Some(0.0),
+            cps: Some(1.0),
+        };
+        let r = a.ratio(&b);
+        assert_eq!(r.tcp_gbps, Some(0.5));
+        assert_eq!(r.udp64_pps, None);
+        assert_eq!(r.cps, None);
+    }
+}

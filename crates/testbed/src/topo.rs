@@ -1,0 +1,599 @@
+//! The topology: namespaces, veth pairs, Linux VXLAN devices, addresses and routes.
+//!
+//! ```text
+//!                        underlay 198.18.0.0/17, one /24 per attachment, router at .1
+//!   c<j> VPC client          ┌──────────────┐
+//!   up0 198.18.(10+j).2 ─────┤              ├───── up0 198.18.1.2   pp  (PP node)
+//!   vx0 VNI 100+j            │  rt (router) │
+//!   198.19.1.2/24 (every j)  │              ├───── up0 198.18.4.2   ctl (FM, SC nodes)
+//!   gw 198.19.1.1            │              │
+//!                            │              ├───── up0 198.18.2.2   igw ── inet0 198.18.200.1
+//!                            │              │      vx0 VNI 200 198.19.250.1   │
+//!                            │              │                      inet: 198.18.200.10, .11
+//!                            │              ├───── up0 198.18.3.2   svc ── br0 198.19.3.1
+//!                            └──────────────┘      vx0 VNI 300 198.19.251.1   │
+//!                                                               b<k>: 198.19.3.(11+k)
+//! ```
+//!
+//! Every VXLAN device's remote is the PP node (198.18.1.2): tenant clients send their
+//! VPC's traffic there, and the gateways send replies there. The PP node re-encapsulates
+//! toward a gateway (forward) or a client (reverse) as its chain's egress says, and
+//! writes the inner destination MAC of the receiving VXLAN device, which Linux needs to
+//! take the frame as its own.
+//!
+//! Every tenant uses the same private subnet 198.19.1.0/24 (the client is 198.19.1.2 in
+//! each VPC): only the VNI tells them apart. Public (SNAT pool) addresses are
+//! 198.18.201.0/24, the internet 198.18.200.0/24, the load balancer's VIP 198.19.2.100.
+//! The gateways route every 198.19.0.0/16 and 198.18.128.0/17 destination back to the PP
+//! node, so replies to NATed pool addresses and to un-NATed tenant addresses both reach
+//! it.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::info;
+
+use crate::cleanup::Resources;
+use crate::cmd::{self, CONFIG_LIMIT};
+use crate::{Error, Result};
+
+/// Addresses, all in 198.18.0.0/15.
+pub mod addr {
+    use std::net::Ipv4Addr;
+
+    /// The underlay every node routes through the router.
+    pub const UNDERLAY: &str = "198.18.0.0/17";
+    /// The PP node's underlay address: every VXLAN device's remote.
+    pub const PP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
+    pub const IGW: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
+    pub const SVC: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 2);
+    /// Where FM listens.
+    pub const CTL: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 2);
+    pub const FM_PORT: u16 = 7000;
+
+    /// Client host `j`'s underlay address.
+    pub fn client_underlay(j: usize) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 10 + j as u8, 2)
+    }
+
+    /// The internet host (nginx, iperf3, the STUN server's primary address).
+    pub const INET: Ipv4Addr = Ipv4Addr::new(198, 18, 200, 10);
+    /// The internet host's second address (the STUN server's alternate).
+    pub const INET_ALT: Ipv4Addr = Ipv4Addr::new(198, 18, 200, 11);
+    pub const INET_GW: Ipv4Addr = Ipv4Addr::new(198, 18, 200, 1);
+    /// "Public" space the gateways route back to PP.
+    pub const PUBLIC: &str = "198.18.128.0/17";
+
+    /// Tenant `j`'s SNAT pool address.
+    pub fn pool(j: usize) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 201, 1 + j as u8)
+    }
+
+    /// Every tenant's private subnet (overlapping on purpose).
+    pub const TENANT_NET: &str = "198.19.1.0/24";
+    /// The client host of every VPC.
+    pub const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 19, 1, 2);
+    /// The VPC's default gateway (a static neighbour on the client: the PP node).
+    pub const TENANT_GW: Ipv4Addr = Ipv4Addr::new(198, 19, 1, 1);
+    /// Private space the gateways route back to PP.
+    pub const PRIVATE: &str = "198.19.0.0/16";
+
+    /// The load balancer's virtual IP.
+    pub const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 100);
+    pub const SVC_GW: Ipv4Addr = Ipv4Addr::new(198, 19, 3, 1);
+
+    /// nginx backend `k`.
+    pub fn backend(k: usize) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, 3, 11 + k as u8)
+    }
+
+    /// The internet gateway's VXLAN address and the PP side of that segment (used by
+    /// the kernel baseline; a static neighbour on the gateway otherwise).
+    pub const IGW_VX: Ipv4Addr = Ipv4Addr::new(198, 19, 250, 1);
+    pub const PP_IGW_VX: Ipv4Addr = Ipv4Addr::new(198, 19, 250, 2);
+    pub const SVC_VX: Ipv4Addr = Ipv4Addr::new(198, 19, 251, 1);
+    pub const PP_SVC_VX: Ipv4Addr = Ipv4Addr::new(198, 19, 251, 2);
+}
+
+/// VNIs.
+pub mod vni {
+    /// Tenant `j`'s VPC.
+    pub fn tenant(j: usize) -> u32 {
+        100 + j as u32
+    }
+    /// PP ↔ internet gateway.
+    pub const INTERNET: u32 = 200;
+    /// PP ↔ service gateway (the nginx backends).
+    pub const SERVICES: u32 = 300;
+}
+
+/// MAC addresses (locally administered, `02:5f:...`).
+pub mod mac {
+    /// Client `j`'s VXLAN device.
+    pub fn client(j: usize) -> String {
+        format!("02:5f:01:00:{:02x}:02", j)
+    }
+    /// The MAC the client resolves its default gateway to.
+    pub fn tenant_gw(j: usize) -> String {
+        format!("02:5f:01:00:{:02x}:01", j)
+    }
+    pub const IGW: &str = "02:5f:02:00:00:01";
+    pub const PP_IGW: &str = "02:5f:02:00:00:02";
+    pub const SVC: &str = "02:5f:03:00:00:01";
+    pub const PP_SVC: &str = "02:5f:03:00:00:02";
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct TopologySpec {
+    /// Prefix of every namespace name (e.g. `sft-1234-0-`).
+    pub prefix: String,
+    /// VPCs, each with one client host (at least 1).
+    pub tenants: usize,
+    /// nginx backends behind the service gateway (0: no service gateway).
+    pub backends: usize,
+    /// Directory for configurations and logs (default: a fresh one under the temp dir).
+    pub dir: Option<PathBuf>,
+}
+
+impl TopologySpec {
+    pub fn new(prefix: &str) -> Self {
+        TopologySpec {
+            prefix: prefix.to_string(),
+            tenants: 1,
+            backends: 0,
+            dir: None,
+        }
+    }
+
+    pub fn tenants(mut self, n: usize) -> Self {
+        self.tenants = n;
+        self
+    }
+
+    pub fn backends(mut self, n: usize) -> Self {
+        self.backends = n;
+        self
+    }
+}
+
+/// A node of the topology, i.e. a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    Router,
+    Pp,
+    Ctl,
+    Client(usize),
+    Igw,
+    Inet,
+    Svc,
+    Backend(usize),
+}
+
+impl Node {
+    fn suffix(self) -> String {
+        match self {
+            Node::Router => "rt".into(),
+            Node::Pp => "pp".into(),
+            Node::Ctl => "ctl".into(),
+            Node::Client(j) => format!("c{j}"),
+            Node::Igw => "igw".into(),
+            Node::Inet => "inet".into(),
+            Node::Svc => "svc".into(),
+            Node::Backend(k) => format!("b{k}"),
+        }
+    }
+}
+
+/// A process started inside the testbed, with its log (stdout and stderr).
+#[derive(Debug, Clone)]
+pub struct Proc {
+    pub pid: i32,
+    pub what: String,
+    pub log: PathBuf,
+}
+
+/// A built topology. Dropping it deletes everything it created (through its
+/// [`Resources`], which the caller may share).
+pub struct Testbed {
+    pub spec: TopologySpec,
+    pub res: Arc<Resources>,
+    pub dir: PathBuf,
+}
+
+impl Testbed {
+    /// Build the topology of `spec`, recording everything in `res`. On error what was
+    /// built so far is deleted when `res` is dropped.
+    pub fn build(spec: TopologySpec, res: Arc<Resources>) -> Result<Testbed> {
+        if spec.tenants == 0 || spec.tenants > 100 {
+            return Err(Error::Setup("tenants must be in 1..=100".into()));
+        }
+        if spec.backends > 200 {
+            return Err(Error::Setup("at most 200 backends".into()));
+        }
+        crate::check_prerequisites()?;
+        let started = Instant::now();
+        let dir = match &spec.dir {
+            Some(d) => d.clone(),
+            None => std::env::temp_dir().join(format!("{}run", spec.prefix)),
+        };
+        // Recorded first: removed at cleanup even if creating it fails half-way.
+        res.add_path(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+        let tb = Testbed { spec, res, dir };
+        tb.create()?;
+        info!(
+            prefix = %tb.spec.prefix,
+            secs = started.elapsed().as_secs_f64(),
+            "testbed built"
+        );
+        Ok(tb)
+    }
+
+    /// The namespace name of `n`.
+    pub fn ns(&self, n: Node) -> String {
+        format!("{}{}", self.spec.prefix, n.suffix())
+    }
+
+    /// Every node of this topology.
+    pub fn nodes(&self) -> Vec<Node> {
+        let mut v = vec![Node::Router, Node::Pp, Node::Ctl, Node::Igw, Node::Inet];
+        v.extend((0..self.spec.tenants).map(Node::Client));
+        if self.spec.backends > 0 {
+            v.push(Node::Svc);
+            v.extend((0..self.spec.backends).map(Node::Backend));
+        }
+        v
+    }
+
+    /// Underlay attachments: node, third octet of its /24.
+    fn attachments(&self) -> Vec<(Node, u8)> {
+        let mut v = vec![(Node::Pp, 1), (Node::Igw, 2), (Node::Ctl, 4)];
+        if self.spec.backends > 0 {
+            v.push((Node::Svc, 3));
+        }
+        v.extend((0..self.spec.tenants).map(|j| (Node::Client(j), 10 + j as u8)));
+        v
+    }
+
+    fn create(&self) -> Result<()> {
+        // The testbed is IPv4 only. Without IPv6, VXLAN devices send no router
+        // solicitations, MLD reports or DAD probes to the PP node, which would otherwise
+        // show up as misses and drops that no test traffic caused.
+        for n in self.nodes() {
+            let ns = self.ns(n);
+            self.res.add_namespace(&ns)?;
+            cmd::in_ns(
+                &ns,
+                &[
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ],
+                CONFIG_LIMIT,
+            )?;
+        }
+        let rt = self.ns(Node::Router);
+        // Routers forward; nothing filters on the reverse path (replies of NATed flows
+        // come back on other devices than the requests left by).
+        let fwd = [
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ];
+        let mut routers = vec![Node::Router, Node::Pp, Node::Igw];
+        if self.spec.backends > 0 {
+            routers.push(Node::Svc);
+        }
+        for n in routers {
+            let mut argv = vec!["sysctl", "-qw"];
+            argv.extend(fwd);
+            cmd::in_ns(&self.ns(n), &argv, CONFIG_LIMIT)?;
+        }
+
+        // The underlay: a veth from the router to each attached node, created from inside
+        // the router namespace so that nothing ever appears in the host's.
+        let mut s = String::new();
+        for (n, o) in self.attachments() {
+            let dev = format!("d{}", n.suffix());
+            let _ = writeln!(
+                s,
+                "link add {dev} type veth peer name up0 netns {}",
+                self.ns(n)
+            );
+            let _ = writeln!(s, "addr add 198.18.{o}.1/24 dev {dev}");
+            let _ = writeln!(s, "link set {dev} up");
+        }
+        cmd::ip_batch(&rt, &s)?;
+        for (n, o) in self.attachments() {
+            let s = format!(
+                "addr add 198.18.{o}.2/24 dev up0\nlink set up0 up\nroute add {} via 198.18.{o}.1\n",
+                addr::UNDERLAY
+            );
+            cmd::ip_batch(&self.ns(n), &s)?;
+        }
+
+        // VPC clients: a VXLAN device toward the PP node, the tenant address, and the
+        // default route through a gateway whose MAC is static (the PP node answers no ARP).
+        for j in 0..self.spec.tenants {
+            let ns = self.ns(Node::Client(j));
+            let s = format!(
+                "link add vx0 address {} type vxlan id {} local {} remote {} dstport 4789 dev up0\n\
+                 addr add {}/24 dev vx0\n\
+                 link set vx0 up\n\
+                 neigh add {} lladdr {} dev vx0 nud permanent\n\
+                 route add default via {} dev vx0\n",
+                mac::client(j),
+                vni::tenant(j),
+                addr::client_underlay(j),
+                addr::PP,
+                addr::CLIENT,
+                addr::TENANT_GW,
+                mac::tenant_gw(j),
+                addr::TENANT_GW,
+            );
+            cmd::ip_batch(&ns, &s)?;
+            vxlan_tx_off(&ns)?;
+        }
+
+        // The internet gateway and host.
+        let igw = self.ns(Node::Igw);
+        let inet = self.ns(Node::Inet);
+        let s = format!(
+            "link add vx0 address {} type vxlan id {} local {} remote {} dstport 4789 dev up0\n\
+             addr add {}/24 dev vx0\n\
+             link set vx0 up\n\
+             neigh add {} lladdr {} dev vx0 nud permanent\n\
+             link add inet0 type veth peer name eth0 netns {inet}\n\
+             addr add {}/24 dev inet0\n\
+             link set inet0 up\n\
+             route add {} via {} dev vx0\n\
+             route add {} via {} dev vx0\n",
+            mac::IGW,
+            vni::INTERNET,
+            addr::IGW,
+            addr::PP,
+            addr::IGW_VX,
+            addr::PP_IGW_VX,
+            mac::PP_IGW,
+            addr::INET_GW,
+            addr::PUBLIC,
+            addr::PP_IGW_VX,
+            addr::PRIVATE,
+            addr::PP_IGW_VX,
+        );
+        cmd::ip_batch(&igw, &s)?;
+        vxlan_tx_off(&igw)?;
+        let s = format!(
+            "addr add {}/24 dev eth0\naddr add {}/24 dev eth0\nlink set eth0 up\nroute add default via {}\n",
+            addr::INET,
+            addr::INET_ALT,
+            addr::INET_GW
+        );
+        cmd::ip_batch(&inet, &s)?;
+
+        // The service gateway and its nginx backends on a bridge.
+        if self.spec.backends > 0 {
+            let svc = self.ns(Node::Svc);
+            let mut s = format!(
+                "link add vx0 address {} type vxlan id {} local {} remote {} dstport 4789 dev up0\n\
+                 addr add {}/24 dev vx0\n\
+                 link set vx0 up\n\
+                 neigh add {} lladdr {} dev vx0 nud permanent\n\
+                 link add br0 type bridge\n\
+                 addr add {}/24 dev br0\n\
+                 link set br0 up\n\
+                 route add {} via {} dev vx0\n\
+                 route add {} via {} dev vx0\n",
+                mac::SVC,
+                vni::SERVICES,
+                addr::SVC,
+                addr::PP,
+                addr::SVC_VX,
+                addr::PP_SVC_VX,
+                mac::PP_SVC,
+                addr::SVC_GW,
+                addr::PUBLIC,
+                addr::PP_SVC_VX,
+                addr::PRIVATE,
+                addr::PP_SVC_VX,
+            );
+            for k in 0..self.spec.backends {
+                let _ = writeln!(
+                    s,
+                    "link add bk{k} type veth peer name eth0 netns {}\nlink set bk{k} master br0\nlink set bk{k} up",
+                    self.ns(Node::Backend(k))
+                );
+            }
+            cmd::ip_batch(&svc, &s)?;
+            vxlan_tx_off(&svc)?;
+            for k in 0..self.spec.backends {
+                let s = format!(
+                    "addr add {}/24 dev eth0\nlink set eth0 up\nroute add default via {}\n",
+                    addr::backend(k),
+                    addr::SVC_GW
+                );
+                cmd::ip_batch(&self.ns(Node::Backend(k)), &s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Start `argv` inside `n`'s namespace, its stdout and stderr going to a log file in
+    /// the run directory. The process is recorded and killed at cleanup.
+    pub fn spawn(&self, n: Node, what: &str, argv: &[&str]) -> Result<Proc> {
+        let ns = self.ns(n);
+        let name: String = what
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let log = self.dir.join(format!("{name}.log"));
+        let f = File::create(&log).map_err(|e| Error::io(log.display().to_string(), e))?;
+        let f2 = f
+            .try_clone()
+            .map_err(|e| Error::io(log.display().to_string(), e))?;
+        // `ip netns exec` execs the program, so the child's PID is the program's own. It
+        // leads a process group of its own: stopping it stops its helpers too (trafgen's
+        // sender processes), and a terminal's Ctrl-C reaches only the testbed, which
+        // then stops everything in order.
+        let ip = cmd::which("ip").unwrap_or_else(|| PathBuf::from("ip"));
+        let child = Command::new(ip)
+            .process_group(0)
+            .args(["netns", "exec", &ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(f)
+            .stderr(f2)
+            .spawn()
+            .map_err(|e| Error::io(format!("spawn {what}"), e))?;
+        let pid = self.res.add_child(child, what)?;
+        tracing::debug!(pid, %what, %ns, "started");
+        Ok(Proc {
+            pid,
+            what: what.to_string(),
+            log,
+        })
+    }
+
+    /// Wait until `p`'s log has a line containing `needle`; fail early if `p` exits.
+    pub fn wait_log(&self, p: &Proc, needle: &str, limit: Duration) -> Result<String> {
+        cmd::wait_for(&format!("{}: `{needle}`", p.what), limit, || {
+            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+            if let Some(l) = text.lines().find(|l| l.contains(needle)) {
+                return Ok(Some(l.to_string()));
+            }
+            if !self.res.child_running(p.pid) {
+                return Err(Error::Setup(format!(
+                    "{} exited before printing `{needle}`: {}",
+                    p.what,
+                    tail(&text, 20)
+                )));
+            }
+            Ok(None)
+        })
+    }
+
+    /// Stop a process started by [`Testbed::spawn`].
+    pub fn stop(&self, p: &Proc) {
+        self.res.stop_child(p.pid);
+    }
+
+    /// Run `argv` in `n`'s namespace within `limit`; fail unless it exits 0.
+    pub fn exec(&self, n: Node, argv: &[&str], limit: Duration) -> Result<String> {
+        cmd::in_ns(&self.ns(n), argv, limit)
+    }
+
+    /// Run `argv` in `n`'s namespace within `limit`, whatever its exit status.
+    pub fn exec_full(&self, n: Node, argv: &[&str], limit: Duration) -> Result<cmd::Output> {
+        cmd::in_ns_full(&self.ns(n), argv, limit)
+    }
+
+    /// A file in the run directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// A counter of a network device in `n`'s namespace (`rx_packets`, `tx_bytes`, ...),
+    /// read from sysfs through a thread that enters the namespace (no process spawn, so
+    /// two reads bracket a measurement window tightly).
+    pub fn dev_counter(&self, n: Node, dev: &str, counter: &str) -> Result<u64> {
+        let ns_path = Path::new("/run/netns").join(self.ns(n));
+        let dev = dev.to_string();
+        let counter = counter.to_string();
+        std::thread::spawn(move || -> Result<u64> {
+            use std::os::fd::AsRawFd;
+            let f =
+                File::open(&ns_path).map_err(|e| Error::io(ns_path.display().to_string(), e))?;
+            // SAFETY: `f` is an open namespace file; setns changes only this thread's
+            // network namespace, and the thread ends after one read.
+            if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(Error::io("setns", std::io::Error::last_os_error()));
+            }
+            // /proc/thread-self/net follows this thread's namespace (/proc/self/net
+            // would show the main thread's, and sysfs the host's as mounted).
+            let text = std::fs::read_to_string("/proc/thread-self/net/dev")
+                .map_err(|e| Error::io("/proc/thread-self/net/dev", e))?;
+            parse_net_dev(&text, &dev, &counter)
+        })
+        .join()
+        .map_err(|_| Error::Setup("counter thread panicked".into()))?
+    }
+}
+
+/// A counter of `dev` from `/proc/net/dev` text.
+pub fn parse_net_dev(text: &str, dev: &str, counter: &str) -> Result<u64> {
+    // Columns after "dev:": rx bytes packets errs drop fifo frame compressed multicast,
+    // then tx bytes packets errs drop fifo colls carrier compressed.
+    let col = match counter {
+        "rx_bytes" => 0,
+        "rx_packets" => 1,
+        "rx_dropped" => 3,
+        "tx_bytes" => 8,
+        "tx_packets" => 9,
+        "tx_dropped" => 11,
+        other => {
+            return Err(Error::Parse {
+                what: "/proc/net/dev".into(),
+                msg: format!("unknown counter {other}"),
+            })
+        }
+    };
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim() == dev)
+        .and_then(|(_, rest)| rest.split_whitespace().nth(col)?.parse().ok())
+        .ok_or_else(|| Error::Parse {
+            what: "/proc/net/dev".into(),
+            msg: format!("no {counter} for {dev}"),
+        })
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Linux hands CHECKSUM_PARTIAL inner packets to a VXLAN device, and a PP node reading
+/// the datagrams from a UDP socket would forward them with unfinished checksums: make
+/// the kernel finish them before encapsulating.
+fn vxlan_tx_off(ns: &str) -> Result<()> {
+    cmd::in_ns(ns, &["ethtool", "-K", "vx0", "tx", "off"], CONFIG_LIMIT).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_dev_counters() {
+        let text = "Inter-|   Receive                                                |  Transmit\n \
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    \
+ lo:     100       2    0    0    0     0          0         0      100       2    0    0    0     0       0          0\n  \
+ eth0: 5000      40    0    1    0     0          0         0     7000      50    0    3    0     0       0          0\n";
+        assert_eq!(parse_net_dev(text, "eth0", "rx_packets").unwrap(), 40);
+        assert_eq!(parse_net_dev(text, "eth0", "tx_packets").unwrap(), 50);
+        assert_eq!(parse_net_dev(text, "eth0", "rx_dropped").unwrap(), 1);
+        assert_eq!(parse_net_dev(text, "lo", "rx_bytes").unwrap(), 100);
+        assert!(parse_net_dev(text, "eth1", "rx_packets").is_err());
+    }
+
+    #[test]
+    fn names_and_addresses_stay_in_the_benchmark_range() {
+        for j in 0..100 {
+            let a = addr::client_underlay(j).octets();
+            assert_eq!((a[0], a[1]), (198, 18));
+            assert!(a[2] < 128, "underlay is 198.18.0.0/17");
+            assert_eq!(addr::pool(j).octets()[..3], [198, 18, 201]);
+            assert_eq!(mac::client(j).len(), 17);
+            assert_ne!(mac::client(j), mac::tenant_gw(j));
+        }
+        assert_eq!(addr::backend(199).octets(), [198, 19, 3, 210]);
+    }
+}
