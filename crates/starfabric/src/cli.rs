@@ -262,10 +262,10 @@ pub enum TenantCmd {
         /// SNAT port range.
         #[arg(long, default_value = "1024-65535")]
         ports: String,
-        /// Where translated traffic leaves: `IP:VNI` of the egress VXLAN endpoint.
+        /// Where translated traffic leaves: `IP:VNI[@MAC]` of the egress VXLAN endpoint.
         #[arg(long)]
         egress: Option<String>,
-        /// Where replies go back to: `IP:VNI` of the tenant's VXLAN endpoint.
+        /// Where replies go back to: `IP:VNI[@MAC]` of the tenant's VXLAN endpoint.
         #[arg(long = "return")]
         ret: Option<String>,
         /// Wait until the chain's SC group serves it.
@@ -392,10 +392,10 @@ pub enum ChainCmd {
         /// NF names in order, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         nfs: Vec<String>,
-        /// `IP:VNI` the forward direction is re-encapsulated to.
+        /// `IP:VNI[@MAC]` the forward direction is re-encapsulated to.
         #[arg(long)]
         egress: Option<String>,
-        /// `IP:VNI` replies are re-encapsulated to.
+        /// `IP:VNI[@MAC]` replies are re-encapsulated to.
         #[arg(long = "return")]
         ret: Option<String>,
         #[arg(long)]
@@ -421,16 +421,26 @@ fn ports(s: &str) -> Result<Value> {
     )
 }
 
+/// `IP:VNI[@MAC]`: the VXLAN endpoint a direction is re-encapsulated to, and the
+/// inner destination MAC its receiver expects (a Linux VXLAN device drops frames not
+/// addressed to it).
 fn egress(s: Option<&str>) -> Result<Value> {
     match s {
         None => Ok(json!({"decap": true})),
         Some(s) => {
-            let (ip, vni) = s
+            let (endpoint, mac) = match s.split_once('@') {
+                Some((e, m)) => (e, Some(m)),
+                None => (s, None),
+            };
+            let (ip, vni) = endpoint
                 .rsplit_once(':')
-                .ok_or_else(|| anyhow!("expected IP:VNI, got {s:?}"))?;
-            Ok(
-                json!({"decap": true, "encap": {"dst": ip, "vni": vni.parse::<u32>().context("VNI")?}}),
-            )
+                .ok_or_else(|| anyhow!("expected IP:VNI[@MAC], got {s:?}"))?;
+            let mut v = json!({"decap": true,
+                               "encap": {"dst": ip, "vni": vni.parse::<u32>().context("VNI")?}});
+            if let Some(m) = mac {
+                v["inner_dmac"] = json!(m);
+            }
+            Ok(v)
         }
     }
 }

@@ -1,7 +1,9 @@
-//! `starfabric demo`: the PP pipeline step by step, then its benchmark.
+//! `starfabric demo --pipeline`: the PP pipeline step by step, then its benchmark.
 //!
-//! Until the FM/SC planes land, a small in-process "rule server" plays SNAT: it answers
-//! each rule request with a paired-pool mapping, as SC will.
+//! A small in-process "rule server" plays SNAT so the walk-through needs no FM or SC:
+//! it answers each rule request with a paired-pool mapping, as SC does. The default
+//! `starfabric demo` (`make demo`) is the whole platform on the netns testbed
+//! (`demo_testbed.rs`).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -19,7 +21,13 @@ use crate::bench::{pipeline_bench, PipelineBenchArgs};
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Skip the benchmark at the end.
+    /// The offline walk-through of the PP pipeline instead of the testbed demo.
+    #[arg(long)]
+    pipeline: bool,
+    /// Testbed demo: seconds of traffic.
+    #[arg(long, default_value_t = 20)]
+    secs: u32,
+    /// Skip the benchmark at the end (--pipeline).
     #[arg(long)]
     no_bench: bool,
     /// Seconds per benchmark point.
@@ -71,6 +79,9 @@ fn describe(frame: &[u8]) -> String {
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
+    if !a.pipeline {
+        return crate::demo_testbed::run(a.secs);
+    }
     println!("starfabric demo: the PP node's match-action pipeline");
     println!("A PP node caches rules only, never NF state. A flow's first packet misses; the");
     println!("node holds it, asks the fabric master for a rule, and applies that rule to every");

@@ -14,14 +14,15 @@ mod bench_e2e;
 mod bench_setup;
 mod cli;
 mod demo;
+mod demo_testbed;
 mod fm_cmd;
 mod metrics;
 mod node_agent;
 mod orchestrator_cmd;
 mod pp_cmd;
 mod sc_cmd;
-mod up;
 mod testbed_cmd;
+mod up;
 
 #[derive(Parser)]
 #[command(
@@ -49,7 +50,8 @@ enum Cmd {
         #[command(subcommand)]
         what: bench::BenchCmd,
     },
-    /// Walk through the pipeline: a miss, the rule, the release, hits; then benchmark.
+    /// The platform on the netns testbed with real traffic (`--pipeline`: the offline
+    /// walk-through of the PP pipeline).
     Demo(demo::DemoArgs),
     /// Run a PP node.
     Pp(pp_cmd::PpArgs),

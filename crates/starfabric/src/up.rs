@@ -47,6 +47,11 @@ pub struct UpArgs {
     /// Seconds to wait for every node to be ready.
     #[arg(long, default_value_t = 60.0)]
     ready_timeout: f64,
+    /// Run the PP node in this network namespace (`ip netns exec`), e.g. the netns
+    /// testbed's PP namespace; `--vxlan`, `--fm` and `--control` must then be addresses
+    /// it can reach.
+    #[arg(long)]
+    pp_netns: Option<String>,
 }
 
 /// A child node: killed (by its PID) when dropped.
@@ -79,11 +84,31 @@ impl Drop for Node {
 /// Start `starfabric <args>`, send its stdout and stderr to `logs/<name>.log`, and
 /// return once a stdout line starts with `ready` (handing that line back).
 fn spawn(dir: &Path, name: &str, args: &[String], ready: &str) -> Result<(Node, String)> {
+    spawn_in(None, dir, name, args, ready)
+}
+
+/// [`spawn`], in network namespace `netns` if given. `ip netns exec` execs the node
+/// in place, so the child's PID is the node's.
+fn spawn_in(
+    netns: Option<&str>,
+    dir: &Path,
+    name: &str,
+    args: &[String],
+    ready: &str,
+) -> Result<(Node, String)> {
     let exe = std::env::current_exe().context("finding the starfabric binary")?;
     let log_path = dir.join("logs").join(format!("{name}.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
-    let mut child = Command::new(&exe)
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let mut child = cmd
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -231,7 +256,8 @@ pub fn run(a: UpArgs) -> Result<()> {
         nodes.push(n);
     }
     pb.set_message("starting the PP node");
-    let (pp, _) = spawn(
+    let (pp, _) = spawn_in(
+        a.pp_netns.as_deref(),
         &a.dir,
         "pp-1",
         &[

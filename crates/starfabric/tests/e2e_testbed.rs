@@ -541,3 +541,34 @@ fn a_panic_mid_test_leaves_no_namespace_and_no_process() {
         );
     }
 }
+
+/// `make demo` end to end, shortened: the testbed, `starfabric up` with the PP node in
+/// its namespace, two tenants made through the CLI, traffic with live stats, teardown.
+/// The demo itself fails when SNAT, the firewall or the load balancer misbehave.
+#[test]
+fn demo_runs_its_tenants_through_the_cli_and_leaves_nothing_behind() {
+    if !testbed::is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        println!("SKIP: the demo needs root");
+        return;
+    }
+    let out = std::process::Command::new(BIN)
+        .args(["demo", "--secs", "3"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run the demo");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the demo failed");
+    for needle in [
+        "chain acme/main is served",
+        "chain globex/main is served",
+        "the server saw us as `inet 198.18.201.1:",
+        "denied by acme's firewall",
+        "answered by `backend-",
+        "every namespace, veth, VXLAN device and process of the demo is gone",
+    ] {
+        assert!(text.contains(needle), "demo output lacks {needle:?}");
+    }
+    assert!(namespaces_with_prefix("sfdemo-").is_empty());
+}
