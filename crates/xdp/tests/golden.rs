@@ -1,0 +1,249 @@
+//! The golden-packet corpus on both paths: every case of `tests/golden/corpus.txt` runs
+//! through the XDP program (`BPF_PROG_TEST_RUN`, no interface needed) and through the
+//! userspace pipeline, and the two must agree case by case.
+//!
+//! A case the XDP program runs must give the corpus's frame with `XDP_TX` (or `XDP_DROP`
+//! for a drop rule), byte for byte the userspace pipeline's output. A case it does not run
+//! by design is listed in [`PASSED_UP`] with the reason, and must come back `XDP_PASS` with
+//! the frame untouched: the miss path, which hands the packet to the userspace pipeline
+//! (whose result is then the corpus's, checked here too). No case is skipped.
+
+use pipeline::golden::{self, Case, Outcome};
+use xdp::{XdpProgram, XdpRule, XdpVerdict};
+
+/// Cases the XDP program hands up to userspace, and why.
+const PASSED_UP: &[(&str, &str)] = &[
+    // Inner IPv6: the program parses inner IPv4 only (XdpRule::from_rule refuses v6 flows).
+    ("v6-tcp-syn-snat-reencap", "inner IPv6 not offloaded"),
+    ("v6-tcp-data-dnat-reencap", "inner IPv6 not offloaded"),
+    ("v6-udp-snat-dnat-reencap", "inner IPv6 not offloaded"),
+    (
+        "v6-icmp6-echo-request-snat-reencap",
+        "inner IPv6 not offloaded",
+    ),
+    (
+        "v6-icmp6-echo-reply-unsnat-reencap",
+        "inner IPv6 not offloaded",
+    ),
+    ("v6-tcp-exthdrs-snat-reencap", "inner IPv6 not offloaded"),
+    ("v6-tcp-exthdrs-dnat-decap", "inner IPv6 not offloaded"),
+    ("v6-tcp-decap-only", "inner IPv6 not offloaded"),
+    (
+        "v6-icmp6-dest-unreach-udp-unsnat-vxlan-reencap",
+        "inner IPv6 not offloaded",
+    ),
+    // Outer shapes other than packet::vxlan_fast's (VLAN tag, IPv6 underlay).
+    ("v4-udp-vlan-outer-snat-reencap", "outer VLAN tag"),
+    ("v4-udp-vlan-outer-decap-only", "outer VLAN tag"),
+    ("v4-udp-v6-underlay-decap-only", "IPv6 underlay"),
+    // ICMP errors are keyed on their quote and rewrite it: userspace only.
+    ("v4-icmp-port-unreach-udp-unsnat-vxlan-decap", "ICMP error"),
+    (
+        "v4-icmp-time-exceeded-tcp-unsnat-vxlan-reencap",
+        "ICMP error",
+    ),
+    // A VXLAN miss: no offloaded rule (userspace asks FM; here it has no rule server).
+    ("v4-udp-vxlan-no-rule", "miss"),
+    // Malformed VXLAN to the node: the userspace parser decides and counts the drop.
+    ("vxlan-i-flag-clear-bad-header", "VXLAN I flag clear"),
+    ("vxlan-inner-eth-cut-truncated", "inner frame cut"),
+    ("vxlan-hdr-cut-truncated", "VXLAN header cut"),
+];
+
+/// Frames that are not VXLAN to the node: the program gives them to the kernel (on a PP
+/// node with AF_XDP, the kernel answers ARP and management; the userspace pipeline never
+/// sees bare traffic there). Any case whose input is not VXLAN to the node belongs here.
+const NOT_VXLAN: &str = "not VXLAN to the node";
+
+/// Frames the kernel's BPF_PROG_TEST_RUN refuses (shorter than an Ethernet header);
+/// a driver never hands such a frame to XDP either.
+const RUNT: &[&str] = &["eth-runt-truncated"];
+
+fn is_vxlan_to_node(f: &[u8], node: &pipeline::NodeAddr) -> bool {
+    // Untagged IPv4 UDP to the node's address and port 4789: what the program considers.
+    if f.len() < 34
+        || f[12..14] != [0x08, 0x00]
+        || f[14] >> 4 != 4
+        || f[23] != 17
+        || f[30..34] != node.ip.octets()
+    {
+        return false;
+    }
+    let udp = 14 + (f[14] & 0x0f) as usize * 4;
+    f.get(udp + 2..udp + 4) == Some(&4789u16.to_be_bytes()[..])
+}
+
+#[test]
+fn golden_corpus_gives_identical_results_on_xdp_and_userspace() {
+    let (node, cases) = golden::load().expect("corpus");
+    let mut prog = XdpProgram::load().expect("load the XDP program (needs root / CAP_BPF)");
+    prog.set_node(&node).expect("set node");
+
+    let mut identical = Vec::new();
+    let mut passed_up: Vec<(String, &str)> = Vec::new();
+    let mut failures = Vec::new();
+    for c in &cases {
+        match run(&mut prog, node, c) {
+            Ok(Ran::Identical) => identical.push(c.name.clone()),
+            Ok(Ran::PassedUp(why)) => passed_up.push((c.name.clone(), why)),
+            Err(e) => failures.push(format!("{}: {e}", c.name)),
+        }
+    }
+    // Every listed case exists: the list cannot hide a case that was renamed away.
+    for (name, _) in PASSED_UP {
+        assert!(
+            cases.iter().any(|c| c.name == *name),
+            "PASSED_UP names {name}, which the corpus does not have"
+        );
+    }
+    println!(
+        "golden corpus on XDP: {} of {} cases identical on XDP and userspace, {} passed up to userspace:",
+        identical.len(),
+        cases.len(),
+        passed_up.len()
+    );
+    let mut reasons: Vec<&str> = passed_up.iter().map(|(_, r)| *r).collect();
+    reasons.sort();
+    reasons.dedup();
+    for r in reasons {
+        let names: Vec<&str> = passed_up
+            .iter()
+            .filter(|(_, x)| *x == r)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        println!("  {r}: {} ({})", names.len(), names.join(", "));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    // The offloadable core of the corpus really runs in the driver.
+    assert!(
+        identical.len() >= 15,
+        "only {} cases ran on XDP",
+        identical.len()
+    );
+}
+
+enum Ran {
+    Identical,
+    PassedUp(&'static str),
+}
+
+fn run(prog: &mut XdpProgram, node: pipeline::NodeAddr, c: &Case) -> Result<Ran, String> {
+    let want = c.expect.as_ref().ok_or("no expectation")?;
+    // The userspace pipeline gives the corpus's result on every case.
+    let user = golden::run_userspace(node, c)?;
+    golden::compare(&user, want).map_err(|e| format!("userspace: {e}"))?;
+
+    let rule = c.parsed_rule()?;
+    let offloaded = match &rule {
+        Some(r) => match XdpRule::from_rule(r) {
+            Ok(x) => {
+                prog.install_rule(&r.key, &x)
+                    .map_err(|e| format!("install: {e}"))?;
+                true
+            }
+            Err(_) => false,
+        },
+        None => false,
+    };
+    let result = run_offloaded(prog, node, c, want, offloaded);
+    if let Some(r) = &rule {
+        prog.remove_rule(&r.key)
+            .map_err(|e| format!("remove: {e}"))?;
+    }
+    result
+}
+
+fn run_offloaded(
+    prog: &mut XdpProgram,
+    node: pipeline::NodeAddr,
+    c: &Case,
+    want: &Outcome,
+    offloaded: bool,
+) -> Result<Ran, String> {
+    if RUNT.contains(&c.name.as_str()) {
+        return match prog.test_run(&c.input) {
+            Err(_) => Ok(Ran::PassedUp("runt frame (never reaches XDP)")),
+            Ok(v) => Err(format!("runt frame ran: {v:?}")),
+        };
+    }
+    let (verdict, out) = prog.test_run(&c.input).map_err(|e| e.to_string())?;
+    let listed = PASSED_UP
+        .iter()
+        .find(|(n, _)| *n == c.name)
+        .map(|(_, r)| *r);
+    let why = match listed {
+        Some(r) => Some(r),
+        None if !is_vxlan_to_node(&c.input, &node) => Some(NOT_VXLAN),
+        None => None,
+    };
+    if let Some(why) = why {
+        if verdict != XdpVerdict::Pass || out != c.input {
+            return Err(format!(
+                "listed as passed up ({why}) but XDP gave {verdict:?}{}",
+                if out != c.input {
+                    " with a changed frame"
+                } else {
+                    ""
+                }
+            ));
+        }
+        return Ok(Ran::PassedUp(why));
+    }
+    if !offloaded {
+        return Err("rule not offloadable, and the case is not listed as passed up".into());
+    }
+    // Run in the driver: the same result as the corpus, and so as userspace.
+    match (want, verdict) {
+        (Outcome::Out(_, frame), XdpVerdict::Tx) => {
+            // Every output port of a PP node is its one interface: XDP_TX.
+            golden::compare(&Outcome::Out(0, out), &Outcome::Out(0, frame.clone()))
+                .map_err(|e| format!("XDP: {e}"))?;
+        }
+        (Outcome::Drop(r), XdpVerdict::Drop) if r.starts_with("rule:") => {}
+        (w, v) => return Err(format!("XDP verdict {v:?}, want {w:?}")),
+    }
+    // The hit was counted once, with the input frame's length.
+    let key = c.parsed_rule()?.ok_or("no rule")?.key;
+    let cnt = prog
+        .rule_counters(&key)
+        .map_err(|e| e.to_string())?
+        .ok_or("rule gone")?;
+    if cnt.packets != 1 || cnt.bytes != c.input.len() as u64 || cnt.last_seen.is_none() {
+        return Err(format!("counters {cnt:?} after one packet"));
+    }
+    Ok(Ran::Identical)
+}
+
+#[test]
+fn counters_add_up_and_removal_returns_them() {
+    let (node, cases) = golden::load().expect("corpus");
+    let c = cases
+        .iter()
+        .find(|c| c.name == "v4-udp-snat-reencap")
+        .expect("case");
+    let rule = c.parsed_rule().unwrap().unwrap();
+    let mut prog = XdpProgram::load().expect("load");
+    prog.set_node(&node).unwrap();
+    assert_eq!(prog.offload(&rule).unwrap(), None);
+    for _ in 0..5 {
+        assert_eq!(prog.test_run(&c.input).unwrap().0, XdpVerdict::Tx);
+    }
+    let cnt = prog.rule_counters(&rule.key).unwrap().unwrap();
+    assert_eq!((cnt.packets, cnt.bytes), (5, 5 * c.input.len() as u64));
+    // Replacing the rule hands back the old counters; removing hands back the new ones.
+    let old = prog.offload(&rule).unwrap().unwrap();
+    assert_eq!(old.packets, 5);
+    prog.test_run(&c.input).unwrap();
+    let last = prog.remove_rule(&rule.key).unwrap().unwrap();
+    assert_eq!(last.packets, 1);
+    assert_eq!(prog.remove_rule(&rule.key).unwrap(), None);
+    // Without the rule the flow misses and goes up, untouched.
+    let (v, out) = prog.test_run(&c.input).unwrap();
+    assert_eq!((v, out.as_slice()), (XdpVerdict::Pass, c.input.as_slice()));
+}
