@@ -43,6 +43,7 @@ static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 #define IPPROTO_ICMP 1
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
+#define IPPROTO_ICMPV6 58
 
 /* Rule flags: keep in step with crates/xdp/src/lib.rs (`rule_flag`). */
 #define F_DECAP (1u << 0)
@@ -159,23 +160,50 @@ static __always_inline __u64 swap_addr4(__u8 *p, const __u8 *new)
 	return d;
 }
 
+/* Replace the IPv6 address at `p` (16 bytes), returning the checksum delta. */
+static __always_inline __u64 swap_addr6(__u8 *p, const __u8 *new)
+{
+	__u64 d = 0;
+#pragma unroll
+	for (int i = 0; i < 16; i += 2)
+		d += swap16(p + i, get16(new + i));
+	return d;
+}
+
+/* `::ffff:0:0/96`. */
+static __always_inline int is_v4_mapped(const __u8 *a)
+{
+	for (int i = 0; i < 10; i++)
+		if (a[i])
+			return 0;
+	return a[10] == 0xff && a[11] == 0xff;
+}
+
 /*
- * Rewrite one side (src = 0, dst = 1) of an IPv4 packet, as packet::rewrite_endpoint.
+ * Rewrite one side (src = 0, dst = 1) of the packet, as packet::rewrite_endpoint.
  * `port_at` is the offset of this side's port from `l4`, or -1 when the packet has none
  * on this side (the id-less side of an ICMP echo). The caller has checked that the IP
- * header and the first `min_l4` bytes of the transport header lie in the packet.
+ * header and the transport header (20 bytes for TCP, 8 otherwise) lie in the packet.
  */
-static __always_inline void rewrite_v4_side(__u8 *ip, __u8 *l4, __u8 proto, int port_at,
-					    int have_addr, const __u8 *addr, int have_port,
-					    __u16 port, int side)
+static __always_inline void rewrite_side(__u8 *ip, __u8 *l4, void *data_end, __u8 proto, int v6,
+					 int port_at, int have_addr, const __u8 *addr, int have_port,
+					 __u16 port, int side)
 {
 	__u64 addr_delta = 0, l4_delta = 0;
 
 	if (have_addr) {
-		addr_delta = swap_addr4(ip + (side ? 16 : 12), addr);
-		put16(ip + 10, csum_apply(get16(ip + 10), addr_delta));
+		if (v6) {
+			/* Checked by the caller; said again for the verifier, which cannot
+			 * tie `v6` to the branch that checked it. */
+			if (ip + 40 > (__u8 *)data_end)
+				return;
+			addr_delta = swap_addr6(ip + (side ? 24 : 8), addr);
+		} else {
+			addr_delta = swap_addr4(ip + (side ? 16 : 12), addr);
+			put16(ip + 10, csum_apply(get16(ip + 10), addr_delta));
+		}
 	}
-	/* ICMPv4's checksum has no pseudo-header. */
+	/* ICMPv4's checksum has no pseudo-header; every other transport checksum does. */
 	if (proto != IPPROTO_ICMP)
 		l4_delta += addr_delta;
 	if (have_port && port_at >= 0)
@@ -185,6 +213,7 @@ static __always_inline void rewrite_v4_side(__u8 *ip, __u8 *l4, __u8 proto, int 
 	if (proto == IPPROTO_TCP) {
 		put16(l4 + 16, csum_apply(get16(l4 + 16), l4_delta));
 	} else if (proto == IPPROTO_UDP) {
+		/* Zero stays zero: "no checksum" (v4) or a tunnel's zero checksum (v6). */
 		__u16 c = get16(l4 + 6);
 		if (c != 0) {
 			c = csum_apply(c, l4_delta);
@@ -233,44 +262,76 @@ int pp_xdp(struct xdp_md *ctx)
 		return to_userspace(ctx);
 	__u32 inner_end = 34 + udp_len; /* the inner frame is [50, inner_end) */
 
-	/* Inner Ethernet, untagged, IPv4. */
+	/* Inner Ethernet, untagged, IPv4 or IPv6 without extension headers. The checks are
+	 * packet::parse's, on the inner frame [50, inner_end): a packet they would refuse
+	 * goes up, so userspace refuses (and counts) it. */
 	__u8 *ih = data + VXLAN_V4_OVERHEAD;
-	if (ih + ETH_HLEN + 20 > data_end)
-		return to_userspace(ctx);
-	if (ih[12] != 0x08 || ih[13] != 0x00)
-		return to_userspace(ctx);
-	__u8 *ip = ih + ETH_HLEN;
 	__u32 l3_off = VXLAN_V4_OVERHEAD + ETH_HLEN;
-	if (l3_off + 20 > inner_end)
+	if (ih + ETH_HLEN > data_end || l3_off > inner_end)
 		return to_userspace(ctx);
-	if ((ip[0] >> 4) != 4)
+	__u16 inner_type = get16(ih + 12);
+	__u8 *ip = ih + ETH_HLEN;
+	struct flow_key key = {};
+	__u8 proto;
+	__u32 l4_len;
+	__u8 *l4;
+	int v6;
+	if (inner_type == 0x0800) {
+		v6 = 0;
+		if (ip + 20 > data_end || l3_off + 20 > inner_end)
+			return to_userspace(ctx);
+		if ((ip[0] >> 4) != 4)
+			return to_userspace(ctx);
+		__u32 hl = (ip[0] & 0x0f) * 4;
+		__u32 ip_total = get16(ip + 2);
+		if (hl < 20 || ip_total < hl || l3_off + ip_total > inner_end)
+			return to_userspace(ctx);
+		/* Fragments (first ones included) stay on the userspace path. */
+		if ((get16(ip + 6) & 0x3fff) != 0)
+			return to_userspace(ctx);
+		proto = ip[9];
+		l4_len = ip_total - hl;
+		l4 = ip + hl;
+		key.src[10] = 0xff;
+		key.src[11] = 0xff;
+		__builtin_memcpy(&key.src[12], ip + 12, 4);
+		key.dst[10] = 0xff;
+		key.dst[11] = 0xff;
+		__builtin_memcpy(&key.dst[12], ip + 16, 4);
+	} else if (inner_type == 0x86dd) {
+		v6 = 1;
+		if (ip + 40 > data_end || l3_off + 40 > inner_end)
+			return to_userspace(ctx);
+		if ((ip[0] >> 4) != 6)
+			return to_userspace(ctx);
+		__u32 plen = get16(ip + 4);
+		if (plen == 0 || l3_off + 40 + plen > inner_end)
+			return to_userspace(ctx);
+		/* v4-mapped addresses are refused by userspace (RFC 4942). */
+		if (is_v4_mapped(ip + 8) || is_v4_mapped(ip + 24))
+			return to_userspace(ctx);
+		/* Extension headers (and so fragments) stay on the userspace path: the
+		 * transport header must follow the fixed header. */
+		proto = ip[6];
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMPV6)
+			return to_userspace(ctx);
+		l4_len = plen;
+		l4 = ip + 40;
+		__builtin_memcpy(key.src, ip + 8, 16);
+		__builtin_memcpy(key.dst, ip + 24, 16);
+	} else {
 		return to_userspace(ctx);
-	__u32 hl = (ip[0] & 0x0f) * 4;
-	__u32 ip_total = get16(ip + 2);
-	if (hl < 20 || ip_total < hl || l3_off + ip_total > inner_end)
-		return to_userspace(ctx);
-	/* Fragments (first ones included) stay on the userspace path. */
-	if ((get16(ip + 6) & 0x3fff) != 0)
-		return to_userspace(ctx);
-	__u8 proto = ip[9];
-	__u32 l4_len = ip_total - hl;
-	__u8 *l4 = ip + hl;
-	if (l4 + 20 > data_end) /* bounds for the verifier; lengths are checked below */
+	}
+	if (l4 + 8 > data_end) /* bounds for the verifier; lengths are checked below */
 		return to_userspace(ctx);
 
-	struct flow_key key = {};
 	int sport_at = 0, dport_at = 2;
-	__u8 icmp_type = 0;
 	if (proto == IPPROTO_TCP) {
-		if (l4_len < 20)
+		if (l4_len < 20 || l4 + 20 > data_end)
 			return to_userspace(ctx);
 		__u32 thl = (l4[12] >> 4) * 4;
 		if (thl < 20 || thl > l4_len)
 			return to_userspace(ctx);
-		key.sport[0] = l4[0];
-		key.sport[1] = l4[1];
-		key.dport[0] = l4[2];
-		key.dport[1] = l4[3];
 	} else if (proto == IPPROTO_UDP) {
 		if (l4_len < 8)
 			return to_userspace(ctx);
@@ -280,22 +341,14 @@ int pp_xdp(struct xdp_md *ctx)
 		/* An inner VXLAN header would be parsed (and could be refused) by userspace. */
 		if (get16(l4 + 2) == VXLAN_PORT)
 			return to_userspace(ctx);
-		key.sport[0] = l4[0];
-		key.sport[1] = l4[1];
-		key.dport[0] = l4[2];
-		key.dport[1] = l4[3];
-	} else if (proto == IPPROTO_ICMP) {
+	} else if ((proto == IPPROTO_ICMP && !v6) || (proto == IPPROTO_ICMPV6 && v6)) {
 		if (l4_len < 8)
 			return to_userspace(ctx);
-		icmp_type = l4[0];
-		if (icmp_type == 8) { /* echo request: the identifier is the source port */
-			key.sport[0] = l4[4];
-			key.sport[1] = l4[5];
+		__u8 t = l4[0];
+		if (t == (v6 ? 128 : 8)) { /* echo request: the identifier is the source port */
 			sport_at = 4;
 			dport_at = -1;
-		} else if (icmp_type == 0) { /* echo reply: the destination port */
-			key.dport[0] = l4[4];
-			key.dport[1] = l4[5];
+		} else if (t == (v6 ? 129 : 0)) { /* echo reply: the destination port */
 			sport_at = -1;
 			dport_at = 4;
 		} else {
@@ -305,12 +358,14 @@ int pp_xdp(struct xdp_md *ctx)
 	} else {
 		return to_userspace(ctx);
 	}
-	key.src[10] = 0xff;
-	key.src[11] = 0xff;
-	__builtin_memcpy(&key.src[12], ip + 12, 4);
-	key.dst[10] = 0xff;
-	key.dst[11] = 0xff;
-	__builtin_memcpy(&key.dst[12], ip + 16, 4);
+	if (sport_at >= 0) {
+		key.sport[0] = l4[sport_at];
+		key.sport[1] = l4[sport_at + 1];
+	}
+	if (dport_at >= 0) {
+		key.dport[0] = l4[dport_at];
+		key.dport[1] = l4[dport_at + 1];
+	}
 	key.vni[0] = h[46];
 	key.vni[1] = h[47];
 	key.vni[2] = h[48];
@@ -330,11 +385,11 @@ int pp_xdp(struct xdp_md *ctx)
 		return XDP_DROP;
 
 	if (f & (F_SRC_ADDR | F_SRC_PORT))
-		rewrite_v4_side(ip, l4, proto, sport_at, f & F_SRC_ADDR, r->src_addr,
-				f & F_SRC_PORT, bswap16(r->sport), 0);
+		rewrite_side(ip, l4, data_end, proto, v6, sport_at, f & F_SRC_ADDR, r->src_addr,
+			     f & F_SRC_PORT, bswap16(r->sport), 0);
 	if (f & (F_DST_ADDR | F_DST_PORT))
-		rewrite_v4_side(ip, l4, proto, dport_at, f & F_DST_ADDR, r->dst_addr,
-				f & F_DST_PORT, bswap16(r->dport), 1);
+		rewrite_side(ip, l4, data_end, proto, v6, dport_at, f & F_DST_ADDR, r->dst_addr,
+			     f & F_DST_PORT, bswap16(r->dport), 1);
 
 	if (f & F_INNER_DMAC)
 		__builtin_memcpy(ih, r->inner_dmac, 6);

@@ -13,7 +13,7 @@
 //! installs a flow's rule with [`XdpProgram::offload`] once the flow qualifies, reads the
 //! rule's counters back with [`XdpProgram::rule_counters`], and folds them into its own
 //! stats when it removes the rule. [`XdpRule::from_rule`] refuses the rules the driver
-//! cannot run (policing, IPv6 flows, rules that keep the arriving outer header), so the
+//! cannot run (policing, rules that keep the arriving outer header), so the
 //! userspace PP keeps those flows on its own path. See `docs/xdp.md`.
 
 use std::net::IpAddr;
@@ -22,6 +22,7 @@ use std::time::Duration;
 use aya::maps::{Array, HashMap, MapData, MapError};
 use aya::programs::{ProgramError, Xdp};
 use aya::{Ebpf, EbpfError, TestRun, TestRunOptions};
+use packet::proto;
 use pipeline::{vxlan_source_port, Action, FlowKey, NodeAddr, Rule, RuleContext, RuleError};
 use thiserror::Error;
 
@@ -129,9 +130,7 @@ impl From<&XdpRule> for XdpCounters {
 pub enum NotOffloadable {
     #[error("the rule does not compile: {0}")]
     Invalid(#[from] RuleError),
-    #[error("IPv6 flows are not offloaded yet")]
-    Ipv6Flow,
-    #[error("protocol {0} is not offloaded (TCP, UDP and ICMP echo are)")]
+    #[error("protocol {0} is not offloaded (TCP, UDP and ICMP/ICMPv6 echo are)")]
     Protocol(u8),
     #[error(
         "the rule keeps the arriving outer header (no decap); the XDP path only terminates VXLAN"
@@ -188,11 +187,15 @@ impl XdpVerdict {
     }
 }
 
-fn v4_octets(a: &IpAddr) -> Result<[u8; 4], NotOffloadable> {
+/// An address as the program stores it: IPv4 in the first 4 bytes, IPv6 in all 16.
+/// (The rule was validated: its family is the flow's.)
+fn addr_bytes(a: &IpAddr) -> [u8; 16] {
+    let mut b = [0u8; 16];
     match a {
-        IpAddr::V4(a) => Ok(a.octets()),
-        IpAddr::V6(_) => Err(NotOffloadable::Ipv6Flow),
+        IpAddr::V4(a) => b[..4].copy_from_slice(&a.octets()),
+        IpAddr::V6(a) => b.copy_from_slice(&a.octets()),
     }
+    b
 }
 
 impl XdpRule {
@@ -210,12 +213,10 @@ impl XdpRule {
         let slot = ctx.compile(rule)?;
         ctx.release(&slot);
 
-        if !rule.key.is_v4() {
-            return Err(NotOffloadable::Ipv6Flow);
-        }
-        match rule.key.proto() {
-            packet::proto::TCP | packet::proto::UDP | packet::proto::ICMP => {}
-            p => return Err(NotOffloadable::Protocol(p)),
+        let v4 = rule.key.is_v4();
+        match (rule.key.proto(), v4) {
+            (proto::TCP | proto::UDP, _) | (proto::ICMP, true) | (proto::ICMPV6, false) => {}
+            (p, _) => return Err(NotOffloadable::Protocol(p)),
         }
         let mut r = XdpRule::default();
         let mut decap = false;
@@ -227,7 +228,7 @@ impl XdpRule {
                 }
                 Action::SetSrc { addr, port } => {
                     if let Some(a) = addr {
-                        r.src_addr[..4].copy_from_slice(&v4_octets(a)?);
+                        r.src_addr = addr_bytes(a);
                         r.flags |= rule_flag::SRC_ADDR;
                     }
                     if let Some(p) = port {
@@ -237,7 +238,7 @@ impl XdpRule {
                 }
                 Action::SetDst { addr, port } => {
                     if let Some(a) = addr {
-                        r.dst_addr[..4].copy_from_slice(&v4_octets(a)?);
+                        r.dst_addr = addr_bytes(a);
                         r.flags |= rule_flag::DST_ADDR;
                     }
                     if let Some(p) = port {
@@ -490,11 +491,8 @@ mod tests {
     fn rules_the_driver_cannot_run_stay_in_userspace() {
         let cases = [
             (
-                rule(
-                    "100 tcp [2001:2::1]:1 > [2001:2::2]:2",
-                    "decap; set-src [2001:2::9]:3; out 1",
-                ),
-                NotOffloadable::Ipv6Flow,
+                rule("100 icmp [2001:2::1]:1 > [2001:2::2]:0", "decap; out 1"),
+                NotOffloadable::Protocol(1),
             ),
             (
                 rule("0 udp 10.0.0.1:1 > 10.0.0.2:2", "set-src 10.0.0.9; out 1"),
