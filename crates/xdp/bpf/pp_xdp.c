@@ -45,6 +45,11 @@ static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 #define IPPROTO_UDP 17
 #define IPPROTO_ICMPV6 58
 
+/* IPv6 extension headers walked in the driver, and how far the transport header may sit
+ * from the IPv6 header. Longer chains go up to userspace. */
+#define MAX_V6_EXT 4
+#define MAX_V6_EXT_OFF 1024
+
 /* Rule flags: keep in step with crates/xdp/src/lib.rs (`rule_flag`). */
 #define F_DECAP (1u << 0)
 #define F_SRC_ADDR (1u << 1)
@@ -193,8 +198,8 @@ static __always_inline void rewrite_side(__u8 *ip, __u8 *l4, void *data_end, __u
 
 	if (have_addr) {
 		if (v6) {
-			/* Checked by the caller; said again for the verifier, which cannot
-			 * tie `v6` to the branch that checked it. */
+			/* Checked by the caller; said again for the verifier, which does not
+			 * tie `v6` (or `proto`) to the branch that checked the length. */
 			if (ip + 40 > (__u8 *)data_end)
 				return;
 			addr_delta = swap_addr6(ip + (side ? 24 : 8), addr);
@@ -211,6 +216,9 @@ static __always_inline void rewrite_side(__u8 *ip, __u8 *l4, void *data_end, __u
 	if (l4_delta == 0)
 		return;
 	if (proto == IPPROTO_TCP) {
+		/* Checked by the caller; again for the verifier, as above. */
+		if (l4 + 20 > (__u8 *)data_end)
+			return;
 		put16(l4 + 16, csum_apply(get16(l4 + 16), l4_delta));
 	} else if (proto == IPPROTO_UDP) {
 		/* Zero stays zero: "no checksum" (v4) or a tunnel's zero checksum (v6). */
@@ -262,7 +270,7 @@ int pp_xdp(struct xdp_md *ctx)
 		return to_userspace(ctx);
 	__u32 inner_end = 34 + udp_len; /* the inner frame is [50, inner_end) */
 
-	/* Inner Ethernet, untagged, IPv4 or IPv6 without extension headers. The checks are
+	/* Inner Ethernet, untagged, IPv4 or IPv6. The checks are
 	 * packet::parse's, on the inner frame [50, inner_end): a packet they would refuse
 	 * goes up, so userspace refuses (and counts) it. */
 	__u8 *ih = data + VXLAN_V4_OVERHEAD;
@@ -310,13 +318,38 @@ int pp_xdp(struct xdp_md *ctx)
 		/* v4-mapped addresses are refused by userspace (RFC 4942). */
 		if (is_v4_mapped(ip + 8) || is_v4_mapped(ip + 24))
 			return to_userspace(ctx);
-		/* Extension headers (and so fragments) stay on the userspace path: the
-		 * transport header must follow the fixed header. */
-		proto = ip[6];
+		/* Extension headers, walked as packet::parse's walk_v6_ext does, up to
+		 * MAX_V6_EXT in the driver; a fragment header (and any longer chain) goes
+		 * up to userspace. */
+		__u32 end = 40 + plen, off = 40;
+		__u8 next = ip[6];
+#pragma unroll
+		for (int i = 0; i < MAX_V6_EXT; i++) {
+			if (next != 0 && next != 43 && next != 60 && next != 51)
+				break;
+			/* Hop-by-Hop must come first (RFC 8200 §4.1). */
+			if (next == 0 && i > 0)
+				return to_userspace(ctx);
+			if (off + 2 > end || off > MAX_V6_EXT_OFF)
+				return to_userspace(ctx);
+			__u8 *e = ip + off;
+			if (e + 2 > data_end)
+				return to_userspace(ctx);
+			/* AH counts 4-byte units minus 2 (RFC 4302); the others 8-byte
+			 * units minus 1. */
+			__u32 len = next == 51 ? ((__u32)e[1] + 2) * 4 : ((__u32)e[1] + 1) * 8;
+			if (off + len > end)
+				return to_userspace(ctx);
+			next = e[0];
+			off += len;
+		}
+		proto = next;
 		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMPV6)
 			return to_userspace(ctx);
-		l4_len = plen;
-		l4 = ip + 40;
+		if (off > MAX_V6_EXT_OFF)
+			return to_userspace(ctx);
+		l4_len = end - off;
+		l4 = ip + off;
 		__builtin_memcpy(key.src, ip + 8, 16);
 		__builtin_memcpy(key.dst, ip + 24, 16);
 	} else {
