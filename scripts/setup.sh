@@ -8,7 +8,7 @@ die() { echo "setup: ERROR: $*" >&2; exit 1; }
 step() { echo "setup: $*"; }
 
 APT_PACKAGES=(
-    clang llvm lld
+    clang llvm lld linux-libc-dev   # linux-libc-dev: <linux/bpf.h> for crates/xdp/bpf
     python3-scapy
     iproute2 ethtool
     pkg-config m4 libelf-dev zlib1g-dev

@@ -10,6 +10,7 @@
 //! [`MemRing`] serves tests and benchmarks, and the PP node adds socket, AF_XDP and XDP
 //! backends behind the same trait.
 
+pub mod golden;
 mod io;
 mod key;
 mod pending;

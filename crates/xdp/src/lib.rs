@@ -1,0 +1,520 @@
+//! The XDP fast path of a PP node: offloaded rules run in the NIC driver.
+//!
+//! `bpf/pp_xdp.c` is built by clang from this crate's build script and embedded here. On
+//! the PP node's interface it takes VXLAN to the node's underlay address, builds the same
+//! 40-byte [`FlowKey`] as the userspace pipeline from the inner packet, and looks it up in
+//! the `offloaded_rules` map. A hit runs the rule in the driver (NAT rewrite with
+//! incremental checksums, VXLAN decap and re-encap, per-rule counters) and transmits with
+//! `XDP_TX`; a miss, and any packet the program does not parse exactly as the userspace
+//! parser does, goes up to the userspace pipeline (the AF_XDP socket bound in `xsks`, or
+//! the kernel when none is). Anything else (ARP, management) goes to the kernel.
+//!
+//! [`XdpProgram`] loads the program with aya and manages its maps: the userspace PP
+//! installs a flow's rule with [`XdpProgram::offload`] once the flow qualifies, reads the
+//! rule's counters back with [`XdpProgram::rule_counters`], and folds them into its own
+//! stats when it removes the rule. [`XdpRule::from_rule`] refuses the rules the driver
+//! cannot run (policing, rules that keep the arriving outer header), so the
+//! userspace PP keeps those flows on its own path. See `docs/xdp.md`.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap, MapData, MapError};
+use aya::programs::{ProgramError, Xdp};
+use aya::{Ebpf, EbpfError, TestRun, TestRunOptions};
+use packet::proto;
+use pipeline::{vxlan_source_port, Action, FlowKey, NodeAddr, Rule, RuleContext, RuleError};
+use thiserror::Error;
+
+/// The compiled XDP object (clang `-O2 -g -target bpf`).
+static PP_XDP_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pp_xdp.o"));
+
+/// The program's name in the object.
+pub const PROGRAM: &str = "pp_xdp";
+/// Map of offloaded rules: 40-byte `FlowKey` bytes → [`XdpRule`].
+pub const RULES_MAP: &str = "offloaded_rules";
+/// One-entry array holding the node's underlay identity ([`XdpNode`]).
+pub const NODE_MAP: &str = "node_config";
+/// AF_XDP sockets by receive queue, where misses go.
+pub const XSKS_MAP: &str = "xsks";
+/// Capacity of [`RULES_MAP`].
+pub const MAX_OFFLOADED_RULES: u32 = 65536;
+
+/// Flags of [`XdpRule::flags`]; the same values as the `F_*` defines of `pp_xdp.c`.
+pub mod rule_flag {
+    pub const DECAP: u32 = 1;
+    pub const SRC_ADDR: u32 = 1 << 1;
+    pub const SRC_PORT: u32 = 1 << 2;
+    pub const DST_ADDR: u32 = 1 << 3;
+    pub const DST_PORT: u32 = 1 << 4;
+    pub const ENCAP: u32 = 1 << 5;
+    pub const DROP: u32 = 1 << 6;
+    pub const INNER_DMAC: u32 = 1 << 7;
+    pub const INNER_SMAC: u32 = 1 << 8;
+}
+
+/// An offloaded rule as the XDP program reads it: the compiled action list and the
+/// rule's counters, which the program updates in place. Layout of `struct xdp_rule`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct XdpRule {
+    pub flags: u32,
+    /// New source address; IPv4 in the first 4 bytes.
+    pub src_addr: [u8; 16],
+    pub dst_addr: [u8; 16],
+    /// New ports (ICMP echo: the identifier), network byte order.
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    /// Outer destination of the re-encap, network byte order.
+    pub encap_dst: [u8; 4],
+    /// VNI of the re-encap, big endian; the first byte is 0.
+    pub encap_vni: [u8; 4],
+    /// Outer UDP source port of the re-encap: `vxlan_source_port` of the rewritten key,
+    /// as the userspace pipeline computes it at install. Network byte order.
+    pub encap_sport: [u8; 2],
+    /// The rule's output port. Every output of a PP node leaves by its one interface,
+    /// as with the UDP socket backend, so the program transmits with `XDP_TX`.
+    pub out_port: u8,
+    pub pad: u8,
+    pub inner_dmac: [u8; 6],
+    pub inner_smac: [u8; 6],
+    pub packets: u64,
+    pub bytes: u64,
+    /// `bpf_ktime_get_ns` of the last hit (CLOCK_MONOTONIC); 0 before the first.
+    pub last_seen_ns: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<XdpRule>() == 88);
+
+// SAFETY: `XdpRule` is `repr(C)`, made only of integers and byte arrays, with no padding
+// (88 bytes, asserted above) and no invalid bit patterns, so any bytes the kernel hands
+// back are a valid value.
+unsafe impl aya::Pod for XdpRule {}
+
+/// The node's underlay identity, as the program reads it (`struct xdp_node`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct XdpNode {
+    /// Network byte order; all zero means "not configured": the program passes all.
+    pub ip: [u8; 4],
+    pub mac: [u8; 6],
+    pub gw_mac: [u8; 6],
+}
+
+const _: () = assert!(std::mem::size_of::<XdpNode>() == 16);
+
+// SAFETY: `repr(C)`, byte arrays only, 16 bytes without padding; any bytes are valid.
+unsafe impl aya::Pod for XdpNode {}
+
+/// An offloaded rule's counters, read from the map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XdpCounters {
+    pub packets: u64,
+    pub bytes: u64,
+    /// CLOCK_MONOTONIC time of the last hit; `None` before the first.
+    pub last_seen: Option<Duration>,
+}
+
+impl From<&XdpRule> for XdpCounters {
+    fn from(r: &XdpRule) -> Self {
+        XdpCounters {
+            packets: r.packets,
+            bytes: r.bytes,
+            last_seen: (r.last_seen_ns != 0).then(|| Duration::from_nanos(r.last_seen_ns)),
+        }
+    }
+}
+
+/// Why a rule stays on the userspace path.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NotOffloadable {
+    #[error("the rule does not compile: {0}")]
+    Invalid(#[from] RuleError),
+    #[error("protocol {0} is not offloaded (TCP, UDP and ICMP/ICMPv6 echo are)")]
+    Protocol(u8),
+    #[error(
+        "the rule keeps the arriving outer header (no decap); the XDP path only terminates VXLAN"
+    )]
+    NoDecap,
+    #[error("policing needs the userspace rate manager")]
+    Police,
+}
+
+/// Errors of the XDP fast path.
+#[derive(Debug, Error)]
+pub enum XdpError {
+    #[error("loading the XDP object: {0}")]
+    Load(#[from] EbpfError),
+    #[error("XDP program: {0}")]
+    Program(#[from] ProgramError),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("program {0} missing from the object")]
+    MissingProgram(&'static str),
+    #[error("not offloadable: {0}")]
+    NotOffloadable(#[from] NotOffloadable),
+    #[error("BPF_PROG_TEST_RUN wrote {got} bytes, more than the {cap}-byte buffer")]
+    TestRunOverflow { got: usize, cap: usize },
+}
+
+/// The program's verdict on a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpVerdict {
+    Aborted,
+    Drop,
+    Pass,
+    Tx,
+    Redirect,
+    Other(u32),
+}
+
+impl XdpVerdict {
+    fn from_raw(v: u32) -> Self {
+        match v {
+            0 => XdpVerdict::Aborted,
+            1 => XdpVerdict::Drop,
+            2 => XdpVerdict::Pass,
+            3 => XdpVerdict::Tx,
+            4 => XdpVerdict::Redirect,
+            n => XdpVerdict::Other(n),
+        }
+    }
+}
+
+/// An address as the program stores it: IPv4 in the first 4 bytes, IPv6 in all 16.
+/// (The rule was validated: its family is the flow's.)
+fn addr_bytes(a: &IpAddr) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    match a {
+        IpAddr::V4(a) => b[..4].copy_from_slice(&a.octets()),
+        IpAddr::V6(a) => b.copy_from_slice(&a.octets()),
+    }
+    b
+}
+
+impl XdpRule {
+    /// Compile a pipeline rule into its offloaded form, or say why it must stay on the
+    /// userspace path. The rule is first validated as the userspace pipeline compiles
+    /// it, so an offloaded rule always has a userspace twin with the same meaning.
+    pub fn from_rule(rule: &Rule) -> Result<XdpRule, NotOffloadable> {
+        // The node identity does not matter to validation; it is not read from here.
+        let probe = NodeAddr {
+            ip: std::net::Ipv4Addr::UNSPECIFIED,
+            mac: [0; 6],
+            gw_mac: [0; 6],
+        };
+        let mut ctx = RuleContext::new(probe, Duration::from_secs(60));
+        let slot = ctx.compile(rule)?;
+        ctx.release(&slot);
+
+        let v4 = rule.key.is_v4();
+        match (rule.key.proto(), v4) {
+            (proto::TCP | proto::UDP, _) | (proto::ICMP, true) | (proto::ICMPV6, false) => {}
+            (p, _) => return Err(NotOffloadable::Protocol(p)),
+        }
+        let mut r = XdpRule::default();
+        let mut decap = false;
+        for a in &rule.actions {
+            match a {
+                Action::DecapVxlan => {
+                    decap = true;
+                    r.flags |= rule_flag::DECAP;
+                }
+                Action::SetSrc { addr, port } => {
+                    if let Some(a) = addr {
+                        r.src_addr = addr_bytes(a);
+                        r.flags |= rule_flag::SRC_ADDR;
+                    }
+                    if let Some(p) = port {
+                        r.sport = p.to_be_bytes();
+                        r.flags |= rule_flag::SRC_PORT;
+                    }
+                }
+                Action::SetDst { addr, port } => {
+                    if let Some(a) = addr {
+                        r.dst_addr = addr_bytes(a);
+                        r.flags |= rule_flag::DST_ADDR;
+                    }
+                    if let Some(p) = port {
+                        r.dport = p.to_be_bytes();
+                        r.flags |= rule_flag::DST_PORT;
+                    }
+                }
+                Action::EncapVxlan {
+                    dst,
+                    vni,
+                    inner_dmac,
+                    inner_smac,
+                } => {
+                    r.flags |= rule_flag::ENCAP;
+                    r.encap_dst = dst.octets();
+                    r.encap_vni = vni.to_be_bytes();
+                    r.encap_sport = vxlan_source_port(rule.rewritten_key().hash()).to_be_bytes();
+                    if let Some(m) = inner_dmac {
+                        r.inner_dmac = *m;
+                        r.flags |= rule_flag::INNER_DMAC;
+                    }
+                    if let Some(m) = inner_smac {
+                        r.inner_smac = *m;
+                        r.flags |= rule_flag::INNER_SMAC;
+                    }
+                }
+                Action::Count | Action::Offload => {}
+                Action::Police { .. } => return Err(NotOffloadable::Police),
+                Action::Output(p) => r.out_port = *p,
+                Action::Drop { .. } => r.flags |= rule_flag::DROP,
+            }
+        }
+        // A drop needs no decap: the frame goes nowhere.
+        if !decap && r.flags & rule_flag::DROP == 0 {
+            return Err(NotOffloadable::NoDecap);
+        }
+        Ok(r)
+    }
+}
+
+/// The loaded XDP program and its maps.
+pub struct XdpProgram {
+    ebpf: Ebpf,
+}
+
+impl std::fmt::Debug for XdpProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpProgram").finish_non_exhaustive()
+    }
+}
+
+impl XdpProgram {
+    /// Load the embedded object and its program into the kernel (needs CAP_BPF and
+    /// CAP_NET_ADMIN). Nothing is attached to an interface.
+    pub fn load() -> Result<Self, XdpError> {
+        let mut ebpf = Ebpf::load(PP_XDP_OBJ)?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(PROGRAM)
+            .ok_or(XdpError::MissingProgram(PROGRAM))?
+            .try_into()?;
+        prog.load()?;
+        tracing::debug!(bytes = PP_XDP_OBJ.len(), "XDP fast path loaded");
+        Ok(XdpProgram { ebpf })
+    }
+
+    /// The loaded program, for attaching it to an interface.
+    pub fn program_mut(&mut self) -> Result<&mut Xdp, XdpError> {
+        Ok(self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or(XdpError::MissingProgram(PROGRAM))?
+            .try_into()?)
+    }
+
+    fn program(&self) -> Result<&Xdp, XdpError> {
+        Ok(self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or(XdpError::MissingProgram(PROGRAM))?
+            .try_into()?)
+    }
+
+    fn rules_mut(&mut self) -> Result<HashMap<&mut MapData, [u8; 40], XdpRule>, XdpError> {
+        let map = self
+            .ebpf
+            .map_mut(RULES_MAP)
+            .ok_or(XdpError::MissingMap(RULES_MAP))?;
+        HashMap::try_from(map).map_err(|source| XdpError::Map {
+            name: RULES_MAP,
+            source,
+        })
+    }
+
+    fn rules(&self) -> Result<HashMap<&MapData, [u8; 40], XdpRule>, XdpError> {
+        let map = self
+            .ebpf
+            .map(RULES_MAP)
+            .ok_or(XdpError::MissingMap(RULES_MAP))?;
+        HashMap::try_from(map).map_err(|source| XdpError::Map {
+            name: RULES_MAP,
+            source,
+        })
+    }
+
+    /// Set the node's underlay identity: its address (VXLAN to it is considered), its MAC
+    /// and its next hop's MAC (the re-encap's outer Ethernet header).
+    pub fn set_node(&mut self, node: &NodeAddr) -> Result<(), XdpError> {
+        let map = self
+            .ebpf
+            .map_mut(NODE_MAP)
+            .ok_or(XdpError::MissingMap(NODE_MAP))?;
+        let mut arr: Array<&mut MapData, XdpNode> =
+            Array::try_from(map).map_err(|source| XdpError::Map {
+                name: NODE_MAP,
+                source,
+            })?;
+        let v = XdpNode {
+            ip: node.ip.octets(),
+            mac: node.mac,
+            gw_mac: node.gw_mac,
+        };
+        arr.set(0, v, 0).map_err(|source| XdpError::Map {
+            name: NODE_MAP,
+            source,
+        })?;
+        tracing::info!(ip = %node.ip, "XDP fast path node set");
+        Ok(())
+    }
+
+    /// Install (or replace) the offloaded rule for `key`. Returns the counters of the
+    /// rule it replaced, which the caller folds into the flow's stats: the new value
+    /// starts from `rule`'s counters.
+    pub fn install_rule(
+        &mut self,
+        key: &FlowKey,
+        rule: &XdpRule,
+    ) -> Result<Option<XdpCounters>, XdpError> {
+        let mut map = self.rules_mut()?;
+        let old = lookup(&map, key)?;
+        map.insert(*key.as_bytes(), *rule, 0)
+            .map_err(|source| XdpError::Map {
+                name: RULES_MAP,
+                source,
+            })?;
+        tracing::debug!(%key, flags = rule.flags, "rule offloaded to XDP");
+        Ok(old.as_ref().map(XdpCounters::from))
+    }
+
+    /// Compile `rule` with [`XdpRule::from_rule`] and install it under its key.
+    pub fn offload(&mut self, rule: &Rule) -> Result<Option<XdpCounters>, XdpError> {
+        let r = XdpRule::from_rule(rule)?;
+        self.install_rule(&rule.key, &r)
+    }
+
+    /// Remove the offloaded rule for `key`, returning its final counters (`None` if it
+    /// was not offloaded).
+    pub fn remove_rule(&mut self, key: &FlowKey) -> Result<Option<XdpCounters>, XdpError> {
+        let mut map = self.rules_mut()?;
+        let Some(old) = lookup(&map, key)? else {
+            return Ok(None);
+        };
+        match map.remove(key.as_bytes()) {
+            Ok(()) => {}
+            Err(MapError::KeyNotFound) => return Ok(None),
+            Err(source) => {
+                return Err(XdpError::Map {
+                    name: RULES_MAP,
+                    source,
+                })
+            }
+        }
+        tracing::debug!(%key, packets = old.packets, "offloaded rule removed");
+        Ok(Some(XdpCounters::from(&old)))
+    }
+
+    /// The offloaded rule's counters, `None` if `key` is not offloaded.
+    pub fn rule_counters(&self, key: &FlowKey) -> Result<Option<XdpCounters>, XdpError> {
+        let map = self.rules()?;
+        Ok(lookup(&map, key)?.as_ref().map(XdpCounters::from))
+    }
+
+    /// Run the program once on `frame` with `BPF_PROG_TEST_RUN` (no interface needed):
+    /// its verdict, and the frame as the program left it.
+    pub fn test_run(&self, frame: &[u8]) -> Result<(XdpVerdict, Vec<u8>), XdpError> {
+        // Output can grow by the encap overhead at most; leave generous room.
+        let cap = frame.len() + 256;
+        let mut out = vec![0u8; cap];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        opts.repeat = 1;
+        let res = self.program()?.test_run(opts)?;
+        let n = res.data_size_out as usize;
+        if n > cap {
+            return Err(XdpError::TestRunOverflow { got: n, cap });
+        }
+        out.truncate(n);
+        Ok((XdpVerdict::from_raw(res.return_value), out))
+    }
+}
+
+fn lookup<T: std::borrow::Borrow<MapData>>(
+    map: &HashMap<T, [u8; 40], XdpRule>,
+    key: &FlowKey,
+) -> Result<Option<XdpRule>, XdpError> {
+    match map.get(key.as_bytes(), 0) {
+        Ok(r) => Ok(Some(r)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(source) => Err(XdpError::Map {
+            name: RULES_MAP,
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(text_key: &str, actions: &str) -> Rule {
+        Rule::new(
+            text_key.parse().unwrap(),
+            pipeline::parse_actions(actions).unwrap(),
+        )
+    }
+
+    #[test]
+    fn snat_reencap_compiles_to_the_map_value() {
+        let r = rule(
+            "100 udp 198.18.10.2:5000 > 198.18.20.5:9000",
+            "decap; set-src 198.19.0.1:40000; encap 198.18.0.9 vni 200; count; out 1",
+        );
+        let x = XdpRule::from_rule(&r).unwrap();
+        assert_eq!(
+            x.flags,
+            rule_flag::DECAP | rule_flag::SRC_ADDR | rule_flag::SRC_PORT | rule_flag::ENCAP
+        );
+        assert_eq!(&x.src_addr[..4], &[198, 19, 0, 1]);
+        assert_eq!(x.sport, 40000u16.to_be_bytes());
+        assert_eq!(x.encap_dst, [198, 18, 0, 9]);
+        assert_eq!(x.encap_vni, [0, 0, 0, 200]);
+        assert_eq!(
+            x.encap_sport,
+            vxlan_source_port(r.rewritten_key().hash()).to_be_bytes()
+        );
+        assert_eq!(x.out_port, 1);
+    }
+
+    #[test]
+    fn rules_the_driver_cannot_run_stay_in_userspace() {
+        let cases = [
+            (
+                rule("100 icmp [2001:2::1]:1 > [2001:2::2]:0", "decap; out 1"),
+                NotOffloadable::Protocol(1),
+            ),
+            (
+                rule("0 udp 10.0.0.1:1 > 10.0.0.2:2", "set-src 10.0.0.9; out 1"),
+                NotOffloadable::NoDecap,
+            ),
+            (
+                rule("100 udp 10.0.0.1:1 > 10.0.0.2:2", "decap; police 3; out 1"),
+                NotOffloadable::Police,
+            ),
+            (
+                rule("100 47 10.0.0.1 > 10.0.0.2", "decap; out 1"),
+                NotOffloadable::Protocol(47),
+            ),
+        ];
+        for (r, want) in cases {
+            assert_eq!(XdpRule::from_rule(&r), Err(want), "{r:?}");
+        }
+        // Invalid rules are refused as the pipeline refuses them.
+        let r = rule("100 udp 10.0.0.1:1 > 10.0.0.2:2", "decap; count");
+        assert_eq!(
+            XdpRule::from_rule(&r),
+            Err(NotOffloadable::Invalid(RuleError::NoTerminal))
+        );
+    }
+}
