@@ -26,8 +26,8 @@ pub use io::{
 pub use key::{flow_hash, flow_hash_with, vxlan_source_port, FlowKey, KeyError};
 pub use pending::{Held, PendingConfig, PendingQueue};
 pub use pipeline::{
-    Clock, ManualClock, MonotonicClock, PacketMeta, Pipeline, PipelineConfig, Policer, RuleReply,
-    RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
+    Clock, ElephantPolicy, ManualClock, MonotonicClock, PacketMeta, Pipeline, PipelineConfig,
+    Policer, RuleReply, RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
 };
 pub use rule::{
     format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule, RuleContext,
@@ -35,5 +35,6 @@ pub use rule::{
 };
 pub use stats::{DropReason, LatencyHistogram, Stats, TenantCounters, LATENCY_BOUNDS_US};
 pub use table::{
-    age, EvictReason, FlowEntry, FlowTable, Inserted, TableError, TableStats, MAX_CAPACITY,
+    age, EvictReason, FlowEntry, FlowTable, Inserted, OffloadEvent, TableError, TableStats,
+    MAX_CAPACITY,
 };

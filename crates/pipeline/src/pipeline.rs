@@ -259,6 +259,36 @@ pub struct PipelineConfig {
     /// Arena slots the idle sweep examines per serviced batch.
     pub sweep_budget: usize,
     pub worker: u16,
+    /// Elephant detection for the fast path; `None` (the default) detects nothing.
+    pub elephant: Option<ElephantPolicy>,
+}
+
+/// Most elephants queued for the fast path between two drains; more wait for the
+/// next packet after a drain (they stay unmarked).
+const MAX_QUEUED_ELEPHANTS: usize = 4096;
+
+/// When a flow is heavy enough to hand to the fast path (Zeta §IV-C): it carries at
+/// least `bytes` bytes or `packets` packets within one `window_ms` window. Counted on the
+/// flow's counters with one read and one write per packet (§IV-D): a packet that finds
+/// the window older than `window_ms` starts a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElephantPolicy {
+    pub window_ms: u32,
+    pub bytes: u64,
+    pub packets: u32,
+}
+
+impl Default for ElephantPolicy {
+    /// 100 ms windows; 125 kB (10 Mbit/s) or 1,000 packets (10 kpps) in one makes an
+    /// elephant. Zeta's gateways use 20 kbit/s; a PP node's userspace path is far
+    /// cheaper per packet than a host agent, so only flows that cost it real CPU move.
+    fn default() -> Self {
+        ElephantPolicy {
+            window_ms: 100,
+            bytes: 125_000,
+            packets: 1_000,
+        }
+    }
 }
 
 impl PipelineConfig {
@@ -272,6 +302,7 @@ impl PipelineConfig {
             parse: ParseOptions::default(),
             sweep_budget: 16,
             worker: 0,
+            elephant: None,
         }
     }
 }
@@ -317,6 +348,8 @@ pub struct Pipeline {
     /// Microsecond time for rule setup latency, read only on the miss path and when a
     /// reply installs a rule (see [`Pipeline::set_clock`]).
     clock: Option<Box<dyn Clock>>,
+    /// Flows that crossed the elephant threshold, for the fast path to take.
+    elephants: Vec<FlowKey>,
 }
 
 impl Pipeline {
@@ -336,6 +369,7 @@ impl Pipeline {
             tenants: Tenants::new(),
             cur_tenant: 0,
             clock: None,
+            elephants: Vec::new(),
             cfg,
         })
     }
@@ -625,6 +659,9 @@ impl Pipeline {
                     } else {
                         self.stats.hits += 1;
                         self.table.touch(idx, now);
+                        if let Some(p) = self.cfg.elephant {
+                            self.detect_elephant(&p, idx, d.len, now);
+                        }
                         self.apply(region, d, &st.cls, idx, now);
                     }
                 }
@@ -633,6 +670,89 @@ impl Pipeline {
         }
         self.tenants.add(self.cur_tenant, run_packets, run_bytes);
         self.cur_tenant = 0;
+    }
+
+    /// Zeta's single read/write window count; a flow crossing the policy's threshold
+    /// is queued once for the fast path (the offloaded mark stops it queueing again).
+    #[inline]
+    fn detect_elephant(&mut self, p: &ElephantPolicy, idx: u32, len: u16, now: u32) {
+        let c = self.table.counters_mut(idx);
+        if age(now, c.window_start) > p.window_ms {
+            c.window_start = now;
+            c.window_packets = 1;
+            c.window_bytes = u64::from(len);
+        } else {
+            c.window_packets = c.window_packets.saturating_add(1);
+            c.window_bytes += u64::from(len);
+        }
+        if (c.window_bytes >= p.bytes || c.window_packets >= p.packets)
+            && !self.table.entry(idx).is_offloaded()
+            && self.elephants.len() < MAX_QUEUED_ELEPHANTS
+        {
+            // Marked before the fast path has it: a flow the fast path refuses stays
+            // marked, so it is not offered again on every packet.
+            self.table.set_offloaded(idx, true);
+            self.stats.elephants += 1;
+            self.elephants.push(self.table.entry(idx).key);
+        }
+    }
+
+    /// Flows that became elephants since the last call, marked offloaded in the table.
+    /// The fast path installs each one's rule, or calls [`Pipeline::unmark_offloaded`].
+    pub fn take_elephants(&mut self) -> Vec<FlowKey> {
+        std::mem::take(&mut self.elephants)
+    }
+
+    /// Removals and replacements of offloaded flows' rules since the last call.
+    pub fn take_offload_events(&mut self) -> Vec<crate::table::OffloadEvent> {
+        self.table.take_offload_events()
+    }
+
+    /// The installed rule of `key`, rebuilt from its compiled form.
+    pub fn rule_of(&self, key: &FlowKey) -> Option<Rule> {
+        let i = self.table.lookup(key)?;
+        Some(Rule {
+            key: *key,
+            actions: self.ctx.decompile(self.table.rule(i)),
+            idle_timeout: None,
+        })
+    }
+
+    /// Give `key` back to the userspace path: it may be detected again later.
+    pub fn unmark_offloaded(&mut self, key: &FlowKey) {
+        if let Some(i) = self.table.lookup(key) {
+            self.table.set_offloaded(i, false);
+            let c = self.table.counters_mut(i);
+            (c.window_packets, c.window_bytes) = (0, 0);
+        }
+    }
+
+    /// Add what the fast path did for `key` since the last fold to the rule's, tenant's
+    /// and pipeline's counters, so stats add up wherever the packets went. With `seen`,
+    /// also refresh the entry's idle clock: the flow is alive even though userspace
+    /// does not see its packets. Returns false when the flow has no entry any more (its
+    /// tenant's and the pipeline's counters still get the packets).
+    pub fn fold_fastpath(
+        &mut self,
+        key: &FlowKey,
+        packets: u64,
+        bytes: u64,
+        seen: Option<u32>,
+    ) -> bool {
+        self.stats.fastpath_packets += packets;
+        self.stats.fastpath_bytes += bytes;
+        let slot = self.tenants.slot(key.vni());
+        self.tenants.add(slot, packets, bytes);
+        let Some(i) = self.table.lookup(key) else {
+            return false;
+        };
+        let c = self.table.counters_mut(i);
+        c.packets += packets;
+        c.bytes += bytes;
+        if let Some(now) = seen {
+            self.table.touch(i, now);
+        }
+        true
     }
 
     #[inline]

@@ -176,6 +176,12 @@ const _: () = assert!(std::mem::size_of::<RuleSlot>() == 16);
 pub struct RuleCounters {
     pub packets: u64,
     pub bytes: u64,
+    /// Elephant detection (Zeta §IV-C/D): start (ms) of the flow's current measuring
+    /// window and the bytes and packets seen in it. One read and one write per packet:
+    /// a window older than the period restarts in the same write that counts the packet.
+    pub window_start: u32,
+    pub window_packets: u32,
+    pub window_bytes: u64,
 }
 
 impl RuleSlot {

@@ -120,6 +120,12 @@ pub struct Stats {
     pub evicted_table_full: u64,
     pub expired: u64,
     pub offload_marked: u64,
+    /// Flows that crossed the elephant threshold and were handed to the fast path.
+    pub elephants: u64,
+    /// Packets and bytes the fast path handled for this pipeline's flows, folded back
+    /// into the rules' and tenants' counters.
+    pub fastpath_packets: u64,
+    pub fastpath_bytes: u64,
     /// Rule setup latency: from a flow's first packet being held to its rule being
     /// installed (one observation per flow set up through the miss path).
     pub setup_latency: LatencyHistogram,
@@ -145,6 +151,9 @@ impl Default for Stats {
             evicted_table_full: 0,
             expired: 0,
             offload_marked: 0,
+            elephants: 0,
+            fastpath_packets: 0,
+            fastpath_bytes: 0,
             setup_latency: LatencyHistogram::default(),
         }
     }
@@ -193,6 +202,9 @@ impl Stats {
         self.evicted_table_full += o.evicted_table_full;
         self.expired += o.expired;
         self.offload_marked += o.offload_marked;
+        self.elephants += o.elephants;
+        self.fastpath_packets += o.fastpath_packets;
+        self.fastpath_bytes += o.fastpath_bytes;
         self.setup_latency.merge(&o.setup_latency);
     }
 }

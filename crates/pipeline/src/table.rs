@@ -40,6 +40,8 @@ const EMPTY_BUCKET: Bucket = Bucket {
 };
 
 const LIVE: u16 = 1;
+/// The flow's rule also runs in the XDP fast path (see [`FlowTable::set_offloaded`]).
+const OFFLOADED: u16 = 2;
 
 /// A flow's entry: key, last-seen time (ms, wrapping), cached encap source port and the
 /// compiled rule, in one cache line.
@@ -59,6 +61,22 @@ impl FlowEntry {
     fn is_live(&self) -> bool {
         self.flags & LIVE != 0
     }
+
+    /// Whether the flow's rule was handed to the fast path and not taken back.
+    pub fn is_offloaded(&self) -> bool {
+        self.flags & OFFLOADED != 0
+    }
+}
+
+/// Something that happened to an offloaded flow's entry which the fast path must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadEvent {
+    /// The entry left the table (removed, expired, evicted): take the rule out of the
+    /// fast path too.
+    Gone(FlowKey),
+    /// The entry's rule was replaced (an update from FM): the fast path must run the new
+    /// one, or give the flow back to userspace.
+    Replaced(FlowKey),
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -109,6 +127,9 @@ pub struct Probe {
 }
 
 pub struct FlowTable {
+    /// Changes to offloaded entries since the fast path last drained them. Only entries
+    /// marked offloaded add to it, so without a fast path it stays empty.
+    offload_events: Vec<OffloadEvent>,
     buckets: Vec<Bucket>,
     mask: usize,
     entries: Vec<FlowEntry>,
@@ -180,6 +201,7 @@ impl FlowTable {
         advise_huge_pages(&counters);
         buckets.resize(nb, EMPTY_BUCKET);
         Ok(FlowTable {
+            offload_events: Vec::new(),
             buckets,
             mask: nb - 1,
             entries,
@@ -335,6 +357,22 @@ impl FlowTable {
         &self.entries[idx as usize]
     }
 
+    /// Mark (or unmark) entry `idx` as running in the fast path. While marked, its
+    /// removal or replacement is queued as an [`OffloadEvent`].
+    pub fn set_offloaded(&mut self, idx: u32, on: bool) {
+        let e = &mut self.entries[idx as usize];
+        if on {
+            e.flags |= OFFLOADED;
+        } else {
+            e.flags &= !OFFLOADED;
+        }
+    }
+
+    /// Take the [`OffloadEvent`]s queued since the last call.
+    pub fn take_offload_events(&mut self) -> Vec<OffloadEvent> {
+        std::mem::take(&mut self.offload_events)
+    }
+
     /// The one write of a hit: refresh the entry's timestamp.
     #[inline]
     pub fn touch(&mut self, idx: u32, now: u32) {
@@ -369,6 +407,9 @@ impl FlowTable {
         let p = self.probe(self.hash(key));
         if let Some((_, _, i)) = self.find(&p, key) {
             let e = &mut self.entries[i as usize];
+            if e.is_offloaded() {
+                self.offload_events.push(OffloadEvent::Replaced(*key));
+            }
             // One 16-byte store: no packet can see half of the old rule and half the new.
             let old = std::mem::replace(&mut e.rule, rule);
             e.last_seen = now;
@@ -493,6 +534,9 @@ impl FlowTable {
                     bk.idx[w] = 0;
                 }
             }
+        }
+        if self.entries[idx as usize].is_offloaded() {
+            self.offload_events.push(OffloadEvent::Gone(key));
         }
         self.entries[idx as usize].flags = 0;
         self.free.push(idx);

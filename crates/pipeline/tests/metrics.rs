@@ -243,3 +243,60 @@ fn default_binding_counts_unbound_vnis_under_its_tenant() {
     assert_eq!((t5.packets, t5.bytes, t5.flows_setup), (2, 2 * len, 1));
     assert_eq!(r.tenant(7).packets, 0);
 }
+
+/// Zeta's window count: a flow is an elephant only if it carries the threshold within
+/// one window; a slow flow whose total passes it never is. Each is queued once.
+#[test]
+fn elephants_are_flows_heavy_within_one_window_and_are_queued_once() {
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = 64;
+    cfg.elephant = Some(pipeline::ElephantPolicy {
+        window_ms: 100,
+        bytes: 10_000,
+        packets: 50,
+    });
+    let mut p = Pipeline::new(cfg, RuleSource::None).unwrap();
+    let (slow, fast, big) = (rule(100, 1), rule(100, 2), rule(100, 3));
+    for r in [&slow, &fast, &big] {
+        p.install_rule(r, 0).unwrap();
+    }
+    let run = |p: &mut Pipeline, f: &[u8], n: usize, now: u32| {
+        let mut src = VecSource::default();
+        for _ in 0..n {
+            src.push(f.to_vec(), 0);
+        }
+        let mut io = MemRing::new(src, 64);
+        let mut descs = Vec::new();
+        io.rx(&mut descs, 64).unwrap();
+        p.process(io.region(), &mut descs, now);
+        io.tx(&descs).unwrap();
+    };
+    use pipeline::PacketIo;
+    // Slow: 40 packets every 101 ms, 400 in all: never 50 in one window.
+    for w in 0..10 {
+        run(&mut p, &frame(100, 1, 10), 40, 1 + w * 101);
+    }
+    assert!(p.take_elephants().is_empty());
+    // Fast: 50 packets in one window.
+    run(&mut p, &frame(100, 2, 10), 50, 2000);
+    // Big: 8 packets of 1,300 bytes = more than 10,000 bytes in one window.
+    run(&mut p, &frame(100, 3, 1300), 8, 2000);
+    let mut got = p.take_elephants();
+    got.sort_by_key(|k| *k.as_bytes());
+    let mut want = vec![fast.key, big.key];
+    want.sort_by_key(|k| *k.as_bytes());
+    assert_eq!(got, want);
+    assert_eq!(p.stats().elephants, 2);
+    // Marked: more heavy windows do not queue them again...
+    run(&mut p, &frame(100, 2, 10), 60, 2050);
+    assert!(p.take_elephants().is_empty());
+    // ...until the fast path gives the flow back.
+    p.unmark_offloaded(&fast.key);
+    run(&mut p, &frame(100, 2, 10), 60, 2060);
+    assert_eq!(p.take_elephants(), vec![fast.key]);
+    // Without a policy nothing is ever queued.
+    let mut plain = Pipeline::new(PipelineConfig::new(node()), RuleSource::None).unwrap();
+    plain.install_rule(&fast, 0).unwrap();
+    run(&mut plain, &frame(100, 2, 10), 60, 1);
+    assert!(plain.take_elephants().is_empty());
+}

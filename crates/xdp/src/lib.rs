@@ -16,6 +16,10 @@
 //! cannot run (policing, rules that keep the arriving outer header), so the
 //! userspace PP keeps those flows on its own path. See `docs/xdp.md`.
 
+mod offload;
+
+pub use offload::{monotonic_now, OffloadPolicy, OffloadStats, Offloader};
+
 use std::net::IpAddr;
 use std::time::Duration;
 
