@@ -199,15 +199,42 @@ impl RuleCache {
     /// Forget every rule of one tenant chain (the chain was removed or rebuilt);
     /// returns how many went.
     pub fn remove_chain(&mut self, tenant: u32, chain: u32) -> usize {
+        let (n, _) = self.remove_chain_keys(tenant, chain);
+        n
+    }
+
+    /// Forget one chain's entries: how many, and every flow key their rules cover (each
+    /// entry's own key and its companion rules' keys), for revoking them at PP.
+    pub fn remove_chain_keys(&mut self, tenant: u32, chain: u32) -> (usize, Vec<[u8; 40]>) {
         let mut n = 0;
+        let mut keys = Vec::new();
         for shard in &mut self.shards {
             let before = shard.map.len();
-            shard.map.retain(|k, _| !(k.0 == tenant && k.1 == chain));
+            shard.map.retain(|k, e| {
+                if !(k.0 == tenant && k.1 == chain) {
+                    return true;
+                }
+                keys.push(k.2);
+                if let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) {
+                    for a in &r.also {
+                        if let Some(Ok(b)) = a
+                            .key
+                            .as_ref()
+                            .map(|k| <[u8; 40]>::try_from(k.raw.as_slice()))
+                        {
+                            keys.push(b);
+                        }
+                    }
+                }
+                false
+            });
             n += before - shard.map.len();
         }
         self.len -= n;
         self.stats.invalidated += n as u64;
-        n
+        keys.sort_unstable();
+        keys.dedup();
+        (n, keys)
     }
 
     /// Live cached replies whose tenant passes `filter`: up to `limit` of them (in no

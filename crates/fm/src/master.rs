@@ -91,6 +91,8 @@ pub struct FmStats {
     /// Answers for requests no longer in flight (repeats after a repair).
     pub duplicate_replies: u64,
     pub replies_to_pp: u64,
+    /// Flow rules withdrawn from PP nodes because their chain went or was rebuilt.
+    pub rules_revoked: u64,
     pub bad_requests: u64,
     pub no_group: u64,
     pub timeouts: u64,
@@ -483,6 +485,30 @@ impl Master {
         change
     }
 
+    /// Tell every PP node to drop these flows' rules: they came from a chain that is gone
+    /// or rebuilt, so a PP (or its XDP fast path) must not keep running them. FM does not
+    /// track which PP holds which flow, so every PP gets the list.
+    fn revoke_at_pp(&mut self, keys: Vec<[u8; 40]>) {
+        if keys.is_empty() {
+            return;
+        }
+        self.stats.rules_revoked += keys.len() as u64;
+        // Bounded messages: a 100k-flow chain is revoked in a few dozen batches.
+        for chunk in keys.chunks(4096) {
+            let msg = v1::PpDown {
+                msg: Some(pp_down::Msg::Revoked(v1::RuleRevoke {
+                    keys: chunk
+                        .iter()
+                        .map(|k| v1::FlowKey { raw: k.to_vec() })
+                        .collect(),
+                })),
+            };
+            for s in self.pp.values() {
+                let _ = s.tx.send(Ok(msg.clone()));
+            }
+        }
+    }
+
     fn teardown_chain(&mut self, tenant: u32, chain: u32) {
         let gids: Vec<u64> = self
             .map
@@ -508,7 +534,8 @@ impl Master {
                 info!(tenant, chain, group = gid, "SC group dissolved");
             }
         }
-        self.cache.remove_chain(tenant, chain);
+        let (_, keys) = self.cache.remove_chain_keys(tenant, chain);
+        self.revoke_at_pp(keys);
         let gone: Vec<CacheKey> = self
             .inflight
             .keys()

@@ -337,4 +337,24 @@ fn desired_chains_come_and_go_and_flows_lists_the_cache() {
     assert_eq!(gone.removed, 1);
     assert!(cluster.map().groups.is_empty());
     assert_eq!(flows(1).matched, 0);
+    // The PP node is told: the flow's rule (and any companion) leaves its table, so its
+    // next packet asks again instead of running a rule of a chain that is gone.
+    assert!(pp.worker.pipeline.lookup_rule(&key(40001, 80)).is_some());
+    wait(Duration::from_secs(5), "the revocation at PP", || {
+        let _ = pp.doorbell.recv_timeout(Duration::from_millis(10));
+        pp.worker.run_once().unwrap();
+        pp.worker
+            .pipeline
+            .lookup_rule(&key(40001, 80))
+            .is_none()
+            .then_some(())
+    });
+    assert!(pp.worker.pipeline.stats().rules_revoked >= 1);
+    assert!(
+        pp.client
+            .stats()
+            .revoked
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
 }

@@ -63,6 +63,9 @@ pub struct RuleReply {
     /// Rules to install alongside, such as the flow's reverse-direction rule, so replies
     /// hit without a request of their own.
     pub also: Vec<Rule>,
+    /// Not an answer: FM withdrew `key`'s rule (its chain went or was rebuilt). The
+    /// worker removes it, so the flow's next packet asks again.
+    pub revoke: bool,
 }
 
 impl RuleReply {
@@ -71,6 +74,7 @@ impl RuleReply {
             key: rule.key,
             result: Ok(rule),
             also: Vec::new(),
+            revoke: false,
         }
     }
 
@@ -79,6 +83,17 @@ impl RuleReply {
             key,
             result: Err(e.into()),
             also: Vec::new(),
+            revoke: false,
+        }
+    }
+
+    /// FM withdraws `key`'s rule.
+    pub fn revoke(key: FlowKey) -> Self {
+        RuleReply {
+            key,
+            result: Err("revoked".into()),
+            also: Vec::new(),
+            revoke: true,
         }
     }
 }
@@ -937,6 +952,13 @@ impl Pipeline {
     }
 
     fn on_reply<B: PacketIo + ?Sized>(&mut self, io: &mut B, reply: RuleReply, now: u32) -> usize {
+        if reply.revoke {
+            // An offloaded flow's removal reaches the fast path as an OffloadEvent.
+            if self.remove_rule(&reply.key).is_some() {
+                self.stats.rules_revoked += 1;
+            }
+            return 0;
+        }
         for r in &reply.also {
             if let Err(e) = self.install_rule(r, now) {
                 tracing::warn!(key = %r.key, error = %e, "companion rule does not compile");

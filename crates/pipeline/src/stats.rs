@@ -114,6 +114,8 @@ pub struct Stats {
     pub request_channel_full: u64,
     pub rules_installed: u64,
     pub rules_replaced: u64,
+    /// Installed rules removed because FM withdrew them.
+    pub rules_revoked: u64,
     pub rule_compile_errors: u64,
     /// Packets released from pending queues after their rule arrived.
     pub pending_released: u64,
@@ -146,6 +148,7 @@ impl Default for Stats {
             request_channel_full: 0,
             rules_installed: 0,
             rules_replaced: 0,
+            rules_revoked: 0,
             rule_compile_errors: 0,
             pending_released: 0,
             evicted_table_full: 0,
@@ -197,6 +200,7 @@ impl Stats {
         self.request_channel_full += o.request_channel_full;
         self.rules_installed += o.rules_installed;
         self.rules_replaced += o.rules_replaced;
+        self.rules_revoked += o.rules_revoked;
         self.rule_compile_errors += o.rule_compile_errors;
         self.pending_released += o.pending_released;
         self.evicted_table_full += o.evicted_table_full;

@@ -87,6 +87,8 @@ pub struct FmClientStats {
     /// Sessions that failed to open or broke (each followed by a reconnect).
     pub session_errors: AtomicU64,
     pub resent: AtomicU64,
+    /// Flow keys FM withdrew (handed to every worker to remove).
+    pub revoked: AtomicU64,
     pub connected: AtomicBool,
 }
 
@@ -355,6 +357,9 @@ async fn session(
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
                         deliver(b.replies, outs, stats, outstanding);
                     }
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
+                        revoke(&r.keys, outs, stats);
+                    }
                     Some(_) => {}
                     None => return Err("FM closed the session".into()),
                 }
@@ -377,6 +382,34 @@ async fn session(
                     })),
                 });
             }
+        }
+    }
+}
+
+/// Hand FM's revocations to every worker: FM does not know which worker holds a flow,
+/// and a worker without it ignores the revocation.
+fn revoke(keys: &[v1::FlowKey], outs: &[WorkerOut], stats: &FmClientStats) {
+    let keys: Vec<pipeline::FlowKey> = keys
+        .iter()
+        .filter_map(|k| match pipeline::FlowKey::try_from(k) {
+            Ok(k) => Some(k),
+            Err(_) => {
+                stats.bad_replies.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        })
+        .collect();
+    stats
+        .revoked
+        .fetch_add(keys.len() as u64, Ordering::Relaxed);
+    for out in outs {
+        for k in &keys {
+            if out.replies.send(RuleReply::revoke(*k)).is_err() {
+                break;
+            }
+        }
+        match out.bell.try_send(()) {
+            Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
         }
     }
 }

@@ -327,6 +327,7 @@ impl TryFrom<&v1::RuleReply> for RuleReply {
             key,
             result,
             also: r.also.iter().map(Rule::try_from).collect::<Result<_>>()?,
+            revoke: false,
         })
     }
 }
