@@ -1047,6 +1047,11 @@ impl<B: PacketIo> Worker<B> {
         }
     }
 
+    /// The worker's clock now, in the ms the pipeline's timestamps use.
+    pub fn now_ms(&self) -> u32 {
+        self.clock.now_ms()
+    }
+
     /// Receive, process and transmit one batch, then service the miss path.
     /// Returns packets received.
     pub fn run_once(&mut self) -> Result<usize, crate::io::IoError> {

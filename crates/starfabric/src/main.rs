@@ -15,6 +15,7 @@ mod bench_setup;
 mod cli;
 mod demo;
 mod demo_testbed;
+mod fastpath;
 mod fm_cmd;
 mod metrics;
 mod node_agent;

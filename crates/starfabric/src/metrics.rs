@@ -160,6 +160,26 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Rules marked for offload.",
         s.offload_marked,
     )?;
+    sc.counter(
+        "rules_revoked",
+        "Installed rules removed because FM withdrew them.",
+        s.rules_revoked,
+    )?;
+    sc.counter(
+        "elephants",
+        "Flows that crossed the elephant threshold (handed to the XDP fast path).",
+        s.elephants,
+    )?;
+    sc.counter(
+        "fastpath_packets",
+        "Packets the XDP fast path forwarded for this node's flows (folded back).",
+        s.fastpath_packets,
+    )?;
+    sc.counter(
+        "fastpath_bytes",
+        "Bytes the XDP fast path forwarded for this node's flows (folded back).",
+        s.fastpath_bytes,
+    )?;
     histogram(
         sc,
         "rule_setup",
