@@ -680,6 +680,11 @@ impl PacketIo for AfXdpIo {
             if !matches!(d.verdict, Verdict::Tx(_)) {
                 continue;
             }
+            let data = d.data(region);
+            if data.len() > FRAME_SIZE - XDP_HEADROOM {
+                self.stats.tx_oversize += 1;
+                continue;
+            }
             if self.free.is_empty() {
                 self.reap_completions();
             }
@@ -692,7 +697,6 @@ impl PacketIo for AfXdpIo {
             self.census.user += 1;
             debug_assert_eq!(self.owner[slot], Owner::Free);
             self.owner[slot] = Owner::User;
-            let data = d.data(region);
             // SAFETY: a free frame: no ring and no descriptor of the pipeline holds it.
             let mut dm = unsafe { self.umem.data_mut(&mut fd) };
             let mut cur = dm.cursor();
