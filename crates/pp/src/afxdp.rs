@@ -315,7 +315,7 @@ impl AfXdpIo {
         let last = &descs[frames - 1];
         // SAFETY: as above, for the last frame.
         let dl = unsafe { umem.data(last) }.contents().as_ptr();
-        if dl != base.wrapping_add(last.addr()) as *const u8
+        if !std::ptr::eq(dl, base.wrapping_add(last.addr()))
             || descs[0].addr() != XDP_HEADROOM
             || last.addr() != (frames - 1) * FRAME_SIZE + XDP_HEADROOM
         {
@@ -384,6 +384,44 @@ impl AfXdpIo {
     /// How many frames each owner holds; the total is always the UMEM's frame count.
     pub fn frame_census(&self) -> FrameCensus {
         self.census
+    }
+
+    /// Check the frame accounting from scratch (O(frames), for tests and debugging): every
+    /// frame has exactly one owner, the census counts them, the free list holds exactly
+    /// the free frames (each once) and the pipeline's slots exactly the user frames.
+    pub fn verify_frames(&self) -> Result<FrameCensus, String> {
+        let mut c = FrameCensus::default();
+        for (slot, o) in self.owner.iter().enumerate() {
+            match o {
+                Owner::Free => c.free += 1,
+                Owner::Fill => c.fill += 1,
+                Owner::User => c.user += 1,
+                Owner::Tx => c.tx += 1,
+            }
+            if (*o == Owner::User) != self.user[slot].is_some() {
+                return Err(format!(
+                    "slot {slot}: owner {o:?}, descriptor held: {}",
+                    self.user[slot].is_some()
+                ));
+            }
+        }
+        if c != self.census {
+            return Err(format!("owners {c:?}, census {:?}", self.census));
+        }
+        let mut seen = vec![false; self.owner.len()];
+        for d in &self.free {
+            let slot = self.slot_of(d.addr());
+            if self.owner[slot] != Owner::Free || std::mem::replace(&mut seen[slot], true) {
+                return Err(format!(
+                    "free list: slot {slot} ({:?}, or twice)",
+                    self.owner[slot]
+                ));
+            }
+        }
+        if self.free.len() != c.free || c.total() != self.cfg.frames as usize {
+            return Err(format!("free list {} for census {c:?}", self.free.len()));
+        }
+        Ok(c)
     }
 
     #[inline]
@@ -662,9 +700,7 @@ impl PacketIo for AfXdpIo {
                 self.stats.tx_moved += 1;
             }
             // SAFETY: the frame is the pipeline's until now (owner User), no ring holds it.
-            unsafe { self.umem.data_mut(&mut fd) }
-                .cursor()
-                .set_pos(len);
+            unsafe { self.umem.data_mut(&mut fd) }.cursor().set_pos(len);
             self.tx_batch.push(fd);
         }
         self.submit_tx();

@@ -191,7 +191,8 @@ pub fn gateway_mac(ifname: &str, wait: Duration) -> Result<(Ipv4Addr, [u8; 6]), 
 mod tests {
     use super::*;
 
-    const ROUTE: &str = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+    const ROUTE: &str =
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 up0\t00000000\t010112C6\t0003\t0\t0\t0\t00000000\t0\t0\t0
 up0\t000112C6\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
 up1\t000012C6\t010212C6\t0003\t0\t0\t0\t0080FFFF\t0\t0\t0
@@ -199,14 +200,8 @@ up1\t000012C6\t010212C6\t0003\t0\t0\t0\t0080FFFF\t0\t0\t0
 
     #[test]
     fn default_route_gateway() {
-        assert_eq!(
-            gateway_in(ROUTE, "up0"),
-            Some(Ipv4Addr::new(198, 18, 1, 1))
-        );
-        assert_eq!(
-            gateway_in(ROUTE, "up1"),
-            Some(Ipv4Addr::new(198, 18, 2, 1))
-        );
+        assert_eq!(gateway_in(ROUTE, "up0"), Some(Ipv4Addr::new(198, 18, 1, 1)));
+        assert_eq!(gateway_in(ROUTE, "up1"), Some(Ipv4Addr::new(198, 18, 2, 1)));
         assert_eq!(gateway_in(ROUTE, "eth9"), None);
     }
 
@@ -224,17 +219,17 @@ up1\t000012C6\t010212C6\t0003\t0\t0\t0\t0080FFFF\t0\t0\t0
 198.18.1.9       0x1         0x0         00:00:00:00:00:00     *        up0
 ";
         let gw = Ipv4Addr::new(198, 18, 1, 1);
-        assert_eq!(
-            neighbour_in(t, gw, "up0"),
-            Some([0x02, 0x5f, 0, 0, 1, 1])
-        );
+        assert_eq!(neighbour_in(t, gw, "up0"), Some([0x02, 0x5f, 0, 0, 1, 1]));
         assert_eq!(neighbour_in(t, gw, "up1"), None);
         assert_eq!(neighbour_in(t, Ipv4Addr::new(198, 18, 1, 9), "up0"), None);
     }
 
     #[test]
     fn macs() {
-        assert_eq!(parse_mac("02:5f:0a:00:01:ff\n"), Some([2, 0x5f, 10, 0, 1, 0xff]));
+        assert_eq!(
+            parse_mac("02:5f:0a:00:01:ff\n"),
+            Some([2, 0x5f, 10, 0, 1, 0xff])
+        );
         assert_eq!(parse_mac("02:5f:0a:00:01"), None);
         assert_eq!(parse_mac("02:5f:0a:00:01:ff:00"), None);
         assert_eq!(parse_mac("zz:5f:0a:00:01:ff"), None);

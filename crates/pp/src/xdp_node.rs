@@ -48,7 +48,9 @@ pub enum AfXdpNodeError {
     NotApplicable(String),
     #[error(transparent)]
     Netif(#[from] NetifError),
-    #[error("{ifname} has {queues} receive queues; the AF_XDP backend binds one socket, on queue 0")]
+    #[error(
+        "{ifname} has {queues} receive queues; the AF_XDP backend binds one socket, on queue 0"
+    )]
     Queues { ifname: String, queues: u32 },
     #[error("XDP program: {0}")]
     Xdp(#[from] XdpError),

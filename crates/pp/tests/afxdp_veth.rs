@@ -179,7 +179,11 @@ impl RawSock {
         let proto = (libc::ETH_P_ALL as u16).to_be() as libc::c_int;
         // SAFETY: plain socket(2).
         let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
-        assert!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "packet socket: {}",
+            std::io::Error::last_os_error()
+        );
         let name = std::ffi::CString::new(dev).unwrap();
         // SAFETY: a NUL-terminated name.
         let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as libc::c_int;
@@ -218,7 +222,12 @@ impl RawSock {
     fn send(&self, frame: &[u8]) {
         // SAFETY: `frame` is valid for its length; the socket is bound to the device.
         let r = unsafe { libc::send(self.fd, frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(r, frame.len() as isize, "{}", std::io::Error::last_os_error());
+        assert_eq!(
+            r,
+            frame.len() as isize,
+            "{}",
+            std::io::Error::last_os_error()
+        );
     }
 
     /// The next frame received on the device (not our own outgoing ones), or `None` after
@@ -242,7 +251,7 @@ impl RawSock {
         if r < 0 {
             return None;
         }
-        if sll.sll_pkttype == libc::PACKET_OUTGOING as u8 || sll.sll_ifindex != self.ifindex {
+        if sll.sll_pkttype == libc::PACKET_OUTGOING || sll.sll_ifindex != self.ifindex {
             return Some(Vec::new());
         }
         buf.truncate(r as usize);
@@ -283,7 +292,11 @@ fn check_checksums(f: &[u8]) {
 fn check_output(f: &[u8]) -> Vec<u8> {
     assert_eq!(&f[0..6], &PEER_MAC, "outer destination MAC = the gateway's");
     assert_eq!(&f[6..12], &PP_MAC, "outer source MAC = the node's");
-    assert_eq!(csum::checksum(0, &f[14..34]), 0, "outer IPv4 header checksum");
+    assert_eq!(
+        csum::checksum(0, &f[14..34]),
+        0,
+        "outer IPv4 header checksum"
+    );
     let p = parse_frame(f).unwrap();
     let ip = p.ip().unwrap();
     assert_eq!(&f[ip.src_range()], &PP_IP);
@@ -346,7 +359,11 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
         let mode = io.mode();
         program.register_xsk(0, &io).unwrap();
         let attachment = program.attach("xa").expect("attach");
-        assert_eq!(attachment.mode, xdp::AttachMode::Native, "veth has native XDP");
+        assert_eq!(
+            attachment.mode,
+            xdp::AttachMode::Native,
+            "veth has native XDP"
+        );
         let mut w = Worker::new(p, io, 64, Box::new(MonotonicClock::new()));
         ready_tx.send(Ok(())).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -367,6 +384,7 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
             w.io.rx(&mut d, 0).unwrap();
             std::thread::sleep(Duration::from_millis(1));
         }
+        w.io.verify_frames().expect("frame accounting");
         program.detach(attachment).unwrap();
         let (_, static_packets, _) = w
             .pipeline
@@ -457,7 +475,11 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
             .filter(|(p, _)| *p == port)
             .map(|(p, pl)| expected_reply(*p, pl))
             .collect();
-        assert_eq!(by_port.remove(&port).unwrap_or_default(), want, "port {port}");
+        assert_eq!(
+            by_port.remove(&port).unwrap_or_default(),
+            want,
+            "port {port}"
+        );
     }
     let n_static = sent.iter().filter(|(p, _)| *p == STATIC_PORT).count() as u64;
     assert_eq!(r.static_packets, n_static);
@@ -472,7 +494,11 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
     assert_eq!(r.stats.rx_packets, sent.len() as u64);
     assert_eq!(r.stats.tx_packets, sent.len() as u64);
     assert_eq!(
-        (r.stats.tx_ring_full, r.stats.tx_no_frame, r.stats.tx_oversize),
+        (
+            r.stats.tx_ring_full,
+            r.stats.tx_no_frame,
+            r.stats.tx_oversize
+        ),
         (0, 0, 0)
     );
     assert_eq!(r.stats.tx_completed, r.stats.tx_packets);
@@ -517,6 +543,7 @@ fn tx_from_counts_frames_it_cannot_send_and_conserves_frames() {
         let sent = io.tx_from(&region, &descs).unwrap();
         let s = io.stats();
         assert_eq!(sent, 32);
+        io.verify_frames().expect("frame accounting");
         assert_eq!((s.tx_packets, s.tx_no_frame, s.tx_oversize), (32, 8, 1));
         assert_eq!(s.tx_packets + s.tx_no_frame + s.tx_oversize, 41);
         assert_eq!(io.frame_census().total(), 64);
@@ -524,7 +551,11 @@ fn tx_from_counts_frames_it_cannot_send_and_conserves_frames() {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut d = Vec::new();
         while io.frame_census().tx > 0 {
-            assert!(Instant::now() < deadline, "completions: {:?}", io.frame_census());
+            assert!(
+                Instant::now() < deadline,
+                "completions: {:?}",
+                io.frame_census()
+            );
             io.rx(&mut d, 64).unwrap();
         }
         assert_eq!(io.stats().tx_completed, 32);
@@ -532,6 +563,7 @@ fn tx_from_counts_frames_it_cannot_send_and_conserves_frames() {
         assert_eq!(c.total(), 64);
         assert_eq!((c.free + c.fill, c.user, c.tx), (64, 0, 0));
         assert_eq!(c.fill, 32, "fill ring topped up again");
+        assert_eq!(io.verify_frames(), Ok(c));
     })
     .join()
     .unwrap();

@@ -315,7 +315,7 @@ impl PpMetrics {
     pub fn publish(&self, w: &Worker<PpIo>) {
         let s = match w.io.stats() {
             IoStats::Udp(u) => PpSnapshot::of(&w.pipeline, Some(u)),
-            IoStats::AfXdp(x) => PpSnapshot {
+            IoStats::AfXdp(x, _) => PpSnapshot {
                 afxdp: Some(x),
                 ..PpSnapshot::of(&w.pipeline, None)
             },

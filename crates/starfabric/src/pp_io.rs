@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use pipeline::{Desc, IoError, PacketIo};
 use pp::{
-    open_afxdp, AfXdpIo, AfXdpNodeConfig, AfXdpStats, UdpVxlanConfig, UdpVxlanIo, UdpVxlanStats,
-    XdpAttached,
+    open_afxdp, AfXdpIo, AfXdpKernelStats, AfXdpNodeConfig, AfXdpStats, UdpVxlanConfig, UdpVxlanIo,
+    UdpVxlanStats, XdpAttached,
 };
 
 /// `--io`.
@@ -27,6 +27,9 @@ pub enum IoKind {
 }
 
 /// What the PP node's worker runs on.
+// One per process, called per batch: kept inline rather than boxed (no indirection on
+// the hot path), so the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum PpIo {
     AfXdp(AfXdpIo),
     Udp(UdpVxlanIo),
@@ -35,14 +38,15 @@ pub enum PpIo {
 /// The backend's counters.
 #[derive(Debug, Clone, Copy)]
 pub enum IoStats {
-    AfXdp(AfXdpStats),
+    /// The backend's counters, and the kernel's of the socket (`None` if unreadable).
+    AfXdp(AfXdpStats, Option<AfXdpKernelStats>),
     Udp(UdpVxlanStats),
 }
 
 impl PpIo {
     pub fn stats(&self) -> IoStats {
         match self {
-            PpIo::AfXdp(io) => IoStats::AfXdp(io.stats()),
+            PpIo::AfXdp(io) => IoStats::AfXdp(io.stats(), io.kernel_stats().ok()),
             PpIo::Udp(io) => IoStats::Udp(io.stats()),
         }
     }
@@ -74,7 +78,7 @@ impl IoStats {
                     io.tx_unsendable
                 );
             }
-            IoStats::AfXdp(io) => {
+            IoStats::AfXdp(io, kernel) => {
                 let _ = write!(
                     s,
                     " io: afxdp rx={} batches={} tx={} tx_dropped={} tx_errors={} ring_full={} no_frame={} oversize={} moved={} completed={} kicks={}",
@@ -90,6 +94,15 @@ impl IoStats {
                     io.tx_completed,
                     io.tx_kicks
                 );
+                if let Some(k) = kernel {
+                    // Frames the kernel dropped before the socket: no frame on the fill
+                    // ring, or the RX ring full (the worker fell behind).
+                    let _ = write!(
+                        s,
+                        " xsk_rx_dropped={} xsk_fill_empty={} xsk_rx_ring_full={}",
+                        k.rx_dropped, k.rx_fill_ring_empty, k.rx_ring_full
+                    );
+                }
             }
         }
         s

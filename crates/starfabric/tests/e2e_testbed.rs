@@ -197,15 +197,25 @@ fn pp_takes_af_xdp_by_default_on_the_testbed() {
     assert!(line.contains("native XDP on up0, copy mode"), "{line}");
     // The outer MACs it writes are the veth's and the router's (resolved, not made up).
     let pp_mac = tb
-        .exec_full(Node::Pp, &["cat", "/sys/class/net/up0/address"], Duration::from_secs(5))
+        .exec_full(
+            Node::Pp,
+            &["cat", "/sys/class/net/up0/address"],
+            Duration::from_secs(5),
+        )
         .unwrap()
         .stdout;
-    assert!(line.contains(&format!("node mac {}", pp_mac.trim())), "{line}");
+    assert!(
+        line.contains(&format!("node mac {}", pp_mac.trim())),
+        "{line}"
+    );
     let body = curl(tb, 0, &format!("http://{}/", addr::INET));
     assert_eq!(peer(&body).1, addr::pool(0), "{body}");
     let stats = pp_stats_when(&p, |s| platform::field(s, "completed").unwrap_or(0) > 0);
     assert!(stats.contains(" io: afxdp "), "{stats}");
-    assert!(platform::field(&stats, "completed").unwrap_or(0) > 0, "{stats}");
+    assert!(
+        platform::field(&stats, "completed").unwrap_or(0) > 0,
+        "{stats}"
+    );
     assert_eq!(platform::field(&stats, "tx_dropped"), Some(0), "{stats}");
 }
 
@@ -226,7 +236,10 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
     assert!(gbps > 0.0);
     let stats = pp_stats_when(&p, |s| platform::field(s, "misses").unwrap_or(0) >= 3);
     assert!(stats.contains(" io: rx="), "{stats}");
-    assert!(platform::field(&stats, "misses").unwrap_or(0) >= 3, "{stats}");
+    assert!(
+        platform::field(&stats, "misses").unwrap_or(0) >= 3,
+        "{stats}"
+    );
 }
 
 /// The PP node's stats line once `ok` holds for it (it prints one a second), or the last
