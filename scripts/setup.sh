@@ -12,6 +12,10 @@ APT_PACKAGES=(
     python3-scapy
     iproute2 ethtool
     pkg-config m4 libelf-dev zlib1g-dev
+    # xsk-rs (the AF_XDP backend, crates/pp) builds libxdp from source through
+    # libxdp-sys: xdp-tools' configure needs m4 and refuses to run without pcap
+    # headers; bindgen needs libclang (clang's libclang1 is enough).
+    libpcap-dev
     protobuf-compiler make
     g++   # libfuzzer-sys compiles libFuzzer's C++ sources
     # The store crate's tests start their own /usr/bin/etcd on random loopback

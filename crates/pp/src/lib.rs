@@ -1,18 +1,33 @@
 //! The PP (packet processing) node: pipeline workers wired to I/O backends.
 //!
 //! `pipeline` holds the NF-independent parse→match→action; this crate adds the real
-//! I/O backends a PP node runs on (UDP/VXLAN sockets with recvmmsg/sendmmsg now; AF_XDP
-//! and the XDP fast path later), the client of the fabric master ([`FmClient`]) that
+//! I/O backends a PP node runs on, the client of the fabric master ([`FmClient`]) that
 //! answers misses, and, in a later issue, the rate manager. Rules can also come from a
 //! static file ([`parse_rules`]).
+//!
+//! Backends:
+//! - [`AfXdpIo`] (the default wherever it works): an AF_XDP socket whose UMEM is the
+//!   pipeline's frame region; the `xdp` crate's program on the interface redirects VXLAN
+//!   to the node into it and passes everything else to the kernel. [`open_afxdp`] sets a
+//!   node up (interface, MACs, program, socket); see `docs/afxdp.md`.
+//! - [`UdpVxlanIo`], the fallback: a UDP socket on the VXLAN port with
+//!   `recvmmsg`/`sendmmsg`, for loopback, `0.0.0.0` and anywhere XDP cannot attach.
 
+mod afxdp;
 pub mod fm_client;
+pub mod netif;
 mod rules_file;
 mod udp;
+mod xdp_node;
 
+pub use afxdp::{
+    AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, FrameCensus, XskMode,
+    AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
+};
 pub use fm_client::{FmClient, FmClientConfig, FmClientError, FmClientStats, WorkerLink};
 pub use rules_file::{parse_rules, RulesFileError, StaticRule};
 pub use udp::{
     tx_target, write_outer_header, TxTarget, UdpVxlanConfig, UdpVxlanError, UdpVxlanIo,
     UdpVxlanStats, MAX_DATAGRAM, MAX_IO_BATCH, SYNTH_DST_MAC, SYNTH_HDR_LEN, SYNTH_SRC_MAC,
 };
+pub use xdp_node::{open_afxdp, AfXdpNodeConfig, AfXdpNodeError, XdpAttached};

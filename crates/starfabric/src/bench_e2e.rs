@@ -5,9 +5,14 @@
 //!
 //! Runs, in one topology, one after the other: the kernel routing only, the kernel with
 //! nftables SNAT, the kernel as an nftables DNAT load balancer; then starfabric with a
-//! SNAT chain, and starfabric with an LB chain. The ratio is starfabric SNAT over
-//! kernel nftables SNAT. Every measurement is bounded in time; a failed one is
-//! reported as missing (null) with its error, and the run goes on.
+//! SNAT chain on the UDP-socket backend (`starfabric`), the same on the AF_XDP backend
+//! (`afxdp`), and starfabric with an LB chain (UDP socket). The ratios are over kernel
+//! nftables SNAT. Every measurement is bounded in time; a failed one is reported as
+//! missing (null) with its error, and the run goes on.
+//!
+//! Each starfabric SNAT variant is one call of `starfabric_snat` with the PP node's
+//! arguments (`--io udp`, `--io afxdp`); a later variant (the XDP fast path) is one more
+//! call with its own flags and one more field.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -49,8 +54,12 @@ pub struct E2eBenchArgs {
 /// Results; field names are the documented JSON interface.
 #[derive(Serialize, Debug, Default)]
 pub struct E2eBench {
-    /// starfabric with a SNAT chain.
+    /// starfabric with a SNAT chain, PP node on the UDP-socket backend (`--io udp`).
     pub starfabric: Numbers,
+    /// starfabric with a SNAT chain, PP node on the AF_XDP backend (`--io afxdp`).
+    pub afxdp: Numbers,
+    /// afxdp / kernel.
+    pub ratio_afxdp: Numbers,
     /// The kernel with nftables SNAT: the baseline of `ratio`.
     pub kernel: Numbers,
     /// starfabric / kernel.
@@ -77,6 +86,8 @@ pub struct Setup {
     pub cpus: usize,
     /// The PP node's last stats line of each starfabric run.
     pub pp_stats: Vec<String>,
+    /// The PP node's listening line of each starfabric run (names its I/O backend).
+    pub pp_io: Vec<String>,
     /// Whether the kernel baselines had RPS on the PP namespace's underlay link.
     pub kernel_rps: bool,
     /// Per 64-byte UDP run: what trafgen offered next to what arrived.
@@ -86,10 +97,34 @@ pub struct Setup {
 /// Start the platform under test. The one place that knows how starfabric is started
 /// (today: FM, SC and PP processes from an FM configuration file; later the
 /// orchestrator's `starfabric up`).
-fn start_platform(tb: &Testbed, bin: &Path, chain: ChainKind, backends: usize) -> Result<Platform> {
+fn start_platform(
+    tb: &Testbed,
+    bin: &Path,
+    chain: ChainKind,
+    backends: usize,
+    pp_args: &[&str],
+) -> Result<Platform> {
     let c = tenant_chain(chain, 0, backends)?;
-    let spec = PlatformSpec::new(vec![c], vec![(vni::tenant(0), 1, 1)]);
+    let spec = PlatformSpec::new(vec![c], vec![(vni::tenant(0), 1, 1)]).pp_args(pp_args);
     Ok(platform::start_starfabric(tb, bin, &spec)?)
+}
+
+/// Start starfabric with a SNAT chain and the PP node's `pp_args`, measure TCP, UDP and
+/// cps to the internet host, stop it. The PP node's listening and stats lines go to
+/// `setup`.
+fn starfabric_snat(
+    r: &mut Runner<'_>,
+    setup: &mut Setup,
+    bin: &Path,
+    label: &str,
+    pp_args: &[&str],
+) -> Result<Numbers> {
+    let p = start_platform(r.tb, bin, ChainKind::Snat, r.a.backends, pp_args)?;
+    setup.pp_io.push(format!("{label}: {}", p.pp_listening()));
+    let n = r.internet(label);
+    setup.pp_stats.push(p.pp_stats());
+    p.stop(r.tb);
+    Ok(n)
 }
 
 struct Runner<'a> {
@@ -214,16 +249,30 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         // starfabric runs without it, as it always does.
         baseline::disable_rps(&tb, Node::Pp, "up0")?;
     }
-    let p = start_platform(&tb, &bin, ChainKind::Snat, a.backends)?;
-    out.starfabric = r.internet("starfabric SNAT");
-    out.setup.pp_stats.push(p.pp_stats());
-    p.stop(&tb);
-    let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends)?;
+    out.starfabric = starfabric_snat(
+        &mut r,
+        &mut out.setup,
+        &bin,
+        "starfabric SNAT (UDP socket)",
+        &["--io", "udp"],
+    )?;
+    out.afxdp = starfabric_snat(
+        &mut r,
+        &mut out.setup,
+        &bin,
+        "starfabric SNAT (AF_XDP)",
+        &["--io", "afxdp"],
+    )?;
+    let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends, &["--io", "udp"])?;
+    out.setup
+        .pp_io
+        .push(format!("starfabric LB: {}", p.pp_listening()));
     out.starfabric_lb = r.lb("starfabric LB");
     out.setup.pp_stats.push(p.pp_stats());
     p.stop(&tb);
 
     out.ratio = out.starfabric.ratio(&out.kernel);
+    out.ratio_afxdp = out.afxdp.ratio(&out.kernel);
     out.ratio_lb = out.starfabric_lb.ratio(&out.kernel_dnat_lb);
     out.errors = r.errors;
     out.setup.udp64 = r.offered;
@@ -265,7 +314,8 @@ pub fn print(r: &E2eBench) {
             cell(n.cps, 1.0, 0)
         );
     };
-    row("starfabric SNAT", &r.starfabric);
+    row("starfabric SNAT (UDP)", &r.starfabric);
+    row("starfabric SNAT (AF_XDP)", &r.afxdp);
     row("kernel nft SNAT", &r.kernel);
     row("kernel forward", &r.kernel_forward);
     row("starfabric LB", &r.starfabric_lb);
@@ -280,9 +330,13 @@ pub fn print(r: &E2eBench) {
         );
     };
     ratio("ratio SNAT (sf/kernel)", &r.ratio);
+    ratio("ratio AF_XDP (/kernel)", &r.ratio_afxdp);
     ratio("ratio LB (sf/kernel)", &r.ratio_lb);
     for s in &r.setup.udp64 {
         println!("udp64 {s}");
+    }
+    for s in &r.setup.pp_io {
+        println!("{s}");
     }
     for s in &r.setup.pp_stats {
         println!("{s}");

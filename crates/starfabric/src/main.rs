@@ -21,6 +21,7 @@ mod metrics;
 mod node_agent;
 mod orchestrator_cmd;
 mod pp_cmd;
+mod pp_io;
 mod sc_cmd;
 mod testbed_cmd;
 mod up;

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use pipeline::{DropReason, LatencyHistogram, Pipeline, Stats, TenantCounters, Worker};
-use pp::{FmClientStats, UdpVxlanIo, UdpVxlanStats};
+use pp::{AfXdpStats, FmClientStats, UdpVxlanStats};
+
+use crate::pp_io::{IoStats, PpIo};
 use telemetry::{collector, Exporter, MetricsServer, Scrape};
 
 /// How often the PP worker publishes its counters for scrapes.
@@ -60,6 +62,8 @@ pub struct PpSnapshot {
     pub pending_packets: usize,
     pub pending_flows: usize,
     pub io: Option<UdpVxlanStats>,
+    /// The AF_XDP backend's counters, when the node runs on it.
+    pub afxdp: Option<AfXdpStats>,
 }
 
 impl PpSnapshot {
@@ -82,6 +86,7 @@ impl PpSnapshot {
             pending_packets: p.pending().held(),
             pending_flows: p.pending().flows(),
             io,
+            afxdp: None,
         }
     }
 }
@@ -262,6 +267,34 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
             io.tx_unsendable,
         )?;
     }
+    if let Some(x) = &p.afxdp {
+        sc.counter(
+            "afxdp_rx_batches",
+            "AF_XDP receive calls that returned frames.",
+            x.rx_batches,
+        )?;
+        sc.counter(
+            "afxdp_tx_ring_full",
+            "Frames dropped: the AF_XDP TX ring was full.",
+            x.tx_ring_full,
+        )?;
+        sc.counter(
+            "afxdp_tx_no_frame",
+            "Released frames dropped: no free UMEM frame.",
+            x.tx_no_frame,
+        )?;
+        sc.counter(
+            "afxdp_tx_oversize",
+            "Frames dropped: too large for a UMEM frame.",
+            x.tx_oversize,
+        )?;
+        sc.counter(
+            "afxdp_tx_completed",
+            "Frames the kernel finished sending.",
+            x.tx_completed,
+        )?;
+        sc.counter("afxdp_tx_kicks", "sendto kicks of the TX ring.", x.tx_kicks)?;
+    }
     Ok(())
 }
 
@@ -290,7 +323,7 @@ impl PpMetrics {
     }
 
     /// From the worker loop: publish a snapshot when the last one is old enough.
-    pub fn tick(&mut self, w: &Worker<UdpVxlanIo>, now: Instant) {
+    pub fn tick(&mut self, w: &Worker<PpIo>, now: Instant) {
         if now < self.next {
             return;
         }
@@ -299,8 +332,14 @@ impl PpMetrics {
     }
 
     /// Publish now (built outside the lock; the lock only swaps it in).
-    pub fn publish(&self, w: &Worker<UdpVxlanIo>) {
-        let s = PpSnapshot::of(&w.pipeline, Some(w.io.stats()));
+    pub fn publish(&self, w: &Worker<PpIo>) {
+        let s = match w.io.stats() {
+            IoStats::Udp(u) => PpSnapshot::of(&w.pipeline, Some(u)),
+            IoStats::AfXdp(x, _) => PpSnapshot {
+                afxdp: Some(x),
+                ..PpSnapshot::of(&w.pipeline, None)
+            },
+        };
         *lock(&self.snap) = s;
     }
 }

@@ -1,4 +1,5 @@
-//! `starfabric pp`: run a PP node: one pipeline worker on a UDP VXLAN socket.
+//! `starfabric pp`: run a PP node: one pipeline worker on an AF_XDP socket (the default
+//! wherever it works) or a UDP VXLAN socket (`--io`, see `pp_io`).
 //!
 //! Rules come from the fabric master (`--fm ADDR`): a miss holds the packet and asks FM,
 //! which asks the SC group owning the flow. Static rules from a file (`--rules`) can be
@@ -16,9 +17,10 @@ use clap::Args;
 use pipeline::{
     DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, VpcBinding, Worker,
 };
-use pp::{FmClient, FmClientConfig, UdpVxlanConfig, UdpVxlanIo};
+use pp::{FmClient, FmClientConfig};
 
 use crate::node_agent::NodeAgent;
+use crate::pp_io::{IoKind, IoOptions, PpIo};
 
 #[derive(Args, Debug)]
 pub struct PpArgs {
@@ -28,16 +30,27 @@ pub struct PpArgs {
     /// Static rules: `match <vni> <proto> <src> > <dst>` / `rule <actions>` line pairs.
     #[arg(long)]
     rules: Option<PathBuf>,
+    /// I/O backend: `auto` (AF_XDP on the interface that owns --listen's address, else
+    /// the UDP socket), `afxdp` (AF_XDP or fail), `udp` (the UDP socket).
+    #[arg(long, value_enum, default_value_t = IoKind::Auto)]
+    io: IoKind,
+    /// UMEM frames of the AF_XDP socket (a power of two).
+    #[arg(long, default_value_t = 4096)]
+    xdp_frames: u32,
     /// This node's underlay address, the outer source `encap` writes (default: the
-    /// --listen address). The kernel sends from the socket's address regardless.
+    /// --listen address). The UDP backend's kernel sends from the socket's address
+    /// regardless.
     #[arg(long)]
     node_ip: Option<Ipv4Addr>,
-    /// This node's underlay MAC, the outer source MAC `encap` writes.
-    #[arg(long, default_value = "02:00:00:00:00:01", value_parser = parse_mac)]
-    node_mac: [u8; 6],
-    /// The underlay next hop's MAC, the outer destination MAC `encap` writes.
-    #[arg(long, default_value = "02:00:00:00:00:02", value_parser = parse_mac)]
-    gw_mac: [u8; 6],
+    /// This node's underlay MAC, the outer source MAC `encap` writes (UDP backend;
+    /// AF_XDP uses the interface's own MAC). Default 02:00:00:00:00:01.
+    #[arg(long, value_parser = parse_mac)]
+    node_mac: Option<[u8; 6]>,
+    /// The underlay next hop's MAC, the outer destination MAC `encap` writes. AF_XDP
+    /// resolves it from the kernel's route and neighbour tables when not given; the UDP
+    /// backend (whose kernel writes the real one) defaults to 02:00:00:00:00:02.
+    #[arg(long, value_parser = parse_mac)]
+    gw_mac: Option<[u8; 6]>,
     /// Flow table capacity.
     #[arg(long, default_value_t = 1 << 16)]
     flows: usize,
@@ -51,7 +64,7 @@ pub struct PpArgs {
     /// (4789); for several VXLAN endpoints on one host.
     #[arg(long)]
     peer_port: Option<u16>,
-    /// Largest receive batch (1..=64).
+    /// Largest receive batch (1..=64 for the UDP socket, 1..=256 for AF_XDP).
     #[arg(long, default_value_t = 64)]
     batch: usize,
     /// Ask this fabric master (`host:port`) for the rules of flows that miss.
@@ -146,26 +159,53 @@ const STATIC_IDLE: Duration = Duration::MAX;
 const FM_IDLE: Duration = Duration::from_secs(300);
 
 pub fn run(a: PpArgs) -> Result<()> {
-    let node = NodeAddr {
-        ip: a.node_ip.unwrap_or(*a.listen.ip()),
-        mac: a.node_mac,
+    let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
+    install_signal_handlers()?;
+    let opened = crate::pp_io::open(&IoOptions {
+        kind: a.io,
+        listen: a.listen,
+        peer_port: a.peer_port,
+        batch: a.batch,
+        // Replies are serviced between receive batches: an idle socket must not hold
+        // them back for long.
+        poll_timeout: if a.fm.is_some() || a.orchestrator.is_some() {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(20)
+        },
         gw_mac: a.gw_mac,
+        frames: a.xdp_frames,
+    })?;
+    let io = opened.io;
+    // Kept for as long as the worker runs: dropping it detaches the XDP program. Its
+    // `program` is where offloaded rules will go.
+    let xdp = opened.xdp;
+    let io_detail = opened.detail;
+    let local = match &io {
+        PpIo::Udp(u) => u.local_addr(),
+        PpIo::AfXdp(_) => a.listen,
+    };
+    let node = match &xdp {
+        // With AF_XDP the outer Ethernet header `encap` writes is what goes on the wire:
+        // the interface's MAC and the resolved (or given) gateway MAC.
+        Some(x) => {
+            if a.node_mac.is_some_and(|m| m != x.node.mac) {
+                tracing::warn!("--node-mac ignored: AF_XDP sends with the interface's MAC");
+            }
+            NodeAddr {
+                ip: a.node_ip.unwrap_or(x.node.ip),
+                ..x.node
+            }
+        }
+        None => NodeAddr {
+            ip: a.node_ip.unwrap_or(*a.listen.ip()),
+            mac: a.node_mac.unwrap_or([2, 0, 0, 0, 0, 1]),
+            gw_mac: a.gw_mac.unwrap_or([2, 0, 0, 0, 0, 2]),
+        },
     };
     let mut cfg = PipelineConfig::new(node);
     cfg.flow_capacity = a.flows;
     cfg.seed = rand::random();
-    let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
-    install_signal_handlers()?;
-    let mut io_cfg = UdpVxlanConfig::new(a.listen);
-    io_cfg.peer_port = a.peer_port;
-    io_cfg.slots = a.batch;
-    if a.fm.is_some() || a.orchestrator.is_some() {
-        // Replies are serviced between receive batches: an idle socket must not hold
-        // them back for long.
-        io_cfg.poll_timeout = Duration::from_millis(1);
-    }
-    let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
-    let local = io.local_addr();
     let mut agent = match &a.orchestrator {
         Some(o) => Some(NodeAgent::start(
             o,
@@ -238,7 +278,7 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut next_stats = a.stats_interval.map(|i| start + i);
     // Tests and scripts wait for this line before sending traffic.
     println!(
-        "pp: listening on {local}, {nrules} static rules, {} flows{}",
+        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}",
         a.flows,
         match &fm_addr {
             Some(fm) => format!(", rules from FM {fm}"),
@@ -256,7 +296,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         ag.set_metrics(metrics_addr);
     }
     let metrics_field = metrics_addr.map(tracing::field::display);
-    tracing::info!(%local, rules = nrules, metrics = metrics_field, "PP worker running");
+    tracing::info!(%local, rules = nrules, io = worker.io.name(), metrics = metrics_field, "PP worker running");
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -286,6 +326,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         worker.run_once().context("worker")?;
     }
     println!("{}", summary(&worker, start.elapsed()));
+    drop(xdp);
     if let Some(mut c) = fm_client {
         c.stop();
     }
@@ -318,7 +359,7 @@ fn apply_directive(p: &mut Pipeline, fixed: &[(u32, VpcBinding)], d: &proto::v1:
 }
 
 /// What a PP node tells the orchestrator.
-fn report(w: &Worker<UdpVxlanIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
+fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
     let p = &w.pipeline;
     let s = p.stats();
     let ready = fm.is_none_or(|c| c.connected());
@@ -360,7 +401,7 @@ fn report(w: &Worker<UdpVxlanIo>, fm: Option<&FmClient>) -> proto::v1::NodeRepor
 }
 
 /// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`
-fn summary(w: &Worker<UdpVxlanIo>, t: Duration) -> String {
+fn summary(w: &Worker<PpIo>, t: Duration) -> String {
     let p = &w.pipeline;
     let s = p.stats();
     let io = w.io.stats();
@@ -389,16 +430,6 @@ fn summary(w: &Worker<UdpVxlanIo>, t: Duration) -> String {
     if !nonzero.is_empty() {
         let _ = write!(line, " ({})", nonzero.join(" "));
     }
-    let _ = write!(
-        line,
-        " io: rx={} batches={} oversize={} tx={} tx_dropped={} tx_errors={} tx_unsendable={}",
-        io.rx_packets,
-        io.rx_batches,
-        io.rx_oversize,
-        io.tx_packets,
-        io.tx_dropped,
-        io.tx_errors,
-        io.tx_unsendable
-    );
+    line.push_str(&io.summary());
     line
 }

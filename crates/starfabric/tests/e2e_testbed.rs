@@ -78,15 +78,21 @@ impl Lab {
         self.tb.as_ref().unwrap()
     }
 
-    /// starfabric with `chains`, chain `i` serving VPC `i` (tenant i+1, chain 1).
+    /// starfabric with `chains`, chain `i` serving VPC `i` (tenant i+1, chain 1), on the
+    /// PP node's default I/O backend (AF_XDP on its veth).
     fn start(&self, chains: Vec<ChainDef>) -> Platform {
+        self.start_with(chains, &[])
+    }
+
+    /// The same with more `starfabric pp` arguments.
+    fn start_with(&self, chains: Vec<ChainDef>, pp_args: &[&str]) -> Platform {
         let vpcs = chains
             .iter()
             .enumerate()
             .map(|(j, c)| (vni::tenant(j), c.tenant, c.chain))
             .collect();
-        platform::start_starfabric(self.tb(), Path::new(BIN), &PlatformSpec::new(chains, vpcs))
-            .expect("start starfabric")
+        let spec = PlatformSpec::new(chains, vpcs).pp_args(pp_args);
+        platform::start_starfabric(self.tb(), Path::new(BIN), &spec).expect("start starfabric")
     }
 }
 
@@ -175,6 +181,65 @@ fn curl_through_snat_reaches_the_internet_from_the_pool_address() {
         "{stats}"
     );
     assert!(platform::field(&stats, "hits").unwrap_or(0) > 0, "{stats}");
+}
+
+/// The AF_XDP backend is what the PP node takes by default on the testbed (its veth runs
+/// the XDP program natively, its socket in copy mode), and the same traffic still works:
+/// the stats line shows the frames went through the AF_XDP rings.
+#[test]
+fn pp_takes_af_xdp_by_default_on_the_testbed() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    let p = lab.start(vec![snat_chain(0)]);
+    let line = p.pp_listening();
+    assert_eq!(p.pp_io(), Some("afxdp"), "{line}");
+    assert!(line.contains("native XDP on up0, copy mode"), "{line}");
+    // The outer MACs it writes are the veth's and the router's (resolved, not made up).
+    let pp_mac = tb
+        .exec_full(
+            Node::Pp,
+            &["cat", "/sys/class/net/up0/address"],
+            Duration::from_secs(5),
+        )
+        .unwrap()
+        .stdout;
+    assert!(
+        line.contains(&format!("node mac {}", pp_mac.trim())),
+        "{line}"
+    );
+    let body = curl(tb, 0, &format!("http://{}/", addr::INET));
+    assert_eq!(peer(&body).1, addr::pool(0), "{body}");
+    let stats = pp_stats_when(&p, |s| platform::field(s, "completed").unwrap_or(0) > 0);
+    assert!(stats.contains(" io: afxdp "), "{stats}");
+    assert!(
+        platform::field(&stats, "completed").unwrap_or(0) > 0,
+        "{stats}"
+    );
+    assert_eq!(platform::field(&stats, "tx_dropped"), Some(0), "{stats}");
+}
+
+/// The UDP-socket backend, the fallback, still carries the same traffic when asked for.
+#[test]
+fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    let p = lab.start_with(vec![snat_chain(0)], &["--io", "udp"]);
+    assert_eq!(p.pp_io(), Some("udp"), "{}", p.pp_listening());
+    for i in 0..3 {
+        let body = curl(tb, 0, &format!("http://{}/", addr::INET));
+        assert_eq!(peer(&body).1, addr::pool(0), "request {i}: {body}");
+    }
+    let gbps = measure::tcp_gbps(tb, Node::Client(0), addr::INET, 2)
+        .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
+    assert!(gbps > 0.0);
+    let stats = pp_stats_when(&p, |s| platform::field(s, "misses").unwrap_or(0) >= 3);
+    assert!(stats.contains(" io: rx="), "{stats}");
+    assert!(
+        platform::field(&stats, "misses").unwrap_or(0) >= 3,
+        "{stats}"
+    );
 }
 
 /// The PP node's stats line once `ok` holds for it (it prints one a second), or the last

@@ -25,6 +25,9 @@ pub struct PlatformSpec {
     pub sc_nodes: usize,
     /// PP `--flows`.
     pub flows: usize,
+    /// More arguments for `starfabric pp`, e.g. `--io udp` (the default is `--io auto`,
+    /// which takes AF_XDP on the PP node's veth).
+    pub pp_args: Vec<String>,
 }
 
 impl PlatformSpec {
@@ -34,7 +37,14 @@ impl PlatformSpec {
             vpcs,
             sc_nodes: 3,
             flows: 1 << 18,
+            pp_args: Vec::new(),
         }
+    }
+
+    /// Add arguments for `starfabric pp`.
+    pub fn pp_args(mut self, args: &[&str]) -> Self {
+        self.pp_args.extend(args.iter().map(|s| s.to_string()));
+        self
     }
 }
 
@@ -56,6 +66,24 @@ impl Platform {
             .find(|l| l.starts_with("pp: t="))
             .unwrap_or_default()
             .to_string()
+    }
+
+    /// The PP node's `pp: listening on ...` line, which names its I/O backend
+    /// (`io afxdp (...)` or `io udp`).
+    pub fn pp_listening(&self) -> String {
+        last_line(&self.pp.log, "pp: listening on ")
+    }
+
+    /// The PP node's I/O backend: `afxdp` or `udp` (from its listening line).
+    pub fn pp_io(&self) -> Option<&'static str> {
+        let l = self.pp_listening();
+        if l.contains(", io afxdp") {
+            Some("afxdp")
+        } else if l.contains(", io udp") {
+            Some("udp")
+        } else {
+            None
+        }
     }
 
     /// The FM's last status line.
@@ -162,6 +190,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         argv.push("--vpc".into());
         argv.push(format!("{v}={t}:{c}"));
     }
+    argv.extend(spec.pp_args.iter().cloned());
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let pp = tb.spawn(Node::Pp, "starfabric pp", &argv)?;
     tb.wait_log(&pp, "pp: listening", limit)?;

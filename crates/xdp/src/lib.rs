@@ -30,6 +30,9 @@ use packet::proto;
 use pipeline::{vxlan_source_port, Action, FlowKey, NodeAddr, Rule, RuleContext, RuleError};
 use thiserror::Error;
 
+mod attach;
+pub use attach::{AttachMode, Attachment};
+
 /// The compiled XDP object (clang `-O2 -g -target bpf`).
 static PP_XDP_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pp_xdp.o"));
 

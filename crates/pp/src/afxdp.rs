@@ -1,0 +1,766 @@
+//! [`AfXdpIo`]: a [`PacketIo`] backend over an AF_XDP socket (xsk-rs), the PP node's
+//! default I/O wherever it works.
+//!
+//! The UMEM *is* the backend region of the pipeline's descriptor model: `frames` slots of
+//! [`FRAME_SIZE`] bytes, slot `i` at `i * FRAME_SIZE`. The kernel writes a received frame
+//! at `XDP_PACKET_HEADROOM` (256) into its slot, so every RX descriptor has 256 bytes of
+//! headroom in front of the data (more than the pipeline's [`HEADROOM`]) for encap.
+//!
+//! Frames move between four owners, and [`AfXdpIo`] keeps the count of each exact (a
+//! debug assertion after every call, [`AfXdpIo::frame_census`] for tests):
+//! - **free**: userspace's free list (for `tx_from` copies, and to refill the fill ring);
+//! - **fill**: on the fill ring or the RX ring, i.e. the kernel's, until `rx` takes them;
+//! - **user**: handed to the pipeline by the last `rx`, until `tx`;
+//! - **tx**: on the TX ring, the kernel's, until the completion ring returns them.
+//!
+//! `tx` puts `Tx`-verdict frames on the TX ring as they are (no copy) and the batch's
+//! other frames back on the free list, then tops the fill ring up. An AF_XDP TX
+//! descriptor's address is the frame's data start as RX delivered it (xsk-rs hands out
+//! descriptors only from the RX and completion rings), so a frame whose data start the
+//! pipeline moved (encap of bare traffic, decap without re-encap) is first moved back
+//! within its slot; decap + re-encap, the usual VXLAN-to-VXLAN rule, keeps the start.
+//!
+//! Copy mode (veth and most drivers without AF_XDP zero-copy) transmits in `sendto`, at
+//! most 32 descriptors per call, so the TX ring is kicked whenever frames are
+//! outstanding, not only when the need-wakeup flag asks for it, and again on every `rx`.
+//! Ring full and no free frame are counted drops, never a panic or a leaked frame.
+//!
+//! The socket only receives what an XDP program on the interface redirects to it: the
+//! PP node attaches `xdp::XdpProgram` and registers this socket's fd in its `xsks` map
+//! ([`AfXdpIo::as_raw_fd`]). Binding uses `XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`, so
+//! libxdp never loads a program of its own.
+
+use std::collections::VecDeque;
+use std::io::Write as _;
+use std::num::NonZeroU32;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use pipeline::{Desc, IoError, PacketIo, Verdict, FRAME_SIZE, HEADROOM};
+use thiserror::Error;
+use xsk_rs::config::{
+    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
+};
+use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, TxQueue, Umem};
+
+/// Largest RX batch, and the most descriptors moved per ring operation.
+pub const AFXDP_MAX_BATCH: usize = 256;
+
+/// The kernel's headroom in front of received data (`XDP_PACKET_HEADROOM`).
+pub const XDP_HEADROOM: usize = 256;
+
+/// How many descriptors copy-mode `sendto` transmits per call (the kernel's
+/// `TX_BATCH_SIZE`); how many kicks a TX batch needs.
+const COPY_MODE_TX_PER_KICK: usize = 32;
+
+/// Configuration of an [`AfXdpIo`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AfXdpConfig {
+    /// Interface to bind.
+    pub ifname: String,
+    /// Receive queue to bind (the XDP program redirects by `rx_queue_index`).
+    pub queue_id: u32,
+    /// UMEM frames (a power of two ≥ 64). Half are kept on the fill ring.
+    pub frames: u32,
+    /// Largest RX batch (1..=[`AFXDP_MAX_BATCH`]).
+    pub batch: usize,
+    /// How long `rx` waits for a frame when none is queued.
+    pub poll_timeout: Duration,
+    /// Try zero-copy first (falls back to copy mode when the driver refuses).
+    pub zero_copy: bool,
+}
+
+impl AfXdpConfig {
+    pub fn new(ifname: &str) -> Self {
+        AfXdpConfig {
+            ifname: ifname.to_string(),
+            queue_id: 0,
+            frames: 4096,
+            batch: 64,
+            poll_timeout: Duration::from_millis(20),
+            zero_copy: true,
+        }
+    }
+}
+
+/// Counters of an [`AfXdpIo`]. Every `Tx` descriptor handed to the backend ends in exactly
+/// one of `tx_packets`, `tx_ring_full`, `tx_no_frame`, `tx_oversize`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AfXdpStats {
+    /// Frames delivered to the pipeline.
+    pub rx_packets: u64,
+    /// Their bytes (whole Ethernet frames).
+    pub rx_bytes: u64,
+    /// `rx` calls that returned at least one frame.
+    pub rx_batches: u64,
+    /// Put on the TX ring.
+    pub tx_packets: u64,
+    /// Their bytes.
+    pub tx_bytes: u64,
+    /// Dropped: the TX ring had no room.
+    pub tx_ring_full: u64,
+    /// Dropped (`tx_from`): no free UMEM frame to copy into.
+    pub tx_no_frame: u64,
+    /// Dropped: larger than a frame slot holds from the TX offset on.
+    pub tx_oversize: u64,
+    /// Frames whose data start the pipeline moved, moved back in their slot before TX.
+    pub tx_moved: u64,
+    /// Frames the completion ring returned (sent by the kernel).
+    pub tx_completed: u64,
+    /// `sendto` kicks of the TX ring.
+    pub tx_kicks: u64,
+    /// Kicks that failed with an unexpected error (the frames stay on the ring).
+    pub tx_kick_errors: u64,
+}
+
+/// The kernel's counters of the socket (`XDP_STATISTICS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AfXdpKernelStats {
+    /// Received frames dropped (no frame on the fill ring, or RX ring full).
+    pub rx_dropped: u64,
+    pub rx_ring_full: u64,
+    pub rx_fill_ring_empty: u64,
+    pub rx_invalid_descs: u64,
+    pub tx_invalid_descs: u64,
+}
+
+/// How the socket is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XskMode {
+    ZeroCopy,
+    Copy,
+}
+
+impl std::fmt::Display for XskMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            XskMode::ZeroCopy => "zero-copy",
+            XskMode::Copy => "copy",
+        })
+    }
+}
+
+/// Why an [`AfXdpIo`] could not be set up.
+#[derive(Debug, Error)]
+pub enum AfXdpError {
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error("cannot create the UMEM: {0}")]
+    Umem(String),
+    #[error("cannot bind an AF_XDP socket to {ifname} queue {queue}: {reason}")]
+    Bind {
+        ifname: String,
+        queue: u32,
+        reason: String,
+    },
+}
+
+/// Who holds a frame (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Free,
+    Fill,
+    User,
+    Tx,
+}
+
+/// How many frames each owner holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameCensus {
+    pub free: usize,
+    pub fill: usize,
+    pub user: usize,
+    pub tx: usize,
+}
+
+impl FrameCensus {
+    pub fn total(&self) -> usize {
+        self.free + self.fill + self.user + self.tx
+    }
+}
+
+/// A PP port over an AF_XDP socket; see the module docs.
+pub struct AfXdpIo {
+    cfg: AfXdpConfig,
+    mode: XskMode,
+    // Field order is drop order: the rings go before the UMEM handle (each ring holds
+    // its own handle on the socket and the UMEM anyway).
+    tx_q: TxQueue,
+    rx_q: RxQueue,
+    fill_q: FillQueue,
+    comp_q: CompQueue,
+    umem: Umem,
+    /// Start and length of the UMEM mapping (the region).
+    base: *mut u8,
+    len: usize,
+    /// Frames on the free list.
+    free: VecDeque<FrameDesc>,
+    /// The descriptor of each frame the pipeline holds, by slot.
+    user: Vec<Option<FrameDesc>>,
+    owner: Vec<Owner>,
+    census: FrameCensus,
+    /// Keep this many frames on the fill ring.
+    fill_target: usize,
+    /// Scratch descriptor arrays (no allocation per batch).
+    scratch: Vec<FrameDesc>,
+    tx_batch: Vec<FrameDesc>,
+    stats: AfXdpStats,
+}
+
+// SAFETY: `base` points into the UMEM mapping that `umem` keeps alive; nothing else
+// refers to it from another thread, and xsk-rs's queues are `Send`. Moving the backend
+// to another thread moves the only user of the pointer with it.
+unsafe impl Send for AfXdpIo {}
+
+fn queue_size(n: u32) -> Result<QueueSize, AfXdpError> {
+    QueueSize::new(n).map_err(|e| AfXdpError::Config(format!("ring size {n}: {e}")))
+}
+
+type Rings = (TxQueue, RxQueue, FillQueue, CompQueue);
+
+fn make_umem(frames: u32) -> Result<(Umem, Vec<FrameDesc>), AfXdpError> {
+    let cfg = UmemConfig::builder()
+        .frame_size(
+            FrameSize::new(FRAME_SIZE as u32).map_err(|e| AfXdpError::Config(e.to_string()))?,
+        )
+        .fill_queue_size(queue_size(frames)?)
+        .comp_queue_size(queue_size(frames)?)
+        // The kernel's XDP_PACKET_HEADROOM alone is our headroom: data at 256.
+        .frame_headroom(0)
+        .build()
+        .map_err(|e| AfXdpError::Config(e.to_string()))?;
+    let n = NonZeroU32::new(frames).ok_or_else(|| AfXdpError::Config("0 frames".into()))?;
+    Umem::new(cfg, n, false).map_err(|e| AfXdpError::Umem(e.to_string()))
+}
+
+fn bind(cfg: &AfXdpConfig, umem: &Umem, flags: BindFlags) -> Result<Rings, AfXdpError> {
+    let bind_err = |reason: String| AfXdpError::Bind {
+        ifname: cfg.ifname.clone(),
+        queue: cfg.queue_id,
+        reason,
+    };
+    let ring = (cfg.frames / 2).max(64);
+    let scfg = SocketConfig::builder()
+        .rx_queue_size(queue_size(ring)?)
+        .tx_queue_size(queue_size(ring)?)
+        // The PP node attaches its own XDP program and fills `xsks` itself.
+        .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+        .bind_flags(flags | BindFlags::XDP_USE_NEED_WAKEUP)
+        .build();
+    let ifname: Interface = cfg
+        .ifname
+        .parse()
+        .map_err(|_| AfXdpError::Config(format!("interface name {:?}", cfg.ifname)))?;
+    // SAFETY: the UMEM is new and used by this one socket only, so the (interface,
+    // queue) pair is not already bound from it and INHIBIT_PROG_LOAD is not required
+    // for soundness (we set it anyway: the program is ours).
+    let (tx_q, rx_q, fq_cq) = unsafe { xsk_rs::Socket::new(scfg, umem, &ifname, cfg.queue_id) }
+        .map_err(|e| {
+            let src = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            bind_err(format!("{e}{src}"))
+        })?;
+    let (fill_q, comp_q) =
+        fq_cq.ok_or_else(|| bind_err("no fill/completion ring for a new UMEM".into()))?;
+    Ok((tx_q, rx_q, fill_q, comp_q))
+}
+
+impl AfXdpIo {
+    /// Create the UMEM and bind a socket to `cfg.ifname` queue `cfg.queue_id`, zero-copy
+    /// if asked and the driver supports it, else in copy mode. Needs CAP_NET_RAW and
+    /// CAP_NET_ADMIN (root).
+    pub fn bind(cfg: AfXdpConfig) -> Result<Self, AfXdpError> {
+        if cfg.batch == 0 || cfg.batch > AFXDP_MAX_BATCH {
+            return Err(AfXdpError::Config(format!(
+                "batch {} not in 1..={AFXDP_MAX_BATCH}",
+                cfg.batch
+            )));
+        }
+        if cfg.frames < 64 || !cfg.frames.is_power_of_two() {
+            return Err(AfXdpError::Config(format!(
+                "frames {} is not a power of two ≥ 64",
+                cfg.frames
+            )));
+        }
+        let mut attempt = None;
+        if cfg.zero_copy {
+            let (umem, descs) = make_umem(cfg.frames)?;
+            match bind(&cfg, &umem, BindFlags::XDP_ZEROCOPY) {
+                Ok(rings) => attempt = Some((umem, descs, rings, XskMode::ZeroCopy)),
+                // veth and many drivers: EOPNOTSUPP. A fresh UMEM for the copy-mode bind,
+                // so nothing of the failed one (its saved rings) is reused.
+                Err(e) => tracing::debug!(error = %e, "zero-copy bind refused; copy mode"),
+            }
+        }
+        let (umem, descs, (tx_q, rx_q, fill_q, comp_q), mode) = match attempt {
+            Some(a) => a,
+            None => {
+                let (umem, descs) = make_umem(cfg.frames)?;
+                let rings = bind(&cfg, &umem, BindFlags::XDP_COPY)?;
+                (umem, descs, rings, XskMode::Copy)
+            }
+        };
+        let frames = cfg.frames as usize;
+        debug_assert_eq!(descs.len(), frames);
+        let len = frames * FRAME_SIZE;
+        // Derive the mapping's start from frame 0's data pointer: xsk-rs lays the UMEM out
+        // as one anonymous mapping of `frames * FRAME_SIZE` bytes, frame i at
+        // i * FRAME_SIZE, its data segment at `desc.addr()` from the mapping's start.
+        // SAFETY: descs[0] is a descriptor of this UMEM, handed out by Umem::new and not
+        // submitted to any ring, so reading its (empty) data segment races with nothing.
+        let d0 = unsafe { umem.data(&descs[0]) }.contents().as_ptr();
+        let base = d0.wrapping_sub(descs[0].addr()) as *mut u8;
+        // Check the layout assumption on the last frame before relying on it.
+        let last = &descs[frames - 1];
+        // SAFETY: as above, for the last frame.
+        let dl = unsafe { umem.data(last) }.contents().as_ptr();
+        if !std::ptr::eq(dl, base.wrapping_add(last.addr()))
+            || descs[0].addr() != XDP_HEADROOM
+            || last.addr() != (frames - 1) * FRAME_SIZE + XDP_HEADROOM
+        {
+            return Err(AfXdpError::Umem(
+                "UMEM layout is not frames of FRAME_SIZE with data at 256".into(),
+            ));
+        }
+        let fill_target = frames / 2;
+        let mut io = AfXdpIo {
+            mode,
+            tx_q,
+            rx_q,
+            fill_q,
+            comp_q,
+            umem,
+            base,
+            len,
+            free: descs.into_iter().collect(),
+            user: vec![None; frames],
+            owner: vec![Owner::Free; frames],
+            census: FrameCensus {
+                free: frames,
+                ..Default::default()
+            },
+            fill_target,
+            scratch: vec![FrameDesc::default(); AFXDP_MAX_BATCH.max(COPY_MODE_TX_PER_KICK)],
+            tx_batch: Vec::with_capacity(AFXDP_MAX_BATCH),
+            stats: AfXdpStats::default(),
+            cfg,
+        };
+        io.top_up_fill();
+        tracing::info!(
+            ifname = %io.cfg.ifname,
+            queue = io.cfg.queue_id,
+            %mode,
+            frames,
+            "AF_XDP socket bound"
+        );
+        Ok(io)
+    }
+
+    pub fn mode(&self) -> XskMode {
+        self.mode
+    }
+
+    pub fn config(&self) -> &AfXdpConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> AfXdpStats {
+        self.stats
+    }
+
+    /// The kernel's counters of the socket (one `getsockopt`).
+    pub fn kernel_stats(&self) -> std::io::Result<AfXdpKernelStats> {
+        let s = self.rx_q.fd().xdp_statistics()?;
+        Ok(AfXdpKernelStats {
+            rx_dropped: s.rx_dropped(),
+            rx_ring_full: s.rx_ring_full(),
+            rx_fill_ring_empty: s.rx_fill_ring_empty_descs(),
+            rx_invalid_descs: s.rx_invalid_descs(),
+            tx_invalid_descs: s.tx_invalid_descs(),
+        })
+    }
+
+    /// How many frames each owner holds; the total is always the UMEM's frame count.
+    pub fn frame_census(&self) -> FrameCensus {
+        self.census
+    }
+
+    /// Check the frame accounting from scratch (O(frames), for tests and debugging): every
+    /// frame has exactly one owner, the census counts them, the free list holds exactly
+    /// the free frames (each once) and the pipeline's slots exactly the user frames.
+    pub fn verify_frames(&self) -> Result<FrameCensus, String> {
+        let mut c = FrameCensus::default();
+        for (slot, o) in self.owner.iter().enumerate() {
+            match o {
+                Owner::Free => c.free += 1,
+                Owner::Fill => c.fill += 1,
+                Owner::User => c.user += 1,
+                Owner::Tx => c.tx += 1,
+            }
+            if (*o == Owner::User) != self.user[slot].is_some() {
+                return Err(format!(
+                    "slot {slot}: owner {o:?}, descriptor held: {}",
+                    self.user[slot].is_some()
+                ));
+            }
+        }
+        if c != self.census {
+            return Err(format!("owners {c:?}, census {:?}", self.census));
+        }
+        let mut seen = vec![false; self.owner.len()];
+        for d in &self.free {
+            let slot = self.slot_of(d.addr());
+            if self.owner[slot] != Owner::Free || std::mem::replace(&mut seen[slot], true) {
+                return Err(format!(
+                    "free list: slot {slot} ({:?}, or twice)",
+                    self.owner[slot]
+                ));
+            }
+        }
+        if self.free.len() != c.free || c.total() != self.cfg.frames as usize {
+            return Err(format!("free list {} for census {c:?}", self.free.len()));
+        }
+        Ok(c)
+    }
+
+    #[inline]
+    fn slot_of(&self, addr: usize) -> usize {
+        addr / FRAME_SIZE
+    }
+
+    #[inline]
+    fn give(&mut self, slot: usize, from: Owner, to: Owner) {
+        debug_assert_eq!(self.owner[slot], from, "frame {slot} owner");
+        self.owner[slot] = to;
+        for (o, d) in [(from, usize::MAX), (to, 1)] {
+            let c = match o {
+                Owner::Free => &mut self.census.free,
+                Owner::Fill => &mut self.census.fill,
+                Owner::User => &mut self.census.user,
+                Owner::Tx => &mut self.census.tx,
+            };
+            *c = c.wrapping_add(d);
+        }
+    }
+
+    fn check_census(&self) {
+        debug_assert_eq!(
+            self.census.total(),
+            self.cfg.frames as usize,
+            "frames conserved: {:?}",
+            self.census
+        );
+        debug_assert_eq!(self.census.free, self.free.len());
+    }
+
+    /// Move free frames to the fill ring until it holds `fill_target`.
+    fn top_up_fill(&mut self) {
+        let want = self.fill_target.saturating_sub(self.census.fill);
+        let n = want.min(self.free.len()).min(self.scratch.len());
+        if n == 0 {
+            return;
+        }
+        for i in 0..n {
+            self.scratch[i] = self.free.pop_front().expect("counted above");
+        }
+        // SAFETY: these frames were on the free list: neither the kernel (fill, RX, TX,
+        // completion rings) nor the pipeline holds them.
+        let done = unsafe { self.fill_q.produce(&self.scratch[..n]) };
+        // `produce` is all or nothing; a full fill ring (cannot happen: it holds all
+        // frames) leaves them free.
+        for i in 0..n {
+            let d = self.scratch[i];
+            let slot = self.slot_of(d.addr());
+            if i < done {
+                self.census.free -= 1;
+                self.census.fill += 1;
+                debug_assert_eq!(self.owner[slot], Owner::Free);
+                self.owner[slot] = Owner::Fill;
+            } else {
+                self.free.push_back(d);
+            }
+        }
+    }
+
+    /// Take what the completion ring returned onto the free list.
+    fn reap_completions(&mut self) -> usize {
+        let mut total = 0;
+        loop {
+            let cap = self.scratch.len();
+            // SAFETY: the completion ring returns frames we put on the TX ring; they are
+            // ours again once consumed.
+            let n = unsafe { self.comp_q.consume(&mut self.scratch[..cap]) };
+            for i in 0..n {
+                let d = self.scratch[i];
+                let slot = self.slot_of(d.addr());
+                if slot >= self.owner.len() || self.owner[slot] != Owner::Tx {
+                    // Not a frame we sent: a kernel bug, not something to count per packet.
+                    tracing::error!(addr = d.addr(), "completion of a frame not on the TX ring");
+                    continue;
+                }
+                self.give(slot, Owner::Tx, Owner::Free);
+                self.free.push_back(d);
+            }
+            total += n;
+            if n < cap {
+                break;
+            }
+        }
+        self.stats.tx_completed += total as u64;
+        total
+    }
+
+    /// Kick the TX ring while frames are outstanding and kicks make progress. Copy mode
+    /// sends at most 32 per `sendto`; zero-copy drivers send from their NAPI loop and
+    /// only need a kick when the need-wakeup flag says so.
+    fn kick_tx(&mut self) {
+        self.reap_completions();
+        let mut budget = self.census.tx / COPY_MODE_TX_PER_KICK + 2;
+        while self.census.tx > 0 && budget > 0 {
+            budget -= 1;
+            if self.mode == XskMode::ZeroCopy && !self.tx_q.needs_wakeup() {
+                break;
+            }
+            self.stats.tx_kicks += 1;
+            if let Err(e) = self.tx_q.wakeup() {
+                self.stats.tx_kick_errors += 1;
+                tracing::debug!(error = %e, "AF_XDP TX kick failed");
+                break;
+            }
+            if self.reap_completions() == 0 {
+                // The device pushed back (or completes asynchronously): try again on the
+                // next call instead of spinning.
+                break;
+            }
+        }
+        self.top_up_fill();
+    }
+
+    /// Put `tx_batch` on the TX ring; whatever does not fit is counted and freed.
+    fn submit_tx(&mut self) {
+        if self.tx_batch.is_empty() {
+            return;
+        }
+        // SAFETY: every frame in `tx_batch` is ours (taken from the pipeline's batch or
+        // the free list), written completely, and not on any other ring.
+        let done = unsafe { self.tx_q.produce(&self.tx_batch) };
+        // `produce` is all-or-nothing when the ring lacks room; retry after reaping
+        // completions, then fall back to as many as fit.
+        let done = if done == 0 {
+            self.reap_completions();
+            let room = self.tx_q.nb_free(self.tx_batch.len() as u32) as usize;
+            let k = room.min(self.tx_batch.len());
+            // SAFETY: as above.
+            if k > 0 {
+                unsafe { self.tx_q.produce(&self.tx_batch[..k]) }
+            } else {
+                0
+            }
+        } else {
+            done
+        };
+        let batch = std::mem::take(&mut self.tx_batch);
+        for (i, d) in batch.iter().enumerate() {
+            let slot = self.slot_of(d.addr());
+            let from = self.owner[slot];
+            if i < done {
+                self.stats.tx_packets += 1;
+                self.stats.tx_bytes += d.lengths().data() as u64;
+                self.give(slot, from, Owner::Tx);
+            } else {
+                self.stats.tx_ring_full += 1;
+                self.give(slot, from, Owner::Free);
+                self.free.push_back(*d);
+            }
+        }
+        self.tx_batch = batch;
+        self.tx_batch.clear();
+        self.kick_tx();
+    }
+
+    fn wait_readable(&self, timeout: Duration) -> Result<bool, IoError> {
+        let mut pfd = libc::pollfd {
+            fd: self.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd that lives for the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            // A signal (Ctrl-C) wakes us: no packets, so the loop checks its flag.
+            return if e.raw_os_error() == Some(libc::EINTR) {
+                Ok(false)
+            } else {
+                Err(IoError::Os(e))
+            };
+        }
+        Ok(r > 0)
+    }
+
+    fn recv_batch(&mut self, descs: &mut Vec<Desc>, want: usize) -> usize {
+        // SAFETY: the RX ring hands back frames of this UMEM that the kernel has
+        // finished writing; they are ours until we give them back.
+        let n = unsafe { self.rx_q.consume(&mut self.scratch[..want]) };
+        for i in 0..n {
+            let fd = self.scratch[i];
+            let addr = fd.addr();
+            let slot = self.slot_of(addr);
+            let base = slot * FRAME_SIZE;
+            let len = fd.lengths().data();
+            if slot >= self.owner.len() || addr + len > base + FRAME_SIZE {
+                tracing::error!(addr, len, "RX descriptor outside the UMEM");
+                continue;
+            }
+            self.give(slot, Owner::Fill, Owner::User);
+            self.user[slot] = Some(fd);
+            descs.push(Desc::new(base, addr - base, len, FRAME_SIZE, 0));
+            self.stats.rx_packets += 1;
+            self.stats.rx_bytes += len as u64;
+        }
+        self.stats.rx_batches += (n > 0) as u64;
+        n
+    }
+}
+
+impl AsRawFd for AfXdpIo {
+    /// The socket's fd, for the XDP program's `xsks` map.
+    fn as_raw_fd(&self) -> RawFd {
+        self.rx_q.fd().as_raw_fd()
+    }
+}
+
+impl PacketIo for AfXdpIo {
+    fn rx(&mut self, descs: &mut Vec<Desc>, max: usize) -> Result<usize, IoError> {
+        descs.clear();
+        debug_assert_eq!(self.census.user, 0, "tx() recycles every frame of an rx");
+        // Completions and kicks first: frames sent in earlier batches come back to the
+        // free list and the fill ring, and copy mode needs sendto to make progress.
+        if self.census.tx > 0 {
+            self.kick_tx();
+        }
+        let want = max.min(self.cfg.batch);
+        if want == 0 {
+            return Ok(0);
+        }
+        if self.recv_batch(descs, want) == 0 {
+            // Frames still on the TX ring need kicks, not a long sleep.
+            let timeout = if self.census.tx > 0 {
+                Duration::ZERO
+            } else {
+                self.cfg.poll_timeout
+            };
+            if self.wait_readable(timeout)? {
+                self.recv_batch(descs, want);
+            }
+        }
+        self.check_census();
+        Ok(descs.len())
+    }
+
+    fn region(&mut self) -> &mut [u8] {
+        // SAFETY: `base..base+len` is the UMEM mapping, kept alive by `self.umem`. The
+        // kernel writes only frames on the fill ring and reads only frames on the TX
+        // ring; the pipeline touches only the frames of the descriptors `rx` gave it,
+        // which are neither. The borrow of `self` keeps this slice from outliving the
+        // mapping or overlapping another one made here.
+        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    }
+
+    fn tx(&mut self, descs: &[Desc]) -> Result<usize, IoError> {
+        let before = self.stats.tx_packets;
+        self.tx_batch.clear();
+        for d in descs {
+            let slot = d.base as usize / FRAME_SIZE;
+            let Some(mut fd) = self.user.get_mut(slot).and_then(Option::take) else {
+                // Not a frame of the last rx (or seen twice): nothing of ours to recycle.
+                debug_assert!(false, "descriptor of slot {slot} not from the last rx");
+                continue;
+            };
+            let Verdict::Tx(_) = d.verdict else {
+                self.give(slot, Owner::User, Owner::Free);
+                self.free.push_back(fd);
+                continue;
+            };
+            let base = slot * FRAME_SIZE;
+            let start = base + d.off as usize;
+            let len = d.len as usize;
+            let tx_at = fd.addr();
+            if tx_at - base + len > FRAME_SIZE {
+                self.stats.tx_oversize += 1;
+                self.give(slot, Owner::User, Owner::Free);
+                self.free.push_back(fd);
+                continue;
+            }
+            if start != tx_at {
+                // The descriptor's TX address is fixed (see the module docs): move the data.
+                self.region().copy_within(start..start + len, tx_at);
+                self.stats.tx_moved += 1;
+            }
+            // SAFETY: the frame is the pipeline's until now (owner User), no ring holds it.
+            unsafe { self.umem.data_mut(&mut fd) }.cursor().set_pos(len);
+            self.tx_batch.push(fd);
+        }
+        self.submit_tx();
+        self.top_up_fill();
+        self.check_census();
+        Ok((self.stats.tx_packets - before) as usize)
+    }
+
+    fn tx_from(&mut self, region: &[u8], descs: &[Desc]) -> Result<usize, IoError> {
+        let before = self.stats.tx_packets;
+        self.tx_batch.clear();
+        for d in descs {
+            if !matches!(d.verdict, Verdict::Tx(_)) {
+                continue;
+            }
+            let data = d.data(region);
+            if data.len() > FRAME_SIZE - XDP_HEADROOM {
+                self.stats.tx_oversize += 1;
+                continue;
+            }
+            if self.free.is_empty() {
+                self.reap_completions();
+            }
+            let Some(mut fd) = self.free.pop_front() else {
+                self.stats.tx_no_frame += 1;
+                continue;
+            };
+            let slot = self.slot_of(fd.addr());
+            self.census.free -= 1;
+            self.census.user += 1;
+            debug_assert_eq!(self.owner[slot], Owner::Free);
+            self.owner[slot] = Owner::User;
+            // SAFETY: a free frame: no ring and no descriptor of the pipeline holds it.
+            let mut dm = unsafe { self.umem.data_mut(&mut fd) };
+            let mut cur = dm.cursor();
+            cur.set_pos(0);
+            if cur.write_all(data).is_err() {
+                self.stats.tx_oversize += 1;
+                self.give(slot, Owner::User, Owner::Free);
+                self.free.push_back(fd);
+                continue;
+            }
+            self.tx_batch.push(fd);
+            if self.tx_batch.len() == AFXDP_MAX_BATCH {
+                self.submit_tx();
+            }
+        }
+        self.submit_tx();
+        self.top_up_fill();
+        self.check_census();
+        Ok((self.stats.tx_packets - before) as usize)
+    }
+}
+
+impl Drop for AfXdpIo {
+    fn drop(&mut self) {
+        tracing::debug!(stats = ?self.stats, census = ?self.census, "AF_XDP socket closed");
+    }
+}
+
+/// How much headroom an RX descriptor leaves for encap (more than the pipeline asks for).
+pub const RX_HEADROOM: usize = XDP_HEADROOM;
+const _: () = assert!(RX_HEADROOM >= HEADROOM);

@@ -1,0 +1,138 @@
+//! Setting a PP node up on AF_XDP: find the interface that owns the node's underlay
+//! address, learn its MAC and its gateway's MAC, load the XDP program with that identity,
+//! bind an [`AfXdpIo`] to the interface's queue, register it in the program's `xsks`
+//! map, and attach the program.
+//!
+//! The order matters: until the program is attached everything still goes to the kernel,
+//! and from the moment it is, VXLAN to the node has a socket to go to.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use pipeline::NodeAddr;
+use thiserror::Error;
+use xdp::{AttachMode, Attachment, XdpError, XdpProgram};
+
+use crate::afxdp::{AfXdpConfig, AfXdpError, AfXdpIo};
+use crate::netif::{self, NetifError};
+
+/// What [`open_afxdp`] needs.
+#[derive(Debug, Clone)]
+pub struct AfXdpNodeConfig {
+    /// The node's underlay address: the interface that owns it is the one used.
+    pub ip: Ipv4Addr,
+    /// The next hop's MAC; resolved from the kernel's route and neighbour tables if
+    /// `None`.
+    pub gw_mac: Option<[u8; 6]>,
+    /// How long to wait for the gateway's neighbour entry.
+    pub resolve_wait: Duration,
+    /// UMEM frames, batch and poll timeout of the socket (`ifname` is filled in).
+    pub io: AfXdpConfig,
+}
+
+impl AfXdpNodeConfig {
+    pub fn new(ip: Ipv4Addr) -> Self {
+        AfXdpNodeConfig {
+            ip,
+            gw_mac: None,
+            resolve_wait: Duration::from_secs(1),
+            io: AfXdpConfig::new(""),
+        }
+    }
+}
+
+/// Why AF_XDP cannot run here (the PP node then falls back to its UDP socket).
+#[derive(Debug, Error)]
+pub enum AfXdpNodeError {
+    #[error("{0}")]
+    NotApplicable(String),
+    #[error(transparent)]
+    Netif(#[from] NetifError),
+    #[error(
+        "{ifname} has {queues} receive queues; the AF_XDP backend binds one socket, on queue 0"
+    )]
+    Queues { ifname: String, queues: u32 },
+    #[error("XDP program: {0}")]
+    Xdp(#[from] XdpError),
+    #[error(transparent)]
+    Socket(#[from] AfXdpError),
+}
+
+/// The XDP side of an AF_XDP PP node: keep it alive as long as the socket is used
+/// (dropping it detaches the program). `program` is where offloaded rules go.
+#[derive(Debug)]
+pub struct XdpAttached {
+    pub program: XdpProgram,
+    pub attachment: Option<Attachment>,
+    pub ifname: String,
+    pub mode: AttachMode,
+    /// The identity `encap` must write: node IP and MAC, gateway MAC.
+    pub node: NodeAddr,
+    /// The gateway whose MAC was resolved (`None` when given).
+    pub gateway: Option<Ipv4Addr>,
+}
+
+impl XdpAttached {
+    /// Detach the program now (also done on drop).
+    pub fn detach(&mut self) {
+        if let Some(a) = self.attachment.take() {
+            if let Err(e) = self.program.detach(a) {
+                tracing::warn!(error = %e, "detaching the XDP program");
+            }
+        }
+    }
+}
+
+impl Drop for XdpAttached {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// Set a PP node up on AF_XDP (see the module docs).
+pub fn open_afxdp(cfg: AfXdpNodeConfig) -> Result<(AfXdpIo, XdpAttached), AfXdpNodeError> {
+    if cfg.ip.is_unspecified() || cfg.ip.is_loopback() {
+        return Err(AfXdpNodeError::NotApplicable(format!(
+            "listen address {} is not one interface's address",
+            cfg.ip
+        )));
+    }
+    let ifname = netif::interface_of(cfg.ip)?;
+    let queues = netif::rx_queues(&ifname)?;
+    if queues != 1 {
+        return Err(AfXdpNodeError::Queues { ifname, queues });
+    }
+    let mac = netif::mac_of(&ifname)?;
+    let (gateway, gw_mac) = match cfg.gw_mac {
+        Some(m) => (None, m),
+        None => {
+            let (gw, m) = netif::gateway_mac(&ifname, cfg.resolve_wait)?;
+            (Some(gw), m)
+        }
+    };
+    let node = NodeAddr {
+        ip: cfg.ip,
+        mac,
+        gw_mac,
+    };
+    let mut program = XdpProgram::load()?;
+    program.set_node(&node)?;
+    let mut io_cfg = cfg.io;
+    io_cfg.ifname = ifname.clone();
+    io_cfg.queue_id = 0;
+    let io = AfXdpIo::bind(io_cfg)?;
+    program.register_xsk(0, &io)?;
+    let attachment = program.attach(&ifname)?;
+    let mode = attachment.mode;
+    Ok((
+        io,
+        XdpAttached {
+            program,
+            attachment: Some(attachment),
+            ifname,
+            mode,
+            node,
+            gateway,
+        },
+    ))
+}

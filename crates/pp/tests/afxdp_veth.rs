@@ -1,0 +1,571 @@
+//! `AfXdpIo` on a real veth pair between two network namespaces this test creates
+//! (`sfax-<pid>-<n>-pp`, `-peer`; 198.18.250.0/24), deleted on drop, also when a test
+//! fails. The PP side runs the XDP program (native mode) with the socket in `xsks` and a
+//! `Worker<AfXdpIo>`; the peer side writes VXLAN frames onto its veth with a packet
+//! socket and reads what comes back: the pipeline's output, outer Ethernet header
+//! included (with AF_XDP the kernel no longer writes it).
+//!
+//! Needs root; without it each test prints SKIP (under CI, `CI` set, that is a failure).
+//! Each thread enters its namespace with setns(2), which affects that thread only.
+
+use std::fs::File;
+use std::net::{Ipv4Addr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use packet::build::{ip_frame, EncapV4, L4Spec, VXLAN_V4_OVERHEAD};
+use packet::csum;
+use packet::rewrite::Addr;
+use packet::{parse_frame, L4};
+use pipeline::{
+    parse_actions, Desc, FlowKey, MonotonicClock, NodeAddr, PacketIo, Pipeline, PipelineConfig,
+    Rule, RuleReply, RuleRequest, RuleSource, Verdict, VpcBinding, Worker, FRAME_SIZE, HEADROOM,
+};
+use pp::{AfXdpConfig, AfXdpIo, XskMode};
+
+const PP_IP: [u8; 4] = [198, 18, 250, 1];
+const PEER_IP: [u8; 4] = [198, 18, 250, 2];
+const PP_MAC: [u8; 6] = [0x02, 0x5f, 0xfa, 0, 0, 0x01];
+const PEER_MAC: [u8; 6] = [0x02, 0x5f, 0xfa, 0, 0, 0x02];
+const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x02];
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Two namespaces joined by a veth pair (`xa` on the PP side, `xb` on the peer side);
+/// deleted on drop, which destroys the veth too.
+struct Netns {
+    pp: String,
+    peer: String,
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for ns in [&self.pp, &self.peer] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        for ns in [&self.pp, &self.peer] {
+            assert!(
+                !std::path::Path::new(&format!("/run/netns/{ns}")).exists(),
+                "namespace {ns} left behind"
+            );
+        }
+    }
+}
+
+fn netns() -> Option<Netns> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "AF_XDP tests need root, and CI runs as root"
+        );
+        eprintln!("SKIP: AF_XDP on veth needs root (namespaces, XDP, AF_XDP)");
+        return None;
+    }
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let base = format!("sfax-{}-{n}", std::process::id());
+    let ns = Netns {
+        pp: format!("{base}-pp"),
+        peer: format!("{base}-peer"),
+    };
+    // Recorded before creation: the drop deletes whatever part exists.
+    ip(&["netns", "add", &ns.pp]);
+    ip(&["netns", "add", &ns.peer]);
+    for (n, dev, mac, addr) in [
+        (&ns.pp, "xa", "02:5f:fa:00:00:01", "198.18.250.1/24"),
+        (&ns.peer, "xb", "02:5f:fa:00:00:02", "198.18.250.2/24"),
+    ] {
+        if dev == "xa" {
+            ip(&[
+                "-n", n, "link", "add", "xa", "type", "veth", "peer", "name", "xb", "netns",
+                &ns.peer,
+            ]);
+        }
+        // No IPv6: its router solicitations would be extra frames on the link.
+        let out = Command::new("ip")
+            .args(["netns", "exec", n, "sysctl", "-qw"])
+            .arg(format!("net.ipv6.conf.{dev}.disable_ipv6=1"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{:?}", out);
+        ip(&["-n", n, "link", "set", dev, "address", mac]);
+        ip(&["-n", n, "addr", "add", addr, "dev", dev]);
+        ip(&["-n", n, "link", "set", dev, "up"]);
+        ip(&["-n", n, "link", "set", "lo", "up"]);
+    }
+    Some(ns)
+}
+
+/// Move the calling thread into namespace `ns`.
+fn enter(ns: &str) {
+    let f = File::open(format!("/run/netns/{ns}")).unwrap();
+    // SAFETY: a valid namespace fd; setns changes only this thread's network namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+}
+
+fn node() -> NodeAddr {
+    NodeAddr {
+        ip: Ipv4Addr::from(PP_IP),
+        mac: PP_MAC,
+        gw_mac: PEER_MAC,
+    }
+}
+
+fn request(sport: u16, payload: &[u8]) -> Vec<u8> {
+    ip_frame(
+        Addr::V4([198, 19, 10, 2]),
+        Addr::V4([198, 19, 10, 9]),
+        L4Spec::Udp { sport, dport: 7 },
+        payload,
+    )
+}
+
+/// What the peer puts on the wire: the request in VXLAN to the PP node.
+fn vxlan_to_pp(vni: u32, inner: &[u8]) -> Vec<u8> {
+    let t = EncapV4::new(PEER_MAC, PP_MAC, PEER_IP, PP_IP, vni);
+    let mut f = vec![0u8; VXLAN_V4_OVERHEAD + inner.len()];
+    t.write(&mut f, inner.len(), 50000);
+    f[VXLAN_V4_OVERHEAD..].copy_from_slice(inner);
+    f
+}
+
+fn expected_reply(sport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = ip_frame(
+        Addr::V4([198, 19, 10, 9]),
+        Addr::V4([198, 19, 10, 2]),
+        L4Spec::Udp {
+            sport: 7,
+            dport: sport,
+        },
+        payload,
+    );
+    f[..6].copy_from_slice(&CLIENT_MAC);
+    f
+}
+
+fn reflect_rule(sport: u16) -> Rule {
+    let key: FlowKey = format!("100 udp 198.19.10.2:{sport} > 198.19.10.9:7")
+        .parse()
+        .unwrap();
+    let actions = format!(
+        "decap; set-src 198.19.10.9:7; set-dst 198.19.10.2:{sport}; \
+         encap 198.18.250.2 vni 100 dmac 02:c1:00:00:00:02; count; out 0"
+    );
+    Rule::new(key, parse_actions(&actions).unwrap())
+}
+
+/// A raw packet socket on `dev` in the calling thread's namespace.
+struct RawSock {
+    fd: libc::c_int,
+    ifindex: libc::c_int,
+}
+
+impl RawSock {
+    fn open(dev: &str) -> RawSock {
+        let proto = (libc::ETH_P_ALL as u16).to_be() as libc::c_int;
+        // SAFETY: plain socket(2).
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
+        assert!(
+            fd >= 0,
+            "packet socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let name = std::ffi::CString::new(dev).unwrap();
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as libc::c_int;
+        assert!(ifindex > 0, "no {dev}");
+        // SAFETY: zeroed sockaddr_ll is valid; filled below.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto as u16;
+        sll.sll_ifindex = ifindex;
+        // SAFETY: `sll` lives for the call; its size is passed.
+        let r = unsafe {
+            libc::bind(
+                fd,
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 100_000,
+        };
+        // SAFETY: `tv` lives for the call; its size is passed.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        RawSock { fd, ifindex }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: `frame` is valid for its length; the socket is bound to the device.
+        let r = unsafe { libc::send(self.fd, frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            r,
+            frame.len() as isize,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The next frame received on the device (not our own outgoing ones), or `None` after
+    /// the receive timeout.
+    fn recv(&self) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: zeroed sockaddr_ll is valid; recvfrom fills it.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut sl = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        // SAFETY: `buf` and `sll` are valid for the lengths passed and live for the call.
+        let r = unsafe {
+            libc::recvfrom(
+                self.fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                &mut sll as *mut libc::sockaddr_ll as *mut libc::sockaddr,
+                &mut sl,
+            )
+        };
+        if r < 0 {
+            return None;
+        }
+        if sll.sll_pkttype == libc::PACKET_OUTGOING || sll.sll_ifindex != self.ifindex {
+            return Some(Vec::new());
+        }
+        buf.truncate(r as usize);
+        Some(buf)
+    }
+}
+
+impl Drop for RawSock {
+    fn drop(&mut self) {
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+fn check_checksums(f: &[u8]) {
+    let p = parse_frame(f).unwrap();
+    let ip = p.ip().unwrap();
+    assert_eq!(
+        csum::checksum(0, &f[ip.off as usize..ip.l4_off()]),
+        0,
+        "inner IPv4 header checksum"
+    );
+    let L4::Udp { len, .. } = ip.l4 else {
+        panic!("not UDP")
+    };
+    let s: [u8; 4] = f[ip.src_range()].try_into().unwrap();
+    let d: [u8; 4] = f[ip.dst_range()].try_into().unwrap();
+    let udp = &f[ip.l4_off()..ip.l4_off() + len as usize];
+    assert_eq!(
+        csum::checksum(csum::pseudo_v4(&s, &d, 17, len), udp),
+        0,
+        "inner UDP checksum"
+    );
+}
+
+/// Check a frame the PP node sent: outer Ethernet node → gateway, IPv4 node → peer,
+/// VXLAN VNI 100; returns the inner frame.
+fn check_output(f: &[u8]) -> Vec<u8> {
+    assert_eq!(&f[0..6], &PEER_MAC, "outer destination MAC = the gateway's");
+    assert_eq!(&f[6..12], &PP_MAC, "outer source MAC = the node's");
+    assert_eq!(
+        csum::checksum(0, &f[14..34]),
+        0,
+        "outer IPv4 header checksum"
+    );
+    let p = parse_frame(f).unwrap();
+    let ip = p.ip().unwrap();
+    assert_eq!(&f[ip.src_range()], &PP_IP);
+    assert_eq!(&f[ip.dst_range()], &PEER_IP);
+    assert_eq!(p.vxlan.expect("VXLAN").vni, 100);
+    p.vxlan_inner(f).unwrap().to_vec()
+}
+
+struct PpResult {
+    stats: pp::AfXdpStats,
+    census: pp::FrameCensus,
+    frames: usize,
+    mode: XskMode,
+    hits: u64,
+    misses: u64,
+    rule_requests: u64,
+    static_packets: u64,
+    kernel: pp::AfXdpKernelStats,
+}
+
+#[test]
+fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
+    let Some(ns) = netns() else { return };
+    const STATIC_PORT: u16 = 40000;
+    const MISS_PORT: u16 = 40001;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(), String>>(1);
+    let pp_ns = ns.pp.clone();
+    let stop2 = stop.clone();
+    let pp = std::thread::spawn(move || -> PpResult {
+        enter(&pp_ns);
+        let (req_tx, req_rx) = crossbeam_channel::bounded::<RuleRequest>(16);
+        let (rep_tx, rep_rx) = crossbeam_channel::unbounded::<RuleReply>();
+        let mut pcfg = PipelineConfig::new(node());
+        pcfg.flow_capacity = 1024;
+        let mut p = Pipeline::new(
+            pcfg,
+            RuleSource::Channel {
+                requests: req_tx,
+                replies: rep_rx,
+            },
+        )
+        .unwrap();
+        p.bind_vpc(
+            100,
+            VpcBinding {
+                tenant: 1,
+                chain: 1,
+            },
+        );
+        let mut r = reflect_rule(STATIC_PORT);
+        r.idle_timeout = Some(Duration::MAX);
+        p.install_rule(&r, 0).unwrap();
+        let mut program = xdp::XdpProgram::load().expect("load the XDP program");
+        program.set_node(&node()).unwrap();
+        let mut cfg = AfXdpConfig::new("xa");
+        cfg.poll_timeout = Duration::from_millis(5);
+        cfg.frames = 256;
+        let io = AfXdpIo::bind(cfg).expect("AF_XDP bind");
+        let mode = io.mode();
+        program.register_xsk(0, &io).unwrap();
+        let attachment = program.attach("xa").expect("attach");
+        assert_eq!(
+            attachment.mode,
+            xdp::AttachMode::Native,
+            "veth has native XDP"
+        );
+        let mut w = Worker::new(p, io, 64, Box::new(MonotonicClock::new()));
+        ready_tx.send(Ok(())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !stop2.load(Ordering::Relaxed) && Instant::now() < deadline {
+            w.run_once().unwrap();
+            // The test is FM: answer every rule request with the reflect rule.
+            while let Ok(req) = req_rx.try_recv() {
+                assert_eq!(req.key, reflect_rule(MISS_PORT).key);
+                rep_tx.send(RuleReply::ok(reflect_rule(MISS_PORT))).unwrap();
+            }
+        }
+        // Drain the TX ring so the census below sees every frame home.
+        for _ in 0..100 {
+            if w.io.frame_census().tx == 0 {
+                break;
+            }
+            let mut d = Vec::new();
+            w.io.rx(&mut d, 0).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        w.io.verify_frames().expect("frame accounting");
+        program.detach(attachment).unwrap();
+        let (_, static_packets, _) = w
+            .pipeline
+            .lookup_rule(&reflect_rule(STATIC_PORT).key)
+            .unwrap();
+        let s = w.pipeline.stats();
+        PpResult {
+            stats: w.io.stats(),
+            census: w.io.frame_census(),
+            frames: 256,
+            mode,
+            hits: s.hits,
+            misses: s.misses,
+            rule_requests: s.rule_requests,
+            static_packets,
+            kernel: w.io.kernel_stats().unwrap(),
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("PP thread ready")
+        .unwrap();
+
+    let peer_ns = ns.peer.clone();
+    let peer = std::thread::spawn(move || {
+        enter(&peer_ns);
+        let sock = RawSock::open("xb");
+        // Sizes from minimal to the largest whose VXLAN frame fits the veth's 1500 MTU.
+        let payloads: Vec<Vec<u8>> = (0..24usize)
+            .map(|i| vec![i as u8; 1 + (i * 61) % 1422])
+            .chain([vec![0xab; 1422]])
+            .collect();
+        let mut sent = Vec::new();
+        for (i, pl) in payloads.iter().enumerate() {
+            let port = if i % 3 == 2 { MISS_PORT } else { STATIC_PORT };
+            sock.send(&vxlan_to_pp(100, &request(port, pl)));
+            sent.push((port, pl.clone()));
+        }
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < sent.len() && Instant::now() < deadline {
+            match sock.recv() {
+                Some(f) if f.len() > 42 && f[12..14] == [0x08, 0x00] && f[6..12] == PP_MAC => {
+                    got.push(f)
+                }
+                _ => {}
+            }
+        }
+        // Non-VXLAN traffic still reaches the PP side's kernel: a datagram from this
+        // namespace's kernel needs ARP for 198.18.250.1 answered through XDP_PASS.
+        let u = UdpSocket::bind("198.18.250.2:0").unwrap();
+        u.send_to(b"arp", "198.18.250.1:9").unwrap();
+        (sent, got)
+    });
+    let (sent, got) = peer.join().unwrap();
+    // Let the ARP exchange finish before the program goes.
+    let neigh_deadline = Instant::now() + Duration::from_secs(3);
+    let resolved = loop {
+        let out = Command::new("ip")
+            .args(["-n", &ns.peer, "neigh", "show", "198.18.250.1", "dev", "xb"])
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout).to_string();
+        if s.contains("02:5f:fa:00:00:01") || Instant::now() > neigh_deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stop.store(true, Ordering::Relaxed);
+    let r = pp.join().unwrap();
+
+    assert_eq!(r.mode, XskMode::Copy, "veth has no AF_XDP zero-copy");
+    assert_eq!(got.len(), sent.len(), "one output frame per input frame");
+    // The static flow's replies keep their order, and so do the held-then-released ones.
+    let mut by_port: std::collections::HashMap<u16, Vec<Vec<u8>>> = Default::default();
+    for f in &got {
+        let inner = check_output(f);
+        check_checksums(&inner);
+        let p = parse_frame(&inner).unwrap();
+        let L4::Udp { dport, .. } = p.ip().unwrap().l4 else {
+            panic!("inner not UDP")
+        };
+        by_port.entry(dport).or_default().push(inner);
+    }
+    for port in [STATIC_PORT, MISS_PORT] {
+        let want: Vec<Vec<u8>> = sent
+            .iter()
+            .filter(|(p, _)| *p == port)
+            .map(|(p, pl)| expected_reply(*p, pl))
+            .collect();
+        assert_eq!(
+            by_port.remove(&port).unwrap_or_default(),
+            want,
+            "port {port}"
+        );
+    }
+    let n_static = sent.iter().filter(|(p, _)| *p == STATIC_PORT).count() as u64;
+    assert_eq!(r.static_packets, n_static);
+    assert_eq!(r.rule_requests, 1, "one rule request for the missing flow");
+    assert!(r.misses >= 1);
+    assert!(r.hits >= n_static);
+    assert!(
+        resolved.contains("02:5f:fa:00:00:01"),
+        "ARP for the PP node went to its kernel (XDP_PASS): {resolved:?}"
+    );
+    // Every frame accounted for: sent through the ring (copy mode) and back home.
+    assert_eq!(r.stats.rx_packets, sent.len() as u64);
+    assert_eq!(r.stats.tx_packets, sent.len() as u64);
+    assert_eq!(
+        (
+            r.stats.tx_ring_full,
+            r.stats.tx_no_frame,
+            r.stats.tx_oversize
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(r.stats.tx_completed, r.stats.tx_packets);
+    assert_eq!(r.census.total(), r.frames);
+    assert_eq!((r.census.user, r.census.tx), (0, 0));
+    assert_eq!(r.kernel.rx_dropped, 0);
+    drop(ns);
+}
+
+#[test]
+fn tx_from_counts_frames_it_cannot_send_and_conserves_frames() {
+    let Some(ns) = netns() else { return };
+    let pp_ns = ns.pp.clone();
+    std::thread::spawn(move || {
+        enter(&pp_ns);
+        let mut cfg = AfXdpConfig::new("xa");
+        cfg.frames = 64;
+        cfg.poll_timeout = Duration::from_millis(1);
+        let mut io = AfXdpIo::bind(cfg).unwrap();
+        let c = io.frame_census();
+        assert_eq!((c.free, c.fill, c.user, c.tx), (32, 32, 0, 0));
+        // 40 frames to send (more than the 32 free ones), one too large for a frame, and
+        // one that is not Tx: 32 sent, 8 without a frame, 1 oversize, 1 ignored.
+        let mut region = vec![0u8; 42 * FRAME_SIZE];
+        let mut descs = Vec::new();
+        for i in 0..42usize {
+            let len = if i == 40 { 1900 } else { 60 };
+            let mut d = Desc::new(i * FRAME_SIZE, HEADROOM, len, FRAME_SIZE, 0);
+            let f = &mut region[i * FRAME_SIZE + HEADROOM..][..60];
+            // A frame the peer will drop: to a MAC nobody has, EtherType 0x88b5 (local
+            // experimental).
+            f[..6].copy_from_slice(&[0x02, 0xee, 0, 0, 0, 0]);
+            f[6..12].copy_from_slice(&PP_MAC);
+            f[12..14].copy_from_slice(&[0x88, 0xb5]);
+            d.verdict = if i == 41 {
+                Verdict::Held
+            } else {
+                Verdict::Tx(0)
+            };
+            descs.push(d);
+        }
+        let sent = io.tx_from(&region, &descs).unwrap();
+        let s = io.stats();
+        assert_eq!(sent, 32);
+        io.verify_frames().expect("frame accounting");
+        assert_eq!((s.tx_packets, s.tx_no_frame, s.tx_oversize), (32, 8, 1));
+        assert_eq!(s.tx_packets + s.tx_no_frame + s.tx_oversize, 41);
+        assert_eq!(io.frame_census().total(), 64);
+        // Kicks on rx bring every sent frame back through the completion ring.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut d = Vec::new();
+        while io.frame_census().tx > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "completions: {:?}",
+                io.frame_census()
+            );
+            io.rx(&mut d, 64).unwrap();
+        }
+        assert_eq!(io.stats().tx_completed, 32);
+        let c = io.frame_census();
+        assert_eq!(c.total(), 64);
+        assert_eq!((c.free + c.fill, c.user, c.tx), (64, 0, 0));
+        assert_eq!(c.fill, 32, "fill ring topped up again");
+        assert_eq!(io.verify_frames(), Ok(c));
+    })
+    .join()
+    .unwrap();
+    drop(ns);
+}

@@ -1,0 +1,228 @@
+//! The PP node's I/O backend: AF_XDP where it works, the UDP socket otherwise.
+//!
+//! `--io auto` (the default) tries AF_XDP on the interface that owns `--listen`'s
+//! address and falls back to the UDP socket, logging why at warn; `--io afxdp` fails
+//! instead of falling back; `--io udp` never tries. See `docs/afxdp.md`.
+
+use std::fmt::Write as _;
+use std::net::SocketAddrV4;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use pipeline::{Desc, IoError, PacketIo};
+use pp::{
+    open_afxdp, AfXdpIo, AfXdpKernelStats, AfXdpNodeConfig, AfXdpStats, UdpVxlanConfig, UdpVxlanIo,
+    UdpVxlanStats, XdpAttached,
+};
+
+/// `--io`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoKind {
+    /// AF_XDP where it works, else the UDP socket.
+    Auto,
+    /// AF_XDP or fail.
+    Afxdp,
+    /// The UDP socket.
+    Udp,
+}
+
+/// What the PP node's worker runs on.
+// One per process, called per batch: kept inline rather than boxed (no indirection on
+// the hot path), so the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum PpIo {
+    AfXdp(AfXdpIo),
+    Udp(UdpVxlanIo),
+}
+
+/// The backend's counters.
+#[derive(Debug, Clone, Copy)]
+pub enum IoStats {
+    /// The backend's counters, and the kernel's of the socket (`None` if unreadable).
+    AfXdp(AfXdpStats, Option<AfXdpKernelStats>),
+    Udp(UdpVxlanStats),
+}
+
+impl PpIo {
+    pub fn stats(&self) -> IoStats {
+        match self {
+            PpIo::AfXdp(io) => IoStats::AfXdp(io.stats(), io.kernel_stats().ok()),
+            PpIo::Udp(io) => IoStats::Udp(io.stats()),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            PpIo::AfXdp(_) => "afxdp",
+            PpIo::Udp(_) => "udp",
+        }
+    }
+}
+
+impl IoStats {
+    /// The ` io: ...` part of the PP node's stats line. Both backends print `rx=`,
+    /// `batches=`, `tx=`, `tx_dropped=` and `tx_errors=`, so scripts read either.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        match self {
+            IoStats::Udp(io) => {
+                let _ = write!(
+                    s,
+                    " io: rx={} batches={} oversize={} tx={} tx_dropped={} tx_errors={} tx_unsendable={}",
+                    io.rx_packets,
+                    io.rx_batches,
+                    io.rx_oversize,
+                    io.tx_packets,
+                    io.tx_dropped,
+                    io.tx_errors,
+                    io.tx_unsendable
+                );
+            }
+            IoStats::AfXdp(io, kernel) => {
+                let _ = write!(
+                    s,
+                    " io: afxdp rx={} batches={} tx={} tx_dropped={} tx_errors={} ring_full={} no_frame={} oversize={} moved={} completed={} kicks={}",
+                    io.rx_packets,
+                    io.rx_batches,
+                    io.tx_packets,
+                    io.tx_ring_full + io.tx_no_frame,
+                    io.tx_oversize + io.tx_kick_errors,
+                    io.tx_ring_full,
+                    io.tx_no_frame,
+                    io.tx_oversize,
+                    io.tx_moved,
+                    io.tx_completed,
+                    io.tx_kicks
+                );
+                if let Some(k) = kernel {
+                    // Frames the kernel dropped before the socket: no frame on the fill
+                    // ring, or the RX ring full (the worker fell behind).
+                    let _ = write!(
+                        s,
+                        " xsk_rx_dropped={} xsk_fill_empty={} xsk_rx_ring_full={}",
+                        k.rx_dropped, k.rx_fill_ring_empty, k.rx_ring_full
+                    );
+                }
+            }
+        }
+        s
+    }
+}
+
+impl PacketIo for PpIo {
+    #[inline]
+    fn rx(&mut self, descs: &mut Vec<Desc>, max: usize) -> Result<usize, IoError> {
+        match self {
+            PpIo::AfXdp(io) => io.rx(descs, max),
+            PpIo::Udp(io) => io.rx(descs, max),
+        }
+    }
+
+    #[inline]
+    fn region(&mut self) -> &mut [u8] {
+        match self {
+            PpIo::AfXdp(io) => io.region(),
+            PpIo::Udp(io) => io.region(),
+        }
+    }
+
+    #[inline]
+    fn tx(&mut self, descs: &[Desc]) -> Result<usize, IoError> {
+        match self {
+            PpIo::AfXdp(io) => io.tx(descs),
+            PpIo::Udp(io) => io.tx(descs),
+        }
+    }
+
+    #[inline]
+    fn tx_from(&mut self, region: &[u8], descs: &[Desc]) -> Result<usize, IoError> {
+        match self {
+            PpIo::AfXdp(io) => io.tx_from(region, descs),
+            PpIo::Udp(io) => io.tx_from(region, descs),
+        }
+    }
+}
+
+/// How to open the backend.
+pub struct IoOptions {
+    pub kind: IoKind,
+    pub listen: SocketAddrV4,
+    pub peer_port: Option<u16>,
+    pub batch: usize,
+    pub poll_timeout: Duration,
+    pub gw_mac: Option<[u8; 6]>,
+    pub frames: u32,
+}
+
+/// The opened backend; `xdp` must live as long as the worker (dropping it detaches the
+/// program). `detail` says what was chosen, for the "listening" line.
+pub struct OpenedIo {
+    pub io: PpIo,
+    pub xdp: Option<XdpAttached>,
+    pub detail: String,
+}
+
+pub fn open(o: &IoOptions) -> Result<OpenedIo> {
+    if o.kind != IoKind::Udp {
+        let why_not = if o.peer_port.is_some() {
+            // AF_XDP sends whole frames to their outer destination port; --peer-port is
+            // the socket backend's way of sharing one host.
+            Some("--peer-port is a UDP-socket option".to_string())
+        } else {
+            let mut c = AfXdpNodeConfig::new(*o.listen.ip());
+            c.gw_mac = o.gw_mac;
+            c.io.batch = o.batch.min(pp::AFXDP_MAX_BATCH);
+            c.io.poll_timeout = o.poll_timeout;
+            c.io.frames = o.frames;
+            if o.listen.port() != packet::VXLAN_PORT {
+                Some(format!(
+                    "port {} is not VXLAN's {}: the XDP program only redirects UDP {}",
+                    o.listen.port(),
+                    packet::VXLAN_PORT,
+                    packet::VXLAN_PORT
+                ))
+            } else {
+                match open_afxdp(c) {
+                    Ok((io, xdp)) => {
+                        let detail = format!(
+                            "io afxdp ({} XDP on {}, {} mode, node mac {}, gateway mac {})",
+                            xdp.mode,
+                            xdp.ifname,
+                            io.mode(),
+                            mac_str(&xdp.node.mac),
+                            mac_str(&xdp.node.gw_mac),
+                        );
+                        return Ok(OpenedIo {
+                            io: PpIo::AfXdp(io),
+                            xdp: Some(xdp),
+                            detail,
+                        });
+                    }
+                    Err(e) => Some(e.to_string()),
+                }
+            }
+        };
+        let why_not = why_not.unwrap_or_default();
+        if o.kind == IoKind::Afxdp {
+            anyhow::bail!("AF_XDP backend: {why_not}");
+        }
+        tracing::warn!(reason = %why_not, "AF_XDP not available; falling back to the UDP socket");
+    }
+    let mut io_cfg = UdpVxlanConfig::new(o.listen);
+    io_cfg.peer_port = o.peer_port;
+    io_cfg.slots = o.batch;
+    io_cfg.poll_timeout = o.poll_timeout;
+    let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
+    Ok(OpenedIo {
+        io: PpIo::Udp(io),
+        xdp: None,
+        detail: "io udp".to_string(),
+    })
+}
+
+pub fn mac_str(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
