@@ -94,4 +94,21 @@ impl FastPath {
     pub fn errors(&self) -> u64 {
         self.errors
     }
+
+    /// ` xdp: offloaded=.. active=.. expired=..`, for the PP stats line.
+    pub fn summary(&self) -> String {
+        let o = self.stats();
+        format!(
+            " xdp: offloaded={} active={} expired={} removed={} replaced={} not_offloadable={} full={} map_errors={} errors={}",
+            o.offloaded,
+            o.active,
+            o.expired,
+            o.removed,
+            o.replaced,
+            o.not_offloadable,
+            o.full,
+            o.map_errors,
+            self.errors
+        )
+    }
 }

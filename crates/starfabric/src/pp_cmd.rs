@@ -90,6 +90,8 @@ pub struct PpArgs {
     /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    #[command(flatten)]
+    offload: crate::fastpath::OffloadArgs,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -179,7 +181,7 @@ pub fn run(a: PpArgs) -> Result<()> {
     let io = opened.io;
     // Kept for as long as the worker runs: dropping it detaches the XDP program. Its
     // `program` is where offloaded rules will go.
-    let xdp = opened.xdp;
+    let mut xdp = opened.xdp;
     let io_detail = opened.detail;
     let local = match &io {
         PpIo::Udp(u) => u.local_addr(),
@@ -203,7 +205,16 @@ pub fn run(a: PpArgs) -> Result<()> {
             gw_mac: a.gw_mac.unwrap_or([2, 0, 0, 0, 0, 2]),
         },
     };
+    let mut fastpath = match (a.offload.offload, &xdp) {
+        (true, Some(_)) => Some(crate::fastpath::FastPath::new(&a.offload)),
+        (true, None) => {
+            tracing::warn!("--offload needs the XDP program attached (the AF_XDP backend); the fast path is off");
+            None
+        }
+        (false, _) => None,
+    };
     let mut cfg = PipelineConfig::new(node);
+    cfg.elephant = fastpath.as_ref().and(a.offload.elephant());
     cfg.flow_capacity = a.flows;
     cfg.seed = rand::random();
     let mut agent = match &a.orchestrator {
@@ -278,11 +289,16 @@ pub fn run(a: PpArgs) -> Result<()> {
     let mut next_stats = a.stats_interval.map(|i| start + i);
     // Tests and scripts wait for this line before sending traffic.
     println!(
-        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}",
+        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}{}",
         a.flows,
         match &fm_addr {
             Some(fm) => format!(", rules from FM {fm}"),
             None => String::new(),
+        },
+        if fastpath.is_some() {
+            ", XDP fast path on"
+        } else {
+            ""
         }
     );
     std::io::stdout().flush()?;
@@ -305,7 +321,11 @@ pub fn run(a: PpArgs) -> Result<()> {
         }
         if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
             if now >= t {
-                println!("{}", summary(&worker, start.elapsed()));
+                let mut line = summary(&worker, start.elapsed());
+                if let Some(fp) = &fastpath {
+                    line.push_str(&fp.summary());
+                }
+                println!("{line}");
                 std::io::stdout().flush()?;
                 next_stats = Some(t + i);
             }
@@ -324,6 +344,15 @@ pub fn run(a: PpArgs) -> Result<()> {
             }
         }
         worker.run_once().context("worker")?;
+        if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
+            let now_ms = worker.now_ms();
+            fp.poll(&mut x.program, &mut worker.pipeline, now_ms);
+        }
+    }
+    if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
+        let now_ms = worker.now_ms();
+        fp.flush(&mut x.program, &mut worker.pipeline, now_ms);
+        println!("pp: fast path:{}", fp.summary());
     }
     println!("{}", summary(&worker, start.elapsed()));
     drop(xdp);
@@ -429,6 +458,13 @@ fn summary(w: &Worker<PpIo>, t: Duration) -> String {
         .collect();
     if !nonzero.is_empty() {
         let _ = write!(line, " ({})", nonzero.join(" "));
+    }
+    if s.elephants > 0 || s.fastpath_packets > 0 {
+        let _ = write!(
+            line,
+            " elephants={} fastpath={}",
+            s.elephants, s.fastpath_packets
+        );
     }
     line.push_str(&io.summary());
     line

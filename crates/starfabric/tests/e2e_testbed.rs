@@ -84,14 +84,19 @@ impl Lab {
         self.start_with(chains, &[])
     }
 
-    /// The same with more `starfabric pp` arguments.
+    /// The same with more `starfabric pp` arguments. `SF_E2E_PP_ARGS` (whitespace
+    /// separated) adds to every test's, so the whole suite can run again with another
+    /// configuration, e.g. the XDP fast path on (`make test` does).
     fn start_with(&self, chains: Vec<ChainDef>, pp_args: &[&str]) -> Platform {
         let vpcs = chains
             .iter()
             .enumerate()
             .map(|(j, c)| (vni::tenant(j), c.tenant, c.chain))
             .collect();
-        let spec = PlatformSpec::new(chains, vpcs).pp_args(pp_args);
+        let extra = std::env::var("SF_E2E_PP_ARGS").unwrap_or_default();
+        let mut args: Vec<&str> = extra.split_whitespace().collect();
+        args.extend_from_slice(pp_args);
+        let spec = PlatformSpec::new(chains, vpcs).pp_args(&args);
         platform::start_starfabric(self.tb(), Path::new(BIN), &spec).expect("start starfabric")
     }
 }
@@ -240,6 +245,47 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
         platform::field(&stats, "misses").unwrap_or(0) >= 3,
         "{stats}"
     );
+}
+
+/// The XDP fast path on the real interface: a long iperf3 TCP flow becomes an elephant,
+/// its rules move into the driver (the stats line counts packets the fast path forwarded
+/// and folded back), the transfer completes, and once idle the flows go back to userspace
+/// (expired), where new traffic still works.
+#[test]
+fn a_long_tcp_flow_moves_to_the_xdp_fast_path_and_back_when_idle() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    let p = lab.start_with(
+        vec![snat_chain(0)],
+        &[
+            "--offload",
+            "--offload-packets",
+            "200",
+            "--offload-idle-ms",
+            "500",
+        ],
+    );
+    let line = p.pp_listening();
+    assert!(line.contains("XDP fast path on"), "{line}");
+    let gbps = measure::tcp_gbps(tb, Node::Client(0), addr::INET, 3)
+        .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
+    println!("iperf3 through SNAT with the fast path: {gbps:.3} Gbit/s");
+    assert!(gbps > 0.0);
+    let stats = pp_stats_when(&p, |s| {
+        platform::field(s, "expired").unwrap_or(0) >= 1 && platform::field(s, "active") == Some(0)
+    });
+    println!("{stats}");
+    let f = |k: &str| platform::field(&stats, k).unwrap_or(0);
+    assert!(f("offloaded") >= 1, "no flow was offloaded: {stats}");
+    assert!(f("fastpath") > 0, "the driver forwarded nothing: {stats}");
+    assert!(f("elephants") >= f("offloaded"), "{stats}");
+    assert!(f("expired") >= 1, "no offloaded flow went back: {stats}");
+    assert_eq!(f("active"), 0, "{stats}");
+    assert_eq!(f("map_errors") + f("errors"), 0, "{stats}");
+    // Back on the userspace path, the same tenant's new flows still work.
+    let body = curl(tb, 0, &format!("http://{}/", addr::INET));
+    assert_eq!(peer(&body).1, addr::pool(0), "{body}");
 }
 
 /// The PP node's stats line once `ok` holds for it (it prints one a second), or the last
