@@ -35,8 +35,8 @@ use crate::cache::{CacheKey, CacheStats, RuleCache};
 use crate::membership::Membership;
 use crate::partition::PartitionMap;
 
-pub use scale::{ScaleOutcome, ScaleRequest};
 pub(crate) use scale::ScaleDone;
+pub use scale::{ScaleOutcome, ScaleRequest};
 
 /// Configuration of the fabric master.
 #[derive(Debug, Clone)]
@@ -632,7 +632,10 @@ impl Master {
 
     fn on_results(&mut self, _session: u64, results: v1::GroupResults, now: u64) {
         if self.scale_ignores(results.group) {
-            debug!(group = results.group, "results of a group a scale dropped; ignored");
+            debug!(
+                group = results.group,
+                "results of a group a scale dropped; ignored"
+            );
             return;
         }
         self.group_progress.insert(results.group, now);
@@ -735,9 +738,17 @@ impl Master {
     }
 
     fn retry(&mut self, ck: &CacheKey, now: u64) {
-        let Some(f) = self.inflight.get_mut(ck) else {
+        let Some(f) = self.inflight.get(ck) else {
             return;
         };
+        if self.installing(f.group) {
+            // The group has the request queued behind a scale's install op: it answers
+            // once the install is applied. Sending it again would only add load.
+            if let Some(f) = self.inflight.get_mut(ck) {
+                f.sent_ms = now;
+            }
+            return;
+        }
         if f.attempts >= self.cfg.max_attempts {
             let f = match self.inflight.remove(ck) {
                 Some(f) => f,
@@ -753,6 +764,9 @@ impl Master {
             }
             return;
         }
+        let Some(f) = self.inflight.get_mut(ck) else {
+            return;
+        };
         f.attempts += 1;
         f.sent_ms = now;
         // The partition may have moved to another group since.
@@ -785,6 +799,9 @@ impl Master {
     /// Remove a dead SC node from its groups and push the repaired orders.
     fn sc_died(&mut self, node: &str) {
         for gid in self.map.groups_of(node) {
+            if self.scale_group_lost(gid) {
+                continue;
+            }
             let Some(g) = self.map.group(gid) else {
                 continue;
             };
@@ -796,9 +813,6 @@ impl Master {
                 .filter(|r| r.node_id != node)
                 .cloned()
                 .collect();
-            if replicas.is_empty() && self.scale_group_lost(gid) {
-                continue;
-            }
             if replicas.is_empty() {
                 // The dead node holds the partition's only copy of its state. Starting
                 // the group over empty would hand out NAT ports and LB choices that

@@ -134,7 +134,10 @@ impl PartitionMap {
 
     /// The groups owning ranges of (tenant, chain), ascending by range.
     pub fn chain_ranges(&self, tenant: u32, chain: u32) -> Vec<(u64, u64, u64)> {
-        self.ranges.get(&(tenant, chain)).cloned().unwrap_or_default()
+        self.ranges
+            .get(&(tenant, chain))
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn group_mut(&mut self, id: u64) -> Option<&mut GroupEntry> {

@@ -270,11 +270,10 @@ async fn scale(shared: &Shared, req: ScaleRequest) -> Result<ScaleOutcome, FmErr
         .map_err(FmError::Scale)
 }
 
-fn scale_status(r: Result<ScaleOutcome, FmError>) -> Result<Response<v1::ScaleReply>, Status> {
-    match r {
-        Ok(o) => Ok(Response::new(o.to_proto())),
-        Err(FmError::Scale(e)) => Err(Status::failed_precondition(e)),
-        Err(e) => Err(Status::unavailable(e.to_string())),
+fn scale_error(e: FmError) -> Status {
+    match e {
+        FmError::Scale(e) => Status::failed_precondition(e),
+        e => Status::unavailable(e.to_string()),
     }
 }
 
@@ -508,17 +507,15 @@ impl FabricMaster for FmService {
         req: Request<v1::ScaleOutRequest>,
     ) -> Result<Response<v1::ScaleReply>, Status> {
         let r = req.into_inner();
-        scale_status(
-            scale(
-                &self.shared,
-                ScaleRequest::Out {
-                    tenant: r.tenant,
-                    chain: r.chain,
-                    group: r.group,
-                },
-            )
-            .await,
-        )
+        let req = ScaleRequest::Out {
+            tenant: r.tenant,
+            chain: r.chain,
+            group: r.group,
+        };
+        scale(&self.shared, req)
+            .await
+            .map(|o| Response::new(o.to_proto()))
+            .map_err(scale_error)
     }
 
     async fn scale_in(
@@ -526,17 +523,15 @@ impl FabricMaster for FmService {
         req: Request<v1::ScaleInRequest>,
     ) -> Result<Response<v1::ScaleReply>, Status> {
         let r = req.into_inner();
-        scale_status(
-            scale(
-                &self.shared,
-                ScaleRequest::In {
-                    tenant: r.tenant,
-                    chain: r.chain,
-                    group: r.group,
-                },
-            )
-            .await,
-        )
+        let req = ScaleRequest::In {
+            tenant: r.tenant,
+            chain: r.chain,
+            group: r.group,
+        };
+        scale(&self.shared, req)
+            .await
+            .map(|o| Response::new(o.to_proto()))
+            .map_err(scale_error)
     }
 
     async fn flows(

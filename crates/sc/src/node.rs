@@ -679,7 +679,10 @@ fn handle(
         }
         ReplicaIn::Scale(step) => {
             if !core.scale(step, wall_ms(), out) {
-                debug!(group = core.group_id(), "scaling step at a replica that is not head");
+                debug!(
+                    group = core.group_id(),
+                    "scaling step at a replica that is not head"
+                );
             }
         }
         ReplicaIn::PredHello { conn, hello, up } => match core.predecessor_hello(conn, &hello) {

@@ -717,7 +717,12 @@ impl ReplicaCore {
             Step::Split(st) => {
                 if self.scale.done.contains(&st.scale_id) {
                     // A repeated st: report the part again if it is still kept.
-                    if let Some(o) = self.scale.outgoing.as_ref().filter(|o| o.scale == st.scale_id) {
+                    if let Some(o) = self
+                        .scale
+                        .outgoing
+                        .as_ref()
+                        .filter(|o| o.scale == st.scale_id)
+                    {
                         result.part = Some(v1::ScalePart {
                             scale_id: o.scale,
                             group: gid,
@@ -829,7 +834,10 @@ impl ReplicaCore {
                 }
                 // The whole state goes; the group keeps it (untouched, unserved) so an
                 // abort only has to serve the range again.
-                (chain.snapshot().map_err(|e| format!("snapshot: {e}"))?, None)
+                (
+                    chain.snapshot().map_err(|e| format!("snapshot: {e}"))?,
+                    None,
+                )
             }
             v1::ScaleKind::Unspecified => return Err("scale kind unspecified".into()),
         };
@@ -855,7 +863,9 @@ impl ReplicaCore {
                 }
                 // The new group starts from the part alone: its NFs were built with the
                 // configuration's full pools, which belong to the parent.
-                chain.restore(&ins.part).map_err(|e| format!("restore: {e}"))?;
+                chain
+                    .restore(&ins.part)
+                    .map_err(|e| format!("restore: {e}"))?;
                 self.scale.ready = true;
             }
             v1::ScaleKind::In => {
@@ -1177,7 +1187,8 @@ mod tests {
         a.successor_ready(1, &ack, &mut out);
         submit(&mut a, (0..64).map(request).collect(), &mut out);
         let mut tail = Outbox::default();
-        b.on_ops(1, std::mem::take(&mut out.down), &mut tail).unwrap();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
+            .unwrap();
         let decided = replies(&tail);
         assert_eq!(decided.len(), 64);
         (a, b, decided)
@@ -1191,16 +1202,24 @@ mod tests {
         // Requests after the split: the moved range is refused, the rest is served.
         submit(&mut a, (64..128).map(request).collect(), &mut out);
         let mut tail = Outbox::default();
-        b.on_ops(1, std::mem::take(&mut out.down), &mut tail).unwrap();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
+            .unwrap();
         // Only the tail reports the part, once the split is applied there.
-        let parts: Vec<&v1::ScalePart> = tail.results.iter().filter_map(|r| r.part.as_ref()).collect();
+        let parts: Vec<&v1::ScalePart> = tail
+            .results
+            .iter()
+            .filter_map(|r| r.part.as_ref())
+            .collect();
         assert_eq!(parts.len(), 1);
         assert_eq!(parts[0].scale_id, 1);
         // Both replicas split identically: same part kept, same state left.
         assert_eq!(a.scale.outgoing, b.scale.outgoing);
         assert_eq!(a.scale.outgoing.as_ref().unwrap().part, parts[0].part);
         assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
-        assert_eq!((a.serving(), b.serving()), (Some((MID, u64::MAX)), Some((MID, u64::MAX))));
+        assert_eq!(
+            (a.serving(), b.serving()),
+            (Some((MID, u64::MAX)), Some((MID, u64::MAX)))
+        );
         let after = replies(&tail);
         assert_eq!(after.len(), 64);
         let mut moved = 0;
@@ -1222,7 +1241,8 @@ mod tests {
 
         // The new group (awaiting scale 1) serves nothing before its install op...
         let mut c = replica("c", snat_config(8, &["c"], (0, MID - 1), 1));
-        let moved_req: Vec<v1::RuleRequest> = (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
+        let moved_req: Vec<v1::RuleRequest> =
+            (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
         let mut co = Outbox::default();
         submit(&mut c, moved_req.clone(), &mut co);
         assert!(replies(&co).iter().all(|r| matches!(&r.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_NOT_READY)));
@@ -1249,26 +1269,44 @@ mod tests {
             assert_eq!(r.result, orig.result, "flow {} changed its rule", r.id);
         }
         // A flow new to the new group gets a port outside everything the old one holds.
-        let new_moved: Vec<v1::RuleRequest> = (200..400).map(request).filter(|r| hash_of(r) < MID).take(5).collect();
-        let new_kept: Vec<v1::RuleRequest> = (200..400).map(request).filter(|r| hash_of(r) >= MID).take(5).collect();
+        let new_moved: Vec<v1::RuleRequest> = (200..400)
+            .map(request)
+            .filter(|r| hash_of(r) < MID)
+            .take(5)
+            .collect();
+        let new_kept: Vec<v1::RuleRequest> = (200..400)
+            .map(request)
+            .filter(|r| hash_of(r) >= MID)
+            .take(5)
+            .collect();
         let mut co = Outbox::default();
         submit(&mut c, new_moved, &mut co);
         submit(&mut a, new_kept, &mut out);
         let port = |r: &v1::RuleReply| match &r.result {
-            Some(v1::rule_reply::Result::Rule(rule)) => rule.actions.iter().find_map(|x| match &x.kind {
-                Some(v1::action::Kind::SetSrc(e)) => e.port,
-                _ => None,
-            }),
+            Some(v1::rule_reply::Result::Rule(rule)) => {
+                rule.actions.iter().find_map(|x| match &x.kind {
+                    Some(v1::action::Kind::SetSrc(e)) => e.port,
+                    _ => None,
+                })
+            }
             _ => None,
         };
-        let mut ports: Vec<u32> = decided.iter().chain(&replies(&co)).filter_map(port).collect();
+        let mut ports: Vec<u32> = decided
+            .iter()
+            .chain(&replies(&co))
+            .filter_map(port)
+            .collect();
         let mut tail3 = Outbox::default();
         b.on_ops(1, out.down, &mut tail3).unwrap();
         ports.extend(replies(&tail3).iter().filter_map(port));
         let n = ports.len();
         ports.sort_unstable();
         ports.dedup();
-        assert_eq!(ports.len(), n, "a port was handed out twice across the split");
+        assert_eq!(
+            ports.len(),
+            n,
+            "a port was handed out twice across the split"
+        );
         assert_eq!(n, 64 + 10);
     }
 
@@ -1320,7 +1358,16 @@ mod tests {
         c.configure(cfg.clone(), &mut Outbox::default());
         let mut bo = Outbox::default();
         b.configure(cfg, &mut bo);
-        let ack = c.predecessor_hello(9, &v1::ReplicaHello { group: 7, epoch: 2, from: "b".into() }).unwrap();
+        let ack = c
+            .predecessor_hello(
+                9,
+                &v1::ReplicaHello {
+                    group: 7,
+                    epoch: 2,
+                    from: "b".into(),
+                },
+            )
+            .unwrap();
         assert!(!ack.initialized);
         b.successor_ready(9, &ack, &mut bo);
         let snap = bo.snapshot.unwrap();

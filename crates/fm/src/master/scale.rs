@@ -182,9 +182,7 @@ impl Master {
             ));
         }
         if !self.map.has_chain(tenant, chain) {
-            return Err(format!(
-                "tenant {tenant} chain {chain} has no SC group yet"
-            ));
+            return Err(format!("tenant {tenant} chain {chain} has no SC group yet"));
         }
         Ok(())
     }
@@ -286,8 +284,16 @@ impl Master {
                 aborted: None,
             },
         );
-        info!(scale = id, tenant, chain, from, to, moved_lo = moved.0, moved_hi = moved.1,
-              "scale-out: st");
+        info!(
+            scale = id,
+            tenant,
+            chain,
+            from,
+            to,
+            moved_lo = moved.0,
+            moved_hi = moved.1,
+            "scale-out: st"
+        );
         self.send_step(id);
         Ok(id)
     }
@@ -323,7 +329,9 @@ impl Master {
             .copied()
             .filter(|r| hi.checked_add(1) == Some(r.0));
         let Some((nlo, nhi, to)) = lower.or(upper) else {
-            return Err(format!("group {from}'s partition has no adjacent partition"));
+            return Err(format!(
+                "group {from}'s partition has no adjacent partition"
+            ));
         };
         if self.map.group(from).is_none_or(|g| g.head().is_none()) {
             return Err(format!("group {from} has no live head"));
@@ -431,25 +439,23 @@ impl Master {
         }
     }
 
-    /// Group `gid` lost its last live replica. Returns true if that ends a scale
-    /// (a scale-out's new group before fin: nothing was decided there, so abort and
-    /// drop it) instead of stalling the group.
+    /// A replica of group `gid` died. Returns true if `gid` is a scale-out's new group
+    /// before fin: the scale is aborted and the group dropped rather than repaired. It
+    /// has decided nothing yet, so nothing is lost, and repairing it would need a live
+    /// member that holds the install (its joiners could otherwise wait forever for a
+    /// snapshot); trying the scale again is cheaper and always safe.
     pub(super) fn scale_group_lost(&mut self, gid: u64) -> bool {
-        let Some(id) = self
+        let Some((id, phase)) = self
             .scales
             .values()
-            .find(|j| {
-                j.kind == v1::ScaleKind::Out && j.to == gid && j.phase != Phase::Aborting
-            })
-            .map(|j| j.id)
+            .find(|j| j.kind == v1::ScaleKind::Out && j.to == gid)
+            .map(|j| (j.id, j.phase))
         else {
-            // Any scale whose new group was `gid` and is already aborting needs it no more.
-            return self
-                .scales
-                .values()
-                .any(|j| j.kind == v1::ScaleKind::Out && j.to == gid);
+            return false;
         };
-        self.abort_scale(id, format!("new group {gid} lost every replica before fin"));
+        if phase != Phase::Aborting {
+            self.abort_scale(id, format!("a replica of new group {gid} died before fin"));
+        }
         true
     }
 
@@ -461,6 +467,13 @@ impl Master {
                 .scales
                 .values()
                 .any(|j| j.kind == v1::ScaleKind::Out && j.to == gid && j.phase == Phase::Aborting)
+    }
+
+    /// Whether group `gid` is taking in a scale's part now (requests wait behind it).
+    pub(super) fn installing(&self, gid: u64) -> bool {
+        self.scales
+            .values()
+            .any(|j| j.phase == Phase::Installing && j.to == gid)
     }
 
     /// A split or retire op's result: the part that left group `gid`.
@@ -479,7 +492,13 @@ impl Master {
         // install step is sent to its head now, before anything `flush` sends it.
         self.map.set_range(from, from_after);
         self.map.set_range(to, Some(to_after));
-        info!(scale = id, from, to, seq = part.seq, "split committed; dispatch switched");
+        info!(
+            scale = id,
+            from,
+            to,
+            seq = part.seq,
+            "split committed; dispatch switched"
+        );
         self.send_step(id);
         self.unpark();
     }
@@ -587,11 +606,7 @@ impl Master {
                 .iter()
                 .filter(|(k, f)| {
                     let h = FlowKey::from_bytes(k.2).hash();
-                    f.group == to
-                        && k.0 == tenant
-                        && k.1 == chain
-                        && moved.0 <= h
-                        && h <= moved.1
+                    f.group == to && k.0 == tenant && k.1 == chain && moved.0 <= h && h <= moved.1
                 })
                 .map(|(k, _)| *k)
                 .collect();
@@ -616,7 +631,11 @@ impl Master {
         if j.kind == v1::ScaleKind::Out {
             self.dissolve(j.to);
         }
-        info!(scale = id, from = j.from, "scale abort complete; old owner serves again");
+        info!(
+            scale = id,
+            from = j.from,
+            "scale abort complete; old owner serves again"
+        );
         self.unpark();
     }
 
@@ -696,10 +715,7 @@ impl Master {
         match self.map.lookup(ck.0, ck.1, key.hash()) {
             Some(g) if g != from_group => {
                 f.group = g;
-                self.to_submit
-                    .entry(g)
-                    .or_default()
-                    .push(f.request.clone());
+                self.to_submit.entry(g).or_default().push(f.request.clone());
             }
             // FM has not switched yet (or the new group awaits its install): try again
             // when the scale moves on.
