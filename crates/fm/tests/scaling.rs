@@ -541,8 +541,8 @@ fn new_group_dies_during_scale_out() {
         ready.load(Ordering::Relaxed).then_some(())
     });
     std::thread::sleep(Duration::from_millis(500));
-    let fm_obs = cluster.fm.observer();
-    let _ = fm_obs; // the scale runs on FM's runtime; its answer comes back on a thread
+    // The scale-out goes through FM's gRPC API, on a thread of its own, so this thread
+    // can kill the new group's nodes while it is under way.
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let h = cluster.rt.handle().clone();
