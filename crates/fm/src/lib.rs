@@ -23,7 +23,7 @@ mod service;
 use std::time::Duration;
 
 pub use cache::{CacheKey, CacheStats, RuleCache};
-pub use master::{DesiredChange, FmConfig, FmMetrics, FmStats};
+pub use master::{DesiredChange, FmConfig, FmMetrics, FmStats, ScaleOutcome, ScaleRequest};
 pub use membership::Membership;
 pub use partition::PartitionMap;
 pub use service::{start, FmHandle, FmObserver, FmWireCounters};
@@ -38,6 +38,11 @@ pub enum FmError {
     Config(String),
     #[error("i/o: {0}")]
     Io(String),
+    /// A scale-out or scale-in FM refused to start (see the message).
+    #[error("scale: {0}")]
+    Scale(String),
+    #[error("fabric master stopped")]
+    Stopped,
 }
 
 /// The FM configuration file (JSON).

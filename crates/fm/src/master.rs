@@ -17,7 +17,9 @@
 //! first packet of a flow they know with that flow's existing rule (the same property a
 //! restarted PP node relies on).
 
-use std::collections::HashMap;
+mod scale;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +34,9 @@ use tracing::{debug, info, warn};
 use crate::cache::{CacheKey, CacheStats, RuleCache};
 use crate::membership::Membership;
 use crate::partition::PartitionMap;
+
+pub(crate) use scale::ScaleDone;
+pub use scale::{ScaleOutcome, ScaleRequest};
 
 /// Configuration of the fabric master.
 #[derive(Debug, Clone)]
@@ -104,6 +109,17 @@ pub struct FmStats {
     /// Stalled groups whose last replica came back restarted: the partition's state
     /// was lost and the group started over empty.
     pub groups_reset: u64,
+    /// Scales finished (fin received, dispatch switched for good).
+    pub scale_outs: u64,
+    pub scale_ins: u64,
+    /// Scales given up (a group died before fin, a step failed, a timeout); dispatch
+    /// went back to the old owner.
+    pub scale_aborts: u64,
+    /// Requests a group refused as moved (or not ready) and FM sent on to the owner.
+    pub scale_redirects: u64,
+    /// From st to fin of the last finished scale, and summed over all of them (µs).
+    pub scale_last_us: u64,
+    pub scale_total_us: u64,
     pub cache: CacheStats,
 }
 
@@ -171,6 +187,7 @@ pub(crate) enum MasterIn {
         done: oneshot::Sender<DesiredChange>,
     },
     Flows(v1::FlowsRequest, oneshot::Sender<v1::FlowsReply>),
+    Scale(ScaleRequest, ScaleDone),
 }
 
 /// What applying a desired configuration changed.
@@ -234,6 +251,15 @@ pub(crate) struct Master {
     stats: FmStats,
     tenant_requests: HashMap<u32, u64>,
     request_latency: LatencyHistogram,
+    /// Scales under way, by id (see `scale`).
+    scales: BTreeMap<u64, scale::ScaleJob>,
+    next_scale: u64,
+    /// Requests dispatched per group (how "busiest" is judged).
+    group_load: HashMap<u64, u64>,
+    /// Requests refused as moved whose new owner is not known yet.
+    parked: Vec<CacheKey>,
+    /// Groups a scale dissolved: anything they still send is ignored.
+    dissolved: HashSet<u64>,
 }
 
 impl Master {
@@ -260,6 +286,11 @@ impl Master {
             stats: FmStats::default(),
             tenant_requests: HashMap::new(),
             request_latency: LatencyHistogram::default(),
+            scales: BTreeMap::new(),
+            next_scale: 1,
+            group_load: HashMap::new(),
+            parked: Vec::new(),
+            dissolved: HashSet::new(),
         }
     }
 
@@ -352,12 +383,10 @@ impl Master {
                 self.ensure_groups();
             }
             MasterIn::ScResults { session, results } => self.on_results(session, results, now),
-            MasterIn::ScFin { fin } => {
-                warn!(
-                    scale = fin.scale_id,
-                    "ScaleFin received; scaling is not built yet"
-                );
-            }
+            // fin travels in the install op's result (so a new tail repeats it); a
+            // bare ScaleFin on the session is taken the same way.
+            MasterIn::ScFin { fin } => self.on_scale_fin(fin.group, fin),
+            MasterIn::Scale(req, done) => self.scale_request(req, done),
             MasterIn::Heartbeat {
                 session,
                 node,
@@ -510,6 +539,7 @@ impl Master {
     }
 
     fn teardown_chain(&mut self, tenant: u32, chain: u32) {
+        self.drop_scales_of(tenant, chain);
         let gids: Vec<u64> = self
             .map
             .groups()
@@ -628,9 +658,22 @@ impl Master {
     }
 
     fn on_results(&mut self, _session: u64, results: v1::GroupResults, now: u64) {
+        if self.scale_ignores(results.group) {
+            debug!(
+                group = results.group,
+                "results of a group a scale dropped; ignored"
+            );
+            return;
+        }
         self.group_progress.insert(results.group, now);
         let part = self.map.group(results.group).map(|g| g.partition);
         for r in results.results {
+            if let Some(p) = r.part {
+                self.on_scale_part(results.group, p);
+            }
+            if let Some(f) = r.fin {
+                self.on_scale_fin(results.group, f);
+            }
             if let Some(p) = part {
                 for k in &r.expired {
                     if let Ok(k) = FlowKey::try_from(k) {
@@ -640,6 +683,12 @@ impl Master {
             }
             for reply in r.replies {
                 self.stats.sc_replies += 1;
+                if let Some(v1::rule_reply::Result::Error(e)) = &reply.result {
+                    if e == proto::ERR_MOVED || e == proto::ERR_NOT_READY {
+                        self.redirect(reply.id, results.group, now);
+                        continue;
+                    }
+                }
                 let Some(ck) = self.by_id.remove(&reply.id) else {
                     self.stats.duplicate_replies += 1;
                     continue;
@@ -711,13 +760,22 @@ impl Master {
             self.retry(&ck, now);
         }
         self.cache.sweep(now, 1024);
+        self.scale_tick(now);
         self.ensure_groups();
     }
 
     fn retry(&mut self, ck: &CacheKey, now: u64) {
-        let Some(f) = self.inflight.get_mut(ck) else {
+        let Some(f) = self.inflight.get(ck) else {
             return;
         };
+        if self.installing(f.group) {
+            // The group has the request queued behind a scale's install op: it answers
+            // once the install is applied. Sending it again would only add load.
+            if let Some(f) = self.inflight.get_mut(ck) {
+                f.sent_ms = now;
+            }
+            return;
+        }
         if f.attempts >= self.cfg.max_attempts {
             let f = match self.inflight.remove(ck) {
                 Some(f) => f,
@@ -733,6 +791,9 @@ impl Master {
             }
             return;
         }
+        let Some(f) = self.inflight.get_mut(ck) else {
+            return;
+        };
         f.attempts += 1;
         f.sent_ms = now;
         // The partition may have moved to another group since.
@@ -765,6 +826,9 @@ impl Master {
     /// Remove a dead SC node from its groups and push the repaired orders.
     fn sc_died(&mut self, node: &str) {
         for gid in self.map.groups_of(node) {
+            if self.scale_group_lost(gid) {
+                continue;
+            }
             let Some(g) = self.map.group(gid) else {
                 continue;
             };
@@ -796,6 +860,8 @@ impl Master {
             self.map.set_replicas(gid, replicas);
             self.stats.reconfigurations += 1;
             self.push_config(gid);
+            // Repeat any scaling step the group owes, ahead of the re-submits below.
+            self.scale_head_changed(gid);
             let new_head = self
                 .map
                 .group(gid)
@@ -952,6 +1018,7 @@ impl Master {
             partition: Some(g.partition),
             chain,
             joining: g.joining.clone(),
+            awaiting_scale: g.awaiting_scale,
         };
         debug!(group = gid, epoch = g.group.epoch, "pushing group config");
         for r in &g.group.replicas {
@@ -987,6 +1054,7 @@ impl Master {
                 continue;
             };
             let epoch = g.group.epoch;
+            *self.group_load.entry(gid).or_insert(0) += reqs.len() as u64;
             let mut events = Some(events).filter(|e| !e.is_empty());
             while !reqs.is_empty() || events.is_some() {
                 let rest = if reqs.len() > max {

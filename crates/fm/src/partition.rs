@@ -11,6 +11,9 @@ pub struct GroupEntry {
     pub partition: v1::Partition,
     /// Members the current epoch added (they start from a snapshot).
     pub joining: Vec<String>,
+    /// Non-zero: created by this scale-out and not installed yet (see
+    /// `GroupConfig.awaiting_scale`).
+    pub awaiting_scale: u64,
 }
 
 impl GroupEntry {
@@ -74,6 +77,7 @@ impl PartitionMap {
                 },
                 partition,
                 joining: Vec::new(),
+                awaiting_scale: 0,
             },
         );
         let v = self.ranges.entry((tenant, chain)).or_default();
@@ -81,6 +85,63 @@ impl PartitionMap {
         v.sort_unstable();
         self.version += 1;
         id
+    }
+
+    /// Create a group that owns no range yet (a scale-out's new group before FM switches
+    /// dispatch to it). `lo..=hi` is the range it is meant to get.
+    pub fn create_detached(
+        &mut self,
+        tenant: u32,
+        chain: u32,
+        lo: u64,
+        hi: u64,
+        replicas: Vec<v1::Replica>,
+    ) -> u64 {
+        let id = self.create(tenant, chain, lo, hi, replicas);
+        self.set_range(id, None);
+        id
+    }
+
+    /// Give group `id` the range `lo..=hi` of its chain, or none. The caller keeps the
+    /// chain's ranges disjoint.
+    pub fn set_range(&mut self, id: u64, range: Option<(u64, u64)>) {
+        let Some(g) = self.groups.get_mut(&id) else {
+            return;
+        };
+        let v = self
+            .ranges
+            .entry((g.partition.tenant, g.partition.chain))
+            .or_default();
+        v.retain(|(_, _, gid)| *gid != id);
+        if let Some((lo, hi)) = range {
+            g.partition.hash_lo = lo;
+            g.partition.hash_hi = hi;
+            v.push((lo, hi, id));
+            v.sort_unstable();
+        }
+        self.version += 1;
+    }
+
+    /// The range group `id` owns in dispatch, if any.
+    pub fn range_of(&self, id: u64) -> Option<(u64, u64)> {
+        let g = self.groups.get(&id)?;
+        self.ranges
+            .get(&(g.partition.tenant, g.partition.chain))?
+            .iter()
+            .find(|(_, _, gid)| *gid == id)
+            .map(|(lo, hi, _)| (*lo, *hi))
+    }
+
+    /// The groups owning ranges of (tenant, chain), ascending by range.
+    pub fn chain_ranges(&self, tenant: u32, chain: u32) -> Vec<(u64, u64, u64)> {
+        self.ranges
+            .get(&(tenant, chain))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn group_mut(&mut self, id: u64) -> Option<&mut GroupEntry> {
+        self.groups.get_mut(&id)
     }
 
     /// Drop a group whose state is lost; its range has no owner until recreated.
@@ -130,7 +191,14 @@ impl PartitionMap {
     pub fn to_proto(&self) -> v1::PartitionMap {
         v1::PartitionMap {
             version: self.version,
-            partitions: self.groups.values().map(|g| g.partition).collect(),
+            // Only ranges in dispatch: a scale-out's new group is listed among the groups
+            // but owns no partition until FM switches to it.
+            partitions: self
+                .groups
+                .values()
+                .filter(|g| self.range_of(g.group.id).is_some())
+                .map(|g| g.partition)
+                .collect(),
             groups: self.groups.values().map(|g| g.group.clone()).collect(),
         }
     }
@@ -157,5 +225,24 @@ mod tests {
         assert_eq!(m.lookup(1, 1, u64::MAX), Some(b));
         let e = m.set_replicas(b, vec![]).unwrap().group.epoch;
         assert_eq!(e, 2);
+    }
+
+    #[test]
+    fn detached_groups_get_ranges_when_switched() {
+        let mut m = PartitionMap::default();
+        let a = m.create(1, 1, 0, u64::MAX, vec![]);
+        let b = m.create_detached(1, 1, 0, 99, vec![]);
+        assert_eq!(m.lookup(1, 1, 5), Some(a));
+        assert_eq!(m.range_of(b), None);
+        assert_eq!(m.to_proto().partitions.len(), 1);
+        m.set_range(a, Some((100, u64::MAX)));
+        m.set_range(b, Some((0, 99)));
+        assert_eq!(m.lookup(1, 1, 5), Some(b));
+        assert_eq!(m.lookup(1, 1, 100), Some(a));
+        assert_eq!(m.chain_ranges(1, 1), vec![(0, 99, b), (100, u64::MAX, a)]);
+        assert_eq!(m.to_proto().partitions.len(), 2);
+        m.set_range(b, None);
+        m.set_range(a, Some((0, u64::MAX)));
+        assert_eq!(m.lookup(1, 1, 5), Some(a));
     }
 }

@@ -14,7 +14,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::master::{DesiredChange, FmConfig, FmMetrics, FmStats, Master, MasterIn};
+use crate::master::{
+    DesiredChange, FmConfig, FmMetrics, FmStats, Master, MasterIn, ScaleOutcome, ScaleRequest,
+};
 use crate::FmError;
 
 /// Counters kept outside the master task (by the stream readers).
@@ -194,6 +196,13 @@ impl FmHandle {
         self.observer().ask(|tx| MasterIn::Flows(req, tx)).await
     }
 
+    /// Scale out or in (paper 000 Fig. 3, docs/scaling.md). Returns when the scale
+    /// finished (fin) or was aborted (`ScaleOutcome::aborted`); an error if FM refused
+    /// to start it.
+    pub async fn scale(&self, req: ScaleRequest) -> Result<ScaleOutcome, FmError> {
+        scale(&self.shared, req).await
+    }
+
     /// A read-only view of this FM that can be cloned into other tasks (a metrics
     /// endpoint); unlike the handle, dropping it stops nothing.
     pub fn observer(&self) -> FmObserver {
@@ -247,6 +256,24 @@ impl FmObserver {
 
     pub async fn metrics(&self) -> Option<FmMetrics> {
         self.ask(MasterIn::Metrics).await
+    }
+}
+
+async fn scale(shared: &Shared, req: ScaleRequest) -> Result<ScaleOutcome, FmError> {
+    let (tx, rx) = oneshot::channel();
+    shared
+        .tx
+        .send(MasterIn::Scale(req, tx))
+        .map_err(|_| FmError::Stopped)?;
+    rx.await
+        .map_err(|_| FmError::Stopped)?
+        .map_err(FmError::Scale)
+}
+
+fn scale_error(e: FmError) -> Status {
+    match e {
+        FmError::Scale(e) => Status::failed_precondition(e),
+        e => Status::unavailable(e.to_string()),
     }
 }
 
@@ -473,6 +500,38 @@ impl FabricMaster for FmService {
         Ok(Response::new(
             rx.await.map_err(|_| Status::unavailable("stopped"))?,
         ))
+    }
+
+    async fn scale_out(
+        &self,
+        req: Request<v1::ScaleOutRequest>,
+    ) -> Result<Response<v1::ScaleReply>, Status> {
+        let r = req.into_inner();
+        let req = ScaleRequest::Out {
+            tenant: r.tenant,
+            chain: r.chain,
+            group: r.group,
+        };
+        scale(&self.shared, req)
+            .await
+            .map(|o| Response::new(o.to_proto()))
+            .map_err(scale_error)
+    }
+
+    async fn scale_in(
+        &self,
+        req: Request<v1::ScaleInRequest>,
+    ) -> Result<Response<v1::ScaleReply>, Status> {
+        let r = req.into_inner();
+        let req = ScaleRequest::In {
+            tenant: r.tenant,
+            chain: r.chain,
+            group: r.group,
+        };
+        scale(&self.shared, req)
+            .await
+            .map(|o| Response::new(o.to_proto()))
+            .map_err(scale_error)
     }
 
     async fn flows(

@@ -31,6 +31,13 @@ pub const PROTO_VERSION: u32 = 1;
 /// partition travel in one message, far past tonic's 4 MiB default.
 pub const MAX_MESSAGE: usize = 512 << 20;
 
+/// Error an SC group answers for a request whose key hash it no longer (or not yet)
+/// serves: a scale moved it. Not an answer: FM sends the request to the current owner.
+pub const ERR_MOVED: &str = "sc-moved";
+
+/// Error a scale-out's new group answers before its install op: FM tries again.
+pub const ERR_NOT_READY: &str = "sc-not-ready";
+
 /// Deepest chain shape accepted from the wire (guards the recursive conversion).
 pub const MAX_CHAIN_DEPTH: usize = 32;
 

@@ -76,6 +76,8 @@ enum ReplicaIn {
     Configure(v1::GroupConfig),
     Leave(u64),
     Submit(v1::GroupSubmit),
+    /// A scaling step for the group (head only).
+    Scale(v1::scale_op::Step),
     PredHello {
         conn: u64,
         hello: v1::ReplicaHello,
@@ -496,13 +498,15 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
                     let _ = tx.send(ReplicaIn::Leave(l.epoch));
                 }
             }
+            // Scaling steps (docs/scaling.md) go to the group's replica, whose head stamps
+            // them into the log.
             Some(sc_down::Msg::St(st)) => {
-                // Paper 000 Fig. 3 scaling is the next issue's work.
-                warn!(
-                    scale = st.scale_id,
-                    "ScaleStart received; scaling is not built yet"
-                );
+                scale_step(shared, st.from_group, v1::scale_op::Step::Split(st))
             }
+            Some(sc_down::Msg::Install(i)) => {
+                scale_step(shared, i.group, v1::scale_op::Step::Install(i))
+            }
+            Some(sc_down::Msg::End(e)) => scale_step(shared, e.group, v1::scale_op::Step::End(e)),
             Some(sc_down::Msg::Registered(_)) => {}
             None => shared.bad(),
         }
@@ -510,6 +514,20 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
     forward.abort();
     heartbeat.abort();
     result
+}
+
+fn scale_step(shared: &Shared, group: u64, step: v1::scale_op::Step) {
+    match shared.group(group) {
+        Some(tx) => {
+            let _ = tx.send(ReplicaIn::Scale(step));
+        }
+        None => {
+            shared
+                .counters
+                .unknown_group
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
@@ -657,6 +675,14 @@ fn handle(
                 shared
                     .requests_applied
                     .fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+        ReplicaIn::Scale(step) => {
+            if !core.scale(step, wall_ms(), out) {
+                debug!(
+                    group = core.group_id(),
+                    "scaling step at a replica that is not head"
+                );
             }
         }
         ReplicaIn::PredHello { conn, hello, up } => match core.predecessor_hello(conn, &hello) {

@@ -30,10 +30,17 @@
 //!
 //! Timers (`Chain::on_timer`) and flow events are ops as well, numbered by the head, so
 //! replicas stay identical.
+//!
+//! Scaling (paper 000 Fig. 3, docs/scaling.md) is ops too: FM's *st*, install and end
+//! messages reach the head, which stamps each as a [`v1::ScaleOp`]. So a split happens
+//! at one definite sequence number on every replica: requests before it are in the part
+//! that leaves, requests after it see the narrowed range and are refused with
+//! [`proto::ERR_MOVED`] (FM sends them to the new owner). The range, readiness and the
+//! kept copy of the part are replicated state, carried in snapshots to joiners.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
-use nf::{Chain, FirstPacket, NfEnv};
+use nf::{Chain, FirstPacket, NfEnv, SplitHalf};
 use pipeline::RuleRequest;
 use proto::{v1, ChainParts};
 use tracing::{debug, info, warn};
@@ -111,6 +118,88 @@ pub struct ReplicaStats {
     /// Configurations of a newer epoch after the first one: FM repairing or refilling
     /// the group.
     pub reconfigurations: u64,
+    /// Requests refused because a scale moved their key's range away (or the group
+    /// awaits its install op).
+    pub moved_requests: u64,
+    /// Scaling ops applied (split, install, end; repeats included).
+    pub scale_ops: u64,
+}
+
+/// The part a split (or retire) took out of the group, kept until the scale ends so an
+/// abort can take it back and a repeated *st* can report it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outgoing {
+    scale: u64,
+    kind: v1::ScaleKind,
+    part: Vec<u8>,
+    /// The range the group served before the split.
+    old_range: Option<(u64, u64)>,
+}
+
+/// A group's replicated scaling state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ScaleState {
+    /// Key hashes the group serves, inclusive; None after scale-in retired it.
+    range: Option<(u64, u64)>,
+    /// False while a scale-out's new group waits for its install op.
+    ready: bool,
+    outgoing: Option<Outgoing>,
+    /// Scale ids a step of which was applied here.
+    done: BTreeSet<u64>,
+}
+
+impl ScaleState {
+    fn initial(cfg: &v1::GroupConfig) -> Self {
+        ScaleState {
+            range: cfg.partition.map(|p| (p.hash_lo, p.hash_hi)),
+            ready: cfg.awaiting_scale == 0,
+            outgoing: None,
+            done: BTreeSet::new(),
+        }
+    }
+
+    fn to_proto(&self) -> v1::ScaleState {
+        let (has_range, (range_lo, range_hi)) = match self.range {
+            Some(r) => (true, r),
+            None => (false, (0, 0)),
+        };
+        let mut s = v1::ScaleState {
+            has_range,
+            range_lo,
+            range_hi,
+            ready: self.ready,
+            done: self.done.iter().copied().collect(),
+            ..Default::default()
+        };
+        if let Some(o) = &self.outgoing {
+            s.outgoing_scale = o.scale;
+            s.outgoing_kind = o.kind as i32;
+            s.outgoing_part = o.part.clone();
+            if let Some((lo, hi)) = o.old_range {
+                s.outgoing_had_range = true;
+                s.outgoing_lo = lo;
+                s.outgoing_hi = hi;
+            }
+        }
+        s
+    }
+
+    fn from_proto(s: &v1::ScaleState) -> Self {
+        ScaleState {
+            range: s.has_range.then_some((s.range_lo, s.range_hi)),
+            ready: s.ready,
+            outgoing: (s.outgoing_scale != 0).then(|| Outgoing {
+                scale: s.outgoing_scale,
+                kind: v1::ScaleKind::try_from(s.outgoing_kind)
+                    .unwrap_or(v1::ScaleKind::Unspecified),
+                part: s.outgoing_part.clone(),
+                old_range: s
+                    .outgoing_had_range
+                    .then_some((s.outgoing_lo, s.outgoing_hi)),
+            }),
+            done: s.done.iter().copied().collect(),
+        }
+    }
 }
 
 /// The state of one replica of one group.
@@ -130,6 +219,7 @@ pub struct ReplicaCore {
     pred_conn: Option<u64>,
     /// A successor handshake that arrived before this replica had state.
     deferred_succ: Option<(u64, v1::ReplicaHelloAck)>,
+    scale: ScaleState,
     pub stats: ReplicaStats,
 }
 
@@ -168,6 +258,7 @@ impl ReplicaCore {
             succ: Succ::None,
             pred_conn: None,
             deferred_succ: None,
+            scale: ScaleState::initial(&cfg),
             stats: ReplicaStats::default(),
         };
         r.cfg = cfg;
@@ -207,6 +298,16 @@ impl ReplicaCore {
 
     pub fn initialized(&self) -> bool {
         self.initialized
+    }
+
+    /// The key-hash range this group serves now (inclusive), per its own log.
+    pub fn serving(&self) -> Option<(u64, u64)> {
+        self.scale.range
+    }
+
+    /// False while a scale-out's new group waits for its install op.
+    pub fn ready(&self) -> bool {
+        self.scale.ready
     }
 
     /// Apply configuration `cfg` (call once after [`ReplicaCore::new`] too). Returns
@@ -278,7 +379,7 @@ impl ReplicaCore {
 
     fn become_tail(&mut self, out: &mut Outbox) {
         for a in self.unacked.drain(..) {
-            if !a.result.replies.is_empty() || !a.result.expired.is_empty() {
+            if worth_sending(&a.result) {
                 out.results.push(a.result);
             }
         }
@@ -323,6 +424,7 @@ impl ReplicaCore {
                 state,
                 pending: self.unacked.iter().map(|a| a.op.clone()).collect(),
                 pending_results: self.unacked.iter().map(|a| a.result.clone()).collect(),
+                scale: Some(self.scale.to_proto()),
             });
             self.stats.snapshots_sent += 1;
         } else {
@@ -421,6 +523,9 @@ impl ReplicaCore {
         }
         self.chain = chain;
         self.initialized = true;
+        if let Some(s) = &snap.scale {
+            self.scale = ScaleState::from_proto(s);
+        }
         self.applied = snap.seq;
         self.acked = self.acked.min(snap.seq);
         self.stats.snapshots_restored += 1;
@@ -489,6 +594,21 @@ impl ReplicaCore {
         true
     }
 
+    /// A scaling step from FM (head only): stamped as an op so every replica applies it
+    /// at the same point of the log. Returns false if this replica is not the head (FM
+    /// sends the step again to the right one).
+    pub fn scale(&mut self, step: v1::scale_op::Step, wall_ms: u64, out: &mut Outbox) -> bool {
+        if !self.is_head() || !self.initialized {
+            return false;
+        }
+        let op = self.stamp(
+            wall_ms,
+            v1::op::Body::Scale(v1::ScaleOp { step: Some(step) }),
+        );
+        self.apply_and_route(op, out);
+        true
+    }
+
     /// Timer (head only): an op that runs every NF's `on_timer` on every replica.
     pub fn timer(&mut self, wall_ms: u64, out: &mut Outbox) {
         if !self.is_head() || !self.initialized {
@@ -517,7 +637,7 @@ impl ReplicaCore {
 
     fn route(&mut self, op: v1::Op, result: v1::OpResult, out: &mut Outbox) {
         if self.is_tail() {
-            if !result.replies.is_empty() || !result.expired.is_empty() {
+            if worth_sending(&result) {
                 out.results.push(result);
             }
             self.acked = self.applied;
@@ -571,9 +691,190 @@ impl ReplicaCore {
                     result.expired = chain.on_timer(&mut env).iter().map(Into::into).collect();
                 }
             }
+            Some(v1::op::Body::Scale(s)) => {
+                self.stats.scale_ops += 1;
+                if let Some(step) = &s.step {
+                    self.apply_scale(step, op.seq, &mut result);
+                }
+            }
             None => {}
         }
         result
+    }
+
+    /// Apply a scaling step. Deterministic in (state, step) like every op, and
+    /// idempotent by scale id: FM repeats a step whose outcome it did not hear.
+    fn apply_scale(&mut self, step: &v1::scale_op::Step, seq: u64, result: &mut v1::OpResult) {
+        use v1::scale_op::Step;
+        let gid = self.group_id();
+        let fin = |scale: u64, error: String| v1::ScaleFin {
+            scale_id: scale,
+            group: gid,
+            seq,
+            error,
+        };
+        match step {
+            Step::Split(st) => {
+                if self.scale.done.contains(&st.scale_id) {
+                    // A repeated st: report the part again if it is still kept.
+                    if let Some(o) = self
+                        .scale
+                        .outgoing
+                        .as_ref()
+                        .filter(|o| o.scale == st.scale_id)
+                    {
+                        result.part = Some(v1::ScalePart {
+                            scale_id: o.scale,
+                            group: gid,
+                            part: o.part.clone(),
+                            seq,
+                        });
+                    }
+                    return;
+                }
+                match self.split(st) {
+                    Ok(part) => {
+                        self.scale.done.insert(st.scale_id);
+                        info!(group = gid, scale = st.scale_id, seq, bytes = part.len(),
+                              range = ?self.scale.range, "split applied");
+                        result.part = Some(v1::ScalePart {
+                            scale_id: st.scale_id,
+                            group: gid,
+                            part,
+                            seq,
+                        });
+                    }
+                    Err(e) => {
+                        warn!(group = gid, scale = st.scale_id, error = %e, "split refused");
+                        result.fin = Some(fin(st.scale_id, e));
+                    }
+                }
+            }
+            Step::Install(ins) => {
+                if self.scale.done.insert(ins.scale_id) {
+                    if let Err(e) = self.install(ins) {
+                        warn!(group = gid, scale = ins.scale_id, error = %e, "install failed");
+                        result.fin = Some(fin(ins.scale_id, e));
+                        return;
+                    }
+                    info!(group = gid, scale = ins.scale_id, seq, range = ?self.scale.range,
+                          "scale install applied");
+                }
+                result.fin = Some(fin(ins.scale_id, String::new()));
+            }
+            Step::End(end) => {
+                self.scale.done.insert(end.scale_id);
+                let Some(o) = self.scale.outgoing.take_if(|o| o.scale == end.scale_id) else {
+                    result.fin = Some(fin(end.scale_id, String::new()));
+                    return;
+                };
+                let mut error = String::new();
+                if end.abort {
+                    // Take the part back: it is exactly the state that left at the split
+                    // (nobody decided anything on it: an abort happens before fin).
+                    if o.kind == v1::ScaleKind::Out {
+                        if let Ok(c) = &mut self.chain {
+                            if let Err(e) = c.merge(&o.part) {
+                                error = format!("merging the part back: {e}");
+                            }
+                        }
+                    }
+                    self.scale.range = o.old_range;
+                    info!(group = gid, scale = end.scale_id, seq, range = ?self.scale.range,
+                          "scale aborted; part taken back");
+                }
+                result.fin = Some(fin(end.scale_id, error));
+            }
+        }
+    }
+
+    /// Split off the part `st` names. Changes nothing on error.
+    fn split(&mut self, st: &v1::ScaleStart) -> Result<Vec<u8>, String> {
+        let chain = self.chain.as_mut().map_err(|e| e.clone())?;
+        let Some((lo, hi)) = self.scale.range else {
+            return Err("the group serves no range".into());
+        };
+        if self.scale.outgoing.is_some() {
+            return Err("a previous scale of this group has not ended".into());
+        }
+        let (mlo, mhi) = (st.moved_lo, st.moved_hi);
+        let kind = v1::ScaleKind::try_from(st.kind).unwrap_or(v1::ScaleKind::Unspecified);
+        let (part, rest) = match kind {
+            v1::ScaleKind::Out => {
+                // What stays must be one contiguous range: the moved range is the lower
+                // or the upper end of ours, and not all of it.
+                let rest = if mlo == lo && mhi < hi {
+                    (mhi + 1, hi)
+                } else if mhi == hi && mlo > lo {
+                    (lo, mlo - 1)
+                } else {
+                    return Err(format!(
+                        "moved range [{mlo}, {mhi}] is not an end of the group's [{lo}, {hi}]"
+                    ));
+                };
+                // SplitHalf's upper bound is exclusive, so [x, u64::MAX] cannot be named;
+                // such a part moves as "everything but [lo, mlo-1]" would not either, so
+                // refuse it (FM always moves the lower end).
+                let Some(end) = mhi.checked_add(1) else {
+                    return Err("cannot move a range ending at u64::MAX".into());
+                };
+                let part = chain
+                    .split(&SplitHalf {
+                        moved_lo: mlo,
+                        moved_hi: end,
+                    })
+                    .map_err(|e| format!("split: {e}"))?;
+                (part, Some(rest))
+            }
+            v1::ScaleKind::In => {
+                if (mlo, mhi) != (lo, hi) {
+                    return Err(format!(
+                        "scale-in must move the group's whole range [{lo}, {hi}], not [{mlo}, {mhi}]"
+                    ));
+                }
+                // The whole state goes; the group keeps it (untouched, unserved) so an
+                // abort only has to serve the range again.
+                (
+                    chain.snapshot().map_err(|e| format!("snapshot: {e}"))?,
+                    None,
+                )
+            }
+            v1::ScaleKind::Unspecified => return Err("scale kind unspecified".into()),
+        };
+        self.scale.outgoing = Some(Outgoing {
+            scale: st.scale_id,
+            kind,
+            part: part.clone(),
+            old_range: self.scale.range,
+        });
+        self.scale.range = rest;
+        Ok(part)
+    }
+
+    fn install(&mut self, ins: &v1::ScaleInstall) -> Result<(), String> {
+        let chain = self.chain.as_mut().map_err(|e| e.clone())?;
+        if ins.range_lo > ins.range_hi {
+            return Err(format!("empty range [{}, {}]", ins.range_lo, ins.range_hi));
+        }
+        match v1::ScaleKind::try_from(ins.kind).unwrap_or(v1::ScaleKind::Unspecified) {
+            v1::ScaleKind::Out => {
+                if self.scale.ready {
+                    return Err("install into a group that already serves".into());
+                }
+                // The new group starts from the part alone: its NFs were built with the
+                // configuration's full pools, which belong to the parent.
+                chain
+                    .restore(&ins.part)
+                    .map_err(|e| format!("restore: {e}"))?;
+                self.scale.ready = true;
+            }
+            v1::ScaleKind::In => {
+                chain.merge(&ins.part).map_err(|e| format!("merge: {e}"))?;
+            }
+            v1::ScaleKind::Unspecified => return Err("scale kind unspecified".into()),
+        }
+        self.scale.range = Some((ins.range_lo, ins.range_hi));
+        Ok(())
     }
 
     fn decide(
@@ -593,6 +894,18 @@ impl ReplicaCore {
         if req.tenant != partition.tenant || req.chain != partition.chain {
             self.stats.bad_requests += 1;
             return proto::error_reply(m, "request for another partition");
+        }
+        // Decided only by the group whose log says it owns the key now: after a split
+        // op the moved range belongs to the new group, before its install op the new
+        // group owns nothing.
+        if !self.scale.ready {
+            self.stats.moved_requests += 1;
+            return proto::error_reply(m, proto::ERR_NOT_READY);
+        }
+        let h = req.key.hash();
+        if !self.scale.range.is_some_and(|(lo, hi)| lo <= h && h <= hi) {
+            self.stats.moved_requests += 1;
+            return proto::error_reply(m, proto::ERR_MOVED);
         }
         let chain = match &mut self.chain {
             Ok(c) => c,
@@ -634,6 +947,11 @@ impl ReplicaCore {
             },
         }
     }
+}
+
+/// Whether the tail must send a result to FM.
+fn worth_sending(r: &v1::OpResult) -> bool {
+    !r.replies.is_empty() || !r.expired.is_empty() || r.part.is_some() || r.fin.is_some()
 }
 
 fn build_chain(cfg: &v1::GroupConfig, factory: &dyn ChainFactory) -> Result<Chain, String> {
@@ -679,6 +997,7 @@ mod tests {
             }),
             chain: Some(def.to_proto().unwrap()),
             joining: joining.iter().map(|s| s.to_string()).collect(),
+            awaiting_scale: 0,
         }
     }
 
@@ -745,5 +1064,316 @@ mod tests {
         // Resumed after a stall (same members, no joiners).
         b.configure(config(3, &["a", "b", "c"], &[]), &mut out);
         assert_eq!((b.applied(), b.initialized()), (2, true));
+    }
+
+    // ------------------------------------------------------------ scaling ops
+
+    const MID: u64 = 1 << 63;
+
+    fn snat_config(
+        gid: u64,
+        members: &[&str],
+        range: (u64, u64),
+        awaiting: u64,
+    ) -> v1::GroupConfig {
+        let def: proto::ChainDef = serde_json::from_value(serde_json::json!({
+            "tenant": 1, "chain": 1,
+            "nfs": [{"kind": "snat", "pools": [
+                {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]}],
+            "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
+            "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
+        }))
+        .unwrap();
+        v1::GroupConfig {
+            group: Some(v1::ScGroup {
+                id: gid,
+                epoch: 1,
+                replicas: members
+                    .iter()
+                    .map(|m| v1::Replica {
+                        node_id: m.to_string(),
+                        addr: format!("{m}:1"),
+                    })
+                    .collect(),
+            }),
+            partition: Some(v1::Partition {
+                tenant: 1,
+                chain: 1,
+                hash_lo: range.0,
+                hash_hi: range.1,
+                group: gid,
+            }),
+            chain: Some(def.to_proto().unwrap()),
+            joining: Vec::new(),
+            awaiting_scale: awaiting,
+        }
+    }
+
+    fn replica(node: &str, cfg: v1::GroupConfig) -> ReplicaCore {
+        let mut r = ReplicaCore::new(node, cfg.clone(), &TestNfs);
+        r.configure(cfg, &mut Outbox::default());
+        r
+    }
+
+    fn request(i: u16) -> v1::RuleRequest {
+        let key = pipeline::FlowKey::new(
+            100,
+            17,
+            "198.18.10.2".parse().unwrap(),
+            1000 + i,
+            "198.19.0.9".parse().unwrap(),
+            53,
+        );
+        let r = RuleRequest {
+            key,
+            hash: key.hash(),
+            tenant: 1,
+            chain: 1,
+            meta: pipeline::PacketMeta {
+                len: 60,
+                tcp_flags: 0,
+                icmp_error: false,
+                ingress_port: 0,
+            },
+            worker: 0,
+        };
+        proto::request_to_proto(&r, u64::from(i))
+    }
+
+    fn hash_of(r: &v1::RuleRequest) -> u64 {
+        RuleRequest::try_from(r).unwrap().key.hash()
+    }
+
+    fn submit(r: &mut ReplicaCore, reqs: Vec<v1::RuleRequest>, out: &mut Outbox) {
+        assert!(r.submit(
+            v1::GroupSubmit {
+                group: r.group_id(),
+                epoch: r.epoch(),
+                requests: Some(v1::RuleRequestBatch { requests: reqs }),
+                events: None,
+            },
+            1_000,
+            out,
+        ));
+    }
+
+    fn replies(out: &Outbox) -> Vec<v1::RuleReply> {
+        out.results.iter().flat_map(|r| r.replies.clone()).collect()
+    }
+
+    fn split_step(scale: u64) -> v1::scale_op::Step {
+        v1::scale_op::Step::Split(v1::ScaleStart {
+            scale_id: scale,
+            kind: v1::ScaleKind::Out as i32,
+            from_group: 7,
+            to_group: 8,
+            moved_lo: 0,
+            moved_hi: MID - 1,
+        })
+    }
+
+    /// A head `a` and a tail `b` linked (connection 1), with 64 flows decided.
+    fn chain_of_two() -> (ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
+        let cfg = snat_config(7, &["a", "b"], (0, u64::MAX), 0);
+        let mut a = replica("a", cfg.clone());
+        let mut b = replica("b", cfg);
+        let hello = v1::ReplicaHello {
+            group: 7,
+            epoch: 1,
+            from: "a".into(),
+        };
+        let ack = b.predecessor_hello(1, &hello).unwrap();
+        let mut out = Outbox::default();
+        a.successor_ready(1, &ack, &mut out);
+        submit(&mut a, (0..64).map(request).collect(), &mut out);
+        let mut tail = Outbox::default();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
+            .unwrap();
+        let decided = replies(&tail);
+        assert_eq!(decided.len(), 64);
+        (a, b, decided)
+    }
+
+    #[test]
+    fn a_split_is_an_op_every_replica_applies_at_the_same_point() {
+        let (mut a, mut b, decided) = chain_of_two();
+        let mut out = Outbox::default();
+        assert!(a.scale(split_step(1), 2_000, &mut out));
+        // Requests after the split: the moved range is refused, the rest is served.
+        submit(&mut a, (64..128).map(request).collect(), &mut out);
+        let mut tail = Outbox::default();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
+            .unwrap();
+        // Only the tail reports the part, once the split is applied there.
+        let parts: Vec<&v1::ScalePart> = tail
+            .results
+            .iter()
+            .filter_map(|r| r.part.as_ref())
+            .collect();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].scale_id, 1);
+        // Both replicas split identically: same part kept, same state left.
+        assert_eq!(a.scale.outgoing, b.scale.outgoing);
+        assert_eq!(a.scale.outgoing.as_ref().unwrap().part, parts[0].part);
+        assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        assert_eq!(
+            (a.serving(), b.serving()),
+            (Some((MID, u64::MAX)), Some((MID, u64::MAX)))
+        );
+        let after = replies(&tail);
+        assert_eq!(after.len(), 64);
+        let mut moved = 0;
+        for (r, req) in after.iter().zip((64..128).map(request)) {
+            let refused = matches!(&r.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_MOVED);
+            assert_eq!(refused, hash_of(&req) < MID, "flow {}", req.id);
+            moved += usize::from(refused);
+        }
+        assert!(moved > 0 && moved < 64, "the test flows straddle the split");
+
+        // A repeated st changes nothing and reports the same part again.
+        let before = a.state(true).snapshot;
+        let mut out2 = Outbox::default();
+        assert!(a.scale(split_step(1), 3_000, &mut out2));
+        let mut tail2 = Outbox::default();
+        b.on_ops(1, out2.down, &mut tail2).unwrap();
+        assert_eq!(a.state(true).snapshot, before);
+        assert_eq!(tail2.results[0].part.as_ref().unwrap().part, parts[0].part);
+
+        // The new group (awaiting scale 1) serves nothing before its install op...
+        let mut c = replica("c", snat_config(8, &["c"], (0, MID - 1), 1));
+        let moved_req: Vec<v1::RuleRequest> =
+            (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
+        let mut co = Outbox::default();
+        submit(&mut c, moved_req.clone(), &mut co);
+        assert!(replies(&co).iter().all(|r| matches!(&r.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_NOT_READY)));
+        // ...and after it answers the moved flows with the rules they already had.
+        let mut co = Outbox::default();
+        assert!(c.scale(
+            v1::scale_op::Step::Install(v1::ScaleInstall {
+                scale_id: 1,
+                kind: v1::ScaleKind::Out as i32,
+                group: 8,
+                part: parts[0].part.clone(),
+                range_lo: 0,
+                range_hi: MID - 1,
+            }),
+            4_000,
+            &mut co,
+        ));
+        let fin = co.results.iter().find_map(|r| r.fin.clone()).unwrap();
+        assert_eq!((fin.scale_id, fin.group, fin.error.as_str()), (1, 8, ""));
+        let mut co = Outbox::default();
+        submit(&mut c, moved_req.clone(), &mut co);
+        for r in replies(&co) {
+            let orig = decided.iter().find(|d| d.id == r.id).unwrap();
+            assert_eq!(r.result, orig.result, "flow {} changed its rule", r.id);
+        }
+        // A flow new to the new group gets a port outside everything the old one holds.
+        let new_moved: Vec<v1::RuleRequest> = (200..400)
+            .map(request)
+            .filter(|r| hash_of(r) < MID)
+            .take(5)
+            .collect();
+        let new_kept: Vec<v1::RuleRequest> = (200..400)
+            .map(request)
+            .filter(|r| hash_of(r) >= MID)
+            .take(5)
+            .collect();
+        let mut co = Outbox::default();
+        submit(&mut c, new_moved, &mut co);
+        submit(&mut a, new_kept, &mut out);
+        let port = |r: &v1::RuleReply| match &r.result {
+            Some(v1::rule_reply::Result::Rule(rule)) => {
+                rule.actions.iter().find_map(|x| match &x.kind {
+                    Some(v1::action::Kind::SetSrc(e)) => e.port,
+                    _ => None,
+                })
+            }
+            _ => None,
+        };
+        let mut ports: Vec<u32> = decided
+            .iter()
+            .chain(&replies(&co))
+            .filter_map(port)
+            .collect();
+        let mut tail3 = Outbox::default();
+        b.on_ops(1, out.down, &mut tail3).unwrap();
+        ports.extend(replies(&tail3).iter().filter_map(port));
+        let n = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(
+            ports.len(),
+            n,
+            "a port was handed out twice across the split"
+        );
+        assert_eq!(n, 64 + 10);
+    }
+
+    #[test]
+    fn an_aborted_split_takes_the_part_back() {
+        let (mut a, mut b, decided) = chain_of_two();
+        let mut out = Outbox::default();
+        a.scale(split_step(3), 2_000, &mut out);
+        a.scale(
+            v1::scale_op::Step::End(v1::ScaleEnd {
+                scale_id: 3,
+                group: 7,
+                abort: true,
+            }),
+            2_001,
+            &mut out,
+        );
+        // A late st of the aborted scale does nothing.
+        a.scale(split_step(3), 2_002, &mut out);
+        submit(&mut a, (0..64).map(request).collect(), &mut out);
+        let mut tail = Outbox::default();
+        b.on_ops(1, out.down, &mut tail).unwrap();
+        let fin = tail.results.iter().find_map(|r| r.fin.clone()).unwrap();
+        assert_eq!((fin.scale_id, fin.error.as_str()), (3, ""));
+        assert_eq!(b.serving(), Some((0, u64::MAX)));
+        assert!(b.scale.outgoing.is_none());
+        assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        // Every flow is served again, with its old rule.
+        let again = replies(&tail);
+        assert_eq!(again.len(), 64);
+        for r in again {
+            let orig = decided.iter().find(|d| d.id == r.id).unwrap();
+            assert_eq!(r.result, orig.result);
+        }
+    }
+
+    #[test]
+    fn a_joiner_gets_the_scaling_state_in_its_snapshot() {
+        let (mut a, mut b, _) = chain_of_two();
+        let mut out = Outbox::default();
+        a.scale(split_step(5), 2_000, &mut out);
+        let mut tail = Outbox::default();
+        b.on_ops(1, out.down, &mut tail).unwrap();
+        // b serves a snapshot to a joiner c.
+        let mut cfg = snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0);
+        cfg.group.as_mut().unwrap().epoch = 2;
+        cfg.joining = vec!["c".into()];
+        let mut c = ReplicaCore::new("c", cfg.clone(), &TestNfs);
+        c.configure(cfg.clone(), &mut Outbox::default());
+        let mut bo = Outbox::default();
+        b.configure(cfg, &mut bo);
+        let ack = c
+            .predecessor_hello(
+                9,
+                &v1::ReplicaHello {
+                    group: 7,
+                    epoch: 2,
+                    from: "b".into(),
+                },
+            )
+            .unwrap();
+        assert!(!ack.initialized);
+        b.successor_ready(9, &ack, &mut bo);
+        let snap = bo.snapshot.unwrap();
+        c.on_snapshot(9, snap, &TestNfs, &mut Outbox::default());
+        assert_eq!(c.serving(), Some((MID, u64::MAX)));
+        assert_eq!(c.scale.outgoing, b.scale.outgoing);
+        assert_eq!(c.scale.done, b.scale.done);
     }
 }

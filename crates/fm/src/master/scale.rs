@@ -1,0 +1,747 @@
+//! SC scale-out and scale-in (paper 000 §4.1, Fig. 3), FM's side. The protocol, who owns
+//! what when, and the failure cases are in docs/scaling.md; in short:
+//!
+//! - **st.** FM sends `ScaleStart` to the old owner's head, which stamps it as an op: at
+//!   that sequence number every replica splits the moved part off (scale-out) or stops
+//!   serving its range (scale-in), and keeps a copy of the part until the scale ends.
+//!   Requests the old owner applies after the op in the moved range are refused as
+//!   `sc-moved`.
+//! - **Switch.** The old owner's tail reports the part (in the op's result, so only once
+//!   the split is committed). FM switches dispatch at once and relays the part to the
+//!   new owner's head as `ScaleInstall`, *before* any request for the moved range on the
+//!   same ordered stream: the new owner never decides a moved key without the state
+//!   that was there. Requests the old owner refused are sent on to the new owner.
+//! - **fin.** The new owner's tail reports the install op's result; FM tells the old
+//!   owner to drop its copy (`ScaleEnd`) or, for scale-in, dissolves the retired group.
+//!
+//! FM relays the part (rather than SC sending it SC→SC) because FM is the one place
+//! that orders the part before the new owner's first request: it owns both the
+//! dispatch switch and the stream to the new head. A direct SC→SC transfer would need a
+//! second ordering point between the part and FM's requests, i.e. the new group holding
+//! requests until the part arrived. The cost is one extra hop for the part's bytes.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use pipeline::FlowKey;
+use proto::v1::{self, sc_down};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::{CacheKey, Master};
+
+/// Re-send a step whose outcome FM has not heard within this (a lost head, a slow
+/// group). Steps are idempotent by scale id at SC.
+const RESEND_MS: u64 = 2_000;
+/// Abort a scale that has not reached fin within this.
+const TIMEOUT_MS: u64 = 30_000;
+
+/// An operator's scaling request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleRequest {
+    /// Split a partition of (tenant, chain): the one `group` owns, or the busiest.
+    Out {
+        tenant: u32,
+        chain: u32,
+        group: Option<u64>,
+    },
+    /// Merge the partition `group` owns (or the newest) into an adjacent one.
+    In {
+        tenant: u32,
+        chain: u32,
+        group: Option<u64>,
+    },
+}
+
+/// How a scale ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScaleOutcome {
+    pub scale_id: u64,
+    pub kind: v1::ScaleKind,
+    /// The old owner (scale-out: the split group; scale-in: the retired group).
+    pub from_group: u64,
+    /// The new owner (scale-out: the new group; scale-in: the neighbour).
+    pub to_group: u64,
+    /// The key-hash range that moved, inclusive.
+    pub moved_lo: u64,
+    pub moved_hi: u64,
+    /// None: done, dispatch switched. Some: aborted (dispatch is as before), and why.
+    pub aborted: Option<String>,
+    /// From FM sending st to FM receiving fin (or the abort).
+    pub st_to_fin: Duration,
+}
+
+impl ScaleOutcome {
+    pub fn to_proto(&self) -> v1::ScaleReply {
+        v1::ScaleReply {
+            scale_id: self.scale_id,
+            kind: self.kind as i32,
+            from_group: self.from_group,
+            to_group: self.to_group,
+            moved_lo: self.moved_lo,
+            moved_hi: self.moved_hi,
+            aborted: self.aborted.clone().unwrap_or_default(),
+            st_to_fin_us: self.st_to_fin.as_micros() as u64,
+        }
+    }
+}
+
+pub(crate) type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// st sent to the old owner; waiting for its part.
+    Splitting,
+    /// Dispatch switched, part relayed to the new owner; waiting for fin.
+    Installing,
+    /// Dispatch switched back; waiting for the old owner to take its state back.
+    Aborting,
+}
+
+pub(super) struct ScaleJob {
+    id: u64,
+    kind: v1::ScaleKind,
+    tenant: u32,
+    chain: u32,
+    from: u64,
+    to: u64,
+    moved: (u64, u64),
+    /// The old owner's range before, and after the switch.
+    from_before: (u64, u64),
+    from_after: Option<(u64, u64)>,
+    /// The new owner's range before (scale-in's neighbour), and after the switch.
+    to_before: Option<(u64, u64)>,
+    to_after: (u64, u64),
+    phase: Phase,
+    part: Option<Vec<u8>>,
+    started_us: u64,
+    started_ms: u64,
+    sent_ms: u64,
+    done: Option<ScaleDone>,
+    aborted: Option<String>,
+}
+
+impl ScaleJob {
+    fn outcome(&self, now_us: u64) -> ScaleOutcome {
+        ScaleOutcome {
+            scale_id: self.id,
+            kind: self.kind,
+            from_group: self.from,
+            to_group: self.to,
+            moved_lo: self.moved.0,
+            moved_hi: self.moved.1,
+            aborted: self.aborted.clone(),
+            st_to_fin: Duration::from_micros(now_us.saturating_sub(self.started_us)),
+        }
+    }
+}
+
+impl Master {
+    pub(super) fn scale_request(&mut self, req: ScaleRequest, done: ScaleDone) {
+        let r = match req {
+            ScaleRequest::Out {
+                tenant,
+                chain,
+                group,
+            } => self.start_out(tenant, chain, group),
+            ScaleRequest::In {
+                tenant,
+                chain,
+                group,
+            } => self.start_in(tenant, chain, group),
+        };
+        match r {
+            Ok(id) => {
+                if let Some(j) = self.scales.get_mut(&id) {
+                    j.done = Some(done);
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "scale refused");
+                let _ = done.send(Err(e));
+            }
+        }
+    }
+
+    fn check_chain(&self, tenant: u32, chain: u32) -> Result<(), String> {
+        if !self
+            .chains
+            .iter()
+            .any(|c| c.tenant == tenant && c.chain == chain)
+        {
+            return Err(format!("FM serves no chain {chain} of tenant {tenant}"));
+        }
+        if let Some(j) = self
+            .scales
+            .values()
+            .find(|j| j.tenant == tenant && j.chain == chain)
+        {
+            return Err(format!(
+                "scale {} of tenant {tenant} chain {chain} is still under way",
+                j.id
+            ));
+        }
+        if !self.map.has_chain(tenant, chain) {
+            return Err(format!("tenant {tenant} chain {chain} has no SC group yet"));
+        }
+        Ok(())
+    }
+
+    fn start_out(&mut self, tenant: u32, chain: u32, group: Option<u64>) -> Result<u64, String> {
+        self.check_chain(tenant, chain)?;
+        let ranges = self.map.chain_ranges(tenant, chain);
+        let (lo, hi, from) = match group {
+            Some(g) => *ranges.iter().find(|r| r.2 == g).ok_or_else(|| {
+                format!("group {g} owns no partition of tenant {tenant} chain {chain}")
+            })?,
+            // The busiest: most requests dispatched to it so far.
+            None => *ranges
+                .iter()
+                .filter(|r| r.0 < r.1)
+                .max_by_key(|r| {
+                    (
+                        self.group_load.get(&r.2).copied().unwrap_or(0),
+                        std::cmp::Reverse(r.2),
+                    )
+                })
+                .ok_or("no partition of the chain is wide enough to split")?,
+        };
+        if lo >= hi {
+            return Err(format!(
+                "group {from}'s partition is the single hash {lo}; it cannot split"
+            ));
+        }
+        if self.map.group(from).is_none_or(|g| g.head().is_none()) {
+            return Err(format!("group {from} has no live head"));
+        }
+        // The new group's members: live SC nodes in none of the chain's groups, so that
+        // one node failing never takes a replica of both halves.
+        let used: HashSet<String> = self
+            .map
+            .groups()
+            .filter(|g| g.partition.tenant == tenant && g.partition.chain == chain)
+            .flat_map(|g| g.group.replicas.iter().map(|r| r.node_id.clone()))
+            .collect();
+        let mut spares: Vec<(usize, String, String)> = self
+            .members
+            .live(v1::Role::Sc)
+            .filter(|m| self.sc_by_node.contains_key(&m.info.id) && !used.contains(&m.info.id))
+            .map(|m| {
+                (
+                    self.map.groups_of(&m.info.id).len(),
+                    m.info.id.clone(),
+                    m.info.addr.clone(),
+                )
+            })
+            .collect();
+        if spares.len() < self.cfg.replicas {
+            return Err(format!(
+                "scale-out of tenant {tenant} chain {chain} needs {} live SC nodes outside \
+                 the chain's groups; {} available",
+                self.cfg.replicas,
+                spares.len()
+            ));
+        }
+        spares.sort();
+        let replicas: Vec<v1::Replica> = spares
+            .into_iter()
+            .take(self.cfg.replicas)
+            .map(|(_, node_id, addr)| v1::Replica { node_id, addr })
+            .collect();
+        // The lower half moves (SplitHalf's exclusive upper bound can always name it).
+        let mid = lo + (hi - lo) / 2 + 1;
+        let moved = (lo, mid - 1);
+        let id = self.next_scale;
+        self.next_scale += 1;
+        let to = self
+            .map
+            .create_detached(tenant, chain, moved.0, moved.1, replicas);
+        if let Some(g) = self.map.group_mut(to) {
+            g.awaiting_scale = id;
+        }
+        self.push_config(to);
+        let now = self.now_ms();
+        self.scales.insert(
+            id,
+            ScaleJob {
+                id,
+                kind: v1::ScaleKind::Out,
+                tenant,
+                chain,
+                from,
+                to,
+                moved,
+                from_before: (lo, hi),
+                from_after: Some((mid, hi)),
+                to_before: None,
+                to_after: moved,
+                phase: Phase::Splitting,
+                part: None,
+                started_us: self.now_us(),
+                started_ms: now,
+                sent_ms: now,
+                done: None,
+                aborted: None,
+            },
+        );
+        info!(
+            scale = id,
+            tenant,
+            chain,
+            from,
+            to,
+            moved_lo = moved.0,
+            moved_hi = moved.1,
+            "scale-out: st"
+        );
+        self.send_step(id);
+        Ok(id)
+    }
+
+    fn start_in(&mut self, tenant: u32, chain: u32, group: Option<u64>) -> Result<u64, String> {
+        self.check_chain(tenant, chain)?;
+        let ranges = self.map.chain_ranges(tenant, chain);
+        if ranges.len() < 2 {
+            return Err(format!(
+                "tenant {tenant} chain {chain} has one partition; there is nothing to merge"
+            ));
+        }
+        let i = match group {
+            Some(g) => ranges.iter().position(|r| r.2 == g).ok_or_else(|| {
+                format!("group {g} owns no partition of tenant {tenant} chain {chain}")
+            })?,
+            // The newest partition.
+            None => ranges
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, r)| r.2)
+                .map(|(i, _)| i)
+                .unwrap_or(0),
+        };
+        let (lo, hi, from) = ranges[i];
+        // An adjacent neighbour, so the merged range is one contiguous range.
+        let lower = i
+            .checked_sub(1)
+            .map(|j| ranges[j])
+            .filter(|r| r.1.checked_add(1) == Some(lo));
+        let upper = ranges
+            .get(i + 1)
+            .copied()
+            .filter(|r| hi.checked_add(1) == Some(r.0));
+        let Some((nlo, nhi, to)) = lower.or(upper) else {
+            return Err(format!(
+                "group {from}'s partition has no adjacent partition"
+            ));
+        };
+        if self.map.group(from).is_none_or(|g| g.head().is_none()) {
+            return Err(format!("group {from} has no live head"));
+        }
+        let id = self.next_scale;
+        self.next_scale += 1;
+        let now = self.now_ms();
+        self.scales.insert(
+            id,
+            ScaleJob {
+                id,
+                kind: v1::ScaleKind::In,
+                tenant,
+                chain,
+                from,
+                to,
+                moved: (lo, hi),
+                from_before: (lo, hi),
+                from_after: None,
+                to_before: Some((nlo, nhi)),
+                to_after: (lo.min(nlo), hi.max(nhi)),
+                phase: Phase::Splitting,
+                part: None,
+                started_us: self.now_us(),
+                started_ms: now,
+                sent_ms: now,
+                done: None,
+                aborted: None,
+            },
+        );
+        info!(scale = id, tenant, chain, from, to, "scale-in: st");
+        self.send_step(id);
+        Ok(id)
+    }
+
+    /// Send job `id`'s current step to the head of the group that must take it.
+    pub(super) fn send_step(&mut self, id: u64) {
+        let now = self.now_ms();
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        j.sent_ms = now;
+        let (gid, msg) = match j.phase {
+            Phase::Splitting => (
+                j.from,
+                sc_down::Msg::St(v1::ScaleStart {
+                    scale_id: j.id,
+                    kind: j.kind as i32,
+                    from_group: j.from,
+                    to_group: j.to,
+                    moved_lo: j.moved.0,
+                    moved_hi: j.moved.1,
+                }),
+            ),
+            Phase::Installing => (
+                j.to,
+                sc_down::Msg::Install(v1::ScaleInstall {
+                    scale_id: j.id,
+                    kind: j.kind as i32,
+                    group: j.to,
+                    part: j.part.clone().unwrap_or_default(),
+                    range_lo: j.to_after.0,
+                    range_hi: j.to_after.1,
+                }),
+            ),
+            Phase::Aborting => (
+                j.from,
+                sc_down::Msg::End(v1::ScaleEnd {
+                    scale_id: j.id,
+                    group: j.from,
+                    abort: true,
+                }),
+            ),
+        };
+        self.send_to_head(gid, msg);
+    }
+
+    fn send_to_head(&self, gid: u64, msg: sc_down::Msg) -> bool {
+        let Some(tx) = self
+            .map
+            .group(gid)
+            .and_then(|g| g.head())
+            .and_then(|h| self.sc_by_node.get(&h.node_id))
+            .and_then(|s| self.sc.get(s))
+        else {
+            return false;
+        };
+        tx.tx.send(Ok(v1::ScDown { msg: Some(msg) })).is_ok()
+    }
+
+    /// Group `gid`'s head may have changed: repeat the steps it owes (they are
+    /// idempotent), ahead of the requests FM re-submits to it.
+    pub(super) fn scale_head_changed(&mut self, gid: u64) {
+        let ids: Vec<u64> = self
+            .scales
+            .values()
+            .filter(|j| match j.phase {
+                Phase::Splitting | Phase::Aborting => j.from == gid,
+                Phase::Installing => j.to == gid,
+            })
+            .map(|j| j.id)
+            .collect();
+        for id in ids {
+            self.send_step(id);
+        }
+    }
+
+    /// A replica of group `gid` died. Returns true if `gid` is a scale-out's new group
+    /// before fin: the scale is aborted and the group dropped rather than repaired. It
+    /// has decided nothing yet, so nothing is lost, and repairing it would need a live
+    /// member that holds the install (its joiners could otherwise wait forever for a
+    /// snapshot); trying the scale again is cheaper and always safe.
+    pub(super) fn scale_group_lost(&mut self, gid: u64) -> bool {
+        let Some((id, phase)) = self
+            .scales
+            .values()
+            .find(|j| j.kind == v1::ScaleKind::Out && j.to == gid)
+            .map(|j| (j.id, j.phase))
+        else {
+            return false;
+        };
+        if phase != Phase::Aborting {
+            self.abort_scale(id, format!("a replica of new group {gid} died before fin"));
+        }
+        true
+    }
+
+    /// Results from a scale-out's new group whose scale is being aborted are not
+    /// answers: the old owner takes the range back.
+    pub(super) fn scale_ignores(&self, gid: u64) -> bool {
+        self.dissolved.contains(&gid)
+            || self
+                .scales
+                .values()
+                .any(|j| j.kind == v1::ScaleKind::Out && j.to == gid && j.phase == Phase::Aborting)
+    }
+
+    /// Whether group `gid` is taking in a scale's part now (requests wait behind it).
+    pub(super) fn installing(&self, gid: u64) -> bool {
+        self.scales
+            .values()
+            .any(|j| j.phase == Phase::Installing && j.to == gid)
+    }
+
+    /// A split or retire op's result: the part that left group `gid`.
+    pub(super) fn on_scale_part(&mut self, gid: u64, part: v1::ScalePart) {
+        let Some(j) = self.scales.get_mut(&part.scale_id) else {
+            return;
+        };
+        if j.phase != Phase::Splitting || j.from != gid {
+            return; // a repeat
+        }
+        let (id, from, to) = (j.id, j.from, j.to);
+        let (from_after, to_after) = (j.from_after, j.to_after);
+        j.part = Some(part.part);
+        j.phase = Phase::Installing;
+        // Switch: from here on the moved range is dispatched to the new owner, and the
+        // install step is sent to its head now, before anything `flush` sends it.
+        self.map.set_range(from, from_after);
+        self.map.set_range(to, Some(to_after));
+        info!(
+            scale = id,
+            from,
+            to,
+            seq = part.seq,
+            "split committed; dispatch switched"
+        );
+        self.send_step(id);
+        self.unpark();
+    }
+
+    /// An install or end op's result.
+    pub(super) fn on_scale_fin(&mut self, gid: u64, fin: v1::ScaleFin) {
+        let Some(j) = self.scales.get(&fin.scale_id) else {
+            return;
+        };
+        let id = j.id;
+        match j.phase {
+            Phase::Splitting if gid == j.from && !fin.error.is_empty() => {
+                self.abort_scale(id, format!("group {gid} refused the split: {}", fin.error));
+            }
+            Phase::Installing if gid == j.to => {
+                if fin.error.is_empty() {
+                    self.complete_scale(id);
+                } else {
+                    self.abort_scale(id, format!("install at group {gid}: {}", fin.error));
+                }
+            }
+            Phase::Aborting if gid == j.from => {
+                if !fin.error.is_empty() {
+                    warn!(scale = id, group = gid, error = %fin.error, "abort step failed");
+                }
+                self.finish_abort(id);
+            }
+            _ => {}
+        }
+    }
+
+    fn complete_scale(&mut self, id: u64) {
+        let Some(mut j) = self.scales.remove(&id) else {
+            return;
+        };
+        let out = j.outcome(self.now_us());
+        let us = out.st_to_fin.as_micros() as u64;
+        self.stats.scale_last_us = us;
+        self.stats.scale_total_us += us;
+        match j.kind {
+            v1::ScaleKind::Out => {
+                self.stats.scale_outs += 1;
+                if let Some(g) = self.map.group_mut(j.to) {
+                    g.awaiting_scale = 0;
+                }
+                // The old owner may drop its copy of the part now.
+                self.send_to_head(
+                    j.from,
+                    sc_down::Msg::End(v1::ScaleEnd {
+                        scale_id: id,
+                        group: j.from,
+                        abort: false,
+                    }),
+                );
+            }
+            _ => {
+                self.stats.scale_ins += 1;
+                // The retired group's nodes become spares.
+                self.dissolve(j.from);
+            }
+        }
+        info!(scale = id, kind = ?j.kind, from = j.from, to = j.to, st_to_fin_us = us,
+              "scale finished (fin)");
+        if let Some(d) = j.done.take() {
+            let _ = d.send(Ok(out));
+        }
+        self.unpark();
+    }
+
+    /// Give up on scale `id`: dispatch goes back to the old owner, which takes its state
+    /// back (an op, like the split). The caller is answered now.
+    pub(super) fn abort_scale(&mut self, id: u64, reason: String) {
+        let now_us = self.now_us();
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        if j.phase == Phase::Aborting {
+            return;
+        }
+        warn!(scale = id, reason = %reason, "scale aborted");
+        self.stats.scale_aborts += 1;
+        let switched = j.phase == Phase::Installing;
+        j.phase = Phase::Aborting;
+        j.aborted = Some(reason);
+        let out = j.outcome(now_us);
+        let done = j.done.take();
+        let (from, to, kind, moved) = (j.from, j.to, j.kind, j.moved);
+        let (from_before, to_before) = (j.from_before, j.to_before);
+        let (tenant, chain) = (j.tenant, j.chain);
+        if switched {
+            self.map.set_range(to, to_before);
+            self.map.set_range(from, Some(from_before));
+        }
+        // Sent before any request `flush` re-dispatches to the old owner.
+        self.send_step(id);
+        if let Some(d) = done {
+            let _ = d.send(Ok(out));
+        }
+        // Requests for the moved range waiting at the new owner go back to the old one
+        // (the new owner decided none of them: it had not installed).
+        if kind == v1::ScaleKind::Out || switched {
+            let now = self.now_ms();
+            let keys: Vec<CacheKey> = self
+                .inflight
+                .iter()
+                .filter(|(k, f)| {
+                    let h = FlowKey::from_bytes(k.2).hash();
+                    f.group == to && k.0 == tenant && k.1 == chain && moved.0 <= h && h <= moved.1
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                if let Some(f) = self.inflight.get_mut(&k) {
+                    f.group = from;
+                    f.sent_ms = now;
+                    self.to_submit
+                        .entry(from)
+                        .or_default()
+                        .push(f.request.clone());
+                }
+            }
+        }
+        self.unpark();
+    }
+
+    fn finish_abort(&mut self, id: u64) {
+        let Some(j) = self.scales.remove(&id) else {
+            return;
+        };
+        if j.kind == v1::ScaleKind::Out {
+            self.dissolve(j.to);
+        }
+        info!(
+            scale = id,
+            from = j.from,
+            "scale abort complete; old owner serves again"
+        );
+        self.unpark();
+    }
+
+    /// The chain is being torn down: its scales end with it.
+    pub(super) fn drop_scales_of(&mut self, tenant: u32, chain: u32) {
+        let ids: Vec<u64> = self
+            .scales
+            .values()
+            .filter(|j| j.tenant == tenant && j.chain == chain)
+            .map(|j| j.id)
+            .collect();
+        let now_us = self.now_us();
+        for id in ids {
+            if let Some(mut j) = self.scales.remove(&id) {
+                j.aborted = Some("chain reconfigured".into());
+                self.stats.scale_aborts += 1;
+                if let Some(d) = j.done.take() {
+                    let _ = d.send(Ok(j.outcome(now_us)));
+                }
+            }
+        }
+    }
+
+    /// Remove a group FM no longer needs and tell its members to drop it.
+    pub(super) fn dissolve(&mut self, gid: u64) {
+        if let Some(g) = self.map.remove(gid) {
+            for r in &g.group.replicas {
+                if let Some(s) = self.sc_by_node.get(&r.node_id).and_then(|s| self.sc.get(s)) {
+                    let _ = s.tx.send(Ok(v1::ScDown {
+                        msg: Some(sc_down::Msg::Leave(v1::LeaveGroup {
+                            group: gid,
+                            epoch: g.group.epoch,
+                        })),
+                    }));
+                }
+            }
+        }
+        self.to_submit.remove(&gid);
+        self.events_to_submit.remove(&gid);
+        self.group_progress.remove(&gid);
+        self.group_load.remove(&gid);
+        self.dissolved.insert(gid);
+        info!(group = gid, "SC group dissolved; its nodes are spares");
+    }
+
+    /// Periodic: repeat steps nobody answered, abort scales that take too long.
+    pub(super) fn scale_tick(&mut self, now: u64) {
+        let ids: Vec<(u64, Phase, u64, u64)> = self
+            .scales
+            .values()
+            .map(|j| (j.id, j.phase, j.started_ms, j.sent_ms))
+            .collect();
+        for (id, phase, started, sent) in ids {
+            if phase != Phase::Aborting && now.saturating_sub(started) > TIMEOUT_MS {
+                self.abort_scale(id, format!("no fin within {} s", TIMEOUT_MS / 1000));
+            } else if now.saturating_sub(sent) >= RESEND_MS {
+                self.send_step(id);
+            }
+        }
+        self.unpark();
+    }
+
+    /// A reply saying the group no longer (or not yet) serves the request's key.
+    pub(super) fn redirect(&mut self, id: u64, from_group: u64, now: u64) {
+        self.stats.scale_redirects += 1;
+        let Some(ck) = self.by_id.get(&id).copied() else {
+            return;
+        };
+        let Some(f) = self.inflight.get_mut(&ck) else {
+            return;
+        };
+        if f.group != from_group {
+            return; // already sent elsewhere
+        }
+        f.sent_ms = now;
+        let key = FlowKey::from_bytes(ck.2);
+        match self.map.lookup(ck.0, ck.1, key.hash()) {
+            Some(g) if g != from_group => {
+                f.group = g;
+                self.to_submit.entry(g).or_default().push(f.request.clone());
+            }
+            // FM has not switched yet (or the new group awaits its install): try again
+            // when the scale moves on.
+            _ => self.parked.push(ck),
+        }
+    }
+
+    /// Send parked requests to whoever owns their key now.
+    pub(super) fn unpark(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let now = self.now_ms();
+        for ck in std::mem::take(&mut self.parked) {
+            let Some(f) = self.inflight.get_mut(&ck) else {
+                continue;
+            };
+            let key = FlowKey::from_bytes(ck.2);
+            if let Some(g) = self.map.lookup(ck.0, ck.1, key.hash()) {
+                f.group = g;
+            }
+            f.sent_ms = now;
+            self.to_submit
+                .entry(f.group)
+                .or_default()
+                .push(f.request.clone());
+        }
+    }
+}
