@@ -39,6 +39,9 @@ lint:
 test: setup
 	$(MAKE) --no-print-directory lint
 	$(CARGO) test --workspace --release
+	# The end-to-end suite again with the XDP fast path on: every test's flows become
+	# elephants after 50 packets in a window and run in the driver.
+	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --release -p starfabric --test e2e_testbed
 	$(MAKE) --no-print-directory golden-check
 	bash scripts/fuzz.sh $(FUZZ_SECONDS)
 

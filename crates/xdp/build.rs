@@ -1,14 +1,18 @@
-//! Compiles the XDP program (`bpf/pp_xdp.c`) with clang into `OUT_DIR/pp_xdp.o`, which
-//! the library embeds. clang comes from `scripts/setup.sh` (override with `CLANG`).
+//! Compiles the XDP programs (`bpf/pp_xdp.c`, `bpf/xdp_pass.c`) with clang into
+//! `OUT_DIR`, where the library embeds them from. clang comes from `scripts/setup.sh` (override with `CLANG`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    let src = "bpf/pp_xdp.c";
-    println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-env-changed=CLANG");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("pp_xdp.o");
+    compile("bpf/pp_xdp.c", "pp_xdp.o");
+    compile("bpf/xdp_pass.c", "xdp_pass.o");
+}
+
+fn compile(src: &str, obj: &str) {
+    println!("cargo:rerun-if-changed={src}");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join(obj);
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
     // The multiarch include dir holds <asm/types.h>, which <linux/bpf.h> needs.
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();

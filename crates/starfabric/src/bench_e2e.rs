@@ -60,6 +60,14 @@ pub struct E2eBench {
     pub afxdp: Numbers,
     /// afxdp / kernel.
     pub ratio_afxdp: Numbers,
+    /// starfabric with a SNAT chain on AF_XDP with the XDP fast path on (`--offload`):
+    /// elephant flows' rules run in the driver.
+    pub xdp_fastpath: Numbers,
+    /// xdp_fastpath / kernel.
+    pub ratio_xdp_fastpath: Numbers,
+    /// xdp_fastpath / afxdp: the fast path over our own userspace path (paper 000 §6
+    /// reports 6.6x for NAT on a DPU).
+    pub fastpath_over_userspace: Numbers,
     /// The kernel with nftables SNAT: the baseline of `ratio`.
     pub kernel: Numbers,
     /// starfabric / kernel.
@@ -263,6 +271,13 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         "starfabric SNAT (AF_XDP)",
         &["--io", "afxdp"],
     )?;
+    out.xdp_fastpath = starfabric_snat(
+        &mut r,
+        &mut out.setup,
+        &bin,
+        "starfabric SNAT (XDP fast path)",
+        &["--io", "afxdp", "--offload", "--offload-packets", "200"],
+    )?;
     let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends, &["--io", "udp"])?;
     out.setup
         .pp_io
@@ -273,6 +288,8 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
 
     out.ratio = out.starfabric.ratio(&out.kernel);
     out.ratio_afxdp = out.afxdp.ratio(&out.kernel);
+    out.ratio_xdp_fastpath = out.xdp_fastpath.ratio(&out.kernel);
+    out.fastpath_over_userspace = out.xdp_fastpath.ratio(&out.afxdp);
     out.ratio_lb = out.starfabric_lb.ratio(&out.kernel_dnat_lb);
     out.errors = r.errors;
     out.setup.udp64 = r.offered;
@@ -316,6 +333,7 @@ pub fn print(r: &E2eBench) {
     };
     row("starfabric SNAT (UDP)", &r.starfabric);
     row("starfabric SNAT (AF_XDP)", &r.afxdp);
+    row("starfabric SNAT (XDP fp)", &r.xdp_fastpath);
     row("kernel nft SNAT", &r.kernel);
     row("kernel forward", &r.kernel_forward);
     row("starfabric LB", &r.starfabric_lb);
@@ -331,6 +349,8 @@ pub fn print(r: &E2eBench) {
     };
     ratio("ratio SNAT (sf/kernel)", &r.ratio);
     ratio("ratio AF_XDP (/kernel)", &r.ratio_afxdp);
+    ratio("ratio XDP fp (/kernel)", &r.ratio_xdp_fastpath);
+    ratio("XDP fp / AF_XDP", &r.fastpath_over_userspace);
     ratio("ratio LB (sf/kernel)", &r.ratio_lb);
     for s in &r.setup.udp64 {
         println!("udp64 {s}");

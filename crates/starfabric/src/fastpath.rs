@@ -91,10 +91,6 @@ impl FastPath {
         self.off.stats()
     }
 
-    pub fn errors(&self) -> u64 {
-        self.errors
-    }
-
     /// ` xdp: offloaded=.. active=.. expired=..`, for the PP stats line.
     pub fn summary(&self) -> String {
         let o = self.stats();

@@ -283,6 +283,23 @@ fn a_long_tcp_flow_moves_to_the_xdp_fast_path_and_back_when_idle() {
     assert!(f("expired") >= 1, "no offloaded flow went back: {stats}");
     assert_eq!(f("active"), 0, "{stats}");
     assert_eq!(f("map_errors") + f("errors"), 0, "{stats}");
+    // What the driver transmitted reached the router: XDP_TX frames were not lost on the
+    // way (the router's side of the link got at least everything both paths sent).
+    let router_rx = tb.dev_counter(Node::Router, "dpp", "rx_packets").unwrap();
+    let ethtool = |n: Node, dev: &str| {
+        tb.exec_full(n, &["ethtool", "-S", dev], Duration::from_secs(5))
+            .map(|o| o.stdout)
+            .unwrap_or_default()
+    };
+    assert!(
+        router_rx >= f("fastpath") + f("tx"),
+        "router got {router_rx} frames, PP sent {} from XDP and {} from userspace: {stats}\n\
+         PP up0: {}\nrouter dpp: {}",
+        f("fastpath"),
+        f("tx"),
+        ethtool(Node::Pp, "up0"),
+        ethtool(Node::Router, "dpp"),
+    );
     // Back on the userspace path, the same tenant's new flows still work.
     let body = curl(tb, 0, &format!("http://{}/", addr::INET));
     assert_eq!(peer(&body).1, addr::pool(0), "{body}");

@@ -311,6 +311,22 @@ impl Testbed {
             let _ = writeln!(s, "link set {dev} up");
         }
         cmd::ip_batch(&rt, &s)?;
+        // The PP node's XDP fast path transmits with XDP_TX. On a veth that puts the
+        // frame in the peer's XDP ring, which the kernel only drains when the peer runs
+        // an XDP program itself (with GRO alone the ring fills after 256 frames and every
+        // later XDP_TX fails: up0's `xdp_tx_errors`). So the router's side runs one that
+        // passes everything, as a NIC would simply receive.
+        let pass = self.path("xdp_pass.o");
+        std::fs::write(&pass, xdp::XDP_PASS_OBJ)
+            .map_err(|e| Error::io(pass.display().to_string(), e))?;
+        let pass_s = pass.display().to_string();
+        cmd::in_ns(
+            &rt,
+            &[
+                "ip", "link", "set", "dev", "dpp", "xdpdrv", "obj", &pass_s, "sec", "xdp",
+            ],
+            CONFIG_LIMIT,
+        )?;
         for (n, o) in self.attachments() {
             let s = format!(
                 "addr add 198.18.{o}.2/24 dev up0\nlink set up0 up\nroute add {} via 198.18.{o}.1\n",

@@ -36,6 +36,12 @@ pub use attach::{AttachMode, Attachment};
 /// The compiled XDP object (clang `-O2 -g -target bpf`).
 static PP_XDP_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pp_xdp.o"));
 
+/// An object whose one program (`xdp_pass`, section `xdp`) passes every frame. XDP_TX on
+/// a veth needs an XDP program on the peer device to drain the frames it hands over (see
+/// `bpf/xdp_pass.c`); a testbed or host attaches this one there, e.g. with `ip link set
+/// dev PEER xdpdrv obj FILE sec xdp`.
+pub static XDP_PASS_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_pass.o"));
+
 /// The program's name in the object.
 pub const PROGRAM: &str = "pp_xdp";
 /// Map of offloaded rules: 40-byte `FlowKey` bytes → [`XdpRule`].
