@@ -85,8 +85,9 @@ impl Lab {
     }
 
     /// The same with more `starfabric pp` arguments. `SF_E2E_PP_ARGS` (whitespace
-    /// separated) adds to every test's, so the whole suite can run again with another
-    /// configuration, e.g. the XDP fast path on (`make test` does).
+    /// separated) is the arguments of every test that names none of its own, so the
+    /// whole suite can run again with another configuration, e.g. the XDP fast path on
+    /// (`make test` does). A test that names its own keeps exactly those.
     fn start_with(&self, chains: Vec<ChainDef>, pp_args: &[&str]) -> Platform {
         let vpcs = chains
             .iter()
@@ -94,8 +95,11 @@ impl Lab {
             .map(|(j, c)| (vni::tenant(j), c.tenant, c.chain))
             .collect();
         let extra = std::env::var("SF_E2E_PP_ARGS").unwrap_or_default();
-        let mut args: Vec<&str> = extra.split_whitespace().collect();
-        args.extend_from_slice(pp_args);
+        let args: Vec<&str> = if pp_args.is_empty() {
+            extra.split_whitespace().collect()
+        } else {
+            pp_args.to_vec()
+        };
         let spec = PlatformSpec::new(chains, vpcs).pp_args(&args);
         platform::start_starfabric(self.tb(), Path::new(BIN), &spec).expect("start starfabric")
     }
