@@ -1,4 +1,5 @@
-//! Compiles the XDP programs (`bpf/pp_xdp.c`, `bpf/xdp_pass.c`) with clang into
+//! Compiles the XDP programs (`bpf/pp_xdp.c`, `bpf/xdp_pass.c`, `bpf/xdp_sink.c`,
+//! `bpf/xdp_gen.c`) with clang into
 //! `OUT_DIR`, where the library embeds them from. clang comes from `scripts/setup.sh` (override with `CLANG`).
 
 use std::path::PathBuf;
@@ -8,6 +9,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
     compile("bpf/pp_xdp.c", "pp_xdp.o");
     compile("bpf/xdp_pass.c", "xdp_pass.o");
+    compile("bpf/xdp_sink.c", "xdp_sink.o");
+    compile("bpf/xdp_gen.c", "xdp_gen.o");
 }
 
 fn compile(src: &str, obj: &str) {

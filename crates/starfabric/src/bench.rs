@@ -28,6 +28,49 @@ pub enum BenchCmd {
     /// starfabric next to the kernel on the netns testbed: TCP Gbit/s, 64-byte UDP
     /// packets/s, new TCP connections/s (needs root and the testbed's tools).
     E2e(crate::bench_e2e::E2eBenchArgs),
+    /// The packet sender of `bench e2e`'s per-core rate (run by it inside a testbed
+    /// namespace): copies of a frame out of a device from the kernel's XDP live-frames
+    /// test run, on this thread's CPU.
+    #[command(hide = true)]
+    XdpGen(XdpGenArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct XdpGenArgs {
+    /// Device to send out of (in this process's network namespace).
+    #[arg(long)]
+    pub dev: String,
+    /// The template frame, hex (as `testbed::measure::udp64_frame` builds it).
+    #[arg(long)]
+    pub frame: String,
+    /// Flows to spread the frames over.
+    #[arg(long, default_value_t = 16)]
+    pub flows: u32,
+    /// Seconds to send for.
+    #[arg(long)]
+    pub secs: f64,
+}
+
+/// Send until the deadline; print the frames handed to the device.
+fn xdp_gen(a: &XdpGenArgs) -> Result<()> {
+    let path = format!("/sys/class/net/{}/ifindex", a.dev);
+    let ifindex: u32 = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {path}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("parsing {path}"))?;
+    let frame = (0..a.frame.len() / 2)
+        .map(|i| u8::from_str_radix(a.frame.get(2 * i..2 * i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .context("--frame is not hex")?;
+    anyhow::ensure!(
+        a.secs.is_finite() && a.secs > 0.0 && a.secs <= 600.0,
+        "--secs must be in (0, 600]"
+    );
+    let gen = xdp::LiveGenerator::load(a.flows, &frame)?;
+    let sent = gen.run_for(ifindex, Duration::from_secs_f64(a.secs))?;
+    println!("xdp-gen: sent={sent}");
+    Ok(())
 }
 
 #[derive(Args, Clone)]
@@ -80,6 +123,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
             }
             Ok(())
         }
+        BenchCmd::XdpGen(a) => xdp_gen(&a),
         BenchCmd::E2e(a) => {
             let r = crate::bench_e2e::run(a.clone())?;
             if a.json {

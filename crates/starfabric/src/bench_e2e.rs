@@ -49,6 +49,17 @@ pub struct E2eBenchArgs {
     /// receive path spreads over every CPU (a veth has no RSS).
     #[arg(long)]
     pub kernel_rps: bool,
+    /// Run only these variants (by their JSON names: kernel_forward, kernel,
+    /// kernel_dnat_lb, starfabric, afxdp, xdp_fastpath, starfabric_lb); the others are
+    /// left empty. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+impl E2eBenchArgs {
+    fn runs(&self, variant: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|v| v == variant)
+    }
 }
 
 /// Results; field names are the documented JSON interface.
@@ -129,7 +140,7 @@ fn starfabric_snat(
 ) -> Result<Numbers> {
     let p = start_platform(r.tb, bin, ChainKind::Snat, r.a.backends, pp_args)?;
     setup.pp_io.push(format!("{label}: {}", p.pp_listening()));
-    let n = r.internet(label);
+    let n = r.internet(label, &[p.pp.pid]);
     setup.pp_stats.push(p.pp_stats());
     p.stop(r.tb);
     Ok(n)
@@ -138,6 +149,7 @@ fn starfabric_snat(
 struct Runner<'a> {
     tb: &'a Testbed,
     a: &'a E2eBenchArgs,
+    bin: &'a Path,
     errors: Vec<String>,
     offered: Vec<String>,
 }
@@ -162,8 +174,9 @@ impl Runner<'_> {
         }
     }
 
-    /// TCP, UDP and cps through to the internet host.
-    fn internet(&mut self, label: &str) -> Numbers {
+    /// TCP, UDP (end to end, and the NF on one core) and cps through to the internet
+    /// host. `nf_pids`: the NF's processes, pinned with it for the per-core rate.
+    fn internet(&mut self, label: &str, nf_pids: &[i32]) -> Numbers {
         let (tb, a) = (self.tb, self.a);
         self.progress(&format!("{label}: iperf3"));
         let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, a.secs);
@@ -183,6 +196,23 @@ impl Runner<'_> {
             ));
             u.pps
         });
+        self.progress("xdp-gen");
+        let core = measure::udp64_core_pps(
+            tb,
+            self.bin,
+            0,
+            a.udp_flows,
+            nf_pids,
+            std::time::Duration::from_secs(1),
+            f64::from(a.secs),
+        );
+        let udp64_core_pps = self.note(&format!("{label} udp64 core"), core).map(|u| {
+            self.offered.push(format!(
+                "{label}, NF on CPU {} (sender on CPU {}): {:.0} pps offered, {:.0} forwarded",
+                u.nf_cpu, u.gen_cpu, u.offered_pps, u.pps
+            ));
+            u.pps
+        });
         self.progress("wrk");
         let url = format!("http://{}/", addr::INET);
         let c = measure::cps(tb, Node::Client(0), &url, a.secs, a.conns);
@@ -193,6 +223,7 @@ impl Runner<'_> {
         Numbers {
             tcp_gbps,
             udp64_pps,
+            udp64_core_pps,
             cps,
         }
     }
@@ -231,19 +262,28 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
     let mut r = Runner {
         tb: &tb,
         a: &a,
+        bin: &bin,
         errors: Vec::new(),
         offered: Vec::new(),
     };
     let mut out = E2eBench::default();
 
     for mode in [KernelMode::Forward, KernelMode::Snat, KernelMode::DnatLb] {
+        let variant = match mode {
+            KernelMode::Forward => "kernel_forward",
+            KernelMode::Snat => "kernel",
+            KernelMode::DnatLb => "kernel_dnat_lb",
+        };
+        if !a.runs(variant) {
+            continue;
+        }
         let k = baseline::start_kernel(&tb, mode)?;
         if a.kernel_rps {
             baseline::enable_rps(&tb, Node::Pp, "up0")?;
         }
         let n = match mode {
             KernelMode::DnatLb => r.lb(mode.name()),
-            _ => r.internet(mode.name()),
+            _ => r.internet(mode.name(), &[]),
         };
         k.stop(&tb);
         match mode {
@@ -257,34 +297,39 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         // starfabric runs without it, as it always does.
         baseline::disable_rps(&tb, Node::Pp, "up0")?;
     }
-    out.starfabric = starfabric_snat(
-        &mut r,
-        &mut out.setup,
-        &bin,
-        "starfabric SNAT (UDP socket)",
-        &["--io", "udp"],
-    )?;
-    out.afxdp = starfabric_snat(
-        &mut r,
-        &mut out.setup,
-        &bin,
-        "starfabric SNAT (AF_XDP)",
-        &["--io", "afxdp"],
-    )?;
-    out.xdp_fastpath = starfabric_snat(
-        &mut r,
-        &mut out.setup,
-        &bin,
-        "starfabric SNAT (XDP fast path)",
-        &["--io", "afxdp", "--offload", "--offload-packets", "200"],
-    )?;
-    let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends, &["--io", "udp"])?;
-    out.setup
-        .pp_io
-        .push(format!("starfabric LB: {}", p.pp_listening()));
-    out.starfabric_lb = r.lb("starfabric LB");
-    out.setup.pp_stats.push(p.pp_stats());
-    p.stop(&tb);
+    let snat_variants: [(&str, &str, &[&str]); 3] = [
+        (
+            "starfabric",
+            "starfabric SNAT (UDP socket)",
+            &["--io", "udp"],
+        ),
+        ("afxdp", "starfabric SNAT (AF_XDP)", &["--io", "afxdp"]),
+        (
+            "xdp_fastpath",
+            "starfabric SNAT (XDP fast path)",
+            &["--io", "afxdp", "--offload", "--offload-packets", "200"],
+        ),
+    ];
+    for (variant, label, pp_args) in snat_variants {
+        if !a.runs(variant) {
+            continue;
+        }
+        let n = starfabric_snat(&mut r, &mut out.setup, &bin, label, pp_args)?;
+        match variant {
+            "starfabric" => out.starfabric = n,
+            "afxdp" => out.afxdp = n,
+            _ => out.xdp_fastpath = n,
+        }
+    }
+    if a.runs("starfabric_lb") {
+        let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends, &["--io", "udp"])?;
+        out.setup
+            .pp_io
+            .push(format!("starfabric LB: {}", p.pp_listening()));
+        out.starfabric_lb = r.lb("starfabric LB");
+        out.setup.pp_stats.push(p.pp_stats());
+        p.stop(&tb);
+    }
 
     out.ratio = out.starfabric.ratio(&out.kernel);
     out.ratio_afxdp = out.afxdp.ratio(&out.kernel);
@@ -319,15 +364,16 @@ pub fn print(r: &E2eBench) {
         if r.setup.kernel_rps { ", kernel with RPS" } else { "" }
     );
     println!(
-        "{:<24} {:>10} {:>14} {:>12}",
-        "", "TCP Gbit/s", "UDP64 kpps", "conn/s"
+        "{:<24} {:>10} {:>14} {:>16} {:>12}",
+        "", "TCP Gbit/s", "UDP64 kpps", "UDP64/core kpps", "conn/s"
     );
     let row = |name: &str, n: &Numbers| {
         println!(
-            "{:<24} {:>10} {:>14} {:>12}",
+            "{:<24} {:>10} {:>14} {:>16} {:>12}",
             name,
             cell(n.tcp_gbps, 1.0, 2),
             cell(n.udp64_pps, 1e3, 1),
+            cell(n.udp64_core_pps, 1e3, 1),
             cell(n.cps, 1.0, 0)
         );
     };
@@ -340,10 +386,11 @@ pub fn print(r: &E2eBench) {
     row("kernel nft DNAT LB", &r.kernel_dnat_lb);
     let ratio = |name: &str, n: &Numbers| {
         println!(
-            "{:<24} {:>10} {:>14} {:>12}",
+            "{:<24} {:>10} {:>14} {:>16} {:>12}",
             name,
             cell(n.tcp_gbps, 1.0, 2),
             cell(n.udp64_pps, 1.0, 2),
+            cell(n.udp64_core_pps, 1.0, 2),
             cell(n.cps, 1.0, 2)
         );
     };

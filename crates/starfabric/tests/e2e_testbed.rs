@@ -309,6 +309,68 @@ fn a_long_tcp_flow_moves_to_the_xdp_fast_path_and_back_when_idle() {
     assert_eq!(peer(&body).1, addr::pool(0), "{body}");
 }
 
+/// `bench e2e`'s per-core rate against the PP node: the live-frames sender in the router
+/// namespace, the NF pinned to one CPU, the sink on the router's side. Traffic gets
+/// through, and every setting it made is undone: the router's side passes everything
+/// again, up0's NAPI is back in softirq, the PP node may run on every CPU again, and
+/// curl still works.
+#[test]
+fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    let p = lab.start(vec![snat_chain(0)]);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let r = measure::udp64_core_pps(
+        tb,
+        Path::new(BIN),
+        0,
+        8,
+        &[p.pp.pid],
+        Duration::from_millis(700),
+        1.0,
+    );
+    if cpus < 2 {
+        assert!(r.is_err(), "one CPU cannot host a sender and an NF");
+        return;
+    }
+    let r = r.unwrap_or_else(|e| panic!("udp64_core_pps: {e}; pp: {}", p.pp_stats()));
+    println!("per-core rate: {r:?}; pp: {}", p.pp_stats());
+    assert!(r.pps > 1000.0, "{r:?}");
+    assert!(r.offered_pps >= r.pps * 0.99, "{r:?}");
+    assert_ne!(r.nf_cpu, r.gen_cpu);
+    let xdp = tb
+        .exec(
+            Node::Router,
+            &["ip", "-d", "link", "show", "dpp"],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert!(xdp.contains("name xdp_pass"), "the router's side: {xdp}");
+    let threaded = tb
+        .exec(
+            Node::Pp,
+            &["cat", "/sys/class/net/up0/threaded"],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(threaded.trim(), "0");
+    let pid = p.pp.pid.to_string();
+    let aff = testbed::cmd::run(&["taskset", "-p", "-c", &pid], Duration::from_secs(5)).unwrap();
+    // "pid N's current affinity list: 0,1" (or "0-3"): every CPU again.
+    let list = aff.rsplit(':').next().unwrap_or_default().trim();
+    let allowed: Vec<usize> = list
+        .split(',')
+        .flat_map(|r| match r.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<usize>>(),
+            None => vec![r.parse().unwrap()],
+        })
+        .collect();
+    assert_eq!(allowed, (0..cpus).collect::<Vec<_>>(), "{aff}");
+    let body = curl(tb, 0, &format!("http://{}/", addr::INET));
+    assert_eq!(peer(&body).1, addr::pool(0), "{body}");
+}
+
 /// The PP node's stats line once `ok` holds for it (it prints one a second), or the last
 /// one after 5 s (for the caller's assertion to show).
 fn pp_stats_when(p: &Platform, ok: impl Fn(&str) -> bool) -> String {

@@ -33,6 +33,9 @@ use thiserror::Error;
 mod attach;
 pub use attach::{AttachMode, Attachment};
 
+mod gen;
+pub use gen::{LiveGenerator, GEN_FRAME_LEN, GEN_MAX_FLOWS};
+
 /// The compiled XDP object (clang `-O2 -g -target bpf`).
 static PP_XDP_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pp_xdp.o"));
 
@@ -41,6 +44,12 @@ static PP_XDP_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pp_xdp.o"))
 /// `bpf/xdp_pass.c`); a testbed or host attaches this one there, e.g. with `ip link set
 /// dev PEER xdpdrv obj FILE sec xdp`.
 pub static XDP_PASS_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_pass.o"));
+
+/// An object whose one program (`xdp_sink`, section `xdp`) drops the VXLAN frames that
+/// carry UDP to port 9 (the benchmark's sink port) and passes the rest: the receiving
+/// end of a per-core packet-rate measurement, counted by the device's XDP drop counter
+/// (see `bpf/xdp_sink.c`).
+pub static XDP_SINK_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_sink.o"));
 
 /// The program's name in the object.
 pub const PROGRAM: &str = "pp_xdp";
@@ -174,6 +183,8 @@ pub enum XdpError {
     NotOffloadable(#[from] NotOffloadable),
     #[error("BPF_PROG_TEST_RUN wrote {got} bytes, more than the {cap}-byte buffer")]
     TestRunOverflow { got: usize, cap: usize },
+    #[error("the generator takes a 110-byte frame (GEN_FRAME_LEN), not {0} bytes")]
+    FrameLength(usize),
 }
 
 /// The program's verdict on a frame.

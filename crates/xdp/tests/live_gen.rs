@@ -1,0 +1,176 @@
+//! The live-frames generator (`bpf/xdp_gen.c`, [`xdp::LiveGenerator`]) and the
+//! benchmark sink (`bpf/xdp_sink.c`) on a real veth pair in two namespaces of this
+//! test's own: every frame the generator runs is either taken by the peer, where the
+//! sink drops and counts it, or refused by the full ring, and nothing else; a frame the
+//! sink does not match goes on to the peer's kernel. Needs root (skipped without it,
+//! except under CI).
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Namespaces `a` (the generator's side, device `ga`) and `b` (the sink, `gb`);
+/// deleted on drop, with the veth.
+struct Pair {
+    a: String,
+    b: String,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn pair() -> Option<Pair> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("SKIP: the live-frames generator needs root");
+        return None;
+    }
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let base = format!("sfgen-{}-{n}", std::process::id());
+    let p = Pair {
+        a: format!("{base}-a"),
+        b: format!("{base}-b"),
+    };
+    ip(&["netns", "add", &p.a]);
+    ip(&["netns", "add", &p.b]);
+    ip(&[
+        "-n", &p.a, "link", "add", "ga", "type", "veth", "peer", "name", "gb", "netns", &p.b,
+    ]);
+    ip(&["-n", &p.a, "link", "set", "ga", "up"]);
+    ip(&["-n", &p.b, "link", "set", "gb", "up"]);
+    let obj = std::env::temp_dir().join(format!("{base}-sink.o"));
+    std::fs::write(&obj, xdp::XDP_SINK_OBJ).unwrap();
+    let o = obj.display().to_string();
+    ip(&[
+        "-n", &p.b, "link", "set", "dev", "gb", "xdpdrv", "obj", &o, "sec", "xdp",
+    ]);
+    let _ = std::fs::remove_file(&obj);
+    Some(p)
+}
+
+/// A 64-byte UDP datagram to `dport`, in VXLAN: the generator's 110-byte template.
+fn frame(dport: u16) -> Vec<u8> {
+    let inner = ip_frame(
+        Addr::V4([198, 19, 1, 2]),
+        Addr::V4([198, 18, 200, 10]),
+        L4Spec::Udp {
+            sport: 10000,
+            dport,
+        },
+        &[0x5f; 18],
+    );
+    vxlan_wrap([198, 18, 10, 2], [198, 18, 1, 2], 0xc000, 100, &inner)
+}
+
+fn stat(ns: &str, dev: &str, name: &str) -> u64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "ethtool", "-S", dev])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == name)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in ethtool -S {dev}: {text}"))
+}
+
+fn rx_packets(ns: &str, dev: &str) -> u64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "cat"])
+        .arg(format!("/sys/class/net/{dev}/statistics/rx_packets"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Run the generator for `secs` from namespace `ns` out of `dev`.
+fn generate(ns: &str, dev: &str, template: Vec<u8>, secs: f64) -> u64 {
+    let ns = ns.to_string();
+    let dev = dev.to_string();
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+        // SAFETY: a valid namespace fd; setns changes only this thread's namespace.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        // sysfs is the host's as mounted; ip(8) run in the namespace mounts its own.
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, "cat"])
+            .arg(format!("/sys/class/net/{dev}/ifindex"))
+            .output()
+            .unwrap();
+        let ifindex: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let gen = xdp::LiveGenerator::load(8, &template).unwrap();
+        gen.run_for(ifindex, Duration::from_secs_f64(secs)).unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn every_generated_frame_is_either_dropped_by_the_sink_or_refused_by_the_ring() {
+    let Some(p) = pair() else { return };
+    let sent = generate(&p.a, "ga", frame(9), 0.3);
+    std::thread::sleep(Duration::from_millis(200));
+    let dropped = stat(&p.b, "gb", "rx_queue_0_xdp_drops");
+    let taken = stat(&p.a, "ga", "tx_queue_0_xdp_xmit");
+    let refused = stat(&p.a, "ga", "tx_queue_0_xdp_xmit_errors");
+    eprintln!("sent {sent}, taken {taken}, refused {refused}, dropped by the sink {dropped}");
+    assert!(
+        sent > 10_000,
+        "the generator ran only {sent} frames in 0.3 s"
+    );
+    assert_eq!(taken + refused, sent, "every frame ran is accounted for");
+    assert_eq!(dropped, taken, "the sink dropped every frame the peer took");
+}
+
+#[test]
+fn the_sink_passes_what_is_not_the_benchmark_s_traffic() {
+    let Some(p) = pair() else { return };
+    let before = rx_packets(&p.b, "gb");
+    let sent = generate(&p.a, "ga", frame(10), 0.05);
+    std::thread::sleep(Duration::from_millis(200));
+    let taken = stat(&p.a, "ga", "tx_queue_0_xdp_xmit");
+    assert!(sent > 0 && taken > 0);
+    assert_eq!(stat(&p.b, "gb", "rx_queue_0_xdp_drops"), 0);
+    assert!(
+        rx_packets(&p.b, "gb") >= before + taken,
+        "frames to port 10 went on to the kernel"
+    );
+}
+
+#[test]
+fn a_template_of_the_wrong_length_is_refused() {
+    // Loading needs no namespace, only the bpf() syscall (root).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let err = xdp::LiveGenerator::load(1, &[0u8; 60])
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("not 60 bytes"), "{err}");
+}
