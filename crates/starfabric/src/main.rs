@@ -23,6 +23,7 @@ mod orchestrator_cmd;
 mod pp_cmd;
 mod pp_io;
 mod sc_cmd;
+mod scale_cmd;
 mod testbed_cmd;
 mod up;
 
@@ -106,6 +107,9 @@ enum Cmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// SC scaling against a running FM: `sc-out`, `sc-in`, `map` (docs/scaling.md).
+    #[command(subcommand)]
+    Scale(scale_cmd::ScaleCmd),
     /// The netns testbed: `up`, `down`, `status`.
     #[command(subcommand)]
     Testbed(testbed_cmd::TestbedCmd),
@@ -147,6 +151,7 @@ fn main() -> Result<()> {
             watch,
             count,
         ),
+        Cmd::Scale(c) => scale_cmd::run(c, cli.client.output),
         Cmd::Testbed(c) => testbed_cmd::run(c),
     }
 }
