@@ -120,7 +120,7 @@ fn sc_scale_out_then_scale_in_under_new_connections_and_iperf3_flows() {
     let Some(lab) = Lab::new(1, 0) else { return };
     let tb = lab.tb();
     // 3 for the group, 3 spares for the new group of the scale-out.
-    let p = platform(&lab, 6);
+    let mut p = platform(&lab, 6);
     let before = elastic::partition_map(tb, &p).expect("partition map");
     assert_eq!(before.groups_of(1, 1).len(), 1, "{before:?}");
     let spec = ScenarioSpec {
@@ -141,7 +141,7 @@ fn sc_scale_out_then_scale_in_under_new_connections_and_iperf3_flows() {
             },
         ],
     };
-    let r = elastic::run_scenario(tb, &p, &spec).expect("scenario");
+    let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
     let out = r.events[0].scale.clone().expect("scale-out result");
     let sin = r.events[2].scale.clone().expect("scale-in result");
     println!("scale-out: {out:?}\nscale-in: {sin:?}");
@@ -170,7 +170,7 @@ fn sc_scale_out_then_scale_in_under_new_connections_and_iperf3_flows() {
     // New flows still work after both scales.
     let last = elastic::run_scenario(
         tb,
-        &p,
+        &mut p,
         &ScenarioSpec {
             name: "after_scale_in".into(),
             load: LoadSpec::new(),
@@ -190,7 +190,7 @@ fn sc_replica_killed_under_traffic_is_replaced_and_no_connection_fails() {
     let Some(lab) = Lab::new(1, 0) else { return };
     let tb = lab.tb();
     // 3 for the group and the spare that replaces the dead replica.
-    let p = platform(&lab, 4);
+    let mut p = platform(&lab, 4);
     let spec = ScenarioSpec {
         name: "sc_replica_failover".into(),
         load: LoadSpec::new(),
@@ -205,7 +205,7 @@ fn sc_replica_killed_under_traffic_is_replaced_and_no_connection_fails() {
             position: 1,
         }],
     };
-    let r = elastic::run_scenario(tb, &p, &spec).expect("scenario");
+    let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
     let rep = r.events[0].repair.clone().expect("repair");
     println!("repair: {rep:?}");
     assert_traffic_survived(&r, 400);
@@ -228,4 +228,58 @@ fn sc_replica_killed_under_traffic_is_replaced_and_no_connection_fails() {
         "FM declared the node dead: {:?}",
         r.fm
     );
+}
+
+#[test]
+#[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
+fn fm_killed_and_restarted_under_traffic_flows_survive_and_new_connections_resume() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    let mut p = platform(&lab, 3);
+    let spec = ScenarioSpec {
+        name: "fm_restart".into(),
+        load: LoadSpec::new(),
+        iperf: IperfSpec::new(15),
+        before: Duration::from_secs(3),
+        after: Duration::from_secs(4),
+        events: vec![Event::RestartFm {
+            down: Duration::from_secs(1),
+        }],
+    };
+    let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
+    let e = &r.events[0];
+    println!(
+        "fm_restart: FM down 1 s, back with its groups after {} ms; {} connections, {} \
+         failed ({} started in the outage window), {} reset, {} duplicate mappings; after: \
+         {} connections, {} failed, p99 setup {}; iperf3 {:.1} Mbit/s, longest stall {:.1} s",
+        e.end_ms - e.start_ms,
+        r.connections,
+        r.failed_connections,
+        e.failed_connections,
+        r.reset_connections,
+        r.duplicate_mappings,
+        r.connections_after_events,
+        r.failed_after_events,
+        ms(r.p99_setup_after_us),
+        r.iperf.mean_mbps,
+        r.iperf.max_stall_s,
+    );
+    // FM holds no packet: established flows keep their rules on the PP node while it
+    // is gone, so the long-lived flows do not notice.
+    assert!(r.iperf.error.is_none(), "iperf3: {:?}", r.iperf.error);
+    assert!(
+        r.iperf.max_stall_s <= 1.0,
+        "an iperf3 stream moved nothing for {:.1} s while FM restarted",
+        r.iperf.max_stall_s
+    );
+    assert!(r.iperf_covered_events);
+    assert_eq!(r.reset_connections, 0, "{:#?}", r.failures);
+    // New connections need FM; once it is back (and 1 s more), every one succeeds.
+    assert!(
+        r.connections_after_events >= 100,
+        "{}",
+        r.connections_after_events
+    );
+    assert_eq!(r.failed_after_events, 0, "{:#?}", r.failures);
+    assert!(tb.running(&p.fm), "the restarted FM runs");
 }

@@ -618,6 +618,12 @@ pub enum Event {
         chain: u32,
         position: usize,
     },
+    /// SIGKILL FM, leave it down for `down`, start it again, and wait until it has
+    /// formed the groups again and the PP node is back (the PP node keeps forwarding
+    /// the flows it has rules for meanwhile).
+    RestartFm {
+        down: Duration,
+    },
     Pause(Duration),
 }
 
@@ -685,6 +691,11 @@ pub struct ScenarioReport {
     pub p99_setup_during_us: Option<u64>,
     pub events: Vec<EventReport>,
     pub iperf: IperfReport,
+    /// Connections that started more than 1 s after the last event ended: the
+    /// platform after the event.
+    pub connections_after_events: usize,
+    pub failed_after_events: usize,
+    pub p99_setup_after_us: Option<u64>,
     /// Did the iperf3 flows run past the end of the last event?
     pub iperf_covered_events: bool,
     /// FM's counters at the end (scale_outs, scale_ins, scale_aborts, nodes_dead, ...).
@@ -837,9 +848,27 @@ fn kill_replica(
     })
 }
 
+fn restart_fm(tb: &Testbed, p: &mut Platform, down: Duration) -> Result<()> {
+    p.kill_fm(tb)?;
+    cmd::sleep(down)?;
+    p.restart_fm(tb)?;
+    let sc = p.scs.iter().filter(|s| tb.running(s)).count() as u64;
+    cmd::wait_for(
+        "the restarted FM to form its groups and see the PP node",
+        Duration::from_secs(30),
+        || {
+            let s = p.fm_status();
+            Ok((field(&s, "groups").unwrap_or(0) >= 1
+                && field(&s, "sc") == Some(sc)
+                && field(&s, "pp") == Some(1))
+            .then_some(()))
+        },
+    )
+}
+
 /// Run `spec` against the running platform `p` (whose chain serves VPC
 /// `spec.load.client`, with the internet host's servers up).
-pub fn run_scenario(tb: &Testbed, p: &Platform, spec: &ScenarioSpec) -> Result<ScenarioReport> {
+pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Result<ScenarioReport> {
     info!(name = %spec.name, "scenario");
     let iperf = Iperf::start(tb, &spec.iperf)?;
     let conns = ConnLoop::start(tb, &spec.load)?;
@@ -878,6 +907,10 @@ pub fn run_scenario(tb: &Testbed, p: &Platform, spec: &ScenarioSpec) -> Result<S
                 } => {
                     r.name = "replica_kill".into();
                     r.repair = Some(kill_replica(tb, p, *tenant, *chain, *position)?);
+                }
+                Event::RestartFm { down } => {
+                    r.name = "fm_restart".into();
+                    restart_fm(tb, p, *down)?;
                 }
                 Event::Pause(d) => {
                     r.name = "pause".into();
@@ -922,6 +955,16 @@ pub fn run_scenario(tb: &Testbed, p: &Platform, spec: &ScenarioSpec) -> Result<S
             r
         })
         .collect();
+    let after_us = if spec.events.is_empty() {
+        u64::MAX
+    } else {
+        last_end.duration_since(t0).as_micros() as u64 + 1_000_000
+    };
+    let after: Vec<ConnSample> = samples
+        .iter()
+        .filter(|s| s.start_us >= after_us)
+        .cloned()
+        .collect();
     let fm = FM_COUNTERS
         .iter()
         .map(|k| (k.to_string(), fm_counter(p, k)))
@@ -942,6 +985,9 @@ pub fn run_scenario(tb: &Testbed, p: &Platform, spec: &ScenarioSpec) -> Result<S
         p99_setup_before_us: p99_setup_us(&samples, 0, first_event_us),
         p99_setup_during_us: p99_setup_us(&during, 0, u64::MAX),
         events,
+        connections_after_events: after.len(),
+        failed_after_events: after.iter().filter(failed).count(),
+        p99_setup_after_us: p99_setup_us(&after, 0, u64::MAX),
         iperf: iperf_report,
         iperf_covered_events: ends_at > last_end,
         fm,
