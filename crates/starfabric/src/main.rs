@@ -11,6 +11,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod bench_e2e;
+mod bench_scaling;
 mod bench_setup;
 mod cli;
 mod demo;
