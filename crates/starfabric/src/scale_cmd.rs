@@ -101,7 +101,7 @@ fn scale(rt: &tokio::runtime::Runtime, a: ScaleArgs, out: bool, output: Output) 
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
         Output::Table => print_table(
-            &[v.clone()],
+            std::slice::from_ref(&v),
             &[
                 ("SCALE", "/scale_id"),
                 ("KIND", "/kind"),
