@@ -28,6 +28,9 @@ pub enum BenchCmd {
     /// starfabric next to the kernel on the netns testbed: TCP Gbit/s, 64-byte UDP
     /// packets/s, new TCP connections/s (needs root and the testbed's tools).
     E2e(crate::bench_e2e::E2eBenchArgs),
+    /// SC scale-out, scale-in and replica failover under live traffic on the netns
+    /// testbed: failed/reset connections, p99 setup, per-node TX timeline (needs root).
+    Scaling(crate::bench_scaling::ScalingBenchArgs),
     /// The packet sender of `bench e2e`'s per-core rate (run by it inside a testbed
     /// namespace): copies of a frame out of a device from the kernel's XDP live-frames
     /// test run, on this thread's CPU.
@@ -130,6 +133,15 @@ pub fn run(c: BenchCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 crate::bench_e2e::print(&r);
+            }
+            Ok(())
+        }
+        BenchCmd::Scaling(a) => {
+            let r = crate::bench_scaling::run(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                crate::bench_scaling::print(&r);
             }
             Ok(())
         }

@@ -219,7 +219,8 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
     };
     println!(
         "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
-         sc_replies={} timeouts={} reconfigurations={} bad_messages={}",
+         sc_replies={} timeouts={} reconfigurations={} bad_messages={} nodes_dead={} \
+         scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={}",
         start.elapsed().as_secs_f64(),
         alive(proto::v1::Role::Pp),
         alive(proto::v1::Role::Sc),
@@ -230,7 +231,13 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
         s.sc_replies,
         s.timeouts,
         s.reconfigurations,
-        fm.wire_counters().bad_messages.load(Ordering::Relaxed)
+        fm.wire_counters().bad_messages.load(Ordering::Relaxed),
+        s.nodes_dead,
+        s.scale_outs,
+        s.scale_ins,
+        s.scale_aborts,
+        s.scale_redirects,
+        s.scale_last_us,
     );
     let _ = std::io::stdout().flush();
 }

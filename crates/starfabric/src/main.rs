@@ -11,6 +11,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod bench_e2e;
+mod bench_scaling;
 mod bench_setup;
 mod cli;
 mod demo;
@@ -23,6 +24,7 @@ mod orchestrator_cmd;
 mod pp_cmd;
 mod pp_io;
 mod sc_cmd;
+mod scale_cmd;
 mod testbed_cmd;
 mod up;
 
@@ -106,6 +108,9 @@ enum Cmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// SC scaling against a running FM: `sc-out`, `sc-in`, `map` (docs/scaling.md).
+    #[command(subcommand)]
+    Scale(scale_cmd::ScaleCmd),
     /// The netns testbed: `up`, `down`, `status`.
     #[command(subcommand)]
     Testbed(testbed_cmd::TestbedCmd),
@@ -147,6 +152,7 @@ fn main() -> Result<()> {
             watch,
             count,
         ),
+        Cmd::Scale(c) => scale_cmd::run(c, cli.client.output),
         Cmd::Testbed(c) => testbed_cmd::run(c),
     }
 }

@@ -32,6 +32,12 @@ pub enum TestbedCmd {
     Down,
     /// Show what `up` created and whether it is running.
     Status,
+    /// Crash one platform process of the running testbed (SIGKILL to the PID `up`
+    /// recorded, checked against its start time): `fm`, `pp` or `sc-<i>`.
+    Kill {
+        /// `fm`, `pp` or `sc-<i>`.
+        what: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -75,6 +81,10 @@ pub struct UpArgs {
     /// Also start the STUN server on the internet host.
     #[arg(long)]
     stun: bool,
+    /// SC nodes in the control namespace (FM forms groups of 3; the rest are spares
+    /// for scale-out, `starfabric scale sc-out`, and for replacing a dead replica).
+    #[arg(long, default_value_t = 3)]
+    sc_nodes: usize,
 }
 
 pub fn run(c: TestbedCmd) -> Result<()> {
@@ -82,6 +92,7 @@ pub fn run(c: TestbedCmd) -> Result<()> {
         TestbedCmd::Up(a) => up(a),
         TestbedCmd::Down => down(),
         TestbedCmd::Status => status(),
+        TestbedCmd::Kill { what } => kill(&what),
     }
 }
 
@@ -147,11 +158,20 @@ fn up(a: UpArgs) -> Result<()> {
                 .map(|j| (vni::tenant(j), j as u32 + 1, 1))
                 .collect();
             let bin = std::env::current_exe()?;
-            let p = platform::start_starfabric(&tb, &bin, &PlatformSpec::new(chains, vpcs))?;
+            let mut spec = PlatformSpec::new(chains, vpcs);
+            spec.sc_nodes = a.sc_nodes;
+            let p = platform::start_starfabric(&tb, &bin, &spec)?;
             println!(
-                "starfabric: FM {}, PP log {}",
+                "starfabric: FM {} ({} SC nodes), PP log {}",
                 p.fm.log.display(),
+                a.sc_nodes,
                 p.pp.log.display()
+            );
+            println!(
+                "scale: ip netns exec {} {} scale sc-out --fm {} --tenant 1 --chain 1",
+                tb.ns(Node::Ctl),
+                bin.display(),
+                p.fm_addr
             );
         }
         PlatformKind::KernelForward => drop(baseline::start_kernel(&tb, KernelMode::Forward)?),
@@ -210,6 +230,56 @@ fn down() -> Result<()> {
         bail!("namespaces still there: {left:?}");
     }
     println!("testbed down: {n} namespaces and up to {p} processes removed");
+    Ok(())
+}
+
+/// The `what` a process of `up` was recorded under, for `kill`'s names.
+fn recorded_name(what: &str) -> Result<String> {
+    Ok(match what {
+        "fm" => "starfabric fm".into(),
+        "pp" => "starfabric pp".into(),
+        w if w
+            .strip_prefix("sc-")
+            .is_some_and(|i| i.parse::<usize>().is_ok()) =>
+        {
+            format!("starfabric {w}")
+        }
+        w => bail!("cannot kill {w:?}: name fm, pp or sc-<i>"),
+    })
+}
+
+fn kill(what: &str) -> Result<()> {
+    if !testbed::is_root() {
+        bail!(testbed::Error::NotRoot);
+    }
+    let name = recorded_name(what)?;
+    let Some(mut rec) = read_state()? else {
+        bail!(
+            "no testbed is up ({} does not exist)",
+            state_file().display()
+        );
+    };
+    let p = rec
+        .processes
+        .iter()
+        .find(|p| p.what == name)
+        .cloned()
+        .with_context(|| format!("the testbed has no process {name:?}"))?;
+    // The recorded start time tells our process from another that got its PID since.
+    if cleanup::start_time(p.pid) != Some(p.start_time) {
+        bail!("{name} (pid {}) is not running", p.pid);
+    }
+    // SAFETY: kill(2) on a PID this testbed recorded, checked above to be the same
+    // process (its start time); SIGKILL, because the point is a crash.
+    if unsafe { libc::kill(p.pid, libc::SIGKILL) } != 0 {
+        bail!("kill {}: {}", p.pid, std::io::Error::last_os_error());
+    }
+    rec.processes.retain(|x| x.pid != p.pid);
+    let tmp = state_file().with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&rec)?)?;
+    std::fs::rename(&tmp, state_file())?;
+    tracing::info!(pid = p.pid, %name, "killed");
+    println!("killed {name} (pid {})", p.pid);
     Ok(())
 }
 

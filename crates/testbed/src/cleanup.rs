@@ -241,6 +241,33 @@ impl Resources {
         }
     }
 
+    /// Kill one process this run started with SIGKILL and no grace period: a crash, as
+    /// the elasticity tests inject it (a process asked to stop would say goodbye to its
+    /// peers, and the point is that it does not). Reaps it and forgets it.
+    pub fn kill_child(&self, pid: i32) -> Result<()> {
+        let child = {
+            let mut g = self.lock();
+            let i = g.children.iter().position(|c| c.id() as i32 == pid);
+            let c = i.map(|i| g.children.remove(i));
+            g.rec.processes.retain(|p| p.pid != pid);
+            save(&g);
+            c
+        };
+        let Some(mut c) = child else {
+            return Err(Error::Setup(format!(
+                "pid {pid} is not a process of this run"
+            )));
+        };
+        signal(pid, libc::SIGKILL);
+        let _ = c.wait();
+        // SAFETY: kill(2) on the process group this run created for the process.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        info!(pid, "killed (SIGKILL)");
+        Ok(())
+    }
+
     /// Leave everything in place (after `testbed up`): the state file stays for `down`.
     pub fn keep(&self) {
         let mut g = self.lock();

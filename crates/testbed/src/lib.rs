@@ -24,6 +24,8 @@
 //! - [`chains`]: tenant chains (SNAT, LB, FW, FW → SNAT) wired to this topology;
 //! - [`baseline`]: the PP namespace running the Linux kernel instead (forwarding,
 //!   nftables SNAT, an nftables DNAT load balancer);
+//! - [`elastic`]: SC scale-out, scale-in and replica crashes under live traffic (a
+//!   new-connection loop, iperf3 flows, a per-node timeline);
 //! - [`measure`]: TCP Gbit/s (iperf3), 64-byte UDP packets/s (trafgen), new TCP
 //!   connections/s (wrk).
 
@@ -31,6 +33,7 @@ pub mod baseline;
 pub mod chains;
 pub mod cleanup;
 pub mod cmd;
+pub mod elastic;
 pub mod measure;
 pub mod platform;
 pub mod services;

@@ -51,9 +51,14 @@ impl PlatformSpec {
 /// A running starfabric.
 pub struct Platform {
     pub fm: Proc,
+    /// SC node `i` runs with `--id sc-<i>` (the node id FM's partition map names).
     pub scs: Vec<Proc>,
     pub pp: Proc,
     pub fm_config: PathBuf,
+    /// FM's gRPC address, inside the control namespace.
+    pub fm_addr: String,
+    /// The `starfabric` binary everything runs from (to restart FM).
+    pub bin: PathBuf,
 }
 
 impl Platform {
@@ -89,6 +94,38 @@ impl Platform {
     /// The FM's last status line.
     pub fn fm_status(&self) -> String {
         last_line(&self.fm.log, "fm: t=")
+    }
+
+    /// The process of SC node `id` (`sc-<i>`).
+    pub fn sc(&self, id: &str) -> Option<&Proc> {
+        let i: usize = id.strip_prefix("sc-")?.parse().ok()?;
+        self.scs.get(i)
+    }
+
+    /// Crash SC node `id` (SIGKILL to its own recorded PID).
+    pub fn kill_sc(&self, tb: &Testbed, id: &str) -> Result<()> {
+        let p = self
+            .sc(id)
+            .ok_or_else(|| Error::Setup(format!("no SC node {id}")))?;
+        info!(id, pid = p.pid, "killing SC node");
+        tb.kill(p)
+    }
+
+    /// Crash FM (SIGKILL). The PP and SC nodes keep reconnecting until it is back.
+    pub fn kill_fm(&self, tb: &Testbed) -> Result<()> {
+        info!(pid = self.fm.pid, "killing FM");
+        tb.kill(&self.fm)
+    }
+
+    /// Start FM again (after [`Platform::kill_fm`]) from the same configuration, on the
+    /// same address; returns once it listens. A new FM starts with no state: it forms
+    /// the groups again as the SC nodes reconnect.
+    pub fn restart_fm(&mut self, tb: &Testbed) -> Result<()> {
+        if tb.running(&self.fm) {
+            return Err(Error::Setup("FM is still running".into()));
+        }
+        self.fm = spawn_fm(tb, &self.bin, &self.fm_addr, &self.fm_config, "restarted")?;
+        Ok(())
     }
 
     /// Stop the PP node, the SC nodes and FM (in that order), leaving the topology.
@@ -132,25 +169,11 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         serde_json::to_string_pretty(&cfg).unwrap_or_default(),
     )
     .map_err(|e| Error::io(fm_config.display().to_string(), e))?;
+    let bin_path = bin.to_path_buf();
     let bin = bin.display().to_string();
     let fm_addr = SocketAddrV4::new(addr::CTL, addr::FM_PORT).to_string();
-    let conf = fm_config.display().to_string();
-    let fm = tb.spawn(
-        Node::Ctl,
-        "starfabric fm",
-        &[
-            &bin,
-            "fm",
-            "--listen",
-            &fm_addr,
-            "--config",
-            &conf,
-            "--stats-interval",
-            "0.2",
-        ],
-    )?;
+    let fm = spawn_fm(tb, &bin_path, &fm_addr, &fm_config, "")?;
     let limit = Duration::from_secs(20);
-    tb.wait_log(&fm, "fm: listening", limit)?;
     let listen = SocketAddrV4::new(addr::CTL, 0).to_string();
     let mut scs = Vec::new();
     for i in 0..spec.sc_nodes {
@@ -199,6 +222,8 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         scs,
         pp,
         fm_config,
+        fm_addr: fm_addr.clone(),
+        bin: bin_path,
     };
     let want = spec.chains.len() as u64;
     let nsc = spec.sc_nodes as u64;
@@ -211,6 +236,34 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
     })?;
     info!(chains = want, "starfabric up");
     Ok(platform)
+}
+
+/// Start FM in the control namespace and wait until it listens. `tag` tells a
+/// restarted FM's log from the first one's (the first is kept for the post-mortem).
+fn spawn_fm(tb: &Testbed, bin: &Path, fm_addr: &str, config: &Path, tag: &str) -> Result<Proc> {
+    let bin = bin.display().to_string();
+    let conf = config.display().to_string();
+    let what = if tag.is_empty() {
+        "starfabric fm".to_string()
+    } else {
+        format!("starfabric fm {tag}")
+    };
+    let fm = tb.spawn(
+        Node::Ctl,
+        &what,
+        &[
+            &bin,
+            "fm",
+            "--listen",
+            fm_addr,
+            "--config",
+            &conf,
+            "--stats-interval",
+            "0.2",
+        ],
+    )?;
+    tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;
+    Ok(fm)
 }
 
 #[cfg(test)]

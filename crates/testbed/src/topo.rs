@@ -500,6 +500,16 @@ impl Testbed {
         self.res.stop_child(p.pid);
     }
 
+    /// Kill a process started by [`Testbed::spawn`] with SIGKILL (a crash, no goodbye).
+    pub fn kill(&self, p: &Proc) -> Result<()> {
+        self.res.kill_child(p.pid)
+    }
+
+    /// Is a process started by [`Testbed::spawn`] still running?
+    pub fn running(&self, p: &Proc) -> bool {
+        self.res.child_running(p.pid)
+    }
+
     /// Run `argv` in `n`'s namespace within `limit`; fail unless it exits 0.
     pub fn exec(&self, n: Node, argv: &[&str], limit: Duration) -> Result<String> {
         cmd::in_ns(&self.ns(n), argv, limit)

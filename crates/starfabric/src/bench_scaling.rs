@@ -1,0 +1,261 @@
+//! `starfabric bench scaling`: SC scale-out, scale-in and a replica failover under live
+//! traffic on the netns testbed, with the driver `e2e_elastic` checks
+//! (`testbed::elastic::run_scenario`), so the numbers here come from tested code.
+//!
+//! One testbed (prefix `sfs-<pid>-`), one platform with 6 SC nodes, three scenarios in
+//! a row on it: `sc_scale_out` (3 spares become the new group), `sc_scale_in` (they
+//! are spares again), `sc_replica_failover` (the middle replica is SIGKILLed, a spare
+//! replaces it). Each gives failed and reset connections, p99 connection setup, and a
+//! 100 ms timeline of bytes sent per node; `--plot` draws the timelines as SVG.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
+use testbed::chains::{self, Toward};
+use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
+use testbed::platform::{self, PlatformSpec};
+use testbed::topo::vni;
+use testbed::{services, Resources, Testbed, TopologySpec};
+
+#[derive(Args, Clone, Debug)]
+pub struct ScalingBenchArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the per-node TX timelines as an SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// New TCP connections per second during each scenario.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Seconds of load before and after each event.
+    #[arg(long, default_value_t = 2.0)]
+    pub settle: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScalingBench {
+    pub sc_scale_out: ScenarioReport,
+    pub sc_scale_in: ScenarioReport,
+    pub sc_replica_failover: ScenarioReport,
+}
+
+pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
+    testbed::install_signal_cleanup()?;
+    testbed::check_prerequisites()?;
+    testbed::sweep_stale("sfs-");
+    let prefix = format!("sfs-{}-", std::process::id());
+    // Dropped at the end of this function, also on an error: deletes everything.
+    let res = Resources::new(&prefix);
+    let tb = Testbed::build(TopologySpec::new(&prefix).tenants(1), res.clone())?;
+    services::start_inet(&tb, false)?;
+    let chain = chains::chain(1, 1, 0, Toward::Internet, &[chains::snat(0)])?;
+    let mut spec = PlatformSpec::new(vec![chain], vec![(vni::tenant(0), 1, 1)]);
+    // 3 in the group, 3 spares for the scale-out's new group; after the scale-in they
+    // are spares again, one of which replaces the killed replica.
+    spec.sc_nodes = 6;
+    let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
+    let settle = Duration::from_secs_f64(a.settle);
+    let mut scenario = |name: &str, event: Event| {
+        // Long enough to outlast the event: a scale here takes well under a second,
+        // a repair well under one too (docs/elastic-tests.md).
+        let secs = (2.0 * a.settle + 8.0).ceil() as u32;
+        let spec = ScenarioSpec {
+            name: name.into(),
+            load: LoadSpec {
+                rate: a.rate,
+                ..LoadSpec::new()
+            },
+            iperf: IperfSpec::new(secs),
+            before: settle,
+            after: settle,
+            events: vec![event],
+        };
+        elastic::run_scenario(&tb, &mut p, &spec).with_context(|| format!("scenario {name}"))
+    };
+    let out = ScalingBench {
+        sc_scale_out: scenario(
+            "sc_scale_out",
+            Event::ScaleOut {
+                tenant: 1,
+                chain: 1,
+            },
+        )?,
+        sc_scale_in: scenario(
+            "sc_scale_in",
+            Event::ScaleIn {
+                tenant: 1,
+                chain: 1,
+            },
+        )?,
+        sc_replica_failover: scenario(
+            "sc_replica_failover",
+            Event::KillReplica {
+                tenant: 1,
+                chain: 1,
+                position: 1,
+            },
+        )?,
+    };
+    p.stop(&tb);
+    drop(tb);
+    res.cleanup();
+    if let Some(path) = &a.plot {
+        std::fs::write(path, svg(&out)).with_context(|| path.display().to_string())?;
+        tracing::info!(path = %path.display(), "timeline plot written");
+    }
+    Ok(out)
+}
+
+fn ms(us: Option<u64>) -> String {
+    us.map_or("-".into(), |u| format!("{:.1}", u as f64 / 1000.0))
+}
+
+pub fn print(b: &ScalingBench) {
+    println!(
+        "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8}",
+        "scenario",
+        "conns",
+        "failed",
+        "reset",
+        "dups",
+        "p99 ms",
+        "p99 before",
+        "p99 event",
+        "event ms",
+        "stall s",
+        "Mbit/s"
+    );
+    for r in [&b.sc_scale_out, &b.sc_scale_in, &b.sc_replica_failover] {
+        let e = r.events.first();
+        println!(
+            "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>9} {:>8.1} {:>8.1}",
+            r.name,
+            r.connections,
+            r.failed_connections,
+            r.reset_connections,
+            r.duplicate_mappings,
+            ms(r.p99_setup_us),
+            ms(r.p99_setup_before_us),
+            ms(r.p99_setup_during_us),
+            e.map_or(0, |e| e.end_ms - e.start_ms),
+            r.iperf.max_stall_s,
+            r.iperf.mean_mbps,
+        );
+        if let Some(s) = e.and_then(|e| e.scale.as_ref()) {
+            println!(
+                "    {} groups {} -> {}, st->fin {:.1} ms, aborted {:?}",
+                s.kind,
+                s.from_group,
+                s.to_group,
+                s.st_to_fin_us as f64 / 1000.0,
+                s.aborted
+            );
+        }
+        if let Some(rep) = e.and_then(|e| e.repair.as_ref()) {
+            println!(
+                "    group {}: {} killed, {:?} -> {:?} in {} ms",
+                rep.group, rep.victim, rep.before, rep.after, rep.repaired_ms
+            );
+        }
+    }
+}
+
+/// Small multiples: a column per scenario, a row per node, each strip scaled to its
+/// own maximum (the PP node moves megabytes a second, an SC node kilobytes), with the
+/// event shaded. Hand-written SVG: a few dozen polylines need no plotting crate.
+fn svg(b: &ScalingBench) -> String {
+    let runs = [&b.sc_scale_out, &b.sc_scale_in, &b.sc_replica_failover];
+    let mut nodes: Vec<String> = runs
+        .iter()
+        .flat_map(|r| {
+            r.timeline
+                .iter()
+                .flat_map(|p| p.tx_bytes_per_s.keys().cloned())
+        })
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    let (cw, rh, left, top) = (420.0, 56.0, 70.0, 40.0);
+    let width = left + cw * runs.len() as f64 + 20.0;
+    let height = top + rh * nodes.len() as f64 + 40.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="{left}" y="16" font-size="13">TX bytes/s per node, 100 ms samples (each strip scaled to its own max); shaded: the event</text>"#
+    );
+    for (c, r) in runs.iter().enumerate() {
+        let x0 = left + cw * c as f64;
+        let tmax = r.timeline.last().map_or(1, |p| p.t_ms.max(1)) as f64;
+        let _ = writeln!(s, r#"<text x="{}" y="32">{}</text>"#, x0 + 4.0, r.name);
+        for e in &r.events {
+            let (a, z) = (
+                x0 + (cw - 10.0) * e.start_ms as f64 / tmax,
+                x0 + (cw - 10.0) * e.end_ms as f64 / tmax,
+            );
+            let _ = writeln!(
+                s,
+                r##"<rect x="{a:.1}" y="{top}" width="{:.1}" height="{:.1}" fill="#fdd"/>"##,
+                (z - a).max(1.5),
+                rh * nodes.len() as f64
+            );
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            let y0 = top + rh * i as f64;
+            let max = r
+                .timeline
+                .iter()
+                .filter_map(|p| p.tx_bytes_per_s.get(n))
+                .fold(0.0f64, |m, v| m.max(*v));
+            let pts: Vec<String> = r
+                .timeline
+                .iter()
+                .filter_map(|p| {
+                    let v = p.tx_bytes_per_s.get(n)?;
+                    let x = x0 + (cw - 10.0) * p.t_ms as f64 / tmax;
+                    let y = y0 + rh - 6.0 - (rh - 14.0) * if max > 0.0 { v / max } else { 0.0 };
+                    Some(format!("{x:.1},{y:.1}"))
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0}" y="{y0}" width="{}" height="{rh}" fill="none" stroke="#ccc"/><polyline fill="none" stroke="#1f77b4" stroke-width="1.2" points="{}"/><text x="{}" y="{}" fill="#555">max {}</text>"##,
+                cw - 10.0,
+                pts.join(" "),
+                x0 + cw - 110.0,
+                y0 + 12.0,
+                human(max)
+            );
+            if c == 0 {
+                let _ = writeln!(s, r#"<text x="8" y="{}">{n}</text>"#, y0 + rh / 2.0 + 4.0);
+            }
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">0 … {:.1} s</text>"#,
+            x0 + 4.0,
+            top + rh * nodes.len() as f64 + 16.0,
+            tmax / 1000.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn human(bps: f64) -> String {
+    if bps >= 1e6 {
+        format!("{:.1} MB/s", bps / 1e6)
+    } else if bps >= 1e3 {
+        format!("{:.1} kB/s", bps / 1e3)
+    } else {
+        format!("{bps:.0} B/s")
+    }
+}

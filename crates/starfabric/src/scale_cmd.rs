@@ -1,0 +1,245 @@
+//! `starfabric scale sc-out|sc-in|map`: drive SC scaling (paper 000 Fig. 3) against a
+//! running FM over its gRPC API (`FabricMaster.ScaleOut/ScaleIn/GetPartitionMap`).
+//!
+//! It talks to FM directly, not through the orchestrator: scaling is FM's own
+//! operation (docs/scaling.md), and the netns testbed runs FM without an orchestrator.
+//! `-o json` prints one JSON object, which the elasticity tests and `bench scaling`
+//! parse (`testbed::elastic::ScaleResult`, `PartitionMap`).
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use proto::v1::{self, fabric_master_client::FabricMasterClient};
+use serde_json::{json, Value};
+
+use crate::cli::{print_table, Output};
+
+#[derive(Subcommand)]
+pub enum ScaleCmd {
+    /// Split a chain's partition (the busiest, or --group's) onto 3 spare SC nodes.
+    ScOut(ScaleArgs),
+    /// Merge a chain's partition (the newest, or --group's) into its neighbour.
+    ScIn(ScaleArgs),
+    /// FM's partition map: which SC group serves which key-hash range, and its replicas.
+    Map(FmAddr),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FmAddr {
+    /// FM's gRPC address (`host:port`).
+    #[arg(long, env = "STARFABRIC_FM", default_value = "127.0.0.1:7000")]
+    pub fm: String,
+    /// Give up after this many seconds (a scale answers when it finished or aborted).
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ScaleArgs {
+    #[command(flatten)]
+    pub fm: FmAddr,
+    /// Tenant id (FM's numeric id).
+    #[arg(long)]
+    pub tenant: u32,
+    /// Chain id within the tenant.
+    #[arg(long)]
+    pub chain: u32,
+    /// The SC group to split (sc-out) or retire (sc-in).
+    #[arg(long)]
+    pub group: Option<u64>,
+}
+
+pub fn run(c: ScaleCmd, output: Output) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match c {
+        ScaleCmd::ScOut(a) => scale(&rt, a, true, output),
+        ScaleCmd::ScIn(a) => scale(&rt, a, false, output),
+        ScaleCmd::Map(a) => map(&rt, a, output),
+    }
+}
+
+async fn connect(fm: &str) -> Result<FabricMasterClient<tonic::transport::Channel>> {
+    let c = FabricMasterClient::connect(proto::endpoint_uri(fm))
+        .await
+        .with_context(|| format!("cannot reach FM at {fm}"))?;
+    Ok(c.max_decoding_message_size(proto::MAX_MESSAGE))
+}
+
+fn scale(rt: &tokio::runtime::Runtime, a: ScaleArgs, out: bool, output: Output) -> Result<()> {
+    let verb = if out { "scale-out" } else { "scale-in" };
+    tracing::info!(fm = %a.fm.fm, tenant = a.tenant, chain = a.chain, group = ?a.group, verb, "asking FM");
+    let call = async {
+        let mut c = connect(&a.fm.fm).await?;
+        let r = if out {
+            c.scale_out(v1::ScaleOutRequest {
+                tenant: a.tenant,
+                chain: a.chain,
+                group: a.group,
+            })
+            .await
+        } else {
+            c.scale_in(v1::ScaleInRequest {
+                tenant: a.tenant,
+                chain: a.chain,
+                group: a.group,
+            })
+            .await
+        };
+        // FAILED_PRECONDITION carries FM's reason for not starting (no spare nodes, no
+        // neighbour to merge into): that is the message an operator needs.
+        r.map(|r| r.into_inner())
+            .map_err(|s| anyhow!("FM refused the {verb}: {:?}: {}", s.code(), s.message()))
+    };
+    let reply = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs_f64(a.fm.timeout), call).await })
+        .map_err(|_| anyhow!("{verb}: FM did not answer within {} s", a.fm.timeout))??;
+    let v = scale_json(&reply);
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
+        Output::Table => print_table(
+            std::slice::from_ref(&v),
+            &[
+                ("SCALE", "/scale_id"),
+                ("KIND", "/kind"),
+                ("FROM GROUP", "/from_group"),
+                ("TO GROUP", "/to_group"),
+                ("MOVED RANGE", "/moved_range"),
+                ("ST->FIN (us)", "/st_to_fin_us"),
+                ("ABORTED", "/aborted"),
+            ],
+        ),
+    }
+    if !reply.aborted.is_empty() {
+        bail!("{verb} aborted: {}", reply.aborted);
+    }
+    Ok(())
+}
+
+/// The reply as JSON. Hash bounds are also given as hex strings: a reader in a
+/// language whose JSON numbers are doubles would lose their low bits.
+fn scale_json(r: &v1::ScaleReply) -> Value {
+    let kind = match v1::ScaleKind::try_from(r.kind) {
+        Ok(v1::ScaleKind::Out) => "out",
+        Ok(v1::ScaleKind::In) => "in",
+        _ => "unspecified",
+    };
+    json!({
+        "scale_id": r.scale_id,
+        "kind": kind,
+        "from_group": r.from_group,
+        "to_group": r.to_group,
+        "moved_lo": r.moved_lo,
+        "moved_hi": r.moved_hi,
+        "moved_range": format!("{:#018x}..={:#018x}", r.moved_lo, r.moved_hi),
+        "aborted": if r.aborted.is_empty() { Value::Null } else { Value::String(r.aborted.clone()) },
+        "st_to_fin_us": r.st_to_fin_us,
+    })
+}
+
+fn map(rt: &tokio::runtime::Runtime, a: FmAddr, output: Output) -> Result<()> {
+    let m = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs_f64(a.timeout), async {
+                let mut c = connect(&a.fm).await?;
+                c.get_partition_map(v1::PartitionMapRequest {})
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|s| anyhow!("partition map: {:?}: {}", s.code(), s.message()))
+            })
+            .await
+        })
+        .map_err(|_| anyhow!("FM did not answer within {} s", a.timeout))??;
+    let v = map_json(&m);
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
+        Output::Table => {
+            let rows: Vec<Value> = m
+                .partitions
+                .iter()
+                .map(|p| {
+                    let replicas = m
+                        .groups
+                        .iter()
+                        .find(|g| g.id == p.group)
+                        .map(|g| {
+                            g.replicas
+                                .iter()
+                                .map(|r| r.node_id.clone())
+                                .collect::<Vec<_>>()
+                                .join(" → ")
+                        })
+                        .unwrap_or_default();
+                    json!({
+                        "tenant": p.tenant, "chain": p.chain, "group": p.group,
+                        "range": format!("{:#018x}..={:#018x}", p.hash_lo, p.hash_hi),
+                        "replicas": replicas,
+                    })
+                })
+                .collect();
+            println!("partition map version {}", m.version);
+            print_table(
+                &rows,
+                &[
+                    ("TENANT", "/tenant"),
+                    ("CHAIN", "/chain"),
+                    ("GROUP", "/group"),
+                    ("KEY-HASH RANGE", "/range"),
+                    ("REPLICAS (head → tail)", "/replicas"),
+                ],
+            );
+        }
+    }
+    Ok(())
+}
+
+fn map_json(m: &v1::PartitionMap) -> Value {
+    json!({
+        "version": m.version,
+        "partitions": m.partitions.iter().map(|p| json!({
+            "tenant": p.tenant, "chain": p.chain, "hash_lo": p.hash_lo,
+            "hash_hi": p.hash_hi, "group": p.group,
+        })).collect::<Vec<_>>(),
+        "groups": m.groups.iter().map(|g| json!({
+            "id": g.id, "epoch": g.epoch,
+            "replicas": g.replicas.iter().map(|r| json!({
+                "node_id": r.node_id, "addr": r.addr,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_json_names_the_kind_and_keeps_full_u64_bounds() {
+        let r = v1::ScaleReply {
+            scale_id: 7,
+            kind: v1::ScaleKind::Out as i32,
+            from_group: 1,
+            to_group: 2,
+            moved_lo: 0,
+            moved_hi: u64::MAX / 2,
+            aborted: String::new(),
+            st_to_fin_us: 1234,
+        };
+        let v = scale_json(&r);
+        assert_eq!(v["kind"], "out");
+        assert_eq!(v["moved_hi"].as_u64(), Some(u64::MAX / 2));
+        assert!(v["aborted"].is_null());
+        let r = v1::ScaleReply {
+            aborted: "group 2 lost a replica".into(),
+            kind: v1::ScaleKind::In as i32,
+            ..r
+        };
+        let v = scale_json(&r);
+        assert_eq!(v["kind"], "in");
+        assert_eq!(v["aborted"], "group 2 lost a replica");
+    }
+}

@@ -1,0 +1,113 @@
+//! The netns lab every end-to-end test file shares: a testbed with a per-test prefix
+//! that deletes itself (and every process in it) when the test ends, passes or panics,
+//! and asserts afterwards that nothing of it is left.
+
+// Each test binary that includes this module uses a different part of it.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use proto::ChainDef;
+use testbed::cleanup::namespaces_with_prefix;
+use testbed::platform::{self, Platform, PlatformSpec};
+use testbed::topo::vni;
+use testbed::{Resources, Testbed, TopologySpec};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_starfabric");
+pub const ROOT: &str = "sft-";
+pub static RUN: AtomicUsize = AtomicUsize::new(0);
+
+/// A test's testbed; deletes it on drop and checks nothing is left.
+pub struct Lab {
+    tb: Option<Testbed>,
+    res: Arc<Resources>,
+    prefix: String,
+}
+
+impl Lab {
+    /// A topology with `tenants` VPCs and `backends` nginx backends, or None (skip) when
+    /// not root outside CI.
+    pub fn new(tenants: usize, backends: usize) -> Option<Lab> {
+        if !testbed::is_root() {
+            if std::env::var_os("CI").is_some() {
+                panic!("the e2e tests need root (network namespaces); CI runs as root");
+            }
+            println!("SKIP: the e2e tests need root (network namespaces, veth, nftables)");
+            return None;
+        }
+        testbed::check_prerequisites().expect("prerequisites (run scripts/setup.sh)");
+        testbed::install_signal_cleanup().expect("signal handlers");
+        testbed::sweep_stale(ROOT);
+        let prefix = format!(
+            "{ROOT}{}-{}-",
+            std::process::id(),
+            RUN.fetch_add(1, Ordering::Relaxed)
+        );
+        let res = Resources::new(&prefix);
+        let tb = Testbed::build(
+            TopologySpec::new(&prefix)
+                .tenants(tenants)
+                .backends(backends),
+            res.clone(),
+        )
+        .expect("build the testbed");
+        Some(Lab {
+            tb: Some(tb),
+            res,
+            prefix,
+        })
+    }
+
+    pub fn tb(&self) -> &Testbed {
+        self.tb.as_ref().unwrap()
+    }
+
+    /// starfabric with `chains`, chain `i` serving VPC `i` (tenant i+1, chain 1), on the
+    /// PP node's default I/O backend (AF_XDP on its veth).
+    pub fn start(&self, chains: Vec<ChainDef>) -> Platform {
+        self.start_with(chains, &[])
+    }
+
+    /// The same with more `starfabric pp` arguments. `SF_E2E_PP_ARGS` (whitespace
+    /// separated) is the arguments of every test that names none of its own, so the
+    /// whole suite can run again with another configuration, e.g. the XDP fast path on
+    /// (`make test` does). A test that names its own keeps exactly those.
+    pub fn start_with(&self, chains: Vec<ChainDef>, pp_args: &[&str]) -> Platform {
+        let vpcs = chains
+            .iter()
+            .enumerate()
+            .map(|(j, c)| (vni::tenant(j), c.tenant, c.chain))
+            .collect();
+        let extra = std::env::var("SF_E2E_PP_ARGS").unwrap_or_default();
+        let args: Vec<&str> = if pp_args.is_empty() {
+            extra.split_whitespace().collect()
+        } else {
+            pp_args.to_vec()
+        };
+        let spec = PlatformSpec::new(chains, vpcs).pp_args(&args);
+        self.start_spec(&spec)
+    }
+
+    /// starfabric exactly as `spec` says (e.g. more SC nodes, as spares).
+    pub fn start_spec(&self, spec: &PlatformSpec) -> Platform {
+        platform::start_starfabric(self.tb(), Path::new(BIN), spec).expect("start starfabric")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        drop(self.tb.take());
+        self.res.cleanup();
+        let left = namespaces_with_prefix(&self.prefix);
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!("namespaces survived the cleanup: {left:?}");
+        }
+        let host_links = testbed::cmd::ip(&["-o", "link"]).unwrap_or_default();
+        assert!(
+            !host_links.contains(&self.prefix),
+            "a device of this run is in the host namespace"
+        );
+    }
+}

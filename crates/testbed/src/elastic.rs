@@ -1,0 +1,1086 @@
+//! Elasticity under live traffic: SC scale-out, scale-in and a replica crash while real
+//! kernel TCP goes through the PP node.
+//!
+//! One driver for `crates/starfabric/tests/e2e_elastic.rs` and `starfabric bench
+//! scaling`, so the numbers the bench prints come from the code the tests check:
+//!
+//! - [`ConnLoop`]: new TCP connections from a VPC client to nginx on the internet host
+//!   (through SNAT), from threads that entered the client's namespace, so each is a
+//!   real kernel TCP handshake through the PP node. Each connection records its setup
+//!   time (connect(2): SYN to SYN-ACK, which includes the PP node's miss to FM and SC
+//!   for a new flow), its outcome, and the external address nginx saw.
+//! - [`Iperf`]: long-lived iperf3 TCP flows with 100 ms intervals, to see whether a
+//!   flow stalled or was reset.
+//! - [`scale`] and [`partition_map`]: the `starfabric scale` CLI run inside the control
+//!   namespace (FM listens there), exactly as an operator would.
+//! - [`run_scenario`]: the load, the flows, a 100 ms timeline of bytes sent per node,
+//!   and a list of [`Event`]s (scale-out, scale-in, replica crash) in between, giving a
+//!   [`ScenarioReport`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::platform::{field, Platform};
+use crate::services::{HTTP_PORT, IPERF_PORT};
+use crate::topo::{addr, Node, Proc, Testbed};
+use crate::{cmd, Error, Result};
+
+/// Enter `ns_path`'s network namespace on this thread only (setns(2) is per thread):
+/// sockets this thread creates afterwards belong to that namespace.
+fn enter_netns(ns_path: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = File::open(ns_path).map_err(|e| Error::io(ns_path.display().to_string(), e))?;
+    // SAFETY: `f` is an open namespace file; setns changes only the calling thread's
+    // network namespace, and the threads that call this are ours and never go back.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(Error::io("setns", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The new-connection load.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// The VPC client the connections come from.
+    pub client: usize,
+    pub target: SocketAddrV4,
+    /// Connecting threads.
+    pub workers: usize,
+    /// New connections per second, over all workers.
+    pub rate: f64,
+    /// How long each connection stays open after its answer, so that connections
+    /// overlap and a mapping handed out twice would be seen live on two of them.
+    pub hold: Duration,
+    /// A connection not established within this is a failure. Linux retransmits a
+    /// SYN after 1 s and 3 s, so a lost SYN still connects within it.
+    pub connect_timeout: Duration,
+    /// The loop stops by itself after this long, whatever happens to its caller.
+    pub limit: Duration,
+}
+
+impl LoadSpec {
+    /// 20 threads, 100 connections/s in all, each held 100 ms, to nginx on the
+    /// internet host from VPC 0. (A thread makes at most 1/(setup + hold) connections
+    /// a second, so the threads have room to keep the rate while setups slow down.)
+    pub fn new() -> Self {
+        LoadSpec {
+            client: 0,
+            target: SocketAddrV4::new(addr::INET, HTTP_PORT),
+            workers: 20,
+            rate: 100.0,
+            hold: Duration::from_millis(100),
+            connect_timeout: Duration::from_secs(8),
+            limit: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Default for LoadSpec {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How one connection ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Connected, got nginx's answer.
+    Ok,
+    /// Reset (RST) after it was established.
+    Reset(String),
+    /// Never established, or no answer.
+    Failed(String),
+}
+
+/// One connection of the loop. Times are µs since the loop started.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConnSample {
+    pub start_us: u64,
+    /// connect(2) time.
+    pub setup_us: u64,
+    pub end_us: u64,
+    pub local_port: u16,
+    /// The source address nginx saw: the SNAT mapping.
+    pub external: Option<SocketAddrV4>,
+    pub outcome: Outcome,
+}
+
+/// A running new-connection loop.
+pub struct ConnLoop {
+    stop: Arc<AtomicBool>,
+    t0: Instant,
+    workers: Vec<JoinHandle<Result<Vec<ConnSample>>>>,
+}
+
+impl ConnLoop {
+    /// Start `spec.workers` threads in `spec.client`'s namespace.
+    pub fn start(tb: &Testbed, spec: &LoadSpec) -> Result<ConnLoop> {
+        if spec.workers == 0 || spec.rate <= 0.0 {
+            return Err(Error::Setup("the load needs workers and a rate".into()));
+        }
+        let ns_path = Path::new("/run/netns").join(tb.ns(Node::Client(spec.client)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let t0 = Instant::now();
+        let workers = (0..spec.workers)
+            .map(|k| {
+                let (ns_path, stop, spec) = (ns_path.clone(), stop.clone(), spec.clone());
+                std::thread::Builder::new()
+                    .name(format!("conn-loop-{k}"))
+                    .spawn(move || conn_worker(&ns_path, &spec, k, t0, &stop))
+                    .map_err(|e| Error::io("spawn a connection thread", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        info!(
+            workers = spec.workers,
+            rate = spec.rate,
+            "connection loop started"
+        );
+        Ok(ConnLoop { stop, t0, workers })
+    }
+
+    /// When the loop started (sample times count from it).
+    pub fn t0(&self) -> Instant {
+        self.t0
+    }
+
+    /// µs since the loop started.
+    pub fn now_us(&self) -> u64 {
+        self.t0.elapsed().as_micros() as u64
+    }
+
+    /// Stop and collect every connection, sorted by start.
+    pub fn stop(mut self) -> Result<Vec<ConnSample>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        for w in std::mem::take(&mut self.workers) {
+            let samples = w
+                .join()
+                .map_err(|_| Error::Setup("a connection thread panicked".into()))??;
+            all.extend(samples);
+        }
+        all.sort_by_key(|s| s.start_us);
+        Ok(all)
+    }
+}
+
+impl Drop for ConnLoop {
+    fn drop(&mut self) {
+        // A caller that panics must not leave threads connecting on: they would outlive
+        // the namespaces.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn conn_worker(
+    ns_path: &Path,
+    spec: &LoadSpec,
+    k: usize,
+    t0: Instant,
+    stop: &AtomicBool,
+) -> Result<Vec<ConnSample>> {
+    enter_netns(ns_path)?;
+    let period = Duration::from_secs_f64(spec.workers as f64 / spec.rate);
+    // Staggered, so the workers' connections spread over the period.
+    let mut next = Instant::now() + period.mul_f64(k as f64 / spec.workers as f64);
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) && t0.elapsed() < spec.limit && !crate::interrupted() {
+        let now = Instant::now();
+        if now < next {
+            std::thread::sleep((next - now).min(Duration::from_millis(20)));
+            continue;
+        }
+        // Behind schedule (a slow connection): no burst to catch up, which would
+        // measure the burst rather than the platform.
+        next = (next + period).max(now);
+        out.push(one_connection(spec, t0));
+    }
+    Ok(out)
+}
+
+fn us_since(t0: Instant) -> u64 {
+    t0.elapsed().as_micros() as u64
+}
+
+fn one_connection(spec: &LoadSpec, t0: Instant) -> ConnSample {
+    let start = Instant::now();
+    let mut s = ConnSample {
+        start_us: us_since(t0),
+        setup_us: 0,
+        end_us: 0,
+        local_port: 0,
+        external: None,
+        outcome: Outcome::Ok,
+    };
+    let stream = TcpStream::connect_timeout(&SocketAddr::V4(spec.target), spec.connect_timeout);
+    s.setup_us = start.elapsed().as_micros() as u64;
+    let mut stream = match stream {
+        Ok(st) => st,
+        Err(e) => {
+            s.outcome = Outcome::Failed(format!("connect: {e}"));
+            s.end_us = us_since(t0);
+            return s;
+        }
+    };
+    s.local_port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
+    match exchange(&mut stream) {
+        Ok(ext) => {
+            s.external = Some(ext);
+            std::thread::sleep(spec.hold);
+        }
+        Err(e) if is_reset(&e) => s.outcome = Outcome::Reset(e.to_string()),
+        Err(e) => s.outcome = Outcome::Failed(e.to_string()),
+    }
+    drop(stream);
+    s.end_us = us_since(t0);
+    s
+}
+
+fn is_reset(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+    )
+}
+
+/// One HTTP request on a keep-alive connection; returns the peer nginx saw
+/// (its body is `inet <addr>:<port>`).
+fn exchange(stream: &mut TcpStream) -> std::io::Result<SocketAddrV4> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /elastic HTTP/1.1\r\nHost: inet\r\n\r\n")?;
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 512];
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before the answer",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(peer) = parse_answer(&buf) {
+            return peer;
+        }
+        if buf.len() > 16 << 10 {
+            return Err(std::io::Error::other("answer too long"));
+        }
+    }
+}
+
+/// The peer from a complete answer; None while it is incomplete.
+fn parse_answer(buf: &[u8]) -> Option<std::io::Result<SocketAddrV4>> {
+    let text = std::str::from_utf8(buf).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let line = body.split_once('\n')?.0;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Some(Err(std::io::Error::other(format!(
+            "answer: {}",
+            head.lines().next().unwrap_or_default()
+        ))));
+    }
+    Some(
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("body {line:?}"))),
+    )
+}
+
+/// The 99th percentile of the setup times of the connections that started in
+/// `[from_us, to_us)` and were established (failures have no setup time).
+pub fn p99_setup_us(samples: &[ConnSample], from_us: u64, to_us: u64) -> Option<u64> {
+    let mut v: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.start_us >= from_us && s.start_us < to_us)
+        .filter(|s| !matches!(s.outcome, Outcome::Failed(_)))
+        .map(|s| s.setup_us)
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+    Some(v[i])
+}
+
+/// Pairs of connections that were open at the same time, from different client
+/// ports, and reached nginx from the same external address and port: one SNAT mapping
+/// handed to two flows. (The same external port on connections that did not overlap
+/// is fine: a mapping is freed after its flow ends.)
+pub fn duplicate_mappings(samples: &[ConnSample]) -> Vec<(SocketAddrV4, u16, u16)> {
+    let mut by_ext: HashMap<SocketAddrV4, Vec<&ConnSample>> = HashMap::new();
+    for s in samples {
+        if let Some(e) = s.external {
+            by_ext.entry(e).or_default().push(s);
+        }
+    }
+    let mut dups = Vec::new();
+    for (ext, v) in by_ext {
+        for (i, a) in v.iter().enumerate() {
+            for b in &v[i + 1..] {
+                let overlap = a.start_us < b.end_us && b.start_us < a.end_us;
+                if overlap && a.local_port != b.local_port {
+                    dups.push((ext, a.local_port, b.local_port));
+                }
+            }
+        }
+    }
+    dups
+}
+
+/// Long-lived iperf3 TCP flows.
+#[derive(Debug, Clone)]
+pub struct IperfSpec {
+    pub client: usize,
+    /// Parallel TCP streams.
+    pub streams: u32,
+    pub secs: u32,
+    /// Per-stream rate (iperf3 `-b`): paced, so the flows do not take the CPU the
+    /// platform needs on a 2-core machine.
+    pub bitrate: String,
+}
+
+impl IperfSpec {
+    pub fn new(secs: u32) -> Self {
+        IperfSpec {
+            client: 0,
+            streams: 2,
+            secs,
+            bitrate: "50M".into(),
+        }
+    }
+}
+
+/// A running iperf3 client.
+pub struct Iperf {
+    proc: Proc,
+    json: PathBuf,
+    spec: IperfSpec,
+    started: Instant,
+}
+
+/// What an iperf3 run showed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct IperfReport {
+    /// iperf3's error (a reset, a refused connection), if any.
+    pub error: Option<String>,
+    pub streams: usize,
+    /// Seconds of intervals reported.
+    pub seconds: f64,
+    pub mean_mbps: f64,
+    /// The longest time any one stream moved no byte (in 100 ms intervals).
+    pub max_stall_s: f64,
+    pub retransmits: u64,
+    /// (interval end s, Mbit/s over all streams).
+    pub timeline: Vec<(f64, f64)>,
+}
+
+impl Iperf {
+    /// Start the client in `spec.client`'s namespace against the internet host's
+    /// iperf3 server (services::start_inet). Returns once iperf3 was spawned.
+    pub fn start(tb: &Testbed, spec: &IperfSpec) -> Result<Iperf> {
+        let json = tb.path("iperf3-elastic.json");
+        // iperf3 appends to its --logfile.
+        let _ = std::fs::remove_file(&json);
+        let (secs, streams) = (spec.secs.to_string(), spec.streams.to_string());
+        let json_s = json.display().to_string();
+        let server = addr::INET.to_string();
+        let port = IPERF_PORT.to_string();
+        let proc = tb.spawn(
+            Node::Client(spec.client),
+            "iperf3 elastic",
+            &[
+                "iperf3",
+                "-c",
+                &server,
+                "-p",
+                &port,
+                "-t",
+                &secs,
+                "-P",
+                &streams,
+                "-b",
+                &spec.bitrate,
+                "-i",
+                "0.1",
+                "--connect-timeout",
+                "5000",
+                "-J",
+                "--logfile",
+                &json_s,
+            ],
+        )?;
+        Ok(Iperf {
+            proc,
+            json,
+            spec: spec.clone(),
+            started: Instant::now(),
+        })
+    }
+
+    /// When it will have finished.
+    pub fn ends_at(&self) -> Instant {
+        self.started + Duration::from_secs(self.spec.secs.into())
+    }
+
+    /// Wait for the run to end (bounded) and read its report.
+    pub fn wait(self, tb: &Testbed) -> Result<IperfReport> {
+        let limit = Duration::from_secs(u64::from(self.spec.secs) + 15);
+        cmd::wait_for("iperf3 to finish", limit, || {
+            Ok((!tb.running(&self.proc)).then_some(()))
+        })?;
+        let text = std::fs::read_to_string(&self.json)
+            .map_err(|e| Error::io(self.json.display().to_string(), e))?;
+        parse_iperf(&text)
+    }
+}
+
+/// Parse iperf3's `-J` output.
+pub fn parse_iperf(text: &str) -> Result<IperfReport> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::Parse {
+        what: "iperf3 JSON".into(),
+        msg: e.to_string(),
+    })?;
+    let mut r = IperfReport {
+        error: v["error"].as_str().map(String::from),
+        ..Default::default()
+    };
+    let intervals = v["intervals"].as_array().cloned().unwrap_or_default();
+    let mut stall: Vec<f64> = Vec::new();
+    for iv in &intervals {
+        let sum = &iv["sum"];
+        let secs = sum["seconds"].as_f64().unwrap_or(0.0);
+        r.seconds += secs;
+        r.timeline.push((
+            sum["end"].as_f64().unwrap_or(0.0),
+            sum["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+        ));
+        let streams = iv["streams"].as_array().cloned().unwrap_or_default();
+        if stall.len() < streams.len() {
+            stall.resize(streams.len(), 0.0);
+        }
+        for (i, s) in streams.iter().enumerate() {
+            // iperf3 ends with a short last interval; a stream idle for a sliver of
+            // time at the very end is not a stall.
+            if s["bytes"].as_u64().unwrap_or(0) == 0 && secs > 0.05 {
+                stall[i] += secs;
+                r.max_stall_s = r.max_stall_s.max(stall[i]);
+            } else {
+                stall[i] = 0.0;
+            }
+        }
+    }
+    r.streams = stall.len();
+    let end = &v["end"]["sum_sent"];
+    r.mean_mbps = end["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6;
+    r.retransmits = end["retransmits"].as_u64().unwrap_or(0);
+    Ok(r)
+}
+
+/// `starfabric scale sc-out|sc-in -o json`'s answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScaleResult {
+    pub scale_id: u64,
+    pub kind: String,
+    pub from_group: u64,
+    pub to_group: u64,
+    pub moved_lo: u64,
+    pub moved_hi: u64,
+    pub aborted: Option<String>,
+    pub st_to_fin_us: u64,
+}
+
+/// `starfabric scale map -o json`'s answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionMap {
+    pub version: u64,
+    pub partitions: Vec<PartitionEntry>,
+    pub groups: Vec<GroupEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionEntry {
+    pub tenant: u32,
+    pub chain: u32,
+    pub hash_lo: u64,
+    pub hash_hi: u64,
+    pub group: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupEntry {
+    pub id: u64,
+    pub epoch: u64,
+    pub replicas: Vec<ReplicaEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaEntry {
+    pub node_id: String,
+    pub addr: String,
+}
+
+impl PartitionMap {
+    /// The groups serving `(tenant, chain)`, by key-hash range.
+    pub fn groups_of(&self, tenant: u32, chain: u32) -> Vec<u64> {
+        let mut p: Vec<&PartitionEntry> = self
+            .partitions
+            .iter()
+            .filter(|p| p.tenant == tenant && p.chain == chain)
+            .collect();
+        p.sort_by_key(|p| p.hash_lo);
+        p.iter().map(|p| p.group).collect()
+    }
+
+    /// Group `id`'s replicas, head first.
+    pub fn replicas(&self, id: u64) -> Vec<String> {
+        self.groups
+            .iter()
+            .find(|g| g.id == id)
+            .map(|g| g.replicas.iter().map(|r| r.node_id.clone()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Run `starfabric scale <args> -o json` in the control namespace.
+fn scale_cli(tb: &Testbed, p: &Platform, args: &[&str]) -> Result<cmd::Output> {
+    let bin = p.bin.display().to_string();
+    let mut argv = vec![bin.as_str(), "scale"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--fm", &p.fm_addr, "-o", "json"]);
+    tb.exec_full(Node::Ctl, &argv, Duration::from_secs(90))
+}
+
+/// FM's partition map.
+pub fn partition_map(tb: &Testbed, p: &Platform) -> Result<PartitionMap> {
+    let out = scale_cli(tb, p, &["map", "--timeout", "5"])?;
+    if !out.ok() {
+        return Err(Error::Command {
+            cmd: "starfabric scale map".into(),
+            msg: out.stderr,
+        });
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| Error::Parse {
+        what: "starfabric scale map".into(),
+        msg: e.to_string(),
+    })
+}
+
+/// Scale `(tenant, chain)` out (`out`) or in, through the CLI. An aborted scale is a
+/// result (with `aborted` set), not an error; FM refusing to start is an error.
+pub fn scale(
+    tb: &Testbed,
+    p: &Platform,
+    out: bool,
+    tenant: u32,
+    chain: u32,
+) -> Result<ScaleResult> {
+    let verb = if out { "sc-out" } else { "sc-in" };
+    let (t, c) = (tenant.to_string(), chain.to_string());
+    let o = scale_cli(tb, p, &[verb, "--tenant", &t, "--chain", &c])?;
+    serde_json::from_str(&o.stdout).map_err(|_| Error::Command {
+        cmd: format!("starfabric scale {verb}"),
+        msg: format!("{}: {}", o.status, o.stderr.trim()),
+    })
+}
+
+/// A counter of FM's last status line.
+pub fn fm_counter(p: &Platform, key: &str) -> u64 {
+    field(&p.fm_status(), key).unwrap_or(0)
+}
+
+/// What a scenario does between the load starting and stopping.
+#[derive(Debug, Clone)]
+pub enum Event {
+    ScaleOut {
+        tenant: u32,
+        chain: u32,
+    },
+    ScaleIn {
+        tenant: u32,
+        chain: u32,
+    },
+    /// SIGKILL the replica at `position` (0 = head) of the first group serving the
+    /// chain, then wait until FM has replaced it.
+    KillReplica {
+        tenant: u32,
+        chain: u32,
+        position: usize,
+    },
+    /// SIGKILL FM, leave it down for `down`, start it again, and wait until it has
+    /// formed the groups again and the PP node is back (the PP node keeps forwarding
+    /// the flows it has rules for meanwhile).
+    RestartFm {
+        down: Duration,
+    },
+    Pause(Duration),
+}
+
+/// What happened in one event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventReport {
+    pub name: String,
+    /// ms since the load started.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub scale: Option<ScaleResult>,
+    pub repair: Option<Repair>,
+    /// Connections that started during the event (or within 1 s after it).
+    pub connections: usize,
+    pub failed_connections: usize,
+    pub p99_setup_us: Option<u64>,
+}
+
+/// A replica crash and its repair.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Repair {
+    pub group: u64,
+    pub victim: String,
+    pub victim_pid: i32,
+    pub before: Vec<String>,
+    pub after: Vec<String>,
+    /// From the kill to FM's map showing the group whole again without the victim.
+    pub repaired_ms: u64,
+}
+
+/// The load, the flows and the events.
+#[derive(Debug, Clone)]
+pub struct ScenarioSpec {
+    pub name: String,
+    pub load: LoadSpec,
+    pub iperf: IperfSpec,
+    /// Load before the first event (the "before" window).
+    pub before: Duration,
+    /// Load after the last event.
+    pub after: Duration,
+    pub events: Vec<Event>,
+}
+
+/// One 100 ms sample of bytes sent per node (bytes/s): `pp` is the PP node's underlay
+/// device; `fm` and `sc-<i>` are what each process wrote to its sockets and files
+/// (`/proc/<pid>/io` wchar: FM and SC nodes share the control namespace's device).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    pub t_ms: u64,
+    pub tx_bytes_per_s: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub connections: usize,
+    pub failed_connections: usize,
+    pub reset_connections: usize,
+    /// Overlapping connections that got the same external address and port.
+    pub duplicate_mappings: usize,
+    /// Over the whole run.
+    pub p99_setup_us: Option<u64>,
+    pub p99_setup_before_us: Option<u64>,
+    /// Over connections that started during any event (or within 1 s after it).
+    pub p99_setup_during_us: Option<u64>,
+    pub events: Vec<EventReport>,
+    pub iperf: IperfReport,
+    /// Connections that started more than 1 s after the last event ended: the
+    /// platform after the event.
+    pub connections_after_events: usize,
+    pub failed_after_events: usize,
+    pub p99_setup_after_us: Option<u64>,
+    /// Did the iperf3 flows run past the end of the last event?
+    pub iperf_covered_events: bool,
+    /// FM's counters at the end (scale_outs, scale_ins, scale_aborts, nodes_dead, ...).
+    pub fm: BTreeMap<String, u64>,
+    pub timeline: Vec<TimelinePoint>,
+    /// The first few failures, for the post-mortem.
+    pub failures: Vec<ConnSample>,
+}
+
+const FM_COUNTERS: &[&str] = &[
+    "scale_outs",
+    "scale_ins",
+    "scale_aborts",
+    "scale_redirects",
+    "scale_last_us",
+    "nodes_dead",
+    "reconfigurations",
+    "timeouts",
+    "requests",
+];
+
+/// Samples bytes sent per node every 100 ms on a thread of its own.
+struct TxSampler {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<TimelinePoint>>,
+}
+
+fn wchar(pid: i32) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    t.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl TxSampler {
+    fn start(tb: &Testbed, p: &Platform, t0: Instant) -> TxSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut pids: Vec<(String, i32)> = vec![("fm".into(), p.fm.pid)];
+        pids.extend(
+            p.scs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("sc-{i}"), s.pid)),
+        );
+        let pp_ns = Path::new("/run/netns").join(tb.ns(Node::Pp));
+        let st = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            // The PP node's counter is read from inside its namespace by this thread.
+            if let Err(e) = enter_netns(&pp_ns) {
+                warn!("timeline: {e}");
+                return out;
+            }
+            let read = |pids: &[(String, i32)]| -> BTreeMap<String, u64> {
+                let mut m: BTreeMap<String, u64> = pids
+                    .iter()
+                    .filter_map(|(n, pid)| Some((n.clone(), wchar(*pid)?)))
+                    .collect();
+                if let Some(v) = std::fs::read_to_string("/proc/thread-self/net/dev")
+                    .ok()
+                    .and_then(|t| crate::topo::parse_net_dev(&t, "up0", "tx_bytes").ok())
+                {
+                    m.insert("pp".into(), v);
+                }
+                m
+            };
+            let mut last = read(&pids);
+            let mut last_t = Instant::now();
+            let mut next = last_t + Duration::from_millis(100);
+            while !st.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if now < next {
+                    std::thread::sleep(next - now);
+                    continue;
+                }
+                next += Duration::from_millis(100);
+                let cur = read(&pids);
+                let dt = last_t.elapsed().as_secs_f64();
+                last_t = Instant::now();
+                let rates = cur
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        let prev = last.get(k)?;
+                        Some((k.clone(), v.saturating_sub(*prev) as f64 / dt))
+                    })
+                    .collect();
+                out.push(TimelinePoint {
+                    t_ms: t0.elapsed().as_millis() as u64,
+                    tx_bytes_per_s: rates,
+                });
+                last = cur;
+            }
+            out
+        });
+        TxSampler { stop, handle }
+    }
+
+    fn stop(self) -> Vec<TimelinePoint> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// Kill the replica at `position` of the first group of `(tenant, chain)` and wait
+/// (up to 30 s) until FM's map shows that group whole again without it.
+fn kill_replica(
+    tb: &Testbed,
+    p: &Platform,
+    tenant: u32,
+    chain: u32,
+    position: usize,
+) -> Result<Repair> {
+    let map = partition_map(tb, p)?;
+    let group = *map
+        .groups_of(tenant, chain)
+        .first()
+        .ok_or_else(|| Error::Setup(format!("no group serves {tenant}:{chain}")))?;
+    let before = map.replicas(group);
+    let victim = before
+        .get(position)
+        .cloned()
+        .ok_or_else(|| Error::Setup(format!("group {group} has no replica {position}")))?;
+    let victim_pid = p
+        .sc(&victim)
+        .ok_or_else(|| Error::Setup(format!("{victim} is not an SC node of this run")))?
+        .pid;
+    let killed = Instant::now();
+    p.kill_sc(tb, &victim)?;
+    info!(group, %victim, victim_pid, "replica killed; waiting for the repair");
+    let after = cmd::wait_for(
+        "FM to replace the killed replica",
+        Duration::from_secs(30),
+        || {
+            let m = match partition_map(tb, p) {
+                Ok(m) => m,
+                // FM is busy repairing; ask again.
+                Err(_) => return Ok(None),
+            };
+            let r = m.replicas(group);
+            Ok((r.len() == before.len() && !r.contains(&victim)).then_some(r))
+        },
+    )?;
+    Ok(Repair {
+        group,
+        victim,
+        victim_pid,
+        before,
+        after,
+        repaired_ms: killed.elapsed().as_millis() as u64,
+    })
+}
+
+fn restart_fm(tb: &Testbed, p: &mut Platform, down: Duration) -> Result<()> {
+    p.kill_fm(tb)?;
+    cmd::sleep(down)?;
+    p.restart_fm(tb)?;
+    let sc = p.scs.iter().filter(|s| tb.running(s)).count() as u64;
+    cmd::wait_for(
+        "the restarted FM to form its groups and see the PP node",
+        Duration::from_secs(30),
+        || {
+            let s = p.fm_status();
+            Ok((field(&s, "groups").unwrap_or(0) >= 1
+                && field(&s, "sc") == Some(sc)
+                && field(&s, "pp") == Some(1))
+            .then_some(()))
+        },
+    )
+}
+
+/// Run `spec` against the running platform `p` (whose chain serves VPC
+/// `spec.load.client`, with the internet host's servers up).
+pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Result<ScenarioReport> {
+    info!(name = %spec.name, "scenario");
+    let iperf = Iperf::start(tb, &spec.iperf)?;
+    let conns = ConnLoop::start(tb, &spec.load)?;
+    let t0 = conns.t0();
+    let sampler = TxSampler::start(tb, p, t0);
+    let ms = |i: Instant| i.duration_since(t0).as_millis() as u64;
+    // Whatever fails below, the loop and the sampler stop (the loop by its drop).
+    let result = (|| -> Result<Vec<(EventReport, Instant)>> {
+        cmd::sleep(spec.before)?;
+        let mut evs = Vec::new();
+        for e in &spec.events {
+            let start = Instant::now();
+            let mut r = EventReport {
+                name: String::new(),
+                start_ms: ms(start),
+                end_ms: 0,
+                scale: None,
+                repair: None,
+                connections: 0,
+                failed_connections: 0,
+                p99_setup_us: None,
+            };
+            match e {
+                Event::ScaleOut { tenant, chain } => {
+                    r.name = "scale_out".into();
+                    r.scale = Some(scale(tb, p, true, *tenant, *chain)?);
+                }
+                Event::ScaleIn { tenant, chain } => {
+                    r.name = "scale_in".into();
+                    r.scale = Some(scale(tb, p, false, *tenant, *chain)?);
+                }
+                Event::KillReplica {
+                    tenant,
+                    chain,
+                    position,
+                } => {
+                    r.name = "replica_kill".into();
+                    r.repair = Some(kill_replica(tb, p, *tenant, *chain, *position)?);
+                }
+                Event::RestartFm { down } => {
+                    r.name = "fm_restart".into();
+                    restart_fm(tb, p, *down)?;
+                }
+                Event::Pause(d) => {
+                    r.name = "pause".into();
+                    cmd::sleep(*d)?;
+                }
+            }
+            let end = Instant::now();
+            r.end_ms = ms(end);
+            info!(event = %r.name, ms = r.end_ms - r.start_ms, "event done");
+            evs.push((r, end));
+        }
+        cmd::sleep(spec.after)?;
+        Ok(evs)
+    })();
+    let samples = conns.stop()?;
+    let timeline = sampler.stop();
+    let evs = result?;
+    let ends_at = iperf.ends_at();
+    let iperf_report = iperf.wait(tb)?;
+    let last_end = evs.last().map(|(_, e)| *e).unwrap_or(t0);
+    let failed = |s: &&ConnSample| !matches!(s.outcome, Outcome::Ok);
+    let first_event_us = evs
+        .first()
+        .map(|(r, _)| r.start_ms * 1000)
+        .unwrap_or(u64::MAX);
+    let mut during: Vec<ConnSample> = Vec::new();
+    let events = evs
+        .into_iter()
+        .map(|(mut r, _)| {
+            let (from, to) = (r.start_ms * 1000, r.end_ms * 1000 + 1_000_000);
+            let win: Vec<ConnSample> = samples
+                .iter()
+                .filter(|s| s.start_us >= from && s.start_us < to)
+                .cloned()
+                .collect();
+            r.connections = win.len();
+            r.failed_connections = win.iter().filter(failed).count();
+            r.p99_setup_us = p99_setup_us(&win, 0, u64::MAX);
+            if r.name != "pause" {
+                during.extend(win);
+            }
+            r
+        })
+        .collect();
+    let after_us = if spec.events.is_empty() {
+        u64::MAX
+    } else {
+        last_end.duration_since(t0).as_micros() as u64 + 1_000_000
+    };
+    let after: Vec<ConnSample> = samples
+        .iter()
+        .filter(|s| s.start_us >= after_us)
+        .cloned()
+        .collect();
+    let fm = FM_COUNTERS
+        .iter()
+        .map(|k| (k.to_string(), fm_counter(p, k)))
+        .collect();
+    let report = ScenarioReport {
+        name: spec.name.clone(),
+        connections: samples.len(),
+        failed_connections: samples
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::Failed(_)))
+            .count(),
+        reset_connections: samples
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::Reset(_)))
+            .count(),
+        duplicate_mappings: duplicate_mappings(&samples).len(),
+        p99_setup_us: p99_setup_us(&samples, 0, u64::MAX),
+        p99_setup_before_us: p99_setup_us(&samples, 0, first_event_us),
+        p99_setup_during_us: p99_setup_us(&during, 0, u64::MAX),
+        events,
+        connections_after_events: after.len(),
+        failed_after_events: after.iter().filter(failed).count(),
+        p99_setup_after_us: p99_setup_us(&after, 0, u64::MAX),
+        iperf: iperf_report,
+        iperf_covered_events: ends_at > last_end,
+        fm,
+        timeline,
+        failures: samples.iter().filter(failed).take(10).cloned().collect(),
+    };
+    info!(
+        name = %report.name,
+        connections = report.connections,
+        failed = report.failed_connections,
+        p99_before = ?report.p99_setup_before_us,
+        p99_during = ?report.p99_setup_during_us,
+        "scenario done"
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(start: u64, end: u64, port: u16, ext: u16) -> ConnSample {
+        ConnSample {
+            start_us: start,
+            setup_us: 100,
+            end_us: end,
+            local_port: port,
+            external: Some(SocketAddrV4::new(addr::pool(0), ext)),
+            outcome: Outcome::Ok,
+        }
+    }
+
+    #[test]
+    fn duplicates_need_overlap_and_different_clients() {
+        // Same external port, one after the other: a freed mapping reused. Fine.
+        assert!(duplicate_mappings(&[s(0, 10, 1, 5000), s(20, 30, 2, 5000)]).is_empty());
+        // Overlapping, different external ports: fine.
+        assert!(duplicate_mappings(&[s(0, 10, 1, 5000), s(5, 30, 2, 5001)]).is_empty());
+        // Overlapping, same external port, different client ports: a duplicate.
+        assert_eq!(
+            duplicate_mappings(&[s(0, 10, 1, 5000), s(5, 30, 2, 5000)]).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn p99_ignores_failures_and_windows() {
+        let mut v: Vec<ConnSample> = (0..100)
+            .map(|i| ConnSample {
+                setup_us: i + 1,
+                ..s(i * 10, i * 10 + 5, i as u16, 1)
+            })
+            .collect();
+        v.push(ConnSample {
+            setup_us: 1_000_000,
+            outcome: Outcome::Failed("x".into()),
+            ..s(5, 6, 1, 1)
+        });
+        assert_eq!(p99_setup_us(&v, 0, u64::MAX), Some(99));
+        assert_eq!(p99_setup_us(&v, 0, 100), Some(10));
+        assert_eq!(p99_setup_us(&v, 10_000, 20_000), None);
+    }
+
+    #[test]
+    fn http_answer_parsing() {
+        let a = b"HTTP/1.1 200 OK\r\nServer: nginx\r\nContent-Length: 24\r\n\r\ninet 198.18.201.1:40000\n";
+        let peer = parse_answer(a).unwrap().unwrap();
+        assert_eq!(peer, "198.18.201.1:40000".parse().unwrap());
+        assert!(parse_answer(b"HTTP/1.1 200 OK\r\nServer: nginx\r\n").is_none());
+        assert!(parse_answer(b"HTTP/1.1 502 Bad\r\n\r\nx\n")
+            .unwrap()
+            .is_err());
+    }
+
+    #[test]
+    fn iperf_stalls_are_per_stream_runs_of_empty_intervals() {
+        let iv = |b0: u64, b1: u64| {
+            serde_json::json!({"sum": {"seconds": 0.1, "end": 0.0, "bits_per_second": 8.0 * (b0 + b1) as f64 * 10.0},
+                 "streams": [{"bytes": b0}, {"bytes": b1}]})
+        };
+        let v = serde_json::json!({
+            "intervals": [iv(10, 10), iv(0, 10), iv(0, 10), iv(0, 10), iv(10, 0), iv(10, 10)],
+            "end": {"sum_sent": {"bits_per_second": 1e6, "retransmits": 3}}
+        });
+        let r = parse_iperf(&v.to_string()).unwrap();
+        assert!(r.error.is_none());
+        assert_eq!(r.streams, 2);
+        assert!((r.max_stall_s - 0.3).abs() < 1e-9, "{}", r.max_stall_s);
+        assert_eq!(r.retransmits, 3);
+        let e = parse_iperf(
+            r#"{"error": "unable to receive results: Connection reset by peer", "intervals": []}"#,
+        )
+        .unwrap();
+        assert!(e.error.unwrap().contains("reset"));
+    }
+}
