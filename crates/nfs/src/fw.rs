@@ -790,6 +790,10 @@ impl NetworkFunction for Firewall {
         }
         Ok(())
     }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(self.conns.keys().map(FlowKey::hash).collect())
+    }
 }
 
 #[derive(Serialize, Deserialize)]

@@ -647,6 +647,10 @@ impl NetworkFunction for LoadBalancer {
         self.prune();
         Ok(())
     }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(self.flows.keys().map(FlowKey::hash).collect())
+    }
 }
 
 /// Sort keys by their canonical bytes, so every replica reports them in the same order.

@@ -1724,6 +1724,10 @@ impl NetworkFunction for Snat {
         }
         Ok(())
     }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(self.state.flows.keys().map(FlowKey::hash).collect())
+    }
 }
 
 #[cfg(test)]
