@@ -8,7 +8,9 @@
 //!   applying the same ops in the same order holds the same state and computes the same
 //!   rules (`nf::Chain::decide`).
 //! - Every replica applies each op in sequence order, then forwards it and keeps it,
-//!   with its result, in an *unacked* buffer.
+//!   with its result, in an *unacked* buffer. (Scale ops, which carry or produce a
+//!   partition's bulk state, are forwarded first and then applied, so the replicas
+//!   apply them side by side: [`ReplicaCore::forward_first`].)
 //! - The tail sends the results to FM (it "answers") and acknowledges the op upstream;
 //!   an op is *committed* once the tail has applied it. Acks flow tail → head, and each
 //!   replica trims its unacked buffer as they pass.
@@ -263,7 +265,18 @@ pub struct ReplicaCore {
     /// A successor handshake that arrived before this replica had state.
     deferred_succ: Option<(u64, v1::ReplicaHelloAck)>,
     scale: ScaleState,
+    /// Forward scale ops before applying them (see [`ReplicaCore::forward_first`]).
+    forward_first: bool,
+    /// A scale op already forwarded but not yet applied, and the ops of its batch after
+    /// it (with the predecessor connection they came on).
+    pending: Option<Pending>,
     pub stats: ReplicaStats,
+}
+
+struct Pending {
+    op: v1::Op,
+    rest: Vec<v1::Op>,
+    conn: Option<u64>,
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -302,10 +315,52 @@ impl ReplicaCore {
             pred_conn: None,
             deferred_succ: None,
             scale: ScaleState::initial(&cfg),
+            forward_first: false,
+            pending: None,
             stats: ReplicaStats::default(),
         };
         r.cfg = cfg;
         r
+    }
+
+    /// Let a non-tail replica send a scale op (a split, install or merge, which carries
+    /// or produces a partition's bulk state) to its successor before it applies it, so
+    /// the replicas of the chain apply it side by side instead of one after the other:
+    /// the requests queued behind it wait for one apply, not one per replica. The op then
+    /// waits in [`ReplicaCore::has_pending`] until the caller has sent the outbox and
+    /// calls [`ReplicaCore::run_pending`]; nothing else may happen in between. Chain
+    /// replication allows it: the successor may apply an op before this replica did,
+    /// and results and acks still come from the tail.
+    pub fn forward_first(&mut self, on: bool) {
+        self.forward_first = on;
+    }
+
+    /// A scale op has been forwarded and waits for [`ReplicaCore::run_pending`].
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Apply the forwarded scale op, then the rest of its batch (which may leave another
+    /// one pending). Errors as [`ReplicaCore::on_ops`].
+    pub fn run_pending(&mut self, out: &mut Outbox) -> Result<(), String> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let result = self.apply(&p.op);
+        // Already in the successor's hands: keep it unacked like any forwarded op.
+        self.unacked.push_back(Applied { op: p.op, result });
+        match p.conn {
+            Some(conn) if !p.rest.is_empty() => self.on_ops(conn, p.rest, out),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `op` is sent on before it is applied (see `forward_first`).
+    fn defer(&self, op: &v1::Op) -> bool {
+        self.forward_first
+            && !self.is_tail()
+            && matches!(self.succ, Succ::Ready { .. })
+            && matches!(op.body, Some(v1::op::Body::Scale(_)))
     }
 
     pub fn group_id(&self) -> u64 {
@@ -601,7 +656,8 @@ impl ReplicaCore {
         if !self.initialized {
             return Err("ops before the snapshot".into());
         }
-        for op in ops {
+        let mut ops = ops.into_iter();
+        while let Some(op) = ops.next() {
             if op.seq <= self.applied {
                 self.stats.duplicate_ops += 1;
                 continue;
@@ -612,6 +668,15 @@ impl ReplicaCore {
                     "gap: op {} after {}; the predecessor must resend",
                     op.seq, self.applied
                 ));
+            }
+            if self.defer(&op) {
+                out.down.push(op.clone());
+                self.pending = Some(Pending {
+                    op,
+                    rest: ops.collect(),
+                    conn: Some(conn),
+                });
+                return Ok(());
             }
             let result = self.apply(&op);
             self.route(op, result, out);
@@ -674,6 +739,15 @@ impl ReplicaCore {
     }
 
     fn apply_and_route(&mut self, op: v1::Op, out: &mut Outbox) {
+        if self.defer(&op) {
+            out.down.push(op.clone());
+            self.pending = Some(Pending {
+                op,
+                rest: Vec::new(),
+                conn: None,
+            });
+            return;
+        }
         let result = self.apply(&op);
         self.route(op, result, out);
     }
@@ -1346,6 +1420,40 @@ mod tests {
             }
             _ => None,
         }
+    }
+
+    #[test]
+    fn forward_first_sends_a_scale_op_on_before_applying_it() {
+        let (mut a, mut b, _) = chain_of_two();
+        a.forward_first(true);
+        b.forward_first(true);
+        let mut out = Outbox::default();
+        submit(&mut a, (0..8).map(request).collect(), &mut out);
+        assert!(a.scale(split_step(1), 2_000, &mut out));
+        // The split is in the outbox, behind the requests, and not applied yet.
+        assert!(a.has_pending());
+        assert_eq!(out.down.len(), 2);
+        assert!(a.scale.outgoing.is_none());
+        let down = std::mem::take(&mut out.down);
+        a.run_pending(&mut out).unwrap();
+        assert!(!a.has_pending());
+        assert!(out.down.is_empty(), "forwarded once");
+        submit(&mut a, (8..16).map(request).collect(), &mut out);
+        // The tail (no successor) applies at once.
+        let mut tail = Outbox::default();
+        b.on_ops(1, down, &mut tail).unwrap();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
+            .unwrap();
+        assert!(!b.has_pending());
+        assert_eq!(a.scale.outgoing, b.scale.outgoing);
+        assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        assert_eq!(replies(&tail).len(), 16);
+        assert!(
+            a.unacked
+                .iter()
+                .any(|x| matches!(x.op.body, Some(v1::op::Body::Scale(_)))),
+            "the split is kept unacked like any op"
+        );
     }
 
     #[test]
