@@ -534,9 +534,10 @@ fn run(with_fw: bool) {
     );
     // The goal: new-flow setup during each move within a small factor of before (it was
     // 100-240 ms when new flows of the moved range queued behind the install). Not met
-    // yet: the split op at the old owner (scale-out) and the merge op at the neighbour
-    // (scale-in) still block their group's stream for tens of ms per replica (see
-    // docs/scaling.md), so this is checked only with SF_SCALING_P99=1.
+    // robustly yet: the split op at the old owner (scale-out, 13-36 ms) and above all
+    // the merge op at the neighbour (scale-in, 40-60 ms) still block their group's
+    // stream for one apply (see docs/scaling.md), so this is checked only with
+    // SF_SCALING_P99=1.
     let (_, before) = p99(&load.latency_new[BEFORE as usize]);
     let bound = (5 * before).max(20_000);
     let phases: &[u8] = if std::env::var_os("SF_SCALING_P99").is_some() {
