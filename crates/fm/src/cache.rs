@@ -189,6 +189,17 @@ impl RuleCache {
     }
 
     /// Forget `key` (its NF state is gone).
+    /// Drop every entry (not counted as evictions); returns how many there were.
+    pub fn clear(&mut self) -> usize {
+        let n = self.len;
+        for s in &mut self.shards {
+            s.map.clear();
+            s.order.clear();
+        }
+        self.len = 0;
+        n
+    }
+
     pub fn invalidate(&mut self, key: &CacheKey) {
         if self.shards[shard_of(key)].map.remove(key).is_some() {
             self.len -= 1;

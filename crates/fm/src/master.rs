@@ -187,6 +187,8 @@ pub(crate) enum MasterIn {
         done: oneshot::Sender<DesiredChange>,
     },
     Flows(v1::FlowsRequest, oneshot::Sender<v1::FlowsReply>),
+    /// Drop every cached rule (pinned ones stay); answers how many were dropped.
+    ClearCache(oneshot::Sender<usize>),
     Scale(ScaleRequest, ScaleDone),
 }
 
@@ -260,6 +262,10 @@ pub(crate) struct Master {
     parked: Vec<CacheKey>,
     /// Groups a scale dissolved: anything they still send is ignored.
     dissolved: HashSet<u64>,
+    /// Rules the old owner of a scale under way decided in the moved range, kept out of
+    /// the cache's reach until the new owner has merged their state (the cache may
+    /// evict; these must be answered here until then).
+    pins: HashMap<CacheKey, v1::RuleReply>,
 }
 
 impl Master {
@@ -291,6 +297,7 @@ impl Master {
             group_load: HashMap::new(),
             parked: Vec::new(),
             dissolved: HashSet::new(),
+            pins: HashMap::new(),
         }
     }
 
@@ -426,6 +433,9 @@ impl Master {
             } => {
                 let change = self.set_desired(chains, partitions);
                 let _ = done.send(change);
+            }
+            MasterIn::ClearCache(tx) => {
+                let _ = tx.send(self.cache.clear());
             }
             MasterIn::Flows(req, tx) => {
                 let limit = if req.limit == 0 { 100 } else { req.limit } as usize;
@@ -600,7 +610,11 @@ impl Master {
                 }
             };
             let ck: CacheKey = (req.tenant, req.chain, *key.as_bytes());
-            if let Some(mut r) = self.cache.get(&ck, now) {
+            if let Some(mut r) = self
+                .cache
+                .get(&ck, now)
+                .or_else(|| self.pins.get(&ck).cloned())
+            {
                 r.id = req.id;
                 r.worker = req.worker;
                 self.answer_pp(session, r, arrived);
@@ -677,7 +691,9 @@ impl Master {
             if let Some(p) = part {
                 for k in &r.expired {
                     if let Ok(k) = FlowKey::try_from(k) {
-                        self.cache.invalidate(&(p.tenant, p.chain, *k.as_bytes()));
+                        let ck = (p.tenant, p.chain, *k.as_bytes());
+                        self.cache.invalidate(&ck);
+                        self.pins.remove(&ck);
                     }
                 }
             }
@@ -698,6 +714,9 @@ impl Master {
                     continue;
                 };
                 self.cache.insert(ck, &reply, now);
+                if matches!(reply.result, Some(v1::rule_reply::Result::Rule(_))) {
+                    self.scale_pin(results.group, ck, &reply);
+                }
                 let mut reply = Some(reply);
                 for (i, w) in f.waiters.iter().enumerate() {
                     let mut r = if i + 1 == f.waiters.len() {
@@ -768,14 +787,6 @@ impl Master {
         let Some(f) = self.inflight.get(ck) else {
             return;
         };
-        if self.installing(f.group) {
-            // The group has the request queued behind a scale's install op: it answers
-            // once the install is applied. Sending it again would only add load.
-            if let Some(f) = self.inflight.get_mut(ck) {
-                f.sent_ms = now;
-            }
-            return;
-        }
         if f.attempts >= self.cfg.max_attempts {
             let f = match self.inflight.remove(ck) {
                 Some(f) => f,
@@ -796,11 +807,21 @@ impl Master {
         };
         f.attempts += 1;
         f.sent_ms = now;
-        // The partition may have moved to another group since.
+        // The partition may have moved to another group since. Not away from the old
+        // owner of a scale under way, though: it may have decided the flow already (its
+        // answer then comes), and otherwise it refuses and FM redirects.
         let key = FlowKey::from_bytes(ck.2);
-        if let Some(g) = self.map.lookup(ck.0, ck.1, key.hash()) {
-            f.group = g;
+        let group = f.group;
+        if !self.scale_source(group) {
+            if let Some(g) = self.map.lookup(ck.0, ck.1, key.hash()) {
+                if let Some(f) = self.inflight.get_mut(ck) {
+                    f.group = g;
+                }
+            }
         }
+        let Some(f) = self.inflight.get_mut(ck) else {
+            return;
+        };
         self.stats.resubmitted += 1;
         self.to_submit
             .entry(f.group)

@@ -196,6 +196,13 @@ impl FmHandle {
         self.observer().ask(|tx| MasterIn::Flows(req, tx)).await
     }
 
+    /// Drop every rule in FM's cache (rules pinned by a scale under way stay), so the
+    /// next request for each flow goes to SC. For operators and tests; returns how many
+    /// rules were dropped.
+    pub async fn clear_cache(&self) -> Option<usize> {
+        self.observer().ask(MasterIn::ClearCache).await
+    }
+
     /// Scale out or in (paper 000 Fig. 3, docs/scaling.md). Returns when the scale
     /// finished (fin) or was aborted (`ScaleOutcome::aborted`); an error if FM refused
     /// to start it.

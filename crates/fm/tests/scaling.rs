@@ -3,8 +3,10 @@
 //! real FM and six SC nodes over gRPC. Checked: no request fails, no external port is
 //! handed out twice (in the replies, and in the NF state of every group), every
 //! long-lived flow keeps its rule across both events, and every group's state lies in
-//! the partition FM's map gives it. The p99 request latency before and during each
-//! event is printed, not asserted.
+//! the partition FM's map gives it; flows decided during a move keep their rule when
+//! SC is asked again afterwards (FM's cache emptied), which exercises the delta hand-over.
+//! The p99 request latency before and during each event is printed (and bounded with
+//! SF_SCALING_P99=1).
 
 mod common;
 
@@ -108,6 +110,8 @@ fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
 struct Load {
     /// New flows answered: key → mapping.
     new: HashMap<FlowKey, (IpAddr, u16)>,
+    /// New flows sent during a scale: (flow index, phase).
+    new_during: Vec<(u32, u8)>,
     /// The long-lived flows' rules as first answered.
     long: HashMap<FlowKey, String>,
     /// Error replies (a PP node would ask again; so does the load).
@@ -218,6 +222,9 @@ fn drive(
                     }
                 } else {
                     load.new.insert(reply.key, m);
+                    if ph == DURING_OUT || ph == DURING_IN {
+                        load.new_during.push((i, ph));
+                    }
                 }
             }
             None => {
@@ -456,6 +463,41 @@ fn run(with_fw: bool) {
         "flows lost or extra"
     );
 
+    // Flows decided during a move keep their rule when asked again after it, with FM's
+    // cache emptied so SC answers: those the old owner decided after st reached the
+    // new owner in the delta (and, after scale-in, back in the merged group).
+    let dropped = cluster.rt.block_on(cluster.fm.clear_cache()).unwrap();
+    assert!(dropped > 0);
+    let during_out_moved = load
+        .new_during
+        .iter()
+        .filter(|(i, ph)| {
+            let h = key_of(*i).hash();
+            *ph == DURING_OUT && out.moved_lo <= h && h <= out.moved_hi
+        })
+        .count();
+    let during_in = load
+        .new_during
+        .iter()
+        .filter(|(_, ph)| *ph == DURING_IN)
+        .count();
+    assert!(
+        during_out_moved > 20 && during_in > 20,
+        "too few flows decided during the moves to check ({during_out_moved}, {during_in})"
+    );
+    let again = reask(
+        &cluster.fm_addr(),
+        &load.new_during.iter().map(|p| p.0).collect::<Vec<_>>(),
+    );
+    for (i, _) in &load.new_during {
+        let k = key_of(*i);
+        assert_eq!(
+            again.get(&k),
+            load.new.get(&k),
+            "flow {i} decided during a move got another rule afterwards"
+        );
+    }
+
     let stats = cluster.stats();
     assert_eq!(
         (stats.scale_outs, stats.scale_ins, stats.scale_aborts),
@@ -490,7 +532,58 @@ fn run(with_fw: bool) {
         stats.scale_redirects,
         t0.elapsed().as_secs_f64()
     );
+    // The goal: new-flow setup during each move within a small factor of before (it was
+    // 100-240 ms when new flows of the moved range queued behind the install). Not met
+    // robustly yet: the split op at the old owner (scale-out, 13-36 ms) and above all
+    // the merge op at the neighbour (scale-in, 40-60 ms) still block their group's
+    // stream for one apply (see docs/scaling.md), so this is checked only with
+    // SF_SCALING_P99=1.
+    let (_, before) = p99(&load.latency_new[BEFORE as usize]);
+    let bound = (5 * before).max(20_000);
+    let phases: &[u8] = if std::env::var_os("SF_SCALING_P99").is_some() {
+        &[DURING_OUT, DURING_IN]
+    } else {
+        &[]
+    };
+    for &ph in phases {
+        let (n, during) = p99(&load.latency_new[ph as usize]);
+        assert!(n > 0, "no new flow was sent during phase {ph}");
+        assert!(
+            during <= bound,
+            "p99 new-flow setup during phase {ph} is {during} µs; before {before} µs"
+        );
+    }
     drop(client);
+}
+
+/// Ask FM for flows `flows` through a PP session of its own, one at a time in a batch;
+/// returns each flow's mapping (errors are missing).
+fn reask(fm: &str, flows: &[u32]) -> HashMap<FlowKey, (IpAddr, u16)> {
+    let (client, mut links) = FmClient::start(FmClientConfig::new(fm, "pp-check")).unwrap();
+    let link = links.remove(0);
+    wait(Duration::from_secs(5), "PP check session", || {
+        client.connected().then_some(())
+    });
+    let RuleSource::Channel { requests, replies } = link.source else {
+        unreachable!()
+    };
+    for &i in flows {
+        requests.send(flow(i)).unwrap();
+    }
+    let mut out = HashMap::new();
+    let mut answered = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answered < flows.len() && Instant::now() < deadline {
+        if let Ok(r) = replies.recv_timeout(Duration::from_millis(100)) {
+            answered += 1;
+            if let Some(m) = mapping(&r) {
+                out.insert(r.key, m);
+            }
+        }
+    }
+    assert_eq!(answered, flows.len(), "re-asked flows left unanswered");
+    drop(client);
+    out
 }
 
 #[test]

@@ -319,6 +319,18 @@ impl Chain {
         Ok(frame_parts(&parts))
     }
 
+    /// Hashes of every flow some NF of the chain holds per-flow state for, sorted and
+    /// deduplicated; None if any NF cannot tell (see `NetworkFunction::flow_hashes`).
+    pub fn flow_hashes(&self) -> Option<Vec<u64>> {
+        let mut out = Vec::new();
+        for nf in &self.nfs {
+            out.extend(nf.flow_hashes()?);
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
     pub fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
         let parts = unframe_parts(part, self.nfs.len())?;
         for (nf, p) in self.nfs.iter_mut().zip(parts) {

@@ -335,4 +335,13 @@ pub trait NetworkFunction: Send {
 
     /// Scale-in: take in a part another owner split off (or its whole state).
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError>;
+
+    /// `FlowKey::hash()` of every flow this NF holds per-flow state for, or None if it
+    /// cannot tell. During a scale (docs/scaling.md) the old owner keeps deciding new
+    /// flows of the moved range, and must refuse flows whose state already left with the
+    /// part: this is how it tells them apart. None makes it refuse every moved flow
+    /// until the new owner serves them, which is correct but makes them wait.
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        None
+    }
 }

@@ -36,10 +36,10 @@
 //! The same timeout is the decision's idle timeout, so PP's rule and the conntrack entry
 //! age alike. [`NetworkFunction::on_timer`] forgets entries past their deadline.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use hashbrown::HashMap;
 use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf, TableSpec};
 use packet::proto;
 use pipeline::FlowKey;
@@ -638,7 +638,7 @@ impl Firewall {
         conns.sort_by_key(|c| *c.key.0.as_bytes());
         FwSnapshot {
             version: SNAPSHOT_VERSION,
-            config: self.cfg.clone(),
+            config: ConfigText(self.cfg.clone()),
             conns,
         }
     }
@@ -731,15 +731,15 @@ impl NetworkFunction for Firewall {
     }
 
     fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        serde_json::to_vec(&self.to_snapshot(|_| true))
+        crate::codec::encode(&self.to_snapshot(|_| true))
             .map_err(|e| NfError::Snapshot(format!("fw: {e}")))
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
         let snap = FwSnapshot::parse(snapshot)?;
-        let acls = compile(&snap.config)
+        let acls = compile(&snap.config.0)
             .map_err(|e| NfError::Snapshot(format!("fw: configuration in snapshot: {e}")))?;
-        self.cfg = snap.config;
+        self.cfg = snap.config.0;
         self.acls = acls;
         self.conns = snap
             .conns
@@ -762,7 +762,7 @@ impl NetworkFunction for Firewall {
         // The ACL is shared-read: the new owner gets a copy. Conntrack moves by the hash
         // of the original direction's key.
         let snap = self.to_snapshot(|k| half.moves(k));
-        let out = serde_json::to_vec(&snap).map_err(|e| NfError::Snapshot(format!("fw: {e}")))?;
+        let out = crate::codec::encode(&snap).map_err(|e| NfError::Snapshot(format!("fw: {e}")))?;
         for c in &snap.conns {
             self.conns.remove(&c.key.0);
         }
@@ -771,7 +771,7 @@ impl NetworkFunction for Firewall {
 
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
         let snap = FwSnapshot::parse(part)?;
-        if snap.config != self.cfg {
+        if snap.config.0 != self.cfg {
             warn!("fw: merged part carries a different configuration; keeping ours");
         }
         for c in snap.conns {
@@ -790,20 +790,24 @@ impl NetworkFunction for Firewall {
         }
         Ok(())
     }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(self.conns.keys().map(FlowKey::hash).collect())
+    }
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FwSnapshot {
     version: u32,
-    config: FwConfig,
+    config: ConfigText,
     conns: Vec<ConnSnap>,
 }
 
 impl FwSnapshot {
     fn parse(b: &[u8]) -> Result<Self, NfError> {
         let s: FwSnapshot =
-            serde_json::from_slice(b).map_err(|e| NfError::Snapshot(format!("fw: {e}")))?;
+            crate::codec::decode(b).map_err(|e| NfError::Snapshot(format!("fw: {e}")))?;
         if s.version != SNAPSHOT_VERSION {
             return Err(NfError::Snapshot(format!(
                 "fw: snapshot version {} (this build reads {SNAPSHOT_VERSION})",
@@ -811,6 +815,34 @@ impl FwSnapshot {
             )));
         }
         Ok(s)
+    }
+}
+
+/// The configuration in a snapshot. Its serde form (untagged port specs, skipped
+/// fields) needs a self-describing format, so the binary form carries it as JSON text.
+struct ConfigText(FwConfig);
+
+impl Serialize for ConfigText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            self.0.serialize(s)
+        } else {
+            let t = serde_json::to_string(&self.0).map_err(serde::ser::Error::custom)?;
+            s.serialize_str(&t)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            FwConfig::deserialize(d).map(ConfigText)
+        } else {
+            let t = String::deserialize(d)?;
+            serde_json::from_str(&t)
+                .map(ConfigText)
+                .map_err(serde::de::Error::custom)
+        }
     }
 }
 

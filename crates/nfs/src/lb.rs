@@ -647,6 +647,10 @@ impl NetworkFunction for LoadBalancer {
         self.prune();
         Ok(())
     }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(self.flows.keys().map(FlowKey::hash).collect())
+    }
 }
 
 /// Sort keys by their canonical bytes, so every replica reports them in the same order.
@@ -695,13 +699,16 @@ impl FlowSnap {
     }
 }
 
-/// A `FlowKey` in snapshots: its 40 canonical bytes as hex, so it round-trips exactly
-/// (the display form would not for odd protocol numbers or ICMP identifiers).
+/// A `FlowKey` in snapshots: its 40 canonical bytes (as hex in JSON), so it round-trips
+/// exactly (the display form would not for odd protocol numbers or ICMP identifiers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HexKey(pub FlowKey);
 
 impl Serialize for HexKey {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if !s.is_human_readable() {
+            return crate::codec::serialize_key_bytes(&self.0, s);
+        }
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = String::with_capacity(FlowKey::LEN * 2);
         for b in self.0.as_bytes() {
@@ -714,6 +721,9 @@ impl Serialize for HexKey {
 
 impl<'de> Deserialize<'de> for HexKey {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if !d.is_human_readable() {
+            return crate::codec::deserialize_key_bytes(d).map(HexKey);
+        }
         let s = String::deserialize(d)?;
         let bad = || serde::de::Error::custom(format!("flow key {s:?}: want 80 hex digits"));
         let raw = s.as_bytes();

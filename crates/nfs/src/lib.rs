@@ -3,6 +3,7 @@
 //! They are written against the public `nf` API only, exactly as a tenant's NF would be,
 //! and built from serde configuration by [`build`].
 
+mod codec;
 pub mod fw;
 pub mod lb;
 pub mod monitor;

@@ -218,4 +218,9 @@ impl NetworkFunction for Monitor {
         self.counts.overflow.add_all(&other.overflow);
         Ok(())
     }
+
+    /// Counters only: no decision depends on per-flow state.
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(Vec::new())
+    }
 }

@@ -23,7 +23,7 @@
 //! and a mapping copied to both sides of a split keeps its port reserved until the
 //! copies are merged again (weighted reference counting).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ use nf::{
 };
 use packet::proto;
 use pipeline::FlowKey;
+// hashbrown's default hasher (foldhash) rather than SipHash: splits and merges of a
+// partition hash every flow key and endpoint several times (docs/scaling.md).
+use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -936,14 +939,41 @@ struct PairingSnap {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FlowSnap {
-    /// `FlowKey`'s text form.
-    key: String,
+    /// `FlowKey`'s text form in JSON, its bytes in the binary form.
+    key: SnapKey,
     own: ExternalEndpoint,
     peer: Option<ExternalEndpoint>,
     forward: Rewrite,
     reverse: Rewrite,
     state: FlowState,
     deadline_ms: u64,
+}
+
+/// A flow key in a snapshot: text in JSON (as older builds wrote it), bytes in binary.
+#[derive(Debug)]
+struct SnapKey(FlowKey);
+
+impl Serialize for SnapKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.collect_str(&self.0)
+        } else {
+            crate::codec::serialize_key_bytes(&self.0, s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SnapKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            let t = String::deserialize(d)?;
+            t.parse()
+                .map(SnapKey)
+                .map_err(|e| serde::de::Error::custom(format!("flow key {t:?}: {e}")))
+        } else {
+            crate::codec::deserialize_key_bytes(d).map(SnapKey)
+        }
+    }
 }
 
 fn snap_err(m: String) -> NfError {
@@ -990,7 +1020,7 @@ impl State {
         let flows = flows
             .into_iter()
             .map(|(k, f)| FlowSnap {
-                key: k.to_string(),
+                key: SnapKey(*k),
                 own: f.own,
                 peer: f.peer,
                 forward: f.forward,
@@ -1010,13 +1040,13 @@ impl State {
     }
 
     fn encode(&self) -> Result<Vec<u8>, NfError> {
-        serde_json::to_vec(&self.to_snapshot()).map_err(|e| snap_err(e.to_string()))
+        crate::codec::encode(&self.to_snapshot()).map_err(snap_err)
     }
 
     /// Build and check a state from a snapshot: every port is free or mapped, never both,
     /// and everything lies inside this NF's configured pools.
     fn decode(plan: &Plan, bytes: &[u8]) -> Result<State, NfError> {
-        let s: Snapshot = serde_json::from_slice(bytes).map_err(|e| snap_err(e.to_string()))?;
+        let s: Snapshot = crate::codec::decode(bytes).map_err(snap_err)?;
         if s.version != SNAPSHOT_VERSION {
             return Err(snap_err(format!(
                 "snapshot version {} (expected {SNAPSHOT_VERSION})",
@@ -1077,10 +1107,7 @@ impl State {
             }
         }
         for f in &s.flows {
-            let key: FlowKey = f
-                .key
-                .parse()
-                .map_err(|e| snap_err(format!("flow key {:?}: {e}", f.key)))?;
+            let key = f.key.0;
             for e in std::iter::once(&f.own).chain(f.peer.iter()) {
                 if !st.mappings.contains_key(e) {
                     return Err(snap_err(format!("flow {key} uses missing mapping {e:?}")));
@@ -1184,6 +1211,12 @@ impl Snat {
     }
 
     /// The free ports of one pool address and protocol, ascending.
+    /// The snapshot in its JSON form, for people and tools (`restore` and `merge` read
+    /// it too; `snapshot` writes the compact binary form).
+    pub fn snapshot_json(&self) -> Result<Vec<u8>, NfError> {
+        serde_json::to_vec(&self.state.to_snapshot()).map_err(|e| snap_err(e.to_string()))
+    }
+
     pub fn free_ports(&self, addr: IpAddr, proto: u8) -> Vec<u16> {
         self.state
             .ports
@@ -1633,19 +1666,31 @@ impl NetworkFunction for Snat {
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
         let other = State::decode(&self.plan, part)?;
         let st = &mut self.state;
+        // Word by word and mapping by mapping, not port by port: the free sets hold
+        // tens of thousands of ports, and this runs on the request stream.
         for (&(addr, proto), set) in &other.ports.sets {
-            for port in set.free_ports() {
-                let e = ExternalEndpoint { addr, port, proto };
-                if st.ports.is_free(&e) {
+            let Some(mine) = st.ports.sets.get(&(addr, proto)) else {
+                continue;
+            };
+            if (mine.lo, mine.hi) != (set.lo, set.hi) {
+                return Err(snap_err(format!("port range of {addr} differs")));
+            }
+            for (i, (a, b)) in mine.bits.iter().zip(&set.bits).enumerate() {
+                let both = a & b;
+                if both != 0 {
+                    let port = set.port_at(i * 64 + both.trailing_zeros() as usize);
                     return Err(snap_err(format!(
                         "port {port} of {addr} is free on both sides"
                     )));
                 }
-                if st.mappings.contains_key(&e) {
-                    return Err(snap_err(format!(
-                        "port {port} of {addr} is free there and mapped here"
-                    )));
-                }
+            }
+        }
+        for e in st.mappings.keys() {
+            if other.ports.is_free(e) {
+                return Err(snap_err(format!(
+                    "port {} of {} is free there and mapped here",
+                    e.port, e.addr
+                )));
             }
         }
         for (e, m) in &other.mappings {
@@ -1723,6 +1768,10 @@ impl NetworkFunction for Snat {
             }
         }
         Ok(())
+    }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(self.state.flows.keys().map(FlowKey::hash).collect())
     }
 }
 

@@ -268,7 +268,7 @@ fn snapshot_restore_round_trips_and_continues_identically() {
 fn restore_rejects_inconsistent_snapshots() {
     let (a, _) = populated();
     let good: serde_json::Value =
-        serde_json::from_slice(&a.snapshot().expect("snapshot")).expect("json");
+        serde_json::from_slice(&a.snapshot_json().expect("snapshot")).expect("json");
     let mut n = Snat::new(cfg()).expect("config");
     let before = n.snapshot().expect("snapshot");
     let mut cases = Vec::new();

@@ -545,7 +545,10 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
     if !g.replicas.iter().any(|r| r.node_id == shared.cfg.node_id) {
         return;
     }
-    let core = ReplicaCore::new(&shared.cfg.node_id, cfg.clone(), shared.factory.as_ref());
+    let mut core = ReplicaCore::new(&shared.cfg.node_id, cfg.clone(), shared.factory.as_ref());
+    // Scale ops carry or produce a partition's bulk state: let the chain's replicas
+    // apply them side by side (docs/scaling.md).
+    core.forward_first(true);
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(ReplicaIn::Configure(cfg));
     groups.insert(gid, tx.clone());
@@ -684,6 +687,9 @@ fn handle(
                     "scaling step at a replica that is not head"
                 );
             }
+            if let Err(e) = run_pending(shared, core, links, out) {
+                warn!(error = %e, "scale op after forwarding");
+            }
         }
         ReplicaIn::PredHello { conn, hello, up } => match core.predecessor_hello(conn, &hello) {
             Ok(ack) => {
@@ -700,7 +706,10 @@ fn handle(
         ReplicaIn::PredMsg { conn, msg } => match msg {
             replicate_down::Msg::Ops(b) => {
                 let n = b.ops.len();
-                if let Err(e) = core.on_ops(conn, b.ops, out) {
+                let applied = core
+                    .on_ops(conn, b.ops, out)
+                    .and_then(|()| run_pending(shared, core, links, out));
+                if let Err(e) = applied {
                     warn!(error = %e, "dropping predecessor link");
                     if links.up.as_ref().is_some_and(|(c, _)| *c == conn) {
                         if let Some((_, up)) = links.up.take() {
@@ -749,6 +758,21 @@ fn handle(
         }
     }
     true
+}
+
+/// A scale op the replica forwarded before applying it (`ReplicaCore::forward_first`):
+/// send it (and everything before it) now, then apply it while the successor does too.
+fn run_pending(
+    shared: &Shared,
+    core: &mut ReplicaCore,
+    links: &mut Links,
+    out: &mut Outbox,
+) -> Result<(), String> {
+    while core.has_pending() {
+        flush(shared, core, links, std::mem::take(out));
+        heavy(|| core.run_pending(out))?;
+    }
+    Ok(())
 }
 
 /// Run work that may take long (a partition's snapshot) without starving the node's

@@ -8,7 +8,9 @@
 //!   applying the same ops in the same order holds the same state and computes the same
 //!   rules (`nf::Chain::decide`).
 //! - Every replica applies each op in sequence order, then forwards it and keeps it,
-//!   with its result, in an *unacked* buffer.
+//!   with its result, in an *unacked* buffer. (Scale ops, which carry or produce a
+//!   partition's bulk state, are forwarded first and then applied, so the replicas
+//!   apply them side by side: [`ReplicaCore::forward_first`].)
 //! - The tail sends the results to FM (it "answers") and acknowledges the op upstream;
 //!   an op is *committed* once the tail has applied it. Acks flow tail → head, and each
 //!   replica trims its unacked buffer as they pass.
@@ -31,12 +33,15 @@
 //! Timers (`Chain::on_timer`) and flow events are ops as well, numbered by the head, so
 //! replicas stay identical.
 //!
-//! Scaling (paper 000 Fig. 3, docs/scaling.md) is ops too: FM's *st*, install and end
-//! messages reach the head, which stamps each as a [`v1::ScaleOp`]. So a split happens
-//! at one definite sequence number on every replica: requests before it are in the part
-//! that leaves, requests after it see the narrowed range and are refused with
-//! [`proto::ERR_MOVED`] (FM sends them to the new owner). The range, readiness and the
-//! kept copy of the part are replicated state, carried in snapshots to joiners.
+//! Scaling (paper 000 Fig. 3, docs/scaling.md) is ops too: FM's *st*, install, end and
+//! delta-merge messages reach the head, which stamps each as a [`v1::ScaleOp`]. So a
+//! split happens at one definite sequence number on every replica: flows decided before
+//! it are in the part that leaves; after it the group keeps serving the moved range for
+//! new flows only (with its half of the shared state), and refuses flows whose state
+//! left with the part ([`proto::ERR_MOVED`]; FM sends them to the new owner once it
+//! serves). The end op hands over what was decided there since the split (the delta).
+//! The range, readiness and the kept copy of the part are replicated state, carried in
+//! snapshots to joiners.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -132,8 +137,27 @@ struct Outgoing {
     scale: u64,
     kind: v1::ScaleKind,
     part: Vec<u8>,
-    /// The range the group served before the split.
+    /// The range the group served before the split (it serves it until the end step).
     old_range: Option<(u64, u64)>,
+    /// The moved key-hash range, inclusive.
+    moved: (u64, u64),
+    /// Hashes of the flows whose state left with the part, sorted; None if the chain
+    /// cannot tell (then every moved flow is refused until the end step).
+    old: Option<Vec<u64>>,
+}
+
+impl Outgoing {
+    /// Whether this group decides key hash `h` while the scale is under way: only new
+    /// flows of the moved range are (flows whose state is in the part are refused, so
+    /// only the new owner, which has that state, ever decides them again).
+    fn decides(&self, h: u64) -> bool {
+        if h < self.moved.0 || h > self.moved.1 {
+            return true;
+        }
+        self.old
+            .as_ref()
+            .is_some_and(|old| old.binary_search(&h).is_err())
+    }
 }
 
 /// A group's replicated scaling state.
@@ -146,6 +170,11 @@ struct ScaleState {
     outgoing: Option<Outgoing>,
     /// Scale ids a step of which was applied here.
     done: BTreeSet<u64>,
+    /// The last committed end step (scale id, delta), so a repeated one reports the
+    /// same delta.
+    ended: Option<(u64, Vec<u8>)>,
+    /// Scale ids whose delta was merged here.
+    merged: BTreeSet<u64>,
 }
 
 impl ScaleState {
@@ -155,6 +184,8 @@ impl ScaleState {
             ready: cfg.awaiting_scale == 0,
             outgoing: None,
             done: BTreeSet::new(),
+            ended: None,
+            merged: BTreeSet::new(),
         }
     }
 
@@ -169,6 +200,7 @@ impl ScaleState {
             range_hi,
             ready: self.ready,
             done: self.done.iter().copied().collect(),
+            merged: self.merged.iter().copied().collect(),
             ..Default::default()
         };
         if let Some(o) = &self.outgoing {
@@ -180,6 +212,15 @@ impl ScaleState {
                 s.outgoing_lo = lo;
                 s.outgoing_hi = hi;
             }
+            (s.outgoing_moved_lo, s.outgoing_moved_hi) = o.moved;
+            if let Some(old) = &o.old {
+                s.outgoing_old_known = true;
+                s.outgoing_old = old.clone();
+            }
+        }
+        if let Some((id, delta)) = &self.ended {
+            s.ended_scale = *id;
+            s.ended_delta = delta.clone();
         }
         s
     }
@@ -196,8 +237,12 @@ impl ScaleState {
                 old_range: s
                     .outgoing_had_range
                     .then_some((s.outgoing_lo, s.outgoing_hi)),
+                moved: (s.outgoing_moved_lo, s.outgoing_moved_hi),
+                old: s.outgoing_old_known.then(|| s.outgoing_old.clone()),
             }),
             done: s.done.iter().copied().collect(),
+            ended: (s.ended_scale != 0).then(|| (s.ended_scale, s.ended_delta.clone())),
+            merged: s.merged.iter().copied().collect(),
         }
     }
 }
@@ -220,7 +265,18 @@ pub struct ReplicaCore {
     /// A successor handshake that arrived before this replica had state.
     deferred_succ: Option<(u64, v1::ReplicaHelloAck)>,
     scale: ScaleState,
+    /// Forward scale ops before applying them (see [`ReplicaCore::forward_first`]).
+    forward_first: bool,
+    /// A scale op already forwarded but not yet applied, and the ops of its batch after
+    /// it (with the predecessor connection they came on).
+    pending: Option<Pending>,
     pub stats: ReplicaStats,
+}
+
+struct Pending {
+    op: v1::Op,
+    rest: Vec<v1::Op>,
+    conn: Option<u64>,
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -259,10 +315,52 @@ impl ReplicaCore {
             pred_conn: None,
             deferred_succ: None,
             scale: ScaleState::initial(&cfg),
+            forward_first: false,
+            pending: None,
             stats: ReplicaStats::default(),
         };
         r.cfg = cfg;
         r
+    }
+
+    /// Let a non-tail replica send a scale op (a split, install or merge, which carries
+    /// or produces a partition's bulk state) to its successor before it applies it, so
+    /// the replicas of the chain apply it side by side instead of one after the other:
+    /// the requests queued behind it wait for one apply, not one per replica. The op then
+    /// waits in [`ReplicaCore::has_pending`] until the caller has sent the outbox and
+    /// calls [`ReplicaCore::run_pending`]; nothing else may happen in between. Chain
+    /// replication allows it: the successor may apply an op before this replica did,
+    /// and results and acks still come from the tail.
+    pub fn forward_first(&mut self, on: bool) {
+        self.forward_first = on;
+    }
+
+    /// A scale op has been forwarded and waits for [`ReplicaCore::run_pending`].
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Apply the forwarded scale op, then the rest of its batch (which may leave another
+    /// one pending). Errors as [`ReplicaCore::on_ops`].
+    pub fn run_pending(&mut self, out: &mut Outbox) -> Result<(), String> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let result = self.apply(&p.op);
+        // Already in the successor's hands: keep it unacked like any forwarded op.
+        self.unacked.push_back(Applied { op: p.op, result });
+        match p.conn {
+            Some(conn) if !p.rest.is_empty() => self.on_ops(conn, p.rest, out),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `op` is sent on before it is applied (see `forward_first`).
+    fn defer(&self, op: &v1::Op) -> bool {
+        self.forward_first
+            && !self.is_tail()
+            && matches!(self.succ, Succ::Ready { .. })
+            && matches!(op.body, Some(v1::op::Body::Scale(_)))
     }
 
     pub fn group_id(&self) -> u64 {
@@ -558,7 +656,8 @@ impl ReplicaCore {
         if !self.initialized {
             return Err("ops before the snapshot".into());
         }
-        for op in ops {
+        let mut ops = ops.into_iter();
+        while let Some(op) = ops.next() {
             if op.seq <= self.applied {
                 self.stats.duplicate_ops += 1;
                 continue;
@@ -569,6 +668,15 @@ impl ReplicaCore {
                     "gap: op {} after {}; the predecessor must resend",
                     op.seq, self.applied
                 ));
+            }
+            if self.defer(&op) {
+                out.down.push(op.clone());
+                self.pending = Some(Pending {
+                    op,
+                    rest: ops.collect(),
+                    conn: Some(conn),
+                });
+                return Ok(());
             }
             let result = self.apply(&op);
             self.route(op, result, out);
@@ -631,6 +739,15 @@ impl ReplicaCore {
     }
 
     fn apply_and_route(&mut self, op: v1::Op, out: &mut Outbox) {
+        if self.defer(&op) {
+            out.down.push(op.clone());
+            self.pending = Some(Pending {
+                op,
+                rest: Vec::new(),
+                conn: None,
+            });
+            return;
+        }
         let result = self.apply(&op);
         self.route(op, result, out);
     }
@@ -712,6 +829,7 @@ impl ReplicaCore {
             group: gid,
             seq,
             error,
+            delta: Vec::new(),
         };
         match step {
             Step::Split(st) => {
@@ -750,6 +868,34 @@ impl ReplicaCore {
                     }
                 }
             }
+            Step::Install(ins) if ins.delta => {
+                // The second transfer: what the old owner decided in the moved range
+                // after st. FM sends it after the switch, so requests this group
+                // decided before it are new flows the old owner never saw (the flows it
+                // did decide are answered from FM's pinned cache until this op).
+                if self.scale.merged.insert(ins.scale_id) {
+                    let merged = match &mut self.chain {
+                        Ok(c) => c.merge(&ins.part).map_err(|e| format!("merge delta: {e}")),
+                        Err(e) => Err(e.clone()),
+                    };
+                    if let Err(e) = merged {
+                        // Refused as a whole (merges check before they apply): a repeat
+                        // reports the same error rather than a success.
+                        self.scale.merged.remove(&ins.scale_id);
+                        warn!(group = gid, scale = ins.scale_id, error = %e, "delta merge failed");
+                        result.fin = Some(fin(ins.scale_id, e));
+                        return;
+                    }
+                    info!(
+                        group = gid,
+                        scale = ins.scale_id,
+                        seq,
+                        bytes = ins.part.len(),
+                        "scale delta merged"
+                    );
+                }
+                result.fin = Some(fin(ins.scale_id, String::new()));
+            }
             Step::Install(ins) => {
                 if self.scale.done.insert(ins.scale_id) {
                     if let Err(e) = self.install(ins) {
@@ -765,30 +911,50 @@ impl ReplicaCore {
             Step::End(end) => {
                 self.scale.done.insert(end.scale_id);
                 let Some(o) = self.scale.outgoing.take_if(|o| o.scale == end.scale_id) else {
-                    result.fin = Some(fin(end.scale_id, String::new()));
+                    // A repeat (or an end for a scale that never split here).
+                    let mut f = fin(end.scale_id, String::new());
+                    if let Some((_, delta)) =
+                        self.scale.ended.as_ref().filter(|e| e.0 == end.scale_id)
+                    {
+                        f.delta = delta.clone();
+                    }
+                    result.fin = Some(f);
                     return;
                 };
-                let mut error = String::new();
+                let mut f = fin(end.scale_id, String::new());
                 if end.abort {
-                    // Take the part back: it is exactly the state that left at the split
-                    // (nobody decided anything on it: an abort happens before fin).
-                    if o.kind == v1::ScaleKind::Out {
-                        if let Ok(c) = &mut self.chain {
-                            if let Err(e) = c.merge(&o.part) {
-                                error = format!("merging the part back: {e}");
-                            }
+                    // Take the part back. It is disjoint from what was decided here
+                    // since st (other flows, the other half of the free ports), so the
+                    // union is the state as if no scale had started.
+                    if let Ok(c) = &mut self.chain {
+                        if let Err(e) = c.merge(&o.part) {
+                            f.error = format!("merging the part back: {e}");
                         }
                     }
                     self.scale.range = o.old_range;
                     info!(group = gid, scale = end.scale_id, seq, range = ?self.scale.range,
                           "scale aborted; part taken back");
+                } else {
+                    match self.hand_over(&o) {
+                        Ok(delta) => {
+                            info!(group = gid, scale = end.scale_id, seq, bytes = delta.len(),
+                                  range = ?self.scale.range, "scale ended; delta handed over");
+                            self.scale.ended = Some((end.scale_id, delta.clone()));
+                            f.delta = delta;
+                        }
+                        Err(e) => {
+                            warn!(group = gid, scale = end.scale_id, error = %e, "hand-over failed");
+                            f.error = e;
+                        }
+                    }
                 }
-                result.fin = Some(fin(end.scale_id, error));
+                result.fin = Some(f);
             }
         }
     }
 
-    /// Split off the part `st` names. Changes nothing on error.
+    /// Split off the part `st` names and keep serving the group's whole range, the
+    /// moved range for new flows only, until the end step. Changes nothing on error.
     fn split(&mut self, st: &v1::ScaleStart) -> Result<Vec<u8>, String> {
         let chain = self.chain.as_mut().map_err(|e| e.clone())?;
         let Some((lo, hi)) = self.scale.range else {
@@ -799,32 +965,31 @@ impl ReplicaCore {
         }
         let (mlo, mhi) = (st.moved_lo, st.moved_hi);
         let kind = v1::ScaleKind::try_from(st.kind).unwrap_or(v1::ScaleKind::Unspecified);
-        let (part, rest) = match kind {
+        // Taken before the split: the flows whose state the part takes along.
+        let old = chain.flow_hashes().map(|mut v| {
+            v.retain(|h| mlo <= *h && *h <= mhi);
+            v
+        });
+        let part = match kind {
             v1::ScaleKind::Out => {
                 // What stays must be one contiguous range: the moved range is the lower
                 // or the upper end of ours, and not all of it.
-                let rest = if mlo == lo && mhi < hi {
-                    (mhi + 1, hi)
-                } else if mhi == hi && mlo > lo {
-                    (lo, mlo - 1)
-                } else {
+                if !((mlo == lo && mhi < hi) || (mhi == hi && mlo > lo)) {
                     return Err(format!(
                         "moved range [{mlo}, {mhi}] is not an end of the group's [{lo}, {hi}]"
                     ));
-                };
-                // SplitHalf's upper bound is exclusive, so [x, u64::MAX] cannot be named;
-                // such a part moves as "everything but [lo, mlo-1]" would not either, so
-                // refuse it (FM always moves the lower end).
+                }
+                // SplitHalf's upper bound is exclusive, so [x, u64::MAX] cannot be named
+                // (FM always moves the lower end).
                 let Some(end) = mhi.checked_add(1) else {
                     return Err("cannot move a range ending at u64::MAX".into());
                 };
-                let part = chain
+                chain
                     .split(&SplitHalf {
                         moved_lo: mlo,
                         moved_hi: end,
                     })
-                    .map_err(|e| format!("split: {e}"))?;
-                (part, Some(rest))
+                    .map_err(|e| format!("split: {e}"))?
             }
             v1::ScaleKind::In => {
                 if (mlo, mhi) != (lo, hi) {
@@ -832,12 +997,26 @@ impl ReplicaCore {
                         "scale-in must move the group's whole range [{lo}, {hi}], not [{mlo}, {mhi}]"
                     ));
                 }
-                // The whole state goes; the group keeps it (untouched, unserved) so an
-                // abort only has to serve the range again.
-                (
-                    chain.snapshot().map_err(|e| format!("snapshot: {e}"))?,
-                    None,
-                )
+                // Everything goes except half of the free shared state (an empty split
+                // moves no flows, only that half): the group keeps deciding new flows
+                // with it until the end step, disjoint from what the neighbour holds.
+                let keep = chain
+                    .split(&SplitHalf {
+                        moved_lo: 0,
+                        moved_hi: 0,
+                    })
+                    .map_err(|e| format!("split: {e}"))?;
+                let all = chain.snapshot().and_then(|all| {
+                    chain.restore(&keep)?;
+                    Ok(all)
+                });
+                match all {
+                    Ok(all) => all,
+                    Err(e) => {
+                        let _ = chain.merge(&keep);
+                        return Err(format!("retire: {e}"));
+                    }
+                }
             }
             v1::ScaleKind::Unspecified => return Err("scale kind unspecified".into()),
         };
@@ -846,9 +1025,40 @@ impl ReplicaCore {
             kind,
             part: part.clone(),
             old_range: self.scale.range,
+            moved: (mlo, mhi),
+            old,
         });
-        self.scale.range = rest;
         Ok(part)
+    }
+
+    /// The committed end step: stop serving the moved range and return what was
+    /// decided there since st (scale-in: everything the group holds).
+    fn hand_over(&mut self, o: &Outgoing) -> Result<Vec<u8>, String> {
+        let chain = self.chain.as_mut().map_err(|e| e.clone())?;
+        let (mlo, mhi) = o.moved;
+        let delta = match o.kind {
+            v1::ScaleKind::Out => {
+                let end = mhi.checked_add(1).ok_or("moved range ends at u64::MAX")?;
+                let delta = chain
+                    .split(&SplitHalf {
+                        moved_lo: mlo,
+                        moved_hi: end,
+                    })
+                    .map_err(|e| format!("split: {e}"))?;
+                self.scale.range = match o.old_range {
+                    Some((lo, hi)) if mlo == lo => Some((mhi + 1, hi)),
+                    Some((lo, _)) => Some((lo, mlo.saturating_sub(1))),
+                    None => None,
+                };
+                delta
+            }
+            _ => {
+                let delta = chain.snapshot().map_err(|e| format!("snapshot: {e}"))?;
+                self.scale.range = None;
+                delta
+            }
+        };
+        Ok(delta)
     }
 
     fn install(&mut self, ins: &v1::ScaleInstall) -> Result<(), String> {
@@ -903,7 +1113,9 @@ impl ReplicaCore {
             return proto::error_reply(m, proto::ERR_NOT_READY);
         }
         let h = req.key.hash();
-        if !self.scale.range.is_some_and(|(lo, hi)| lo <= h && h <= hi) {
+        let serves = self.scale.range.is_some_and(|(lo, hi)| lo <= h && h <= hi)
+            && self.scale.outgoing.as_ref().is_none_or(|o| o.decides(h));
+        if !serves {
             self.stats.moved_requests += 1;
             return proto::error_reply(m, proto::ERR_MOVED);
         }
@@ -1194,13 +1406,64 @@ mod tests {
         (a, b, decided)
     }
 
+    fn is_err(r: &v1::RuleReply, e: &str) -> bool {
+        matches!(&r.result, Some(v1::rule_reply::Result::Error(x)) if x == e)
+    }
+
+    fn port(r: &v1::RuleReply) -> Option<u32> {
+        match &r.result {
+            Some(v1::rule_reply::Result::Rule(rule)) => {
+                rule.actions.iter().find_map(|x| match &x.kind {
+                    Some(v1::action::Kind::SetSrc(e)) => e.port,
+                    _ => None,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn forward_first_sends_a_scale_op_on_before_applying_it() {
+        let (mut a, mut b, _) = chain_of_two();
+        a.forward_first(true);
+        b.forward_first(true);
+        let mut out = Outbox::default();
+        submit(&mut a, (0..8).map(request).collect(), &mut out);
+        assert!(a.scale(split_step(1), 2_000, &mut out));
+        // The split is in the outbox, behind the requests, and not applied yet.
+        assert!(a.has_pending());
+        assert_eq!(out.down.len(), 2);
+        assert!(a.scale.outgoing.is_none());
+        let down = std::mem::take(&mut out.down);
+        a.run_pending(&mut out).unwrap();
+        assert!(!a.has_pending());
+        assert!(out.down.is_empty(), "forwarded once");
+        submit(&mut a, (8..16).map(request).collect(), &mut out);
+        // The tail (no successor) applies at once.
+        let mut tail = Outbox::default();
+        b.on_ops(1, down, &mut tail).unwrap();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
+            .unwrap();
+        assert!(!b.has_pending());
+        assert_eq!(a.scale.outgoing, b.scale.outgoing);
+        assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        assert_eq!(replies(&tail).len(), 16);
+        assert!(
+            a.unacked
+                .iter()
+                .any(|x| matches!(x.op.body, Some(v1::op::Body::Scale(_)))),
+            "the split is kept unacked like any op"
+        );
+    }
+
     #[test]
     fn a_split_is_an_op_every_replica_applies_at_the_same_point() {
         let (mut a, mut b, decided) = chain_of_two();
         let mut out = Outbox::default();
         assert!(a.scale(split_step(1), 2_000, &mut out));
-        // Requests after the split: the moved range is refused, the rest is served.
-        submit(&mut a, (64..128).map(request).collect(), &mut out);
+        // After the split: old flows of the moved range are refused (their state left
+        // with the part), every other flow is served, new flows of the moved range too.
+        submit(&mut a, (0..128).map(request).collect(), &mut out);
         let mut tail = Outbox::default();
         b.on_ops(1, std::mem::take(&mut out.down), &mut tail)
             .unwrap();
@@ -1212,23 +1475,35 @@ mod tests {
             .collect();
         assert_eq!(parts.len(), 1);
         assert_eq!(parts[0].scale_id, 1);
+        let part = parts[0].part.clone();
         // Both replicas split identically: same part kept, same state left.
         assert_eq!(a.scale.outgoing, b.scale.outgoing);
-        assert_eq!(a.scale.outgoing.as_ref().unwrap().part, parts[0].part);
+        assert_eq!(a.scale.outgoing.as_ref().unwrap().part, part);
         assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
         assert_eq!(
-            (a.serving(), b.serving()),
-            (Some((MID, u64::MAX)), Some((MID, u64::MAX)))
+            a.serving(),
+            Some((0, u64::MAX)),
+            "served until the end step"
         );
         let after = replies(&tail);
-        assert_eq!(after.len(), 64);
-        let mut moved = 0;
-        for (r, req) in after.iter().zip((64..128).map(request)) {
-            let refused = matches!(&r.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_MOVED);
-            assert_eq!(refused, hash_of(&req) < MID, "flow {}", req.id);
-            moved += usize::from(refused);
+        assert_eq!(after.len(), 128);
+        let mut refused = 0;
+        let mut new_moved = 0;
+        for (r, req) in after.iter().zip((0..128).map(request)) {
+            let moved = hash_of(&req) < MID;
+            let old = req.id < 64;
+            assert_eq!(is_err(r, proto::ERR_MOVED), moved && old, "flow {}", req.id);
+            if old && !moved {
+                let orig = decided.iter().find(|d| d.id == r.id).unwrap();
+                assert_eq!(r.result, orig.result, "kept flow {} changed its rule", r.id);
+            }
+            refused += usize::from(moved && old);
+            new_moved += usize::from(moved && !old);
         }
-        assert!(moved > 0 && moved < 64, "the test flows straddle the split");
+        assert!(
+            refused > 0 && new_moved > 0,
+            "the test flows straddle the split"
+        );
 
         // A repeated st changes nothing and reports the same part again.
         let before = a.state(true).snapshot;
@@ -1237,38 +1512,84 @@ mod tests {
         let mut tail2 = Outbox::default();
         b.on_ops(1, out2.down, &mut tail2).unwrap();
         assert_eq!(a.state(true).snapshot, before);
-        assert_eq!(tail2.results[0].part.as_ref().unwrap().part, parts[0].part);
+        assert_eq!(tail2.results[0].part.as_ref().unwrap().part, part);
 
         // The new group (awaiting scale 1) serves nothing before its install op...
         let mut c = replica("c", snat_config(8, &["c"], (0, MID - 1), 1));
         let moved_req: Vec<v1::RuleRequest> =
-            (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
+            (0..128).map(request).filter(|r| hash_of(r) < MID).collect();
         let mut co = Outbox::default();
         submit(&mut c, moved_req.clone(), &mut co);
-        assert!(replies(&co).iter().all(|r| matches!(&r.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_NOT_READY)));
-        // ...and after it answers the moved flows with the rules they already had.
+        assert!(replies(&co).iter().all(|r| is_err(r, proto::ERR_NOT_READY)));
         let mut co = Outbox::default();
         assert!(c.scale(
             v1::scale_op::Step::Install(v1::ScaleInstall {
                 scale_id: 1,
                 kind: v1::ScaleKind::Out as i32,
                 group: 8,
-                part: parts[0].part.clone(),
+                part,
                 range_lo: 0,
                 range_hi: MID - 1,
+                delta: false,
             }),
             4_000,
             &mut co,
         ));
         let fin = co.results.iter().find_map(|r| r.fin.clone()).unwrap();
         assert_eq!((fin.scale_id, fin.group, fin.error.as_str()), (1, 8, ""));
+        // fin: the old group's end op hands over what it decided in the moved range.
+        let end = v1::scale_op::Step::End(v1::ScaleEnd {
+            scale_id: 1,
+            group: 7,
+            abort: false,
+        });
+        assert!(a.scale(end.clone(), 5_000, &mut out));
+        assert!(a.scale(end, 5_001, &mut out), "a repeated end");
+        let mut tail3 = Outbox::default();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail3)
+            .unwrap();
+        let fins: Vec<v1::ScaleFin> = tail3.results.iter().filter_map(|r| r.fin.clone()).collect();
+        assert_eq!(fins.len(), 2);
+        assert!(!fins[0].delta.is_empty());
+        assert_eq!(
+            fins[0].delta, fins[1].delta,
+            "a repeat reports the same delta"
+        );
+        assert_eq!(b.serving(), Some((MID, u64::MAX)));
+        assert!(b.scale.outgoing.is_none());
+        let mut co = Outbox::default();
+        c.scale(
+            v1::scale_op::Step::Install(v1::ScaleInstall {
+                scale_id: 1,
+                kind: v1::ScaleKind::Out as i32,
+                group: 8,
+                part: fins[0].delta.clone(),
+                range_lo: 0,
+                range_hi: MID - 1,
+                delta: true,
+            }),
+            6_000,
+            &mut co,
+        );
+        assert_eq!(co.results[0].fin.as_ref().unwrap().error, "");
+        // Every moved flow, old or decided by the old group after st, keeps its rule
+        // at the new group; the old group refuses them now.
         let mut co = Outbox::default();
         submit(&mut c, moved_req.clone(), &mut co);
         for r in replies(&co) {
-            let orig = decided.iter().find(|d| d.id == r.id).unwrap();
+            let orig = decided
+                .iter()
+                .chain(&after)
+                .find(|d| d.id == r.id && !is_err(d, proto::ERR_MOVED))
+                .unwrap();
             assert_eq!(r.result, orig.result, "flow {} changed its rule", r.id);
         }
-        // A flow new to the new group gets a port outside everything the old one holds.
+        submit(&mut a, moved_req, &mut out);
+        let mut tail4 = Outbox::default();
+        b.on_ops(1, std::mem::take(&mut out.down), &mut tail4)
+            .unwrap();
+        assert!(replies(&tail4).iter().all(|r| is_err(r, proto::ERR_MOVED)));
+        // New flows on both sides get ports outside everything either holds.
         let new_moved: Vec<v1::RuleRequest> = (200..400)
             .map(request)
             .filter(|r| hash_of(r) < MID)
@@ -1282,23 +1603,17 @@ mod tests {
         let mut co = Outbox::default();
         submit(&mut c, new_moved, &mut co);
         submit(&mut a, new_kept, &mut out);
-        let port = |r: &v1::RuleReply| match &r.result {
-            Some(v1::rule_reply::Result::Rule(rule)) => {
-                rule.actions.iter().find_map(|x| match &x.kind {
-                    Some(v1::action::Kind::SetSrc(e)) => e.port,
-                    _ => None,
-                })
-            }
-            _ => None,
-        };
-        let mut ports: Vec<u32> = decided
+        let mut tail5 = Outbox::default();
+        b.on_ops(1, out.down, &mut tail5).unwrap();
+        // One port per flow (a flow asked twice has one), none shared by two flows.
+        let by_flow: std::collections::HashMap<u64, u32> = decided
             .iter()
+            .chain(&after)
             .chain(&replies(&co))
-            .filter_map(port)
+            .chain(&replies(&tail5))
+            .filter_map(|r| Some((r.id, port(r)?)))
             .collect();
-        let mut tail3 = Outbox::default();
-        b.on_ops(1, out.down, &mut tail3).unwrap();
-        ports.extend(replies(&tail3).iter().filter_map(port));
+        let mut ports: Vec<u32> = by_flow.values().copied().collect();
         let n = ports.len();
         ports.sort_unstable();
         ports.dedup();
@@ -1307,7 +1622,7 @@ mod tests {
             n,
             "a port was handed out twice across the split"
         );
-        assert_eq!(n, 64 + 10);
+        assert_eq!(n, 128 + 10);
     }
 
     #[test]
@@ -1372,7 +1687,8 @@ mod tests {
         b.successor_ready(9, &ack, &mut bo);
         let snap = bo.snapshot.unwrap();
         c.on_snapshot(9, snap, &TestNfs, &mut Outbox::default());
-        assert_eq!(c.serving(), Some((MID, u64::MAX)));
+        assert_eq!(c.serving(), Some((0, u64::MAX)));
+        assert!(c.scale.outgoing.as_ref().is_some_and(|o| o.old.is_some()));
         assert_eq!(c.scale.outgoing, b.scale.outgoing);
         assert_eq!(c.scale.done, b.scale.done);
     }

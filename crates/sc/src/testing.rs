@@ -244,6 +244,15 @@ impl NetworkFunction for TestSnat {
         }
         Ok(())
     }
+
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(
+            self.map
+                .keys()
+                .map(|k| FlowKey::from_bytes(*k).hash())
+                .collect(),
+        )
+    }
 }
 
 struct TestFw {
@@ -275,6 +284,9 @@ impl NetworkFunction for TestFw {
     }
     fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
         Ok(())
+    }
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(Vec::new())
     }
 }
 
@@ -313,6 +325,9 @@ impl NetworkFunction for TestLb {
     }
     fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
         Ok(())
+    }
+    fn flow_hashes(&self) -> Option<Vec<u64>> {
+        Some(Vec::new())
     }
 }
 

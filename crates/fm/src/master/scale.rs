@@ -2,23 +2,24 @@
 //! what when, and the failure cases are in docs/scaling.md; in short:
 //!
 //! - **st.** FM sends `ScaleStart` to the old owner's head, which stamps it as an op: at
-//!   that sequence number every replica splits the moved part off (scale-out) or stops
-//!   serving its range (scale-in), and keeps a copy of the part until the scale ends.
-//!   Requests the old owner applies after the op in the moved range are refused as
-//!   `sc-moved`.
-//! - **Switch.** The old owner's tail reports the part (in the op's result, so only once
-//!   the split is committed). FM switches dispatch at once and relays the part to the
-//!   new owner's head as `ScaleInstall`, *before* any request for the moved range on the
-//!   same ordered stream: the new owner never decides a moved key without the state
-//!   that was there. Requests the old owner refused are sent on to the new owner.
-//! - **fin.** The new owner's tail reports the install op's result; FM tells the old
-//!   owner to drop its copy (`ScaleEnd`) or, for scale-in, dissolves the retired group.
+//!   that sequence number every replica splits the part off (the moved flows' state and
+//!   half of the free shared state, e.g. NAT ports) and keeps a copy until the scale
+//!   ends. The old owner keeps serving the moved range, with its own half, for new flows
+//!   only; flows whose state left with the part are refused (`sc-moved`) and parked
+//!   here until the switch.
+//! - **Install.** The old owner's tail reports the part (so only once the split is
+//!   committed); FM relays it to the new owner's head as `ScaleInstall`. Dispatch does
+//!   not change: nothing waits behind the install.
+//! - **fin, switch.** The new owner's tail reports the install; FM switches dispatch and
+//!   sends `ScaleEnd` to the old owner, whose op hands over the *delta* (what it decided
+//!   in the moved range after st). FM relays it to the new owner as a merge op
+//!   (`ScaleInstall{delta}`). Until that merge is applied FM answers the flows the old
+//!   owner decided after st from pinned cache entries, so they never reach the new
+//!   owner before their state does.
 //!
-//! FM relays the part (rather than SC sending it SC→SC) because FM is the one place
-//! that orders the part before the new owner's first request: it owns both the
-//! dispatch switch and the stream to the new head. A direct SC→SC transfer would need a
-//! second ordering point between the part and FM's requests, i.e. the new group holding
-//! requests until the part arrived. The cost is one extra hop for the part's bytes.
+//! FM relays parts (rather than SC sending them SC→SC) because FM is the one place that
+//! orders them against requests: it owns both the dispatch switch and the stream to
+//! each head. The cost is one extra hop for the bytes.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -92,10 +93,21 @@ pub(crate) type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
 pub(super) enum Phase {
     /// st sent to the old owner; waiting for its part.
     Splitting,
-    /// Dispatch switched, part relayed to the new owner; waiting for fin.
+    /// Part relayed to the new owner; waiting for fin. Dispatch is unchanged.
     Installing,
-    /// Dispatch switched back; waiting for the old owner to take its state back.
+    /// fin: dispatch switched, end step sent to the old owner; waiting for its delta.
+    HandingOver,
+    /// Delta relayed to the new owner; waiting for its merge. Pins stay until then.
+    Merging,
+    /// Before fin: waiting for the old owner to take its part back.
     Aborting,
+}
+
+impl Phase {
+    /// Before fin: the scale can still be aborted, and dispatch is as before it.
+    fn before_fin(self) -> bool {
+        matches!(self, Phase::Splitting | Phase::Installing)
+    }
 }
 
 pub(super) struct ScaleJob {
@@ -106,15 +118,15 @@ pub(super) struct ScaleJob {
     from: u64,
     to: u64,
     moved: (u64, u64),
-    /// The old owner's range before, and after the switch.
-    from_before: (u64, u64),
+    /// The old owner's and the new owner's ranges after the switch.
     from_after: Option<(u64, u64)>,
-    /// The new owner's range before (scale-in's neighbour), and after the switch.
-    to_before: Option<(u64, u64)>,
     to_after: (u64, u64),
     phase: Phase,
     part: Option<Vec<u8>>,
+    delta: Option<Vec<u8>>,
     started_us: u64,
+    /// st → fin, once fin arrived.
+    fin_us: Option<u64>,
     started_ms: u64,
     sent_ms: u64,
     done: Option<ScaleDone>,
@@ -131,7 +143,10 @@ impl ScaleJob {
             moved_lo: self.moved.0,
             moved_hi: self.moved.1,
             aborted: self.aborted.clone(),
-            st_to_fin: Duration::from_micros(now_us.saturating_sub(self.started_us)),
+            st_to_fin: Duration::from_micros(
+                self.fin_us
+                    .unwrap_or_else(|| now_us.saturating_sub(self.started_us)),
+            ),
         }
     }
 }
@@ -271,13 +286,13 @@ impl Master {
                 from,
                 to,
                 moved,
-                from_before: (lo, hi),
                 from_after: Some((mid, hi)),
-                to_before: None,
                 to_after: moved,
                 phase: Phase::Splitting,
                 part: None,
+                delta: None,
                 started_us: self.now_us(),
+                fin_us: None,
                 started_ms: now,
                 sent_ms: now,
                 done: None,
@@ -349,13 +364,13 @@ impl Master {
                 from,
                 to,
                 moved: (lo, hi),
-                from_before: (lo, hi),
                 from_after: None,
-                to_before: Some((nlo, nhi)),
                 to_after: (lo.min(nlo), hi.max(nhi)),
                 phase: Phase::Splitting,
                 part: None,
+                delta: None,
                 started_us: self.now_us(),
+                fin_us: None,
                 started_ms: now,
                 sent_ms: now,
                 done: None,
@@ -395,6 +410,27 @@ impl Master {
                     part: j.part.clone().unwrap_or_default(),
                     range_lo: j.to_after.0,
                     range_hi: j.to_after.1,
+                    delta: false,
+                }),
+            ),
+            Phase::HandingOver => (
+                j.from,
+                sc_down::Msg::End(v1::ScaleEnd {
+                    scale_id: j.id,
+                    group: j.from,
+                    abort: false,
+                }),
+            ),
+            Phase::Merging => (
+                j.to,
+                sc_down::Msg::Install(v1::ScaleInstall {
+                    scale_id: j.id,
+                    kind: j.kind as i32,
+                    group: j.to,
+                    part: j.delta.clone().unwrap_or_default(),
+                    range_lo: j.to_after.0,
+                    range_hi: j.to_after.1,
+                    delta: true,
                 }),
             ),
             Phase::Aborting => (
@@ -429,8 +465,8 @@ impl Master {
             .scales
             .values()
             .filter(|j| match j.phase {
-                Phase::Splitting | Phase::Aborting => j.from == gid,
-                Phase::Installing => j.to == gid,
+                Phase::Splitting | Phase::HandingOver | Phase::Aborting => j.from == gid,
+                Phase::Installing | Phase::Merging => j.to == gid,
             })
             .map(|j| j.id)
             .collect();
@@ -441,9 +477,10 @@ impl Master {
 
     /// A replica of group `gid` died. Returns true if `gid` is a scale-out's new group
     /// before fin: the scale is aborted and the group dropped rather than repaired. It
-    /// has decided nothing yet, so nothing is lost, and repairing it would need a live
-    /// member that holds the install (its joiners could otherwise wait forever for a
-    /// snapshot); trying the scale again is cheaper and always safe.
+    /// has decided nothing yet (dispatch only moves at fin), so nothing is lost, and
+    /// repairing it would need a live member that holds the install (its joiners could
+    /// otherwise wait forever for a snapshot); trying the scale again is cheaper and
+    /// always safe. After fin the group serves, and is repaired like any other.
     pub(super) fn scale_group_lost(&mut self, gid: u64) -> bool {
         let Some((id, phase)) = self
             .scales
@@ -453,10 +490,10 @@ impl Master {
         else {
             return false;
         };
-        if phase != Phase::Aborting {
+        if phase.before_fin() {
             self.abort_scale(id, format!("a replica of new group {gid} died before fin"));
         }
-        true
+        phase.before_fin() || phase == Phase::Aborting
     }
 
     /// Results from a scale-out's new group whose scale is being aborted are not
@@ -469,11 +506,37 @@ impl Master {
                 .any(|j| j.kind == v1::ScaleKind::Out && j.to == gid && j.phase == Phase::Aborting)
     }
 
-    /// Whether group `gid` is taking in a scale's part now (requests wait behind it).
-    pub(super) fn installing(&self, gid: u64) -> bool {
+    /// Whether group `gid` is the old owner of a scale under way: a request sent to it
+    /// is retried there, never at the new owner, since it may have decided it already
+    /// (its answer then comes, or it refuses the key and FM redirects it).
+    pub(super) fn scale_source(&self, gid: u64) -> bool {
         self.scales
             .values()
-            .any(|j| j.phase == Phase::Installing && j.to == gid)
+            .any(|j| j.from == gid && j.phase != Phase::Aborting)
+    }
+
+    /// The old owner of a scale under way decided flow `ck` (a rule, `reply`): if its key
+    /// is in the moved range, pin the rule until the new owner has merged the delta, so
+    /// the flow is answered here and never decided again by the new owner.
+    pub(super) fn scale_pin(&mut self, gid: u64, ck: CacheKey, reply: &v1::RuleReply) {
+        let h = FlowKey::from_bytes(ck.2).hash();
+        let pinned = self.scales.values().any(|j| {
+            j.from == gid
+                && j.phase != Phase::Aborting
+                && (j.tenant, j.chain) == (ck.0, ck.1)
+                && j.moved.0 <= h
+                && h <= j.moved.1
+        });
+        if pinned {
+            self.pins.insert(ck, reply.clone());
+        }
+    }
+
+    fn unpin(&mut self, tenant: u32, chain: u32, moved: (u64, u64)) {
+        self.pins.retain(|k, _| {
+            let h = FlowKey::from_bytes(k.2).hash();
+            !((k.0, k.1) == (tenant, chain) && moved.0 <= h && h <= moved.1)
+        });
     }
 
     /// A split or retire op's result: the part that left group `gid`.
@@ -485,25 +548,21 @@ impl Master {
             return; // a repeat
         }
         let (id, from, to) = (j.id, j.from, j.to);
-        let (from_after, to_after) = (j.from_after, j.to_after);
         j.part = Some(part.part);
         j.phase = Phase::Installing;
-        // Switch: from here on the moved range is dispatched to the new owner, and the
-        // install step is sent to its head now, before anything `flush` sends it.
-        self.map.set_range(from, from_after);
-        self.map.set_range(to, Some(to_after));
+        // Dispatch stays as it is: the old owner keeps deciding new flows of the moved
+        // range with its half, so nothing waits for the install.
         info!(
             scale = id,
             from,
             to,
             seq = part.seq,
-            "split committed; dispatch switched"
+            "split committed; relaying the part"
         );
         self.send_step(id);
-        self.unpark();
     }
 
-    /// An install or end op's result.
+    /// An install, end or merge op's result.
     pub(super) fn on_scale_fin(&mut self, gid: u64, fin: v1::ScaleFin) {
         let Some(j) = self.scales.get(&fin.scale_id) else {
             return;
@@ -515,10 +574,25 @@ impl Master {
             }
             Phase::Installing if gid == j.to => {
                 if fin.error.is_empty() {
-                    self.complete_scale(id);
+                    self.switch_scale(id);
                 } else {
                     self.abort_scale(id, format!("install at group {gid}: {}", fin.error));
                 }
+            }
+            Phase::HandingOver if gid == j.from => {
+                if !fin.error.is_empty() {
+                    // Cannot be undone after the switch: what the old owner decided in
+                    // the moved range since st stays there (its rules stay pinned
+                    // until the merge step, then age out).
+                    warn!(scale = id, group = gid, error = %fin.error, "hand-over failed");
+                }
+                self.on_delta(id, fin.delta);
+            }
+            Phase::Merging if gid == j.to => {
+                if !fin.error.is_empty() {
+                    warn!(scale = id, group = gid, error = %fin.error, "delta merge failed");
+                }
+                self.complete_scale(id);
             }
             Phase::Aborting if gid == j.from => {
                 if !fin.error.is_empty() {
@@ -530,97 +604,124 @@ impl Master {
         }
     }
 
+    /// fin: the new owner holds the part. Switch dispatch, then ask the old owner for
+    /// the delta (its end op comes before any request `flush` sends it afterwards, so
+    /// every moved-range request it applies later is refused and redirected).
+    fn switch_scale(&mut self, id: u64) {
+        let now_us = self.now_us();
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        let us = now_us.saturating_sub(j.started_us);
+        j.fin_us = Some(us);
+        j.phase = Phase::HandingOver;
+        j.part = None;
+        let (kind, from, to) = (j.kind, j.from, j.to);
+        let (from_after, to_after) = (j.from_after, j.to_after);
+        self.stats.scale_last_us = us;
+        self.stats.scale_total_us += us;
+        match kind {
+            v1::ScaleKind::Out => {
+                self.stats.scale_outs += 1;
+                if let Some(g) = self.map.group_mut(to) {
+                    g.awaiting_scale = 0;
+                }
+            }
+            _ => self.stats.scale_ins += 1,
+        }
+        self.map.set_range(from, from_after);
+        self.map.set_range(to, Some(to_after));
+        info!(
+            scale = id,
+            ?kind,
+            from,
+            to,
+            st_to_fin_us = us,
+            "fin; dispatch switched"
+        );
+        self.send_step(id);
+        // Flows the old owner refused as already moved go to the new owner now.
+        self.unpark();
+    }
+
+    /// The old owner's end op handed over `delta`.
+    fn on_delta(&mut self, id: u64, delta: Vec<u8>) {
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        let (kind, from) = (j.kind, j.from);
+        let empty = delta.is_empty();
+        j.delta = Some(delta);
+        j.phase = Phase::Merging;
+        if kind == v1::ScaleKind::In {
+            // The retired group handed over everything; its nodes are spares again.
+            // Requests still on their way to it were applied after its end op (their
+            // results would come after the delta), so it decided none of them: they go
+            // to the new owner now rather than waiting to be retried.
+            self.dissolve(from);
+            let now = self.now_ms();
+            let keys: Vec<CacheKey> = self
+                .inflight
+                .iter()
+                .filter(|(_, f)| f.group == from)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                let owner = self.map.lookup(k.0, k.1, FlowKey::from_bytes(k.2).hash());
+                if let (Some(g), Some(f)) = (owner, self.inflight.get_mut(&k)) {
+                    f.group = g;
+                    f.sent_ms = now;
+                    self.to_submit.entry(g).or_default().push(f.request.clone());
+                }
+            }
+        }
+        if empty {
+            self.complete_scale(id);
+        } else {
+            self.send_step(id);
+        }
+    }
+
     fn complete_scale(&mut self, id: u64) {
         let Some(mut j) = self.scales.remove(&id) else {
             return;
         };
+        // The new owner has everything the old one decided: cache entries may go.
+        self.unpin(j.tenant, j.chain, j.moved);
         let out = j.outcome(self.now_us());
-        let us = out.st_to_fin.as_micros() as u64;
-        self.stats.scale_last_us = us;
-        self.stats.scale_total_us += us;
-        match j.kind {
-            v1::ScaleKind::Out => {
-                self.stats.scale_outs += 1;
-                if let Some(g) = self.map.group_mut(j.to) {
-                    g.awaiting_scale = 0;
-                }
-                // The old owner may drop its copy of the part now.
-                self.send_to_head(
-                    j.from,
-                    sc_down::Msg::End(v1::ScaleEnd {
-                        scale_id: id,
-                        group: j.from,
-                        abort: false,
-                    }),
-                );
-            }
-            _ => {
-                self.stats.scale_ins += 1;
-                // The retired group's nodes become spares.
-                self.dissolve(j.from);
-            }
-        }
-        info!(scale = id, kind = ?j.kind, from = j.from, to = j.to, st_to_fin_us = us,
-              "scale finished (fin)");
+        info!(scale = id, kind = ?j.kind, from = j.from, to = j.to,
+              st_to_fin_us = out.st_to_fin.as_micros() as u64, "scale finished");
         if let Some(d) = j.done.take() {
             let _ = d.send(Ok(out));
         }
         self.unpark();
     }
 
-    /// Give up on scale `id`: dispatch goes back to the old owner, which takes its state
-    /// back (an op, like the split). The caller is answered now.
+    /// Give up on scale `id` (only before fin; dispatch never moved): the old owner
+    /// takes its part back (an op, like the split). The caller is answered now.
     pub(super) fn abort_scale(&mut self, id: u64, reason: String) {
         let now_us = self.now_us();
         let Some(j) = self.scales.get_mut(&id) else {
             return;
         };
-        if j.phase == Phase::Aborting {
+        if !j.phase.before_fin() {
             return;
         }
         warn!(scale = id, reason = %reason, "scale aborted");
         self.stats.scale_aborts += 1;
-        let switched = j.phase == Phase::Installing;
         j.phase = Phase::Aborting;
         j.aborted = Some(reason);
         let out = j.outcome(now_us);
         let done = j.done.take();
-        let (from, to, kind, moved) = (j.from, j.to, j.kind, j.moved);
-        let (from_before, to_before) = (j.from_before, j.to_before);
-        let (tenant, chain) = (j.tenant, j.chain);
-        if switched {
-            self.map.set_range(to, to_before);
-            self.map.set_range(from, Some(from_before));
-        }
-        // Sent before any request `flush` re-dispatches to the old owner.
+        let (tenant, chain, moved) = (j.tenant, j.chain, j.moved);
+        // Sent before any request `flush` sends the old owner afterwards, the parked
+        // ones included: those it refused as moved it decides again once the part is
+        // back, with the state that was there.
         self.send_step(id);
         if let Some(d) = done {
             let _ = d.send(Ok(out));
         }
-        // Requests for the moved range waiting at the new owner go back to the old one
-        // (the new owner decided none of them: it had not installed).
-        if kind == v1::ScaleKind::Out || switched {
-            let now = self.now_ms();
-            let keys: Vec<CacheKey> = self
-                .inflight
-                .iter()
-                .filter(|(k, f)| {
-                    let h = FlowKey::from_bytes(k.2).hash();
-                    f.group == to && k.0 == tenant && k.1 == chain && moved.0 <= h && h <= moved.1
-                })
-                .map(|(k, _)| *k)
-                .collect();
-            for k in keys {
-                if let Some(f) = self.inflight.get_mut(&k) {
-                    f.group = from;
-                    f.sent_ms = now;
-                    self.to_submit
-                        .entry(from)
-                        .or_default()
-                        .push(f.request.clone());
-                }
-            }
-        }
+        self.unpin(tenant, chain, moved);
         self.unpark();
     }
 
@@ -650,6 +751,7 @@ impl Master {
         let now_us = self.now_us();
         for id in ids {
             if let Some(mut j) = self.scales.remove(&id) {
+                self.unpin(j.tenant, j.chain, j.moved);
                 j.aborted = Some("chain reconfigured".into());
                 self.stats.scale_aborts += 1;
                 if let Some(d) = j.done.take() {
@@ -689,7 +791,7 @@ impl Master {
             .map(|j| (j.id, j.phase, j.started_ms, j.sent_ms))
             .collect();
         for (id, phase, started, sent) in ids {
-            if phase != Phase::Aborting && now.saturating_sub(started) > TIMEOUT_MS {
+            if phase.before_fin() && now.saturating_sub(started) > TIMEOUT_MS {
                 self.abort_scale(id, format!("no fin within {} s", TIMEOUT_MS / 1000));
             } else if now.saturating_sub(sent) >= RESEND_MS {
                 self.send_step(id);
@@ -717,8 +819,8 @@ impl Master {
                 f.group = g;
                 self.to_submit.entry(g).or_default().push(f.request.clone());
             }
-            // FM has not switched yet (or the new group awaits its install): try again
-            // when the scale moves on.
+            // The old owner refused a flow whose state left with the part, and FM has
+            // not switched yet: it goes to the new owner at the switch.
             _ => self.parked.push(ck),
         }
     }
