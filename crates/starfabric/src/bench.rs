@@ -52,6 +52,9 @@ pub struct XdpGenArgs {
     /// Seconds to send for.
     #[arg(long)]
     pub secs: f64,
+    /// Frames per second, paced frame by frame (0: as fast as the CPU goes).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
 }
 
 /// Send until the deadline; print the frames handed to the device.
@@ -70,7 +73,7 @@ fn xdp_gen(a: &XdpGenArgs) -> Result<()> {
         a.secs.is_finite() && a.secs > 0.0 && a.secs <= 600.0,
         "--secs must be in (0, 600]"
     );
-    let gen = xdp::LiveGenerator::load(a.flows, &frame)?;
+    let gen = xdp::LiveGenerator::load(a.flows, &frame, Some(a.rate))?;
     let sent = gen.run_for(ifindex, Duration::from_secs_f64(a.secs))?;
     println!("xdp-gen: sent={sent}");
     Ok(())

@@ -204,12 +204,22 @@ impl Runner<'_> {
             a.udp_flows,
             nf_pids,
             std::time::Duration::from_secs(1),
-            f64::from(a.secs),
+            1.0,
         );
         let udp64_core_pps = self.note(&format!("{label} udp64 core"), core).map(|u| {
+            let steps: Vec<String> = u
+                .steps
+                .iter()
+                .map(|[o, f]| format!("{:.0}k→{:.0}k", o / 1e3, f / 1e3))
+                .collect();
             self.offered.push(format!(
-                "{label}, NF on CPU {} (sender on CPU {}): {:.0} pps offered, {:.0} forwarded",
-                u.nf_cpu, u.gen_cpu, u.offered_pps, u.pps
+                "{label}, NF on CPU {} (sender on CPU {}): at most {:.0} pps forwarded ({:.0} offered), {} unpaced; offered→forwarded: {}",
+                u.nf_cpu,
+                u.gen_cpu,
+                u.pps,
+                u.offered_pps,
+                u.overload_pps.map_or("-".to_string(), |p| format!("{p:.0}")),
+                steps.join(" ")
             ));
             u.pps
         });

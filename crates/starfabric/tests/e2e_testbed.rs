@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -237,7 +238,7 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
         8,
         &[p.pp.pid],
         Duration::from_millis(700),
-        1.0,
+        0.3,
     );
     if cpus < 2 {
         assert!(r.is_err(), "one CPU cannot host a sender and an NF");
@@ -247,6 +248,13 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
     println!("per-core rate: {r:?}; pp: {}", p.pp_stats());
     assert!(r.pps > 1000.0, "{r:?}");
     assert!(r.offered_pps >= r.pps * 0.99, "{r:?}");
+    // The lowest load is well within any NF's reach: forwarded in full.
+    let [o, f] = r.steps[0];
+    assert!(f >= 0.9 * o && o > 25_000.0, "{r:?}");
+    assert!(
+        r.overload_pps.is_some(),
+        "the unpaced load was tried: {r:?}"
+    );
     assert_ne!(r.nf_cpu, r.gen_cpu);
     let xdp = tb
         .exec(

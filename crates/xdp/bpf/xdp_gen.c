@@ -29,6 +29,13 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FU
 
 // Set by the loader (aya's EbpfLoader::override_global).
 volatile const __u32 flows = 1;
+// Nanoseconds between frames sent; 0: as fast as the CPU goes. A frame whose time has
+// not come is dropped here (cheaply, on the sender's CPU), so the offered rate is paced
+// frame by frame instead of in bursts that a 256-entry veth ring could not take.
+volatile const __u64 interval_ns = 0;
+// When the next frame may go (one generator runs on one CPU: no other writer).
+__u64 next_ns = 0;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 
 struct frame {
 	unsigned char b[FRAME_LEN];
@@ -48,6 +55,17 @@ struct {
 SEC("xdp") int xdp_gen(struct xdp_md *ctx)
 {
 	unsigned char *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (interval_ns) {
+		__u64 now = bpf_ktime_get_ns();
+		if (now < next_ns)
+			return XDP_DROP;
+		__u64 n = next_ns + interval_ns;
+		// Behind (the first frame, the gap between two test runs, a preemption):
+		// catch up by at most one batch of 64, which the peer's 256-entry ring can
+		// take, rather than in one burst.
+		__u64 floor = now - 64 * interval_ns;
+		next_ns = n < floor ? floor : n;
+	}
 	__u32 zero = 0;
 	struct frame *t = bpf_map_lookup_elem(&gen_template, &zero);
 	if (!t || data + FRAME_LEN > end)

@@ -38,14 +38,20 @@ pub struct LiveGenerator {
 
 impl LiveGenerator {
     /// Load the generator for `flows` flows (clamped to 1..=[`GEN_MAX_FLOWS`]) of
-    /// `frame`, which must be [`GEN_FRAME_LEN`] bytes.
-    pub fn load(flows: u32, frame: &[u8]) -> Result<Self, XdpError> {
+    /// `frame`, which must be [`GEN_FRAME_LEN`] bytes, sending `rate_pps` frames/s
+    /// (`None` or 0: as fast as it can).
+    pub fn load(flows: u32, frame: &[u8], rate_pps: Option<u64>) -> Result<Self, XdpError> {
         let template: [u8; GEN_FRAME_LEN] = frame
             .try_into()
             .map_err(|_| XdpError::FrameLength(frame.len()))?;
         let flows = flows.clamp(1, GEN_MAX_FLOWS);
+        let interval_ns: u64 = match rate_pps {
+            Some(r) if r > 0 => (1_000_000_000 / r).max(1),
+            _ => 0,
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global("flows", &flows, true)
+            .override_global("interval_ns", &interval_ns, true)
             .load(XDP_GEN_OBJ)?;
         let prog: &mut Xdp = ebpf
             .program_mut(GEN_PROGRAM)
@@ -69,7 +75,8 @@ impl LiveGenerator {
 
     /// Send the template's flows out of the device with index `ifindex` (in the
     /// caller's network namespace) until `deadline`; returns the frames the program ran
-    /// on (each handed to the device, which may refuse it when its peer is full).
+    /// on (each handed to the device, which may refuse it when its peer is full, or,
+    /// paced, dropped because its time had not come).
     pub fn run_until(&self, ifindex: u32, deadline: Instant) -> Result<u64, XdpError> {
         let frame = &self.template[..];
         let prog: &Xdp = self

@@ -107,7 +107,7 @@ fn rx_packets(ns: &str, dev: &str) -> u64 {
 }
 
 /// Run the generator for `secs` from namespace `ns` out of `dev`.
-fn generate(ns: &str, dev: &str, template: Vec<u8>, secs: f64) -> u64 {
+fn generate(ns: &str, dev: &str, template: Vec<u8>, secs: f64, rate: Option<u64>) -> u64 {
     let ns = ns.to_string();
     let dev = dev.to_string();
     std::thread::spawn(move || {
@@ -123,7 +123,7 @@ fn generate(ns: &str, dev: &str, template: Vec<u8>, secs: f64) -> u64 {
             .output()
             .unwrap();
         let ifindex: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-        let gen = xdp::LiveGenerator::load(8, &template).unwrap();
+        let gen = xdp::LiveGenerator::load(8, &template, rate).unwrap();
         gen.run_for(ifindex, Duration::from_secs_f64(secs)).unwrap()
     })
     .join()
@@ -133,7 +133,7 @@ fn generate(ns: &str, dev: &str, template: Vec<u8>, secs: f64) -> u64 {
 #[test]
 fn every_generated_frame_is_either_dropped_by_the_sink_or_refused_by_the_ring() {
     let Some(p) = pair() else { return };
-    let sent = generate(&p.a, "ga", frame(9), 0.3);
+    let sent = generate(&p.a, "ga", frame(9), 0.3, None);
     std::thread::sleep(Duration::from_millis(200));
     let dropped = stat(&p.b, "gb", "rx_queue_0_xdp_drops");
     let taken = stat(&p.a, "ga", "tx_queue_0_xdp_xmit");
@@ -151,7 +151,7 @@ fn every_generated_frame_is_either_dropped_by_the_sink_or_refused_by_the_ring() 
 fn the_sink_passes_what_is_not_the_benchmark_s_traffic() {
     let Some(p) = pair() else { return };
     let before = rx_packets(&p.b, "gb");
-    let sent = generate(&p.a, "ga", frame(10), 0.05);
+    let sent = generate(&p.a, "ga", frame(10), 0.05, None);
     std::thread::sleep(Duration::from_millis(200));
     let taken = stat(&p.a, "ga", "tx_queue_0_xdp_xmit");
     assert!(sent > 0 && taken > 0);
@@ -169,8 +169,29 @@ fn a_template_of_the_wrong_length_is_refused() {
     if unsafe { libc::geteuid() } != 0 {
         return;
     }
-    let err = xdp::LiveGenerator::load(1, &[0u8; 60])
+    let err = xdp::LiveGenerator::load(1, &[0u8; 60], None)
         .err()
         .expect("refused");
     assert!(err.to_string().contains("not 60 bytes"), "{err}");
+}
+
+#[test]
+fn a_paced_generator_sends_at_its_rate() {
+    let Some(p) = pair() else { return };
+    let ran = generate(&p.a, "ga", frame(9), 1.0, Some(100_000));
+    std::thread::sleep(Duration::from_millis(200));
+    let taken = stat(&p.a, "ga", "tx_queue_0_xdp_xmit");
+    let refused = stat(&p.a, "ga", "tx_queue_0_xdp_xmit_errors");
+    eprintln!("ran {ran}, taken {taken}, refused {refused}");
+    // 100k/s for 1 s: 100k frames, less what the gaps between test-run calls cost
+    // (each call's setup waits for an RCU grace period, and pacing restarts after it).
+    let sent = taken + refused;
+    assert!(
+        (60_000..=110_000).contains(&sent),
+        "{sent} frames sent at 100k/s in 1 s"
+    );
+    assert!(
+        ran > sent,
+        "the pacing dropped the frames whose time had not come"
+    );
 }
