@@ -277,6 +277,17 @@ async fn scale(shared: &Shared, req: ScaleRequest) -> Result<ScaleOutcome, FmErr
         .map_err(FmError::Scale)
 }
 
+/// Run a scale and answer its RPC: the outcome, or the reason FM refused or failed.
+async fn scale_reply(
+    shared: &Shared,
+    req: ScaleRequest,
+) -> Result<Response<v1::ScaleReply>, Status> {
+    scale(shared, req)
+        .await
+        .map(|o| Response::new(o.to_proto()))
+        .map_err(scale_error)
+}
+
 fn scale_error(e: FmError) -> Status {
     match e {
         FmError::Scale(e) => Status::failed_precondition(e),
@@ -519,10 +530,7 @@ impl FabricMaster for FmService {
             chain: r.chain,
             group: r.group,
         };
-        scale(&self.shared, req)
-            .await
-            .map(|o| Response::new(o.to_proto()))
-            .map_err(scale_error)
+        scale_reply(&self.shared, req).await
     }
 
     async fn scale_in(
@@ -535,10 +543,7 @@ impl FabricMaster for FmService {
             chain: r.chain,
             group: r.group,
         };
-        scale(&self.shared, req)
-            .await
-            .map(|o| Response::new(o.to_proto()))
-            .map_err(scale_error)
+        scale_reply(&self.shared, req).await
     }
 
     async fn flows(

@@ -656,8 +656,13 @@ fn new_group_dies_during_scale_out() {
             let _ = tx.send(r);
         });
     }
-    // Kill the three spare nodes: they are the new group.
-    std::thread::sleep(Duration::from_millis(20));
+    // Kill the three spare nodes once FM has made them the new group (the map then has a
+    // second group): killed earlier, on a slow machine before the RPC even reached FM,
+    // they would only make FM refuse the scale for want of spares.
+    let t0 = Instant::now();
+    while cluster.map().groups.len() < 2 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let mut killed = 0;
     for p in cluster.scs.iter_mut() {
         if !old.contains(p.node_id()) {

@@ -151,6 +151,29 @@ impl ScaleJob {
     }
 }
 
+/// The step that installs `part` at the new (or absorbing) group: the part at *fin*, or
+/// the delta after the hand-over.
+fn install(j: &ScaleJob, part: Option<&Vec<u8>>, delta: bool) -> sc_down::Msg {
+    sc_down::Msg::Install(v1::ScaleInstall {
+        scale_id: j.id,
+        kind: j.kind as i32,
+        group: j.to,
+        part: part.cloned().unwrap_or_default(),
+        range_lo: j.to_after.0,
+        range_hi: j.to_after.1,
+        delta,
+    })
+}
+
+/// The old group's end op: hand over (and narrow its range), or merge the part back.
+fn end(j: &ScaleJob, abort: bool) -> sc_down::Msg {
+    sc_down::Msg::End(v1::ScaleEnd {
+        scale_id: j.id,
+        group: j.from,
+        abort,
+    })
+}
+
 impl Master {
     pub(super) fn scale_request(&mut self, req: ScaleRequest, done: ScaleDone) {
         let r = match req {
@@ -401,46 +424,10 @@ impl Master {
                     moved_hi: j.moved.1,
                 }),
             ),
-            Phase::Installing => (
-                j.to,
-                sc_down::Msg::Install(v1::ScaleInstall {
-                    scale_id: j.id,
-                    kind: j.kind as i32,
-                    group: j.to,
-                    part: j.part.clone().unwrap_or_default(),
-                    range_lo: j.to_after.0,
-                    range_hi: j.to_after.1,
-                    delta: false,
-                }),
-            ),
-            Phase::HandingOver => (
-                j.from,
-                sc_down::Msg::End(v1::ScaleEnd {
-                    scale_id: j.id,
-                    group: j.from,
-                    abort: false,
-                }),
-            ),
-            Phase::Merging => (
-                j.to,
-                sc_down::Msg::Install(v1::ScaleInstall {
-                    scale_id: j.id,
-                    kind: j.kind as i32,
-                    group: j.to,
-                    part: j.delta.clone().unwrap_or_default(),
-                    range_lo: j.to_after.0,
-                    range_hi: j.to_after.1,
-                    delta: true,
-                }),
-            ),
-            Phase::Aborting => (
-                j.from,
-                sc_down::Msg::End(v1::ScaleEnd {
-                    scale_id: j.id,
-                    group: j.from,
-                    abort: true,
-                }),
-            ),
+            Phase::Installing => (j.to, install(j, j.part.as_ref(), false)),
+            Phase::HandingOver => (j.from, end(j, false)),
+            Phase::Merging => (j.to, install(j, j.delta.as_ref(), true)),
+            Phase::Aborting => (j.from, end(j, true)),
         };
         self.send_to_head(gid, msg);
     }
