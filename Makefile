@@ -48,10 +48,12 @@ test: setup
 
 # Elasticity under live traffic (docs/elastic-tests.md): SC scale-out/in, a replica
 # crash and an FM restart while new connections and iperf3 flows go through the PP
-# node. #[ignore]d in the workspace run above and run here one at a time: they look at
+# node; then the PP cluster (docs/pp-cluster.md): PP scale-out/in and PP node failures
+# measured with 0.5 ms probes. #[ignore]d in the workspace run above and run here one at a time: they look at
 # connection setup while SC groups change, which parallel testbeds on 2 cores would blur.
 test-elastic:
 	$(CARGO) test --release -p starfabric --test e2e_elastic -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --release -p starfabric --test e2e_pp_cluster -- --ignored --test-threads=1 --nocapture
 
 golden:
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT; \

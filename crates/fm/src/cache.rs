@@ -170,7 +170,11 @@ impl RuleCache {
 
     /// The cached reply for flow `key` under whatever tenant chain holds it (see
     /// `owners`), with the cache key it was found under.
-    pub fn get_by_flow(&mut self, key: &[u8; 40], now_ms: u64) -> Option<(CacheKey, v1::RuleReply)> {
+    pub fn get_by_flow(
+        &mut self,
+        key: &[u8; 40],
+        now_ms: u64,
+    ) -> Option<(CacheKey, v1::RuleReply)> {
         let (t, c) = *self.owners.get(key)?;
         let ck = (t, c, *key);
         match self.get(&ck, now_ms) {

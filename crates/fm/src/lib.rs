@@ -18,8 +18,8 @@ pub mod cache;
 mod master;
 pub mod membership;
 pub mod partition;
-pub mod vip;
 mod service;
+pub mod vip;
 
 use std::time::Duration;
 
@@ -146,8 +146,14 @@ impl FmFile {
                     v.ip, v.mac
                 )));
             }
-            if vips.iter().any(|d: &vip::VipDef| d.ip == v.ip || d.mac == mac) {
-                return Err(FmError::Config(format!("vIP {} or its MAC listed twice", v.ip)));
+            if vips
+                .iter()
+                .any(|d: &vip::VipDef| d.ip == v.ip || d.mac == mac)
+            {
+                return Err(FmError::Config(format!(
+                    "vIP {} or its MAC listed twice",
+                    v.ip
+                )));
             }
             vips.push(vip::VipDef { ip: v.ip, mac });
         }

@@ -79,7 +79,9 @@ impl FmConfig {
         if self.vips.is_empty() {
             self.heartbeat
         } else {
-            self.heartbeat.min(self.pp_heartbeat).max(Duration::from_millis(1))
+            self.heartbeat
+                .min(self.pp_heartbeat)
+                .max(Duration::from_millis(1))
         }
     }
 }
@@ -889,7 +891,8 @@ impl Master {
         let sc_limit = period * u64::from(self.cfg.sc_miss_limit.max(1));
         // If this task itself ran late, the silence it sees may be its own: judge no
         // node on this tick. (Ticks come every `tick_period`, the shorter period.)
-        let late = now.saturating_sub(self.last_tick) > 2 * self.cfg.tick_period().as_millis() as u64;
+        let late =
+            now.saturating_sub(self.last_tick) > 2 * self.cfg.tick_period().as_millis() as u64;
         self.last_tick = now;
         let silent = if late {
             Vec::new()

@@ -137,7 +137,9 @@ impl VipTable {
             }
         }
         // What it claimed but lost to another owner is not its any more: it must hear so.
-        before.entry(node.to_string()).or_insert_with(|| claimed.to_vec());
+        before
+            .entry(node.to_string())
+            .or_insert_with(|| claimed.to_vec());
         self.balance();
         self.finish(before)
     }

@@ -311,11 +311,7 @@ async fn session(
             proto_version: proto::PROTO_VERSION,
             incarnation: 0,
             vip_capable: cfg.vip_capable,
-            owned_vips: cfg
-                .owned_vips
-                .lock()
-                .map(|v| v.clone())
-                .unwrap_or_default(),
+            owned_vips: cfg.owned_vips.lock().map(|v| v.clone()).unwrap_or_default(),
         })),
     });
     let mut inbound = client

@@ -37,6 +37,13 @@ pub enum VipError {
 /// How often owned vMACs are announced again (Linux bridges age entries after 300 s).
 pub const REANNOUNCE: Duration = Duration::from_secs(1);
 
+/// How long a node keeps taking frames to a vMAC it was told to give up. FM tells the
+/// gainer first, but the two nodes apply their sets independently: if the loser
+/// dropped its filter before the gainer's RARP reached the switch, the frames the switch
+/// still sends the loser would be lost. Taking them a little longer costs nothing: the
+/// switch sends each frame to one port, so no frame is served twice.
+pub const LINGER: Duration = Duration::from_millis(200);
+
 /// The vIPs this node owns, shared with the FM client, which reports them when it
 /// registers (so a restarted FM, or another one, adopts the node's set instead of
 /// moving its traffic).
@@ -58,6 +65,8 @@ pub struct VipMember {
     ifindex: i32,
     sock: OwnedFd,
     owned: Vec<v1::Vip>,
+    /// vMACs given up, still filtered in until the instant (see [`LINGER`]).
+    lingering: Vec<([u8; 6], Instant)>,
     shared: OwnedVips,
     next_announce: Instant,
     pub stats: VipStats,
@@ -85,6 +94,7 @@ impl VipMember {
             ifindex,
             sock,
             owned: Vec::new(),
+            lingering: Vec::new(),
             shared,
             next_announce: Instant::now() + REANNOUNCE,
             stats: VipStats::default(),
@@ -101,17 +111,22 @@ impl VipMember {
         for v in &a.vips {
             macs.push(mac_of(v)?);
         }
-        prog.set_vip_macs(&macs)?;
         let gained: Vec<&v1::Vip> = a
             .vips
             .iter()
             .filter(|v| !self.owned.iter().any(|o| o.index == v.index))
             .collect();
-        let lost = self
+        let lost: Vec<[u8; 6]> = self
             .owned
             .iter()
             .filter(|o| !a.vips.iter().any(|v| v.index == o.index))
-            .count();
+            .filter_map(|o| mac_of(o).ok())
+            .collect();
+        let until = Instant::now() + LINGER;
+        self.lingering.retain(|(m, _)| !macs.contains(m));
+        self.lingering.extend(lost.iter().map(|m| (*m, until)));
+        let lost = lost.len();
+        self.program_filter(prog, &macs)?;
         for v in &gained {
             let mac = mac_of(v)?;
             self.announce(mac);
@@ -134,8 +149,23 @@ impl VipMember {
         Ok(())
     }
 
-    /// Announce every owned vMAC again once a [`REANNOUNCE`] period has passed.
-    pub fn tick(&mut self, now: Instant) {
+    fn program_filter(&self, prog: &mut XdpProgram, owned: &[[u8; 6]]) -> Result<(), VipError> {
+        let mut all = owned.to_vec();
+        all.extend(self.lingering.iter().map(|(m, _)| *m));
+        prog.set_vip_macs(&all)?;
+        Ok(())
+    }
+
+    /// Let lingering vMACs go once their time is up, and announce every owned vMAC
+    /// again once a [`REANNOUNCE`] period has passed.
+    pub fn tick(&mut self, prog: &mut XdpProgram, now: Instant) {
+        if self.lingering.iter().any(|(_, t)| *t <= now) {
+            self.lingering.retain(|(_, t)| *t > now);
+            let owned: Vec<[u8; 6]> = self.owned.iter().filter_map(|v| mac_of(v).ok()).collect();
+            if let Err(e) = self.program_filter(prog, &owned) {
+                warn!(error = %e, "XDP program: vIP filter not updated");
+            }
+        }
         if now < self.next_announce {
             return;
         }

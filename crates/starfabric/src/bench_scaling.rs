@@ -1,12 +1,21 @@
-//! `starfabric bench scaling`: SC scale-out, scale-in and a replica failover under live
-//! traffic on the netns testbed, with the driver `e2e_elastic` checks
-//! (`testbed::elastic::run_scenario`), so the numbers here come from tested code.
+//! `starfabric bench scaling`: every elasticity event under live traffic on the netns
+//! testbed, with the driver the elasticity tests use (`testbed::elastic`), so the
+//! numbers here come from tested code.
 //!
-//! One testbed (prefix `sfs-<pid>-`), one platform with 6 SC nodes, three scenarios in
-//! a row on it: `sc_scale_out` (3 spares become the new group), `sc_scale_in` (they
-//! are spares again), `sc_replica_failover` (the middle replica is SIGKILLed, a spare
-//! replaces it). Each gives failed and reset connections, p99 connection setup, and a
-//! 100 ms timeline of bytes sent per node; `--plot` draws the timelines as SVG.
+//! One testbed (prefix `sfs-<pid>-`) in PP cluster mode (docs/pp-cluster.md: 3 PP node
+//! namespaces behind the router's ECMP route over 8 vIPs, 2 nodes running at first),
+//! one platform with 6 SC nodes, and the scenarios in a row on it:
+//! - `sc_scale_out` (3 spare SC nodes become the new group), `sc_scale_in` (they are
+//!   spares again), `sc_replica_failover` (the middle replica is SIGKILLed, a spare
+//!   replaces it), each with p99 connection setup;
+//! - `pp_scale_out` (PP node 2 starts and takes vIPs; `seconds_to_traffic`),
+//!   `pp_failover` (PP node 1 is SIGKILLed; `recovery_ms` from a probe every 0.5 ms),
+//!   `pp_scale_in` (PP node 0 is drained, then stopped);
+//! - `pp_failover_silent` (nodes 0 and 1 run again; node 0's link goes down, so only
+//!   its missing heartbeats tell FM; `recovery_ms`).
+//!
+//! Each gives failed and reset connections and a 100 ms timeline of bytes sent per
+//! node; `--plot` draws the timelines as SVG.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -18,6 +27,7 @@ use serde::Serialize;
 use testbed::chains::{self, Toward};
 use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
 use testbed::platform::{self, PlatformSpec};
+use testbed::probe::ProbeSpec;
 use testbed::topo::vni;
 use testbed::{services, Resources, Testbed, TopologySpec};
 
@@ -42,6 +52,43 @@ pub struct ScalingBench {
     pub sc_scale_out: ScenarioReport,
     pub sc_scale_in: ScenarioReport,
     pub sc_replica_failover: ScenarioReport,
+    pub pp_scale_out: PpScenario,
+    pub pp_failover: PpScenario,
+    pub pp_scale_in: PpScenario,
+    pub pp_failover_silent: PpScenario,
+}
+
+/// A PP cluster scenario: the report, with its event's headline number on top.
+#[derive(Debug, Serialize)]
+pub struct PpScenario {
+    #[serde(flatten)]
+    pub report: ScenarioReport,
+    /// Scale-out: from starting the node to the first frame it took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seconds_to_traffic: Option<f64>,
+    /// Failover: the worst probe flow's outage (lost probes × 0.5 ms), detection
+    /// included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery_ms: Option<f64>,
+    /// Scale-in: from the drain command until the node's traffic stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drained_ms: Option<u64>,
+}
+
+impl PpScenario {
+    fn new(report: ScenarioReport) -> Self {
+        let pp = report
+            .events
+            .iter()
+            .find_map(|e| e.pp.clone())
+            .unwrap_or_default();
+        PpScenario {
+            seconds_to_traffic: pp.seconds_to_traffic,
+            recovery_ms: pp.recovery_ms,
+            drained_ms: pp.drained_ms,
+            report,
+        }
+    }
 }
 
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
@@ -51,16 +98,22 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     let prefix = format!("sfs-{}-", std::process::id());
     // Dropped at the end of this function, also on an error: deletes everything.
     let res = Resources::new(&prefix);
-    let tb = Testbed::build(TopologySpec::new(&prefix).tenants(1), res.clone())?;
+    let tb = Testbed::build(
+        TopologySpec::new(&prefix).tenants(1).pp_cluster(3),
+        res.clone(),
+    )?;
     services::start_inet(&tb, false)?;
     let chain = chains::chain(1, 1, 0, Toward::Internet, &[chains::snat(0)])?;
     let mut spec = PlatformSpec::new(vec![chain], vec![(vni::tenant(0), 1, 1)]);
     // 3 in the group, 3 spares for the scale-out's new group; after the scale-in they
     // are spares again, one of which replaces the killed replica.
     spec.sc_nodes = 6;
+    spec.pp_active = 2;
     let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
     let settle = Duration::from_secs_f64(a.settle);
-    let mut scenario = |name: &str, event: Event| {
+    let probes = ProbeSpec::new();
+    let scenario = |p: &mut testbed::platform::Platform, name: &str, event: Event| {
+        let probe = matches!(event, Event::KillPp { .. }).then_some(&probes);
         // Long enough to outlast the event: a scale here takes well under a second,
         // a repair well under one too (docs/elastic-tests.md).
         let secs = (2.0 * a.settle + 8.0).ceil() as u32;
@@ -75,31 +128,82 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
             after: settle,
             events: vec![event],
         };
-        elastic::run_scenario(&tb, &mut p, &spec).with_context(|| format!("scenario {name}"))
+        elastic::run_scenario_probed(&tb, p, &spec, probe)
+            .with_context(|| format!("scenario {name}"))
     };
+    let sc_scale_out = scenario(
+        &mut p,
+        "sc_scale_out",
+        Event::ScaleOut {
+            tenant: 1,
+            chain: 1,
+        },
+    )?;
+    let sc_scale_in = scenario(
+        &mut p,
+        "sc_scale_in",
+        Event::ScaleIn {
+            tenant: 1,
+            chain: 1,
+        },
+    )?;
+    let sc_replica_failover = scenario(
+        &mut p,
+        "sc_replica_failover",
+        Event::KillReplica {
+            tenant: 1,
+            chain: 1,
+            position: 1,
+        },
+    )?;
+    let pp_scale_out = PpScenario::new(scenario(
+        &mut p,
+        "pp_scale_out",
+        Event::PpScaleOut { node: 2 },
+    )?);
+    let pp_failover = PpScenario::new(scenario(
+        &mut p,
+        "pp_failover",
+        Event::KillPp {
+            node: 1,
+            silent: false,
+        },
+    )?);
+    let pp_scale_in = PpScenario::new(scenario(
+        &mut p,
+        "pp_scale_in",
+        Event::PpScaleIn { node: 0 },
+    )?);
+    // Nodes 0 and 1 back (untimed), so the silent failure has survivors to move to.
+    p.start_pp(&tb, 0)?;
+    p.start_pp(&tb, 1)?;
+    testbed::cmd::wait_for(
+        "FM to spread the vIPs over 3 PP nodes",
+        Duration::from_secs(20),
+        || {
+            let m = p.vip_map(&tb)?;
+            Ok(
+                (m.all_owned() && !m.owned_by("pp-0").is_empty() && !m.owned_by("pp-1").is_empty())
+                    .then_some(()),
+            )
+        },
+    )?;
+    let pp_failover_silent = PpScenario::new(scenario(
+        &mut p,
+        "pp_failover_silent",
+        Event::KillPp {
+            node: 0,
+            silent: true,
+        },
+    )?);
     let out = ScalingBench {
-        sc_scale_out: scenario(
-            "sc_scale_out",
-            Event::ScaleOut {
-                tenant: 1,
-                chain: 1,
-            },
-        )?,
-        sc_scale_in: scenario(
-            "sc_scale_in",
-            Event::ScaleIn {
-                tenant: 1,
-                chain: 1,
-            },
-        )?,
-        sc_replica_failover: scenario(
-            "sc_replica_failover",
-            Event::KillReplica {
-                tenant: 1,
-                chain: 1,
-                position: 1,
-            },
-        )?,
+        sc_scale_out,
+        sc_scale_in,
+        sc_replica_failover,
+        pp_scale_out,
+        pp_failover,
+        pp_scale_in,
+        pp_failover_silent,
     };
     p.stop(&tb);
     drop(tb);
@@ -130,7 +234,7 @@ pub fn print(b: &ScalingBench) {
         "stall s",
         "Mbit/s"
     );
-    for r in [&b.sc_scale_out, &b.sc_scale_in, &b.sc_replica_failover] {
+    for r in b.runs() {
         let e = r.events.first();
         println!(
             "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>9} {:>8.1} {:>8.1}",
@@ -162,6 +266,41 @@ pub fn print(b: &ScalingBench) {
                 rep.group, rep.victim, rep.before, rep.after, rep.repaired_ms
             );
         }
+        if let Some(pp) = e.and_then(|e| e.pp.as_ref()) {
+            let mut line = format!(
+                "    {}: vIPs {:?} -> {:?} ({} moved)",
+                pp.node, pp.vips_before, pp.vips_after, pp.vip_moves
+            );
+            if let Some(s) = pp.seconds_to_traffic {
+                let _ = write!(line, ", traffic after {:.3} s", s);
+            }
+            if let Some(d) = pp.drained_ms {
+                let _ = write!(line, ", drained in {d} ms");
+            }
+            if let Some(rc) = pp.recovery_ms {
+                let _ = write!(
+                    line,
+                    ", recovery {rc:.1} ms ({} of {} probe flows lost probes)",
+                    pp.flows_with_loss.unwrap_or(0),
+                    r.probe.as_ref().map_or(0, |p| p.flows.len())
+                );
+            }
+            println!("{line}");
+        }
+    }
+}
+
+impl ScalingBench {
+    fn runs(&self) -> Vec<&ScenarioReport> {
+        vec![
+            &self.sc_scale_out,
+            &self.sc_scale_in,
+            &self.sc_replica_failover,
+            &self.pp_scale_out.report,
+            &self.pp_failover.report,
+            &self.pp_scale_in.report,
+            &self.pp_failover_silent.report,
+        ]
     }
 }
 
@@ -169,7 +308,7 @@ pub fn print(b: &ScalingBench) {
 /// own maximum (the PP node moves megabytes a second, an SC node kilobytes), with the
 /// event shaded. Hand-written SVG: a few dozen polylines need no plotting crate.
 fn svg(b: &ScalingBench) -> String {
-    let runs = [&b.sc_scale_out, &b.sc_scale_in, &b.sc_replica_failover];
+    let runs = b.runs();
     let mut nodes: Vec<String> = runs
         .iter()
         .flat_map(|r| {
@@ -180,7 +319,7 @@ fn svg(b: &ScalingBench) -> String {
         .collect();
     nodes.sort();
     nodes.dedup();
-    let (cw, rh, left, top) = (420.0, 56.0, 70.0, 40.0);
+    let (cw, rh, left, top) = (300.0, 56.0, 70.0, 40.0);
     let width = left + cw * runs.len() as f64 + 20.0;
     let height = top + rh * nodes.len() as f64 + 40.0;
     let mut s = String::new();

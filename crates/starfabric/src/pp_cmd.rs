@@ -391,7 +391,7 @@ pub fn run(a: PpArgs) -> Result<()> {
                     tracing::error!(error = %e, "vIP assignment not applied");
                 }
             }
-            m.tick(now);
+            m.tick(&mut x.program, now);
         }
         rx_packets.store(worker.pipeline.stats().rx_packets, Ordering::Relaxed);
         worker.run_once().context("worker")?;

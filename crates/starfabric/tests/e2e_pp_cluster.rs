@@ -73,13 +73,21 @@ fn print(r: &ScenarioReport) {
 
 /// No connection failed or was reset, and the iperf3 flows ran through.
 fn assert_survived(r: &ScenarioReport, min_connections: usize) {
-    assert!(r.connections >= min_connections, "{} connections", r.connections);
+    assert!(
+        r.connections >= min_connections,
+        "{} connections",
+        r.connections
+    );
     assert_eq!(r.failed_connections, 0, "failed: {:#?}", r.failures);
     assert_eq!(r.reset_connections, 0, "reset: {:#?}", r.failures);
     assert_eq!(r.duplicate_mappings, 0);
     assert!(r.iperf.error.is_none(), "iperf3: {:?}", r.iperf.error);
     assert_eq!(r.iperf.streams, 2);
-    assert!(r.iperf.mean_mbps > 1.0, "iperf3 {} Mbit/s", r.iperf.mean_mbps);
+    assert!(
+        r.iperf.mean_mbps > 1.0,
+        "iperf3 {} Mbit/s",
+        r.iperf.mean_mbps
+    );
     assert!(
         r.iperf.max_stall_s <= 1.0,
         "an iperf3 stream stalled {:.1} s",
@@ -91,7 +99,9 @@ fn assert_survived(r: &ScenarioReport, min_connections: usize) {
 #[test]
 #[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
 fn pp_scale_out_takes_traffic_within_a_second_and_scale_in_drains_first() {
-    let Some(lab) = Lab::cluster(1, 0, 3) else { return };
+    let Some(lab) = Lab::cluster(1, 0, 3) else {
+        return;
+    };
     let mut p = platform(&lab, 2);
     let tb = lab.tb();
     let m = p.vip_map(tb).expect("vIP map");
@@ -117,7 +127,9 @@ fn pp_scale_out_takes_traffic_within_a_second_and_scale_in_drains_first() {
         out.vips_after.len() >= 2,
         "the new node took a share of the 8 vIPs: {out:?}"
     );
-    let secs = out.seconds_to_traffic.expect("traffic reached the new node");
+    let secs = out
+        .seconds_to_traffic
+        .expect("traffic reached the new node");
     assert!(secs < 5.0, "{secs} s from command to traffic");
     let inn = r.events[2].pp.as_ref().expect("scale-in report");
     assert!(!inn.vips_before.is_empty());
@@ -138,19 +150,26 @@ fn pp_scale_out_takes_traffic_within_a_second_and_scale_in_drains_first() {
 }
 
 fn failover(silent: bool) {
-    let Some(lab) = Lab::cluster(1, 0, 2) else { return };
+    let Some(lab) = Lab::cluster(1, 0, 2) else {
+        return;
+    };
     let mut p = platform(&lab, 2);
     let tb = lab.tb();
     let spec = ScenarioSpec {
-        name: if silent { "pp_failover_silent" } else { "pp_failover" }.into(),
+        name: if silent {
+            "pp_failover_silent"
+        } else {
+            "pp_failover"
+        }
+        .into(),
         load: LoadSpec::new(),
         iperf: IperfSpec::new(9),
         before: Duration::from_secs(3),
         after: Duration::from_secs(3),
         events: vec![Event::KillPp { node: 1, silent }],
     };
-    let r = elastic::run_scenario_probed(tb, &mut p, &spec, Some(&ProbeSpec::new()))
-        .expect("scenario");
+    let r =
+        elastic::run_scenario_probed(tb, &mut p, &spec, Some(&ProbeSpec::new())).expect("scenario");
     print(&r);
     for i in 0..2 {
         println!("  pp-{i}: {}", p.pp_node_stats(i));
@@ -163,7 +182,10 @@ fn failover(silent: bool) {
     let probe = r.probe.as_ref().expect("probes");
     assert!(probe.sent > 1000 && probe.received > 0);
     let flows = e.flows_with_loss.expect("probe flows counted");
-    assert!(flows > 0, "no probe flow crossed the failed node: {probe:?}");
+    assert!(
+        flows > 0,
+        "no probe flow crossed the failed node: {probe:?}"
+    );
     let recovery = e.recovery_ms.expect("recovery measured");
     println!("recovery {recovery:.1} ms over {flows} probe flows");
     // Bounded generously here (a loaded 2-CPU CI machine); `bench scaling` reports it.

@@ -944,9 +944,7 @@ fn pp_scale_out(tb: &Testbed, p: &mut Platform, node: usize) -> Result<PpEvent> 
     let first = cmd::wait_for(
         "traffic on the new PP node",
         Duration::from_secs(10),
-        || {
-            Ok((pp_xdp_frames(tb, node).unwrap_or(0) > base).then(Instant::now))
-        },
+        || Ok((pp_xdp_frames(tb, node).unwrap_or(0) > base).then(Instant::now)),
     )?;
     let after = p.vip_map(tb)?;
     Ok(PpEvent {
@@ -1000,13 +998,17 @@ fn kill_pp(tb: &Testbed, p: &Platform, node: usize, silent: bool) -> Result<PpEv
     } else {
         p.kill_pp(tb, node)?;
     }
-    let after = cmd::wait_for("FM to move the failed node's vIPs", Duration::from_secs(10), || {
-        let m = match p.vip_map(tb) {
-            Ok(m) => m,
-            Err(_) => return Ok(None),
-        };
-        Ok((m.owned_by(&id).is_empty() && m.all_owned()).then_some(m))
-    })?;
+    let after = cmd::wait_for(
+        "FM to move the failed node's vIPs",
+        Duration::from_secs(10),
+        || {
+            let m = match p.vip_map(tb) {
+                Ok(m) => m,
+                Err(_) => return Ok(None),
+            };
+            Ok((m.owned_by(&id).is_empty() && m.all_owned()).then_some(m))
+        },
+    )?;
     let moved_ms = at.elapsed().as_millis() as u64;
     if silent {
         p.kill_pp(tb, node)?;
@@ -1036,7 +1038,9 @@ pub fn run_scenario_probed(
     probe: Option<&crate::probe::ProbeSpec>,
 ) -> Result<ScenarioReport> {
     info!(name = %spec.name, "scenario");
-    let echo = probe.map(|_| crate::probe::EchoServer::start(tb)).transpose()?;
+    let echo = probe
+        .map(|_| crate::probe::EchoServer::start(tb))
+        .transpose()?;
     let prober = probe
         .map(|ps| crate::probe::Prober::start(tb, ps))
         .transpose()?;
@@ -1096,7 +1100,12 @@ pub fn run_scenario_probed(
                     r.pp = Some(pp_scale_in(tb, p, *node)?);
                 }
                 Event::KillPp { node, silent } => {
-                    r.name = if *silent { "pp_failover_silent" } else { "pp_failover" }.into();
+                    r.name = if *silent {
+                        "pp_failover_silent"
+                    } else {
+                        "pp_failover"
+                    }
+                    .into();
                     r.pp = Some(kill_pp(tb, p, *node, *silent)?);
                 }
             }

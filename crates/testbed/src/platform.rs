@@ -149,7 +149,12 @@ impl Platform {
         if self.pps[i].as_ref().is_some_and(|p| tb.running(p)) {
             return Err(Error::Setup(format!("PP node {i} is running")));
         }
-        let p = spawn_pp(tb, i, &self.pp_argv, if self.pps[i].is_some() { "again" } else { "" })?;
+        let p = spawn_pp(
+            tb,
+            i,
+            &self.pp_argv,
+            if self.pps[i].is_some() { "again" } else { "" },
+        )?;
         if i == 0 {
             self.pp = p.clone();
         }
@@ -206,7 +211,15 @@ impl Platform {
         let out = tb.exec(
             Node::Ctl,
             &[
-                &bin, "scale", "pp-drain", "--fm", &self.fm_addr, "--node", &node, "-o", "json",
+                &bin,
+                "scale",
+                "pp-drain",
+                "--fm",
+                &self.fm_addr,
+                "--node",
+                &node,
+                "-o",
+                "json",
             ],
             Duration::from_secs(10),
         )?;

@@ -154,10 +154,7 @@ impl EchoServer {
     /// Stop it; returns how many datagrams it echoed.
     pub fn stop(mut self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
-        self.handle
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or(0)
+        self.handle.take().and_then(|h| h.join().ok()).unwrap_or(0)
     }
 }
 

@@ -401,7 +401,11 @@ impl XdpProgram {
                     source,
                 })?;
             }
-            let stale: Vec<u64> = h.keys().filter_map(Result::ok).filter(|k| !want.contains(k)).collect();
+            let stale: Vec<u64> = h
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| !want.contains(k))
+                .collect();
             for k in stale {
                 h.remove(&k).map_err(|source| XdpError::Map {
                     name: VIP_MACS_MAP,
