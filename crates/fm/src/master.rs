@@ -16,7 +16,16 @@
 //! then its waiters get an error. Re-submitting is safe because NFs answer a repeated
 //! first packet of a flow they know with that flow's existing rule (the same property a
 //! restarted PP node relies on).
+//!
+//! Recovery: a new FM process (a restarted one, or a standby the nodes failed over to)
+//! knows no group. Each SC node reports the groups it hosts right after it registers,
+//! and FM adopts them with their ids, epochs, orders and ranges (`on_hosted`). For a
+//! short window after the first SC node registers (the SC heartbeat limit) it creates
+//! no group and holds requests that have no group yet, so a node that has not
+//! reconnected yet is not mistaken for a missing partition; at the end of the window
+//! replicas that never came back are treated as dead (docs/planes.md, "FM failover").
 
+mod recovery;
 mod scale;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -120,6 +129,8 @@ pub struct FmStats {
     /// From st to fin of the last finished scale, and summed over all of them (µs).
     pub scale_last_us: u64,
     pub scale_total_us: u64,
+    /// Groups taken over from the SC nodes' reports (after a restart or failover).
+    pub groups_adopted: u64,
     pub cache: CacheStats,
 }
 
@@ -166,6 +177,12 @@ pub(crate) enum MasterIn {
     },
     ScFin {
         fin: v1::ScaleFin,
+    },
+    /// The groups an SC node hosts, sent right after its registration.
+    ScHosted {
+        session: u64,
+        node: String,
+        groups: Vec<v1::HostedGroup>,
     },
     Heartbeat {
         session: u64,
@@ -228,6 +245,20 @@ struct ScSession {
     tx: ScTx,
 }
 
+/// Whether this FM still learns its groups from the SC nodes (see `on_hosted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// No SC node has registered yet.
+    Waiting,
+    /// SC nodes' reports are adopted until this time (ms); no group is created.
+    Until(u64),
+    /// FM owns the map: reports of unknown groups are ignored.
+    Done,
+}
+
+/// Most PP requests held while FM waits for its groups.
+const MAX_HELD: usize = 1 << 16;
+
 pub(crate) struct Master {
     cfg: FmConfig,
     start: Instant,
@@ -266,6 +297,11 @@ pub(crate) struct Master {
     /// the cache's reach until the new owner has merged their state (the cache may
     /// evict; these must be answered here until then).
     pins: HashMap<CacheKey, v1::RuleReply>,
+    recovery: Recovery,
+    /// PP requests that found no group while `recovery` is not done: (session, request).
+    held: Vec<(u64, v1::RuleRequest)>,
+    /// Adopted groups that reported a scale under way: group → scale id.
+    adopted_scales: HashMap<u64, u64>,
 }
 
 impl Master {
@@ -298,6 +334,9 @@ impl Master {
             parked: Vec::new(),
             dissolved: HashSet::new(),
             pins: HashMap::new(),
+            recovery: Recovery::Waiting,
+            held: Vec::new(),
+            adopted_scales: HashMap::new(),
         }
     }
 
@@ -373,6 +412,14 @@ impl Master {
                     msg: Some(sc_down::Msg::Registered(self.register_ack())),
                 }));
                 info!(node = %info.id, addr = %info.addr, session, "SC node registered");
+                if self.recovery == Recovery::Waiting {
+                    // Give every SC node the FM had (before a restart or failover) the
+                    // time FM would wait before declaring it dead to report its groups.
+                    let grace = self.cfg.heartbeat.as_millis() as u64
+                        * u64::from(self.cfg.sc_miss_limit.max(1));
+                    self.recovery = Recovery::Until(now + grace);
+                    info!(grace_ms = grace, "first SC node registered; adopting reported groups");
+                }
                 let id = info.id.clone();
                 let restarted = self
                     .members
@@ -393,6 +440,11 @@ impl Master {
             // fin travels in the install op's result (so a new tail repeats it); a
             // bare ScaleFin on the session is taken the same way.
             MasterIn::ScFin { fin } => self.on_scale_fin(fin.group, fin),
+            MasterIn::ScHosted {
+                session,
+                node,
+                groups,
+            } => self.on_hosted(session, &node, groups),
             MasterIn::Scale(req, done) => self.scale_request(req, done),
             MasterIn::Heartbeat {
                 session,
@@ -634,6 +686,12 @@ impl Master {
             // Partition by the key's own hash, not the one PP sent: PP is not trusted
             // with where state lives.
             let Some(group) = self.map.lookup(req.tenant, req.chain, key.hash()) else {
+                if self.recovery != Recovery::Done && self.held.len() < MAX_HELD {
+                    // The group may be on its way (an SC node that has not reported
+                    // yet): answered when it comes or the recovery window ends.
+                    self.held.push((session, req));
+                    continue;
+                }
                 self.stats.no_group += 1;
                 let msg = format!("no SC group for tenant {} chain {}", req.tenant, req.chain);
                 self.answer_pp(session, proto::error_reply(&req, msg), arrived);
@@ -780,6 +838,11 @@ impl Master {
         }
         self.cache.sweep(now, 1024);
         self.scale_tick(now);
+        if let Recovery::Until(t) = self.recovery {
+            if now >= t {
+                self.finish_recovery();
+            }
+        }
         self.ensure_groups();
     }
 
@@ -958,6 +1021,11 @@ impl Master {
     /// Create groups for chains that have none, and refill degraded groups, when
     /// enough SC nodes are live.
     fn ensure_groups(&mut self) {
+        if self.recovery != Recovery::Done {
+            // Groups may still be reported: a group formed now could be a second owner
+            // of a partition whose nodes have not reconnected yet.
+            return;
+        }
         for i in 0..self.chains.len() {
             let (tenant, chain) = (self.chains[i].tenant, self.chains[i].chain);
             if self.map.has_chain(tenant, chain) {

@@ -1,11 +1,12 @@
-//! `starfabric bench scaling`: SC scale-out, scale-in and a replica failover under live
-//! traffic on the netns testbed, with the driver `e2e_elastic` checks
+//! `starfabric bench scaling`: SC scale-out, scale-in, a replica failover and an FM
+//! failover under live traffic on the netns testbed, with the driver `e2e_elastic` checks
 //! (`testbed::elastic::run_scenario`), so the numbers here come from tested code.
 //!
 //! One testbed (prefix `sfs-<pid>-`), one platform with 6 SC nodes, three scenarios in
 //! a row on it: `sc_scale_out` (3 spares become the new group), `sc_scale_in` (they
 //! are spares again), `sc_replica_failover` (the middle replica is SIGKILLed, a spare
-//! replaces it). Each gives failed and reset connections, p99 connection setup, and a
+//! replaces it), `fm_failover` (the FM is SIGKILLed; the PP and SC nodes move to the
+//! standby FM, which adopts the groups). Each gives failed and reset connections, p99 connection setup, and a
 //! 100 ms timeline of bytes sent per node; `--plot` draws the timelines as SVG.
 
 use std::fmt::Write as _;
@@ -42,6 +43,17 @@ pub struct ScalingBench {
     pub sc_scale_out: ScenarioReport,
     pub sc_scale_in: ScenarioReport,
     pub sc_replica_failover: ScenarioReport,
+    pub fm_failover: FmFailoverReport,
+}
+
+/// The FM failover scenario, with its recovery time beside the scenario's counts.
+#[derive(Debug, Serialize)]
+pub struct FmFailoverReport {
+    /// From the kill to the standby FM having the PP node, every SC node and every
+    /// group (`events[0].failover` has the details).
+    pub recovery_ms: Option<u64>,
+    #[serde(flatten)]
+    pub scenario: ScenarioReport,
 }
 
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
@@ -58,6 +70,8 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     // 3 in the group, 3 spares for the scale-out's new group; after the scale-in they
     // are spares again, one of which replaces the killed replica.
     spec.sc_nodes = 6;
+    // For the last scenario: PP and SC nodes know both FMs.
+    spec.standby_fm = true;
     let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
     let settle = Duration::from_secs_f64(a.settle);
     let mut scenario = |name: &str, event: Event| {
@@ -100,6 +114,17 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
                 position: 1,
             },
         )?,
+        fm_failover: {
+            let scenario = scenario("fm_failover", Event::FailoverFm)?;
+            FmFailoverReport {
+                recovery_ms: scenario
+                    .events
+                    .first()
+                    .and_then(|e| e.failover.as_ref())
+                    .map(|f| f.recovery_ms),
+                scenario,
+            }
+        },
     };
     p.stop(&tb);
     drop(tb);
@@ -130,7 +155,12 @@ pub fn print(b: &ScalingBench) {
         "stall s",
         "Mbit/s"
     );
-    for r in [&b.sc_scale_out, &b.sc_scale_in, &b.sc_replica_failover] {
+    for r in [
+        &b.sc_scale_out,
+        &b.sc_scale_in,
+        &b.sc_replica_failover,
+        &b.fm_failover.scenario,
+    ] {
         let e = r.events.first();
         println!(
             "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>9} {:>8.1} {:>8.1}",
@@ -162,6 +192,12 @@ pub fn print(b: &ScalingBench) {
                 rep.group, rep.victim, rep.before, rep.after, rep.repaired_ms
             );
         }
+        if let Some(f) = e.and_then(|e| e.failover.as_ref()) {
+            println!(
+                "    FM {} killed; {} has the PP node, {} SC nodes and {} groups ({} adopted) in {} ms",
+                f.from, f.to, f.sc_nodes, f.groups, f.adopted, f.recovery_ms
+            );
+        }
     }
 }
 
@@ -169,7 +205,12 @@ pub fn print(b: &ScalingBench) {
 /// own maximum (the PP node moves megabytes a second, an SC node kilobytes), with the
 /// event shaded. Hand-written SVG: a few dozen polylines need no plotting crate.
 fn svg(b: &ScalingBench) -> String {
-    let runs = [&b.sc_scale_out, &b.sc_scale_in, &b.sc_replica_failover];
+    let runs = [
+        &b.sc_scale_out,
+        &b.sc_scale_in,
+        &b.sc_replica_failover,
+        &b.fm_failover.scenario,
+    ];
     let mut nodes: Vec<String> = runs
         .iter()
         .flat_map(|r| {

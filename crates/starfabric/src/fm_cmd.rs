@@ -220,7 +220,8 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
     println!(
         "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
          sc_replies={} timeouts={} reconfigurations={} bad_messages={} nodes_dead={} \
-         scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={}",
+         scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={} \
+         adopted={}",
         start.elapsed().as_secs_f64(),
         alive(proto::v1::Role::Pp),
         alive(proto::v1::Role::Sc),
@@ -238,6 +239,7 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
         s.scale_aborts,
         s.scale_redirects,
         s.scale_last_us,
+        s.groups_adopted,
     );
     let _ = std::io::stdout().flush();
 }
