@@ -418,7 +418,10 @@ impl Master {
                     let grace = self.cfg.heartbeat.as_millis() as u64
                         * u64::from(self.cfg.sc_miss_limit.max(1));
                     self.recovery = Recovery::Until(now + grace);
-                    info!(grace_ms = grace, "first SC node registered; adopting reported groups");
+                    info!(
+                        grace_ms = grace,
+                        "first SC node registered; adopting reported groups"
+                    );
                 }
                 let id = info.id.clone();
                 let restarted = self

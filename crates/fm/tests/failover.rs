@@ -92,7 +92,9 @@ fn ask(source: &RuleSource, flows: std::ops::Range<u32>) -> HashMap<FlowKey, (Ip
 }
 
 /// (group, lo, hi) of every partition, and each group's order, sorted.
-fn shape(m: &proto::v1::PartitionMap) -> (Vec<(u64, u64, u64)>, Vec<(u64, Vec<String>)>) {
+type Shape = (Vec<(u64, u64, u64)>, Vec<(u64, Vec<String>)>);
+
+fn shape(m: &proto::v1::PartitionMap) -> Shape {
     let mut parts: Vec<(u64, u64, u64)> = m
         .partitions
         .iter()
@@ -162,7 +164,11 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
     let shape_a = shape(&map_a);
     assert_eq!(shape_a.0.len(), 2, "two partitions after the scale-out");
     // The standby has seen no node at all.
-    assert!(rt.block_on(standby.partition_map()).unwrap().groups.is_empty());
+    assert!(rt
+        .block_on(standby.partition_map())
+        .unwrap()
+        .groups
+        .is_empty());
 
     let killed = Instant::now();
     active.stop();
@@ -175,7 +181,12 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
             let sc = members
                 .members
                 .iter()
-                .filter(|m| m.alive && m.node.as_ref().is_some_and(|n| n.role == proto::v1::Role::Sc as i32))
+                .filter(|m| {
+                    m.alive
+                        && m.node
+                            .as_ref()
+                            .is_some_and(|n| n.role == proto::v1::Role::Sc as i32)
+                })
                 .count();
             (shape(&m) == shape_a && sc == scs.len() && client.current_fm().as_deref() == Some(&b))
                 .then_some(m)
@@ -222,6 +233,94 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
     for (k, m) in before.iter().chain(new.iter()) {
         assert_eq!(last.get(k), Some(m));
     }
+    drop(client);
+    standby.stop();
+}
+
+/// The FM dies together with an SC replica, after a repair gave the group a later
+/// epoch. The standby adopts the group at that epoch from the two survivors, and at the
+/// end of its recovery window treats the replica that never registered as dead: a spare
+/// takes its place and no flow changes its mapping.
+#[test]
+fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = |id: &str| FmConfig {
+        fm_id: id.into(),
+        chains: vec![chain()],
+        ..FmConfig::default()
+    };
+    let active = rt.block_on(fm::start(cfg("fm-a"), local())).unwrap();
+    let standby = rt.block_on(fm::start(cfg("fm-b"), local())).unwrap();
+    let (a, b) = (active.addr().to_string(), standby.addr().to_string());
+    let both = format!("{a},{b}");
+    let mut scs: Vec<ScProcess> = (0..5)
+        .map(|i| {
+            ScProcess::spawn(
+                ScConfig::new(&format!("sc-{i}"), local(), &both),
+                Arc::new(sc::testing::TestNfs),
+            )
+            .unwrap()
+        })
+        .collect();
+    let idx = |id: &str| -> usize { id.strip_prefix("sc-").unwrap().parse().unwrap() };
+    let first = wait(Duration::from_secs(10), "a group on the active FM", || {
+        let m = rt.block_on(active.partition_map())?;
+        (m.groups.len() == 1 && m.groups[0].replicas.len() == 3).then_some(m)
+    });
+    // A repair first, so the group's epoch is past the one a fresh FM would give it.
+    let head = first.groups[0].replicas[0].node_id.clone();
+    scs[idx(&head)].kill();
+    let repaired = wait(Duration::from_secs(10), "the active FM to repair", || {
+        let m = rt.block_on(active.partition_map())?;
+        let g = &m.groups[0];
+        (g.replicas.len() == 3 && !g.replicas.iter().any(|r| r.node_id == head)).then_some(m)
+    });
+    let epoch = repaired.groups[0].epoch;
+    assert!(epoch > 1);
+
+    let (client, mut links) = FmClient::start(FmClientConfig::new(&both, "pp-1")).unwrap();
+    let link = links.remove(0);
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
+    let before = ask(&link.source, 0..500);
+    assert_eq!(before.len(), 500);
+
+    // The FM goes, and a replica with it, before the nodes reach the standby.
+    let victim = repaired.groups[0].replicas[1].node_id.clone();
+    active.stop();
+    scs[idx(&victim)].kill();
+    let gid = repaired.groups[0].id;
+    let after = wait(
+        Duration::from_secs(10),
+        "the standby to adopt and repair",
+        || {
+            let m = rt.block_on(standby.partition_map())?;
+            let g = m.groups.iter().find(|g| g.id == gid)?;
+            (g.replicas.len() == 3
+                && !g
+                    .replicas
+                    .iter()
+                    .any(|r| r.node_id == victim || r.node_id == head))
+            .then_some(m)
+        },
+    );
+    assert_eq!(after.groups.len(), 1, "no new group was formed");
+    assert!(after.groups[0].epoch > epoch, "the repair is a new epoch");
+    assert_eq!(rt.block_on(standby.stats()).unwrap().groups_adopted, 1);
+    wait(Duration::from_secs(5), "PP on the standby", || {
+        (client.current_fm().as_deref() == Some(b.as_str())).then_some(())
+    });
+    let again = ask(&link.source, 0..500);
+    assert_eq!(again, before, "flows got other mappings after the failover");
     drop(client);
     standby.stop();
 }

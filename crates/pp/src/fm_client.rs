@@ -374,10 +374,7 @@ async fn session(
     };
     stats.sessions.fetch_add(1, Ordering::Relaxed);
     *opened = true;
-    *stats
-        .current_fm
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = fm.to_string();
+    *stats.current_fm.lock().unwrap_or_else(|e| e.into_inner()) = fm.to_string();
     stats.connected.store(true, Ordering::Relaxed);
     info!(%fm, fm_id = %ack.fm_id, node = %cfg.node_id, "PP session open");
 

@@ -502,10 +502,7 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
     }
     shared.counters.fm_sessions.fetch_add(1, Ordering::Relaxed);
     *opened = true;
-    *shared
-        .current_fm
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = fm.to_string();
+    *shared.current_fm.lock().unwrap_or_else(|e| e.into_inner()) = fm.to_string();
     info!(node = %shared.cfg.node_id, %fm, fm_id = %ack.fm_id, heartbeat_ms = ack.heartbeat_ms,
           groups = nhosted, "registered with FM");
 

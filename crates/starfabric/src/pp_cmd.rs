@@ -327,11 +327,7 @@ pub fn run(a: PpArgs) -> Result<()> {
                 let mut line = summary(&worker, start.elapsed());
                 if let Some(c) = &fm_client {
                     // Which FM the node is on (FM failover); `none` while it has none.
-                    let _ = write!(
-                        line,
-                        " fm={}",
-                        c.current_fm().as_deref().unwrap_or("none")
-                    );
+                    let _ = write!(line, " fm={}", c.current_fm().as_deref().unwrap_or("none"));
                 }
                 if let Some(fp) = &fastpath {
                     line.push_str(&fp.summary());

@@ -339,8 +339,15 @@ fn fm_failover_to_a_standby_fm_under_traffic() {
         f.adopted, f.groups,
         "the standby adopted the groups, not new ones"
     );
-    assert_eq!(f.pp_fm.as_deref(), Some(f.to.as_str()), "PP names the standby");
-    assert_eq!(f.sc_on_standby as u64, f.sc_nodes, "every SC node is on the standby");
+    assert_eq!(
+        f.pp_fm.as_deref(),
+        Some(f.to.as_str()),
+        "PP names the standby"
+    );
+    assert_eq!(
+        f.sc_on_standby as u64, f.sc_nodes,
+        "every SC node is on the standby"
+    );
     assert!(!tb.running(&first_fm), "the first FM is dead");
     // New connections need SC through the standby: every one after the failover works.
     assert!(

@@ -898,11 +898,9 @@ fn restart_fm(tb: &Testbed, p: &mut Platform, down: Duration) -> Result<()> {
 }
 
 fn failover_fm(tb: &Testbed, p: &mut Platform) -> Result<Failover> {
-    let to = p
-        .standby
-        .as_ref()
-        .map(|(_, a)| a.clone())
-        .ok_or_else(|| Error::Setup("FM failover needs a standby FM (PlatformSpec::standby_fm)".into()))?;
+    let to = p.standby.as_ref().map(|(_, a)| a.clone()).ok_or_else(|| {
+        Error::Setup("FM failover needs a standby FM (PlatformSpec::standby_fm)".into())
+    })?;
     let groups = partition_map(tb, p)?.groups.len() as u64;
     let live: Vec<String> = p
         .scs
@@ -930,10 +928,21 @@ fn failover_fm(tb: &Testbed, p: &mut Platform) -> Result<Failover> {
     p.promote_standby()?;
     info!(recovery_ms, %from, %to, "FM failover: the standby has every node and group");
     // The nodes' own word for where they are (the PP node prints its stats every 1 s).
-    let on_standby = |p: &Platform| live.iter().filter(|id| p.sc_fm(id).as_deref() == Some(to.as_str())).count();
-    let _ = cmd::wait_for("the nodes to name the standby FM", Duration::from_secs(3), || {
-        Ok((p.pp_fm().as_deref() == Some(to.as_str()) && on_standby(p) == live.len()).then_some(()))
-    });
+    let on_standby = |p: &Platform| {
+        live.iter()
+            .filter(|id| p.sc_fm(id).as_deref() == Some(to.as_str()))
+            .count()
+    };
+    let _ = cmd::wait_for(
+        "the nodes to name the standby FM",
+        Duration::from_secs(3),
+        || {
+            Ok(
+                (p.pp_fm().as_deref() == Some(to.as_str()) && on_standby(p) == live.len())
+                    .then_some(()),
+            )
+        },
+    );
     Ok(Failover {
         from,
         to: to.clone(),

@@ -150,7 +150,10 @@ impl Platform {
     pub fn sc_fm(&self, id: &str) -> Option<String> {
         let p = self.sc(id)?;
         let l = last_line(&p.log, &format!("sc: node {id} on FM "));
-        l.rsplit(' ').next().filter(|a| !a.is_empty()).map(String::from)
+        l.rsplit(' ')
+            .next()
+            .filter(|a| !a.is_empty())
+            .map(String::from)
     }
 
     /// The FM address the PP node's last stats line names (`fm=ADDR`).

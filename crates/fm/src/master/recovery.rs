@@ -79,10 +79,7 @@ impl Master {
             }
             let replicas: Vec<String> = g.replicas.iter().map(|r| r.node_id.clone()).collect();
             let epoch = g.epoch;
-            match self
-                .map
-                .adopt(g, p, (h.range_lo, h.range_hi), cfg.joining)
-            {
+            match self.map.adopt(g, p, (h.range_lo, h.range_hi), cfg.joining) {
                 Ok(()) => {
                     self.stats.groups_adopted += 1;
                     info!(group = gid, epoch, ?replicas, tenant = p.tenant, chain = p.chain,
@@ -137,7 +134,10 @@ impl Master {
             let Some(head) = self.map.group(gid).and_then(|g| g.head()).cloned() else {
                 continue;
             };
-            warn!(group = gid, scale, "aborting a scale the previous FM left under way");
+            warn!(
+                group = gid,
+                scale, "aborting a scale the previous FM left under way"
+            );
             if let Some(s) = self
                 .sc_by_node
                 .get(&head.node_id)
