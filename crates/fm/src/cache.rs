@@ -42,6 +42,9 @@ struct Entry {
     ttl_ms: u64,
     deadline_ms: u64,
     generation: u64,
+    /// The reverse direction of a flow cached under its own key (see `insert`): not a
+    /// flow of its own, so not listed.
+    companion: bool,
 }
 
 #[derive(Default)]
@@ -138,7 +141,7 @@ impl RuleCache {
     /// moves it is the reply direction's every packet. Without the entry that packet
     /// would go to SC under a key no NF decided.
     pub fn insert(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
-        self.insert_one(key, reply, now_ms);
+        self.insert_one(key, reply, now_ms, false);
         let Some(v1::rule_reply::Result::Rule(fwd)) = &reply.result else {
             return;
         };
@@ -164,7 +167,7 @@ impl RuleCache {
                 result: Some(v1::rule_reply::Result::Rule(a.clone())),
                 also: vec![fwd],
             };
-            self.insert_one((key.0, key.1, k), &rev, now_ms);
+            self.insert_one((key.0, key.1, k), &rev, now_ms, true);
         }
     }
 
@@ -186,7 +189,7 @@ impl RuleCache {
         }
     }
 
-    fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
+    fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64, companion: bool) {
         self.owners.insert(key.2, (key.0, key.1));
         if self.owners.len() > 2 * self.capacity + 1024 {
             let live: HashMap<[u8; 40], (u32, u32)> = self
@@ -244,6 +247,7 @@ impl RuleCache {
                 ttl_ms,
                 deadline_ms: now_ms.saturating_add(ttl_ms),
                 generation,
+                companion,
             },
         );
         shard.order.push_back((key, generation));
@@ -339,7 +343,7 @@ impl RuleCache {
         (n, keys)
     }
 
-    /// Live cached replies whose tenant passes `filter`: up to `limit` of them (in no
+    /// Live cached flows (not their companion entries) whose tenant passes `filter`: up to `limit` of them (in no
     /// particular order), each with its time to expiry, and how many matched in all.
     /// A scan of the whole cache: for operators (`starfabric flows`), not the data path.
     pub fn list(
@@ -352,7 +356,7 @@ impl RuleCache {
         let mut matched = 0u64;
         for shard in &self.shards {
             for (k, e) in &shard.map {
-                if e.deadline_ms <= now_ms || !filter(k.0) {
+                if e.deadline_ms <= now_ms || e.companion || !filter(k.0) {
                     continue;
                 }
                 matched += 1;

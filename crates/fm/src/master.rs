@@ -16,7 +16,16 @@
 //! then its waiters get an error. Re-submitting is safe because NFs answer a repeated
 //! first packet of a flow they know with that flow's existing rule (the same property a
 //! restarted PP node relies on).
+//!
+//! Recovery: a new FM process (a restarted one, or a standby the nodes failed over to)
+//! knows no group. Each SC node reports the groups it hosts right after it registers,
+//! and FM adopts them with their ids, epochs, orders and ranges (`on_hosted`). For a
+//! short window after the first SC node registers (the SC heartbeat limit) it creates
+//! no group and holds requests that have no group yet, so a node that has not
+//! reconnected yet is not mistaken for a missing partition; at the end of the window
+//! replicas that never came back are treated as dead (docs/planes.md, "FM failover").
 
+mod recovery;
 mod scale;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -147,6 +156,8 @@ pub struct FmStats {
     pub vip_moves: u64,
     /// Requests of unbound tenant (`proto::UNBOUND_TENANT`) with no cached rule.
     pub unknown_flows: u64,
+    /// Groups taken over from the SC nodes' reports (after a restart or failover).
+    pub groups_adopted: u64,
     pub cache: CacheStats,
 }
 
@@ -163,6 +174,11 @@ pub struct FmMetrics {
     /// Requests waiting for an SC answer.
     pub inflight: usize,
 }
+
+/// How long a new FM waits for PP nodes coming over from another FM to report their
+/// vIPs before it balances the table (a few of their 10 ms heartbeat periods plus a
+/// reconnect).
+const VIP_SETTLE_MS: u64 = 500;
 
 pub(crate) type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
 pub(crate) type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
@@ -193,6 +209,12 @@ pub(crate) enum MasterIn {
     },
     ScFin {
         fin: v1::ScaleFin,
+    },
+    /// The groups an SC node hosts, sent right after its registration.
+    ScHosted {
+        session: u64,
+        node: String,
+        groups: Vec<v1::HostedGroup>,
     },
     Heartbeat {
         session: u64,
@@ -257,6 +279,20 @@ struct ScSession {
     tx: ScTx,
 }
 
+/// Whether this FM still learns its groups from the SC nodes (see `on_hosted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// No SC node has registered yet.
+    Waiting,
+    /// SC nodes' reports are adopted until this time (ms); no group is created.
+    Until(u64),
+    /// FM owns the map: reports of unknown groups are ignored.
+    Done,
+}
+
+/// Most PP requests held while FM waits for its groups.
+const MAX_HELD: usize = 1 << 16;
+
 pub(crate) struct Master {
     cfg: FmConfig,
     start: Instant,
@@ -297,6 +333,16 @@ pub(crate) struct Master {
     pins: HashMap<CacheKey, v1::RuleReply>,
     /// The PP cluster's Multi IPs Mapping Table (see `vip`).
     vips: VipTable,
+    /// Until this time (ms) PP nodes that claim vIPs only adopt them and the table is
+    /// balanced once it passes: set when the first node to join this FM claims vIPs,
+    /// i.e. the nodes are coming over from another (or an earlier) FM.
+    vip_settle_until: Option<u64>,
+    vip_joined: bool,
+    recovery: Recovery,
+    /// PP requests that found no group while `recovery` is not done: (session, request).
+    held: Vec<(u64, v1::RuleRequest)>,
+    /// Adopted groups that reported a scale under way: group → scale id.
+    adopted_scales: HashMap<u64, u64>,
 }
 
 impl Master {
@@ -331,6 +377,11 @@ impl Master {
             dissolved: HashSet::new(),
             pins: HashMap::new(),
             vips: VipTable::new(cfg_vips),
+            vip_settle_until: None,
+            vip_joined: false,
+            recovery: Recovery::Waiting,
+            held: Vec::new(),
+            adopted_scales: HashMap::new(),
         }
     }
 
@@ -449,7 +500,15 @@ impl Master {
                     },
                 );
                 if let Some(claimed) = vip_join {
-                    let change = self.vips.join(&id, &claimed);
+                    if !self.vip_joined && !claimed.is_empty() {
+                        self.vip_settle_until = Some(now + VIP_SETTLE_MS);
+                    }
+                    self.vip_joined = true;
+                    let change = if self.vip_settle_until.is_some() {
+                        self.vips.adopt(&id, &claimed)
+                    } else {
+                        self.vips.join(&id, &claimed)
+                    };
                     info!(node = %id, moved = change.moved, epoch = self.vips.epoch(), "PP node joined the vIP group");
                     self.push_vips(&change, &format!("{id} joined"));
                 }
@@ -484,6 +543,17 @@ impl Master {
                     msg: Some(sc_down::Msg::Registered(self.register_ack(v1::Role::Sc))),
                 }));
                 info!(node = %info.id, addr = %info.addr, session, "SC node registered");
+                if self.recovery == Recovery::Waiting {
+                    // Give every SC node the FM had (before a restart or failover) the
+                    // time FM would wait before declaring it dead to report its groups.
+                    let grace = self.cfg.heartbeat.as_millis() as u64
+                        * u64::from(self.cfg.sc_miss_limit.max(1));
+                    self.recovery = Recovery::Until(now + grace);
+                    info!(
+                        grace_ms = grace,
+                        "first SC node registered; adopting reported groups"
+                    );
+                }
                 let id = info.id.clone();
                 let restarted = self
                     .members
@@ -504,6 +574,11 @@ impl Master {
             // fin travels in the install op's result (so a new tail repeats it); a
             // bare ScaleFin on the session is taken the same way.
             MasterIn::ScFin { fin } => self.on_scale_fin(fin.group, fin),
+            MasterIn::ScHosted {
+                session,
+                node,
+                groups,
+            } => self.on_hosted(session, &node, groups),
             MasterIn::Scale(req, done) => self.scale_request(req, done),
             MasterIn::Heartbeat {
                 session,
@@ -784,6 +859,12 @@ impl Master {
             // Partition by the key's own hash, not the one PP sent: PP is not trusted
             // with where state lives.
             let Some(group) = self.map.lookup(req.tenant, req.chain, key.hash()) else {
+                if self.recovery != Recovery::Done && self.held.len() < MAX_HELD {
+                    // The group may be on its way (an SC node that has not reported
+                    // yet): answered when it comes or the recovery window ends.
+                    self.held.push((session, req));
+                    continue;
+                }
                 self.stats.no_group += 1;
                 let msg = format!("no SC group for tenant {} chain {}", req.tenant, req.chain);
                 self.answer_pp(session, proto::error_reply(&req, msg), arrived);
@@ -930,8 +1011,18 @@ impl Master {
         for ck in stale {
             self.retry(&ck, now);
         }
+        if self.vip_settle_until.is_some_and(|t| now >= t) {
+            self.vip_settle_until = None;
+            let change = self.vips.rebalance();
+            self.push_vips(&change, "settled after a takeover");
+        }
         self.cache.sweep(now, 1024);
         self.scale_tick(now);
+        if let Recovery::Until(t) = self.recovery {
+            if now >= t {
+                self.finish_recovery();
+            }
+        }
         self.ensure_groups();
     }
 
@@ -1115,6 +1206,11 @@ impl Master {
     /// Create groups for chains that have none, and refill degraded groups, when
     /// enough SC nodes are live.
     fn ensure_groups(&mut self) {
+        if self.recovery != Recovery::Done {
+            // Groups may still be reported: a group formed now could be a second owner
+            // of a partition whose nodes have not reconnected yet.
+            return;
+        }
         for i in 0..self.chains.len() {
             let (tenant, chain) = (self.chains[i].tenant, self.chains[i].chain);
             if self.map.has_chain(tenant, chain) {

@@ -102,6 +102,72 @@ impl PartitionMap {
         id
     }
 
+    /// Take over group `group` as an SC node reported it (FM recovery): its id, epoch and
+    /// order, owning `lo..=hi` of `partition`'s chain. Refused if FM already has a group
+    /// of that id or the range overlaps one of the chain's (two owners of a key would
+    /// hand out its state twice).
+    pub fn adopt(
+        &mut self,
+        group: v1::ScGroup,
+        partition: v1::Partition,
+        (lo, hi): (u64, u64),
+        joining: Vec<String>,
+    ) -> Result<(), String> {
+        let id = group.id;
+        if id == 0 || lo > hi {
+            return Err(format!("group {id}: bad id or range [{lo}, {hi}]"));
+        }
+        if self.groups.contains_key(&id) {
+            return Err(format!("group {id} exists"));
+        }
+        let key = (partition.tenant, partition.chain);
+        if let Some((olo, ohi, og)) = self
+            .ranges
+            .get(&key)
+            .and_then(|v| v.iter().find(|(olo, ohi, _)| lo <= *ohi && *olo <= hi))
+        {
+            return Err(format!(
+                "group {id}'s range [{lo}, {hi}] overlaps group {og}'s [{olo}, {ohi}]"
+            ));
+        }
+        self.reserve_id(id);
+        self.groups.insert(
+            id,
+            GroupEntry {
+                group,
+                partition: v1::Partition {
+                    hash_lo: lo,
+                    hash_hi: hi,
+                    group: id,
+                    ..partition
+                },
+                joining,
+                awaiting_scale: 0,
+            },
+        );
+        let v = self.ranges.entry(key).or_default();
+        v.push((lo, hi, id));
+        v.sort_unstable();
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Never hand out group ids up to `id` again: an SC node may still host a replica
+    /// of that group, and would take a new group of the same id for a stale epoch.
+    pub fn reserve_id(&mut self, id: u64) {
+        self.next_group = self.next_group.max(id);
+    }
+
+    /// A newer order of an adopted group than the one FM has (another replica had
+    /// applied a later epoch): take it as is, epoch included.
+    pub fn replace_group(&mut self, group: v1::ScGroup, joining: Vec<String>) {
+        if let Some(g) = self.groups.get_mut(&group.id) {
+            g.group = group;
+            g.joining = joining;
+            self.version += 1;
+        }
+    }
+
     /// Give group `id` the range `lo..=hi` of its chain, or none. The caller keeps the
     /// chain's ranges disjoint.
     pub fn set_range(&mut self, id: u64, range: Option<(u64, u64)>) {
@@ -225,6 +291,41 @@ mod tests {
         assert_eq!(m.lookup(1, 1, u64::MAX), Some(b));
         let e = m.set_replicas(b, vec![]).unwrap().group.epoch;
         assert_eq!(e, 2);
+    }
+
+    fn group(id: u64, epoch: u64) -> v1::ScGroup {
+        v1::ScGroup {
+            id,
+            epoch,
+            replicas: vec![],
+        }
+    }
+
+    #[test]
+    fn adopted_groups_keep_ids_epochs_and_ranges() {
+        let mut m = PartitionMap::default();
+        let p = v1::Partition {
+            tenant: 1,
+            chain: 1,
+            ..Default::default()
+        };
+        // A map after a scale-out: group 4 owns the lower half, group 1 the upper.
+        m.adopt(group(4, 2), p, (0, 99), vec![]).unwrap();
+        m.adopt(group(1, 5), p, (100, u64::MAX), vec![]).unwrap();
+        assert_eq!(m.lookup(1, 1, 5), Some(4));
+        assert_eq!(m.lookup(1, 1, 100), Some(1));
+        assert_eq!(m.group(1).unwrap().group.epoch, 5);
+        assert_eq!(m.group(4).unwrap().partition.hash_hi, 99);
+        // Overlaps and repeats are refused.
+        assert!(m.adopt(group(7, 1), p, (50, 150), vec![]).is_err());
+        assert!(m.adopt(group(4, 3), p, (0, 99), vec![]).is_err());
+        // A newer order replaces the adopted one, epoch and all.
+        m.replace_group(group(4, 3), vec!["sc-9".into()]);
+        assert_eq!(m.group(4).unwrap().group.epoch, 3);
+        // New groups never reuse an id an SC node may still host.
+        m.reserve_id(9);
+        let n = m.create(2, 1, 0, u64::MAX, vec![]);
+        assert_eq!(n, 10);
     }
 
     #[test]

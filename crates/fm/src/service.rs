@@ -478,6 +478,11 @@ impl FabricMaster for FmService {
                         load: h.load,
                     },
                     Some(sc_up::Msg::Fin(fin)) => MasterIn::ScFin { fin },
+                    Some(sc_up::Msg::Hosted(h)) => MasterIn::ScHosted {
+                        session,
+                        node: node.clone(),
+                        groups: h.groups,
+                    },
                     Some(sc_up::Msg::Register(_)) | None => {
                         s.bad();
                         continue;

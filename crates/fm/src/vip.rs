@@ -65,6 +65,9 @@ pub struct VipTable {
     vips: Vec<VipDef>,
     owner: Vec<Option<String>>,
     nodes: BTreeMap<String, NodeState>,
+    /// What each node said it owned when it joined: balancing moves a vIP to a node
+    /// that still filters it in rather than away from one, where it can.
+    claims: BTreeMap<String, Vec<usize>>,
     epoch: u64,
     moves: u64,
 }
@@ -76,6 +79,7 @@ impl VipTable {
             vips,
             owner,
             nodes: BTreeMap::new(),
+            claims: BTreeMap::new(),
             epoch: 0,
             moves: 0,
         }
@@ -131,6 +135,7 @@ impl VipTable {
     pub fn join(&mut self, node: &str, claimed: &[usize]) -> VipChange {
         let mut before = self.snapshot();
         self.nodes.insert(node.to_string(), NodeState::default());
+        self.claims.insert(node.to_string(), claimed.to_vec());
         for &i in claimed {
             if i < self.vips.len() && self.owner[i].is_none() {
                 self.owner[i] = Some(node.to_string());
@@ -144,11 +149,38 @@ impl VipTable {
         self.finish(before)
     }
 
+    /// A node (re)joined while FM is taking over from another FM: it keeps what it
+    /// claims that nobody else has, and nothing else moves until [`VipTable::rebalance`].
+    /// The nodes reconnecting one by one would otherwise each be handed the vIPs of
+    /// those not back yet, and give them back a moment later.
+    pub fn adopt(&mut self, node: &str, claimed: &[usize]) -> VipChange {
+        let mut before = self.snapshot();
+        self.nodes.insert(node.to_string(), NodeState::default());
+        self.claims.insert(node.to_string(), claimed.to_vec());
+        for &i in claimed {
+            if i < self.vips.len() && self.owner[i].is_none() {
+                self.owner[i] = Some(node.to_string());
+            }
+        }
+        before
+            .entry(node.to_string())
+            .or_insert_with(|| claimed.to_vec());
+        self.finish(before)
+    }
+
+    /// Balance the group now (after a run of [`VipTable::adopt`]).
+    pub fn rebalance(&mut self) -> VipChange {
+        let before = self.snapshot();
+        self.balance();
+        self.finish(before)
+    }
+
     /// A node is dead or gone: its vIPs go to the live nodes with the fewest.
     pub fn leave(&mut self, node: &str) -> VipChange {
         if self.nodes.remove(node).is_none() {
             return VipChange::default();
         }
+        self.claims.remove(node);
         let before = self.snapshot();
         for o in &mut self.owner {
             if o.as_deref() == Some(node) {
@@ -248,12 +280,22 @@ impl VipTable {
             if nf <= nt + 1 {
                 break;
             }
-            // The highest-numbered vIP of the fullest node moves, so repeated joins and
+            // Which of the fullest node's vIPs moves: first one the receiver claims and
+            // the giver did not (it still has it in its filter), then any the giver did
+            // not claim, then its highest-numbered one, so that repeated joins and
             // leaves move the same few vIPs back and forth rather than reshuffling.
-            if let Some(i) = self.owned_by(&from).last().copied() {
-                self.owner[i] = Some(to);
-            } else {
-                break;
+            let owned = self.owned_by(&from);
+            let claimed = |n: &str, i: usize| self.claims.get(n).is_some_and(|c| c.contains(&i));
+            let pick = owned
+                .iter()
+                .rev()
+                .find(|&&i| claimed(&to, i) && !claimed(&from, i))
+                .or_else(|| owned.iter().rev().find(|&&i| !claimed(&from, i)))
+                .or_else(|| owned.last())
+                .copied();
+            match pick {
+                Some(i) => self.owner[i] = Some(to),
+                None => break,
             }
         }
     }
@@ -438,5 +480,25 @@ mod tests {
         assert_eq!(parse_mac("02:5f:76:00:00"), None);
         assert_eq!(parse_mac("02:5f:76:00:00:0a:01"), None);
         assert_eq!(parse_mac("zz:5f:76:00:00:0a"), None);
+    }
+
+    #[test]
+    fn nodes_reconnecting_to_a_new_fm_keep_their_vips() {
+        let mut t = table(8);
+        // The old FM had a: 0..4, b: 4..8. They reconnect one by one.
+        let ch = t.adopt("a", &[0, 1, 2, 3]);
+        assert!(ch.is_empty(), "a keeps what it has: nothing to tell it");
+        assert_eq!(t.owner_of(5), None, "b's vIPs wait for b");
+        t.adopt("b", &[4, 5, 6, 7]);
+        let ch = t.rebalance();
+        assert!(ch.is_empty(), "nothing to move: {ch:?}");
+        assert_eq!(t.owned_by("a"), vec![0, 1, 2, 3]);
+        assert_eq!(t.owned_by("b"), vec![4, 5, 6, 7]);
+        // b never came back: the rebalance gives its vIPs out.
+        let mut t = table(8);
+        t.adopt("a", &[0, 1, 2, 3]);
+        let ch = t.rebalance();
+        assert_eq!(ch.moved, 4);
+        assert_eq!(t.owned_by("a").len(), 8);
     }
 }

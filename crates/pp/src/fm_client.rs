@@ -10,11 +10,13 @@
 //!
 //! On a broken session it reconnects (every `reconnect`) and resends the requests that
 //! have no answer yet; a request older than `forget_after` is dropped from that list,
-//! since its worker has timed its packets out by then.
+//! since its worker has timed its packets out by then. Given several FM addresses it
+//! fails over: a broken session is retried once on the same FM, a failed connect
+//! moves on to the next address ([`proto::FmAddrs`] has the policy and why).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,12 +32,15 @@ use tracing::{debug, info, warn};
 pub enum FmClientError {
     #[error("starting the FM client: {0}")]
     Start(String),
+    #[error("FM addresses: {0}")]
+    Addrs(#[from] proto::FmAddrsError),
 }
 
 /// Configuration of the FM client.
 #[derive(Debug, Clone)]
 pub struct FmClientConfig {
-    /// FM address, `host:port`.
+    /// FM address, `host:port`, or several comma-separated: the client fails over to
+    /// the next when the one it is on is unreachable.
     pub fm: String,
     pub node_id: String,
     /// Pipeline workers served (each gets a [`WorkerLink`]).
@@ -102,6 +107,22 @@ pub struct FmClientStats {
     /// Flow keys FM withdrew (handed to every worker to remove).
     pub revoked: AtomicU64,
     pub connected: AtomicBool,
+    /// The FM address of the open session (empty while there is none).
+    pub current_fm: Mutex<String>,
+    /// Sessions opened on another FM than the one before (FM failovers).
+    pub failovers: AtomicU64,
+}
+
+impl FmClientStats {
+    /// The FM address of the open session, if one is open.
+    pub fn current_fm(&self) -> Option<String> {
+        let f = self
+            .current_fm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        (!f.is_empty()).then_some(f)
+    }
 }
 
 /// A running FM client.
@@ -119,6 +140,7 @@ struct WorkerOut {
 impl FmClient {
     /// Start the client; returns one [`WorkerLink`] per worker (index = worker id).
     pub fn start(cfg: FmClientConfig) -> Result<(FmClient, Vec<WorkerLink>), FmClientError> {
+        let fms = proto::FmAddrs::parse(&cfg.fm)?;
         let workers = cfg.workers.max(1);
         let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.request_capacity.max(1));
         let mut links = Vec::new();
@@ -159,7 +181,7 @@ impl FmClient {
         let st = stop.clone();
         let session = std::thread::Builder::new()
             .name("pp-fm-session".into())
-            .spawn(move || rt.block_on(session_loop(cfg, net_rx, outs, s, st)))
+            .spawn(move || rt.block_on(session_loop(cfg, fms, net_rx, outs, s, st)))
             .map_err(|e| FmClientError::Start(e.to_string()))?;
         Ok((
             FmClient {
@@ -182,6 +204,11 @@ impl FmClient {
 
     pub fn connected(&self) -> bool {
         self.stats.connected.load(Ordering::Relaxed)
+    }
+
+    /// The FM address of the open session, if one is open.
+    pub fn current_fm(&self) -> Option<String> {
+        self.stats.current_fm()
     }
 
     /// Stop both threads and wait for them.
@@ -249,6 +276,7 @@ struct Outstanding {
 
 async fn session_loop(
     cfg: FmClientConfig,
+    mut fms: proto::FmAddrs,
     mut net: mpsc::UnboundedReceiver<Vec<RuleRequest>>,
     outs: Vec<WorkerOut>,
     stats: Arc<FmClientStats>,
@@ -257,9 +285,14 @@ async fn session_loop(
     let mut outstanding: HashMap<u64, Outstanding> = HashMap::new();
     let mut next_id = 1u64;
     let mut failures = 0u32;
+    let mut last_fm: Option<String> = None;
     while !stop.load(Ordering::Relaxed) {
+        let fm = fms.current().to_string();
+        let mut opened = false;
         let r = session(
             &cfg,
+            &fm,
+            &mut opened,
             &mut net,
             &outs,
             &stats,
@@ -269,23 +302,51 @@ async fn session_loop(
         )
         .await;
         stats.connected.store(false, Ordering::Relaxed);
+        stats
+            .current_fm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if opened {
+            if last_fm.as_ref().is_some_and(|l| *l != fm) {
+                stats.failovers.fetch_add(1, Ordering::Relaxed);
+            }
+            last_fm = Some(fm.clone());
+            failures = 0;
+        }
         match r {
             Ok(()) => return,
             Err(e) => {
                 failures += 1;
                 stats.session_errors.fetch_add(1, Ordering::Relaxed);
                 if failures <= 3 || failures % 50 == 0 {
-                    warn!(fm = %cfg.fm, error = %e, "FM session failed; reconnecting");
+                    warn!(%fm, error = %e, "FM session failed; reconnecting");
                 }
             }
         }
-        tokio::time::sleep(cfg.reconnect).await;
+        let next = if opened {
+            fms.session_broke()
+        } else {
+            fms.connect_failed()
+        };
+        if fms.current() != fm {
+            info!(node = %cfg.node_id, from = %fm, to = %fms.current(),
+                  "FM unreachable; failing over to the next FM");
+        }
+        if next == proto::Next::AfterBackoff {
+            tokio::time::sleep(cfg.reconnect).await;
+        }
     }
 }
 
-/// One session. Returns Ok when the client is stopping.
+/// One session with FM `fm`. Returns Ok when the client is stopping. `opened` is set
+/// once FM acknowledged the registration: a failure after that is a broken session,
+/// before it a failed connect.
+#[allow(clippy::too_many_arguments)]
 async fn session(
     cfg: &FmClientConfig,
+    fm: &str,
+    opened: &mut bool,
     net: &mut mpsc::UnboundedReceiver<Vec<RuleRequest>>,
     outs: &[WorkerOut],
     stats: &FmClientStats,
@@ -293,7 +354,7 @@ async fn session(
     outstanding: &mut HashMap<u64, Outstanding>,
     next_id: &mut u64,
 ) -> Result<(), String> {
-    let ch = proto::endpoint(&cfg.fm)
+    let ch = proto::endpoint(fm)
         .map_err(|e| e.to_string())?
         .connect()
         .await
@@ -326,8 +387,10 @@ async fn session(
         _ => return Err("FM did not acknowledge registration".into()),
     };
     stats.sessions.fetch_add(1, Ordering::Relaxed);
+    *opened = true;
+    *stats.current_fm.lock().unwrap_or_else(|e| e.into_inner()) = fm.to_string();
     stats.connected.store(true, Ordering::Relaxed);
-    info!(fm = %ack.fm_id, node = %cfg.node_id, "PP session open");
+    info!(%fm, fm_id = %ack.fm_id, node = %cfg.node_id, "PP session open");
 
     // Ask again for everything unanswered: the old session may have lost it.
     let now = Instant::now();

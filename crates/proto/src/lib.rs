@@ -24,6 +24,9 @@ pub mod v1 {
     tonic::include_proto!("starfabric.v1");
 }
 
+mod fm_addrs;
+pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
+
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
 pub const PROTO_VERSION: u32 = 1;
 

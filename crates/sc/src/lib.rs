@@ -33,4 +33,6 @@ pub enum ScError {
     Io(String),
     #[error("protocol: {0}")]
     Protocol(String),
+    #[error("configuration: {0}")]
+    Config(String),
 }

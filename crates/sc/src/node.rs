@@ -8,9 +8,11 @@
 //!   leaves as one batch to the successor, one ack upstream and one message to FM;
 //! - one link task per replica with a successor: a `Replicate` client stream, which
 //!   reconnects until the configuration changes;
-//! - the FM session: registration, heartbeats, group configs and submits down, tail
-//!   results up. It reconnects forever; results produced while it is down wait in a
-//!   queue (FM ignores answers it no longer wants).
+//! - the FM session: registration (with the groups it hosts, so an FM that does not
+//!   know them can adopt them), heartbeats, group configs and submits down, tail
+//!   results up. It reconnects forever, to the next of its FM addresses when one is
+//!   unreachable (FM failover, [`proto::FmAddrs`]); results produced while it is down
+//!   wait in a queue (FM ignores answers it no longer wants).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -40,7 +42,8 @@ pub struct ScConfig {
     pub listen: SocketAddr,
     /// The address other SC nodes use to reach it; default: the bound address.
     pub advertise: Option<String>,
-    /// The fabric master, `host:port`.
+    /// The fabric master, `host:port`, or several, comma-separated: the node fails over
+    /// to the next when the one it is on is unreachable.
     pub fm: String,
     /// How often a group's head runs the NFs' timers (as an op, on every replica).
     pub timer_period: Duration,
@@ -109,6 +112,11 @@ enum ReplicaIn {
     Metrics {
         reply: oneshot::Sender<GroupMetrics>,
     },
+    /// What the node reports of this replica when it registers with an FM (None: not
+    /// a member any more).
+    Hosted {
+        reply: oneshot::Sender<Option<v1::HostedGroup>>,
+    },
 }
 
 /// What a metrics endpoint reads of one hosted replica.
@@ -162,6 +170,8 @@ struct Shared {
     requests_applied: AtomicU64,
     /// Random per process start (see `NodeInfo.incarnation`).
     incarnation: u64,
+    /// The FM this node has a session with now (empty while it has none).
+    current_fm: Mutex<String>,
 }
 
 impl Shared {
@@ -190,6 +200,7 @@ pub struct ScHandle {
 
 /// Start an SC node on the current tokio runtime: bind, serve, connect to FM.
 pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHandle, ScError> {
+    let fms = proto::FmAddrs::parse(&cfg.fm).map_err(|e| ScError::Config(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| ScError::Io(format!("bind {}: {e}", cfg.listen)))?;
@@ -211,6 +222,7 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         counters: ScCounters::default(),
         requests_applied: AtomicU64::new(0),
         incarnation: rand::random(),
+        current_fm: Mutex::new(String::new()),
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -228,7 +240,7 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         }
     });
     let s = shared.clone();
-    shared.tasks.spawn(fm_session_loop(s));
+    shared.tasks.spawn(fm_session_loop(s, fms));
     info!(node = %shared.cfg.node_id, %addr, fm = %shared.cfg.fm, "SC node started");
     Ok(ScHandle { addr, shared })
 }
@@ -245,6 +257,17 @@ impl ScHandle {
 
     pub fn counters(&self) -> &ScCounters {
         &self.shared.counters
+    }
+
+    /// The FM address this node has its session with (None while it has none).
+    pub fn current_fm(&self) -> Option<String> {
+        let f = self
+            .shared
+            .current_fm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        (!f.is_empty()).then_some(f)
     }
 
     /// Stop everything this node runs: its server, FM session, replicas and links.
@@ -368,27 +391,69 @@ async fn connect(addr: &str) -> Result<Channel, ScError> {
 
 // ------------------------------------------------------------------ FM session
 
-async fn fm_session_loop(shared: Arc<Shared>) {
+async fn fm_session_loop(shared: Arc<Shared>, mut fms: proto::FmAddrs) {
     let mut failures = 0u32;
     loop {
-        match fm_session(&shared).await {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                failures += 1;
-                if failures <= 3 || failures % 50 == 0 {
-                    warn!(fm = %shared.cfg.fm, error = %e, "FM session failed; reconnecting");
-                }
+        let fm = fms.current().to_string();
+        let mut opened = false;
+        let r = fm_session(&shared, &fm, &mut opened).await;
+        shared
+            .current_fm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if opened {
+            failures = 0;
+        }
+        if let Err(e) = &r {
+            failures += 1;
+            if failures <= 3 || failures % 50 == 0 {
+                warn!(%fm, error = %e, "FM session failed; reconnecting");
             }
         }
         if shared.stopped.load(Ordering::Relaxed) {
             return;
         }
-        tokio::time::sleep(shared.cfg.reconnect * 5).await;
+        let next = if opened {
+            fms.session_broke()
+        } else {
+            fms.connect_failed()
+        };
+        if fms.current() != fm {
+            info!(node = %shared.cfg.node_id, from = %fm, to = %fms.current(),
+                  "FM unreachable; failing over to the next FM");
+        }
+        if next == proto::Next::AfterBackoff {
+            tokio::time::sleep(shared.cfg.reconnect * 5).await;
+        }
     }
 }
 
-async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
-    let ch = connect(&shared.cfg.fm).await?;
+/// What every replica this node hosts reports to a new FM session.
+async fn hosted_groups(shared: &Shared) -> Vec<v1::HostedGroup> {
+    let txs: Vec<_> = shared
+        .groups
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    let mut out = Vec::new();
+    for tx in txs {
+        let (rtx, rrx) = oneshot::channel();
+        if tx.send(ReplicaIn::Hosted { reply: rtx }).is_ok() {
+            if let Ok(Some(h)) = rrx.await {
+                out.push(h);
+            }
+        }
+    }
+    out
+}
+
+/// One session with FM `fm`. `opened` is set once FM acknowledged the registration:
+/// a failure after that is a broken session, before it a failed connect.
+async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result<(), ScError> {
+    let ch = connect(fm).await?;
     let mut client = FabricMasterClient::new(ch)
         .max_decoding_message_size(proto::MAX_MESSAGE)
         .max_encoding_message_size(proto::MAX_MESSAGE);
@@ -403,6 +468,14 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
             incarnation: shared.incarnation,
             ..Default::default()
         })),
+    });
+    // Right behind the registration, so FM has it before it decides anything about the
+    // node: an FM that does not know these groups (restarted, or a standby this node
+    // failed over to) adopts them instead of forming new ones over the same state.
+    let hosted = hosted_groups(shared).await;
+    let nhosted = hosted.len();
+    let _ = otx.send(v1::ScUp {
+        msg: Some(sc_up::Msg::Hosted(v1::HostedGroups { groups: hosted })),
     });
     let resp = client
         .sc_session(UnboundedReceiverStream::new(orx))
@@ -429,8 +502,10 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
         )));
     }
     shared.counters.fm_sessions.fetch_add(1, Ordering::Relaxed);
-    info!(node = %shared.cfg.node_id, fm = %ack.fm_id, heartbeat_ms = ack.heartbeat_ms,
-          "registered with FM");
+    *opened = true;
+    *shared.current_fm.lock().unwrap_or_else(|e| e.into_inner()) = fm.to_string();
+    info!(node = %shared.cfg.node_id, %fm, fm_id = %ack.fm_id, heartbeat_ms = ack.heartbeat_ms,
+          groups = nhosted, "registered with FM");
 
     // Tail results (from every replica) → this session.
     let fwd_tx = otx.clone();
@@ -748,6 +823,9 @@ fn handle(
         ReplicaIn::Status { snapshots, reply } => {
             let state = heavy(|| core.state(snapshots));
             let _ = reply.send((state, core.stats));
+        }
+        ReplicaIn::Hosted { reply } => {
+            let _ = reply.send(core.is_member().then(|| core.hosted()));
         }
         ReplicaIn::Metrics { reply } => {
             let p = core.partition().unwrap_or_default();

@@ -408,6 +408,22 @@ impl ReplicaCore {
         self.scale.ready
     }
 
+    /// What this replica tells an FM when the node registers: enough for an FM that
+    /// never saw the group (a restarted FM, or a standby after a failover) to adopt it
+    /// with its current epoch, order and range.
+    pub fn hosted(&self) -> v1::HostedGroup {
+        let (lo, hi) = self.scale.range.unwrap_or((0, 0));
+        v1::HostedGroup {
+            config: Some(self.cfg.clone()),
+            serving: self.scale.ready && self.scale.range.is_some(),
+            range_lo: lo,
+            range_hi: hi,
+            initialized: self.initialized,
+            scale: self.scale.outgoing.as_ref().map_or(0, |o| o.scale),
+            applied: self.applied,
+        }
+    }
+
     /// Apply configuration `cfg` (call once after [`ReplicaCore::new`] too). Returns
     /// what the successor link must do; `out` gets the answers a new tail owes.
     pub fn configure(&mut self, cfg: v1::GroupConfig, out: &mut Outbox) -> LinkChange {

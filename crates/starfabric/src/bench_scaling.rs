@@ -12,7 +12,9 @@
 //!   `pp_failover` (PP node 1 is SIGKILLed; `recovery_ms` from a probe every 0.5 ms),
 //!   `pp_scale_in` (PP node 0 is drained, then stopped);
 //! - `pp_failover_silent` (nodes 0 and 1 run again; node 0's link goes down, so only
-//!   its missing heartbeats tell FM; `recovery_ms`).
+//!   its missing heartbeats tell FM; `recovery_ms`);
+//! - `fm_failover` (the FM is SIGKILLed; the PP and SC nodes move to the standby FM,
+//!   which adopts the groups; `recovery_ms`).
 //!
 //! Each gives failed and reset connections and a 100 ms timeline of bytes sent per
 //! node; `--plot` draws the timelines as SVG.
@@ -56,6 +58,7 @@ pub struct ScalingBench {
     pub pp_failover: PpScenario,
     pub pp_scale_in: PpScenario,
     pub pp_failover_silent: PpScenario,
+    pub fm_failover: FmFailoverReport,
 }
 
 /// A PP cluster scenario: the report, with its event's headline number on top.
@@ -91,6 +94,16 @@ impl PpScenario {
     }
 }
 
+/// The FM failover scenario, with its recovery time beside the scenario's counts.
+#[derive(Debug, Serialize)]
+pub struct FmFailoverReport {
+    /// From the kill to the standby FM having the PP node, every SC node and every
+    /// group (`events[0].failover` has the details).
+    pub recovery_ms: Option<u64>,
+    #[serde(flatten)]
+    pub scenario: ScenarioReport,
+}
+
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     testbed::install_signal_cleanup()?;
     testbed::check_prerequisites()?;
@@ -109,6 +122,8 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     // are spares again, one of which replaces the killed replica.
     spec.sc_nodes = 6;
     spec.pp_active = 2;
+    // For the last scenario: PP and SC nodes know both FMs.
+    spec.standby_fm = true;
     let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
     let settle = Duration::from_secs_f64(a.settle);
     let probes = ProbeSpec::new();
@@ -196,6 +211,17 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
             silent: true,
         },
     )?);
+    let fm_failover = {
+        let scenario = scenario(&mut p, "fm_failover", Event::FailoverFm)?;
+        FmFailoverReport {
+            recovery_ms: scenario
+                .events
+                .first()
+                .and_then(|e| e.failover.as_ref())
+                .map(|f| f.recovery_ms),
+            scenario,
+        }
+    };
     let out = ScalingBench {
         sc_scale_out,
         sc_scale_in,
@@ -204,6 +230,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
         pp_failover,
         pp_scale_in,
         pp_failover_silent,
+        fm_failover,
     };
     p.stop(&tb);
     drop(tb);
@@ -266,13 +293,19 @@ pub fn print(b: &ScalingBench) {
                 rep.group, rep.victim, rep.before, rep.after, rep.repaired_ms
             );
         }
+        if let Some(f) = e.and_then(|e| e.failover.as_ref()) {
+            println!(
+                "    FM {} killed, {} has every node and group after {} ms ({} groups adopted)",
+                f.from, f.to, f.recovery_ms, f.adopted
+            );
+        }
         if let Some(pp) = e.and_then(|e| e.pp.as_ref()) {
             let mut line = format!(
                 "    {}: vIPs {:?} -> {:?} ({} moved)",
                 pp.node, pp.vips_before, pp.vips_after, pp.vip_moves
             );
             if let Some(s) = pp.seconds_to_traffic {
-                let _ = write!(line, ", traffic after {:.3} s", s);
+                let _ = write!(line, ", traffic after {s:.3} s");
             }
             if let Some(d) = pp.drained_ms {
                 let _ = write!(line, ", drained in {d} ms");
@@ -300,6 +333,7 @@ impl ScalingBench {
             &self.pp_failover.report,
             &self.pp_scale_in.report,
             &self.pp_failover_silent.report,
+            &self.fm_failover.scenario,
         ]
     }
 }

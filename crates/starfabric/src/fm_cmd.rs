@@ -222,7 +222,7 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
         "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
          sc_replies={} timeouts={} reconfigurations={} bad_messages={} nodes_dead={} \
          scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={} \
-         vip_moves={} cache_misses={}",
+         vip_moves={} cache_misses={} adopted={}",
         start.elapsed().as_secs_f64(),
         alive(proto::v1::Role::Pp),
         alive(proto::v1::Role::Sc),
@@ -242,6 +242,7 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
         s.scale_last_us,
         s.vip_moves,
         s.cache.misses,
+        s.groups_adopted,
     );
     let _ = std::io::stdout().flush();
 }

@@ -68,7 +68,10 @@ pub struct PpArgs {
     /// Largest receive batch (1..=64 for the UDP socket, 1..=256 for AF_XDP).
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Ask this fabric master (`host:port`) for the rules of flows that miss.
+    /// Ask this fabric master (`host:port`) for the rules of flows that miss. Several,
+    /// comma-separated (`a:7000,b:7001`): the node starts on the first and fails over
+    /// to the next when its FM is unreachable; the stats line names the one it is on
+    /// (`fm=ADDR`).
     #[arg(long)]
     fm: Option<String>,
     /// This node's id toward FM (default: `pp-<listen address>`).
@@ -239,7 +242,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         (Some(fm), _) => Some(fm.clone()),
         (None, Some(ag)) => match ag.wait_for_fm(&STOP) {
             Some(d) => {
-                let fm = d.fm_addrs[0].clone();
+                let fm = d.fm_addrs.join(",");
                 first_directive = Some(d);
                 Some(fm)
             }
@@ -355,6 +358,10 @@ pub fn run(a: PpArgs) -> Result<()> {
         if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
             if now >= t {
                 let mut line = summary(&worker, start.elapsed());
+                if let Some(c) = &fm_client {
+                    // Which FM the node is on (FM failover); `none` while it has none.
+                    let _ = write!(line, " fm={}", c.current_fm().as_deref().unwrap_or("none"));
+                }
                 if let Some(fp) = &fastpath {
                     line.push_str(&fp.summary());
                 }
@@ -452,7 +459,11 @@ fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
         }),
         ready,
         detail: match fm {
-            Some(c) if c.connected() => format!("FM session up, {} VNIs bound", p.vpcs().count()),
+            Some(c) if c.connected() => format!(
+                "FM session up ({}), {} VNIs bound",
+                c.current_fm().unwrap_or_default(),
+                p.vpcs().count()
+            ),
             Some(_) => "no FM session".to_string(),
             None => "static rules only".to_string(),
         },

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 use proto::v1;
@@ -17,7 +17,9 @@ use crate::pp_cmd::{install_signal_handlers, STOP};
 
 #[derive(Args, Debug)]
 pub struct ScArgs {
-    /// The fabric master, `host:port` (default: the first the orchestrator names).
+    /// The fabric master, `host:port`, or several comma-separated (`a:7000,b:7001`): the
+    /// node starts on the first and fails over to the next when its FM is unreachable
+    /// (default: the ones the orchestrator names).
     #[arg(long, required_unless_present = "orchestrator")]
     fm: Option<String>,
     /// Register with this orchestrator (control address, `host:port`).
@@ -73,12 +75,13 @@ pub fn run(a: ScArgs) -> Result<()> {
         (None, Some(ag)) => match ag.wait_for_fm(&STOP) {
             Some(d) => {
                 ag.set_applied(d.version);
-                d.fm_addrs[0].clone()
+                d.fm_addrs.join(",")
             }
             None => return Ok(()),
         },
         (None, None) => anyhow::bail!("--fm or --orchestrator is required"),
     };
+    proto::FmAddrs::parse(&fm).with_context(|| format!("--fm {fm}"))?;
     let mut cfg = sc::ScConfig::new(&a.id, a.listen, &fm);
     cfg.advertise = a.advertise.clone();
     cfg.timer_period = Duration::from_millis(a.timer_ms.max(1));
@@ -109,11 +112,20 @@ pub fn run(a: ScArgs) -> Result<()> {
     tracing::info!(node = %a.id, addr = %node.addr(), metrics = metrics_field, "SC running");
     let start = Instant::now();
     let mut next_report = start;
+    let mut on_fm: Option<String> = None;
     while !STOP.load(Ordering::Relaxed) {
+        // Tests and operators see from this line which FM the node is on (FM failover).
+        let now_fm = node.current_fm();
+        if now_fm != on_fm {
+            if let Some(f) = &now_fm {
+                println!("sc: node {} on FM {f}", a.id);
+                std::io::stdout().flush()?;
+            }
+            on_fm = now_fm;
+        }
         if let Some(ag) = agent.as_mut() {
             if let Some(d) = ag.new_directive() {
-                // The FM an SC node serves is fixed at start; FM failover is the
-                // elasticity issue's.
+                // The FM addresses an SC node fails over between are fixed at start.
                 ag.set_applied(d.version);
             }
             if Instant::now() >= next_report {

@@ -85,6 +85,10 @@ pub struct UpArgs {
     /// for scale-out, `starfabric scale sc-out`, and for replacing a dead replica).
     #[arg(long, default_value_t = 3)]
     sc_nodes: usize,
+    /// Also start a standby FM (198.18.4.2:7001) and give the PP and SC nodes both FM
+    /// addresses: `testbed kill fm` then makes them fail over to it.
+    #[arg(long)]
+    standby_fm: bool,
 }
 
 pub fn run(c: TestbedCmd) -> Result<()> {
@@ -160,7 +164,11 @@ fn up(a: UpArgs) -> Result<()> {
             let bin = std::env::current_exe()?;
             let mut spec = PlatformSpec::new(chains, vpcs);
             spec.sc_nodes = a.sc_nodes;
+            spec.standby_fm = a.standby_fm;
             let p = platform::start_starfabric(&tb, &bin, &spec)?;
+            if let Some((s, addr)) = &p.standby {
+                println!("starfabric: standby FM on {addr}, log {}", s.log.display());
+            }
             println!(
                 "starfabric: FM {} ({} SC nodes), PP log {}",
                 p.fm.log.display(),
@@ -237,6 +245,7 @@ fn down() -> Result<()> {
 fn recorded_name(what: &str) -> Result<String> {
     Ok(match what {
         "fm" => "starfabric fm".into(),
+        "fm-standby" => "starfabric fm standby".into(),
         "pp" => "starfabric pp".into(),
         w if w
             .strip_prefix("sc-")
@@ -244,7 +253,7 @@ fn recorded_name(what: &str) -> Result<String> {
         {
             format!("starfabric {w}")
         }
-        w => bail!("cannot kill {w:?}: name fm, pp or sc-<i>"),
+        w => bail!("cannot kill {w:?}: name fm, fm-standby, pp or sc-<i>"),
     })
 }
 

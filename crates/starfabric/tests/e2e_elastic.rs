@@ -283,3 +283,79 @@ fn fm_killed_and_restarted_under_traffic_flows_survive_and_new_connections_resum
     assert_eq!(r.failed_after_events, 0, "{:#?}", r.failures);
     assert!(tb.running(&p.fm), "the restarted FM runs");
 }
+
+#[test]
+#[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
+fn fm_failover_to_a_standby_fm_under_traffic() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).expect("internet host servers");
+    let mut spec = PlatformSpec::new(vec![snat_chain()], vec![(vni::tenant(0), 1, 1)]);
+    // 6 SC nodes: the scale-out first gives the FM that dies a map of two partitions,
+    // which the standby must rebuild from the SC nodes' reports.
+    spec.sc_nodes = 6;
+    spec.standby_fm = true;
+    let mut p = lab.start_spec(&spec);
+    let first_fm = p.fm.clone();
+    let spec = ScenarioSpec {
+        name: "fm_failover".into(),
+        load: LoadSpec::new(),
+        iperf: IperfSpec::new(14),
+        before: Duration::from_secs(3),
+        after: Duration::from_secs(4),
+        events: vec![
+            Event::ScaleOut {
+                tenant: 1,
+                chain: 1,
+            },
+            Event::Pause(Duration::from_secs(1)),
+            Event::FailoverFm,
+        ],
+    };
+    let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
+    let s = r.events[0].scale.as_ref().expect("scale-out result");
+    assert!(s.aborted.is_none(), "scale-out aborted: {s:?}");
+    let e = &r.events[2];
+    let f = e.failover.as_ref().expect("failover result");
+    println!(
+        "fm_failover: {} -> {}: the standby has the PP node, {} SC nodes and {} groups \
+         ({} adopted) {} ms after the kill; PP on {:?}, {} SC nodes on the standby; after: \
+         {} connections, {} failed, p99 setup {}",
+        f.from,
+        f.to,
+        f.sc_nodes,
+        f.groups,
+        f.adopted,
+        f.recovery_ms,
+        f.pp_fm,
+        f.sc_on_standby,
+        r.connections_after_events,
+        r.failed_after_events,
+        ms(r.p99_setup_after_us),
+    );
+    assert_traffic_survived(&r, 500);
+    assert_eq!(f.groups, 2, "the FM that died had two groups");
+    assert_eq!(
+        f.adopted, f.groups,
+        "the standby adopted the groups, not new ones"
+    );
+    assert_eq!(
+        f.pp_fm.as_deref(),
+        Some(f.to.as_str()),
+        "PP names the standby"
+    );
+    assert_eq!(
+        f.sc_on_standby as u64, f.sc_nodes,
+        "every SC node is on the standby"
+    );
+    assert!(!tb.running(&first_fm), "the first FM is dead");
+    // New connections need SC through the standby: every one after the failover works.
+    assert!(
+        r.connections_after_events >= 100,
+        "{}",
+        r.connections_after_events
+    );
+    assert_eq!(r.failed_after_events, 0, "{:#?}", r.failures);
+    let map = elastic::partition_map(tb, &p).expect("the standby's map");
+    assert_eq!(map.groups_of(1, 1).len(), 2, "{map:?}");
+}

@@ -624,6 +624,10 @@ pub enum Event {
     RestartFm {
         down: Duration,
     },
+    /// SIGKILL the active FM (a platform with a standby FM) and wait until the PP node
+    /// and every live SC node are on the standby and it has every group back; the
+    /// standby is the platform's FM afterwards ([`Platform::promote_standby`]).
+    FailoverFm,
     Pause(Duration),
     /// PP scale-out (cluster mode): start PP node `node` in its spare namespace; FM
     /// gives it a share of the vIPs. Measured until its XDP program passes the first
@@ -676,6 +680,8 @@ pub struct EventReport {
     pub end_ms: u64,
     pub scale: Option<ScaleResult>,
     pub repair: Option<Repair>,
+    #[serde(default)]
+    pub failover: Option<Failover>,
     /// Connections that started during the event (or within 1 s after it).
     pub connections: usize,
     pub failed_connections: usize,
@@ -693,6 +699,27 @@ pub struct Repair {
     pub after: Vec<String>,
     /// From the kill to FM's map showing the group whole again without the victim.
     pub repaired_ms: u64,
+}
+
+/// An FM failover: the active FM killed, the nodes on the standby.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Failover {
+    pub from: String,
+    pub to: String,
+    pub killed_pid: i32,
+    /// Groups the dead FM had (the standby holds as many at the end).
+    pub groups: u64,
+    /// Live SC nodes, all registered with the standby at the end.
+    pub sc_nodes: u64,
+    /// From the kill to the standby's status line showing the PP node, every live SC
+    /// node and every group (its status comes every 50 ms).
+    pub recovery_ms: u64,
+    /// Groups the standby adopted from the SC nodes' reports.
+    pub adopted: u64,
+    /// The FM the PP node's stats line names afterwards.
+    pub pp_fm: Option<String>,
+    /// SC nodes whose log says they are on the standby.
+    pub sc_on_standby: usize,
 }
 
 /// The load, the flows and the events.
@@ -758,6 +785,7 @@ const FM_COUNTERS: &[&str] = &[
     "reconfigurations",
     "timeouts",
     "requests",
+    "adopted",
 ];
 
 /// Samples bytes sent per node every 100 ms on a thread of its own.
@@ -777,6 +805,9 @@ impl TxSampler {
     fn start(tb: &Testbed, p: &Platform, t0: Instant) -> TxSampler {
         let stop = Arc::new(AtomicBool::new(false));
         let mut pids: Vec<(String, i32)> = vec![("fm".into(), p.fm.pid)];
+        if let Some((s, _)) = &p.standby {
+            pids.push(("fm-standby".into(), s.pid));
+        }
         pids.extend(
             p.scs
                 .iter()
@@ -910,6 +941,7 @@ fn restart_fm(tb: &Testbed, p: &mut Platform, down: Duration) -> Result<()> {
     cmd::sleep(down)?;
     p.restart_fm(tb)?;
     let sc = p.scs.iter().filter(|s| tb.running(s)).count() as u64;
+    let npp = p.pp_running(tb);
     cmd::wait_for(
         "the restarted FM to form its groups and see the PP node",
         Duration::from_secs(30),
@@ -917,7 +949,7 @@ fn restart_fm(tb: &Testbed, p: &mut Platform, down: Duration) -> Result<()> {
             let s = p.fm_status();
             Ok((field(&s, "groups").unwrap_or(0) >= 1
                 && field(&s, "sc") == Some(sc)
-                && field(&s, "pp") == Some(1))
+                && field(&s, "pp") == Some(npp))
             .then_some(()))
         },
     )
@@ -1023,6 +1055,66 @@ fn kill_pp(tb: &Testbed, p: &Platform, node: usize, silent: bool) -> Result<PpEv
     })
 }
 
+fn failover_fm(tb: &Testbed, p: &mut Platform) -> Result<Failover> {
+    let to = p.standby.as_ref().map(|(_, a)| a.clone()).ok_or_else(|| {
+        Error::Setup("FM failover needs a standby FM (PlatformSpec::standby_fm)".into())
+    })?;
+    let groups = partition_map(tb, p)?.groups.len() as u64;
+    let live: Vec<String> = p
+        .scs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| tb.running(s))
+        .map(|(i, _)| format!("sc-{i}"))
+        .collect();
+    let sc_nodes = live.len() as u64;
+    let npp = p.pp_running(tb);
+    let (from, killed_pid) = (p.fm_addr.clone(), p.fm.pid);
+    let killed = Instant::now();
+    p.kill_fm(tb)?;
+    cmd::wait_for(
+        "the standby FM to have the PP node, every SC node and every group",
+        Duration::from_secs(30),
+        || {
+            let s = p.standby_status();
+            Ok((field(&s, "groups") == Some(groups)
+                && field(&s, "sc") == Some(sc_nodes)
+                && field(&s, "pp") == Some(npp))
+            .then_some(()))
+        },
+    )?;
+    let recovery_ms = killed.elapsed().as_millis() as u64;
+    p.promote_standby()?;
+    info!(recovery_ms, %from, %to, "FM failover: the standby has every node and group");
+    // The nodes' own word for where they are (the PP node prints its stats every 1 s).
+    let on_standby = |p: &Platform| {
+        live.iter()
+            .filter(|id| p.sc_fm(id).as_deref() == Some(to.as_str()))
+            .count()
+    };
+    let _ = cmd::wait_for(
+        "the nodes to name the standby FM",
+        Duration::from_secs(3),
+        || {
+            Ok(
+                (p.pp_fm().as_deref() == Some(to.as_str()) && on_standby(p) == live.len())
+                    .then_some(()),
+            )
+        },
+    );
+    Ok(Failover {
+        from,
+        to: to.clone(),
+        killed_pid,
+        groups,
+        sc_nodes,
+        recovery_ms,
+        adopted: fm_counter(p, "adopted"),
+        pp_fm: p.pp_fm(),
+        sc_on_standby: on_standby(p),
+    })
+}
+
 /// Run `spec` against the running platform `p` (whose chain serves VPC
 /// `spec.load.client`, with the internet host's servers up).
 pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Result<ScenarioReport> {
@@ -1061,6 +1153,7 @@ pub fn run_scenario_probed(
                 end_ms: 0,
                 scale: None,
                 repair: None,
+                failover: None,
                 connections: 0,
                 failed_connections: 0,
                 p99_setup_us: None,
@@ -1086,6 +1179,10 @@ pub fn run_scenario_probed(
                 Event::RestartFm { down } => {
                     r.name = "fm_restart".into();
                     restart_fm(tb, p, *down)?;
+                }
+                Event::FailoverFm => {
+                    r.name = "fm_failover".into();
+                    r.failover = Some(failover_fm(tb, p)?);
                 }
                 Event::Pause(d) => {
                     r.name = "pause".into();

@@ -31,6 +31,9 @@ pub struct PlatformSpec {
     /// PP cluster mode (the topology has `pp_nodes` > 0): how many PP nodes to start;
     /// the other namespaces are spares for scale-out.
     pub pp_active: usize,
+    /// Also start a standby FM (same configuration, [`STANDBY_FM_PORT`]) and give the PP
+    /// and SC nodes both addresses, so they fail over to it when the first FM dies.
+    pub standby_fm: bool,
 }
 
 impl PlatformSpec {
@@ -42,6 +45,7 @@ impl PlatformSpec {
             flows: 1 << 18,
             pp_args: Vec::new(),
             pp_active: 1,
+            standby_fm: false,
         }
     }
 
@@ -68,7 +72,13 @@ pub struct Platform {
     pub fm_addr: String,
     /// The `starfabric` binary everything runs from (to restart FM).
     pub bin: PathBuf,
+    /// The standby FM and its address, with [`PlatformSpec::standby_fm`] (after
+    /// [`Platform::promote_standby`], the FM that died).
+    pub standby: Option<(Proc, String)>,
 }
+
+/// Where the standby FM listens, in the control namespace beside the first.
+pub const STANDBY_FM_PORT: u16 = 7001;
 
 impl Platform {
     /// The PP node's last stats line (`pp: t=.. rx=.. tx=.. hits=.. misses=.. drops=..`).
@@ -229,6 +239,56 @@ impl Platform {
         })
     }
 
+    /// PP nodes whose process runs (cluster mode: any of them; otherwise the one).
+    pub fn pp_running(&self, tb: &Testbed) -> u64 {
+        if self.pps.is_empty() {
+            u64::from(tb.running(&self.pp))
+        } else {
+            self.pps.iter().flatten().filter(|p| tb.running(p)).count() as u64
+        }
+    }
+
+    /// The standby FM's last status line (empty without one).
+    pub fn standby_status(&self) -> String {
+        self.standby
+            .as_ref()
+            .map(|(p, _)| last_line(&p.log, "fm: t="))
+            .unwrap_or_default()
+    }
+
+    /// The FM address SC node `id` last said it is on (`sc: node ID on FM ADDR`).
+    pub fn sc_fm(&self, id: &str) -> Option<String> {
+        let p = self.sc(id)?;
+        let l = last_line(&p.log, &format!("sc: node {id} on FM "));
+        l.rsplit(' ')
+            .next()
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+    }
+
+    /// The FM address the PP node's last stats line names (`fm=ADDR`).
+    pub fn pp_fm(&self) -> Option<String> {
+        self.pp_stats()
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("fm="))
+            .filter(|a| *a != "none")
+            .map(String::from)
+    }
+
+    /// After the first FM died and the nodes failed over: make the standby the FM this
+    /// platform's helpers talk to (status, counters, `scale` CLI); the dead one is kept
+    /// as `standby` for the post-mortem.
+    pub fn promote_standby(&mut self) -> Result<()> {
+        let (p, addr) = self
+            .standby
+            .take()
+            .ok_or_else(|| Error::Setup("no standby FM".into()))?;
+        let old = std::mem::replace(&mut self.fm, p);
+        let old_addr = std::mem::replace(&mut self.fm_addr, addr);
+        self.standby = Some((old, old_addr));
+        Ok(())
+    }
+
     /// Stop the PP node, the SC nodes and FM (in that order), leaving the topology.
     pub fn stop(self, tb: &Testbed) {
         for p in self.pps.iter().skip(1).flatten() {
@@ -239,6 +299,9 @@ impl Platform {
             tb.stop(s);
         }
         tb.stop(&self.fm);
+        if let Some((p, _)) = &self.standby {
+            tb.stop(p);
+        }
     }
 }
 
@@ -322,6 +385,15 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
     let bin = bin.display().to_string();
     let fm_addr = SocketAddrV4::new(addr::CTL, addr::FM_PORT).to_string();
     let fm = spawn_fm(tb, &bin_path, &fm_addr, &fm_config, "")?;
+    let standby = spec
+        .standby_fm
+        .then(|| spawn_standby_fm(tb, &bin_path, &fm_config))
+        .transpose()?;
+    // What the nodes are given: both FMs with a standby, the first first.
+    let fm_list = match &standby {
+        Some((_, a)) => format!("{fm_addr},{a}"),
+        None => fm_addr.clone(),
+    };
     let limit = Duration::from_secs(20);
     let listen = SocketAddrV4::new(addr::CTL, 0).to_string();
     let mut scs = Vec::new();
@@ -331,7 +403,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
             Node::Ctl,
             &format!("starfabric {id}"),
             &[
-                &bin, "sc", "--fm", &fm_addr, "--listen", &listen, "--id", &id,
+                &bin, "sc", "--fm", &fm_list, "--listen", &listen, "--id", &id,
             ],
         )?;
         scs.push(p);
@@ -347,7 +419,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         "--listen",
         &pp_listen,
         "--fm",
-        &fm_addr,
+        &fm_list,
         "--flows",
         &flows,
         "--stats-interval",
@@ -378,6 +450,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         fm_config,
         fm_addr: fm_addr.clone(),
         bin: bin_path,
+        standby,
     };
     for i in 1..spec.pp_active.min(cluster) {
         platform.start_pp(tb, i)?;
@@ -443,6 +516,33 @@ fn spawn_fm(tb: &Testbed, bin: &Path, fm_addr: &str, config: &Path, tag: &str) -
     )?;
     tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;
     Ok(fm)
+}
+
+/// Start the standby FM: the same configuration as the first, on [`STANDBY_FM_PORT`] of
+/// the control namespace, with a status line every 50 ms (a failover is timed by it).
+/// It has no members until the nodes fail over to it.
+fn spawn_standby_fm(tb: &Testbed, bin: &Path, config: &Path) -> Result<(Proc, String)> {
+    let addr = SocketAddrV4::new(addr::CTL, STANDBY_FM_PORT).to_string();
+    let bin = bin.display().to_string();
+    let conf = config.display().to_string();
+    let fm = tb.spawn(
+        Node::Ctl,
+        "starfabric fm standby",
+        &[
+            &bin,
+            "fm",
+            "--listen",
+            &addr,
+            "--config",
+            &conf,
+            "--id",
+            "fm-standby",
+            "--stats-interval",
+            "0.05",
+        ],
+    )?;
+    tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;
+    Ok((fm, addr))
 }
 
 #[cfg(test)]

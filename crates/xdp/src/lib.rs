@@ -383,7 +383,7 @@ impl XdpProgram {
     /// vMACs of the vIPs this node owns (the whole set: others are removed). Called with
     /// an empty set the node takes nothing, which is right for a node that owns no vIP.
     pub fn set_vip_macs(&mut self, macs: &[[u8; 6]]) -> Result<(), XdpError> {
-        let want: std::collections::HashSet<u64> = macs.iter().map(|m| mac_key(m)).collect();
+        let want: std::collections::HashSet<u64> = macs.iter().map(mac_key).collect();
         {
             let map = self
                 .ebpf

@@ -1,0 +1,326 @@
+//! FM failover (docs/planes.md, "FM failover"): two FMs with the same configuration,
+//! SC nodes and a PP client given both addresses. The first FM forms the groups and
+//! scales the chain out to two partitions; then it dies. The nodes move to the standby,
+//! which must rebuild the same partition map from the SC nodes' reports (group ids,
+//! epochs, orders, ranges), keep the NF state (flows asked again get the rules they had),
+//! serve new flows, and own the map afterwards (it repairs a replica that dies).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{local, wait};
+use fm::{FmConfig, ScaleRequest};
+use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pp::{FmClient, FmClientConfig};
+use proto::ChainDef;
+use sc::{ScConfig, ScProcess};
+
+fn chain() -> ChainDef {
+    serde_json::from_value(serde_json::json!({
+        "tenant": 1, "chain": 1,
+        "nfs": [{"kind": "snat", "pools": [
+            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 65535}}]}],
+        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
+        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
+    }))
+    .unwrap()
+}
+
+fn flow(i: u32) -> RuleRequest {
+    let key = FlowKey::new(
+        100,
+        packet::proto::UDP,
+        IpAddr::V4(Ipv4Addr::from(
+            u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250,
+        )),
+        1024 + (i / 250) as u16,
+        "198.19.0.9".parse().unwrap(),
+        53,
+    );
+    RuleRequest {
+        key,
+        hash: key.hash(),
+        tenant: 1,
+        chain: 1,
+        meta: PacketMeta {
+            len: 60,
+            tcp_flags: 0,
+            icmp_error: false,
+            ingress_port: 0,
+        },
+        worker: 0,
+    }
+}
+
+fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
+    let rule = r.result.as_ref().ok()?;
+    rule.actions.iter().find_map(|a| match a {
+        Action::SetSrc {
+            addr: Some(a),
+            port: Some(p),
+        } => Some((*a, *p)),
+        _ => None,
+    })
+}
+
+/// Ask for `flows` and wait for every answer: key → mapping (errors are missing).
+fn ask(source: &RuleSource, flows: std::ops::Range<u32>) -> HashMap<FlowKey, (IpAddr, u16)> {
+    let RuleSource::Channel { requests, replies } = source else {
+        unreachable!()
+    };
+    let n = flows.len();
+    for i in flows {
+        requests.send(flow(i)).unwrap();
+    }
+    let mut out = HashMap::new();
+    let mut answered = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answered < n && Instant::now() < deadline {
+        if let Ok(r) = replies.recv_timeout(Duration::from_millis(100)) {
+            answered += 1;
+            if let Some(m) = mapping(&r) {
+                out.insert(r.key, m);
+            }
+        }
+    }
+    assert_eq!(answered, n, "flows left unanswered");
+    out
+}
+
+/// (group, lo, hi) of every partition, and each group's order, sorted.
+type Shape = (Vec<(u64, u64, u64)>, Vec<(u64, Vec<String>)>);
+
+fn shape(m: &proto::v1::PartitionMap) -> Shape {
+    let mut parts: Vec<(u64, u64, u64)> = m
+        .partitions
+        .iter()
+        .map(|p| (p.group, p.hash_lo, p.hash_hi))
+        .collect();
+    parts.sort_unstable();
+    let mut groups: Vec<(u64, Vec<String>)> = m
+        .groups
+        .iter()
+        .map(|g| (g.id, g.replicas.iter().map(|r| r.node_id.clone()).collect()))
+        .collect();
+    groups.sort();
+    (parts, groups)
+}
+
+#[test]
+fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = |id: &str| FmConfig {
+        fm_id: id.into(),
+        chains: vec![chain()],
+        ..FmConfig::default()
+    };
+    let active = rt.block_on(fm::start(cfg("fm-a"), local())).unwrap();
+    let standby = rt.block_on(fm::start(cfg("fm-b"), local())).unwrap();
+    let (a, b) = (active.addr().to_string(), standby.addr().to_string());
+    let both = format!("{a},{b}");
+    let mut scs: Vec<ScProcess> = (0..7)
+        .map(|i| {
+            ScProcess::spawn(
+                ScConfig::new(&format!("sc-{i}"), local(), &both),
+                Arc::new(sc::testing::TestNfs),
+            )
+            .unwrap()
+        })
+        .collect();
+    wait(Duration::from_secs(10), "a group on the active FM", || {
+        let m = rt.block_on(active.partition_map())?;
+        (m.groups.len() == 1 && m.groups[0].replicas.len() == 3).then_some(())
+    });
+    let out = rt
+        .block_on(active.scale(ScaleRequest::Out {
+            tenant: 1,
+            chain: 1,
+            group: None,
+        }))
+        .unwrap();
+    assert_eq!(out.aborted, None);
+
+    let (client, mut links) = FmClient::start(FmClientConfig::new(&both, "pp-1")).unwrap();
+    let link = links.remove(0);
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
+    assert_eq!(client.current_fm().as_deref(), Some(a.as_str()));
+    let before = ask(&link.source, 0..1000);
+    assert_eq!(before.len(), 1000);
+    let map_a = rt.block_on(active.partition_map()).unwrap();
+    let shape_a = shape(&map_a);
+    assert_eq!(shape_a.0.len(), 2, "two partitions after the scale-out");
+    // The standby has seen no node at all.
+    assert!(rt
+        .block_on(standby.partition_map())
+        .unwrap()
+        .groups
+        .is_empty());
+
+    let killed = Instant::now();
+    active.stop();
+    let map_b = wait(
+        Duration::from_secs(10),
+        "the standby to adopt the groups",
+        || {
+            let m = rt.block_on(standby.partition_map())?;
+            let members = rt.block_on(standby.members())?;
+            let sc = members
+                .members
+                .iter()
+                .filter(|m| {
+                    m.alive
+                        && m.node
+                            .as_ref()
+                            .is_some_and(|n| n.role == proto::v1::Role::Sc as i32)
+                })
+                .count();
+            (shape(&m) == shape_a && sc == scs.len() && client.current_fm().as_deref() == Some(&b))
+                .then_some(m)
+        },
+    );
+    println!(
+        "standby FM has both groups and every node after {} ms",
+        killed.elapsed().as_millis()
+    );
+    // Same ids, same epochs: the replicas took nothing for a new configuration.
+    let epochs = |m: &proto::v1::PartitionMap| {
+        let mut v: Vec<(u64, u64)> = m.groups.iter().map(|g| (g.id, g.epoch)).collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(epochs(&map_b), epochs(&map_a));
+    let stats = rt.block_on(standby.stats()).unwrap();
+    assert_eq!(stats.groups_adopted, 2);
+
+    // NF state survived: the standby's cache is empty, so these reach SC, and SNAT
+    // answers known flows with their mappings.
+    let again = ask(&link.source, 0..1000);
+    assert_eq!(again, before, "flows got other mappings after the failover");
+    // New flows are served, with ports no old flow holds.
+    let new = ask(&link.source, 1000..2000);
+    assert_eq!(new.len(), 1000);
+    let mut ports: HashSet<(IpAddr, u16)> = before.values().copied().collect();
+    for m in new.values() {
+        assert!(ports.insert(*m), "port {m:?} handed out twice");
+    }
+
+    // The standby owns the map now: a replica that dies is repaired.
+    let victim = map_b.groups[0].replicas[1].node_id.clone();
+    let i: usize = victim.strip_prefix("sc-").unwrap().parse().unwrap();
+    scs[i].kill();
+    let gid = map_b.groups[0].id;
+    wait(Duration::from_secs(10), "the standby to repair", || {
+        let m = rt.block_on(standby.partition_map())?;
+        let g = m.groups.iter().find(|g| g.id == gid)?;
+        (g.replicas.len() == 3 && !g.replicas.iter().any(|r| r.node_id == victim)).then_some(())
+    });
+    let last = ask(&link.source, 0..2000);
+    assert_eq!(last.len(), 2000);
+    for (k, m) in before.iter().chain(new.iter()) {
+        assert_eq!(last.get(k), Some(m));
+    }
+    drop(client);
+    standby.stop();
+}
+
+/// The FM dies together with an SC replica, after a repair gave the group a later
+/// epoch. The standby adopts the group at that epoch from the two survivors, and at the
+/// end of its recovery window treats the replica that never registered as dead: a spare
+/// takes its place and no flow changes its mapping.
+#[test]
+fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = |id: &str| FmConfig {
+        fm_id: id.into(),
+        chains: vec![chain()],
+        ..FmConfig::default()
+    };
+    let active = rt.block_on(fm::start(cfg("fm-a"), local())).unwrap();
+    let standby = rt.block_on(fm::start(cfg("fm-b"), local())).unwrap();
+    let (a, b) = (active.addr().to_string(), standby.addr().to_string());
+    let both = format!("{a},{b}");
+    let mut scs: Vec<ScProcess> = (0..5)
+        .map(|i| {
+            ScProcess::spawn(
+                ScConfig::new(&format!("sc-{i}"), local(), &both),
+                Arc::new(sc::testing::TestNfs),
+            )
+            .unwrap()
+        })
+        .collect();
+    let idx = |id: &str| -> usize { id.strip_prefix("sc-").unwrap().parse().unwrap() };
+    let first = wait(Duration::from_secs(10), "a group on the active FM", || {
+        let m = rt.block_on(active.partition_map())?;
+        (m.groups.len() == 1 && m.groups[0].replicas.len() == 3).then_some(m)
+    });
+    // A repair first, so the group's epoch is past the one a fresh FM would give it.
+    let head = first.groups[0].replicas[0].node_id.clone();
+    scs[idx(&head)].kill();
+    let repaired = wait(Duration::from_secs(10), "the active FM to repair", || {
+        let m = rt.block_on(active.partition_map())?;
+        let g = &m.groups[0];
+        (g.replicas.len() == 3 && !g.replicas.iter().any(|r| r.node_id == head)).then_some(m)
+    });
+    let epoch = repaired.groups[0].epoch;
+    assert!(epoch > 1);
+
+    let (client, mut links) = FmClient::start(FmClientConfig::new(&both, "pp-1")).unwrap();
+    let link = links.remove(0);
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
+    let before = ask(&link.source, 0..500);
+    assert_eq!(before.len(), 500);
+
+    // The FM goes, and a replica with it, before the nodes reach the standby.
+    let victim = repaired.groups[0].replicas[1].node_id.clone();
+    active.stop();
+    scs[idx(&victim)].kill();
+    let gid = repaired.groups[0].id;
+    let after = wait(
+        Duration::from_secs(10),
+        "the standby to adopt and repair",
+        || {
+            let m = rt.block_on(standby.partition_map())?;
+            let g = m.groups.iter().find(|g| g.id == gid)?;
+            (g.replicas.len() == 3
+                && !g
+                    .replicas
+                    .iter()
+                    .any(|r| r.node_id == victim || r.node_id == head))
+            .then_some(m)
+        },
+    );
+    assert_eq!(after.groups.len(), 1, "no new group was formed");
+    assert!(after.groups[0].epoch > epoch, "the repair is a new epoch");
+    assert_eq!(rt.block_on(standby.stats()).unwrap().groups_adopted, 1);
+    wait(Duration::from_secs(5), "PP on the standby", || {
+        (client.current_fm().as_deref() == Some(b.as_str())).then_some(())
+    });
+    let again = ask(&link.source, 0..500);
+    assert_eq!(again, before, "flows got other mappings after the failover");
+    drop(client);
+    standby.stop();
+}
