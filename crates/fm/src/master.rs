@@ -17,9 +17,11 @@
 //! first packet of a flow they know with that flow's existing rule (the same property a
 //! restarted PP node relies on).
 
+mod observe;
 mod scale;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,11 +29,13 @@ use std::time::{Duration, Instant};
 use pipeline::{FlowKey, LatencyHistogram};
 use proto::v1::{self, pp_down, sc_down};
 use proto::ChainDef;
+use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 use tracing::{debug, info, warn};
 
 use crate::cache::{CacheKey, CacheStats, RuleCache};
+use crate::events::{EventKind, EventLog};
 use crate::membership::Membership;
 use crate::partition::PartitionMap;
 
@@ -63,6 +67,10 @@ pub struct FmConfig {
     pub max_batch: usize,
     /// Tenant chains served.
     pub chains: Vec<ChainDef>,
+    /// Events kept in memory (`starfabric events`).
+    pub events_capacity: usize,
+    /// Also append every event to this file, one JSON object a line.
+    pub events_file: Option<PathBuf>,
 }
 
 impl Default for FmConfig {
@@ -79,6 +87,8 @@ impl Default for FmConfig {
             max_attempts: 4,
             max_batch: 2048,
             chains: Vec::new(),
+            events_capacity: crate::events::DEFAULT_CAPACITY,
+            events_file: None,
         }
     }
 }
@@ -190,6 +200,9 @@ pub(crate) enum MasterIn {
     /// Drop every cached rule (pinned ones stay); answers how many were dropped.
     ClearCache(oneshot::Sender<usize>),
     Scale(ScaleRequest, ScaleDone),
+    Events(v1::EventsRequest, oneshot::Sender<v1::EventsReply>),
+    RecordEvent(v1::RecordEventRequest, oneshot::Sender<Result<u64, String>>),
+    Load(oneshot::Sender<v1::LoadReply>),
 }
 
 /// What applying a desired configuration changed.
@@ -266,11 +279,14 @@ pub(crate) struct Master {
     /// the cache's reach until the new owner has merged their state (the cache may
     /// evict; these must be answered here until then).
     pins: HashMap<CacheKey, v1::RuleReply>,
+    /// What happened, for operators (`Events`); see `crate::events`.
+    pub(crate) events: EventLog,
 }
 
 impl Master {
     /// `start` is the epoch of FM's millisecond clock, shared with the session readers.
     pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>, start: Instant) -> Self {
+        let events = EventLog::new(cfg.events_capacity);
         Master {
             cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
             cfg,
@@ -298,6 +314,7 @@ impl Master {
             parked: Vec::new(),
             dissolved: HashSet::new(),
             pins: HashMap::new(),
+            events,
         }
     }
 
@@ -331,6 +348,11 @@ impl Master {
                     msg: Some(pp_down::Msg::Registered(self.register_ack())),
                 }));
                 info!(node = %info.id, session, "PP node registered");
+                self.event(
+                    EventKind::PpNodeJoined,
+                    format!("PP node {} registered", info.id),
+                    json!({"node": info.id, "addr": info.addr}),
+                );
                 if let Some(old) = self.members.register(info, session, seen, now) {
                     self.pp.remove(&old);
                 }
@@ -373,6 +395,11 @@ impl Master {
                     msg: Some(sc_down::Msg::Registered(self.register_ack())),
                 }));
                 info!(node = %info.id, addr = %info.addr, session, "SC node registered");
+                self.event(
+                    EventKind::ScNodeJoined,
+                    format!("SC node {} registered", info.id),
+                    json!({"node": info.id, "addr": info.addr}),
+                );
                 let id = info.id.clone();
                 let restarted = self
                     .members
@@ -394,6 +421,15 @@ impl Master {
             // bare ScaleFin on the session is taken the same way.
             MasterIn::ScFin { fin } => self.on_scale_fin(fin.group, fin),
             MasterIn::Scale(req, done) => self.scale_request(req, done),
+            MasterIn::Events(req, tx) => {
+                let _ = tx.send(self.events.reply(&req));
+            }
+            MasterIn::RecordEvent(req, tx) => {
+                let _ = tx.send(self.record_external(req));
+            }
+            MasterIn::Load(tx) => {
+                let _ = tx.send(self.load_reply());
+            }
             MasterIn::Heartbeat {
                 session,
                 node,
@@ -833,6 +869,11 @@ impl Master {
         self.stats.nodes_dead += 1;
         if self.pp.remove(&session).is_some() {
             info!(%node, "PP node gone");
+            self.event(
+                EventKind::PpNodeDead,
+                format!("PP node {node} dead"),
+                json!({"node": node}),
+            );
             return;
         }
         if self.sc.remove(&session).is_some() {
@@ -840,6 +881,11 @@ impl Master {
                 self.sc_by_node.remove(node);
             }
             warn!(%node, "SC node dead; repairing its groups");
+            self.event(
+                EventKind::ScNodeDead,
+                format!("SC node {node} dead"),
+                json!({"node": node, "groups": self.map.groups_of(node)}),
+            );
             self.sc_died(node);
         }
     }
@@ -872,15 +918,34 @@ impl Master {
                     "SC group lost its last live replica; stalled until it returns"
                 );
                 self.stats.groups_stalled += 1;
+                self.group_event(
+                    EventKind::ScGroupStalled,
+                    gid,
+                    format!(
+                        "group {gid} lost its last live replica ({node}); stalled until it returns"
+                    ),
+                    json!({"dead": node}),
+                );
                 continue;
             }
-            if let Some(spare) = self.spare_for(&replicas) {
+            let spare = self.spare_for(&replicas);
+            if let Some(spare) = spare.clone() {
                 info!(group = gid, node = %spare.node_id, "adding a spare replica at the tail");
                 replicas.push(spare);
             }
             self.map.set_replicas(gid, replicas);
             self.stats.reconfigurations += 1;
             self.push_config(gid);
+            let added = spare.map(|r| r.node_id);
+            self.group_event(
+                EventKind::ScGroupRepaired,
+                gid,
+                match &added {
+                    Some(a) => format!("group {gid} repaired: {node} dead, {a} added at the tail"),
+                    None => format!("group {gid} re-linked without {node}; no spare SC node"),
+                },
+                json!({"dead": node, "added": added}),
+            );
             // Repeat any scaling step the group owes, ahead of the re-submits below.
             self.scale_head_changed(gid);
             let new_head = self
@@ -1002,6 +1067,12 @@ impl Master {
                     "SC group created"
                 );
                 self.push_config(gid);
+                self.group_event(
+                    EventKind::ScGroupCreated,
+                    gid,
+                    format!("group {gid} formed for tenant {tenant} chain {chain}"),
+                    json!({}),
+                );
             }
         }
         let degraded: Vec<u64> = self
@@ -1017,10 +1088,17 @@ impl Master {
             let mut replicas = g.group.replicas.clone();
             if let Some(spare) = self.spare_for(&replicas) {
                 info!(group = gid, node = %spare.node_id, "refilling a degraded group");
+                let added = spare.node_id.clone();
                 replicas.push(spare);
                 self.map.set_replicas(gid, replicas);
                 self.stats.reconfigurations += 1;
                 self.push_config(gid);
+                self.group_event(
+                    EventKind::ScGroupRepaired,
+                    gid,
+                    format!("group {gid} refilled: {added} added at the tail"),
+                    json!({"added": added}),
+                );
             }
         }
     }
