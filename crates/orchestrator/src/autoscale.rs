@@ -843,10 +843,14 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
         records
     }
 
-    /// Sample every interval until `stop` resolves; records `autoscale_started` and
-    /// `autoscale_stopped`. A scale blocks the loop until FM answers (fin or abort): the
-    /// next sample then sees the new map.
-    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+    /// Sample every interval until `stop` resolves, handing every decision to `report`;
+    /// records `autoscale_started` and `autoscale_stopped`. A scale blocks the loop until
+    /// FM answers (fin or abort): the next sample then sees the new map.
+    pub async fn run(
+        mut self,
+        stop: impl std::future::Future<Output = ()>,
+        mut report: impl FnMut(&StepRecord),
+    ) {
         let started = json!({
             "interval_ms": self.cfg.interval.as_millis() as u64,
             "sc": self.cfg.sc.as_ref().map(|s| json!({
@@ -872,7 +876,9 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                 _ = &mut stop => break,
                 _ = tick.tick() => {
                     let now_ms = t0.elapsed().as_millis() as u64;
-                    self.step(now_ms).await;
+                    for r in self.step(now_ms).await {
+                        report(&r);
+                    }
                 }
             }
         }
