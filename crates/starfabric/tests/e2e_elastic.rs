@@ -1,6 +1,6 @@
-//! Elasticity under live traffic (docs/elastic-tests.md): SC scale-out and scale-in,
-//! and an SC replica crash, while real kernel TCP goes through starfabric's PP node in
-//! the netns testbed.
+//! Elasticity under live traffic (docs/elastic-tests.md): SC scale-out and scale-in (by
+//! hand and by the autoscaler), and an SC replica crash, while real kernel TCP goes
+//! through starfabric's PP node in the netns testbed.
 //!
 //! The load is `testbed::elastic`'s: a loop of new TCP connections from VPC 0 to nginx
 //! on the internet host through SNAT (each one asks FM and the SC group serving the key
