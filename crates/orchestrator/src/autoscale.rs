@@ -632,6 +632,28 @@ pub struct StepRecord {
     pub result: Option<Result<String, AutoscaleError>>,
 }
 
+/// One target's part of a sample.
+struct Input {
+    target: Target,
+    /// Per unit; None: no rate this sample.
+    utils: Option<Vec<f64>>,
+    /// SC: the group with the highest rate, the one to split.
+    busiest: Option<u64>,
+    /// The rates or values behind `utils`, for the event.
+    detail: Value,
+}
+
+impl Input {
+    fn no_rate(target: Target) -> Input {
+        Input {
+            target,
+            utils: None,
+            busiest: None,
+            detail: Value::Null,
+        }
+    }
+}
+
 /// The previous sample's counters, to take rates from.
 struct Prev {
     fm_ms: u64,
@@ -680,10 +702,7 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
     /// The per-target inputs of one sample: (target, per-unit utilisation, and for SC
     /// the busiest group by rate). A chain with a group not in the previous sample (just
     /// formed or split), or right after FM restarted, has no rate: None.
-    fn inputs(
-        &mut self,
-        load: &v1::LoadReply,
-    ) -> Vec<(Target, Option<Vec<f64>>, Option<u64>, Value)> {
+    fn inputs(&mut self, load: &v1::LoadReply) -> Vec<Input> {
         let mut out = Vec::new();
         if let Some(sc) = &self.cfg.sc {
             let mut chains: BTreeMap<(u32, u32), Vec<&v1::GroupLoad>> = BTreeMap::new();
@@ -701,7 +720,7 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                 }
                 let target = Target::Sc { tenant, chain };
                 let Some(prev) = prev else {
-                    out.push((target, None, None, Value::Null));
+                    out.push(Input::no_rate(target));
                     continue;
                 };
                 let dt = (load.fm_ms - prev.fm_ms) as f64 / 1e3;
@@ -713,7 +732,7 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                     })
                     .collect();
                 let Some(rates) = rates else {
-                    out.push((target, None, None, Value::Null));
+                    out.push(Input::no_rate(target));
                     continue;
                 };
                 let busiest = rates.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|r| r.0);
@@ -724,7 +743,12 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                         "group": g, "requests_per_s": (r * 10.0).round() / 10.0,
                     })).collect::<Vec<_>>(),
                 });
-                out.push((target, Some(utils), busiest, detail));
+                out.push(Input {
+                    target,
+                    utils: Some(utils),
+                    busiest,
+                    detail,
+                });
             }
         }
         if let Some(pp) = &self.cfg.pp {
@@ -743,7 +767,12 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                 "metric": pp.metric.name(),
                 "nodes": nodes.iter().map(|(id, v)| json!({"node": id, "value": v})).collect::<Vec<_>>(),
             });
-            out.push((Target::Pp, Some(utils), None, detail));
+            out.push(Input {
+                target: Target::Pp,
+                utils: Some(utils),
+                busiest: None,
+                detail,
+            });
         }
         self.prev = Some(Prev {
             fm_ms: load.fm_ms,
@@ -766,7 +795,13 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
         self.samples += 1;
         let sample = self.samples;
         let mut records = Vec::new();
-        for (target, utils, busiest, inputs) in self.inputs(&load) {
+        for Input {
+            target,
+            utils,
+            busiest,
+            detail: inputs,
+        } in self.inputs(&load)
+        {
             let Some(p) = self.policy(target) else {
                 continue;
             };
