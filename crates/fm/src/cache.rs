@@ -52,6 +52,11 @@ struct Shard {
 
 pub struct RuleCache {
     shards: Vec<Shard>,
+    /// Flow key → the (tenant, chain) it was last cached under, for requests from PP
+    /// nodes that do not know the flow's tenant (`proto::UNBOUND_TENANT`). Not kept
+    /// exact on removal: a lookup checks the entry is still there, and the index is
+    /// rebuilt when stale keys have made it twice the cache's size.
+    owners: HashMap<[u8; 40], (u32, u32)>,
     len: usize,
     capacity: usize,
     default_ttl_ms: u64,
@@ -75,6 +80,7 @@ impl RuleCache {
     pub fn new(capacity: usize, default_ttl_ms: u64) -> Self {
         RuleCache {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            owners: HashMap::new(),
             len: 0,
             capacity: capacity.max(1),
             default_ttl_ms,
@@ -124,7 +130,73 @@ impl RuleCache {
 
     /// Cache `reply` (id and worker are cleared; each hit fills in the asker's). Only
     /// rules are cached, never errors.
+    ///
+    /// Each companion rule (the reverse direction) is cached under its own key too,
+    /// with the forward rule as *its* companion. In a PP cluster the underlay hashes the
+    /// two directions of a flow independently (each sender picks its own outer source
+    /// port), so the first packet a PP node sees of a flow is often a reply; after a vIP
+    /// moves it is the reply direction's every packet. Without the entry that packet
+    /// would go to SC under a key no NF decided.
     pub fn insert(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
+        self.insert_one(key, reply, now_ms);
+        let Some(v1::rule_reply::Result::Rule(fwd)) = &reply.result else {
+            return;
+        };
+        for a in &reply.also {
+            let Some(k) = a
+                .key
+                .as_ref()
+                .and_then(|k| <[u8; 40]>::try_from(k.raw.as_slice()).ok())
+            else {
+                continue;
+            };
+            if k == key.2 {
+                continue;
+            }
+            let mut fwd = fwd.clone();
+            if fwd.key.is_none() {
+                fwd.key = reply.key.clone();
+            }
+            let rev = v1::RuleReply {
+                id: 0,
+                worker: 0,
+                key: a.key.clone(),
+                result: Some(v1::rule_reply::Result::Rule(a.clone())),
+                also: vec![fwd],
+            };
+            self.insert_one((key.0, key.1, k), &rev, now_ms);
+        }
+    }
+
+    /// The cached reply for flow `key` under whatever tenant chain holds it (see
+    /// `owners`), with the cache key it was found under.
+    pub fn get_by_flow(
+        &mut self,
+        key: &[u8; 40],
+        now_ms: u64,
+    ) -> Option<(CacheKey, v1::RuleReply)> {
+        let (t, c) = *self.owners.get(key)?;
+        let ck = (t, c, *key);
+        match self.get(&ck, now_ms) {
+            Some(r) => Some((ck, r)),
+            None => {
+                self.owners.remove(key);
+                None
+            }
+        }
+    }
+
+    fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
+        self.owners.insert(key.2, (key.0, key.1));
+        if self.owners.len() > 2 * self.capacity + 1024 {
+            let live: HashMap<[u8; 40], (u32, u32)> = self
+                .shards
+                .iter()
+                .flat_map(|s| s.map.keys().map(|k| (k.2, (k.0, k.1))))
+                .collect();
+            self.owners = live;
+            self.owners.insert(key.2, (key.0, key.1));
+        }
         let ttl_ms = match &reply.result {
             Some(v1::rule_reply::Result::Rule(r)) => {
                 r.idle_timeout_ms.unwrap_or(self.default_ttl_ms)
@@ -192,6 +264,7 @@ impl RuleCache {
     /// Drop every entry (not counted as evictions); returns how many there were.
     pub fn clear(&mut self) -> usize {
         let n = self.len;
+        self.owners.clear();
         for s in &mut self.shards {
             s.map.clear();
             s.order.clear();
@@ -200,10 +273,28 @@ impl RuleCache {
         n
     }
 
+    /// Forget `key` and its companions' entries (the flow's other direction).
     pub fn invalidate(&mut self, key: &CacheKey) {
-        if self.shards[shard_of(key)].map.remove(key).is_some() {
-            self.len -= 1;
-            self.stats.invalidated += 1;
+        let Some(e) = self.shards[shard_of(key)].map.remove(key) else {
+            return;
+        };
+        self.len -= 1;
+        self.stats.invalidated += 1;
+        let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) else {
+            return;
+        };
+        for a in &r.also {
+            if let Some(Ok(b)) = a
+                .key
+                .as_ref()
+                .map(|k| <[u8; 40]>::try_from(k.raw.as_slice()))
+            {
+                let ck = (key.0, key.1, b);
+                if self.shards[shard_of(&ck)].map.remove(&ck).is_some() {
+                    self.len -= 1;
+                    self.stats.invalidated += 1;
+                }
+            }
         }
     }
 
@@ -419,5 +510,60 @@ mod tests {
         assert_eq!(c.len(), 4);
         assert_eq!(c.list(|t| t == 1, 100, 100).1, 1);
         assert_eq!(c.stats.invalidated, 3);
+    }
+
+    fn fk(i: u8) -> v1::FlowKey {
+        v1::FlowKey { raw: vec![i; 40] }
+    }
+
+    #[test]
+    fn a_reply_direction_key_is_answered_with_the_forward_rule_as_companion() {
+        let mut c = RuleCache::new(100, 1000);
+        let mut r = reply(Some(500));
+        r.key = Some(fk(1));
+        r.also = vec![v1::Rule {
+            key: Some(fk(2)),
+            actions: vec![],
+            idle_timeout_ms: Some(500),
+        }];
+        c.insert(key(1), &r, 0);
+        assert_eq!(c.len(), 2);
+        let rev = c.get(&key(2), 10).expect("reverse key cached");
+        assert_eq!(rev.key, Some(fk(2)));
+        match rev.result {
+            Some(v1::rule_reply::Result::Rule(ref rule)) => assert_eq!(rule.key, Some(fk(2))),
+            ref other => panic!("not a rule: {other:?}"),
+        }
+        assert_eq!(rev.also.len(), 1);
+        assert_eq!(rev.also[0].key, Some(fk(1)), "forward rule comes along");
+        // SC dropping the flow's state invalidates both directions, from either key.
+        c.invalidate(&key(1));
+        assert_eq!(c.len(), 0);
+        assert!(c.get(&key(2), 20).is_none());
+        c.insert(key(1), &r, 30);
+        c.invalidate(&key(2));
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.stats.invalidated, 4);
+    }
+
+    #[test]
+    fn a_flow_is_found_by_key_alone_under_the_chain_that_cached_it() {
+        let mut c = RuleCache::new(100, 1000);
+        let mut r = reply(Some(500));
+        r.key = Some(fk(1));
+        r.also = vec![v1::Rule {
+            key: Some(fk(2)),
+            actions: vec![],
+            idle_timeout_ms: Some(500),
+        }];
+        c.insert((4, 2, [1; 40]), &r, 0);
+        let (ck, rev) = c.get_by_flow(&[2; 40], 10).expect("reverse key by flow");
+        assert_eq!(ck, (4, 2, [2; 40]));
+        assert_eq!(rev.also[0].key, Some(fk(1)));
+        assert!(c.get_by_flow(&[1; 40], 10).is_some());
+        assert!(c.get_by_flow(&[3; 40], 10).is_none());
+        // Gone from the cache: not found by flow either.
+        c.invalidate(&(4, 2, [1; 40]));
+        assert!(c.get_by_flow(&[2; 40], 20).is_none());
     }
 }

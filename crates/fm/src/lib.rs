@@ -23,6 +23,7 @@ mod master;
 pub mod membership;
 pub mod partition;
 mod service;
+pub mod vip;
 
 use std::time::Duration;
 
@@ -79,6 +80,24 @@ pub struct FmFile {
     pub retry_after_ms: u64,
     #[serde(default)]
     pub chains: Vec<ChainDef>,
+    /// Heartbeat period of PP nodes (ms); they are dead after `miss_limit` of them.
+    #[serde(default = "d_pp_heartbeat")]
+    pub pp_heartbeat_ms: u64,
+    /// The PP cluster's vIP group: `[{"ip": "198.18.1.100", "mac": "02:5f:76:00:00:00"}]`.
+    #[serde(default)]
+    pub vips: Vec<VipFile>,
+}
+
+/// One vIP-vMAC pair of [`FmFile::vips`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipFile {
+    pub ip: std::net::Ipv4Addr,
+    pub mac: String,
+}
+
+fn d_pp_heartbeat() -> u64 {
+    10
 }
 
 fn d_replicas() -> usize {
@@ -112,10 +131,36 @@ impl FmFile {
         if self.replicas == 0 {
             return Err(FmError::Config("replicas must be at least 1".into()));
         }
-        if self.heartbeat_ms == 0 || self.miss_limit == 0 || self.sc_miss_limit == 0 {
+        if self.heartbeat_ms == 0
+            || self.pp_heartbeat_ms == 0
+            || self.miss_limit == 0
+            || self.sc_miss_limit == 0
+        {
             return Err(FmError::Config(
-                "heartbeat_ms, miss_limit and sc_miss_limit must be positive".into(),
+                "heartbeat_ms, pp_heartbeat_ms, miss_limit and sc_miss_limit must be positive"
+                    .into(),
             ));
+        }
+        let mut vips = Vec::new();
+        for v in &self.vips {
+            let mac = vip::parse_mac(&v.mac)
+                .ok_or_else(|| FmError::Config(format!("vIP {}: bad MAC {:?}", v.ip, v.mac)))?;
+            if mac[0] & 1 != 0 {
+                return Err(FmError::Config(format!(
+                    "vIP {}: {} is a multicast MAC",
+                    v.ip, v.mac
+                )));
+            }
+            if vips
+                .iter()
+                .any(|d: &vip::VipDef| d.ip == v.ip || d.mac == mac)
+            {
+                return Err(FmError::Config(format!(
+                    "vIP {} or its MAC listed twice",
+                    v.ip
+                )));
+            }
+            vips.push(vip::VipDef { ip: v.ip, mac });
         }
         Ok(FmConfig {
             fm_id: fm_id.to_string(),
@@ -127,6 +172,8 @@ impl FmFile {
             cache_default_ttl: Duration::from_millis(self.cache_default_ttl_ms),
             retry_after: Duration::from_millis(self.retry_after_ms),
             chains: self.chains.clone(),
+            vips,
+            pp_heartbeat: Duration::from_millis(self.pp_heartbeat_ms),
             ..FmConfig::default()
         })
     }

@@ -38,6 +38,7 @@ use crate::cache::{CacheKey, CacheStats, RuleCache};
 use crate::events::{EventKind, EventLog};
 use crate::membership::Membership;
 use crate::partition::PartitionMap;
+use crate::vip::VipTable;
 
 pub(crate) use scale::ScaleDone;
 pub use scale::{ScaleOutcome, ScaleRequest};
@@ -71,6 +72,26 @@ pub struct FmConfig {
     pub events_capacity: usize,
     /// Also append every event to this file, one JSON object a line.
     pub events_file: Option<PathBuf>,
+    /// The PP cluster's vIP group (empty: PP nodes are not given vIPs).
+    pub vips: Vec<crate::vip::VipDef>,
+    /// Heartbeat period PP nodes are told to keep. Short, because a dead PP node's vIPs
+    /// move only once it is found dead (paper 003 §VIII-C.2: recovery within 50 ms
+    /// including detection); SC nodes keep `heartbeat`.
+    pub pp_heartbeat: Duration,
+}
+
+impl FmConfig {
+    /// How often the master's periodic work runs: the shorter heartbeat period, so a
+    /// silent PP node is judged within one of its own periods.
+    pub fn tick_period(&self) -> Duration {
+        if self.vips.is_empty() {
+            self.heartbeat
+        } else {
+            self.heartbeat
+                .min(self.pp_heartbeat)
+                .max(Duration::from_millis(1))
+        }
+    }
 }
 
 impl Default for FmConfig {
@@ -89,6 +110,8 @@ impl Default for FmConfig {
             chains: Vec::new(),
             events_capacity: crate::events::DEFAULT_CAPACITY,
             events_file: None,
+            vips: Vec::new(),
+            pp_heartbeat: Duration::from_millis(10),
         }
     }
 }
@@ -130,6 +153,10 @@ pub struct FmStats {
     /// From st to fin of the last finished scale, and summed over all of them (µs).
     pub scale_last_us: u64,
     pub scale_total_us: u64,
+    /// vIPs moved between PP nodes (joins, failovers, drains).
+    pub vip_moves: u64,
+    /// Requests of unbound tenant (`proto::UNBOUND_TENANT`) with no cached rule.
+    pub unknown_flows: u64,
     pub cache: CacheStats,
 }
 
@@ -203,6 +230,8 @@ pub(crate) enum MasterIn {
     Events(v1::EventsRequest, oneshot::Sender<v1::EventsReply>),
     RecordEvent(v1::RecordEventRequest, oneshot::Sender<Result<u64, String>>),
     Load(oneshot::Sender<v1::LoadReply>),
+    VipMap(oneshot::Sender<v1::VipMapReply>),
+    PpDrain(String, oneshot::Sender<Result<v1::VipMapReply, Status>>),
 }
 
 /// What applying a desired configuration changed.
@@ -281,12 +310,15 @@ pub(crate) struct Master {
     pins: HashMap<CacheKey, v1::RuleReply>,
     /// What happened, for operators (`Events`); see `crate::events`.
     pub(crate) events: EventLog,
+    /// The PP cluster's Multi IPs Mapping Table (see `vip`).
+    vips: VipTable,
 }
 
 impl Master {
     /// `start` is the epoch of FM's millisecond clock, shared with the session readers.
     pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>, start: Instant) -> Self {
         let events = EventLog::new(cfg.events_capacity);
+        let cfg_vips = cfg.vips.clone();
         Master {
             cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
             cfg,
@@ -315,6 +347,68 @@ impl Master {
             dissolved: HashSet::new(),
             pins: HashMap::new(),
             events,
+            vips: VipTable::new(cfg_vips),
+        }
+    }
+
+    /// Tell every node in `change` its new set of vIPs, gainers first (the order of
+    /// `change.nodes`): a vMAC gets its new owner's filter before the old owner drops it.
+    fn push_vips(&mut self, change: &crate::vip::VipChange, why: &str) {
+        if change.is_empty() {
+            return;
+        }
+        let epoch = self.vips.epoch();
+        for node in &change.nodes {
+            let Some(session) = self
+                .members
+                .get(node)
+                .filter(|e| e.alive)
+                .map(|e| e.session)
+            else {
+                continue;
+            };
+            let Some(s) = self.pp.get(&session) else {
+                continue;
+            };
+            let vips = self
+                .vips
+                .owned_by(node)
+                .into_iter()
+                .map(|i| self.vip_proto(i))
+                .collect();
+            let _ = s.tx.send(Ok(v1::PpDown {
+                msg: Some(pp_down::Msg::Vips(v1::VipAssign { epoch, vips })),
+            }));
+        }
+        info!(epoch, moved = change.moved, nodes = ?change.nodes, %why, "vIPs moved");
+    }
+
+    fn vip_proto(&self, i: usize) -> v1::Vip {
+        let d = self.vips.vips()[i];
+        v1::Vip {
+            index: i as u32,
+            ip: d.ip.to_string(),
+            mac: d.mac.to_vec(),
+        }
+    }
+
+    fn vip_map(&self) -> v1::VipMapReply {
+        v1::VipMapReply {
+            epoch: self.vips.epoch(),
+            vips: (0..self.vips.vips().len())
+                .map(|i| v1::VipOwner {
+                    vip: Some(self.vip_proto(i)),
+                    node: self.vips.owner_of(i).unwrap_or_default().to_string(),
+                })
+                .collect(),
+            nodes: self.vips.nodes().map(|(n, _)| n.to_string()).collect(),
+            draining: self
+                .vips
+                .nodes()
+                .filter(|(_, d)| *d)
+                .map(|(n, _)| n.to_string())
+                .collect(),
+            moves: self.vips.moves(),
         }
     }
 
@@ -326,10 +420,15 @@ impl Master {
         self.start.elapsed().as_micros() as u64
     }
 
-    fn register_ack(&self) -> v1::RegisterAck {
+    fn register_ack(&self, role: v1::Role) -> v1::RegisterAck {
+        let period = if role == v1::Role::Pp {
+            self.cfg.pp_heartbeat
+        } else {
+            self.cfg.heartbeat
+        };
         v1::RegisterAck {
             fm_id: self.cfg.fm_id.clone(),
-            heartbeat_ms: self.cfg.heartbeat.as_millis() as u32,
+            heartbeat_ms: period.as_millis().max(1) as u32,
             miss_limit: self.cfg.miss_limit,
             proto_version: proto::PROTO_VERSION,
         }
@@ -345,14 +444,21 @@ impl Master {
                 seen,
             } => {
                 let _ = tx.send(Ok(v1::PpDown {
-                    msg: Some(pp_down::Msg::Registered(self.register_ack())),
+                    msg: Some(pp_down::Msg::Registered(self.register_ack(v1::Role::Pp))),
                 }));
-                info!(node = %info.id, session, "PP node registered");
+                info!(node = %info.id, session, vip_capable = info.vip_capable, "PP node registered");
                 self.event(
                     EventKind::PpNodeJoined,
                     format!("PP node {} registered", info.id),
                     json!({"node": info.id, "addr": info.addr}),
                 );
+                let id = info.id.clone();
+                let vip_join = (info.vip_capable && !self.vips.is_empty()).then(|| {
+                    info.owned_vips
+                        .iter()
+                        .map(|v| v.index as usize)
+                        .collect::<Vec<_>>()
+                });
                 if let Some(old) = self.members.register(info, session, seen, now) {
                     self.pp.remove(&old);
                 }
@@ -364,6 +470,11 @@ impl Master {
                         out_arrived: Vec::new(),
                     },
                 );
+                if let Some(claimed) = vip_join {
+                    let change = self.vips.join(&id, &claimed);
+                    info!(node = %id, moved = change.moved, epoch = self.vips.epoch(), "PP node joined the vIP group");
+                    self.push_vips(&change, &format!("{id} joined"));
+                }
             }
             MasterIn::PpRequests { session, requests } => self.on_requests(session, requests, now),
             MasterIn::PpEvents { events } => {
@@ -392,7 +503,7 @@ impl Master {
                 seen,
             } => {
                 let _ = tx.send(Ok(v1::ScDown {
-                    msg: Some(sc_down::Msg::Registered(self.register_ack())),
+                    msg: Some(sc_down::Msg::Registered(self.register_ack(v1::Role::Sc))),
                 }));
                 info!(node = %info.id, addr = %info.addr, session, "SC node registered");
                 self.event(
@@ -434,7 +545,14 @@ impl Master {
                 session,
                 node,
                 load,
-            } => self.members.heartbeat(&node, session, load),
+            } => {
+                if let Some(l) = &load {
+                    if self.vips.contains(&node) {
+                        self.vips.set_load(&node, l.packets_per_s);
+                    }
+                }
+                self.members.heartbeat(&node, session, load)
+            }
             MasterIn::Closed { session, node } => {
                 if self.members.mark_dead(&node, session) {
                     self.node_dead(&node, session);
@@ -443,12 +561,27 @@ impl Master {
             MasterIn::Members(tx) => {
                 let _ = tx.send(self.members.view(now));
             }
+            MasterIn::VipMap(tx) => {
+                let _ = tx.send(self.vip_map());
+            }
+            MasterIn::PpDrain(node, tx) => {
+                let r = match self.vips.drain(&node) {
+                    Ok(change) => {
+                        info!(%node, moved = change.moved, "PP node draining: its vIPs moved away");
+                        self.push_vips(&change, &format!("{node} drained"));
+                        Ok(self.vip_map())
+                    }
+                    Err(e) => Err(Status::failed_precondition(e.to_string())),
+                };
+                let _ = tx.send(r);
+            }
             MasterIn::Map(tx) => {
                 let _ = tx.send(self.map.to_proto());
             }
             MasterIn::Stats(tx) => {
                 let mut s = self.stats;
                 s.cache = self.cache.stats;
+                s.vip_moves = self.vips.moves();
                 let _ = tx.send(s);
             }
             MasterIn::Metrics(tx) => {
@@ -645,6 +778,23 @@ impl Master {
                     continue;
                 }
             };
+            if req.tenant == proto::UNBOUND_TENANT {
+                // A PP node that cannot tell the flow's tenant (a reply on a gateway VNI
+                // of a flow it never saw start): only a rule FM already has will do.
+                let reply = match self.cache.get_by_flow(key.as_bytes(), now) {
+                    Some((_, mut r)) => {
+                        r.id = req.id;
+                        r.worker = req.worker;
+                        r
+                    }
+                    None => {
+                        self.stats.unknown_flows += 1;
+                        proto::error_reply(&req, proto::ERR_UNKNOWN_FLOW)
+                    }
+                };
+                self.answer_pp(session, reply, arrived);
+                continue;
+            }
             let ck: CacheKey = (req.tenant, req.chain, *key.as_bytes());
             if let Some(mut r) = self
                 .cache
@@ -772,11 +922,13 @@ impl Master {
     pub(crate) fn tick(&mut self) {
         let now = self.now_ms();
         let period = self.cfg.heartbeat.as_millis() as u64;
-        let limit = period * u64::from(self.cfg.miss_limit);
+        let pp_period = self.cfg.pp_heartbeat.as_millis().max(1) as u64;
+        let limit = pp_period * u64::from(self.cfg.miss_limit);
         let sc_limit = period * u64::from(self.cfg.sc_miss_limit.max(1));
         // If this task itself ran late, the silence it sees may be its own: judge no
-        // node on this tick.
-        let late = now.saturating_sub(self.last_tick) > 2 * period;
+        // node on this tick. (Ticks come every `tick_period`, the shorter period.)
+        let late =
+            now.saturating_sub(self.last_tick) > 2 * self.cfg.tick_period().as_millis() as u64;
         self.last_tick = now;
         let silent = if late {
             Vec::new()
@@ -874,6 +1026,11 @@ impl Master {
                 format!("PP node {node} dead"),
                 json!({"node": node}),
             );
+            let change = self.vips.leave(node);
+            if !change.is_empty() {
+                warn!(%node, moved = change.moved, "dead PP node's vIPs moved to live nodes");
+                self.push_vips(&change, &format!("{node} dead"));
+            }
             return;
         }
         if self.sc.remove(&session).is_some() {

@@ -92,7 +92,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         stopped: AtomicBool::new(false),
         tasks: Mutex::new(Vec::new()),
     });
-    let heartbeat = cfg.heartbeat;
+    let heartbeat = cfg.tick_period();
     // Opened before anything listens, so a bad path fails the start, not a later event.
     let events = match &cfg.events_file {
         Some(p) => Some(EventLog::with_file(cfg.events_capacity, p)?),
@@ -562,6 +562,38 @@ impl FabricMaster for FmService {
             group: r.group,
         };
         scale_reply(&self.shared, req).await
+    }
+
+    async fn vip_map(
+        &self,
+        _req: Request<v1::VipMapRequest>,
+    ) -> Result<Response<v1::VipMapReply>, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::VipMap(tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        Ok(Response::new(
+            rx.await.map_err(|_| Status::unavailable("stopped"))?,
+        ))
+    }
+
+    async fn pp_drain(
+        &self,
+        req: Request<v1::PpDrainRequest>,
+    ) -> Result<Response<v1::VipMapReply>, Status> {
+        let node = req.into_inner().node;
+        if node.is_empty() {
+            return Err(Status::invalid_argument("node is required"));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::PpDrain(node, tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        rx.await
+            .map_err(|_| Status::unavailable("stopped"))?
+            .map(Response::new)
     }
 
     async fn scale_in(

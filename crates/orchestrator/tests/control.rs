@@ -41,6 +41,7 @@ fn agent(
                     load: None,
                     proto_version: proto::PROTO_VERSION,
                     incarnation: 0,
+                    ..Default::default()
                 }),
                 cluster: cluster.into(),
                 metrics_url: format!("http://{addr}/metrics"),
@@ -336,6 +337,7 @@ fn a_node_that_stops_reporting_is_marked_down() {
                 load: None,
                 proto_version: proto::PROTO_VERSION,
                 incarnation: 0,
+                ..Default::default()
             }),
             ..Default::default()
         })),

@@ -276,6 +276,11 @@ pub struct PipelineConfig {
     pub worker: u16,
     /// Elephant detection for the fast path; `None` (the default) detects nothing.
     pub elephant: Option<ElephantPolicy>,
+    /// A miss on a VNI with no tenant binding asks the rule source anyway, as
+    /// `proto::UNBOUND_TENANT` (FM answers from its cache by key). For PP clusters, whose
+    /// nodes see replies on the gateways' VNIs for flows they never saw start. Off: such
+    /// a miss is an `unknown-vni` drop.
+    pub ask_unbound: bool,
 }
 
 /// Most elephants queued for the fast path between two drains; more wait for the
@@ -318,6 +323,7 @@ impl PipelineConfig {
             sweep_budget: 16,
             worker: 0,
             elephant: None,
+            ask_unbound: false,
         }
     }
 }
@@ -782,8 +788,13 @@ impl Pipeline {
         let RuleSource::Channel { requests, .. } = &self.source else {
             return self.drop(d, DropReason::NoRule);
         };
-        let Some(binding) = self.vpcs.get(&st.cls.vni).copied().or(self.default_binding) else {
-            return self.drop(d, DropReason::UnknownVni);
+        let binding = match self.vpcs.get(&st.cls.vni).copied().or(self.default_binding) {
+            Some(b) => b,
+            None if self.cfg.ask_unbound => VpcBinding {
+                tenant: 0,
+                chain: 0,
+            },
+            None => return self.drop(d, DropReason::UnknownVni),
         };
         let now_us = self.latency_now_us(now);
         let held = match self

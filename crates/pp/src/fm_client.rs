@@ -49,6 +49,14 @@ pub struct FmClientConfig {
     pub request_capacity: usize,
     pub reconnect: Duration,
     pub forget_after: Duration,
+    /// PP cluster membership: the node can own vIPs (it filters by vMAC in XDP). FM's
+    /// vIP assignments go to `vip_tx`; `owned_vips` is reported at registration.
+    pub vip_capable: bool,
+    pub owned_vips: crate::vip::OwnedVips,
+    pub vip_tx: Option<Sender<v1::VipAssign>>,
+    /// Packets the node has received (its main loop keeps it current): the heartbeat's
+    /// load, which FM's vIP scheduler and the autoscaler read.
+    pub rx_packets: Arc<AtomicU64>,
 }
 
 impl FmClientConfig {
@@ -62,6 +70,10 @@ impl FmClientConfig {
             request_capacity: 1 << 16,
             reconnect: Duration::from_millis(100),
             forget_after: Duration::from_secs(2),
+            vip_capable: false,
+            owned_vips: Default::default(),
+            vip_tx: None,
+            rx_packets: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -298,6 +310,8 @@ async fn session(
             load: None,
             proto_version: proto::PROTO_VERSION,
             incarnation: 0,
+            vip_capable: cfg.vip_capable,
+            owned_vips: cfg.owned_vips.lock().map(|v| v.clone()).unwrap_or_default(),
         })),
     });
     let mut inbound = client
@@ -330,6 +344,7 @@ async fn session(
 
     let mut hb = tokio::time::interval(Duration::from_millis(u64::from(ack.heartbeat_ms.max(1))));
     let mut hb_seq = 0u64;
+    let mut hb_last = (Instant::now(), cfg.rx_packets.load(Ordering::Relaxed));
     loop {
         tokio::select! {
             batch = net.recv() => {
@@ -360,6 +375,11 @@ async fn session(
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
                         revoke(&r.keys, outs, stats);
                     }
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Vips(a)) }) => {
+                        if let Some(tx) = &cfg.vip_tx {
+                            let _ = tx.send(a);
+                        }
+                    }
                     Some(_) => {}
                     None => return Err("FM closed the session".into()),
                 }
@@ -371,6 +391,10 @@ async fn session(
                 hb_seq += 1;
                 let now = Instant::now();
                 outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+                let rx = cfg.rx_packets.load(Ordering::Relaxed);
+                let secs = now.duration_since(hb_last.0).as_secs_f64().max(1e-3);
+                let packets_per_s = rx.saturating_sub(hb_last.1) as f64 / secs;
+                hb_last = (now, rx);
                 let _ = otx.send(v1::PpUp {
                     msg: Some(pp_up::Msg::Heartbeat(v1::Heartbeat {
                         seq: hb_seq,
@@ -378,6 +402,7 @@ async fn session(
                             requests_per_s: 0.0,
                             flows: outstanding.len() as u64,
                             groups: 0,
+                            packets_per_s,
                         }),
                     })),
                 });

@@ -18,6 +18,7 @@ pub mod fm_client;
 pub mod netif;
 mod rules_file;
 mod udp;
+pub mod vip;
 mod xdp_node;
 
 pub use afxdp::{
@@ -30,4 +31,5 @@ pub use udp::{
     tx_target, write_outer_header, TxTarget, UdpVxlanConfig, UdpVxlanError, UdpVxlanIo,
     UdpVxlanStats, MAX_DATAGRAM, MAX_IO_BATCH, SYNTH_DST_MAC, SYNTH_HDR_LEN, SYNTH_SRC_MAC,
 };
+pub use vip::{OwnedVips, VipError, VipMember, VipStats};
 pub use xdp_node::{open_afxdp, AfXdpNodeConfig, AfXdpNodeError, XdpAttached};

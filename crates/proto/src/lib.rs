@@ -35,6 +35,16 @@ pub const MAX_MESSAGE: usize = 512 << 20;
 /// serves: a scale moved it. Not an answer: FM sends the request to the current owner.
 pub const ERR_MOVED: &str = "sc-moved";
 
+/// Tenant of a rule request for a flow whose VNI the PP node has no binding for: a
+/// reply arriving on a gateway VNI (the internet's, the services') at a PP node that
+/// never saw the flow's first direction, as happens in a PP cluster where the underlay
+/// hashes the two directions independently. FM answers such a request from its cache
+/// only, by flow key, and never sends it to SC (no NF decided that key).
+pub const UNBOUND_TENANT: u32 = 0;
+
+/// Error FM answers for an [`UNBOUND_TENANT`] request whose key it has no rule for.
+pub const ERR_UNKNOWN_FLOW: &str = "unknown-flow";
+
 /// Error a scale-out's new group answers before its install op: FM tries again.
 pub const ERR_NOT_READY: &str = "sc-not-ready";
 

@@ -401,6 +401,7 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
             load: None,
             proto_version: proto::PROTO_VERSION,
             incarnation: shared.incarnation,
+            ..Default::default()
         })),
     });
     let resp = client
@@ -460,6 +461,7 @@ async fn fm_session(shared: &Arc<Shared>) -> Result<(), ScError> {
                     requests_per_s: (applied - last) as f64 / period.as_secs_f64(),
                     flows: 0,
                     groups,
+                    ..Default::default()
                 }),
             };
             last = applied;

@@ -180,6 +180,7 @@ fn report(
                 .inserts
                 .saturating_sub(s.cache.evicted_full + s.cache.expired + s.cache.invalidated),
             groups: map.groups.len() as u32,
+            ..Default::default()
         }),
         ready,
         detail: if ready {
@@ -225,7 +226,8 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
     println!(
         "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
          sc_replies={} timeouts={} reconfigurations={} bad_messages={} nodes_dead={} \
-         scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={}",
+         scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={} \
+         vip_moves={} cache_misses={}",
         start.elapsed().as_secs_f64(),
         alive(proto::v1::Role::Pp),
         alive(proto::v1::Role::Sc),
@@ -243,6 +245,8 @@ fn print_status(rt: &tokio::runtime::Runtime, fm: &fm::FmHandle, start: Instant)
         s.scale_aborts,
         s.scale_redirects,
         s.scale_last_us,
+        s.vip_moves,
+        s.cache.misses,
     );
     let _ = std::io::stdout().flush();
 }

@@ -39,6 +39,7 @@ impl NodeAgent {
                         load: None,
                         proto_version: proto::PROTO_VERSION,
                         incarnation: 0,
+                        ..Default::default()
                     }),
                     cluster: cluster.to_string(),
                     metrics_url: metrics_url.unwrap_or_default(),

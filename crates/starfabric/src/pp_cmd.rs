@@ -9,7 +9,8 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -87,6 +88,11 @@ pub struct PpArgs {
     /// The PP cluster (vIP group) this node serves.
     #[arg(long, default_value = "default")]
     cluster: String,
+    /// Join the PP cluster's vIP group (Multi-IP, docs/pp-cluster.md): take VXLAN only
+    /// in frames to the vMACs FM assigns this node, and announce them. Needs the AF_XDP
+    /// backend (the XDP program filters by destination MAC) and `--fm`.
+    #[arg(long)]
+    vip_group: bool,
     /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -241,11 +247,34 @@ pub fn run(a: PpArgs) -> Result<()> {
         },
         (None, None) => None,
     };
+    // The vIP group: the node takes nothing until FM assigns it vIPs.
+    let rx_packets = Arc::new(AtomicU64::new(0));
+    let owned_vips: pp::OwnedVips = Default::default();
+    let (vip_tx, vip_rx) = crossbeam_channel::unbounded::<proto::v1::VipAssign>();
+    let mut vip_member = match (a.vip_group, xdp.as_mut(), &fm_addr) {
+        (false, _, _) => None,
+        (true, None, _) => anyhow::bail!(
+            "--vip-group needs the AF_XDP backend: only the XDP program sees frames to a vMAC"
+        ),
+        (true, _, None) => bail!("--vip-group needs --fm (FM assigns the vIPs)"),
+        (true, Some(x), Some(_)) => {
+            x.program
+                .set_vip_macs(&[])
+                .context("XDP program: vIP mode")?;
+            Some(pp::VipMember::new(&x.ifname, owned_vips.clone()).context("vIP group")?)
+        }
+    };
     let mut fm_client = None;
     let source = match &fm_addr {
         Some(fm) => {
-            let (client, mut links) =
-                FmClient::start(FmClientConfig::new(fm, &id)).context("FM client")?;
+            let mut fcfg = FmClientConfig::new(fm, &id);
+            fcfg.rx_packets = rx_packets.clone();
+            if vip_member.is_some() {
+                fcfg.vip_capable = true;
+                fcfg.owned_vips = owned_vips.clone();
+                fcfg.vip_tx = Some(vip_tx.clone());
+            }
+            let (client, mut links) = FmClient::start(fcfg).context("FM client")?;
             fm_client = Some(client);
             cfg.default_idle_timeout = FM_IDLE;
             links.remove(0).source
@@ -255,6 +284,10 @@ pub fn run(a: PpArgs) -> Result<()> {
             RuleSource::None
         }
     };
+    // A node sees replies on the gateways' VNIs for flows it never saw start: in a PP
+    // cluster another node saw them, and a restarted node forgot them. FM answers
+    // those from its cache.
+    cfg.ask_unbound = fm_addr.is_some();
     let mut pipeline = Pipeline::new(cfg, source).context("flow table")?;
     for (vni, b) in &a.vpcs {
         pipeline.bind_vpc(*vni, *b);
@@ -325,6 +358,15 @@ pub fn run(a: PpArgs) -> Result<()> {
                 if let Some(fp) = &fastpath {
                     line.push_str(&fp.summary());
                 }
+                if let Some(m) = &vip_member {
+                    let _ = write!(
+                        line,
+                        " vips={} vip_assignments={} vip_announcements={}",
+                        m.owned().len(),
+                        m.stats.assignments,
+                        m.stats.announcements
+                    );
+                }
                 println!("{line}");
                 std::io::stdout().flush()?;
                 next_stats = Some(t + i);
@@ -343,6 +385,15 @@ pub fn run(a: PpArgs) -> Result<()> {
                 ag.set_report(report(&worker, fm_client.as_ref()));
             }
         }
+        if let (Some(m), Some(x)) = (vip_member.as_mut(), xdp.as_mut()) {
+            while let Ok(assign) = vip_rx.try_recv() {
+                if let Err(e) = m.apply(&mut x.program, &assign) {
+                    tracing::error!(error = %e, "vIP assignment not applied");
+                }
+            }
+            m.tick(now);
+        }
+        rx_packets.store(worker.pipeline.stats().rx_packets, Ordering::Relaxed);
         worker.run_once().context("worker")?;
         if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
             let now_ms = worker.now_ms();
@@ -397,6 +448,7 @@ fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
             requests_per_s: 0.0,
             flows: p.table().len() as u64,
             groups: 0,
+            ..Default::default()
         }),
         ready,
         detail: match fm {

@@ -150,6 +150,7 @@ fn report(rt: &tokio::runtime::Runtime, node: &sc::ScHandle) -> v1::NodeReport {
             requests_per_s: 0.0,
             flows: 0,
             groups: groups.len() as u32,
+            ..Default::default()
         }),
         ready: sessions > 0,
         detail: format!("{} groups, {sessions} FM sessions opened", groups.len()),

@@ -23,6 +23,21 @@ pub enum ScaleCmd {
     ScIn(ScaleArgs),
     /// FM's partition map: which SC group serves which key-hash range, and its replicas.
     Map(FmAddr),
+    /// The PP cluster's vIP table (Multi-IP, docs/pp-cluster.md): which PP node owns
+    /// which vIP.
+    Vips(FmAddr),
+    /// PP scale-in, first step: move every vIP of `--node` to the other PP nodes. Stop
+    /// the node once its traffic has drained.
+    PpDrain(PpDrainArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PpDrainArgs {
+    #[command(flatten)]
+    pub fm: FmAddr,
+    /// The PP node's id (`--id` of `starfabric pp`).
+    #[arg(long)]
+    pub node: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -58,7 +73,90 @@ pub fn run(c: ScaleCmd, output: Output) -> Result<()> {
         ScaleCmd::ScOut(a) => scale(&rt, a, true, output),
         ScaleCmd::ScIn(a) => scale(&rt, a, false, output),
         ScaleCmd::Map(a) => map(&rt, a, output),
+        ScaleCmd::Vips(a) => {
+            let fm = a.fm.clone();
+            let r = call(&rt, &a, async move {
+                let mut c = connect(&fm).await?;
+                c.vip_map(v1::VipMapRequest {})
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|s| anyhow!("vIP map: {:?}: {}", s.code(), s.message()))
+            })?;
+            print_vips(&r, output)
+        }
+        ScaleCmd::PpDrain(a) => {
+            let fm = a.fm.fm.clone();
+            let node = a.node.clone();
+            let r = call(&rt, &a.fm, async move {
+                let mut c = connect(&fm).await?;
+                c.pp_drain(v1::PpDrainRequest { node })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|s| anyhow!("FM refused the drain: {:?}: {}", s.code(), s.message()))
+            })?;
+            print_vips(&r, output)
+        }
     }
+}
+
+fn call<T>(
+    rt: &tokio::runtime::Runtime,
+    a: &FmAddr,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs_f64(a.timeout), f).await })
+        .map_err(|_| anyhow!("FM did not answer within {} s", a.timeout))?
+}
+
+/// The vIP table as JSON: `testbed::elastic::VipMap` parses it.
+fn vips_json(r: &v1::VipMapReply) -> Value {
+    json!({
+        "epoch": r.epoch,
+        "moves": r.moves,
+        "nodes": r.nodes,
+        "draining": r.draining,
+        "vips": r.vips.iter().map(|o| {
+            let v = o.vip.clone().unwrap_or_default();
+            json!({
+                "index": v.index,
+                "ip": v.ip,
+                "mac": v.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"),
+                "node": if o.node.is_empty() { Value::Null } else { Value::String(o.node.clone()) },
+            })
+        }).collect::<Vec<_>>(),
+    })
+}
+
+fn print_vips(r: &v1::VipMapReply, output: Output) -> Result<()> {
+    let v = vips_json(r);
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
+        Output::Table => {
+            println!(
+                "vIP table epoch {}, {} moves; nodes: {}{}",
+                r.epoch,
+                r.moves,
+                r.nodes.join(" "),
+                if r.draining.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (draining: {})", r.draining.join(" "))
+                }
+            );
+            let rows = v["vips"].as_array().cloned().unwrap_or_default();
+            print_table(
+                &rows,
+                &[
+                    ("VIP", "/index"),
+                    ("IP", "/ip"),
+                    ("VMAC", "/mac"),
+                    ("OWNER", "/node"),
+                ],
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn connect(fm: &str) -> Result<FabricMasterClient<tonic::transport::Channel>> {

@@ -37,7 +37,7 @@ use crate::{cmd, Error, Result};
 
 /// Enter `ns_path`'s network namespace on this thread only (setns(2) is per thread):
 /// sockets this thread creates afterwards belong to that namespace.
-fn enter_netns(ns_path: &Path) -> Result<()> {
+pub(crate) fn enter_netns(ns_path: &Path) -> Result<()> {
     use std::os::fd::AsRawFd;
     let f = File::open(ns_path).map_err(|e| Error::io(ns_path.display().to_string(), e))?;
     // SAFETY: `f` is an open namespace file; setns changes only the calling thread's
@@ -625,6 +625,46 @@ pub enum Event {
         down: Duration,
     },
     Pause(Duration),
+    /// PP scale-out (cluster mode): start PP node `node` in its spare namespace; FM
+    /// gives it a share of the vIPs. Measured until its XDP program passes the first
+    /// VXLAN frame to the node (`seconds_to_traffic`).
+    PpScaleOut {
+        node: usize,
+    },
+    /// PP scale-in: FM moves every vIP of PP node `node` away (drain), the node's
+    /// traffic stops, then the node is stopped.
+    PpScaleIn {
+        node: usize,
+    },
+    /// A PP node fails. `silent: false`: SIGKILL (its FM session breaks at once).
+    /// `silent: true`: its link goes down first, so only the missing heartbeats tell FM
+    /// (a node that hangs or falls off the network); it is killed afterwards.
+    KillPp {
+        node: usize,
+        silent: bool,
+    },
+}
+
+/// What a PP cluster event did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PpEvent {
+    pub node: String,
+    /// vIPs the node owned before and after.
+    pub vips_before: Vec<u32>,
+    pub vips_after: Vec<u32>,
+    /// FM's vIP moves during the event.
+    pub vip_moves: u64,
+    /// Scale-out: from the command (starting the node) to the first VXLAN frame its XDP
+    /// program took.
+    pub seconds_to_traffic: Option<f64>,
+    /// Scale-in: from the drain command until the node's traffic stopped.
+    pub drained_ms: Option<u64>,
+    /// Failure: from the failure to FM's table showing no vIP on the node (FM's view).
+    pub vips_moved_ms: Option<u64>,
+    /// Failure: the worst probe flow's outage (lost probes × 0.5 ms), Zeta's recovery.
+    pub recovery_ms: Option<f64>,
+    /// Failure: probe flows that lost probes around the event.
+    pub flows_with_loss: Option<usize>,
 }
 
 /// What happened in one event.
@@ -640,6 +680,7 @@ pub struct EventReport {
     pub connections: usize,
     pub failed_connections: usize,
     pub p99_setup_us: Option<u64>,
+    pub pp: Option<PpEvent>,
 }
 
 /// A replica crash and its repair.
@@ -703,6 +744,8 @@ pub struct ScenarioReport {
     pub timeline: Vec<TimelinePoint>,
     /// The first few failures, for the post-mortem.
     pub failures: Vec<ConnSample>,
+    /// The 0.5 ms probes, when the scenario ran them ([`run_scenario_probed`]).
+    pub probe: Option<crate::probe::ProbeReport>,
 }
 
 const FM_COUNTERS: &[&str] = &[
@@ -740,7 +783,16 @@ impl TxSampler {
                 .enumerate()
                 .map(|(i, s)| (format!("sc-{i}"), s.pid)),
         );
-        let pp_ns = Path::new("/run/netns").join(tb.ns(Node::Pp));
+        // Cluster mode: every PP node's bytes sent are the router's received on its
+        // port, all read from the router's namespace in one go.
+        let cluster: Vec<(String, String)> = (0..tb.spec.pp_nodes)
+            .map(|i| (format!("pp-{i}"), tb.pp_port(i)))
+            .collect();
+        let pp_ns = Path::new("/run/netns").join(tb.ns(if cluster.is_empty() {
+            Node::Pp
+        } else {
+            Node::Router
+        }));
         let st = stop.clone();
         let handle = std::thread::spawn(move || {
             let mut out = Vec::new();
@@ -754,11 +806,16 @@ impl TxSampler {
                     .iter()
                     .filter_map(|(n, pid)| Some((n.clone(), wchar(*pid)?)))
                     .collect();
-                if let Some(v) = std::fs::read_to_string("/proc/thread-self/net/dev")
-                    .ok()
-                    .and_then(|t| crate::topo::parse_net_dev(&t, "up0", "tx_bytes").ok())
-                {
-                    m.insert("pp".into(), v);
+                let dev = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap_or_default();
+                if cluster.is_empty() {
+                    if let Ok(v) = crate::topo::parse_net_dev(&dev, "up0", "tx_bytes") {
+                        m.insert("pp".into(), v);
+                    }
+                }
+                for (name, port) in &cluster {
+                    if let Ok(v) = crate::topo::parse_net_dev(&dev, port, "rx_bytes") {
+                        m.insert(name.clone(), v);
+                    }
                 }
                 m
             };
@@ -866,10 +923,127 @@ fn restart_fm(tb: &Testbed, p: &mut Platform, down: Duration) -> Result<()> {
     )
 }
 
+/// VXLAN frames PP node `i`'s XDP program has taken (redirected to its AF_XDP socket
+/// or transmitted itself), from its veth's ethtool counters. ARP and RARP are passed to
+/// the kernel and not counted, so this moves only with tenant traffic.
+pub fn pp_xdp_frames(tb: &Testbed, i: usize) -> Result<u64> {
+    let stats = crate::measure::ethtool_stats(tb, Node::pp(i), "up0")?;
+    Ok(stats
+        .iter()
+        .filter(|(k, _)| k.ends_with("_xdp_redirect") || k.ends_with("_xdp_tx"))
+        .map(|(_, v)| *v)
+        .sum())
+}
+
+fn pp_scale_out(tb: &Testbed, p: &mut Platform, node: usize) -> Result<PpEvent> {
+    let id = format!("pp-{node}");
+    let before = p.vip_map(tb)?;
+    let base = pp_xdp_frames(tb, node).unwrap_or(0);
+    let cmd_at = Instant::now();
+    p.start_pp(tb, node)?;
+    let first = cmd::wait_for(
+        "traffic on the new PP node",
+        Duration::from_secs(10),
+        || Ok((pp_xdp_frames(tb, node).unwrap_or(0) > base).then(Instant::now)),
+    )?;
+    let after = p.vip_map(tb)?;
+    Ok(PpEvent {
+        vips_before: before.owned_by(&id),
+        vips_after: after.owned_by(&id),
+        vip_moves: after.moves.saturating_sub(before.moves),
+        seconds_to_traffic: Some(first.duration_since(cmd_at).as_secs_f64()),
+        node: id,
+        ..Default::default()
+    })
+}
+
+fn pp_scale_in(tb: &Testbed, p: &Platform, node: usize) -> Result<PpEvent> {
+    let id = format!("pp-{node}");
+    let before = p.vip_map(tb)?;
+    let at = Instant::now();
+    let after = p.drain_pp(tb, node)?;
+    // Drained: no frame taken for 300 ms (FM moved the vIPs; flows already on their way
+    // to the node were still served by it).
+    let mut last = pp_xdp_frames(tb, node)?;
+    let mut quiet_since = Instant::now();
+    let drained = cmd::wait_for("the PP node to drain", Duration::from_secs(10), || {
+        let n = pp_xdp_frames(tb, node)?;
+        if n != last {
+            last = n;
+            quiet_since = Instant::now();
+        }
+        Ok((quiet_since.elapsed() >= Duration::from_millis(300)).then_some(quiet_since))
+    })?;
+    p.stop_pp(tb, node);
+    Ok(PpEvent {
+        vips_before: before.owned_by(&id),
+        vips_after: after.owned_by(&id),
+        vip_moves: after.moves.saturating_sub(before.moves),
+        drained_ms: Some(drained.saturating_duration_since(at).as_millis() as u64),
+        node: id,
+        ..Default::default()
+    })
+}
+
+fn kill_pp(tb: &Testbed, p: &Platform, node: usize, silent: bool) -> Result<PpEvent> {
+    let id = format!("pp-{node}");
+    let before = p.vip_map(tb)?;
+    let at = Instant::now();
+    if silent {
+        tb.exec(
+            Node::pp(node),
+            &["ip", "link", "set", "up0", "down"],
+            cmd::CONFIG_LIMIT,
+        )?;
+    } else {
+        p.kill_pp(tb, node)?;
+    }
+    let after = cmd::wait_for(
+        "FM to move the failed node's vIPs",
+        Duration::from_secs(10),
+        || {
+            let m = match p.vip_map(tb) {
+                Ok(m) => m,
+                Err(_) => return Ok(None),
+            };
+            Ok((m.owned_by(&id).is_empty() && m.all_owned()).then_some(m))
+        },
+    )?;
+    let moved_ms = at.elapsed().as_millis() as u64;
+    if silent {
+        p.kill_pp(tb, node)?;
+    }
+    Ok(PpEvent {
+        vips_before: before.owned_by(&id),
+        vips_after: after.owned_by(&id),
+        vip_moves: after.moves.saturating_sub(before.moves),
+        vips_moved_ms: Some(moved_ms),
+        node: id,
+        ..Default::default()
+    })
+}
+
 /// Run `spec` against the running platform `p` (whose chain serves VPC
 /// `spec.load.client`, with the internet host's servers up).
 pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Result<ScenarioReport> {
+    run_scenario_probed(tb, p, spec, None)
+}
+
+/// [`run_scenario`], with 0.5 ms probes (`probe`) running through it as well; a PP
+/// failure's `recovery_ms` comes from them.
+pub fn run_scenario_probed(
+    tb: &Testbed,
+    p: &mut Platform,
+    spec: &ScenarioSpec,
+    probe: Option<&crate::probe::ProbeSpec>,
+) -> Result<ScenarioReport> {
     info!(name = %spec.name, "scenario");
+    let echo = probe
+        .map(|_| crate::probe::EchoServer::start(tb))
+        .transpose()?;
+    let prober = probe
+        .map(|ps| crate::probe::Prober::start(tb, ps))
+        .transpose()?;
     let iperf = Iperf::start(tb, &spec.iperf)?;
     let conns = ConnLoop::start(tb, &spec.load)?;
     let t0 = conns.t0();
@@ -890,6 +1064,7 @@ pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Resu
                 connections: 0,
                 failed_connections: 0,
                 p99_setup_us: None,
+                pp: None,
             };
             match e {
                 Event::ScaleOut { tenant, chain } => {
@@ -916,6 +1091,23 @@ pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Resu
                     r.name = "pause".into();
                     cmd::sleep(*d)?;
                 }
+                Event::PpScaleOut { node } => {
+                    r.name = "pp_scale_out".into();
+                    r.pp = Some(pp_scale_out(tb, p, *node)?);
+                }
+                Event::PpScaleIn { node } => {
+                    r.name = "pp_scale_in".into();
+                    r.pp = Some(pp_scale_in(tb, p, *node)?);
+                }
+                Event::KillPp { node, silent } => {
+                    r.name = if *silent {
+                        "pp_failover_silent"
+                    } else {
+                        "pp_failover"
+                    }
+                    .into();
+                    r.pp = Some(kill_pp(tb, p, *node, *silent)?);
+                }
             }
             let end = Instant::now();
             r.end_ms = ms(end);
@@ -927,7 +1119,39 @@ pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Resu
     })();
     let samples = conns.stop()?;
     let timeline = sampler.stop();
-    let evs = result?;
+    let probe_report = prober.map(|pr| {
+        let offset_ms = t0.saturating_duration_since(pr.t0()).as_secs_f64() * 1000.0;
+        pr.stop().map(|mut r| {
+            r.scenario_t0_ms = offset_ms;
+            (r, offset_ms)
+        })
+    });
+    if let Some(e) = echo {
+        e.stop();
+    }
+    let probe_report = probe_report.transpose()?;
+    let mut evs = result?;
+    if let Some((pr, offset_ms)) = &probe_report {
+        for (r, _) in evs.iter_mut() {
+            if let Some(pe) = r.pp.as_mut().filter(|_| r.name.starts_with("pp_failover")) {
+                // The window: from just before the failure to 1 s after FM moved the
+                // vIPs, on the prober's clock.
+                let from = r.start_ms as f64 + offset_ms - 5.0;
+                let to = r.end_ms as f64 + offset_ms + 1000.0;
+                pe.recovery_ms = Some(pr.recovery_ms_between(from, to));
+                pe.flows_with_loss = Some(
+                    pr.flows
+                        .iter()
+                        .filter(|f| {
+                            f.longest_loss_run > 0
+                                && f.loss_run_start_ms >= from
+                                && f.loss_run_start_ms < to
+                        })
+                        .count(),
+                );
+            }
+        }
+    }
     let ends_at = iperf.ends_at();
     let iperf_report = iperf.wait(tb)?;
     let last_end = evs.last().map(|(_, e)| *e).unwrap_or(t0);
@@ -993,6 +1217,7 @@ pub fn run_scenario(tb: &Testbed, p: &mut Platform, spec: &ScenarioSpec) -> Resu
         fm,
         timeline,
         failures: samples.iter().filter(failed).take(10).cloned().collect(),
+        probe: probe_report.map(|(r, _)| r),
     };
     info!(
         name = %report.name,

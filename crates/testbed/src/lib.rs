@@ -36,6 +36,7 @@ pub mod cmd;
 pub mod elastic;
 pub mod measure;
 pub mod platform;
+pub mod probe;
 pub mod services;
 pub mod topo;
 

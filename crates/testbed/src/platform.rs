@@ -28,6 +28,9 @@ pub struct PlatformSpec {
     /// More arguments for `starfabric pp`, e.g. `--io udp` (the default is `--io auto`,
     /// which takes AF_XDP on the PP node's veth).
     pub pp_args: Vec<String>,
+    /// PP cluster mode (the topology has `pp_nodes` > 0): how many PP nodes to start;
+    /// the other namespaces are spares for scale-out.
+    pub pp_active: usize,
 }
 
 impl PlatformSpec {
@@ -38,6 +41,7 @@ impl PlatformSpec {
             sc_nodes: 3,
             flows: 1 << 18,
             pp_args: Vec::new(),
+            pp_active: 1,
         }
     }
 
@@ -53,7 +57,12 @@ pub struct Platform {
     pub fm: Proc,
     /// SC node `i` runs with `--id sc-<i>` (the node id FM's partition map names).
     pub scs: Vec<Proc>,
+    /// The PP node (cluster mode: PP node 0).
     pub pp: Proc,
+    /// Cluster mode: PP node `i`'s process, if started (`pps[0]` is `pp`).
+    pub pps: Vec<Option<Proc>>,
+    /// `starfabric pp` arguments common to every PP node (cluster mode).
+    pp_argv: Vec<String>,
     pub fm_config: PathBuf,
     /// FM's gRPC address, inside the control namespace.
     pub fm_addr: String,
@@ -128,13 +137,142 @@ impl Platform {
         Ok(())
     }
 
+    /// Cluster mode: start PP node `i` (`--id pp-<i>`) in its namespace; returns once it
+    /// listens (FM then gives it a share of the vIPs).
+    pub fn start_pp(&mut self, tb: &Testbed, i: usize) -> Result<&Proc> {
+        if i >= self.pps.len() {
+            return Err(Error::Setup(format!(
+                "no PP node namespace {i} (the topology has {})",
+                self.pps.len()
+            )));
+        }
+        if self.pps[i].as_ref().is_some_and(|p| tb.running(p)) {
+            return Err(Error::Setup(format!("PP node {i} is running")));
+        }
+        let p = spawn_pp(
+            tb,
+            i,
+            &self.pp_argv,
+            if self.pps[i].is_some() { "again" } else { "" },
+        )?;
+        if i == 0 {
+            self.pp = p.clone();
+        }
+        self.pps[i] = Some(p);
+        Ok(self.pps[i].as_ref().expect("just set"))
+    }
+
+    /// Cluster mode: PP node `i`'s last stats line.
+    pub fn pp_node_stats(&self, i: usize) -> String {
+        self.pp_node(i)
+            .map(|p| last_line(&p.log, "pp: t="))
+            .unwrap_or_default()
+    }
+
+    /// Cluster mode: PP node `i`'s process.
+    pub fn pp_node(&self, i: usize) -> Option<&Proc> {
+        self.pps.get(i).and_then(|p| p.as_ref())
+    }
+
+    /// Crash PP node `i` (SIGKILL to its recorded PID).
+    pub fn kill_pp(&self, tb: &Testbed, i: usize) -> Result<()> {
+        let p = self
+            .pp_node(i)
+            .ok_or_else(|| Error::Setup(format!("PP node {i} was not started")))?;
+        info!(i, pid = p.pid, "killing PP node");
+        tb.kill(p)
+    }
+
+    /// Stop PP node `i` (SIGTERM, then SIGKILL if it lingers).
+    pub fn stop_pp(&self, tb: &Testbed, i: usize) {
+        if let Some(p) = self.pp_node(i) {
+            tb.stop(p);
+        }
+    }
+
+    /// FM's vIP table (`starfabric scale vips -o json`, run in the control namespace).
+    pub fn vip_map(&self, tb: &Testbed) -> Result<VipMap> {
+        let bin = self.bin.display().to_string();
+        let out = tb.exec(
+            Node::Ctl,
+            &[&bin, "scale", "vips", "--fm", &self.fm_addr, "-o", "json"],
+            Duration::from_secs(10),
+        )?;
+        serde_json::from_str(&out).map_err(|e| Error::Parse {
+            what: "starfabric scale vips".into(),
+            msg: format!("{e}: {out}"),
+        })
+    }
+
+    /// PP scale-in's first step: FM moves every vIP of `pp-<i>` to the other nodes.
+    pub fn drain_pp(&self, tb: &Testbed, i: usize) -> Result<VipMap> {
+        let bin = self.bin.display().to_string();
+        let node = format!("pp-{i}");
+        let out = tb.exec(
+            Node::Ctl,
+            &[
+                &bin,
+                "scale",
+                "pp-drain",
+                "--fm",
+                &self.fm_addr,
+                "--node",
+                &node,
+                "-o",
+                "json",
+            ],
+            Duration::from_secs(10),
+        )?;
+        serde_json::from_str(&out).map_err(|e| Error::Parse {
+            what: "starfabric scale pp-drain".into(),
+            msg: format!("{e}: {out}"),
+        })
+    }
+
     /// Stop the PP node, the SC nodes and FM (in that order), leaving the topology.
     pub fn stop(self, tb: &Testbed) {
+        for p in self.pps.iter().skip(1).flatten() {
+            tb.stop(p);
+        }
         tb.stop(&self.pp);
         for s in &self.scs {
             tb.stop(s);
         }
         tb.stop(&self.fm);
+    }
+}
+
+/// FM's vIP table, as `starfabric scale vips -o json` prints it.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct VipMap {
+    pub epoch: u64,
+    pub moves: u64,
+    pub nodes: Vec<String>,
+    pub draining: Vec<String>,
+    pub vips: Vec<VipEntry>,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct VipEntry {
+    pub index: u32,
+    pub ip: String,
+    pub mac: String,
+    pub node: Option<String>,
+}
+
+impl VipMap {
+    /// vIP indices owned by `node`.
+    pub fn owned_by(&self, node: &str) -> Vec<u32> {
+        self.vips
+            .iter()
+            .filter(|v| v.node.as_deref() == Some(node))
+            .map(|v| v.index)
+            .collect()
+    }
+
+    /// Every vIP has an owner.
+    pub fn all_owned(&self) -> bool {
+        !self.vips.is_empty() && self.vips.iter().all(|v| v.node.is_some())
     }
 }
 
@@ -159,10 +297,21 @@ pub fn field(line: &str, key: &str) -> Option<u64> {
 /// `spec.sc_nodes` SC nodes, and the PP node with `spec`'s VPC bindings. Returns once FM
 /// has formed a group for every chain and the PP node is connected.
 pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result<Platform> {
-    let cfg = serde_json::json!({
+    let cluster = tb.spec.pp_nodes;
+    let mut cfg = serde_json::json!({
         "replicas": 3,
         "chains": spec.chains,
     });
+    if cluster > 0 {
+        cfg["vips"] = (0..tb.spec.vips)
+            .map(|k| serde_json::json!({"ip": addr::vip(k), "mac": crate::topo::mac::vip(k)}))
+            .collect();
+        if spec.pp_active == 0 || spec.pp_active > cluster {
+            return Err(Error::Setup(format!(
+                "pp_active must be in 1..={cluster} (the PP node namespaces)"
+            )));
+        }
+    }
     let fm_config = tb.path("fm.json");
     std::fs::write(
         &fm_config,
@@ -199,8 +348,6 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         &pp_listen,
         "--fm",
         &fm_addr,
-        "--id",
-        "pp-0",
         "--flows",
         &flows,
         "--stats-interval",
@@ -213,29 +360,61 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         argv.push("--vpc".into());
         argv.push(format!("{v}={t}:{c}"));
     }
+    if cluster > 0 {
+        argv.push("--vip-group".into());
+    }
     argv.extend(spec.pp_args.iter().cloned());
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let pp = tb.spawn(Node::Pp, "starfabric pp", &argv)?;
-    tb.wait_log(&pp, "pp: listening", limit)?;
-    let platform = Platform {
+    let pp = spawn_pp(tb, 0, &argv, "")?;
+    let mut pps = vec![None; cluster];
+    if cluster > 0 {
+        pps[0] = Some(pp.clone());
+    }
+    let mut platform = Platform {
         fm,
         scs,
         pp,
+        pps,
+        pp_argv: argv,
         fm_config,
         fm_addr: fm_addr.clone(),
         bin: bin_path,
     };
+    for i in 1..spec.pp_active.min(cluster) {
+        platform.start_pp(tb, i)?;
+    }
     let want = spec.chains.len() as u64;
     let nsc = spec.sc_nodes as u64;
-    cmd::wait_for("FM: SC groups and the PP session", limit, || {
+    let npp = spec.pp_active.max(1) as u64;
+    cmd::wait_for("FM: SC groups and the PP sessions", limit, || {
         let s = platform.fm_status();
         Ok((field(&s, "groups") == Some(want)
             && field(&s, "sc") == Some(nsc)
-            && field(&s, "pp") == Some(1))
+            && field(&s, "pp") == Some(npp))
         .then_some(()))
     })?;
+    if cluster > 0 {
+        cmd::wait_for("FM: every vIP owned by a PP node", limit, || {
+            let m = platform.vip_map(tb)?;
+            Ok((m.all_owned() && m.nodes.len() as u64 == npp).then_some(()))
+        })?;
+    }
     info!(chains = want, "starfabric up");
     Ok(platform)
+}
+
+/// Start PP node `i` with the common `argv` plus its id; wait until it listens.
+fn spawn_pp(tb: &Testbed, i: usize, argv: &[String], tag: &str) -> Result<Proc> {
+    let id = format!("pp-{i}");
+    let mut argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    argv.extend(["--id", &id]);
+    let what = match (i, tag.is_empty()) {
+        (0, true) => "starfabric pp".to_string(),
+        (_, true) => format!("starfabric pp-{i}"),
+        (_, false) => format!("starfabric pp-{i} {tag}"),
+    };
+    let p = tb.spawn(Node::pp(i), &what, &argv)?;
+    tb.wait_log(&p, "pp: listening", Duration::from_secs(20))?;
+    Ok(p)
 }
 
 /// Start FM in the control namespace and wait until it listens. `tag` tells a

@@ -56,6 +56,19 @@ pub mod addr {
     pub const CTL: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 2);
     pub const FM_PORT: u16 = 7000;
 
+    /// PP cluster mode (docs/pp-cluster.md): PP node `i`'s own underlay address. Every
+    /// node also has [`PP`] (the cluster's address, every VXLAN device's remote) on its
+    /// interface, and takes frames to it when they carry a vMAC it owns.
+    pub fn pp_node(i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 1, 10 + i as u8)
+    }
+
+    /// vIP `k` of the PP cluster's vIP group: a next hop of the router's ECMP route to
+    /// [`PP`], resolved to [`super::mac::vip`]`(k)` by a permanent neighbour entry.
+    pub fn vip(k: usize) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 1, 100 + k as u8)
+    }
+
     /// Client host `j`'s underlay address.
     pub fn client_underlay(j: usize) -> Ipv4Addr {
         Ipv4Addr::new(198, 18, 10 + j as u8, 2)
@@ -122,6 +135,10 @@ pub mod mac {
     pub fn tenant_gw(j: usize) -> String {
         format!("02:5f:01:00:{:02x}:01", j)
     }
+    /// vIP `k`'s vMAC (PP cluster mode).
+    pub fn vip(k: usize) -> String {
+        format!("02:5f:76:00:00:{:02x}", k)
+    }
     pub const IGW: &str = "02:5f:02:00:00:01";
     pub const PP_IGW: &str = "02:5f:02:00:00:02";
     pub const SVC: &str = "02:5f:03:00:00:01";
@@ -139,6 +156,12 @@ pub struct TopologySpec {
     pub backends: usize,
     /// Directory for configurations and logs (default: a fresh one under the temp dir).
     pub dir: Option<PathBuf>,
+    /// PP cluster mode when non-zero: this many PP node namespaces on a bridge behind
+    /// the router's ECMP route over `vips` vIPs (docs/pp-cluster.md). 0: one PP node at
+    /// 198.18.1.2 on a veth of its own.
+    pub pp_nodes: usize,
+    /// vIPs of the PP cluster (cluster mode only).
+    pub vips: usize,
 }
 
 impl TopologySpec {
@@ -148,7 +171,15 @@ impl TopologySpec {
             tenants: 1,
             backends: 0,
             dir: None,
+            pp_nodes: 0,
+            vips: 8,
         }
+    }
+
+    /// PP cluster mode with `n` PP node namespaces (see [`TopologySpec::pp_nodes`]).
+    pub fn pp_cluster(mut self, n: usize) -> Self {
+        self.pp_nodes = n;
+        self
     }
 
     pub fn tenants(mut self, n: usize) -> Self {
@@ -166,7 +197,10 @@ impl TopologySpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Node {
     Router,
+    /// The PP node (cluster mode: PP node 0).
     Pp,
+    /// PP node `i` ≥ 1 of a PP cluster.
+    PpNode(usize),
     Ctl,
     Client(usize),
     Igw,
@@ -176,10 +210,20 @@ pub enum Node {
 }
 
 impl Node {
+    /// PP node `i` (0 is [`Node::Pp`]).
+    pub fn pp(i: usize) -> Node {
+        if i == 0 {
+            Node::Pp
+        } else {
+            Node::PpNode(i)
+        }
+    }
+
     fn suffix(self) -> String {
         match self {
             Node::Router => "rt".into(),
-            Node::Pp => "pp".into(),
+            Node::Pp | Node::PpNode(0) => "pp".into(),
+            Node::PpNode(i) => format!("pp{i}"),
             Node::Ctl => "ctl".into(),
             Node::Client(j) => format!("c{j}"),
             Node::Igw => "igw".into(),
@@ -213,6 +257,11 @@ impl Testbed {
         if spec.tenants == 0 || spec.tenants > 100 {
             return Err(Error::Setup("tenants must be in 1..=100".into()));
         }
+        if spec.pp_nodes > 50 || (spec.pp_nodes > 0 && !(1..=64).contains(&spec.vips)) {
+            return Err(Error::Setup(
+                "a PP cluster has at most 50 nodes and 1..=64 vIPs".into(),
+            ));
+        }
         if spec.backends > 200 {
             return Err(Error::Setup("at most 200 backends".into()));
         }
@@ -243,6 +292,7 @@ impl Testbed {
     /// Every node of this topology.
     pub fn nodes(&self) -> Vec<Node> {
         let mut v = vec![Node::Router, Node::Pp, Node::Ctl, Node::Igw, Node::Inet];
+        v.extend((1..self.spec.pp_nodes).map(Node::PpNode));
         v.extend((0..self.spec.tenants).map(Node::Client));
         if self.spec.backends > 0 {
             v.push(Node::Svc);
@@ -253,7 +303,10 @@ impl Testbed {
 
     /// Underlay attachments: node, third octet of its /24.
     fn attachments(&self) -> Vec<(Node, u8)> {
-        let mut v = vec![(Node::Pp, 1), (Node::Igw, 2), (Node::Ctl, 4)];
+        let mut v = vec![(Node::Igw, 2), (Node::Ctl, 4)];
+        if self.spec.pp_nodes == 0 {
+            v.push((Node::Pp, 1));
+        }
         if self.spec.backends > 0 {
             v.push((Node::Svc, 3));
         }
@@ -288,6 +341,7 @@ impl Testbed {
             "net.ipv4.conf.default.rp_filter=0",
         ];
         let mut routers = vec![Node::Router, Node::Pp, Node::Igw];
+        routers.extend((1..self.spec.pp_nodes).map(Node::PpNode));
         if self.spec.backends > 0 {
             routers.push(Node::Svc);
         }
@@ -311,6 +365,9 @@ impl Testbed {
             let _ = writeln!(s, "link set {dev} up");
         }
         cmd::ip_batch(&rt, &s)?;
+        if self.spec.pp_nodes > 0 {
+            self.create_pp_cluster()?;
+        }
         // The PP node's XDP fast path transmits with XDP_TX. On a veth that puts the
         // frame in the peer's XDP ring, which the kernel only drains when the peer runs
         // an XDP program itself (with GRO alone the ring fills after 256 frames and every
@@ -320,13 +377,16 @@ impl Testbed {
         std::fs::write(&pass, xdp::XDP_PASS_OBJ)
             .map_err(|e| Error::io(pass.display().to_string(), e))?;
         let pass_s = pass.display().to_string();
-        cmd::in_ns(
-            &rt,
-            &[
-                "ip", "link", "set", "dev", "dpp", "xdpdrv", "obj", &pass_s, "sec", "xdp",
-            ],
-            CONFIG_LIMIT,
-        )?;
+        for i in 0..self.spec.pp_nodes.max(1) {
+            let dev = self.pp_port(i);
+            cmd::in_ns(
+                &rt,
+                &[
+                    "ip", "link", "set", "dev", &dev, "xdpdrv", "obj", &pass_s, "sec", "xdp",
+                ],
+                CONFIG_LIMIT,
+            )?;
+        }
         for (n, o) in self.attachments() {
             let s = format!(
                 "addr add 198.18.{o}.2/24 dev up0\nlink set up0 up\nroute add {} via 198.18.{o}.1\n",
@@ -437,6 +497,87 @@ impl Testbed {
                 );
                 cmd::ip_batch(&self.ns(Node::Backend(k)), &s)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The router's port toward PP node `i` (`dpp`, `dpp1`, ...).
+    pub fn pp_port(&self, i: usize) -> String {
+        format!("d{}", Node::pp(i).suffix())
+    }
+
+    /// PP cluster mode (docs/pp-cluster.md). The router's PP side is a bridge (the
+    /// cluster's switch) with a port per PP node. The cluster's address 198.18.1.2 is an
+    /// ECMP route over the vIPs, hashed on L4 (so on the VXLAN outer source port, which
+    /// the senders derive from the inner flow); each vIP resolves to its vMAC by a
+    /// permanent neighbour entry. Which node gets a vIP's flows is only the bridge's
+    /// learning: the node that last announced the vMAC. Nothing here changes when vIPs
+    /// move.
+    fn create_pp_cluster(&self) -> Result<()> {
+        let rt = self.ns(Node::Router);
+        cmd::in_ns(
+            &rt,
+            &["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"],
+            CONFIG_LIMIT,
+        )?;
+        let mut s = String::from(
+            "link add brpp type bridge
+addr add 198.18.1.1/24 dev brpp
+link set brpp up
+",
+        );
+        for i in 0..self.spec.pp_nodes {
+            let dev = self.pp_port(i);
+            let _ = writeln!(
+                s,
+                "link add {dev} type veth peer name up0 netns {}
+link set {dev} master brpp
+link set {dev} up",
+                self.ns(Node::pp(i))
+            );
+        }
+        for k in 0..self.spec.vips {
+            let _ = writeln!(
+                s,
+                "neigh add {} lladdr {} dev brpp nud permanent",
+                addr::vip(k),
+                mac::vip(k)
+            );
+        }
+        let mut route = format!("route add {}/32", addr::PP);
+        for k in 0..self.spec.vips {
+            let _ = write!(route, " nexthop via {} dev brpp", addr::vip(k));
+        }
+        s.push_str(&route);
+        s.push('\n');
+        cmd::ip_batch(&rt, &s)?;
+        for i in 0..self.spec.pp_nodes {
+            let ns = self.ns(Node::pp(i));
+            // The cluster address is on every node's interface but never answered for
+            // (the router routes it, it never asks): arp_ignore/arp_announce keep the
+            // nodes from claiming it or using it as an ARP source.
+            cmd::in_ns(
+                &ns,
+                &[
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.conf.all.arp_ignore=1",
+                    "net.ipv4.conf.all.arp_announce=2",
+                ],
+                CONFIG_LIMIT,
+            )?;
+            let s = format!(
+                "addr add {}/24 dev up0
+addr add {}/32 dev up0
+link set up0 up
+route add {} via 198.18.1.1 src {}
+",
+                addr::pp_node(i),
+                addr::PP,
+                addr::UNDERLAY,
+                addr::pp_node(i),
+            );
+            cmd::ip_batch(&ns, &s)?;
         }
         Ok(())
     }

@@ -115,6 +115,24 @@ struct {
 	__type(value, struct xdp_node);
 } node_config SEC(".maps");
 
+/* PP cluster (docs/pp-cluster.md, paper 003 §IV-E): when `vip_mode[0]` is non-zero the node
+ * takes VXLAN only in frames addressed to a vMAC it owns (`vip_macs`, key: the MAC in the
+ * low 6 bytes). A switch that has not learned a vMAC floods its frames to every node; only
+ * the owner may take them, or a flow would be served twice. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} vip_mode SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u64);
+	__type(value, __u32);
+} vip_macs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
 	__uint(max_entries, 64);
@@ -264,6 +282,13 @@ int pp_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	if (*(__u32 *)(h + 30) != node->ip)
 		return XDP_PASS;
+	__u32 *vm = bpf_map_lookup_elem(&vip_mode, &zero);
+	if (vm && *vm) {
+		__u64 dmac = 0;
+		__builtin_memcpy(&dmac, h, 6);
+		if (!bpf_map_lookup_elem(&vip_macs, &dmac))
+			return XDP_PASS;
+	}
 	/* VXLAN to this node from here on: what this program does not run itself is the
 	 * userspace pipeline's, which decides (and counts) drops. */
 	__u64 frame_len = data_end - data;

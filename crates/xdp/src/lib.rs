@@ -59,6 +59,10 @@ pub const RULES_MAP: &str = "offloaded_rules";
 pub const NODE_MAP: &str = "node_config";
 /// AF_XDP sockets by receive queue, where misses go.
 pub const XSKS_MAP: &str = "xsks";
+/// PP cluster mode: non-zero at index 0 makes the program take only frames to owned vMACs.
+pub const VIP_MODE_MAP: &str = "vip_mode";
+/// The vMACs this node owns (key: the MAC in the low 6 bytes of a native-endian u64).
+pub const VIP_MACS_MAP: &str = "vip_macs";
 /// Capacity of [`RULES_MAP`].
 pub const MAX_OFFLOADED_RULES: u32 = 65536;
 
@@ -213,6 +217,14 @@ impl XdpVerdict {
 
 /// An address as the program stores it: IPv4 in the first 4 bytes, IPv6 in all 16.
 /// (The rule was validated: its family is the flow's.)
+/// A MAC as the `vip_macs` key: its 6 bytes first, in memory order, the rest zero (what
+/// the program's `__builtin_memcpy` of the destination MAC into a `__u64` makes).
+fn mac_key(m: &[u8; 6]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..6].copy_from_slice(m);
+    u64::from_ne_bytes(b)
+}
+
 fn addr_bytes(a: &IpAddr) -> [u8; 16] {
     let mut b = [0u8; 16];
     match a {
@@ -365,6 +377,79 @@ impl XdpProgram {
             name: RULES_MAP,
             source,
         })
+    }
+
+    /// PP cluster mode: from now on take VXLAN only in frames to one of `macs`, the
+    /// vMACs of the vIPs this node owns (the whole set: others are removed). Called with
+    /// an empty set the node takes nothing, which is right for a node that owns no vIP.
+    pub fn set_vip_macs(&mut self, macs: &[[u8; 6]]) -> Result<(), XdpError> {
+        let want: std::collections::HashSet<u64> = macs.iter().map(|m| mac_key(m)).collect();
+        {
+            let map = self
+                .ebpf
+                .map_mut(VIP_MACS_MAP)
+                .ok_or(XdpError::MissingMap(VIP_MACS_MAP))?;
+            let mut h: HashMap<&mut MapData, u64, u32> =
+                HashMap::try_from(map).map_err(|source| XdpError::Map {
+                    name: VIP_MACS_MAP,
+                    source,
+                })?;
+            // Add before removing: a vMAC that stays is never missing, even for a moment.
+            for k in &want {
+                h.insert(k, 1, 0).map_err(|source| XdpError::Map {
+                    name: VIP_MACS_MAP,
+                    source,
+                })?;
+            }
+            let stale: Vec<u64> = h
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| !want.contains(k))
+                .collect();
+            for k in stale {
+                h.remove(&k).map_err(|source| XdpError::Map {
+                    name: VIP_MACS_MAP,
+                    source,
+                })?;
+            }
+        }
+        let map = self
+            .ebpf
+            .map_mut(VIP_MODE_MAP)
+            .ok_or(XdpError::MissingMap(VIP_MODE_MAP))?;
+        let mut arr: Array<&mut MapData, u32> =
+            Array::try_from(map).map_err(|source| XdpError::Map {
+                name: VIP_MODE_MAP,
+                source,
+            })?;
+        arr.set(0, 1, 0).map_err(|source| XdpError::Map {
+            name: VIP_MODE_MAP,
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// The vMACs the program takes frames for (PP cluster mode), sorted.
+    pub fn vip_macs(&self) -> Result<Vec<[u8; 6]>, XdpError> {
+        let map = self
+            .ebpf
+            .map(VIP_MACS_MAP)
+            .ok_or(XdpError::MissingMap(VIP_MACS_MAP))?;
+        let h: HashMap<&MapData, u64, u32> =
+            HashMap::try_from(map).map_err(|source| XdpError::Map {
+                name: VIP_MACS_MAP,
+                source,
+            })?;
+        let mut v: Vec<[u8; 6]> = h
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| {
+                let b = k.to_ne_bytes();
+                [b[0], b[1], b[2], b[3], b[4], b[5]]
+            })
+            .collect();
+        v.sort();
+        Ok(v)
     }
 
     /// Set the node's underlay identity: its address (VXLAN to it is considered), its MAC

@@ -30,6 +30,20 @@ impl Lab {
     /// A topology with `tenants` VPCs and `backends` nginx backends, or None (skip) when
     /// not root outside CI.
     pub fn new(tenants: usize, backends: usize) -> Option<Lab> {
+        Lab::with_topology(tenants, backends, |t| t)
+    }
+
+    /// A PP cluster (docs/pp-cluster.md): `pp_nodes` PP node namespaces behind the
+    /// router's ECMP route over the vIPs.
+    pub fn cluster(tenants: usize, backends: usize, pp_nodes: usize) -> Option<Lab> {
+        Lab::with_topology(tenants, backends, |t| t.pp_cluster(pp_nodes))
+    }
+
+    fn with_topology(
+        tenants: usize,
+        backends: usize,
+        more: impl FnOnce(TopologySpec) -> TopologySpec,
+    ) -> Option<Lab> {
         if !testbed::is_root() {
             if std::env::var_os("CI").is_some() {
                 panic!("the e2e tests need root (network namespaces); CI runs as root");
@@ -47,9 +61,11 @@ impl Lab {
         );
         let res = Resources::new(&prefix);
         let tb = Testbed::build(
-            TopologySpec::new(&prefix)
-                .tenants(tenants)
-                .backends(backends),
+            more(
+                TopologySpec::new(&prefix)
+                    .tenants(tenants)
+                    .backends(backends),
+            ),
             res.clone(),
         )
         .expect("build the testbed");
