@@ -11,10 +11,14 @@
 //!   50 ms, dead after 3 silent periods or at once when the stream breaks); FM then
 //!   repairs the SC groups (see `master`).
 //!
+//! - [`EventLog`] records what FM did and why (scales, deaths, repairs, and the
+//!   autoscaler's decisions it is sent), for `starfabric events`.
+//!
 //! Configuration (tenant chains, group size, cache) comes from [`FmFile`] JSON for now;
 //! the orchestrator will push it.
 
 pub mod cache;
+pub mod events;
 mod master;
 pub mod membership;
 pub mod partition;
@@ -24,6 +28,7 @@ pub mod vip;
 use std::time::Duration;
 
 pub use cache::{CacheKey, CacheStats, RuleCache};
+pub use events::{Event, EventKind, EventLog};
 pub use master::{DesiredChange, FmConfig, FmMetrics, FmStats, ScaleOutcome, ScaleRequest};
 pub use membership::Membership;
 pub use partition::PartitionMap;

@@ -25,10 +25,12 @@
 //! reconnected yet is not mistaken for a missing partition; at the end of the window
 //! replicas that never came back are treated as dead (docs/planes.md, "FM failover").
 
+mod observe;
 mod recovery;
 mod scale;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,11 +38,13 @@ use std::time::{Duration, Instant};
 use pipeline::{FlowKey, LatencyHistogram};
 use proto::v1::{self, pp_down, sc_down};
 use proto::ChainDef;
+use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 use tracing::{debug, info, warn};
 
 use crate::cache::{CacheKey, CacheStats, RuleCache};
+use crate::events::{EventKind, EventLog};
 use crate::membership::Membership;
 use crate::partition::PartitionMap;
 use crate::vip::VipTable;
@@ -73,6 +77,10 @@ pub struct FmConfig {
     pub max_batch: usize,
     /// Tenant chains served.
     pub chains: Vec<ChainDef>,
+    /// Events kept in memory (`starfabric events`).
+    pub events_capacity: usize,
+    /// Also append every event to this file, one JSON object a line.
+    pub events_file: Option<PathBuf>,
     /// The PP cluster's vIP group (empty: PP nodes are not given vIPs).
     pub vips: Vec<crate::vip::VipDef>,
     /// Heartbeat period PP nodes are told to keep. Short, because a dead PP node's vIPs
@@ -109,6 +117,8 @@ impl Default for FmConfig {
             max_attempts: 4,
             max_batch: 2048,
             chains: Vec::new(),
+            events_capacity: crate::events::DEFAULT_CAPACITY,
+            events_file: None,
             vips: Vec::new(),
             pp_heartbeat: Duration::from_millis(10),
         }
@@ -239,6 +249,9 @@ pub(crate) enum MasterIn {
     /// Drop every cached rule (pinned ones stay); answers how many were dropped.
     ClearCache(oneshot::Sender<usize>),
     Scale(ScaleRequest, ScaleDone),
+    Events(v1::EventsRequest, oneshot::Sender<v1::EventsReply>),
+    RecordEvent(v1::RecordEventRequest, oneshot::Sender<Result<u64, String>>),
+    Load(oneshot::Sender<v1::LoadReply>),
     VipMap(oneshot::Sender<v1::VipMapReply>),
     PpDrain(String, oneshot::Sender<Result<v1::VipMapReply, Status>>),
 }
@@ -331,6 +344,8 @@ pub(crate) struct Master {
     /// the cache's reach until the new owner has merged their state (the cache may
     /// evict; these must be answered here until then).
     pins: HashMap<CacheKey, v1::RuleReply>,
+    /// What happened, for operators (`Events`); see `crate::events`.
+    pub(crate) events: EventLog,
     /// The PP cluster's Multi IPs Mapping Table (see `vip`).
     vips: VipTable,
     /// Until this time (ms) PP nodes that claim vIPs only adopt them and the table is
@@ -348,6 +363,7 @@ pub(crate) struct Master {
 impl Master {
     /// `start` is the epoch of FM's millisecond clock, shared with the session readers.
     pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>, start: Instant) -> Self {
+        let events = EventLog::new(cfg.events_capacity);
         let cfg_vips = cfg.vips.clone();
         Master {
             cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
@@ -376,6 +392,7 @@ impl Master {
             parked: Vec::new(),
             dissolved: HashSet::new(),
             pins: HashMap::new(),
+            events,
             vips: VipTable::new(cfg_vips),
             vip_settle_until: None,
             vip_joined: false,
@@ -415,6 +432,16 @@ impl Master {
             }));
         }
         info!(epoch, moved = change.moved, nodes = ?change.nodes, %why, "vIPs moved");
+        let owners: BTreeMap<String, Vec<usize>> = change
+            .nodes
+            .iter()
+            .map(|n| (n.clone(), self.vips.owned_by(n)))
+            .collect();
+        self.event(
+            EventKind::VipMoved,
+            format!("{} vIPs moved: {why}", change.moved),
+            json!({"epoch": epoch, "moved": change.moved, "why": why, "owners": owners}),
+        );
     }
 
     fn vip_proto(&self, i: usize) -> v1::Vip {
@@ -481,6 +508,11 @@ impl Master {
                     msg: Some(pp_down::Msg::Registered(self.register_ack(v1::Role::Pp))),
                 }));
                 info!(node = %info.id, session, vip_capable = info.vip_capable, "PP node registered");
+                self.event(
+                    EventKind::PpNodeJoined,
+                    format!("PP node {} registered", info.id),
+                    json!({"node": info.id, "addr": info.addr}),
+                );
                 let id = info.id.clone();
                 let vip_join = (info.vip_capable && !self.vips.is_empty()).then(|| {
                     info.owned_vips
@@ -554,6 +586,11 @@ impl Master {
                         "first SC node registered; adopting reported groups"
                     );
                 }
+                self.event(
+                    EventKind::ScNodeJoined,
+                    format!("SC node {} registered", info.id),
+                    json!({"node": info.id, "addr": info.addr}),
+                );
                 let id = info.id.clone();
                 let restarted = self
                     .members
@@ -580,6 +617,15 @@ impl Master {
                 groups,
             } => self.on_hosted(session, &node, groups),
             MasterIn::Scale(req, done) => self.scale_request(req, done),
+            MasterIn::Events(req, tx) => {
+                let _ = tx.send(self.events.reply(&req));
+            }
+            MasterIn::RecordEvent(req, tx) => {
+                let _ = tx.send(self.record_external(req));
+            }
+            MasterIn::Load(tx) => {
+                let _ = tx.send(self.load_reply());
+            }
             MasterIn::Heartbeat {
                 session,
                 node,
@@ -1076,6 +1122,11 @@ impl Master {
         self.stats.nodes_dead += 1;
         if self.pp.remove(&session).is_some() {
             info!(%node, "PP node gone");
+            self.event(
+                EventKind::PpNodeDead,
+                format!("PP node {node} dead"),
+                json!({"node": node}),
+            );
             let change = self.vips.leave(node);
             if !change.is_empty() {
                 warn!(%node, moved = change.moved, "dead PP node's vIPs moved to live nodes");
@@ -1088,6 +1139,11 @@ impl Master {
                 self.sc_by_node.remove(node);
             }
             warn!(%node, "SC node dead; repairing its groups");
+            self.event(
+                EventKind::ScNodeDead,
+                format!("SC node {node} dead"),
+                json!({"node": node, "groups": self.map.groups_of(node)}),
+            );
             self.sc_died(node);
         }
     }
@@ -1120,15 +1176,34 @@ impl Master {
                     "SC group lost its last live replica; stalled until it returns"
                 );
                 self.stats.groups_stalled += 1;
+                self.group_event(
+                    EventKind::ScGroupStalled,
+                    gid,
+                    format!(
+                        "group {gid} lost its last live replica ({node}); stalled until it returns"
+                    ),
+                    json!({"dead": node}),
+                );
                 continue;
             }
-            if let Some(spare) = self.spare_for(&replicas) {
+            let spare = self.spare_for(&replicas);
+            if let Some(spare) = spare.clone() {
                 info!(group = gid, node = %spare.node_id, "adding a spare replica at the tail");
                 replicas.push(spare);
             }
             self.map.set_replicas(gid, replicas);
             self.stats.reconfigurations += 1;
             self.push_config(gid);
+            let added = spare.map(|r| r.node_id);
+            self.group_event(
+                EventKind::ScGroupRepaired,
+                gid,
+                match &added {
+                    Some(a) => format!("group {gid} repaired: {node} dead, {a} added at the tail"),
+                    None => format!("group {gid} re-linked without {node}; no spare SC node"),
+                },
+                json!({"dead": node, "added": added}),
+            );
             // Repeat any scaling step the group owes, ahead of the re-submits below.
             self.scale_head_changed(gid);
             let new_head = self
@@ -1255,6 +1330,12 @@ impl Master {
                     "SC group created"
                 );
                 self.push_config(gid);
+                self.group_event(
+                    EventKind::ScGroupCreated,
+                    gid,
+                    format!("group {gid} formed for tenant {tenant} chain {chain}"),
+                    json!({}),
+                );
             }
         }
         let degraded: Vec<u64> = self
@@ -1270,10 +1351,17 @@ impl Master {
             let mut replicas = g.group.replicas.clone();
             if let Some(spare) = self.spare_for(&replicas) {
                 info!(group = gid, node = %spare.node_id, "refilling a degraded group");
+                let added = spare.node_id.clone();
                 replicas.push(spare);
                 self.map.set_replicas(gid, replicas);
                 self.stats.reconfigurations += 1;
                 self.push_config(gid);
+                self.group_event(
+                    EventKind::ScGroupRepaired,
+                    gid,
+                    format!("group {gid} refilled: {added} added at the tail"),
+                    json!({"added": added}),
+                );
             }
         }
     }

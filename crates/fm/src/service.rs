@@ -14,6 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::events::EventLog;
 use crate::master::{
     DesiredChange, FmConfig, FmMetrics, FmStats, Master, MasterIn, ScaleOutcome, ScaleRequest,
 };
@@ -92,7 +93,15 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         tasks: Mutex::new(Vec::new()),
     });
     let heartbeat = cfg.tick_period();
-    let master = Master::new(cfg, chains, start);
+    // Opened before anything listens, so a bad path fails the start, not a later event.
+    let events = match &cfg.events_file {
+        Some(p) => Some(EventLog::with_file(cfg.events_capacity, p)?),
+        None => None,
+    };
+    let mut master = Master::new(cfg, chains, start);
+    if let Some(events) = events {
+        master.events = events;
+    }
     shared.spawn(run_master(master, rx, heartbeat));
     let svc = FabricMasterServer::new(FmService {
         shared: shared.clone(),
@@ -210,6 +219,18 @@ impl FmHandle {
         scale(&self.shared, req).await
     }
 
+    /// FM's event log from `since_seq` on.
+    pub async fn events(&self, since_seq: u64, limit: u32) -> Option<v1::EventsReply> {
+        self.observer()
+            .events(v1::EventsRequest { since_seq, limit })
+            .await
+    }
+
+    /// Per-group request counters and live nodes' heartbeat load.
+    pub async fn load(&self) -> Option<v1::LoadReply> {
+        self.observer().load().await
+    }
+
     /// A read-only view of this FM that can be cloned into other tasks (a metrics
     /// endpoint); unlike the handle, dropping it stops nothing.
     pub fn observer(&self) -> FmObserver {
@@ -263,6 +284,16 @@ impl FmObserver {
 
     pub async fn metrics(&self) -> Option<FmMetrics> {
         self.ask(MasterIn::Metrics).await
+    }
+
+    /// Events from `req.since_seq` on (see [`crate::EventLog`]).
+    pub async fn events(&self, req: v1::EventsRequest) -> Option<v1::EventsReply> {
+        self.ask(|tx| MasterIn::Events(req, tx)).await
+    }
+
+    /// Per-group request counters and live nodes' heartbeat load.
+    pub async fn load(&self) -> Option<v1::LoadReply> {
+        self.ask(MasterIn::Load).await
     }
 }
 
@@ -581,6 +612,62 @@ impl FabricMaster for FmService {
             group: r.group,
         };
         scale_reply(&self.shared, req).await
+    }
+
+    async fn events(
+        &self,
+        req: Request<v1::EventsRequest>,
+    ) -> Result<Response<v1::EventsReply>, Status> {
+        let req = req.into_inner();
+        if req.limit > 10_000 {
+            return Err(Status::invalid_argument(format!(
+                "limit {} is above 10000",
+                req.limit
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::Events(req, tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        Ok(Response::new(
+            rx.await.map_err(|_| Status::unavailable("stopped"))?,
+        ))
+    }
+
+    async fn record_event(
+        &self,
+        req: Request<v1::RecordEventRequest>,
+    ) -> Result<Response<v1::RecordEventReply>, Status> {
+        let req = req.into_inner();
+        // The ring is bounded but the file is not: keep one client from filling a disk.
+        if req.message.len() + req.detail_json.len() > 64 * 1024 {
+            return Err(Status::invalid_argument("event above 64 KiB"));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::RecordEvent(req, tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        let seq = rx
+            .await
+            .map_err(|_| Status::unavailable("stopped"))?
+            .map_err(Status::invalid_argument)?;
+        Ok(Response::new(v1::RecordEventReply { seq }))
+    }
+
+    async fn load(
+        &self,
+        _req: Request<v1::LoadRequest>,
+    ) -> Result<Response<v1::LoadReply>, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(MasterIn::Load(tx))
+            .map_err(|_| Status::unavailable("stopped"))?;
+        Ok(Response::new(
+            rx.await.map_err(|_| Status::unavailable("stopped"))?,
+        ))
     }
 
     async fn flows(

@@ -11,10 +11,13 @@
 //!   addresses to PP and SC. A node that stops reporting is marked down.
 //! - [`agent`] is the node side of that session, used by `starfabric pp|fm|sc`.
 //! - [`auth`]: the admin token and tenant-scoped tokens.
+//! - [`autoscale`]: scale SC groups and PP nodes between water marks of utilisation,
+//!   from FM's load counters, recording every decision in FM's event log.
 
 pub mod agent;
 pub mod api;
 pub mod auth;
+pub mod autoscale;
 pub mod control;
 pub mod desired;
 pub mod error;

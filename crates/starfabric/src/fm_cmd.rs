@@ -44,6 +44,10 @@ pub struct FmArgs {
     /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// Also append every event of FM's log to this file, one JSON object a line
+    /// (`starfabric events` reads the in-memory log either way).
+    #[arg(long)]
+    events: Option<PathBuf>,
 }
 
 pub fn run(a: FmArgs) -> Result<()> {
@@ -55,7 +59,8 @@ pub fn run(a: FmArgs) -> Result<()> {
         }
         None => fm::FmFile::parse("{}")?,
     };
-    let cfg = file.to_config(&a.id)?;
+    let mut cfg = file.to_config(&a.id)?;
+    cfg.events_file = a.events.clone();
     let nchains = cfg.chains.len();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod autoscale_cmd;
 mod bench;
 mod bench_e2e;
 mod bench_scaling;
@@ -16,6 +17,7 @@ mod bench_setup;
 mod cli;
 mod demo;
 mod demo_testbed;
+mod events_cmd;
 mod fastpath;
 mod fm_cmd;
 mod metrics;
@@ -111,6 +113,10 @@ enum Cmd {
     /// SC scaling against a running FM: `sc-out`, `sc-in`, `map` (docs/scaling.md).
     #[command(subcommand)]
     Scale(scale_cmd::ScaleCmd),
+    /// FM's event log: scales, refusals, node deaths, repairs, autoscaler decisions.
+    Events(events_cmd::EventsArgs),
+    /// Scale SC groups (and PP nodes) between utilisation water marks (docs/autoscaler.md).
+    Autoscale(autoscale_cmd::AutoscaleArgs),
     /// The netns testbed: `up`, `down`, `status`.
     #[command(subcommand)]
     Testbed(testbed_cmd::TestbedCmd),
@@ -153,6 +159,8 @@ fn main() -> Result<()> {
             count,
         ),
         Cmd::Scale(c) => scale_cmd::run(c, cli.client.output),
+        Cmd::Events(a) => events_cmd::run(a, cli.client.output),
+        Cmd::Autoscale(a) => autoscale_cmd::run(a),
         Cmd::Testbed(c) => testbed_cmd::run(c),
     }
 }

@@ -1,6 +1,6 @@
-//! Elasticity under live traffic (docs/elastic-tests.md): SC scale-out and scale-in,
-//! and an SC replica crash, while real kernel TCP goes through starfabric's PP node in
-//! the netns testbed.
+//! Elasticity under live traffic (docs/elastic-tests.md): SC scale-out and scale-in (by
+//! hand and by the autoscaler), and an SC replica crash, while real kernel TCP goes
+//! through starfabric's PP node in the netns testbed.
 //!
 //! The load is `testbed::elastic`'s: a loop of new TCP connections from VPC 0 to nginx
 //! on the internet host through SNAT (each one asks FM and the SC group serving the key
@@ -12,14 +12,17 @@
 //! to the other e2e tests on a 2-core machine (timing under scaling is what they look
 //! at): `make test-elastic` (part of `make test`) runs them one at a time.
 
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proto::ChainDef;
+use serde_json::Value;
 use testbed::chains::{self, Toward};
-use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
+use testbed::elastic::{
+    self, ConnLoop, Event, IperfSpec, LoadSpec, Outcome, ScenarioReport, ScenarioSpec,
+};
 use testbed::platform::{Platform, PlatformSpec};
 use testbed::services;
-use testbed::topo::vni;
+use testbed::topo::{vni, Node};
 
 mod common;
 use common::Lab;
@@ -358,4 +361,231 @@ fn fm_failover_to_a_standby_fm_under_traffic() {
     assert_eq!(r.failed_after_events, 0, "{:#?}", r.failures);
     let map = elastic::partition_map(tb, &p).expect("the standby's map");
     assert_eq!(map.groups_of(1, 1).len(), 2, "{map:?}");
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The number of SC groups serving tenant 1 chain 1, polled until `want` (or panic after
+/// `limit`); returns how long it took.
+fn wait_groups(lab: &Lab, p: &Platform, want: usize, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let n = elastic::partition_map(lab.tb(), p)
+            .map(|m| m.groups_of(1, 1).len())
+            .unwrap_or(0);
+        if n == want {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "the chain has {n} groups after {limit:?}, want {want}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// FM's event log through `starfabric events -o json`, one object per line.
+fn events(lab: &Lab, p: &Platform) -> Vec<Value> {
+    let bin = p.bin.display().to_string();
+    let out = lab
+        .tb()
+        .exec_full(
+            Node::Ctl,
+            &[&bin, "events", "--fm", &p.fm_addr, "-o", "json"],
+            Duration::from_secs(10),
+        )
+        .expect("starfabric events");
+    assert!(out.ok(), "starfabric events: {}", out.stderr);
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The index of the first event at or after `from` that `f` accepts.
+fn find(ev: &[Value], from: usize, what: &str, f: impl Fn(&Value) -> bool) -> usize {
+    ev.iter()
+        .skip(from)
+        .position(f)
+        .map(|i| i + from)
+        .unwrap_or_else(|| panic!("no {what} after event {from}: {ev:#?}"))
+}
+
+/// The autoscaler under real traffic: `starfabric autoscale` watches FM's per-group
+/// request rate; 100 new connections/s through SNAT is over the high mark of a group
+/// rated at 40 requests/s, so it splits the partition (and, at its maximum of 2 groups,
+/// refuses to split again); when the load stops, the low mark takes it back to one
+/// group. No connection fails through either scale, and FM's event log tells the whole
+/// story: the decisions, then FM's scale steps.
+#[test]
+#[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
+fn autoscaler_scales_sc_out_under_load_and_back_in_when_idle() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    let p = platform(&lab, 6);
+    let before = elastic::partition_map(tb, &p).expect("partition map");
+    assert_eq!(before.groups_of(1, 1).len(), 1, "{before:?}");
+    let bin = p.bin.display().to_string();
+    let scaler = tb
+        .spawn(
+            Node::Ctl,
+            "starfabric autoscale",
+            &[
+                &bin,
+                "autoscale",
+                "--fm",
+                &p.fm_addr,
+                "--sc-capacity-rps",
+                "40",
+                "--high",
+                "0.8",
+                "--low",
+                "0.3",
+                "--interval",
+                "0.5",
+                "--sustain",
+                "3",
+                "--cooldown",
+                "3",
+                "--max-groups",
+                "2",
+                "--tenant",
+                "1",
+                "--chain",
+                "1",
+            ],
+        )
+        .expect("start the autoscaler");
+    tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))
+        .expect("the autoscaler runs");
+    // Idle at one group: the low mark holds, but one group is the minimum.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        elastic::partition_map(tb, &p)
+            .unwrap()
+            .groups_of(1, 1)
+            .len(),
+        1
+    );
+
+    let load_ms = unix_ms();
+    let conns = ConnLoop::start(tb, &LoadSpec::new()).expect("connection loop");
+    let out_after = wait_groups(&lab, &p, 2, Duration::from_secs(20));
+    // Connections keep coming through the split groups (and the refused second split).
+    std::thread::sleep(Duration::from_secs(4));
+    let samples = conns.stop().expect("connections");
+    let idle_ms = unix_ms();
+    let in_after = wait_groups(&lab, &p, 1, Duration::from_secs(20));
+
+    let failed: Vec<_> = samples
+        .iter()
+        .filter(|s| s.outcome != Outcome::Ok)
+        .collect();
+    let dups = elastic::duplicate_mappings(&samples);
+    println!(
+        "autoscale: {} connections, {} failed or reset, {} duplicate mappings; two groups \
+         {:.1} s after the load started, one group {:.1} s after it stopped",
+        samples.len(),
+        failed.len(),
+        dups.len(),
+        out_after.as_secs_f64(),
+        in_after.as_secs_f64()
+    );
+    assert!(samples.len() >= 400, "the load ran: {}", samples.len());
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(dups.is_empty(), "{dups:?}");
+
+    let ev = events(&lab, &p);
+    for e in &ev {
+        println!(
+            "  {:>4} {} {:<20} {}",
+            e["seq"],
+            e["time"],
+            e["kind"].as_str().unwrap_or(""),
+            e["message"].as_str().unwrap_or("")
+        );
+    }
+    for w in ev.windows(2) {
+        assert!(w[0]["seq"].as_u64() < w[1]["seq"].as_u64(), "seq grows");
+    }
+    let kind = |e: &Value, k: &str| e["kind"] == k;
+    let sc_action = |e: &Value, a: &str| {
+        kind(e, "autoscale_decision")
+            && e["detail"]["action"] == a
+            && e["detail"]["target"]["tier"] == "sc"
+            && e["detail"]["target"]["tenant"] == 1
+            && e["detail"]["target"]["chain"] == 1
+    };
+    find(&ev, 0, "autoscale_started", |e| {
+        kind(e, "autoscale_started")
+    });
+    let d_out = find(&ev, 0, "scale-out decision", |e| sc_action(e, "scale_out"));
+    let o_start = find(&ev, d_out, "sc_scale_out_start", |e| {
+        kind(e, "sc_scale_out_start")
+    });
+    let o_done = find(&ev, o_start, "sc_scale_out_done", |e| {
+        kind(e, "sc_scale_out_done")
+    });
+    let d_in = find(&ev, o_done, "scale-in decision", |e| {
+        sc_action(e, "scale_in")
+    });
+    let i_start = find(&ev, d_in, "sc_scale_in_start", |e| {
+        kind(e, "sc_scale_in_start")
+    });
+    let i_done = find(&ev, i_start, "sc_scale_in_done", |e| {
+        kind(e, "sc_scale_in_done")
+    });
+    // Exactly one scale each way: the second split was refused, not made.
+    assert_eq!(ev.iter().filter(|e| sc_action(e, "scale_out")).count(), 1);
+    assert_eq!(ev.iter().filter(|e| sc_action(e, "scale_in")).count(), 1);
+    assert!(
+        ev.iter()
+            .all(|e| !kind(e, "autoscale_failed") && !kind(e, "scale_aborted")),
+        "no failed or aborted scale"
+    );
+    let refused = ev
+        .iter()
+        .filter(|e| kind(e, "autoscale_refused"))
+        .collect::<Vec<_>>();
+    assert!(
+        refused
+            .iter()
+            .all(|e| e["message"].as_str().unwrap_or("").contains("maximum of 2")),
+        "{refused:#?}"
+    );
+    // The decisions say why: over the high mark for 3 samples, under the low one.
+    let (o, i) = (&ev[d_out]["detail"], &ev[d_in]["detail"]);
+    assert!(o["utilisation"].as_f64().unwrap() > 0.8, "{o}");
+    assert_eq!(
+        (o["mark"].as_f64(), o["samples"].as_u64()),
+        (Some(0.8), Some(3))
+    );
+    assert_eq!(o["units"], 1);
+    assert!(i["utilisation"].as_f64().unwrap() < 0.3, "{i}");
+    assert_eq!(i["units"], 2);
+    assert_eq!(
+        ev[o_done]["detail"]["from_group"],
+        before.groups_of(1, 1)[0],
+        "the busiest (only) group was split"
+    );
+    assert_eq!(
+        ev[i_done]["detail"]["from_group"], ev[o_done]["detail"]["to_group"],
+        "the scale-in retired the group the scale-out made"
+    );
+    let t = |i: usize| ev[i]["unix_ms"].as_u64().unwrap();
+    println!(
+        "autoscale reaction: load start -> out decision {} ms, decision -> out done {} ms; \
+         load stop -> in decision {} ms, decision -> in done {} ms; {} refusals at max",
+        t(d_out).saturating_sub(load_ms),
+        t(o_done) - t(d_out),
+        t(d_in).saturating_sub(idle_ms),
+        t(i_done) - t(d_in),
+        refused.len()
+    );
+    tb.stop(&scaler);
 }

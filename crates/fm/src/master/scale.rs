@@ -26,10 +26,12 @@ use std::time::Duration;
 
 use pipeline::FlowKey;
 use proto::v1::{self, sc_down};
+use serde_json::json;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::{CacheKey, Master};
+use crate::events::EventKind;
 
 /// Re-send a step whose outcome FM has not heard within this (a lost head, a slow
 /// group). Steps are idempotent by scale id at SC.
@@ -151,6 +153,24 @@ impl ScaleJob {
     }
 }
 
+/// A scale's fields for an event's detail, plus `extra`'s.
+fn job_detail(j: &ScaleJob, extra: serde_json::Value) -> serde_json::Value {
+    let mut d = json!({
+        "scale": j.id,
+        "kind": if j.kind == v1::ScaleKind::Out { "out" } else { "in" },
+        "tenant": j.tenant,
+        "chain": j.chain,
+        "from_group": j.from,
+        "to_group": j.to,
+        "moved_lo": j.moved.0,
+        "moved_hi": j.moved.1,
+    });
+    if let (Some(d), serde_json::Value::Object(x)) = (d.as_object_mut(), extra) {
+        d.extend(x);
+    }
+    d
+}
+
 /// The step that installs `part` at the new (or absorbing) group: the part at *fin*, or
 /// the delta after the hand-over.
 fn install(j: &ScaleJob, part: Option<&Vec<u8>>, delta: bool) -> sc_down::Msg {
@@ -175,6 +195,28 @@ fn end(j: &ScaleJob, abort: bool) -> sc_down::Msg {
 }
 
 impl Master {
+    /// Record an event about scale `id` (which must still be under way).
+    fn scale_event(&mut self, id: u64, kind: EventKind, what: String) {
+        let Some(j) = self.scales.get(&id) else {
+            return;
+        };
+        let verb = if j.kind == v1::ScaleKind::Out {
+            "scale-out"
+        } else {
+            "scale-in"
+        };
+        let message = format!(
+            "{verb} {id} of tenant {} chain {}: group {} -> group {}: {what}",
+            j.tenant, j.chain, j.from, j.to
+        );
+        let mut extra = json!({ "to_replicas": self.replica_ids(j.to) });
+        if let Some(r) = &j.aborted {
+            extra["reason"] = json!(r);
+        }
+        let detail = job_detail(j, extra);
+        self.event(kind, message, detail);
+    }
+
     pub(super) fn scale_request(&mut self, req: ScaleRequest, done: ScaleDone) {
         let r = match req {
             ScaleRequest::Out {
@@ -196,6 +238,23 @@ impl Master {
             }
             Err(e) => {
                 warn!(error = %e, "scale refused");
+                let (kind, tenant, chain, group) = match req {
+                    ScaleRequest::Out {
+                        tenant,
+                        chain,
+                        group,
+                    } => ("out", tenant, chain, group),
+                    ScaleRequest::In {
+                        tenant,
+                        chain,
+                        group,
+                    } => ("in", tenant, chain, group),
+                };
+                self.event(
+                    EventKind::ScaleRefused,
+                    format!("scale-{kind} of tenant {tenant} chain {chain} refused: {e}"),
+                    json!({"kind": kind, "tenant": tenant, "chain": chain, "group": group, "reason": e}),
+                );
                 let _ = done.send(Err(e));
             }
         }
@@ -332,6 +391,7 @@ impl Master {
             moved_hi = moved.1,
             "scale-out: st"
         );
+        self.scale_event(id, EventKind::ScScaleOutStart, "st sent".into());
         self.send_step(id);
         Ok(id)
     }
@@ -401,6 +461,7 @@ impl Master {
             },
         );
         info!(scale = id, tenant, chain, from, to, "scale-in: st");
+        self.scale_event(id, EventKind::ScScaleInStart, "st sent".into());
         self.send_step(id);
         Ok(id)
     }
@@ -678,6 +739,25 @@ impl Master {
         let out = j.outcome(self.now_us());
         info!(scale = id, kind = ?j.kind, from = j.from, to = j.to,
               st_to_fin_us = out.st_to_fin.as_micros() as u64, "scale finished");
+        let kind = if j.kind == v1::ScaleKind::Out {
+            EventKind::ScScaleOutDone
+        } else {
+            EventKind::ScScaleInDone
+        };
+        let total_ms = self.now_ms().saturating_sub(j.started_ms);
+        self.event(
+            kind,
+            format!(
+                "scale {id} done: group {} -> group {}, st->fin {:.1} ms, {total_ms} ms in all",
+                j.from,
+                j.to,
+                out.st_to_fin.as_secs_f64() * 1e3
+            ),
+            job_detail(
+                &j,
+                json!({"st_to_fin_us": out.st_to_fin.as_micros() as u64, "total_ms": total_ms}),
+            ),
+        );
         if let Some(d) = j.done.take() {
             let _ = d.send(Ok(out));
         }
@@ -697,10 +777,11 @@ impl Master {
         warn!(scale = id, reason = %reason, "scale aborted");
         self.stats.scale_aborts += 1;
         j.phase = Phase::Aborting;
-        j.aborted = Some(reason);
+        j.aborted = Some(reason.clone());
         let out = j.outcome(now_us);
         let done = j.done.take();
         let (tenant, chain, moved) = (j.tenant, j.chain, j.moved);
+        self.scale_event(id, EventKind::ScaleAborted, format!("aborted: {reason}"));
         // Sent before any request `flush` sends the old owner afterwards, the parked
         // ones included: those it refused as moved it decides again once the part is
         // back, with the state that was there.
@@ -741,6 +822,11 @@ impl Master {
                 self.unpin(j.tenant, j.chain, j.moved);
                 j.aborted = Some("chain reconfigured".into());
                 self.stats.scale_aborts += 1;
+                self.event(
+                    EventKind::ScaleAborted,
+                    format!("scale {id} aborted: chain reconfigured"),
+                    job_detail(&j, json!({"reason": "chain reconfigured"})),
+                );
                 if let Some(d) = j.done.take() {
                     let _ = d.send(Ok(j.outcome(now_us)));
                 }

@@ -1,0 +1,1392 @@
+//! The autoscaler (issue 6, DESIGN.md "Orchestrator"): scale SC groups and PP nodes out
+//! or in when their utilisation crosses high and low water marks.
+//!
+//! - [`Policy`] is pure: fed one sample of a target's units' utilisations at a time
+//!   (with the time, so tests use a fake clock), it answers a [`Decision`]. It acts only
+//!   after `sustain` consecutive samples beyond a mark, waits `cooldown` after any action
+//!   (or refusal) before the next, and keeps the unit count within `min..=max`.
+//! - [`Autoscaler`] is the driver: every interval it samples FM's `Load` (cumulative
+//!   requests dispatched per SC group, and each live node's last heartbeat), turns the
+//!   counters into rates over the interval, asks one policy per target (each watched
+//!   tenant chain, and the PP tier), records every decision and refusal in FM's event log
+//!   (`RecordEvent`), and acts through an [`Actuator`].
+//!
+//! Utilisation of an SC group is its request rate ÷ a configured per-group capacity
+//! (requests/s). Utilisation of a PP node is a pluggable [`PpMetric`] of its heartbeat
+//! load ÷ a per-node capacity in the metric's unit. docs/autoscaler.md has the rules,
+//! flags and events.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::v1::{self, fabric_master_client::FabricMasterClient};
+use serde_json::{json, Value};
+use thiserror::Error;
+use tonic::transport::Channel;
+use tracing::{info, warn};
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AutoscaleError {
+    #[error("configuration: {0}")]
+    Config(String),
+    /// FM could not be reached or failed the call.
+    #[error("FM: {0}")]
+    Rpc(String),
+    /// FM refused to start the scale (no spare nodes, nothing to merge, one under way).
+    #[error("FM refused: {0}")]
+    Refused(String),
+    /// The scale started but was aborted before fin; dispatch is as before.
+    #[error("aborted: {0}")]
+    Aborted(String),
+    #[error("no PP node provider configured")]
+    NoPpProvider,
+    /// The PP node provider failed.
+    #[error("PP node provider: {0}")]
+    Provider(String),
+}
+
+// ---------------------------------------------------------------------------- policy
+
+/// Utilisation thresholds (1.0 = at the configured capacity).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WaterMarks {
+    pub high: f64,
+    pub low: f64,
+}
+
+/// How a target's units' utilisations make its scale-out signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregate {
+    /// The busiest unit. For SC: a partition's requests cannot move to another group
+    /// until it is split, so one hot group is reason enough.
+    Max,
+    /// The mean. For PP: the underlay spreads flows over every node, so adding a node
+    /// lowers them all.
+    Mean,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    pub marks: WaterMarks,
+    /// Consecutive samples beyond a mark before acting.
+    pub sustain: u32,
+    /// No action within this after the last action or refusal.
+    pub cooldown: Duration,
+    /// Fewest and most units (SC groups of a chain, or PP nodes).
+    pub min: usize,
+    pub max: usize,
+    pub out_on: Aggregate,
+}
+
+impl PolicyConfig {
+    pub fn validate(&self) -> Result<(), AutoscaleError> {
+        let WaterMarks { high, low } = self.marks;
+        if !(high.is_finite() && low.is_finite() && low >= 0.0 && low < high) {
+            return Err(AutoscaleError::Config(format!(
+                "water marks need 0 <= low < high; got low {low}, high {high}"
+            )));
+        }
+        if self.sustain == 0 {
+            return Err(AutoscaleError::Config("sustain must be at least 1".into()));
+        }
+        if self.min == 0 || self.max < self.min {
+            return Err(AutoscaleError::Config(format!(
+                "bounds need 1 <= min <= max; got min {}, max {}",
+                self.min, self.max
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    ScaleOut,
+    ScaleIn,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::ScaleOut => "scale_out",
+            Action::ScaleIn => "scale_in",
+        }
+    }
+}
+
+/// Why the policy decided what it did: which samples crossed which mark.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reason {
+    /// The sample that completed the streak (the driver's sample counter).
+    pub sample: u64,
+    /// Consecutive samples beyond the mark, ending at `sample`.
+    pub samples: u32,
+    /// The utilisation compared in `sample` (max or mean; see the text).
+    pub utilisation: f64,
+    /// The mark it crossed.
+    pub mark: f64,
+    /// Units (groups or nodes) when it decided.
+    pub units: usize,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    None,
+    Act(Action, Reason),
+    /// The marks said to act, but a bound or the projection forbids it.
+    Refused(Action, Reason),
+}
+
+/// One target's policy state.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    cfg: PolicyConfig,
+    over: u32,
+    under: u32,
+    last_action_ms: Option<u64>,
+}
+
+impl Policy {
+    pub fn new(cfg: PolicyConfig) -> Result<Self, AutoscaleError> {
+        cfg.validate()?;
+        Ok(Policy {
+            cfg,
+            over: 0,
+            under: 0,
+            last_action_ms: None,
+        })
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+
+    /// A sample that could not be taken breaks any streak: `sustain` means consecutive.
+    pub fn reset_streak(&mut self) {
+        self.over = 0;
+        self.under = 0;
+    }
+
+    /// Take sample number `sample`, taken at `now_ms`: the utilisation of each unit.
+    pub fn observe(&mut self, now_ms: u64, sample: u64, utils: &[f64]) -> Decision {
+        let n = utils.len();
+        if n == 0 {
+            self.over = 0;
+            self.under = 0;
+            return Decision::None;
+        }
+        let sum: f64 = utils.iter().sum();
+        let mean = sum / n as f64;
+        let max = utils.iter().copied().fold(f64::MIN, f64::max);
+        let (out_u, out_name) = match self.cfg.out_on {
+            Aggregate::Max => (max, "busiest unit"),
+            Aggregate::Mean => (mean, "mean"),
+        };
+        let WaterMarks { high, low } = self.cfg.marks;
+        self.over = if out_u > high { self.over + 1 } else { 0 };
+        self.under = if mean < low { self.under + 1 } else { 0 };
+        // Samples taken during the cooldown still count towards a streak, so a load that
+        // stays beyond a mark is acted on as soon as the cooldown ends.
+        let cooling = self
+            .last_action_ms
+            .is_some_and(|t| now_ms < t.saturating_add(self.cfg.cooldown.as_millis() as u64));
+        if cooling {
+            return Decision::None;
+        }
+        let reason = |samples: u32, utilisation: f64, mark: f64, text: String| Reason {
+            sample,
+            samples,
+            utilisation,
+            mark,
+            units: n,
+            text,
+        };
+        if self.over >= self.cfg.sustain {
+            let samples = self.over;
+            self.over = 0;
+            self.under = 0;
+            self.last_action_ms = Some(now_ms);
+            let crossed = format!(
+                "{out_name} utilisation {out_u:.2} above the high mark {high:.2} for {samples} samples"
+            );
+            if n >= self.cfg.max {
+                return Decision::Refused(
+                    Action::ScaleOut,
+                    reason(
+                        samples,
+                        out_u,
+                        high,
+                        format!("{crossed}, but at the maximum of {} units", self.cfg.max),
+                    ),
+                );
+            }
+            return Decision::Act(
+                Action::ScaleOut,
+                reason(
+                    samples,
+                    out_u,
+                    high,
+                    format!("{crossed}; {n} -> {} units", n + 1),
+                ),
+            );
+        }
+        if self.under >= self.cfg.sustain {
+            let samples = self.under;
+            self.under = 0;
+            if n <= self.cfg.min {
+                // Idle at the minimum is the steady state, not news: no event.
+                return Decision::None;
+            }
+            self.over = 0;
+            self.last_action_ms = Some(now_ms);
+            let crossed = format!(
+                "mean utilisation {mean:.2} below the low mark {low:.2} for {samples} samples"
+            );
+            // The load of n units on n-1: never scale in to where the next sample would
+            // scale out again.
+            let projected = sum / (n - 1) as f64;
+            if projected >= high {
+                return Decision::Refused(
+                    Action::ScaleIn,
+                    reason(
+                        samples,
+                        mean,
+                        low,
+                        format!(
+                            "{crossed}, but {} units would be at {projected:.2}, not below the \
+                             high mark {high:.2}",
+                            n - 1
+                        ),
+                    ),
+                );
+            }
+            return Decision::Act(
+                Action::ScaleIn,
+                reason(
+                    samples,
+                    mean,
+                    low,
+                    format!(
+                        "{crossed}; {n} -> {} units (projected {projected:.2})",
+                        n - 1
+                    ),
+                ),
+            );
+        }
+        Decision::None
+    }
+}
+
+// ---------------------------------------------------------------------------- targets
+
+/// What a policy scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// The SC groups of a tenant's chain.
+    Sc { tenant: u32, chain: u32 },
+    /// The PP nodes.
+    Pp,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Sc { tenant, chain } => write!(f, "sc tenant {tenant} chain {chain}"),
+            Target::Pp => f.write_str("pp"),
+        }
+    }
+}
+
+impl Target {
+    fn to_json(self) -> Value {
+        match self {
+            Target::Sc { tenant, chain } => json!({"tier": "sc", "tenant": tenant, "chain": chain}),
+            Target::Pp => json!({"tier": "pp"}),
+        }
+    }
+}
+
+/// A PP node's load figure the utilisation is computed from: pluggable, because what
+/// limits a PP node depends on how it runs (requests to FM, packets, bytes).
+#[derive(Clone)]
+pub enum PpMetric {
+    /// The heartbeat's `requests_per_s` (rule requests the node sent FM).
+    RequestsPerS,
+    /// Any other function of the heartbeat load, with a name for the events.
+    Custom(&'static str, Arc<dyn Fn(&v1::Load) -> f64 + Send + Sync>),
+}
+
+impl PpMetric {
+    pub fn name(&self) -> &'static str {
+        match self {
+            PpMetric::RequestsPerS => "requests_per_s",
+            PpMetric::Custom(name, _) => name,
+        }
+    }
+
+    pub fn value(&self, load: &v1::Load) -> f64 {
+        match self {
+            PpMetric::RequestsPerS => load.requests_per_s,
+            PpMetric::Custom(_, f) => f(load),
+        }
+    }
+}
+
+impl fmt::Debug for PpMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ScConfig {
+    pub policy: PolicyConfig,
+    /// Requests per second one SC group serves at utilisation 1.0.
+    pub capacity_rps: f64,
+    /// The chains to watch, (tenant, chain); empty: every chain FM serves.
+    pub chains: Vec<(u32, u32)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PpConfig {
+    pub policy: PolicyConfig,
+    /// The metric's value one PP node carries at utilisation 1.0.
+    pub capacity: f64,
+    pub metric: PpMetric,
+}
+
+#[derive(Debug, Clone)]
+pub struct AutoscaleConfig {
+    pub interval: Duration,
+    pub sc: Option<ScConfig>,
+    pub pp: Option<PpConfig>,
+}
+
+impl AutoscaleConfig {
+    pub fn validate(&self) -> Result<(), AutoscaleError> {
+        if self.interval.is_zero() {
+            return Err(AutoscaleError::Config("interval must be positive".into()));
+        }
+        if self.sc.is_none() && self.pp.is_none() {
+            return Err(AutoscaleError::Config(
+                "nothing to scale: configure SC, PP or both".into(),
+            ));
+        }
+        if let Some(sc) = &self.sc {
+            sc.policy.validate()?;
+            if !(sc.capacity_rps > 0.0 && sc.capacity_rps.is_finite()) {
+                return Err(AutoscaleError::Config(
+                    "SC capacity must be positive".into(),
+                ));
+            }
+        }
+        if let Some(pp) = &self.pp {
+            pp.policy.validate()?;
+            if !(pp.capacity > 0.0 && pp.capacity.is_finite()) {
+                return Err(AutoscaleError::Config(
+                    "PP capacity must be positive".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------- I/O traits
+
+/// Where samples come from (FM's `Load`).
+#[tonic::async_trait]
+pub trait LoadSource: Send {
+    async fn sample(&mut self) -> Result<v1::LoadReply, AutoscaleError>;
+}
+
+/// What carries out a decision. The answer is a one-line summary for the log.
+#[tonic::async_trait]
+pub trait Actuator: Send + Sync {
+    /// Split a partition of the chain: `group`'s (the driver passes the busiest by
+    /// rate), or FM's choice.
+    async fn sc_scale_out(
+        &self,
+        tenant: u32,
+        chain: u32,
+        group: Option<u64>,
+    ) -> Result<String, AutoscaleError>;
+    /// Merge a partition of the chain (FM retires the newest) into its neighbour.
+    async fn sc_scale_in(&self, tenant: u32, chain: u32) -> Result<String, AutoscaleError>;
+    /// Start one more PP node. Nothing in starfabric starts PP nodes yet: the default
+    /// says so, and the driver records that as an `autoscale_failed` event.
+    async fn pp_scale_out(&self) -> Result<String, AutoscaleError> {
+        Err(AutoscaleError::NoPpProvider)
+    }
+    async fn pp_scale_in(&self) -> Result<String, AutoscaleError> {
+        Err(AutoscaleError::NoPpProvider)
+    }
+}
+
+/// Starts and stops PP nodes (local processes, Kubernetes): the hook [`FmActuator`]
+/// calls for PP decisions.
+#[tonic::async_trait]
+pub trait PpNodeProvider: Send + Sync {
+    /// Start a PP node; answers what it started.
+    async fn add_pp_node(&self) -> Result<String, String>;
+    /// Stop a PP node (the provider picks which); answers what it stopped.
+    async fn remove_pp_node(&self) -> Result<String, String>;
+}
+
+/// Where decisions are recorded (FM's event log).
+#[tonic::async_trait]
+pub trait EventSink: Send {
+    async fn record(&mut self, kind: &str, message: &str, detail: Value);
+}
+
+// ---------------------------------------------------------------------------- gRPC
+
+async fn connect(fm: &str) -> Result<FabricMasterClient<Channel>, AutoscaleError> {
+    let ch = tonic::transport::Endpoint::from_shared(proto::endpoint_uri(fm))
+        .map_err(|e| AutoscaleError::Config(format!("FM address {fm}: {e}")))?
+        .connect_timeout(Duration::from_secs(3))
+        // Lazy: an FM that is down at start (or restarts) is retried on every call
+        // rather than failing the autoscaler.
+        .connect_lazy();
+    Ok(FabricMasterClient::new(ch).max_decoding_message_size(proto::MAX_MESSAGE))
+}
+
+/// FM's `Load` as a [`LoadSource`].
+#[derive(Clone)]
+pub struct FmLoad {
+    client: FabricMasterClient<Channel>,
+}
+
+impl FmLoad {
+    pub async fn new(fm: &str) -> Result<Self, AutoscaleError> {
+        Ok(FmLoad {
+            client: connect(fm).await?,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl LoadSource for FmLoad {
+    async fn sample(&mut self) -> Result<v1::LoadReply, AutoscaleError> {
+        let call = self.client.load(v1::LoadRequest {});
+        match tokio::time::timeout(Duration::from_secs(5), call).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) => Err(AutoscaleError::Rpc(format!(
+                "{:?}: {}",
+                s.code(),
+                s.message()
+            ))),
+            Err(_) => Err(AutoscaleError::Rpc("Load: no answer within 5 s".into())),
+        }
+    }
+}
+
+/// FM's `RecordEvent` as an [`EventSink`]. A failed record is logged, never fatal: the
+/// autoscaler keeps scaling while FM is briefly away.
+#[derive(Clone)]
+pub struct FmEvents {
+    client: FabricMasterClient<Channel>,
+}
+
+impl FmEvents {
+    pub async fn new(fm: &str) -> Result<Self, AutoscaleError> {
+        Ok(FmEvents {
+            client: connect(fm).await?,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl EventSink for FmEvents {
+    async fn record(&mut self, kind: &str, message: &str, detail: Value) {
+        let req = v1::RecordEventRequest {
+            kind: kind.to_string(),
+            message: message.to_string(),
+            detail_json: detail.to_string(),
+        };
+        match tokio::time::timeout(Duration::from_secs(5), self.client.record_event(req)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(s)) => warn!(kind, error = %s.message(), "FM did not record the event"),
+            Err(_) => warn!(kind, "FM did not record the event within 5 s"),
+        }
+    }
+}
+
+/// SC scaling through FM's `ScaleOut`/`ScaleIn`; PP through a [`PpNodeProvider`] if one
+/// is given.
+#[derive(Clone)]
+pub struct FmActuator {
+    client: FabricMasterClient<Channel>,
+    pp: Option<Arc<dyn PpNodeProvider>>,
+    /// Longest a scale may take (FM answers at fin or abort).
+    pub timeout: Duration,
+}
+
+impl FmActuator {
+    pub async fn new(
+        fm: &str,
+        pp: Option<Arc<dyn PpNodeProvider>>,
+    ) -> Result<Self, AutoscaleError> {
+        Ok(FmActuator {
+            client: connect(fm).await?,
+            pp,
+            timeout: Duration::from_secs(60),
+        })
+    }
+
+    async fn scale(
+        &self,
+        out: bool,
+        tenant: u32,
+        chain: u32,
+        group: Option<u64>,
+    ) -> Result<String, AutoscaleError> {
+        let mut c = self.client.clone();
+        let call = async move {
+            if out {
+                c.scale_out(v1::ScaleOutRequest {
+                    tenant,
+                    chain,
+                    group,
+                })
+                .await
+            } else {
+                c.scale_in(v1::ScaleInRequest {
+                    tenant,
+                    chain,
+                    group,
+                })
+                .await
+            }
+        };
+        let r = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| AutoscaleError::Rpc(format!("no answer within {:?}", self.timeout)))?;
+        let r = match r {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                return Err(AutoscaleError::Refused(s.message().to_string()))
+            }
+            Err(s) => {
+                return Err(AutoscaleError::Rpc(format!(
+                    "{:?}: {}",
+                    s.code(),
+                    s.message()
+                )))
+            }
+        };
+        if !r.aborted.is_empty() {
+            return Err(AutoscaleError::Aborted(r.aborted));
+        }
+        Ok(format!(
+            "scale {}: group {} -> group {}, st->fin {:.1} ms",
+            r.scale_id,
+            r.from_group,
+            r.to_group,
+            r.st_to_fin_us as f64 / 1e3
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl Actuator for FmActuator {
+    async fn sc_scale_out(
+        &self,
+        tenant: u32,
+        chain: u32,
+        group: Option<u64>,
+    ) -> Result<String, AutoscaleError> {
+        self.scale(true, tenant, chain, group).await
+    }
+
+    async fn sc_scale_in(&self, tenant: u32, chain: u32) -> Result<String, AutoscaleError> {
+        self.scale(false, tenant, chain, None).await
+    }
+
+    async fn pp_scale_out(&self) -> Result<String, AutoscaleError> {
+        match &self.pp {
+            Some(p) => p.add_pp_node().await.map_err(AutoscaleError::Provider),
+            None => Err(AutoscaleError::NoPpProvider),
+        }
+    }
+
+    async fn pp_scale_in(&self) -> Result<String, AutoscaleError> {
+        match &self.pp {
+            Some(p) => p.remove_pp_node().await.map_err(AutoscaleError::Provider),
+            None => Err(AutoscaleError::NoPpProvider),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- driver
+
+/// What one target's policy said in one step, and what came of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    pub target: Target,
+    pub decision: Decision,
+    /// For `Act`: the actuator's summary or error.
+    pub result: Option<Result<String, AutoscaleError>>,
+}
+
+/// One target's part of a sample.
+struct Input {
+    target: Target,
+    /// Per unit; None: no rate this sample.
+    utils: Option<Vec<f64>>,
+    /// SC: the group with the highest rate, the one to split.
+    busiest: Option<u64>,
+    /// The rates or values behind `utils`, for the event.
+    detail: Value,
+}
+
+impl Input {
+    fn no_rate(target: Target) -> Input {
+        Input {
+            target,
+            utils: None,
+            busiest: None,
+            detail: Value::Null,
+        }
+    }
+}
+
+/// The previous sample's counters, to take rates from.
+struct Prev {
+    fm_ms: u64,
+    requests: HashMap<u64, u64>,
+}
+
+pub struct Autoscaler<S, A, E> {
+    cfg: AutoscaleConfig,
+    source: S,
+    actuator: A,
+    sink: E,
+    policies: BTreeMap<Target, Policy>,
+    prev: Option<Prev>,
+    samples: u64,
+}
+
+impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
+    pub fn new(
+        cfg: AutoscaleConfig,
+        source: S,
+        actuator: A,
+        sink: E,
+    ) -> Result<Self, AutoscaleError> {
+        cfg.validate()?;
+        Ok(Autoscaler {
+            cfg,
+            source,
+            actuator,
+            sink,
+            policies: BTreeMap::new(),
+            prev: None,
+            samples: 0,
+        })
+    }
+
+    fn policy(&mut self, t: Target) -> Option<&mut Policy> {
+        let cfg = match t {
+            Target::Sc { .. } => self.cfg.sc.as_ref()?.policy.clone(),
+            Target::Pp => self.cfg.pp.as_ref()?.policy.clone(),
+        };
+        // Validated in `new`, so this cannot fail.
+        let p = Policy::new(cfg).ok()?;
+        Some(self.policies.entry(t).or_insert(p))
+    }
+
+    /// The per-target inputs of one sample: (target, per-unit utilisation, and for SC
+    /// the busiest group by rate). A chain with a group not in the previous sample (just
+    /// formed or split), or right after FM restarted, has no rate: None.
+    fn inputs(&mut self, load: &v1::LoadReply) -> Vec<Input> {
+        let mut out = Vec::new();
+        if let Some(sc) = &self.cfg.sc {
+            let mut chains: BTreeMap<(u32, u32), Vec<&v1::GroupLoad>> = BTreeMap::new();
+            for g in &load.groups {
+                chains.entry((g.tenant, g.chain)).or_default().push(g);
+            }
+            for &tc in &sc.chains {
+                chains.entry(tc).or_default();
+            }
+            // A restarted FM's clock and counters start over: no rate across that.
+            let prev = self.prev.as_ref().filter(|p| p.fm_ms < load.fm_ms);
+            for ((tenant, chain), groups) in chains {
+                if !sc.chains.is_empty() && !sc.chains.contains(&(tenant, chain)) {
+                    continue;
+                }
+                let target = Target::Sc { tenant, chain };
+                let Some(prev) = prev else {
+                    out.push(Input::no_rate(target));
+                    continue;
+                };
+                let dt = (load.fm_ms - prev.fm_ms) as f64 / 1e3;
+                let rates: Option<Vec<(u64, f64)>> = groups
+                    .iter()
+                    .map(|g| {
+                        let before = *prev.requests.get(&g.group)?;
+                        Some((g.group, g.requests.saturating_sub(before) as f64 / dt))
+                    })
+                    .collect();
+                let Some(rates) = rates else {
+                    out.push(Input::no_rate(target));
+                    continue;
+                };
+                let busiest = rates.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|r| r.0);
+                let utils = rates.iter().map(|r| r.1 / sc.capacity_rps).collect();
+                let detail = json!({
+                    "capacity_rps": sc.capacity_rps,
+                    "groups": rates.iter().map(|(g, r)| json!({
+                        "group": g, "requests_per_s": (r * 10.0).round() / 10.0,
+                    })).collect::<Vec<_>>(),
+                });
+                out.push(Input {
+                    target,
+                    utils: Some(utils),
+                    busiest,
+                    detail,
+                });
+            }
+        }
+        if let Some(pp) = &self.cfg.pp {
+            let nodes: Vec<(&str, f64)> = load
+                .nodes
+                .iter()
+                .filter(|n| n.role == v1::Role::Pp as i32)
+                .map(|n| {
+                    let v = n.load.as_ref().map_or(0.0, |l| pp.metric.value(l));
+                    (n.node_id.as_str(), v)
+                })
+                .collect();
+            let utils = nodes.iter().map(|n| n.1 / pp.capacity).collect();
+            let detail = json!({
+                "capacity": pp.capacity,
+                "metric": pp.metric.name(),
+                "nodes": nodes.iter().map(|(id, v)| json!({"node": id, "value": v})).collect::<Vec<_>>(),
+            });
+            out.push(Input {
+                target: Target::Pp,
+                utils: Some(utils),
+                busiest: None,
+                detail,
+            });
+        }
+        self.prev = Some(Prev {
+            fm_ms: load.fm_ms,
+            requests: load.groups.iter().map(|g| (g.group, g.requests)).collect(),
+        });
+        out
+    }
+
+    /// Take one sample at `now_ms` (the driver's clock), decide, record and act.
+    pub async fn step(&mut self, now_ms: u64) -> Vec<StepRecord> {
+        let load = match self.source.sample().await {
+            Ok(l) => l,
+            Err(e) => {
+                // Rates need two consecutive samples; start over once FM answers.
+                warn!(error = %e, "no load sample");
+                self.prev = None;
+                return Vec::new();
+            }
+        };
+        self.samples += 1;
+        let sample = self.samples;
+        let mut records = Vec::new();
+        for Input {
+            target,
+            utils,
+            busiest,
+            detail: inputs,
+        } in self.inputs(&load)
+        {
+            let Some(p) = self.policy(target) else {
+                continue;
+            };
+            let Some(utils) = utils else {
+                p.reset_streak();
+                continue;
+            };
+            let decision = p.observe(now_ms, sample, &utils);
+            let (action, reason, acted) = match &decision {
+                Decision::None => continue,
+                Decision::Act(a, r) => (*a, r.clone(), true),
+                Decision::Refused(a, r) => (*a, r.clone(), false),
+            };
+            let mut detail = json!({
+                "target": target.to_json(),
+                "action": action.as_str(),
+                "sample": reason.sample,
+                "samples": reason.samples,
+                "utilisation": (reason.utilisation * 1000.0).round() / 1000.0,
+                "mark": reason.mark,
+                "units": reason.units,
+                "inputs": inputs,
+            });
+            if let (Target::Sc { .. }, Action::ScaleOut, Some(g)) = (target, action, busiest) {
+                detail["group"] = json!(g);
+            }
+            let message = format!("{target}: {} ({})", action.as_str(), reason.text);
+            if !acted {
+                info!(%target, %message, "autoscale refused");
+                self.sink
+                    .record("autoscale_refused", &message, detail)
+                    .await;
+                records.push(StepRecord {
+                    target,
+                    decision,
+                    result: None,
+                });
+                continue;
+            }
+            info!(%target, %message, "autoscale decision");
+            self.sink
+                .record("autoscale_decision", &message, detail.clone())
+                .await;
+            let result = match (target, action) {
+                (Target::Sc { tenant, chain }, Action::ScaleOut) => {
+                    self.actuator.sc_scale_out(tenant, chain, busiest).await
+                }
+                (Target::Sc { tenant, chain }, Action::ScaleIn) => {
+                    self.actuator.sc_scale_in(tenant, chain).await
+                }
+                (Target::Pp, Action::ScaleOut) => self.actuator.pp_scale_out().await,
+                (Target::Pp, Action::ScaleIn) => self.actuator.pp_scale_in().await,
+            };
+            match &result {
+                Ok(summary) => info!(%target, %summary, "autoscale action done"),
+                Err(e) => {
+                    warn!(%target, error = %e, "autoscale action failed");
+                    detail["error"] = json!(e.to_string());
+                    self.sink
+                        .record(
+                            "autoscale_failed",
+                            &format!("{target}: {} failed: {e}", action.as_str()),
+                            detail,
+                        )
+                        .await;
+                }
+            }
+            records.push(StepRecord {
+                target,
+                decision,
+                result: Some(result),
+            });
+        }
+        records
+    }
+
+    /// Sample every interval until `stop` resolves, handing every decision to `report`;
+    /// records `autoscale_started` and `autoscale_stopped`. A scale blocks the loop until
+    /// FM answers (fin or abort): the next sample then sees the new map.
+    pub async fn run(
+        mut self,
+        stop: impl std::future::Future<Output = ()>,
+        mut report: impl FnMut(&StepRecord),
+    ) {
+        let started = json!({
+            "interval_ms": self.cfg.interval.as_millis() as u64,
+            "sc": self.cfg.sc.as_ref().map(|s| json!({
+                "capacity_rps": s.capacity_rps,
+                "chains": s.chains,
+                "policy": policy_json(&s.policy),
+            })),
+            "pp": self.cfg.pp.as_ref().map(|p| json!({
+                "capacity": p.capacity,
+                "metric": p.metric.name(),
+                "policy": policy_json(&p.policy),
+            })),
+        });
+        self.sink
+            .record("autoscale_started", "autoscaler started", started)
+            .await;
+        let t0 = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(self.cfg.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tick.tick() => {
+                    let now_ms = t0.elapsed().as_millis() as u64;
+                    for r in self.step(now_ms).await {
+                        report(&r);
+                    }
+                }
+            }
+        }
+        self.sink
+            .record(
+                "autoscale_stopped",
+                "autoscaler stopped",
+                json!({"samples": self.samples}),
+            )
+            .await;
+    }
+}
+
+fn policy_json(p: &PolicyConfig) -> Value {
+    json!({
+        "high": p.marks.high,
+        "low": p.marks.low,
+        "sustain": p.sustain,
+        "cooldown_ms": p.cooldown.as_millis() as u64,
+        "min": p.min,
+        "max": p.max,
+        "out_on": format!("{:?}", p.out_on).to_lowercase(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn cfg() -> PolicyConfig {
+        PolicyConfig {
+            marks: WaterMarks {
+                high: 0.8,
+                low: 0.3,
+            },
+            sustain: 3,
+            cooldown: Duration::from_secs(10),
+            min: 1,
+            max: 3,
+            out_on: Aggregate::Max,
+        }
+    }
+
+    /// Feed `samples` one second apart from `t0` ms; return the decisions that are not
+    /// None, with their sample numbers.
+    fn feed(p: &mut Policy, t0: u64, first: u64, samples: &[&[f64]]) -> Vec<(u64, Decision)> {
+        samples
+            .iter()
+            .enumerate()
+            .filter_map(|(i, u)| {
+                let s = first + i as u64;
+                let d = p.observe(t0 + 1000 * i as u64, s, u);
+                (d != Decision::None).then_some((s, d))
+            })
+            .collect()
+    }
+
+    fn action(d: &Decision) -> Option<(bool, Action)> {
+        match d {
+            Decision::None => None,
+            Decision::Act(a, _) => Some((true, *a)),
+            Decision::Refused(a, _) => Some((false, *a)),
+        }
+    }
+
+    #[test]
+    fn config_is_validated() {
+        assert!(Policy::new(cfg()).is_ok());
+        for bad in [
+            PolicyConfig {
+                marks: WaterMarks {
+                    high: 0.3,
+                    low: 0.3,
+                },
+                ..cfg()
+            },
+            PolicyConfig {
+                marks: WaterMarks {
+                    high: 0.8,
+                    low: -0.1,
+                },
+                ..cfg()
+            },
+            PolicyConfig {
+                marks: WaterMarks {
+                    high: f64::NAN,
+                    low: 0.1,
+                },
+                ..cfg()
+            },
+            PolicyConfig {
+                sustain: 0,
+                ..cfg()
+            },
+            PolicyConfig { min: 0, ..cfg() },
+            PolicyConfig {
+                min: 3,
+                max: 2,
+                ..cfg()
+            },
+        ] {
+            assert!(
+                matches!(Policy::new(bad.clone()), Err(AutoscaleError::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn crossing_high_for_sustain_samples_scales_out_once() {
+        let mut p = Policy::new(cfg()).unwrap();
+        let hot: &[f64] = &[0.9];
+        let d = feed(&mut p, 0, 1, &[hot, hot, hot, hot, hot, hot]);
+        assert_eq!(d.len(), 1, "{d:?}");
+        let (s, Decision::Act(Action::ScaleOut, r)) = &d[0] else {
+            panic!("{d:?}")
+        };
+        assert_eq!(*s, 3, "acts on the third sample over the mark");
+        assert_eq!((r.sample, r.samples, r.units), (3, 3, 1));
+        assert_eq!(r.mark, 0.8);
+        assert!((r.utilisation - 0.9).abs() < 1e-9);
+        assert!(r.text.contains("above the high mark"), "{}", r.text);
+    }
+
+    #[test]
+    fn a_noisy_sample_that_crosses_once_does_not_act() {
+        let mut p = Policy::new(cfg()).unwrap();
+        let (ok, hot, cold): (&[f64], &[f64], &[f64]) = (&[0.5], &[2.0], &[0.1, 0.1]);
+        // Spikes, and dips below low that never last `sustain` samples.
+        let d = feed(
+            &mut p,
+            0,
+            1,
+            &[ok, hot, ok, hot, hot, ok, cold, cold, ok, hot, ok],
+        );
+        assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn cooldown_prevents_flapping() {
+        let mut p = Policy::new(cfg()).unwrap();
+        let hot: &[f64] = &[0.9, 0.85];
+        let cold: &[f64] = &[0.05, 0.05, 0.05];
+        // Out at sample 3 (t = 2 s). Then the load vanishes at once: the low mark holds
+        // for many samples, but nothing happens until 10 s after the action.
+        let mut samples: Vec<&[f64]> = vec![hot, hot, hot];
+        samples.extend(std::iter::repeat_n(cold, 12));
+        let d = feed(&mut p, 0, 1, &samples);
+        let acts: Vec<(u64, Option<(bool, Action)>)> =
+            d.iter().map(|(s, d)| (*s, action(d))).collect();
+        assert_eq!(
+            acts,
+            vec![
+                (3, Some((true, Action::ScaleOut))),
+                (13, Some((true, Action::ScaleIn)))
+            ],
+            "in at the first sample at or after t = 2 s + 10 s"
+        );
+        // Samples inside the cooldown counted: it acted as soon as the cooldown ended,
+        // not `sustain` samples later.
+        let Decision::Act(_, r) = &d[1].1 else {
+            panic!()
+        };
+        assert_eq!(r.samples, 10);
+    }
+
+    #[test]
+    fn low_mark_scales_in_but_never_below_min_and_never_into_an_overload() {
+        let mut p = Policy::new(cfg()).unwrap();
+        let cold: &[f64] = &[0.1, 0.2];
+        let d = feed(&mut p, 0, 1, &[cold, cold, cold]);
+        assert_eq!(action(&d[0].1), Some((true, Action::ScaleIn)));
+        // At the minimum: idle is the steady state, no decision and no refusal.
+        let one: &[f64] = &[0.0];
+        let d = feed(&mut p, 100_000, 10, &[one; 10]);
+        assert!(d.is_empty(), "{d:?}");
+        // Marks whose scale-in would land above the high mark: refused.
+        let mut p = Policy::new(PolicyConfig {
+            marks: WaterMarks {
+                high: 0.5,
+                low: 0.4,
+            },
+            ..cfg()
+        })
+        .unwrap();
+        let two: &[f64] = &[0.35, 0.35];
+        let d = feed(&mut p, 0, 1, &[two, two, two]);
+        let Decision::Refused(Action::ScaleIn, r) = &d[0].1 else {
+            panic!("{d:?}")
+        };
+        assert!(r.text.contains("would be at 0.70"), "{}", r.text);
+    }
+
+    #[test]
+    fn max_is_respected_and_the_refusal_backs_off_for_a_cooldown() {
+        let mut p = Policy::new(cfg()).unwrap();
+        let three_hot: &[f64] = &[1.0, 0.9, 1.2];
+        let d = feed(&mut p, 0, 1, &[three_hot; 15]);
+        let acts: Vec<(u64, Option<(bool, Action)>)> =
+            d.iter().map(|(s, d)| (*s, action(d))).collect();
+        // Refused at sample 3 (t = 2 s), then again once the cooldown is over (t = 12 s).
+        assert_eq!(
+            acts,
+            vec![
+                (3, Some((false, Action::ScaleOut))),
+                (13, Some((false, Action::ScaleOut)))
+            ]
+        );
+        let Decision::Refused(_, r) = &d[0].1 else {
+            panic!()
+        };
+        assert!(r.text.contains("maximum of 3"), "{}", r.text);
+        assert!((r.utilisation - 1.2).abs() < 1e-9, "the busiest group's");
+    }
+
+    #[test]
+    fn mean_aggregate_ignores_one_hot_unit() {
+        let mut p = Policy::new(PolicyConfig {
+            out_on: Aggregate::Mean,
+            ..cfg()
+        })
+        .unwrap();
+        let skew: &[f64] = &[1.5, 0.2, 0.2];
+        assert!(feed(&mut p, 0, 1, &[skew; 5]).is_empty());
+        let mut p = Policy::new(PolicyConfig { max: 4, ..cfg() }).unwrap();
+        assert_eq!(
+            action(&feed(&mut p, 0, 1, &[skew; 5])[0].1),
+            Some((true, Action::ScaleOut))
+        );
+    }
+
+    // ------------------------------------------------------------ the driver, with fakes
+
+    struct Script(Vec<v1::LoadReply>);
+
+    #[tonic::async_trait]
+    impl LoadSource for Script {
+        async fn sample(&mut self) -> Result<v1::LoadReply, AutoscaleError> {
+            if self.0.is_empty() {
+                return Err(AutoscaleError::Rpc("script over".into()));
+            }
+            Ok(self.0.remove(0))
+        }
+    }
+
+    #[derive(Default, Clone)]
+    struct Calls(Arc<Mutex<Vec<String>>>);
+
+    #[tonic::async_trait]
+    impl Actuator for Calls {
+        async fn sc_scale_out(
+            &self,
+            t: u32,
+            c: u32,
+            g: Option<u64>,
+        ) -> Result<String, AutoscaleError> {
+            self.0.lock().unwrap().push(format!("out {t}/{c} {g:?}"));
+            Ok("ok".into())
+        }
+        async fn sc_scale_in(&self, t: u32, c: u32) -> Result<String, AutoscaleError> {
+            self.0.lock().unwrap().push(format!("in {t}/{c}"));
+            Err(AutoscaleError::Refused("nothing to merge".into()))
+        }
+    }
+
+    #[derive(Default, Clone)]
+    struct Sink(Arc<Mutex<Vec<(String, String, Value)>>>);
+
+    #[tonic::async_trait]
+    impl EventSink for Sink {
+        async fn record(&mut self, kind: &str, message: &str, detail: Value) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((kind.into(), message.into(), detail));
+        }
+    }
+
+    fn load(fm_ms: u64, groups: &[(u64, u64)], pp_rps: &[f64]) -> v1::LoadReply {
+        v1::LoadReply {
+            fm_ms,
+            groups: groups
+                .iter()
+                .map(|&(group, requests)| v1::GroupLoad {
+                    tenant: 1,
+                    chain: 1,
+                    group,
+                    hash_lo: 0,
+                    hash_hi: 0,
+                    requests,
+                })
+                .collect(),
+            nodes: pp_rps
+                .iter()
+                .enumerate()
+                .map(|(i, r)| v1::NodeLoad {
+                    node_id: format!("pp-{i}"),
+                    role: v1::Role::Pp as i32,
+                    load: Some(v1::Load {
+                        requests_per_s: *r,
+                        ..Default::default()
+                    }),
+                })
+                .collect(),
+        }
+    }
+
+    fn driver_cfg() -> AutoscaleConfig {
+        let policy = PolicyConfig {
+            sustain: 2,
+            cooldown: Duration::from_secs(5),
+            max: 2,
+            ..cfg()
+        };
+        AutoscaleConfig {
+            interval: Duration::from_secs(1),
+            sc: Some(ScConfig {
+                policy: policy.clone(),
+                capacity_rps: 100.0,
+                chains: vec![],
+            }),
+            pp: Some(PpConfig {
+                policy: PolicyConfig {
+                    out_on: Aggregate::Mean,
+                    ..policy
+                },
+                capacity: 1000.0,
+                metric: PpMetric::RequestsPerS,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_driver_takes_rates_from_counters_acts_on_the_busiest_group_and_records_why() {
+        // Group 1 gets 150 requests/s (1.5 of capacity), then is split into 1 and 2.
+        let script = vec![
+            load(1000, &[(1, 0)], &[10.0]),
+            load(2000, &[(1, 150)], &[10.0]),
+            load(3000, &[(1, 300)], &[10.0]),
+            // The split: group 2 is new and has no rate yet; the chain sits out.
+            load(4000, &[(1, 380), (2, 0)], &[10.0]),
+            load(5000, &[(1, 460), (2, 70)], &[2000.0]),
+            load(6000, &[(1, 540), (2, 140)], &[2000.0]),
+        ];
+        let (calls, sink) = (Calls::default(), Sink::default());
+        let mut a =
+            Autoscaler::new(driver_cfg(), Script(script), calls.clone(), sink.clone()).unwrap();
+        let mut recs = Vec::new();
+        for i in 0..7 {
+            recs.extend(a.step(1000 * i).await);
+        }
+        assert_eq!(
+            *calls.0.lock().unwrap(),
+            vec!["out 1/1 Some(1)".to_string()]
+        );
+        let ev = sink.0.lock().unwrap().clone();
+        let kinds: Vec<&str> = ev.iter().map(|e| e.0.as_str()).collect();
+        // SC: out after 2 samples at 1.5. PP: mean 2.0 over 2 samples, out, but no
+        // provider: a decision, then a failure event.
+        assert_eq!(
+            kinds,
+            vec![
+                "autoscale_decision",
+                "autoscale_decision",
+                "autoscale_failed"
+            ]
+        );
+        let (_, msg, d) = &ev[0];
+        assert!(msg.contains("sc tenant 1 chain 1: scale_out"), "{msg}");
+        assert_eq!(d["target"]["tenant"], 1);
+        assert_eq!(d["group"], 1);
+        assert_eq!(d["utilisation"], 1.5);
+        assert_eq!(
+            d["sample"], 3,
+            "samples 2 and 3 had rates (the first has none)"
+        );
+        assert_eq!(d["inputs"]["groups"][0]["requests_per_s"], 150.0);
+        assert_eq!(ev[1].2["target"]["tier"], "pp");
+        assert!(
+            ev[2].1.contains("no PP node provider configured"),
+            "{}",
+            ev[2].1
+        );
+        assert!(
+            recs.iter()
+                .any(|r| r.target == Target::Pp
+                    && r.result == Some(Err(AutoscaleError::NoPpProvider)))
+        );
+        // The step after the script ran out: no sample, nothing decided, no panic.
+        assert!(a.step(10_000).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_driver_records_refusals_and_failed_actions() {
+        let mut cfg = driver_cfg();
+        cfg.pp = None;
+        let script = vec![
+            // Two groups both hot, at max 2: refused.
+            load(0, &[(1, 0), (2, 0)], &[]),
+            load(1000, &[(1, 100), (2, 100)], &[]),
+            load(2000, &[(1, 200), (2, 200)], &[]),
+            // Idle: in (the actuator fails it) after the 5 s cooldown from t = 2 s.
+            load(3000, &[(1, 200), (2, 200)], &[]),
+            load(4000, &[(1, 200), (2, 200)], &[]),
+            load(5000, &[(1, 200), (2, 200)], &[]),
+            load(6000, &[(1, 200), (2, 200)], &[]),
+            load(7000, &[(1, 200), (2, 200)], &[]),
+        ];
+        let (calls, sink) = (Calls::default(), Sink::default());
+        let mut a = Autoscaler::new(cfg, Script(script), calls.clone(), sink.clone()).unwrap();
+        for i in 0..8 {
+            a.step(1000 * i).await;
+        }
+        let ev = sink.0.lock().unwrap().clone();
+        let kinds: Vec<&str> = ev.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                "autoscale_refused",
+                "autoscale_decision",
+                "autoscale_failed"
+            ]
+        );
+        assert!(ev[0].1.contains("maximum of 2"), "{}", ev[0].1);
+        assert_eq!(ev[1].2["action"], "scale_in");
+        assert!(ev[2].2["error"]
+            .as_str()
+            .unwrap()
+            .contains("nothing to merge"));
+        assert_eq!(*calls.0.lock().unwrap(), vec!["in 1/1".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn a_restarted_fm_is_no_rate_and_unwatched_chains_are_ignored() {
+        let mut cfg = driver_cfg();
+        cfg.pp = None;
+        if let Some(sc) = cfg.sc.as_mut() {
+            sc.chains = vec![(2, 1)];
+        }
+        let script = vec![
+            load(5000, &[(1, 0)], &[]),
+            load(6000, &[(1, 1000)], &[]),
+            load(7000, &[(1, 2000)], &[]),
+            load(8000, &[(1, 3000)], &[]),
+        ];
+        let (calls, sink) = (Calls::default(), Sink::default());
+        let mut a =
+            Autoscaler::new(cfg.clone(), Script(script), calls.clone(), sink.clone()).unwrap();
+        for i in 0..4 {
+            a.step(1000 * i).await;
+        }
+        assert!(
+            calls.0.lock().unwrap().is_empty(),
+            "chain 1/1 is not watched"
+        );
+        if let Some(sc) = cfg.sc.as_mut() {
+            sc.chains = vec![];
+        }
+        // FM restarted between the second and third sample (its clock went back).
+        let script = vec![
+            load(5000, &[(1, 0)], &[]),
+            load(6000, &[(1, 1000)], &[]),
+            load(100, &[(1, 10)], &[]),
+            load(1100, &[(1, 1010)], &[]),
+        ];
+        let mut a = Autoscaler::new(cfg, Script(script), calls.clone(), sink.clone()).unwrap();
+        let mut recs = Vec::new();
+        for i in 0..4 {
+            recs.extend(a.step(1000 * i).await);
+        }
+        // Rates at samples 2 and 4 only: the sample after the restart has none, which
+        // breaks the streak, so two samples over the mark were never consecutive.
+        assert!(recs.is_empty(), "{recs:?}");
+    }
+}

@@ -1,0 +1,276 @@
+//! `starfabric autoscale --fm HOST:PORT --sc-capacity-rps N [--high 0.8 --low 0.3
+//! --interval 1 --sustain 3 --cooldown 10] [--tenant T --chain C ...]`: scale SC groups
+//! (and PP nodes, with `--pp-capacity`) between water marks until SIGINT/SIGTERM.
+//!
+//! The policy and the driver are `orchestrator::autoscale`; this runs them against FM's
+//! gRPC API, prints one line per decision, and leaves the record in FM's event log
+//! (`starfabric events`). docs/autoscaler.md describes the rules.
+
+use std::io::Write as _;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use orchestrator::autoscale::{
+    Aggregate, AutoscaleConfig, Autoscaler, Decision, FmActuator, FmEvents, FmLoad, PolicyConfig,
+    PpConfig, PpMetric, ScConfig, StepRecord, WaterMarks,
+};
+
+use crate::pp_cmd::{install_signal_handlers, STOP};
+
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct AutoscaleArgs {
+    /// FM's gRPC address (`host:port`).
+    #[arg(long, env = "STARFABRIC_FM", default_value = "127.0.0.1:7000")]
+    pub fm: String,
+    /// Requests/s one SC group serves at utilisation 1.0. Without it SC is not scaled.
+    #[arg(long)]
+    pub sc_capacity_rps: Option<f64>,
+    /// High water mark (utilisation): scale out above it.
+    #[arg(long, default_value_t = 0.8)]
+    pub high: f64,
+    /// Low water mark (utilisation): scale in below it.
+    #[arg(long, default_value_t = 0.3)]
+    pub low: f64,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 1.0)]
+    pub interval: f64,
+    /// Consecutive samples beyond a mark before acting.
+    #[arg(long, default_value_t = 3)]
+    pub sustain: u32,
+    /// Seconds after an action (or a refusal) before the next one.
+    #[arg(long, default_value_t = 10.0)]
+    pub cooldown: f64,
+    /// SC groups per chain: at least, at most.
+    #[arg(long, default_value_t = 1)]
+    pub min_groups: usize,
+    #[arg(long, default_value_t = 8)]
+    pub max_groups: usize,
+    /// Watch these tenants' chains (pairs with --chain, in order); none: every chain FM
+    /// serves.
+    #[arg(long)]
+    pub tenant: Vec<u32>,
+    #[arg(long)]
+    pub chain: Vec<u32>,
+    /// The PP load metric's value one PP node carries at utilisation 1.0. Without it PP
+    /// is not scaled.
+    #[arg(long)]
+    pub pp_capacity: Option<f64>,
+    /// PP nodes: at least, at most.
+    #[arg(long, default_value_t = 1)]
+    pub pp_min_nodes: usize,
+    #[arg(long, default_value_t = 16)]
+    pub pp_max_nodes: usize,
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM).
+    #[arg(long)]
+    pub duration: Option<f64>,
+}
+
+impl AutoscaleArgs {
+    pub fn to_config(&self) -> Result<AutoscaleConfig> {
+        if self.tenant.len() != self.chain.len() {
+            bail!(
+                "--tenant and --chain pair up: {} tenants, {} chains",
+                self.tenant.len(),
+                self.chain.len()
+            );
+        }
+        if !(self.interval > 0.0 && self.interval.is_finite()) {
+            bail!("--interval must be positive");
+        }
+        if !(self.cooldown >= 0.0 && self.cooldown.is_finite()) {
+            bail!("--cooldown must be 0 or more");
+        }
+        let policy = |min, max, out_on| PolicyConfig {
+            marks: WaterMarks {
+                high: self.high,
+                low: self.low,
+            },
+            sustain: self.sustain,
+            cooldown: Duration::from_secs_f64(self.cooldown),
+            min,
+            max,
+            out_on,
+        };
+        let cfg = AutoscaleConfig {
+            interval: Duration::from_secs_f64(self.interval),
+            sc: self.sc_capacity_rps.map(|capacity_rps| ScConfig {
+                policy: policy(self.min_groups, self.max_groups, Aggregate::Max),
+                capacity_rps,
+                chains: self
+                    .tenant
+                    .iter()
+                    .copied()
+                    .zip(self.chain.iter().copied())
+                    .collect(),
+            }),
+            pp: self.pp_capacity.map(|capacity| PpConfig {
+                policy: policy(self.pp_min_nodes, self.pp_max_nodes, Aggregate::Mean),
+                capacity,
+                metric: PpMetric::RequestsPerS,
+            }),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+pub fn run(a: AutoscaleArgs) -> Result<()> {
+    let cfg = a.to_config()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    install_signal_handlers()?;
+    rt.block_on(async {
+        let scaler = Autoscaler::new(
+            cfg.clone(),
+            FmLoad::new(&a.fm).await?,
+            FmActuator::new(&a.fm, None).await?,
+            FmEvents::new(&a.fm).await?,
+        )?;
+        // Tests and scripts wait for this line.
+        println!(
+            "autoscale: watching FM at {}: sc {}, pp {}, marks {}/{}, every {} s, sustain {}, \
+             cooldown {} s",
+            a.fm,
+            cfg.sc.as_ref().map_or("off".into(), |s| format!(
+                "{} req/s per group, {}..={} groups",
+                s.capacity_rps, s.policy.min, s.policy.max
+            )),
+            cfg.pp.as_ref().map_or("off".into(), |p| format!(
+                "{} {} per node, {}..={} nodes",
+                p.capacity,
+                p.metric.name(),
+                p.policy.min,
+                p.policy.max
+            )),
+            a.low,
+            a.high,
+            a.interval,
+            a.sustain,
+            a.cooldown
+        );
+        std::io::stdout().flush()?;
+        let start = Instant::now();
+        let duration = a.duration.map(Duration::from_secs_f64);
+        let stop = async move {
+            while !STOP.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        scaler.run(stop, print_record).await;
+        anyhow::Ok(())
+    })?;
+    println!("autoscale: stopped");
+    Ok(())
+}
+
+fn print_record(r: &StepRecord) {
+    let line = match (&r.decision, &r.result) {
+        (Decision::Act(a, why), Some(Ok(s))) => {
+            format!("{} {}: {} -> {s}", r.target, a.as_str(), why.text)
+        }
+        (Decision::Act(a, why), Some(Err(e))) => {
+            format!("{} {}: {} -> failed: {e}", r.target, a.as_str(), why.text)
+        }
+        (Decision::Refused(a, why), _) => {
+            format!("{} {} refused: {}", r.target, a.as_str(), why.text)
+        }
+        _ => return,
+    };
+    println!("autoscale: {line}");
+    let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: AutoscaleArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<AutoscaleConfig> {
+        let t = T::try_parse_from(std::iter::once("x").chain(args.iter().copied()))?;
+        t.a.to_config()
+    }
+
+    #[test]
+    fn flags_make_the_policy() {
+        let c = parse(&[
+            "--fm",
+            "198.18.0.1:7000",
+            "--sc-capacity-rps",
+            "40",
+            "--high",
+            "0.9",
+            "--low",
+            "0.2",
+            "--interval",
+            "0.5",
+            "--sustain",
+            "2",
+            "--cooldown",
+            "4",
+            "--max-groups",
+            "2",
+            "--tenant",
+            "1",
+            "--chain",
+            "1",
+            "--tenant",
+            "2",
+            "--chain",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(c.interval, Duration::from_millis(500));
+        assert!(c.pp.is_none(), "PP is off without --pp-capacity");
+        let sc = c.sc.unwrap();
+        assert_eq!(sc.capacity_rps, 40.0);
+        assert_eq!(sc.chains, vec![(1, 1), (2, 3)]);
+        assert_eq!(
+            (sc.policy.marks.high, sc.policy.marks.low, sc.policy.sustain),
+            (0.9, 0.2, 2)
+        );
+        assert_eq!(sc.policy.cooldown, Duration::from_secs(4));
+        assert_eq!((sc.policy.min, sc.policy.max), (1, 2));
+        assert_eq!(sc.policy.out_on, Aggregate::Max);
+        let c = parse(&["--pp-capacity", "5000", "--pp-max-nodes", "4"]).unwrap();
+        assert!(c.sc.is_none());
+        let pp = c.pp.unwrap();
+        assert_eq!(
+            (pp.capacity, pp.policy.max, pp.policy.out_on),
+            (5000.0, 4, Aggregate::Mean)
+        );
+        assert_eq!(pp.metric.name(), "requests_per_s");
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        for bad in [
+            &[][..],
+            &["--sc-capacity-rps", "10", "--tenant", "1"],
+            &["--sc-capacity-rps", "10", "--high", "0.2", "--low", "0.3"],
+            &["--sc-capacity-rps", "0"],
+            &["--sc-capacity-rps", "10", "--interval", "0"],
+            &["--sc-capacity-rps", "10", "--sustain", "0"],
+            &[
+                "--sc-capacity-rps",
+                "10",
+                "--min-groups",
+                "3",
+                "--max-groups",
+                "2",
+            ],
+            &["--sc-capacity-rps", "10", "--cooldown", "-1"],
+            &["--sc-capacity-rps", "ten"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

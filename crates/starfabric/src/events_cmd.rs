@@ -1,0 +1,237 @@
+//! `starfabric events --fm HOST:PORT [--since N] [--follow] [-o json]`: FM's event log
+//! (scales, refusals, aborts, node deaths, repairs, the autoscaler's decisions).
+//!
+//! One line per event: `seq time kind message` for people, or one JSON object per line
+//! with `-o json` (seq, unix_ms, time, kind, message, detail), which tests and scripts
+//! parse. `--follow` keeps polling FM every 200 ms for new events.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use proto::v1::{self, fabric_master_client::FabricMasterClient};
+use serde_json::{json, Value};
+
+use crate::cli::Output;
+
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct EventsArgs {
+    /// FM's gRPC address (`host:port`).
+    #[arg(long, env = "STARFABRIC_FM", default_value = "127.0.0.1:7000")]
+    pub fm: String,
+    /// The first sequence number to print (default: the oldest FM still keeps).
+    #[arg(long, default_value_t = 0)]
+    pub since: u64,
+    /// Keep printing new events as they come (polls every 200 ms).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Only events of these kinds (comma-separated, e.g. `autoscale_decision,sc_scale_out_done`).
+    #[arg(long, value_delimiter = ',')]
+    pub kind: Vec<String>,
+    /// With --follow: stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Give up on an FM call after this many seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+}
+
+const POLL: Duration = Duration::from_millis(200);
+const PAGE: u32 = 1000;
+
+pub fn run(a: EventsArgs, output: Output) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(events(a, output))
+}
+
+async fn events(a: EventsArgs, output: Output) -> Result<()> {
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let mut c = tokio::time::timeout(
+        timeout,
+        FabricMasterClient::connect(proto::endpoint_uri(&a.fm)),
+    )
+    .await
+    .map_err(|_| anyhow!("FM at {} did not answer within {} s", a.fm, a.timeout))?
+    .with_context(|| format!("cannot reach FM at {}", a.fm))?;
+    let start = Instant::now();
+    let mut since = a.since;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let r = tokio::time::timeout(
+            timeout,
+            c.events(v1::EventsRequest {
+                since_seq: since,
+                limit: PAGE,
+            }),
+        )
+        .await
+        .map_err(|_| anyhow!("FM did not answer within {} s", a.timeout))?
+        .map_err(|s| anyhow!("events: {:?}: {}", s.code(), s.message()))?
+        .into_inner();
+        if since > r.next_seq && r.events.is_empty() {
+            // Sequence numbers start at 1 per FM process: a smaller next means FM
+            // restarted, and its whole log is new.
+            eprintln!(
+                "events: FM's log restarted (next seq {} < {since}); from its oldest",
+                r.next_seq
+            );
+            since = 0;
+            continue;
+        }
+        if since > 1 && r.oldest_seq > since {
+            eprintln!(
+                "events: {} events before seq {} are gone from FM's ring",
+                r.oldest_seq - since,
+                r.oldest_seq
+            );
+        }
+        let full = r.events.len() as u32 >= PAGE;
+        for e in &r.events {
+            if a.kind.is_empty() || a.kind.iter().any(|k| k == &e.kind) {
+                writeln!(out, "{}", render(e, output))?;
+            }
+        }
+        out.flush()?;
+        since = r.next_seq;
+        if full {
+            continue; // more pages waiting
+        }
+        if !a.follow
+            || a.duration
+                .is_some_and(|d| start.elapsed() >= Duration::from_secs_f64(d))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+pub fn event_json(e: &v1::FmEvent) -> Value {
+    let detail = if e.detail_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&e.detail_json)
+            .unwrap_or_else(|_| Value::String(e.detail_json.clone()))
+    };
+    json!({
+        "seq": e.seq,
+        "unix_ms": e.unix_ms,
+        "time": utc(e.unix_ms),
+        "kind": e.kind,
+        "message": e.message,
+        "detail": detail,
+    })
+}
+
+fn render(e: &v1::FmEvent, output: Output) -> String {
+    match output {
+        Output::Json => event_json(e).to_string(),
+        Output::Yaml => format!(
+            "---\n{}",
+            serde_yaml::to_string(&event_json(e)).unwrap_or_default()
+        )
+        .trim_end()
+        .to_string(),
+        Output::Table => format!(
+            "{:>6}  {}  {:<20}  {}",
+            e.seq,
+            utc(e.unix_ms),
+            e.kind,
+            e.message
+        ),
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` (no date crate in the binary for one format).
+fn utc(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        unix_ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: EventsArgs,
+    }
+
+    #[test]
+    fn parses_since_follow_and_kinds() {
+        let t = T::try_parse_from([
+            "x",
+            "--fm",
+            "198.18.0.1:7000",
+            "--since",
+            "42",
+            "--follow",
+            "--kind",
+            "autoscale_decision,sc_scale_out_done",
+        ])
+        .unwrap();
+        assert_eq!(t.a.fm, "198.18.0.1:7000");
+        assert_eq!(t.a.since, 42);
+        assert!(t.a.follow);
+        assert_eq!(t.a.kind, vec!["autoscale_decision", "sc_scale_out_done"]);
+        let t = T::try_parse_from(["x", "--fm", "h:1"]).unwrap();
+        assert_eq!((t.a.since, t.a.follow, t.a.duration), (0, false, None));
+        assert!(T::try_parse_from(["x", "--since", "minus-one"]).is_err());
+    }
+
+    #[test]
+    fn utc_times() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(utc(1_795_000_000_000), "2026-11-18T11:06:40.000Z");
+    }
+
+    #[test]
+    fn json_lines_carry_the_detail_as_json() {
+        let e = v1::FmEvent {
+            seq: 7,
+            unix_ms: 1000,
+            kind: "sc_scale_out_done".into(),
+            message: "scale 1 done".into(),
+            detail_json: r#"{"from_group":1,"to_group":2}"#.into(),
+        };
+        let line = render(&e, Output::Json);
+        assert!(!line.contains('\n'));
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["seq"], 7);
+        assert_eq!(v["detail"]["to_group"], 2);
+        assert_eq!(v["time"], "1970-01-01T00:00:01.000Z");
+        let human = render(&e, Output::Table);
+        assert!(
+            human.contains("sc_scale_out_done") && human.contains("scale 1 done"),
+            "{human}"
+        );
+        let empty = v1::FmEvent {
+            detail_json: String::new(),
+            ..e
+        };
+        assert!(event_json(&empty)["detail"].is_null());
+    }
+}
