@@ -360,7 +360,7 @@ mod tests {
             true, false, true, false, false, false, true, false, false, true,
         ]));
         assert_eq!(f.sent, 10);
-        assert_eq!(f.received, 5);
+        assert_eq!(f.received, 4);
         assert_eq!(f.longest_loss_run, 3);
         assert_eq!(f.loss_run_start_ms, 1.5);
         let f = summarize(flow(&[true, true]));
