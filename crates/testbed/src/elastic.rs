@@ -1236,16 +1236,7 @@ pub fn run_scenario_probed(
                 let from = r.start_ms as f64 + offset_ms - 5.0;
                 let to = r.end_ms as f64 + offset_ms + 1000.0;
                 pe.recovery_ms = Some(pr.recovery_ms_between(from, to));
-                pe.flows_with_loss = Some(
-                    pr.flows
-                        .iter()
-                        .filter(|f| {
-                            f.longest_loss_run > 0
-                                && f.loss_run_start_ms >= from
-                                && f.loss_run_start_ms < to
-                        })
-                        .count(),
-                );
+                pe.flows_with_loss = Some(pr.flows_with_loss_between(from, to));
             }
         }
     }

@@ -69,6 +69,10 @@ pub struct FlowProbes {
     pub longest_loss_run: u64,
     /// ms since the prober started at which that run began.
     pub loss_run_start_ms: f64,
+    /// Every run of lost probes: (ms since the prober started, probes lost). A flow's
+    /// first probes wait for its rule, so the longest run may be at the start and not
+    /// at the event a window looks at.
+    pub loss_runs: Vec<(f64, u64)>,
 }
 
 /// All flows.
@@ -93,10 +97,18 @@ impl ProbeReport {
         let us = self.interval_us as f64 / 1000.0;
         self.flows
             .iter()
-            .filter(|f| f.longest_loss_run > 0)
-            .filter(|f| f.loss_run_start_ms >= from_ms && f.loss_run_start_ms < to_ms)
-            .map(|f| f.longest_loss_run as f64 * us)
+            .flat_map(|f| f.loss_runs.iter())
+            .filter(|(t, _)| *t >= from_ms && *t < to_ms)
+            .map(|(_, n)| *n as f64 * us)
             .fold(0.0, f64::max)
+    }
+
+    /// Flows that lost a probe in a run starting within [from_ms, to_ms).
+    pub fn flows_with_loss_between(&self, from_ms: f64, to_ms: f64) -> usize {
+        self.flows
+            .iter()
+            .filter(|f| f.loss_runs.iter().any(|(t, _)| *t >= from_ms && *t < to_ms))
+            .count()
     }
 }
 
@@ -318,8 +330,12 @@ fn run(ns: &Path, spec: &ProbeSpec, stop: &AtomicBool, t0: Instant) -> Result<Ve
 
 fn summarize(f: Flow) -> FlowProbes {
     let (mut best, mut best_start, mut run, mut run_start) = (0u64, 0u64, 0u64, 0u64);
+    let mut runs = Vec::new();
     for (i, &g) in f.got.iter().enumerate() {
         if g {
+            if run > 0 {
+                runs.push((run_start as f64 / 1000.0, run));
+            }
             run = 0;
         } else {
             if run == 0 {
@@ -332,7 +348,11 @@ fn summarize(f: Flow) -> FlowProbes {
             }
         }
     }
+    if run > 0 {
+        runs.push((run_start as f64 / 1000.0, run));
+    }
     FlowProbes {
+        loss_runs: runs,
         local_port: f.port,
         sent: f.got.len() as u64,
         received: f.got.iter().filter(|g| **g).count() as u64,
@@ -363,6 +383,7 @@ mod tests {
         assert_eq!(f.received, 4);
         assert_eq!(f.longest_loss_run, 3);
         assert_eq!(f.loss_run_start_ms, 1.5);
+        assert_eq!(f.loss_runs, vec![(0.5, 1), (1.5, 3), (3.5, 2)]);
         let f = summarize(flow(&[true, true]));
         assert_eq!(f.longest_loss_run, 0);
     }
@@ -375,17 +396,21 @@ mod tests {
                 FlowProbes {
                     longest_loss_run: 20,
                     loss_run_start_ms: 1000.0,
+                    loss_runs: vec![(1000.0, 20)],
                     ..Default::default()
                 },
                 FlowProbes {
                     longest_loss_run: 50,
                     loss_run_start_ms: 10.0,
+                    // A start-up loss longer than its loss at the event.
+                    loss_runs: vec![(10.0, 50), (1010.0, 4)],
                     ..Default::default()
                 },
             ],
             ..Default::default()
         };
         assert_eq!(r.recovery_ms_between(900.0, 1100.0), 10.0);
+        assert_eq!(r.flows_with_loss_between(900.0, 1100.0), 2);
         assert_eq!(r.recovery_ms_between(0.0, 100.0), 25.0);
         assert_eq!(r.recovery_ms_between(2000.0, 3000.0), 0.0);
     }
