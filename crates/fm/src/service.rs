@@ -58,6 +58,14 @@ impl Shared {
     fn mark_seen(&self, seen: &AtomicU64) {
         seen.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
+
+    /// Send the master task a message carrying a reply channel and await the reply;
+    /// None if the master is gone.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).ok()?;
+        rx.await.ok()
+    }
 }
 
 /// A running fabric master.
@@ -264,10 +272,8 @@ impl FmObserver {
         &self.shared.wire
     }
 
-    async fn ask<T>(&self, f: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
-        let (tx, rx) = oneshot::channel();
-        self.shared.tx.send(f(tx)).ok()?;
-        rx.await.ok()
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
+        self.shared.ask(make).await
     }
 
     pub async fn members(&self) -> Option<v1::MembershipView> {
@@ -298,13 +304,10 @@ impl FmObserver {
 }
 
 async fn scale(shared: &Shared, req: ScaleRequest) -> Result<ScaleOutcome, FmError> {
-    let (tx, rx) = oneshot::channel();
     shared
-        .tx
-        .send(MasterIn::Scale(req, tx))
-        .map_err(|_| FmError::Stopped)?;
-    rx.await
-        .map_err(|_| FmError::Stopped)?
+        .ask(|tx| MasterIn::Scale(req, tx))
+        .await
+        .ok_or(FmError::Stopped)?
         .map_err(FmError::Scale)
 }
 
@@ -334,6 +337,23 @@ impl Drop for FmHandle {
 
 struct FmService {
     shared: Arc<Shared>,
+}
+
+/// What every RPC answers once the master task is gone.
+fn stopped() -> Status {
+    Status::unavailable("stopped")
+}
+
+/// The refusal of a page of events or flows above the bound.
+fn limit_error(limit: u32) -> Option<Status> {
+    (limit > 10_000).then(|| Status::invalid_argument(format!("limit {limit} is above 10000")))
+}
+
+impl FmService {
+    /// [`Shared::ask`] for an RPC: the reply, or Unavailable if the master is gone.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Result<T, Status> {
+        self.shared.ask(make).await.ok_or_else(stopped)
+    }
 }
 
 /// Read the registration every session starts with.
@@ -385,6 +405,68 @@ fn stream_error(shared: &Shared, e: &Status) {
     }
 }
 
+/// Serve a PP or SC session: read its registration (`register` takes it from the first
+/// message), hand the master the session and its down channel (`open`), then forward
+/// what the node sends (`up` turns a message into the master's input; None breaks the
+/// protocol) until the stream ends, and tell the master it closed.
+async fn session<U, D>(
+    shared: &Arc<Shared>,
+    req: Request<Streaming<U>>,
+    role: v1::Role,
+    register: impl Fn(U) -> Option<v1::NodeInfo>,
+    open: impl FnOnce(
+        u64,
+        v1::NodeInfo,
+        mpsc::UnboundedSender<Result<D, Status>>,
+        Arc<AtomicU64>,
+    ) -> MasterIn,
+    up: impl Fn(U, u64, &str) -> Option<MasterIn> + Send + 'static,
+) -> Result<Response<UnboundedReceiverStream<Result<D, Status>>>, Status>
+where
+    U: prost::Message + Default + 'static,
+{
+    if shared.stopped.load(Ordering::Relaxed) {
+        return Err(stopped());
+    }
+    let mut inbound = req.into_inner();
+    let info = registration(shared, &mut inbound, role, register).await?;
+    let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
+    shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let node = info.id.clone();
+    let seen = Arc::new(AtomicU64::new(0));
+    shared.mark_seen(&seen);
+    shared
+        .tx
+        .send(open(session, info, tx, seen.clone()))
+        .map_err(|_| stopped())?;
+    let s = shared.clone();
+    shared.spawn(async move {
+        loop {
+            let m = match inbound.message().await {
+                Ok(Some(m)) => {
+                    s.mark_seen(&seen);
+                    m
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    stream_error(&s, &e);
+                    break;
+                }
+            };
+            let Some(msg) = up(m, session, &node) else {
+                s.bad();
+                continue;
+            };
+            if s.tx.send(msg).is_err() {
+                break;
+            }
+        }
+        let _ = s.tx.send(MasterIn::Closed { session, node });
+    });
+    Ok(Response::new(UnboundedReceiverStream::new(rx)))
+}
+
 #[tonic::async_trait]
 impl FabricMaster for FmService {
     type PpSessionStream = UnboundedReceiverStream<Result<v1::PpDown, Status>>;
@@ -394,166 +476,90 @@ impl FabricMaster for FmService {
         &self,
         req: Request<Streaming<v1::PpUp>>,
     ) -> Result<Response<Self::PpSessionStream>, Status> {
-        let shared = self.shared.clone();
-        if shared.stopped.load(Ordering::Relaxed) {
-            return Err(Status::unavailable("stopped"));
-        }
-        let mut inbound = req.into_inner();
-        let info = registration(&shared, &mut inbound, v1::Role::Pp, |m| match m.msg {
-            Some(pp_up::Msg::Register(i)) => Some(i),
-            _ => None,
-        })
-        .await?;
-        let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
-        shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let node = info.id.clone();
-        let seen = Arc::new(AtomicU64::new(0));
-        shared.mark_seen(&seen);
-        shared
-            .tx
-            .send(MasterIn::PpOpen {
+        session(
+            &self.shared,
+            req,
+            v1::Role::Pp,
+            |m| match m.msg {
+                Some(pp_up::Msg::Register(i)) => Some(i),
+                _ => None,
+            },
+            |session, info, tx, seen| MasterIn::PpOpen {
                 session,
                 info,
                 tx,
-                seen: seen.clone(),
-            })
-            .map_err(|_| Status::unavailable("stopped"))?;
-        let s = shared.clone();
-        shared.spawn(async move {
-            loop {
-                let m = match inbound.message().await {
-                    Ok(Some(m)) => {
-                        s.mark_seen(&seen);
-                        m
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        stream_error(&s, &e);
-                        break;
-                    }
-                };
-                let msg = match m.msg {
-                    Some(pp_up::Msg::Requests(b)) => MasterIn::PpRequests {
+                seen,
+            },
+            |m, session, node| {
+                Some(match m.msg? {
+                    pp_up::Msg::Requests(b) => MasterIn::PpRequests {
                         session,
                         requests: b.requests,
                     },
-                    Some(pp_up::Msg::Events(b)) => MasterIn::PpEvents { events: b.events },
-                    Some(pp_up::Msg::Heartbeat(h)) => MasterIn::Heartbeat {
+                    pp_up::Msg::Events(b) => MasterIn::PpEvents { events: b.events },
+                    pp_up::Msg::Heartbeat(h) => MasterIn::Heartbeat {
                         session,
-                        node: node.clone(),
+                        node: node.to_string(),
                         load: h.load,
                     },
-                    Some(pp_up::Msg::Register(_)) | None => {
-                        s.bad();
-                        continue;
-                    }
-                };
-                if s.tx.send(msg).is_err() {
-                    break;
-                }
-            }
-            let _ = s.tx.send(MasterIn::Closed { session, node });
-        });
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+                    pp_up::Msg::Register(_) => return None,
+                })
+            },
+        )
+        .await
     }
 
     async fn sc_session(
         &self,
         req: Request<Streaming<v1::ScUp>>,
     ) -> Result<Response<Self::ScSessionStream>, Status> {
-        let shared = self.shared.clone();
-        if shared.stopped.load(Ordering::Relaxed) {
-            return Err(Status::unavailable("stopped"));
-        }
-        let mut inbound = req.into_inner();
-        let info = registration(&shared, &mut inbound, v1::Role::Sc, |m| match m.msg {
-            Some(sc_up::Msg::Register(i)) => Some(i),
-            _ => None,
-        })
-        .await?;
-        let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
-        shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let node = info.id.clone();
-        let seen = Arc::new(AtomicU64::new(0));
-        shared.mark_seen(&seen);
-        shared
-            .tx
-            .send(MasterIn::ScOpen {
+        session(
+            &self.shared,
+            req,
+            v1::Role::Sc,
+            |m| match m.msg {
+                Some(sc_up::Msg::Register(i)) => Some(i),
+                _ => None,
+            },
+            |session, info, tx, seen| MasterIn::ScOpen {
                 session,
                 info,
                 tx,
-                seen: seen.clone(),
-            })
-            .map_err(|_| Status::unavailable("stopped"))?;
-        let s = shared.clone();
-        shared.spawn(async move {
-            loop {
-                let m = match inbound.message().await {
-                    Ok(Some(m)) => {
-                        s.mark_seen(&seen);
-                        m
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        stream_error(&s, &e);
-                        break;
-                    }
-                };
-                let msg = match m.msg {
-                    Some(sc_up::Msg::Results(results)) => MasterIn::ScResults { session, results },
-                    Some(sc_up::Msg::Heartbeat(h)) => MasterIn::Heartbeat {
+                seen,
+            },
+            |m, session, node| {
+                Some(match m.msg? {
+                    sc_up::Msg::Results(results) => MasterIn::ScResults { session, results },
+                    sc_up::Msg::Heartbeat(h) => MasterIn::Heartbeat {
                         session,
-                        node: node.clone(),
+                        node: node.to_string(),
                         load: h.load,
                     },
-                    Some(sc_up::Msg::Fin(fin)) => MasterIn::ScFin { fin },
-                    Some(sc_up::Msg::Hosted(h)) => MasterIn::ScHosted {
+                    sc_up::Msg::Fin(fin) => MasterIn::ScFin { fin },
+                    sc_up::Msg::Hosted(h) => MasterIn::ScHosted {
                         session,
-                        node: node.clone(),
+                        node: node.to_string(),
                         groups: h.groups,
                     },
-                    Some(sc_up::Msg::Register(_)) | None => {
-                        s.bad();
-                        continue;
-                    }
-                };
-                if s.tx.send(msg).is_err() {
-                    break;
-                }
-            }
-            let _ = s.tx.send(MasterIn::Closed { session, node });
-        });
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+                    sc_up::Msg::Register(_) => return None,
+                })
+            },
+        )
+        .await
     }
 
     async fn members(
         &self,
         _req: Request<v1::MembersRequest>,
     ) -> Result<Response<v1::MembershipView>, Status> {
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::Members(tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        Ok(Response::new(
-            rx.await.map_err(|_| Status::unavailable("stopped"))?,
-        ))
+        self.ask(MasterIn::Members).await.map(Response::new)
     }
 
     async fn get_partition_map(
         &self,
         _req: Request<v1::PartitionMapRequest>,
     ) -> Result<Response<v1::PartitionMap>, Status> {
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::Map(tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        Ok(Response::new(
-            rx.await.map_err(|_| Status::unavailable("stopped"))?,
-        ))
+        self.ask(MasterIn::Map).await.map(Response::new)
     }
 
     async fn scale_out(
@@ -573,14 +579,7 @@ impl FabricMaster for FmService {
         &self,
         _req: Request<v1::VipMapRequest>,
     ) -> Result<Response<v1::VipMapReply>, Status> {
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::VipMap(tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        Ok(Response::new(
-            rx.await.map_err(|_| Status::unavailable("stopped"))?,
-        ))
+        self.ask(MasterIn::VipMap).await.map(Response::new)
     }
 
     async fn pp_drain(
@@ -591,13 +590,8 @@ impl FabricMaster for FmService {
         if node.is_empty() {
             return Err(Status::invalid_argument("node is required"));
         }
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::PpDrain(node, tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        rx.await
-            .map_err(|_| Status::unavailable("stopped"))?
+        self.ask(|tx| MasterIn::PpDrain(node, tx))
+            .await?
             .map(Response::new)
     }
 
@@ -619,20 +613,12 @@ impl FabricMaster for FmService {
         req: Request<v1::EventsRequest>,
     ) -> Result<Response<v1::EventsReply>, Status> {
         let req = req.into_inner();
-        if req.limit > 10_000 {
-            return Err(Status::invalid_argument(format!(
-                "limit {} is above 10000",
-                req.limit
-            )));
+        if let Some(e) = limit_error(req.limit) {
+            return Err(e);
         }
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::Events(req, tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        Ok(Response::new(
-            rx.await.map_err(|_| Status::unavailable("stopped"))?,
-        ))
+        self.ask(|tx| MasterIn::Events(req, tx))
+            .await
+            .map(Response::new)
     }
 
     async fn record_event(
@@ -644,14 +630,9 @@ impl FabricMaster for FmService {
         if req.message.len() + req.detail_json.len() > 64 * 1024 {
             return Err(Status::invalid_argument("event above 64 KiB"));
         }
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::RecordEvent(req, tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        let seq = rx
-            .await
-            .map_err(|_| Status::unavailable("stopped"))?
+        let seq = self
+            .ask(|tx| MasterIn::RecordEvent(req, tx))
+            .await?
             .map_err(Status::invalid_argument)?;
         Ok(Response::new(v1::RecordEventReply { seq }))
     }
@@ -660,14 +641,7 @@ impl FabricMaster for FmService {
         &self,
         _req: Request<v1::LoadRequest>,
     ) -> Result<Response<v1::LoadReply>, Status> {
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::Load(tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        Ok(Response::new(
-            rx.await.map_err(|_| Status::unavailable("stopped"))?,
-        ))
+        self.ask(MasterIn::Load).await.map(Response::new)
     }
 
     async fn flows(
@@ -675,19 +649,11 @@ impl FabricMaster for FmService {
         req: Request<v1::FlowsRequest>,
     ) -> Result<Response<v1::FlowsReply>, Status> {
         let req = req.into_inner();
-        if req.limit > 10_000 {
-            return Err(Status::invalid_argument(format!(
-                "limit {} is above 10000",
-                req.limit
-            )));
+        if let Some(e) = limit_error(req.limit) {
+            return Err(e);
         }
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .tx
-            .send(MasterIn::Flows(req, tx))
-            .map_err(|_| Status::unavailable("stopped"))?;
-        Ok(Response::new(
-            rx.await.map_err(|_| Status::unavailable("stopped"))?,
-        ))
+        self.ask(|tx| MasterIn::Flows(req, tx))
+            .await
+            .map(Response::new)
     }
 }

@@ -7,70 +7,21 @@
 mod common;
 
 use std::collections::HashSet;
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{wait, Cluster};
+use common::{pp_session, snat_chain, wait, Cluster};
 use fm::ScaleRequest;
-use pipeline::{FlowKey, PacketMeta, RuleRequest, RuleSource};
-use pp::{FmClient, FmClientConfig};
-use proto::{v1, ChainDef};
+use pipeline::RuleSource;
+use pp::FmClientConfig;
+use proto::v1;
 use serde_json::Value;
-
-fn chain() -> ChainDef {
-    serde_json::from_value(serde_json::json!({
-        "tenant": 1, "chain": 1,
-        "nfs": [{"kind": "snat", "pools": [
-            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 65535}}]}],
-        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
-        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
-    }))
-    .unwrap()
-}
-
-fn flow(i: u32) -> RuleRequest {
-    let key = FlowKey::new(
-        100,
-        packet::proto::UDP,
-        IpAddr::V4(Ipv4Addr::new(198, 18, 10, (i % 250) as u8)),
-        1024 + (i / 250) as u16,
-        "198.19.0.9".parse().unwrap(),
-        53,
-    );
-    RuleRequest {
-        key,
-        hash: key.hash(),
-        tenant: 1,
-        chain: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-        worker: 0,
-    }
-}
 
 /// Ask for flows `range` (new ones, so each goes to SC) and wait for every answer.
 fn ask(source: &RuleSource, range: std::ops::Range<u32>) {
-    let RuleSource::Channel { requests, replies } = source else {
-        unreachable!()
-    };
-    let n = range.len();
-    for i in range {
-        requests.send(flow(i)).unwrap();
+    for r in common::ask(source, range) {
+        assert!(r.result.is_ok(), "{:?}", r.result);
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut answered = 0;
-    while answered < n && Instant::now() < deadline {
-        if let Ok(r) = replies.recv_timeout(Duration::from_millis(100)) {
-            assert!(r.result.is_ok(), "{:?}", r.result);
-            answered += 1;
-        }
-    }
-    assert_eq!(answered, n, "requests left unanswered");
 }
 
 fn kinds(events: &[v1::FmEvent]) -> Vec<&str> {
@@ -86,19 +37,14 @@ fn fm_records_scales_refusals_deaths_and_repairs_and_reports_load_per_group() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("events.jsonl");
     let cfg = fm::FmConfig {
-        chains: vec![chain()],
+        chains: vec![snat_chain(&["198.19.255.1"])],
         events_file: Some(file.clone()),
         ..fm::FmConfig::default()
     };
     let mut cluster = Cluster::start_with(cfg, 6, Arc::new(sc::testing::TestNfs));
     let map0 = cluster.wait_groups(1, 3);
     let g1 = map0.groups[0].id;
-    let (client, mut links) =
-        FmClient::start(FmClientConfig::new(&cluster.fm_addr(), "pp-ev")).unwrap();
-    let link = links.remove(0);
-    wait(Duration::from_secs(5), "PP session", || {
-        client.connected().then_some(())
-    });
+    let (client, link) = pp_session(FmClientConfig::new(&cluster.fm_addr(), "pp-ev"));
 
     ask(&link.source, 0..300);
     let load = cluster.rt.block_on(cluster.fm.load()).unwrap();

@@ -8,87 +8,32 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{local, wait};
-use fm::{FmConfig, ScaleRequest};
-use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
-use pp::{FmClient, FmClientConfig};
-use proto::ChainDef;
-use sc::{ScConfig, ScProcess};
+use common::{ask, fm_pair, mapping, pp_session, snat_chain, wait, wait_groups};
+use fm::{FmHandle, ScaleRequest};
+use pipeline::{FlowKey, RuleSource};
+use pp::FmClientConfig;
+use sc::ScProcess;
+use tokio::runtime::Runtime;
 
-fn chain() -> ChainDef {
-    serde_json::from_value(serde_json::json!({
-        "tenant": 1, "chain": 1,
-        "nfs": [{"kind": "snat", "pools": [
-            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 65535}}]}],
-        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
-        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
-    }))
-    .unwrap()
-}
-
-fn flow(i: u32) -> RuleRequest {
-    let key = FlowKey::new(
-        100,
-        packet::proto::UDP,
-        IpAddr::V4(Ipv4Addr::from(
-            u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250,
-        )),
-        1024 + (i / 250) as u16,
-        "198.19.0.9".parse().unwrap(),
-        53,
-    );
-    RuleRequest {
-        key,
-        hash: key.hash(),
-        tenant: 1,
-        chain: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-        worker: 0,
-    }
-}
-
-fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
-    let rule = r.result.as_ref().ok()?;
-    rule.actions.iter().find_map(|a| match a {
-        Action::SetSrc {
-            addr: Some(a),
-            port: Some(p),
-        } => Some((*a, *p)),
-        _ => None,
-    })
+/// [`fm_pair`] over one SNAT chain, with `n_sc` SC nodes.
+fn start(n_sc: usize) -> (Runtime, FmHandle, FmHandle, Vec<ScProcess>) {
+    fm_pair(
+        vec![snat_chain(&["198.19.255.1"])],
+        n_sc,
+        Arc::new(sc::testing::TestNfs),
+    )
 }
 
 /// Ask for `flows` and wait for every answer: key → mapping (errors are missing).
-fn ask(source: &RuleSource, flows: std::ops::Range<u32>) -> HashMap<FlowKey, (IpAddr, u16)> {
-    let RuleSource::Channel { requests, replies } = source else {
-        unreachable!()
-    };
-    let n = flows.len();
-    for i in flows {
-        requests.send(flow(i)).unwrap();
-    }
-    let mut out = HashMap::new();
-    let mut answered = 0;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while answered < n && Instant::now() < deadline {
-        if let Ok(r) = replies.recv_timeout(Duration::from_millis(100)) {
-            answered += 1;
-            if let Some(m) = mapping(&r) {
-                out.insert(r.key, m);
-            }
-        }
-    }
-    assert_eq!(answered, n, "flows left unanswered");
-    out
+fn mappings(source: &RuleSource, flows: std::ops::Range<u32>) -> HashMap<FlowKey, (IpAddr, u16)> {
+    ask(source, flows)
+        .iter()
+        .filter_map(|r| Some((r.key, mapping(r)?)))
+        .collect()
 }
 
 /// (group, lo, hi) of every partition, and each group's order, sorted.
@@ -112,37 +57,10 @@ fn shape(m: &proto::v1::PartitionMap) -> Shape {
 
 #[test]
 fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = |id: &str| FmConfig {
-        fm_id: id.into(),
-        chains: vec![chain()],
-        ..FmConfig::default()
-    };
-    let active = rt.block_on(fm::start(cfg("fm-a"), local())).unwrap();
-    let standby = rt.block_on(fm::start(cfg("fm-b"), local())).unwrap();
+    let (rt, active, standby, mut scs) = start(7);
     let (a, b) = (active.addr().to_string(), standby.addr().to_string());
     let both = format!("{a},{b}");
-    let mut scs: Vec<ScProcess> = (0..7)
-        .map(|i| {
-            ScProcess::spawn(
-                ScConfig::new(&format!("sc-{i}"), local(), &both),
-                Arc::new(sc::testing::TestNfs),
-            )
-            .unwrap()
-        })
-        .collect();
-    wait(Duration::from_secs(10), "a group on the active FM", || {
-        let m = rt.block_on(active.partition_map())?;
-        (m.groups.len() == 1 && m.groups[0].replicas.len() == 3).then_some(())
-    });
+    wait_groups(&rt, &active, 1, 3);
     let out = rt
         .block_on(active.scale(ScaleRequest::Out {
             tenant: 1,
@@ -152,13 +70,9 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
         .unwrap();
     assert_eq!(out.aborted, None);
 
-    let (client, mut links) = FmClient::start(FmClientConfig::new(&both, "pp-1")).unwrap();
-    let link = links.remove(0);
-    wait(Duration::from_secs(5), "PP session", || {
-        client.connected().then_some(())
-    });
+    let (client, link) = pp_session(FmClientConfig::new(&both, "pp-1"));
     assert_eq!(client.current_fm().as_deref(), Some(a.as_str()));
-    let before = ask(&link.source, 0..1000);
+    let before = mappings(&link.source, 0..1000);
     assert_eq!(before.len(), 1000);
     let map_a = rt.block_on(active.partition_map()).unwrap();
     let shape_a = shape(&map_a);
@@ -208,10 +122,10 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
 
     // NF state survived: the standby's cache is empty, so these reach SC, and SNAT
     // answers known flows with their mappings.
-    let again = ask(&link.source, 0..1000);
+    let again = mappings(&link.source, 0..1000);
     assert_eq!(again, before, "flows got other mappings after the failover");
     // New flows are served, with ports no old flow holds.
-    let new = ask(&link.source, 1000..2000);
+    let new = mappings(&link.source, 1000..2000);
     assert_eq!(new.len(), 1000);
     let mut ports: HashSet<(IpAddr, u16)> = before.values().copied().collect();
     for m in new.values() {
@@ -228,7 +142,7 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
         let g = m.groups.iter().find(|g| g.id == gid)?;
         (g.replicas.len() == 3 && !g.replicas.iter().any(|r| r.node_id == victim)).then_some(())
     });
-    let last = ask(&link.source, 0..2000);
+    let last = mappings(&link.source, 0..2000);
     assert_eq!(last.len(), 2000);
     for (k, m) in before.iter().chain(new.iter()) {
         assert_eq!(last.get(k), Some(m));
@@ -243,38 +157,11 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
 /// takes its place and no flow changes its mapping.
 #[test]
 fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = |id: &str| FmConfig {
-        fm_id: id.into(),
-        chains: vec![chain()],
-        ..FmConfig::default()
-    };
-    let active = rt.block_on(fm::start(cfg("fm-a"), local())).unwrap();
-    let standby = rt.block_on(fm::start(cfg("fm-b"), local())).unwrap();
+    let (rt, active, standby, mut scs) = start(5);
     let (a, b) = (active.addr().to_string(), standby.addr().to_string());
     let both = format!("{a},{b}");
-    let mut scs: Vec<ScProcess> = (0..5)
-        .map(|i| {
-            ScProcess::spawn(
-                ScConfig::new(&format!("sc-{i}"), local(), &both),
-                Arc::new(sc::testing::TestNfs),
-            )
-            .unwrap()
-        })
-        .collect();
     let idx = |id: &str| -> usize { id.strip_prefix("sc-").unwrap().parse().unwrap() };
-    let first = wait(Duration::from_secs(10), "a group on the active FM", || {
-        let m = rt.block_on(active.partition_map())?;
-        (m.groups.len() == 1 && m.groups[0].replicas.len() == 3).then_some(m)
-    });
+    let first = wait_groups(&rt, &active, 1, 3);
     // A repair first, so the group's epoch is past the one a fresh FM would give it.
     let head = first.groups[0].replicas[0].node_id.clone();
     scs[idx(&head)].kill();
@@ -286,12 +173,8 @@ fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
     let epoch = repaired.groups[0].epoch;
     assert!(epoch > 1);
 
-    let (client, mut links) = FmClient::start(FmClientConfig::new(&both, "pp-1")).unwrap();
-    let link = links.remove(0);
-    wait(Duration::from_secs(5), "PP session", || {
-        client.connected().then_some(())
-    });
-    let before = ask(&link.source, 0..500);
+    let (client, link) = pp_session(FmClientConfig::new(&both, "pp-1"));
+    let before = mappings(&link.source, 0..500);
     assert_eq!(before.len(), 500);
 
     // The FM goes, and a replica with it, before the nodes reach the standby.
@@ -319,7 +202,7 @@ fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
     wait(Duration::from_secs(5), "PP on the standby", || {
         (client.current_fm().as_deref() == Some(b.as_str())).then_some(())
     });
-    let again = ask(&link.source, 0..500);
+    let again = mappings(&link.source, 0..500);
     assert_eq!(again, before, "flows got other mappings after the failover");
     drop(client);
     standby.stop();

@@ -9,23 +9,22 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{nf_part, wait, Cluster};
-use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
-use pp::{FmClient, FmClientConfig};
-use proto::ChainDef;
+use common::{chain, flow, flow_index, mapping, nf_part, pp_session, snat_chain, wait, Cluster};
+use pipeline::{FlowKey, RuleSource};
+use pp::FmClientConfig;
 use sc::testing::TestSnat;
 
-const VNI: u32 = 100;
 const ADDRS: [&str; 4] = [
     "198.19.255.1",
     "198.19.255.2",
     "198.19.255.3",
     "198.19.255.4",
 ];
+/// The SNAT's port range ([`snat_chain`]'s).
 const PORTS: (u16, u16) = (1024, 65535);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -36,65 +35,12 @@ enum Nfs {
     Builtin,
 }
 
-fn chain(nfs: Nfs) -> ChainDef {
-    let snat = match nfs {
-        Nfs::Test => serde_json::json!({"kind": "test-snat", "addrs": ADDRS,
-                                        "ports": [PORTS.0, PORTS.1]}),
-        Nfs::Builtin => serde_json::json!({"kind": "snat", "pools": [
-            {"addresses": ADDRS, "ports": {"lo": PORTS.0, "hi": PORTS.1}}]}),
-    };
-    serde_json::from_value(serde_json::json!({
-        "tenant": 1, "chain": 1,
-        "nfs": [snat],
-        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
-        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
-    }))
-    .unwrap()
-}
-
-/// Flow `i`: one of 250 clients, a distinct source port each.
-fn flow(i: u32) -> RuleRequest {
-    let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250);
-    let key = FlowKey::new(
-        VNI,
-        packet::proto::UDP,
-        IpAddr::V4(client),
-        1024 + (i / 250) as u16,
-        "198.19.0.9".parse().unwrap(),
-        53,
-    );
-    RuleRequest {
-        key,
-        hash: key.hash(),
-        tenant: 1,
-        chain: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-        worker: 0,
+fn snat(nfs: Nfs) -> proto::ChainDef {
+    match nfs {
+        Nfs::Test => chain(serde_json::json!([{"kind": "test-snat", "addrs": ADDRS,
+                                               "ports": [PORTS.0, PORTS.1]}])),
+        Nfs::Builtin => snat_chain(&ADDRS),
     }
-}
-
-/// Inverse of [`flow`].
-fn flow_index(k: &FlowKey) -> u32 {
-    let IpAddr::V4(a) = k.src() else {
-        unreachable!()
-    };
-    (u32::from(a) - u32::from(Ipv4Addr::new(198, 18, 10, 0))) + 250 * u32::from(k.sport() - 1024)
-}
-
-fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
-    let rule = r.result.as_ref().ok()?;
-    rule.actions.iter().find_map(|a| match a {
-        Action::SetSrc {
-            addr: Some(a),
-            port: Some(p),
-        } => Some((*a, *p)),
-        _ => None,
-    })
 }
 
 /// Drive flows `range` through FM with at most `window` outstanding; call `during` once
@@ -164,7 +110,7 @@ fn stream(
 fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
     let t0 = Instant::now();
     let cfg = fm::FmConfig {
-        chains: vec![chain(nfs)],
+        chains: vec![snat(nfs)],
         // With the built-in SNAT the test asks SC again for every flow at the end, so
         // FM must not answer from its cache.
         cache_capacity: if nfs == Nfs::Builtin { 1 } else { 1 << 20 },
@@ -184,11 +130,7 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
 
     let mut cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-load");
     cfg.forget_after = Duration::from_secs(30);
-    let (client, mut links) = FmClient::start(cfg).unwrap();
-    let link = links.remove(0);
-    wait(Duration::from_secs(5), "PP session", || {
-        client.connected().then_some(())
-    });
+    let (client, link) = pp_session(cfg);
 
     let mut cluster = cluster;
     let scs = std::mem::take(&mut cluster.scs);

@@ -1,16 +1,20 @@
-//! A cluster for tests: an FM and SC nodes, all real gRPC on 127.0.0.1 with ephemeral
-//! ports. FM runs on a tokio runtime of the test's; each SC node on its own runtime
-//! thread ([`sc::ScProcess`]), so killing one looks like a crashed process.
+//! A cluster for tests: an FM (or an active and a standby FM) and SC nodes, all real
+//! gRPC on 127.0.0.1 with ephemeral ports. FM runs on a tokio runtime of the test's;
+//! each SC node on its own runtime thread ([`sc::ScProcess`]), so killing one looks like
+//! a crashed process. Also the flows, chain and PP session the tests drive it with.
 
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fm::{FmConfig, FmHandle};
+use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pp::{FmClient, FmClientConfig, WorkerLink};
 use proto::{v1, ChainDef};
 use sc::{ChainFactory, ScConfig, ScProcess};
+use tokio::runtime::Runtime;
 
 pub struct Cluster {
     pub rt: tokio::runtime::Runtime,
@@ -20,6 +24,47 @@ pub struct Cluster {
 
 pub fn local() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
+}
+
+/// The runtime FM runs on, with the test's logs set up first: `RUST_LOG=info cargo test
+/// ...` shows FM's and SC's logs (repairs, stalls).
+pub fn runtime() -> Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// SC nodes `sc-0` to `sc-{n-1}`, given `fm_addrs` (one FM, or a comma-separated list).
+pub fn spawn_scs(n: usize, fm_addrs: &str, factory: Arc<dyn ChainFactory>) -> Vec<ScProcess> {
+    (0..n)
+        .map(|i| {
+            ScProcess::spawn(
+                ScConfig::new(&format!("sc-{i}"), local(), fm_addrs),
+                factory.clone(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// Wait until `fm`'s map has `chains` groups, each of `replicas`.
+pub fn wait_groups(
+    rt: &Runtime,
+    fm: &FmHandle,
+    chains: usize,
+    replicas: usize,
+) -> v1::PartitionMap {
+    wait(Duration::from_secs(10), "SC groups", || {
+        let m = rt.block_on(fm.partition_map())?;
+        (m.groups.len() == chains && m.groups.iter().all(|g| g.replicas.len() == replicas))
+            .then_some(m)
+    })
 }
 
 impl Cluster {
@@ -35,27 +80,9 @@ impl Cluster {
     }
 
     pub fn start_with(cfg: FmConfig, n_sc: usize, factory: Arc<dyn ChainFactory>) -> Cluster {
-        // `RUST_LOG=info cargo test ...` shows FM's and SC's logs (repairs, stalls).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let fm = rt.block_on(fm::start(cfg, local())).unwrap();
-        let fm_addr = fm.addr().to_string();
-        let scs = (0..n_sc)
-            .map(|i| {
-                ScProcess::spawn(
-                    ScConfig::new(&format!("sc-{i}"), local(), &fm_addr),
-                    factory.clone(),
-                )
-                .unwrap()
-            })
-            .collect();
+        let scs = spawn_scs(n_sc, &fm.addr().to_string(), factory);
         Cluster { rt, fm, scs }
     }
 
@@ -73,11 +100,7 @@ impl Cluster {
 
     /// Wait until every chain has a group of `replicas`.
     pub fn wait_groups(&self, chains: usize, replicas: usize) -> v1::PartitionMap {
-        wait(Duration::from_secs(10), "SC groups", || {
-            let m = self.map();
-            (m.groups.len() == chains && m.groups.iter().all(|g| g.replicas.len() == replicas))
-                .then_some(m)
-        })
+        wait_groups(&self.rt, &self.fm, chains, replicas)
     }
 
     /// Every group state of SC node `addr`, via its GroupStatus RPC.
@@ -96,6 +119,128 @@ impl Cluster {
                 .groups
         })
     }
+}
+
+/// Two FMs with the same chains, `fm-a` (active: the nodes try it first) and `fm-b`
+/// (standby), and SC nodes given both: (runtime, active, standby, SC nodes).
+pub fn fm_pair(
+    chains: Vec<ChainDef>,
+    n_sc: usize,
+    factory: Arc<dyn ChainFactory>,
+) -> (Runtime, FmHandle, FmHandle, Vec<ScProcess>) {
+    let rt = runtime();
+    let start = |id: &str| {
+        let cfg = FmConfig {
+            fm_id: id.into(),
+            chains: chains.clone(),
+            ..FmConfig::default()
+        };
+        rt.block_on(fm::start(cfg, local())).unwrap()
+    };
+    let (active, standby) = (start("fm-a"), start("fm-b"));
+    let scs = spawn_scs(
+        n_sc,
+        &format!("{},{}", active.addr(), standby.addr()),
+        factory,
+    );
+    (rt, active, standby, scs)
+}
+
+/// Tenant 1's chain 1 of these NFs (a JSON array), decapsulating and re-encapsulating
+/// VXLAN both ways.
+pub fn chain(nfs: serde_json::Value) -> ChainDef {
+    serde_json::from_value(serde_json::json!({
+        "tenant": 1, "chain": 1,
+        "nfs": nfs,
+        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
+        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
+    }))
+    .unwrap()
+}
+
+/// [`chain`] of one built-in SNAT (nfs crate) with ports 1024-65535 on `addrs`.
+pub fn snat_chain(addrs: &[&str]) -> ChainDef {
+    chain(serde_json::json!([{"kind": "snat", "pools": [
+        {"addresses": addrs, "ports": {"lo": 1024, "hi": 65535}}]}]))
+}
+
+/// The VNI of every [`flow`].
+pub const VNI: u32 = 100;
+
+/// Flow `i` of [`chain`], as a PP worker asks for its rule: one of 250 clients, a
+/// distinct source port each (so a distinct SNAT mapping per flow).
+pub fn flow(i: u32) -> RuleRequest {
+    let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250);
+    let key = FlowKey::new(
+        VNI,
+        packet::proto::UDP,
+        IpAddr::V4(client),
+        1024 + (i / 250) as u16,
+        "198.19.0.9".parse().unwrap(),
+        53,
+    );
+    RuleRequest {
+        key,
+        hash: key.hash(),
+        tenant: 1,
+        chain: 1,
+        meta: PacketMeta {
+            len: 60,
+            tcp_flags: 0,
+            icmp_error: false,
+            ingress_port: 0,
+        },
+        worker: 0,
+    }
+}
+
+/// Inverse of [`flow`].
+pub fn flow_index(k: &FlowKey) -> u32 {
+    let IpAddr::V4(a) = k.src() else {
+        unreachable!()
+    };
+    (u32::from(a) - u32::from(Ipv4Addr::new(198, 18, 10, 0))) + 250 * u32::from(k.sport() - 1024)
+}
+
+/// The source address and port a rule maps a flow to (SNAT); None for an error reply.
+pub fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
+    let rule = r.result.as_ref().ok()?;
+    rule.actions.iter().find_map(|a| match a {
+        Action::SetSrc {
+            addr: Some(a),
+            port: Some(p),
+        } => Some((*a, *p)),
+        _ => None,
+    })
+}
+
+/// Ask for [`flow`]s `flows` all at once and wait (20 s at most) for every answer.
+pub fn ask(source: &RuleSource, flows: std::ops::Range<u32>) -> Vec<RuleReply> {
+    let RuleSource::Channel { requests, replies } = source else {
+        unreachable!()
+    };
+    let n = flows.len();
+    for i in flows {
+        requests.send(flow(i)).unwrap();
+    }
+    let mut out = Vec::with_capacity(n);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n && Instant::now() < deadline {
+        if let Ok(r) = replies.recv_timeout(Duration::from_millis(100)) {
+            out.push(r);
+        }
+    }
+    assert_eq!(out.len(), n, "flows left unanswered");
+    out
+}
+
+/// A PP node's FM client, once its session is up, and its first worker's link.
+pub fn pp_session(cfg: FmClientConfig) -> (FmClient, WorkerLink) {
+    let (client, mut links) = FmClient::start(cfg).unwrap();
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
+    (client, links.remove(0))
 }
 
 /// Poll `f` every 10 ms until it returns Some, or fail after `limit`.
