@@ -8,7 +8,10 @@ use pipeline::{Action, FlowKey, Rule};
 use thiserror::Error;
 
 use crate::env::NfEnv;
-use crate::types::{FirstPacket, FlowEvent, NetworkFunction, NfError, Rewrite, SplitHalf, Verdict};
+use crate::types::{
+    FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfError, PreparedPart, Rewrite,
+    SplitHalf, Verdict,
+};
 
 /// One step of a chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,14 +334,66 @@ impl Chain {
         Some(out)
     }
 
+    /// Merge a part (a chain snapshot or split). Same as decoding it with
+    /// [`Chain::merge_decoder`] and [`Chain::merge_prepared`].
     pub fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let parts = unframe_parts(part, self.nfs.len())?;
-        for (nf, p) in self.nfs.iter_mut().zip(parts) {
-            nf.merge(p)?;
+        let prepared = self.merge_decoder().decode(part)?;
+        self.merge_prepared(prepared)
+    }
+
+    /// A decoder for parts to merge into this chain, independent of its state: it can
+    /// run on another thread while the chain keeps deciding flows.
+    pub fn merge_decoder(&self) -> ChainDecoder {
+        ChainDecoder(self.nfs.iter().map(|nf| nf.merge_decoder()).collect())
+    }
+
+    /// Merge a decoded part. Every NF checks its share first, and nothing is merged
+    /// unless all accept (for NFs whose `check_prepared` is complete, as the built-in
+    /// ones are), so a refused merge leaves the chain as it was.
+    pub fn merge_prepared(&mut self, part: PreparedChainPart) -> Result<(), NfError> {
+        if part.0.len() != self.nfs.len() {
+            return Err(NfError::Snapshot(format!(
+                "prepared part for {} NFs, chain has {}",
+                part.0.len(),
+                self.nfs.len()
+            )));
+        }
+        for (nf, p) in self.nfs.iter().zip(&part.0) {
+            nf.check_prepared(p)?;
+        }
+        for (nf, p) in self.nfs.iter_mut().zip(part.0) {
+            nf.merge_prepared(p)?;
         }
         Ok(())
     }
 }
+
+/// Decodes chain parts for [`Chain::merge_prepared`] (from [`Chain::merge_decoder`]).
+#[derive(Clone)]
+pub struct ChainDecoder(Vec<MergeDecoder>);
+
+impl ChainDecoder {
+    pub fn decode(&self, part: &[u8]) -> Result<PreparedChainPart, NfError> {
+        let parts = unframe_parts(part, self.0.len())?;
+        let prepared = self
+            .0
+            .iter()
+            .zip(parts)
+            .map(|(d, p)| d(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PreparedChainPart(prepared))
+    }
+}
+
+impl std::fmt::Debug for ChainDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChainDecoder({} NFs)", self.0.len())
+    }
+}
+
+/// A chain part decoded ahead of its merge: one [`PreparedPart`] per NF.
+#[derive(Debug)]
+pub struct PreparedChainPart(Vec<PreparedPart>);
 
 struct Walk {
     key: FlowKey,

@@ -26,9 +26,11 @@ mod chain;
 mod env;
 mod types;
 
-pub use chain::{Chain, ChainError, ChainSpec, ComposedRules, Egress};
+pub use chain::{
+    Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
+};
 pub use env::{DetRng, NfEnv};
 pub use types::{
-    Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, NetworkFunction, NfError,
-    Rewrite, Scope, SplitHalf, TableSpec, Verdict,
+    Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
+    NfError, PreparedPart, Rewrite, Scope, SplitHalf, TableSpec, Verdict,
 };

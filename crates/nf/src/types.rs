@@ -1,6 +1,8 @@
 //! The contract between an NF and the platform.
 
+use std::any::Any;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline::{Action, FlowKey, PacketMeta};
@@ -302,6 +304,42 @@ pub enum NfError {
     Other(String),
 }
 
+/// A part to merge, decoded ahead of the merge by a [`MergeDecoder`]: what the NF's
+/// decoder made of the bytes, for [`NetworkFunction::merge_prepared`] of the same NF.
+pub struct PreparedPart(Box<dyn Any + Send>);
+
+impl PreparedPart {
+    pub fn new<T: Any + Send>(v: T) -> Self {
+        PreparedPart(Box::new(v))
+    }
+
+    /// The decoded value, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+
+    /// The decoded value, if it is a `T`; an error (not a panic) otherwise.
+    pub fn downcast<T: Any>(self) -> Result<T, NfError> {
+        self.0
+            .downcast()
+            .map(|b| *b)
+            .map_err(|_| NfError::Snapshot("prepared part of another NF kind".into()))
+    }
+}
+
+impl std::fmt::Debug for PreparedPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreparedPart")
+    }
+}
+
+/// Decodes parts for one NF without its state, on any thread, while the NF keeps
+/// serving ([`NetworkFunction::merge_decoder`]).
+pub type MergeDecoder = Arc<dyn Fn(&[u8]) -> Result<PreparedPart, NfError> + Send + Sync>;
+
+/// What the default [`NetworkFunction::merge_decoder`] keeps: the bytes themselves.
+struct RawPart(Vec<u8>);
+
 /// A network function. Built-in NFs and tenant NFs implement the same trait.
 pub trait NetworkFunction: Send {
     /// Short kind name (`snat`, `lb`, `fw`, `monitor`, or the tenant's own).
@@ -335,6 +373,28 @@ pub trait NetworkFunction: Send {
 
     /// Scale-in: take in a part another owner split off (or its whole state).
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError>;
+
+    /// A decoder for parts to merge that needs none of this NF's state, so SC can decode
+    /// a part on another thread before the merge op is sequenced (docs/scaling.md): the
+    /// ordered merge is then [`NetworkFunction::merge_prepared`] on decoded state. The
+    /// default keeps the bytes, and `merge_prepared` runs [`NetworkFunction::merge`].
+    fn merge_decoder(&self) -> MergeDecoder {
+        Arc::new(|b: &[u8]| Ok(PreparedPart::new(RawPart(b.to_vec()))))
+    }
+
+    /// Whether [`NetworkFunction::merge_prepared`] would take `part` (from this NF's
+    /// decoder). A chain checks every NF before it merges any, so that a refused merge
+    /// changes nothing. The default accepts; its `merge_prepared` may still refuse.
+    fn check_prepared(&self, _part: &PreparedPart) -> Result<(), NfError> {
+        Ok(())
+    }
+
+    /// Merge a part this NF's [`NetworkFunction::merge_decoder`] decoded. Same outcome
+    /// as [`NetworkFunction::merge`] on the bytes.
+    fn merge_prepared(&mut self, part: PreparedPart) -> Result<(), NfError> {
+        let raw: RawPart = part.downcast()?;
+        self.merge(&raw.0)
+    }
 
     /// `FlowKey::hash()` of every flow this NF holds per-flow state for, or None if it
     /// cannot tell. During a scale (docs/scaling.md) the old owner keeps deciding new

@@ -644,6 +644,29 @@ impl Firewall {
     }
 }
 
+impl Firewall {
+    /// Take in a parsed part; never fails (a different configuration is logged, ours kept).
+    fn merge_snapshot(&mut self, snap: FwSnapshot) {
+        if snap.config.0 != self.cfg {
+            warn!("fw: merged part carries a different configuration; keeping ours");
+        }
+        for c in snap.conns {
+            let conn = Conn {
+                tenant: c.tenant,
+                state: c.state,
+                deadline_ms: c.deadline_ms,
+            };
+            // Parts are disjoint by key; should one overlap, the later deadline wins.
+            match self.conns.get(&c.key.0) {
+                Some(cur) if cur.deadline_ms >= conn.deadline_ms => {}
+                _ => {
+                    self.conns.insert(c.key.0, conn);
+                }
+            }
+        }
+    }
+}
+
 impl NetworkFunction for Firewall {
     fn kind(&self) -> &str {
         "fw"
@@ -770,24 +793,17 @@ impl NetworkFunction for Firewall {
     }
 
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let snap = FwSnapshot::parse(part)?;
-        if snap.config.0 != self.cfg {
-            warn!("fw: merged part carries a different configuration; keeping ours");
-        }
-        for c in snap.conns {
-            let conn = Conn {
-                tenant: c.tenant,
-                state: c.state,
-                deadline_ms: c.deadline_ms,
-            };
-            // Parts are disjoint by key; should one overlap, the later deadline wins.
-            match self.conns.get(&c.key.0) {
-                Some(cur) if cur.deadline_ms >= conn.deadline_ms => {}
-                _ => {
-                    self.conns.insert(c.key.0, conn);
-                }
-            }
-        }
+        self.merge_snapshot(FwSnapshot::parse(part)?);
+        Ok(())
+    }
+
+    /// Parsing the part needs no state: it runs off the request stream (docs/scaling.md).
+    fn merge_decoder(&self) -> nf::MergeDecoder {
+        std::sync::Arc::new(|b: &[u8]| Ok(nf::PreparedPart::new(FwSnapshot::parse(b)?)))
+    }
+
+    fn merge_prepared(&mut self, part: nf::PreparedPart) -> Result<(), NfError> {
+        self.merge_snapshot(part.downcast()?);
         Ok(())
     }
 

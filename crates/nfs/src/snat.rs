@@ -25,11 +25,12 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nf::{
-    Consistency, Decision, DetRng, Endpoint, FirstPacket, FlowEvent, NetworkFunction, NfEnv,
-    NfError, Rewrite, SplitHalf, TableSpec,
+    Consistency, Decision, DetRng, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
+    NfEnv, NfError, PreparedPart, Rewrite, SplitHalf, TableSpec,
 };
 use packet::proto;
 use pipeline::FlowKey;
@@ -894,6 +895,135 @@ impl State {
     }
 }
 
+/// A part decoded for a merge: its state, with its flows taken out in key order (every
+/// replica inserts them in the same order).
+struct SnatPart {
+    state: State,
+    flows: Vec<(FlowKey, FlowEntry)>,
+}
+
+impl SnatPart {
+    fn decode(plan: &Plan, bytes: &[u8]) -> Result<SnatPart, NfError> {
+        let mut state = State::decode(plan, bytes)?;
+        let mut flows: Vec<(FlowKey, FlowEntry)> = state.flows.drain().collect();
+        flows.sort_by_key(|(k, _)| *k.as_bytes());
+        state.by_reply.clear();
+        state.timers.clear();
+        Ok(SnatPart { state, flows })
+    }
+}
+
+impl State {
+    /// Whether `other` can be merged into this state (see `Snat::merge`).
+    fn check_merge(&self, other: &SnatPart) -> Result<(), NfError> {
+        let st = self;
+        // Word by word and mapping by mapping, not port by port: the free sets hold
+        // tens of thousands of ports, and this runs on the request stream.
+        for (&(addr, proto), set) in &other.state.ports.sets {
+            let Some(mine) = st.ports.sets.get(&(addr, proto)) else {
+                continue;
+            };
+            if (mine.lo, mine.hi) != (set.lo, set.hi) {
+                return Err(snap_err(format!("port range of {addr} differs")));
+            }
+            for (i, (a, b)) in mine.bits.iter().zip(&set.bits).enumerate() {
+                let both = a & b;
+                if both != 0 {
+                    let port = set.port_at(i * 64 + both.trailing_zeros() as usize);
+                    return Err(snap_err(format!(
+                        "port {port} of {addr} is free on both sides"
+                    )));
+                }
+            }
+        }
+        for e in st.mappings.keys() {
+            if other.state.ports.is_free(e) {
+                return Err(snap_err(format!(
+                    "port {} of {} is free there and mapped here",
+                    e.port, e.addr
+                )));
+            }
+        }
+        for (e, m) in &other.state.mappings {
+            if st.ports.is_free(e) {
+                return Err(snap_err(format!("{e:?} is mapped there and free here")));
+            }
+            if let Some(mine) = st.mappings.get(e) {
+                if mine.key != m.key {
+                    return Err(snap_err(format!(
+                        "{e:?} is mapped for two internal endpoints"
+                    )));
+                }
+                if mine.weight.saturating_add(m.weight) > FULL_WEIGHT {
+                    return Err(snap_err(format!("{e:?} merged more than once")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Merge a part `check_merge` accepted.
+    fn apply_merge(&mut self, other: SnatPart) {
+        let st = self;
+        for (k, set) in other.state.ports.sets {
+            if let Some(mine) = st.ports.sets.get_mut(&k) {
+                for (a, b) in mine.bits.iter_mut().zip(&set.bits) {
+                    *a |= b;
+                }
+                mine.free += set.free;
+            }
+        }
+        let touched: Vec<ExternalEndpoint> = other.state.mappings.keys().copied().collect();
+        for (e, m) in other.state.mappings {
+            match st.mappings.get_mut(&e) {
+                Some(mine) => {
+                    mine.weight += m.weight;
+                    mine.flows = mine.flows.saturating_add(m.flows);
+                }
+                None => {
+                    st.mappings.insert(e, m);
+                }
+            }
+        }
+        for (k, f) in other.flows {
+            if st.flows.contains_key(&k) {
+                warn!(key = %k, "snat merge: flow decided on both sides, keeping ours");
+                st.stats.merge_conflicts += 1;
+                for e in std::iter::once(f.own).chain(f.peer) {
+                    if let Some(m) = st.mappings.get_mut(&e) {
+                        m.flows = m.flows.saturating_sub(1);
+                    }
+                }
+                continue;
+            }
+            st.by_reply
+                .entry(reply_key(&f.forward.apply(&k)))
+                .or_insert(k);
+            st.timers.insert(timer_entry(f.deadline_ms, &k));
+            st.flows.insert(k, f);
+        }
+        for (pk, p) in other.state.pairings {
+            st.pairings.entry(pk).or_insert(Pairing {
+                external: p.external,
+                mappings: 0,
+            });
+        }
+        st.stats.add(&other.state.stats);
+        st.recount_pairings();
+        st.reindex_internal();
+        // Copies reunited into a whole with no flows left: their port is free again.
+        for e in touched {
+            if st
+                .mappings
+                .get(&e)
+                .is_some_and(|m| m.flows == 0 && m.weight >= FULL_WEIGHT)
+            {
+                st.free_mapping(&e);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Snapshots
 // ---------------------------------------------------------------------------------------
@@ -1664,109 +1794,30 @@ impl NetworkFunction for Snat {
     /// owned by both sides, or one external endpoint mapped for two internal ones, is an
     /// error and changes nothing. A flow both sides hold keeps this side's decision.
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let other = State::decode(&self.plan, part)?;
-        let st = &mut self.state;
-        // Word by word and mapping by mapping, not port by port: the free sets hold
-        // tens of thousands of ports, and this runs on the request stream.
-        for (&(addr, proto), set) in &other.ports.sets {
-            let Some(mine) = st.ports.sets.get(&(addr, proto)) else {
-                continue;
-            };
-            if (mine.lo, mine.hi) != (set.lo, set.hi) {
-                return Err(snap_err(format!("port range of {addr} differs")));
-            }
-            for (i, (a, b)) in mine.bits.iter().zip(&set.bits).enumerate() {
-                let both = a & b;
-                if both != 0 {
-                    let port = set.port_at(i * 64 + both.trailing_zeros() as usize);
-                    return Err(snap_err(format!(
-                        "port {port} of {addr} is free on both sides"
-                    )));
-                }
-            }
-        }
-        for e in st.mappings.keys() {
-            if other.ports.is_free(e) {
-                return Err(snap_err(format!(
-                    "port {} of {} is free there and mapped here",
-                    e.port, e.addr
-                )));
-            }
-        }
-        for (e, m) in &other.mappings {
-            if st.ports.is_free(e) {
-                return Err(snap_err(format!("{e:?} is mapped there and free here")));
-            }
-            if let Some(mine) = st.mappings.get(e) {
-                if mine.key != m.key {
-                    return Err(snap_err(format!(
-                        "{e:?} is mapped for two internal endpoints"
-                    )));
-                }
-                if mine.weight.saturating_add(m.weight) > FULL_WEIGHT {
-                    return Err(snap_err(format!("{e:?} merged more than once")));
-                }
-            }
-        }
-        // Sound: apply.
-        for (k, set) in other.ports.sets {
-            if let Some(mine) = st.ports.sets.get_mut(&k) {
-                for (a, b) in mine.bits.iter_mut().zip(&set.bits) {
-                    *a |= b;
-                }
-                mine.free += set.free;
-            }
-        }
-        let touched: Vec<ExternalEndpoint> = other.mappings.keys().copied().collect();
-        for (e, m) in other.mappings {
-            match st.mappings.get_mut(&e) {
-                Some(mine) => {
-                    mine.weight += m.weight;
-                    mine.flows = mine.flows.saturating_add(m.flows);
-                }
-                None => {
-                    st.mappings.insert(e, m);
-                }
-            }
-        }
-        let mut incoming: Vec<(FlowKey, FlowEntry)> = other.flows.into_iter().collect();
-        incoming.sort_by_key(|(k, _)| *k.as_bytes());
-        for (k, f) in incoming {
-            if st.flows.contains_key(&k) {
-                warn!(key = %k, "snat merge: flow decided on both sides, keeping ours");
-                st.stats.merge_conflicts += 1;
-                for e in std::iter::once(f.own).chain(f.peer) {
-                    if let Some(m) = st.mappings.get_mut(&e) {
-                        m.flows = m.flows.saturating_sub(1);
-                    }
-                }
-                continue;
-            }
-            st.by_reply
-                .entry(reply_key(&f.forward.apply(&k)))
-                .or_insert(k);
-            st.timers.insert(timer_entry(f.deadline_ms, &k));
-            st.flows.insert(k, f);
-        }
-        for (pk, p) in other.pairings {
-            st.pairings.entry(pk).or_insert(Pairing {
-                external: p.external,
-                mappings: 0,
-            });
-        }
-        st.stats.add(&other.stats);
-        st.recount_pairings();
-        st.reindex_internal();
-        // Copies reunited into a whole with no flows left: their port is free again.
-        for e in touched {
-            if st
-                .mappings
-                .get(&e)
-                .is_some_and(|m| m.flows == 0 && m.weight >= FULL_WEIGHT)
-            {
-                st.free_mapping(&e);
-            }
-        }
+        let other = SnatPart::decode(&self.plan, part)?;
+        self.state.check_merge(&other)?;
+        self.state.apply_merge(other);
+        Ok(())
+    }
+
+    /// Decoding (the bulk of a merge: every flow, mapping and free port is read and
+    /// checked) needs only the configuration, so it runs off the request stream.
+    fn merge_decoder(&self) -> MergeDecoder {
+        let plan = Arc::new(self.plan.clone());
+        Arc::new(move |b: &[u8]| Ok(PreparedPart::new(SnatPart::decode(&plan, b)?)))
+    }
+
+    fn check_prepared(&self, part: &PreparedPart) -> Result<(), NfError> {
+        let other = part
+            .downcast_ref::<SnatPart>()
+            .ok_or_else(|| snap_err("prepared part is not a SNAT part".to_string()))?;
+        self.state.check_merge(other)
+    }
+
+    fn merge_prepared(&mut self, part: PreparedPart) -> Result<(), NfError> {
+        let other: SnatPart = part.downcast()?;
+        self.state.check_merge(&other)?;
+        self.state.apply_merge(other);
         Ok(())
     }
 
