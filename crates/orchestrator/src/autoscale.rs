@@ -313,6 +313,9 @@ impl Target {
 /// limits a PP node depends on how it runs (requests to FM, packets, bytes).
 #[derive(Clone)]
 pub enum PpMetric {
+    /// The heartbeat's `packets_per_s` (packets the node received): the load the
+    /// underlay spreads over the nodes, and what a new node takes a share of.
+    PacketsPerS,
     /// The heartbeat's `requests_per_s` (rule requests the node sent FM).
     RequestsPerS,
     /// Any other function of the heartbeat load, with a name for the events.
@@ -322,6 +325,7 @@ pub enum PpMetric {
 impl PpMetric {
     pub fn name(&self) -> &'static str {
         match self {
+            PpMetric::PacketsPerS => "packets_per_s",
             PpMetric::RequestsPerS => "requests_per_s",
             PpMetric::Custom(name, _) => name,
         }
@@ -329,6 +333,7 @@ impl PpMetric {
 
     pub fn value(&self, load: &v1::Load) -> f64 {
         match self {
+            PpMetric::PacketsPerS => load.packets_per_s,
             PpMetric::RequestsPerS => load.requests_per_s,
             PpMetric::Custom(_, f) => f(load),
         }
@@ -416,8 +421,8 @@ pub trait Actuator: Send + Sync {
     ) -> Result<String, AutoscaleError>;
     /// Merge a partition of the chain (FM retires the newest) into its neighbour.
     async fn sc_scale_in(&self, tenant: u32, chain: u32) -> Result<String, AutoscaleError>;
-    /// Start one more PP node. Nothing in starfabric starts PP nodes yet: the default
-    /// says so, and the driver records that as an `autoscale_failed` event.
+    /// Start one more PP node. Without a node provider the default says so, and the
+    /// driver records that as an `autoscale_failed` event.
     async fn pp_scale_out(&self) -> Result<String, AutoscaleError> {
         Err(AutoscaleError::NoPpProvider)
     }
@@ -426,8 +431,8 @@ pub trait Actuator: Send + Sync {
     }
 }
 
-/// Starts and stops PP nodes (local processes, Kubernetes): the hook [`FmActuator`]
-/// calls for PP decisions.
+/// Starts and stops PP nodes (local processes: [`crate::provider::LocalPpProvider`];
+/// Kubernetes): the hook [`FmActuator`] calls for PP decisions.
 #[tonic::async_trait]
 pub trait PpNodeProvider: Send + Sync {
     /// Start a PP node; answers what it started.

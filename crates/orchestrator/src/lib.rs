@@ -22,6 +22,7 @@ pub mod control;
 pub mod desired;
 pub mod error;
 pub mod model;
+pub mod provider;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -28,6 +28,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{debug, info, warn};
 
+/// The span a heartbeat's `packets_per_s` is measured over.
+const RATE_WINDOW: Duration = Duration::from_millis(500);
+
 #[derive(Debug, Error)]
 pub enum FmClientError {
     #[error("starting the FM client: {0}")]
@@ -408,6 +411,7 @@ async fn session(
     let mut hb = tokio::time::interval(Duration::from_millis(u64::from(ack.heartbeat_ms.max(1))));
     let mut hb_seq = 0u64;
     let mut hb_last = (Instant::now(), cfg.rx_packets.load(Ordering::Relaxed));
+    let mut packets_per_s = 0.0;
     loop {
         tokio::select! {
             batch = net.recv() => {
@@ -454,10 +458,15 @@ async fn session(
                 hb_seq += 1;
                 let now = Instant::now();
                 outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+                // The rate is taken over windows of RATE_WINDOW, not per heartbeat: a
+                // 10 ms heartbeat's own slice holds a handful of packets, too few for
+                // the vIP scheduler's or the autoscaler's water marks.
                 let rx = cfg.rx_packets.load(Ordering::Relaxed);
-                let secs = now.duration_since(hb_last.0).as_secs_f64().max(1e-3);
-                let packets_per_s = rx.saturating_sub(hb_last.1) as f64 / secs;
-                hb_last = (now, rx);
+                let elapsed = now.duration_since(hb_last.0);
+                if elapsed >= RATE_WINDOW {
+                    packets_per_s = rx.saturating_sub(hb_last.1) as f64 / elapsed.as_secs_f64();
+                    hb_last = (now, rx);
+                }
                 let _ = otx.send(v1::PpUp {
                     msg: Some(pp_up::Msg::Heartbeat(v1::Heartbeat {
                         seq: hb_seq,

@@ -1,6 +1,7 @@
 //! `starfabric autoscale --fm HOST:PORT --sc-capacity-rps N [--high 0.8 --low 0.3
 //! --interval 1 --sustain 3 --cooldown 10] [--tenant T --chain C ...]`: scale SC groups
-//! (and PP nodes, with `--pp-capacity`) between water marks until SIGINT/SIGTERM.
+//! (and PP nodes, with `--pp-capacity` and a node pool, `--pp-pool FILE`) between water
+//! marks until SIGINT/SIGTERM.
 //!
 //! The policy and the driver are `orchestrator::autoscale`; this runs them against FM's
 //! gRPC API, prints one line per decision, and leaves the record in FM's event log
@@ -8,14 +9,16 @@
 
 use std::io::Write as _;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use orchestrator::autoscale::{
     Aggregate, AutoscaleConfig, Autoscaler, Decision, FmActuator, FmEvents, FmLoad, PolicyConfig,
-    PpConfig, PpMetric, ScConfig, StepRecord, WaterMarks,
+    PpConfig, PpMetric, PpNodeProvider, ScConfig, StepRecord, WaterMarks,
 };
+use orchestrator::provider::{LocalPpProvider, PpPool};
 
 use crate::pp_cmd::{install_signal_handlers, STOP};
 
@@ -57,6 +60,19 @@ pub struct AutoscaleArgs {
     /// is not scaled.
     #[arg(long)]
     pub pp_capacity: Option<f64>,
+    /// The PP load metric, from each node's heartbeat: `packets_per_s` (packets it
+    /// received) or `requests_per_s` (rule requests it sent FM).
+    #[arg(long, default_value = "packets_per_s", value_parser = ["packets_per_s", "requests_per_s"])]
+    pub pp_metric: String,
+    /// The PP node pool (JSON: `{"log_dir": DIR, "nodes": [{"id": "pp-1", "argv": [...]}]}`)
+    /// the local node provider starts nodes from and stops them back into. Without it a
+    /// PP decision is recorded as failed (no provider).
+    #[arg(long)]
+    pub pp_pool: Option<std::path::PathBuf>,
+    /// When the autoscaler stops, drain and stop the PP nodes it started (default: leave
+    /// them serving).
+    #[arg(long)]
+    pub pp_stop_on_exit: bool,
     /// PP nodes: at least, at most.
     #[arg(long, default_value_t = 1)]
     pub pp_min_nodes: usize,
@@ -108,7 +124,11 @@ impl AutoscaleArgs {
             pp: self.pp_capacity.map(|capacity| PpConfig {
                 policy: policy(self.pp_min_nodes, self.pp_max_nodes, Aggregate::Mean),
                 capacity,
-                metric: PpMetric::RequestsPerS,
+                metric: if self.pp_metric == "requests_per_s" {
+                    PpMetric::RequestsPerS
+                } else {
+                    PpMetric::PacketsPerS
+                },
             }),
         };
         cfg.validate()?;
@@ -117,52 +137,110 @@ impl AutoscaleArgs {
 }
 
 pub fn run(a: AutoscaleArgs) -> Result<()> {
-    let cfg = a.to_config()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     install_signal_handlers()?;
-    rt.block_on(async {
-        let scaler = Autoscaler::new(
-            cfg.clone(),
-            FmLoad::new(&a.fm).await?,
-            FmActuator::new(&a.fm, None).await?,
-            FmEvents::new(&a.fm).await?,
-        )?;
-        // Tests and scripts wait for this line.
-        println!(
-            "autoscale: watching FM at {}: sc {}, pp {}, marks {}/{}, every {} s, sustain {}, \
-             cooldown {} s",
-            a.fm,
-            cfg.sc.as_ref().map_or("off".into(), |s| format!(
-                "{} req/s per group, {}..={} groups",
-                s.capacity_rps, s.policy.min, s.policy.max
-            )),
-            cfg.pp.as_ref().map_or("off".into(), |p| format!(
-                "{} {} per node, {}..={} nodes",
-                p.capacity,
-                p.metric.name(),
-                p.policy.min,
-                p.policy.max
-            )),
-            a.low,
-            a.high,
-            a.interval,
-            a.sustain,
-            a.cooldown
-        );
-        std::io::stdout().flush()?;
-        let start = Instant::now();
-        let duration = a.duration.map(Duration::from_secs_f64);
-        let stop = async move {
-            while !STOP.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        scaler.run(stop, print_record).await;
-        anyhow::Ok(())
-    })?;
+    let start = Instant::now();
+    let duration = a.duration.map(Duration::from_secs_f64);
+    let stop = async move {
+        while !STOP.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    rt.block_on(serve(a, stop))?;
     println!("autoscale: stopped");
+    Ok(())
+}
+
+/// Parse `starfabric autoscale`'s flags from one string (`starfabric orchestrator
+/// --autoscale "FLAGS"`), split at whitespace.
+pub fn parse_flags(flags: &str) -> Result<AutoscaleArgs> {
+    #[derive(clap::Parser)]
+    #[command(name = "--autoscale", no_binary_name = true)]
+    struct Flags {
+        #[command(flatten)]
+        a: AutoscaleArgs,
+    }
+    let check = || -> Result<AutoscaleArgs> {
+        let f = <Flags as clap::Parser>::try_parse_from(flags.split_whitespace())?;
+        let cfg = f.a.to_config()?;
+        if let Some(pool) = &f.a.pp_pool {
+            PpPool::load(pool)?;
+            if cfg.pp.is_none() {
+                bail!("--pp-pool needs --pp-capacity (PP is not scaled without it)");
+            }
+        }
+        Ok(f.a)
+    };
+    check().with_context(|| format!("--autoscale {flags:?}"))
+}
+
+/// Run the autoscaler until `stop` resolves: on its own runtime (`starfabric
+/// autoscale`) or as a task of the orchestrator's.
+pub async fn serve(a: AutoscaleArgs, stop: impl std::future::Future<Output = ()>) -> Result<()> {
+    let cfg = a.to_config()?;
+    let pool = a.pp_pool.as_deref().map(PpPool::load).transpose()?;
+    if pool.is_some() && cfg.pp.is_none() {
+        bail!("--pp-pool needs --pp-capacity (PP is not scaled without it)");
+    }
+    let provider = match pool {
+        Some(p) => Some(Arc::new(LocalPpProvider::new(&a.fm, p)?)),
+        None => None,
+    };
+    let scaler = Autoscaler::new(
+        cfg.clone(),
+        FmLoad::new(&a.fm).await?,
+        FmActuator::new(
+            &a.fm,
+            provider.clone().map(|p| p as Arc<dyn PpNodeProvider>),
+        )
+        .await?,
+        FmEvents::new(&a.fm).await?,
+    )?;
+    // Tests and scripts wait for this line.
+    println!(
+        "autoscale: watching FM at {}: sc {}, pp {}, marks {}/{}, every {} s, sustain {}, \
+         cooldown {} s",
+        a.fm,
+        cfg.sc.as_ref().map_or("off".into(), |s| format!(
+            "{} req/s per group, {}..={} groups",
+            s.capacity_rps, s.policy.min, s.policy.max
+        )),
+        cfg.pp.as_ref().map_or("off".into(), |p| format!(
+            "{} {} per node, {}..={} nodes{}",
+            p.capacity,
+            p.metric.name(),
+            p.policy.min,
+            p.policy.max,
+            if provider.is_some() {
+                ", local node provider"
+            } else {
+                ", no node provider"
+            }
+        )),
+        a.low,
+        a.high,
+        a.interval,
+        a.sustain,
+        a.cooldown
+    );
+    std::io::stdout().flush()?;
+    scaler.run(stop, print_record).await;
+    if let Some(p) = &provider {
+        if a.pp_stop_on_exit {
+            for r in p.stop_all().await {
+                match r {
+                    Ok(s) => println!("autoscale: on exit: {s}"),
+                    Err(e) => println!("autoscale: on exit: failed: {e}"),
+                }
+            }
+        } else {
+            for (id, pid) in p.running().await {
+                println!("autoscale: leaving PP node {id} (pid {pid}) running");
+            }
+        }
+    }
     Ok(())
 }
 
@@ -247,7 +325,20 @@ mod tests {
             (pp.capacity, pp.policy.max, pp.policy.out_on),
             (5000.0, 4, Aggregate::Mean)
         );
-        assert_eq!(pp.metric.name(), "requests_per_s");
+        assert_eq!(pp.metric.name(), "packets_per_s");
+        let c = parse(&["--pp-capacity", "50", "--pp-metric", "requests_per_s"]).unwrap();
+        assert_eq!(c.pp.unwrap().metric.name(), "requests_per_s");
+    }
+
+    #[test]
+    fn the_orchestrator_takes_the_same_flags_in_one_string() {
+        let a = parse_flags("--fm 198.18.0.1:7000 --sc-capacity-rps 40 --max-groups 2").unwrap();
+        assert_eq!(a.fm, "198.18.0.1:7000");
+        assert_eq!(a.sc_capacity_rps, Some(40.0));
+        assert_eq!(a.max_groups, 2);
+        for bad in ["", "--sc-capacity-rps", "--sc-capacity-rps 10 --bogus 1"] {
+            assert!(parse_flags(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -269,6 +360,7 @@ mod tests {
             ],
             &["--sc-capacity-rps", "10", "--cooldown", "-1"],
             &["--sc-capacity-rps", "ten"],
+            &["--pp-capacity", "10", "--pp-metric", "bytes"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

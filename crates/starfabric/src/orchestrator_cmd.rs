@@ -3,7 +3,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,11 @@ pub struct OrchestratorArgs {
     /// How often nodes report, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub report_ms: u64,
+    /// Run the autoscaler inside the orchestrator, with `starfabric autoscale`'s flags in
+    /// one string, e.g. `--autoscale "--fm 10.0.0.5:7000 --sc-capacity-rps 500 --pp-capacity
+    /// 200000 --pp-pool /etc/starfabric/pp-pool.json"`.
+    #[arg(long, value_name = "FLAGS", allow_hyphen_values = true)]
+    pub autoscale: Option<String>,
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -68,6 +73,11 @@ pub async fn open_store(spec: &str, etcd_prefix: &str) -> Result<Arc<dyn store::
 }
 
 pub fn run(a: OrchestratorArgs) -> Result<()> {
+    let autoscale = a
+        .autoscale
+        .as_deref()
+        .map(crate::autoscale_cmd::parse_flags)
+        .transpose()?;
     let token = orchestrator::auth::load_or_create_admin_token(&a.admin_token_file)
         .with_context(|| format!("admin token file {}", a.admin_token_file.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -92,6 +102,15 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
         handle.shared.desired.store().backend()
     );
     std::io::stdout().flush()?;
+    let scaler_stop = Arc::new(AtomicBool::new(false));
+    let scaler = autoscale.map(|args| {
+        let flag = scaler_stop.clone();
+        rt.spawn(crate::autoscale_cmd::serve(args, async move {
+            while !flag.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }))
+    });
     let start = std::time::Instant::now();
     while !STOP.load(Ordering::Relaxed) {
         if a.duration
@@ -99,7 +118,20 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
         {
             break;
         }
+        if scaler.as_ref().is_some_and(|t| t.is_finished()) {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(task) = scaler {
+        scaler_stop.store(true, Ordering::Relaxed);
+        // The autoscaler may be draining PP nodes it started (`--pp-stop-on-exit`).
+        match rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), task).await }) {
+            Ok(Ok(Ok(()))) => println!("autoscale: stopped"),
+            Ok(Ok(Err(e))) => println!("autoscale: failed: {e:#}"),
+            Ok(Err(e)) => println!("autoscale: task failed: {e}"),
+            Err(_) => println!("autoscale: did not stop within 60 s"),
+        }
     }
     handle.stop();
     println!("orchestrator: stopped");

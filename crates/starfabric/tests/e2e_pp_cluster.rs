@@ -203,3 +203,165 @@ fn a_killed_pp_nodes_vips_move_to_the_survivor_and_iperf3_survives() {
 fn a_pp_node_that_falls_silent_is_found_by_heartbeats_and_its_vips_move() {
     failover(true);
 }
+
+/// The autoscaler scales the PP tier through the local node provider: one PP node runs,
+/// the pool file names a spare (`pp-1` in its own namespace). iperf3's packets push the
+/// node's heartbeat `packets_per_s` over the high mark, so the provider starts `pp-1`
+/// and FM gives it vIPs; when iperf3 ends, the light connection loop that ran
+/// throughout is under the low mark, so the provider drains `pp-1` and stops it. No
+/// connection fails or is reset across either, and FM's event log has both decisions.
+#[test]
+#[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
+fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
+    use std::time::Instant;
+    use testbed::elastic::{ConnLoop, Iperf, Outcome};
+    use testbed::platform::field;
+    use testbed::topo::Node;
+
+    let Some(lab) = Lab::cluster(1, 0, 2) else {
+        return;
+    };
+    let p = platform(&lab, 1);
+    let tb = lab.tb();
+    assert_eq!(p.vip_map(tb).expect("vIP map").nodes, vec!["pp-0"]);
+    let pool = tb.path("pp-pool.json");
+    let pool_json = serde_json::json!({
+        "log_dir": tb.dir,
+        "nodes": [{"id": "pp-1", "argv": p.pp_slot_argv(tb, 1).expect("slot")}],
+    });
+    std::fs::write(&pool, pool_json.to_string()).expect("write the pool");
+    let bin = p.bin.display().to_string();
+    let pool_s = pool.display().to_string();
+    // 2 iperf3 streams at 50 Mbit/s are some 10k packets/s through PP; the connection
+    // loop alone, at 20 connections/s, is a few hundred.
+    let scaler = tb
+        .spawn(
+            Node::Ctl,
+            "starfabric autoscale pp",
+            &[
+                &bin,
+                "autoscale",
+                "--fm",
+                &p.fm_addr,
+                "--pp-capacity",
+                "5000",
+                "--pp-metric",
+                "packets_per_s",
+                "--high",
+                "0.8",
+                "--low",
+                "0.2",
+                "--interval",
+                "0.5",
+                "--sustain",
+                "3",
+                "--cooldown",
+                "3",
+                "--pp-max-nodes",
+                "2",
+                "--pp-pool",
+                &pool_s,
+                "--pp-stop-on-exit",
+            ],
+        )
+        .expect("start the autoscaler");
+    tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))
+        .expect("the autoscaler runs");
+    let mut light = testbed::elastic::LoadSpec::new();
+    light.rate = 20.0;
+    light.workers = 5;
+    let conns = ConnLoop::start(tb, &light).expect("connection loop");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        p.vip_map(tb).expect("vIP map").nodes,
+        vec!["pp-0"],
+        "no scale-out under light load"
+    );
+
+    let load = Instant::now();
+    let iperf = Iperf::start(tb, &IperfSpec::new(12)).expect("iperf3");
+    let wait_nodes = |want: usize, limit: Duration| -> Duration {
+        let t = Instant::now();
+        loop {
+            let m = p.vip_map(tb).expect("vIP map");
+            if m.nodes.len() == want && m.all_owned() {
+                return t.elapsed();
+            }
+            assert!(
+                t.elapsed() < limit,
+                "{} PP nodes after {limit:?}, want {want}: {m:?}\n{}",
+                m.nodes.len(),
+                std::fs::read_to_string(&scaler.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_nodes(2, Duration::from_secs(20));
+    let out_after = load.elapsed();
+    let m = p.vip_map(tb).expect("vIP map");
+    let taken = m.owned_by("pp-1");
+    assert!(!taken.is_empty(), "{m:?}");
+    let rep = iperf.wait(tb).expect("iperf3 report");
+    let pp1_log = tb.path("pp-1.log");
+    let pp1_stats = std::fs::read_to_string(&pp1_log)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("pp: t="))
+        .unwrap_or_default()
+        .to_string();
+    let idle = Instant::now();
+    wait_nodes(1, Duration::from_secs(30));
+    let in_after = idle.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let samples = conns.stop().expect("connections");
+    let log = std::fs::read_to_string(&scaler.log).unwrap_or_default();
+    tb.stop(&scaler);
+    println!(
+        "autoscale pp: pp-1 serving vIPs {taken:?} {:.1} s after iperf3 started; back to \
+         pp-0 alone {:.1} s after it ended; {} connections; iperf3 {:.1} Mbit/s, stall \
+         {:.1} s, error {:?}\n  pp-1: {pp1_stats}\n{log}",
+        out_after.as_secs_f64(),
+        in_after.as_secs_f64(),
+        samples.len(),
+        rep.mean_mbps,
+        rep.max_stall_s,
+        rep.error
+    );
+    let failed: Vec<_> = samples
+        .iter()
+        .filter(|s| s.outcome != Outcome::Ok)
+        .collect();
+    assert!(samples.len() >= 200, "the loop ran: {}", samples.len());
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(elastic::duplicate_mappings(&samples).is_empty());
+    assert!(rep.error.is_none(), "iperf3: {:?}", rep.error);
+    assert!(
+        field(&pp1_stats, "rx").is_some_and(|rx| rx > 1000),
+        "pp-1 carried traffic: {pp1_stats}"
+    );
+    assert!(
+        log.contains("pp scale_out:") && log.contains("-> started pp-1 (pid "),
+        "{log}"
+    );
+    assert!(
+        log.contains("pp scale_in:") && log.contains("-> drained pp-1 in "),
+        "{log}"
+    );
+    assert!(!log.contains("failed"), "{log}");
+    let ev = tb
+        .exec(
+            Node::Ctl,
+            &[&bin, "events", "--fm", &p.fm_addr, "-o", "json"],
+            Duration::from_secs(10),
+        )
+        .expect("starfabric events");
+    let decisions: Vec<String> = ev
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["kind"] == "autoscale_decision" && e["detail"]["target"]["tier"] == "pp")
+        .map(|e| e["detail"]["action"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(decisions, vec!["scale_out", "scale_in"], "{ev}");
+    p.stop(tb);
+}

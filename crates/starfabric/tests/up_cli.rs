@@ -298,3 +298,65 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     // Ctrl-C equivalent: everything stops.
     drop(up);
 }
+
+/// `starfabric orchestrator --autoscale "FLAGS"` runs the autoscaler as a task of the
+/// orchestrator (here against an FM that is not there: it samples, gets no answer, and
+/// decides nothing), stops it with the orchestrator, and refuses bad flags before it
+/// starts.
+#[test]
+fn the_orchestrator_runs_the_autoscaler_and_refuses_bad_autoscale_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("embedded:{}", dir.path().join("o.redb").display());
+    let token = dir.path().join("token").display().to_string();
+    let run = |autoscale: &str| {
+        Command::new(BIN)
+            .args([
+                "orchestrator",
+                "--api",
+                "127.0.0.1:0",
+                "--control",
+                "127.0.0.1:0",
+                "--store",
+                &store,
+                "--admin-token-file",
+                &token,
+                "--duration",
+                "2",
+                "--autoscale",
+                autoscale,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run("--fm 127.0.0.1:9 --sc-capacity-rps 10 --interval 0.2");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("autoscale: watching FM at 127.0.0.1:9: sc 10 req/s per group"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("autoscale: stopped"), "{stdout}");
+    assert!(stdout.contains("orchestrator: stopped"), "{stdout}");
+    for bad in [
+        "--fm 127.0.0.1:9 --sc-capacity-rps ten",
+        "--fm 127.0.0.1:9 --pp-capacity 100 --pp-pool /nonexistent/pool.json",
+        "--fm 127.0.0.1:9",
+    ] {
+        let out = run(bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}");
+        assert!(
+            stderr.contains("autoscale") || stderr.contains("pool"),
+            "{bad}: {stderr}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("orchestrator: api"),
+            "{bad}: started anyway"
+        );
+    }
+}

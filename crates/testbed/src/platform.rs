@@ -172,6 +172,28 @@ impl Platform {
         Ok(self.pps[i].as_ref().expect("just set"))
     }
 
+    /// Cluster mode: the command that starts PP node `i` (`--id pp-<i>`) in its own
+    /// namespace from any other, for a node provider's pool (the autoscaler starts the
+    /// node, not this platform).
+    pub fn pp_slot_argv(&self, tb: &Testbed, i: usize) -> Result<Vec<String>> {
+        if i >= self.pps.len() {
+            return Err(Error::Setup(format!(
+                "no PP node namespace {i} (the topology has {})",
+                self.pps.len()
+            )));
+        }
+        let ip = cmd::which("ip").unwrap_or_else(|| PathBuf::from("ip"));
+        let mut argv = vec![
+            ip.display().to_string(),
+            "netns".into(),
+            "exec".into(),
+            tb.ns(Node::pp(i)),
+        ];
+        argv.extend(self.pp_argv.iter().cloned());
+        argv.extend(["--id".into(), format!("pp-{i}")]);
+        Ok(argv)
+    }
+
     /// Cluster mode: PP node `i`'s last stats line.
     pub fn pp_node_stats(&self, i: usize) -> String {
         self.pp_node(i)
