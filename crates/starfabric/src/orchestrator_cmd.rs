@@ -103,7 +103,7 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     );
     std::io::stdout().flush()?;
     let scaler_stop = Arc::new(AtomicBool::new(false));
-    let scaler = autoscale.map(|args| {
+    let mut scaler = autoscale.map(|args| {
         let flag = scaler_stop.clone();
         rt.spawn(crate::autoscale_cmd::serve(args, async move {
             while !flag.load(Ordering::Relaxed) {
@@ -118,8 +118,16 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
         {
             break;
         }
+        // An autoscaler that ended on its own (its flags were checked before the start,
+        // so this is rare) is reported, and the orchestrator keeps serving the API.
         if scaler.as_ref().is_some_and(|t| t.is_finished()) {
-            break;
+            if let Some(task) = scaler.take() {
+                match rt.block_on(task) {
+                    Ok(Ok(())) => println!("autoscale: ended"),
+                    Ok(Err(e)) => println!("autoscale: failed: {e:#}"),
+                    Err(e) => println!("autoscale: task failed: {e}"),
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
