@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{nf_part, wait, Cluster};
+use common::{flow, mapping, nf_part, wait, Cluster};
 use fm::{ScaleOutcome, ScaleRequest};
 use nf::NetworkFunction;
-use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pipeline::{FlowKey, RuleSource};
 use pp::{FmClient, FmClientConfig};
 use proto::{v1, ChainDef};
 
@@ -57,30 +57,9 @@ fn chain(with_fw: bool) -> ChainDef {
     .unwrap()
 }
 
-/// Flow `i`: one of 250 clients, a distinct source port each (so a distinct internal
-/// endpoint, hence a distinct SNAT mapping, per flow).
-fn flow(i: u32) -> RuleRequest {
-    let key = key_of(i);
-    RuleRequest {
-        key,
-        hash: key.hash(),
-        tenant: 1,
-        chain: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-        worker: 0,
-    }
-}
-
+/// Flow `i`'s key ([`common::flow`]).
 fn key_of(i: u32) -> FlowKey {
-    key_from(
-        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250),
-        1024 + (i / 250) as u16,
-    )
+    flow(i).key
 }
 
 fn key_from(client: Ipv4Addr, sport: u16) -> FlowKey {
@@ -92,17 +71,6 @@ fn key_from(client: Ipv4Addr, sport: u16) -> FlowKey {
         DST.parse().unwrap(),
         53,
     )
-}
-
-fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
-    let rule = r.result.as_ref().ok()?;
-    rule.actions.iter().find_map(|a| match a {
-        Action::SetSrc {
-            addr: Some(a),
-            port: Some(p),
-        } => Some((*a, *p)),
-        _ => None,
-    })
 }
 
 /// What the load saw.
