@@ -7,6 +7,7 @@
 //! algorithm runs in. Nothing here does I/O or spawns tasks: the orchestrator calls in
 //! with a snapshot and acts on the answer.
 
+pub mod heuristics;
 pub mod problem;
 pub mod sim;
 pub mod workload;
