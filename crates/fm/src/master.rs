@@ -243,6 +243,7 @@ pub(crate) enum MasterIn {
     SetDesired {
         chains: Vec<v1::ChainConfig>,
         partitions: Vec<v1::Partition>,
+        shards: Vec<v1::TenantShards>,
         done: oneshot::Sender<DesiredChange>,
     },
     Flows(v1::FlowsRequest, oneshot::Sender<v1::FlowsReply>),
@@ -254,6 +255,10 @@ pub(crate) enum MasterIn {
     Load(oneshot::Sender<v1::LoadReply>),
     VipMap(oneshot::Sender<v1::VipMapReply>),
     PpDrain(String, oneshot::Sender<Result<v1::VipMapReply, Status>>),
+    VipMove(
+        v1::VipMoveRequest,
+        oneshot::Sender<Result<v1::VipMapReply, Status>>,
+    ),
 }
 
 /// What applying a desired configuration changed.
@@ -313,6 +318,9 @@ pub(crate) struct Master {
     /// Desired hash ranges per chain; a chain with none gets one partition of the whole
     /// key space.
     partitions: Vec<v1::Partition>,
+    /// Each tenant's shard set from the orchestrator's placement: the only SC nodes its
+    /// groups are formed, refilled or scaled out on. A tenant with no entry uses any.
+    shards: HashMap<u32, Vec<String>>,
     members: Membership,
     map: PartitionMap,
     cache: RuleCache,
@@ -373,6 +381,7 @@ impl Master {
             partitions: Vec::new(),
             members: Membership::default(),
             map: PartitionMap::default(),
+            shards: HashMap::new(),
             inflight: HashMap::new(),
             by_id: HashMap::new(),
             next_id: 1,
@@ -660,6 +669,21 @@ impl Master {
                 };
                 let _ = tx.send(r);
             }
+            MasterIn::VipMove(req, tx) => {
+                let r = match self.vips.move_vip(req.vip as usize, &req.to) {
+                    Ok(change) => {
+                        let why = if req.reason.is_empty() {
+                            format!("vIP {} moved to {}", req.vip, req.to)
+                        } else {
+                            req.reason.clone()
+                        };
+                        self.push_vips(&change, &why);
+                        Ok(self.vip_map())
+                    }
+                    Err(e) => Err(Status::failed_precondition(e.to_string())),
+                };
+                let _ = tx.send(r);
+            }
             MasterIn::Map(tx) => {
                 let _ = tx.send(self.map.to_proto());
             }
@@ -683,8 +707,10 @@ impl Master {
             MasterIn::SetDesired {
                 chains,
                 partitions,
+                shards,
                 done,
             } => {
+                self.set_shards(shards);
                 let change = self.set_desired(chains, partitions);
                 let _ = done.send(change);
             }
@@ -1186,7 +1212,7 @@ impl Master {
                 );
                 continue;
             }
-            let spare = self.spare_for(&replicas);
+            let spare = self.spare_for(g.partition.tenant, &replicas);
             if let Some(spare) = spare.clone() {
                 info!(group = gid, node = %spare.node_id, "adding a spare replica at the tail");
                 replicas.push(spare);
@@ -1266,16 +1292,39 @@ impl Master {
     }
 
     /// A live SC node not in `current`, hosting the fewest groups.
-    fn spare_for(&self, current: &[v1::Replica]) -> Option<v1::Replica> {
+    fn spare_for(&self, tenant: u32, current: &[v1::Replica]) -> Option<v1::Replica> {
         self.members
             .live(v1::Role::Sc)
             .filter(|m| self.sc_by_node.contains_key(&m.info.id))
+            .filter(|m| self.in_shard_set(tenant, &m.info.id))
             .filter(|m| !current.iter().any(|r| r.node_id == m.info.id))
             .min_by_key(|m| (self.map.groups_of(&m.info.id).len(), m.info.id.clone()))
             .map(|m| v1::Replica {
                 node_id: m.info.id.clone(),
                 addr: m.info.addr.clone(),
             })
+    }
+
+    /// Whether `tenant`'s groups may use SC node `node` (its shard set, if it has one).
+    pub(crate) fn in_shard_set(&self, tenant: u32, node: &str) -> bool {
+        self.shards
+            .get(&tenant)
+            .is_none_or(|set| set.iter().any(|n| n == node))
+    }
+
+    /// Take the orchestrator's shard sets. A changed set moves no existing replica: a
+    /// set changes when a node failed (and its replacement is added) or a tenant is
+    /// new, and `ensure_groups` then forms or refills groups inside the new set.
+    fn set_shards(&mut self, shards: Vec<v1::TenantShards>) {
+        let new: HashMap<u32, Vec<String>> = shards
+            .into_iter()
+            .filter(|s| !s.sc_nodes.is_empty())
+            .map(|s| (s.tenant, s.sc_nodes))
+            .collect();
+        if new != self.shards {
+            info!(tenants = new.len(), "shard sets applied");
+            self.shards = new;
+        }
     }
 
     /// Create groups for chains that have none, and refill degraded groups, when
@@ -1306,7 +1355,7 @@ impl Master {
             for _ in &ranges {
                 let mut replicas = Vec::new();
                 while replicas.len() < self.cfg.replicas {
-                    match self.spare_for(&replicas) {
+                    match self.spare_for(tenant, &replicas) {
                         Some(r) => replicas.push(r),
                         None => break,
                     }
@@ -1349,7 +1398,7 @@ impl Master {
                 continue;
             };
             let mut replicas = g.group.replicas.clone();
-            if let Some(spare) = self.spare_for(&replicas) {
+            if let Some(spare) = self.spare_for(g.partition.tenant, &replicas) {
                 info!(group = gid, node = %spare.node_id, "refilling a degraded group");
                 let added = spare.node_id.clone();
                 replicas.push(spare);

@@ -198,11 +198,13 @@ impl FmHandle {
         &self,
         chains: Vec<v1::ChainConfig>,
         partitions: Vec<v1::Partition>,
+        shards: Vec<v1::TenantShards>,
     ) -> Option<DesiredChange> {
         self.observer()
             .ask(|done| MasterIn::SetDesired {
                 chains,
                 partitions,
+                shards,
                 done,
             })
             .await
@@ -591,6 +593,19 @@ impl FabricMaster for FmService {
             return Err(Status::invalid_argument("node is required"));
         }
         self.ask(|tx| MasterIn::PpDrain(node, tx))
+            .await?
+            .map(Response::new)
+    }
+
+    async fn vip_move(
+        &self,
+        req: Request<v1::VipMoveRequest>,
+    ) -> Result<Response<v1::VipMapReply>, Status> {
+        let r = req.into_inner();
+        if r.to.is_empty() {
+            return Err(Status::invalid_argument("to is required"));
+        }
+        self.ask(|tx| MasterIn::VipMove(r, tx))
             .await?
             .map(Response::new)
     }

@@ -35,6 +35,10 @@ pub enum VipError {
     UnknownNode(String),
     #[error("{0} is the last PP node that is not draining: its vIPs would have no owner")]
     LastNode(String),
+    #[error("no vIP {0} in the group")]
+    UnknownVip(usize),
+    #[error("PP node {0} is draining and takes no vIP")]
+    Draining(String),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -212,6 +216,23 @@ impl VipTable {
         Ok(self.finish(before))
     }
 
+    /// The Multi IPs Scheduler's intra-cluster step (Zeta §VI-B step 1): vIP `index`
+    /// moves to `to`, a live node that is not draining. Moving a vIP to its owner
+    /// changes nothing.
+    pub fn move_vip(&mut self, index: usize, to: &str) -> Result<VipChange, VipError> {
+        if index >= self.vips.len() {
+            return Err(VipError::UnknownVip(index));
+        }
+        match self.nodes.get(to) {
+            None => return Err(VipError::UnknownNode(to.to_string())),
+            Some(s) if s.draining => return Err(VipError::Draining(to.to_string())),
+            Some(_) => {}
+        }
+        let before = self.snapshot();
+        self.owner[index] = Some(to.to_string());
+        Ok(self.finish(before))
+    }
+
     /// Who owns what, by node (nodes with none included).
     fn snapshot(&self) -> BTreeMap<String, Vec<usize>> {
         self.nodes
@@ -359,6 +380,29 @@ mod tests {
             let o = t.owner_of(i).expect("owned");
             assert!(t.contains(o), "vIP {i} owned by a node not in the group");
         }
+    }
+
+    #[test]
+    fn a_scheduled_move_tells_the_gainer_first_and_refuses_bad_targets() {
+        let mut t = table(4);
+        t.join("pp-0", &[]);
+        t.join("pp-1", &[]);
+        let v = t.owned_by("pp-0")[0];
+        let c = t.move_vip(v, "pp-1").unwrap();
+        assert_eq!(c.nodes, vec!["pp-1", "pp-0"]);
+        assert_eq!(c.moved, 1);
+        assert_eq!(t.owner_of(v), Some("pp-1"));
+        assert_eq!(counts(&t), vec![1, 3]);
+        every_vip_owned_once(&t);
+        assert!(t.move_vip(v, "pp-1").unwrap().is_empty());
+        assert_eq!(t.move_vip(9, "pp-0"), Err(VipError::UnknownVip(9)));
+        assert_eq!(
+            t.move_vip(v, "pp-9"),
+            Err(VipError::UnknownNode("pp-9".into()))
+        );
+        t.join("pp-2", &[]);
+        t.drain("pp-2").unwrap();
+        assert_eq!(t.move_vip(v, "pp-2"), Err(VipError::Draining("pp-2".into())));
     }
 
     #[test]

@@ -284,7 +284,7 @@ fn desired_chains_come_and_go_and_flows_lists_the_cache() {
     let cfg = test_chain().to_proto().unwrap();
     let change = cluster
         .rt
-        .block_on(cluster.fm.set_desired(vec![cfg.clone()], vec![]))
+        .block_on(cluster.fm.set_desired(vec![cfg.clone()], vec![], vec![]))
         .unwrap();
     assert_eq!(
         change,
@@ -302,7 +302,7 @@ fn desired_chains_come_and_go_and_flows_lists_the_cache() {
     // The same desired state again changes nothing.
     let again = cluster
         .rt
-        .block_on(cluster.fm.set_desired(vec![cfg], vec![]))
+        .block_on(cluster.fm.set_desired(vec![cfg], vec![], vec![]))
         .unwrap();
     assert_eq!(again, fm::DesiredChange::default());
 
@@ -332,7 +332,7 @@ fn desired_chains_come_and_go_and_flows_lists_the_cache() {
 
     let gone = cluster
         .rt
-        .block_on(cluster.fm.set_desired(vec![], vec![]))
+        .block_on(cluster.fm.set_desired(vec![], vec![], vec![]))
         .unwrap();
     assert_eq!(gone.removed, 1);
     assert!(cluster.map().groups.is_empty());

@@ -754,6 +754,116 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Loads a placement made earlier (kept in the orchestrator's store) without checking
+    /// it: the nodes' capacities or health may have changed since, and the caller wants
+    /// to see what breaks ([`ClusterState::violations`]) rather than lose the record.
+    /// Only structural errors are refused: unknown or repeated nodes, an empty set.
+    pub fn restore(&mut self, placed: Placed) -> Result<(), PlaceError> {
+        if self.by_name.contains_key(&placed.tenant) {
+            return Err(PlaceError::AlreadyPlaced(placed.tenant));
+        }
+        placed.demand.validate("demand")?;
+        if placed.nodes.is_empty() {
+            return Err(PlaceError::invalid(
+                "nodes",
+                "a placement needs at least one node",
+            ));
+        }
+        let mut nodes = placed.nodes.clone();
+        nodes.sort_unstable();
+        for (k, &e) in nodes.iter().enumerate() {
+            if e >= self.nodes.len() {
+                return Err(PlaceError::Violates(Violation::UnknownNode {
+                    tenant: placed.tenant.clone(),
+                    index: e,
+                }));
+            }
+            if k > 0 && nodes[k - 1] == e {
+                return Err(PlaceError::Violates(Violation::DuplicateNode {
+                    tenant: placed.tenant.clone(),
+                    node: self.nodes[e].id.clone(),
+                }));
+            }
+        }
+        let placed = Placed { nodes, ..placed };
+        let share = placed.share();
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        for &e in &placed.nodes {
+            self.used[e] = self.used[e].plus(share);
+            self.on_node[e].push(slot);
+        }
+        self.by_name.insert(placed.tenant.clone(), slot);
+        self.slots[slot] = Some(placed);
+        Ok(())
+    }
+
+    /// A repaired set for a placed tenant that lost nodes (down, or gone): every node
+    /// of `keep` stays, and nodes from `order` are added until the set has `want`
+    /// nodes (clamped to G_min..=G_max), trying smaller sets down to G_min when `want`
+    /// cannot be met. Only the lost shards move: a survivor is never swapped out.
+    /// `None` when no feasible repair exists within `budget` search steps.
+    pub fn repair(
+        &self,
+        req: &Request,
+        keep: &[NodeIdx],
+        want: usize,
+        order: &[NodeIdx],
+        budget: usize,
+    ) -> Option<Vec<NodeIdx>> {
+        let lo = self.limits.g_min.max(keep.len());
+        let hi = want.clamp(lo, self.limits.g_max.max(lo));
+        let mut steps = 0usize;
+        for g in (lo..=hi).rev() {
+            let extra: Vec<NodeIdx> = order
+                .iter()
+                .copied()
+                .filter(|e| *e < self.nodes.len() && !keep.contains(e) && self.up[*e])
+                .collect();
+            let mut set = keep.to_vec();
+            if self.repair_dfs(req, &extra, 0, g, &mut set, &mut steps, budget) {
+                return Some(set);
+            }
+        }
+        None
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn repair_dfs(
+        &self,
+        req: &Request,
+        extra: &[NodeIdx],
+        from: usize,
+        g: usize,
+        set: &mut Vec<NodeIdx>,
+        steps: &mut usize,
+        budget: usize,
+    ) -> bool {
+        if set.len() == g {
+            return self.feasible(req, set).is_ok();
+        }
+        for i in from..extra.len() {
+            if extra.len() - i < g - set.len() {
+                return false;
+            }
+            *steps += 1;
+            if *steps > budget {
+                return false;
+            }
+            set.push(extra[i]);
+            if self.repair_dfs(req, extra, i + 1, g, set, steps, budget) {
+                return true;
+            }
+            set.pop();
+        }
+        false
+    }
+
     /// Moves a placed tenant to `set` (and possibly a new demand), or changes nothing
     /// if the new set breaks a constraint.
     pub fn replace(&mut self, req: &Request, set: &[NodeIdx]) -> Result<(), PlaceError> {
@@ -1063,5 +1173,50 @@ mod tests {
         assert_eq!(s.cost(), 2.0);
         s.set_up(2, false);
         assert_eq!(s.violations().len(), 1);
+    }
+
+    #[test]
+    fn repair_keeps_survivors_and_restore_takes_old_records() {
+        let nodes = (0..5).map(|i| node(&format!("n{i}"), 10.0, 1.0)).collect();
+        let mut s = ClusterState::new(nodes, limits(3, 3, 2)).unwrap();
+        s.restore(Placed {
+            tenant: "a".into(),
+            demand: Resources::new(3.0, 3.0, 3.0),
+            nodes: vec![2, 0, 1],
+        })
+        .unwrap();
+        s.commit(&req("b", 3.0), &[0, 1, 3]).unwrap();
+        assert_eq!(s.placed("a").unwrap().nodes, vec![0, 1, 2]);
+        // Node 1 fails: a keeps 0 and 2, b keeps 0 and 3.
+        s.set_up(1, false);
+        let order: Vec<NodeIdx> = (0..5).collect();
+        let a = s.release("a").unwrap();
+        let ra = Request {
+            tenant: "a".into(),
+            demand: a.demand,
+        };
+        let set = s.repair(&ra, &[0, 2], 3, &order, 1000).unwrap();
+        assert!(
+            set.contains(&0) && set.contains(&2) && !set.contains(&1),
+            "{set:?}"
+        );
+        s.commit(&ra, &set).unwrap();
+        let b = s.release("b").unwrap();
+        let rb = Request {
+            tenant: "b".into(),
+            demand: b.demand,
+        };
+        let set = s.repair(&rb, &[0, 3], 3, &order, 1000).unwrap();
+        assert!(set.contains(&0) && set.contains(&3), "{set:?}");
+        s.commit(&rb, &set).unwrap();
+        assert!(s.violations().is_empty(), "{:?}", s.violations());
+        assert!(matches!(
+            s.restore(Placed {
+                tenant: "c".into(),
+                demand: Resources::ZERO,
+                nodes: vec![0, 0]
+            }),
+            Err(PlaceError::Violates(Violation::DuplicateNode { .. }))
+        ));
     }
 }

@@ -101,7 +101,7 @@ pub fn run(a: FmArgs) -> Result<()> {
         if let Some(ag) = agent.as_mut() {
             if let Some(d) = ag.new_directive() {
                 desired_chains = d.chains.len();
-                let change = rt.block_on(fm.set_desired(d.chains, d.partitions));
+                let change = rt.block_on(fm.set_desired(d.chains, d.partitions, d.shards));
                 tracing::info!(version = d.version, ?change, "directive applied");
                 ag.set_applied(d.version);
             }

@@ -323,6 +323,8 @@ impl Master {
             .members
             .live(v1::Role::Sc)
             .filter(|m| self.sc_by_node.contains_key(&m.info.id) && !used.contains(&m.info.id))
+            // Shuffle sharding: a tenant's new group stays inside its shard set.
+            .filter(|m| self.in_shard_set(tenant, &m.info.id))
             .map(|m| {
                 (
                     self.map.groups_of(&m.info.id).len(),
@@ -334,7 +336,7 @@ impl Master {
         if spares.len() < self.cfg.replicas {
             return Err(format!(
                 "scale-out of tenant {tenant} chain {chain} needs {} live SC nodes outside \
-                 the chain's groups; {} available",
+                 the chain's groups (and inside its shard set, if it has one); {} available",
                 self.cfg.replicas,
                 spares.len()
             ));
