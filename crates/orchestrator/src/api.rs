@@ -415,6 +415,34 @@ async fn delete_token(
     Ok(StatusCode::NO_CONTENT)
 }
 
+// ---------------------------------------------------------------------- placement
+
+#[utoipa::path(get, path = "/v1/placement", tag = "placement",
+    responses((status = 200, body = PlacementView), (status = 403, body = ErrorBody)))]
+async fn get_placement(
+    State(st): State<AppState>,
+    p: Principal,
+) -> Result<Json<PlacementView>, ApiError> {
+    p.require_admin("reading the placement")?;
+    let engine = st.placement.lock().await;
+    Ok(Json(engine.view(&st).await?))
+}
+
+#[utoipa::path(put, path = "/v1/placement/limits", tag = "placement",
+    request_body = PlacementLimits,
+    responses((status = 200, body = PlacementView, description = "applied; tenants whose sets broke them were placed anew"),
+              (status = 409, body = ErrorBody, description = "no placement satisfies them: nothing changed"),
+              (status = 422, body = ErrorBody, description = "a field is out of range")))]
+async fn put_placement_limits(
+    State(st): State<AppState>,
+    p: Principal,
+    Body(limits): Body<PlacementLimits>,
+) -> Result<Json<PlacementView>, ApiError> {
+    p.require_admin("changing placement limits")?;
+    let mut engine = st.placement.lock().await;
+    Ok(Json(engine.set_limits(&st, limits).await?))
+}
+
 // ---------------------------------------------------------------------- observed state
 
 #[utoipa::path(get, path = "/v1/nodes", tag = "nodes",
@@ -661,9 +689,11 @@ async fn healthz() -> &'static str {
           list_chains, get_chain, put_chain, delete_chain,
           create_token, list_tokens, delete_token,
           list_nodes, get_node, list_partitions, status,
-          get_tenant_stats, list_stats, list_flows),
+          get_tenant_stats, list_stats, list_flows, get_placement, put_placement_limits),
     components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
-                       Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail)),
+                       Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail,
+                       Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
+                       VpcPlacement, PlacementView, OverlapMatrix)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -696,6 +726,8 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
+        .route("/v1/placement", get(get_placement))
+        .route("/v1/placement/limits", axum::routing::put(put_placement_limits))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/:id", get(get_node))
         .route("/v1/partitions", get(list_partitions))

@@ -33,6 +33,8 @@ pub struct OrchestratorConfig {
     pub admin_token: String,
     /// How often the store's revision is polled for changes made by other writers.
     pub store_poll: Duration,
+    /// Where tenants' shards go (docs/placement.md).
+    pub placement: crate::placement::PlacementConfig,
 }
 
 impl OrchestratorConfig {
@@ -43,6 +45,7 @@ impl OrchestratorConfig {
             miss_limit: 3,
             admin_token: admin_token.to_string(),
             store_poll: Duration::from_secs(1),
+            placement: crate::placement::PlacementConfig::default(),
         }
     }
 }
@@ -106,13 +109,17 @@ pub struct Shared {
     snapshot: tokio::sync::Mutex<Option<(u64, Arc<Snapshot>)>>,
     next_session: std::sync::atomic::AtomicU64,
     pub started: Instant,
+    /// The placement engine; one pass at a time.
+    pub placement: tokio::sync::Mutex<crate::placement::Engine>,
 }
 
 impl Shared {
     pub fn new(cfg: OrchestratorConfig, desired: Desired) -> Arc<Self> {
+        let engine = crate::placement::Engine::new(cfg.placement.clone());
         Arc::new(Shared {
             cfg,
             desired,
+            placement: tokio::sync::Mutex::new(engine),
             nodes: Mutex::new(HashMap::new()),
             generation: watch::channel(0).0,
             snapshot: tokio::sync::Mutex::new(None),
@@ -124,6 +131,11 @@ impl Shared {
     /// Something directives depend on may have changed: every session re-derives.
     pub fn bump(&self) {
         self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Wakes on every [`Shared::bump`].
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     fn nodes(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeEntry>> {
@@ -200,6 +212,7 @@ impl Shared {
                         }
                     }
                 }
+                d.shards = crate::placement::shards(snap);
             }
             v1::Role::Pp => {
                 for t in snap

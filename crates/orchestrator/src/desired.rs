@@ -38,6 +38,19 @@ const TXN_RETRIES: usize = 8;
 
 /// Object names are DNS labels: lower-case letters, digits and `-`, 1..=63 characters,
 /// starting and ending with a letter or digit. They appear in URLs and store keys.
+/// A demand's parts are finite and ≥ 0; a bad one is named (`demand.bw_gbps`).
+pub fn check_demand(field: &str, d: &Demand) -> Result<(), ApiError> {
+    for (k, v) in [("bw_gbps", d.bw_gbps), ("cpu", d.cpu), ("mem_gib", d.mem_gib)] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(ApiError::invalid(
+                &format!("{field}.{k}"),
+                format!("{field}.{k} must be a finite number >= 0, got {v}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
     let ok = !s.is_empty()
         && s.len() <= MAX_NAME
@@ -90,6 +103,8 @@ pub struct Snapshot {
     pub vpcs: Vec<Vpc>,
     pub nfs: Vec<NfInstance>,
     pub chains: Vec<Chain>,
+    /// Tenants' shard sets (the placement engine's output).
+    pub placements: Vec<TenantPlacement>,
 }
 
 impl Snapshot {
@@ -133,6 +148,13 @@ macro_rules! revised {
     ($($t:ty),*) => {$(impl Revised for $t { fn set_revision(&mut self, r: u64) { self.revision = r; } })*};
 }
 revised!(Tenant, Vpc, NfInstance, Chain);
+// Placement records carry no revision of their own: the engine rewrites them whole.
+impl Revised for TenantPlacement {
+    fn set_revision(&mut self, _: u64) {}
+}
+impl Revised for PlacementLimits {
+    fn set_revision(&mut self, _: u64) {}
+}
 
 /// Whether a PUT created the object or replaced (or kept) it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +249,9 @@ impl Desired {
         if let Some(c) = &spec.pp_cluster {
             check_name("pp_cluster", c)?;
         }
+        if let Some(d) = &spec.demand {
+            check_demand("demand", d)?;
+        }
         for k in spec.labels.keys() {
             if k.is_empty() || k.len() > 63 {
                 return Err(ApiError::invalid(
@@ -245,6 +270,7 @@ impl Desired {
                         id: old.id,
                         pp_cluster: spec.pp_cluster.clone().unwrap_or(old.pp_cluster.clone()),
                         labels: spec.labels.clone(),
+                        demand: spec.demand.or(old.demand),
                         revision: 0,
                     };
                     if (Tenant { revision: 0, ..old }) == t {
@@ -283,6 +309,7 @@ impl Desired {
                         id: next,
                         pp_cluster: cluster,
                         labels: spec.labels.clone(),
+                        demand: spec.demand,
                         revision: 0,
                     };
                     let id_key = format!("tenant-ids/{next:010}");
@@ -322,6 +349,46 @@ impl Desired {
         Err(ApiError::conflict(format!(
             "tenant {name:?} kept changing under this request; retry"
         )))
+    }
+
+    // -------------------------------------------------------------- placement
+
+    /// Every tenant's placement record.
+    pub async fn placements(&self) -> Result<Vec<TenantPlacement>, ApiError> {
+        self.all("placements/").await
+    }
+
+    /// The placement limits an operator set (`PUT /v1/placement/limits`), if any.
+    pub async fn placement_limits(&self) -> Result<Option<PlacementLimits>, ApiError> {
+        Ok(self
+            .read::<PlacementLimits>("meta/placement-limits")
+            .await?
+            .map(|(l, _)| l))
+    }
+
+    /// Writes changed placement records, deletes those of gone tenants, and (if given)
+    /// the limits, in one transaction.
+    pub async fn write_placements(
+        &self,
+        put: &[TenantPlacement],
+        delete: &[String],
+        limits: Option<PlacementLimits>,
+    ) -> Result<(), ApiError> {
+        let mut ops = Vec::new();
+        for p in put {
+            ops.push(TxnOp::Put(format!("placements/{}", p.tenant), encode(p)));
+        }
+        for t in delete {
+            ops.push(TxnOp::Delete(format!("placements/{t}")));
+        }
+        if let Some(l) = limits {
+            ops.push(TxnOp::Put("meta/placement-limits".into(), encode(&l)));
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.store.txn(vec![], ops).await?;
+        Ok(())
     }
 
     async fn least_loaded_cluster(&self, clusters: &[String]) -> Result<String, ApiError> {
@@ -884,6 +951,7 @@ impl Desired {
             vpcs: self.all("vpcs/").await?,
             nfs: self.all("nfs/").await?,
             chains: self.all("chains/").await?,
+            placements: self.all("placements/").await?,
         })
     }
 }

@@ -11,6 +11,8 @@
 //!   addresses to PP and SC. A node that stops reporting is marked down.
 //! - [`agent`] is the node side of that session, used by `starfabric pp|fm|sc`.
 //! - [`auth`]: the admin token and tenant-scoped tokens.
+//! - [`placement`]: each tenant's shard set of SC nodes (shuffle sharding, paper 000
+//!   App. A), decided by the `placement` crate and handed to FM.
 //! - [`autoscale`]: scale SC groups and PP nodes between water marks of utilisation,
 //!   from FM's load counters, recording every decision in FM's event log.
 
@@ -22,6 +24,7 @@ pub mod control;
 pub mod desired;
 pub mod error;
 pub mod model;
+pub mod placement;
 pub mod provider;
 
 use std::net::SocketAddr;
@@ -118,6 +121,10 @@ pub async fn start(
         }
     }));
     tasks.push(tokio::spawn(shared.clone().housekeeping()));
+    tasks.push(tokio::spawn(crate::placement::run(
+        shared.clone(),
+        shared.cfg.report_interval,
+    )));
     info!(%api_addr, %control_addr, store = shared.desired.store().backend(), "orchestrator listening");
     Ok(OrchestratorHandle {
         api_addr,

@@ -20,9 +20,39 @@ pub struct Tenant {
     pub pp_cluster: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// What the tenant asks of the SC tier (paper 000 App. A.1: b, c, m); absent: the
+    /// orchestrator's default demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<Demand>,
     /// Store revision of the last change (read-only).
     #[serde(default)]
     pub revision: u64,
+}
+
+/// A tenant's demand, or a node's capacity, for placement.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Demand {
+    /// Gbit/s.
+    pub bw_gbps: f64,
+    /// Cores.
+    pub cpu: f64,
+    /// GiB.
+    pub mem_gib: f64,
+}
+
+impl Demand {
+    pub fn to_resources(self) -> ::placement::Resources {
+        ::placement::Resources::new(self.bw_gbps, self.cpu, self.mem_gib)
+    }
+
+    pub fn from_resources(r: ::placement::Resources) -> Self {
+        Demand {
+            bw_gbps: r.bw,
+            cpu: r.cpu,
+            mem_gib: r.mem,
+        }
+    }
 }
 
 /// PUT /v1/tenants/{tenant}
@@ -35,6 +65,9 @@ pub struct TenantSpec {
     pub pp_cluster: Option<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Placement demand; absent: keep the current one (the default for a new tenant).
+    #[serde(default)]
+    pub demand: Option<Demand>,
 }
 
 /// A tenant VPC: its traffic reaches PP VXLAN-encapsulated with this VNI.
@@ -288,4 +321,97 @@ pub struct ErrorDetail {
     /// The request field at fault, when one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+}
+
+/// Where the placement engine put a tenant: its shard set of SC nodes (paper 000 §7.1,
+/// App. A). Kept at `placements/{tenant}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantPlacement {
+    pub tenant: String,
+    /// SC node ids, sorted: the only nodes FM forms or repairs this tenant's groups on.
+    pub sc_nodes: Vec<String>,
+    /// The demand reserved when it was placed.
+    pub demand: Demand,
+    /// The algorithm that chose the set (`ddqn`, `bf`, `ff`; `+repair` after a failure).
+    pub algorithm: String,
+    /// Shards moved off failed nodes since the tenant was placed.
+    #[serde(default)]
+    pub moves: u64,
+    /// Why the last attempt to change it failed (the set above was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// PUT /v1/placement/limits: U, G_min, G_max and O. Signed so a negative value is
+/// named in a 422 rather than failing to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementLimits {
+    /// U, in (0, 1].
+    pub threshold: f64,
+    pub g_min: i64,
+    pub g_max: i64,
+    /// O: most SC nodes two tenants may share.
+    pub overlap: i64,
+}
+
+/// One SC node as the placement engine sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PlacementNode {
+    pub id: String,
+    pub up: bool,
+    pub capacity: Demand,
+    pub price: f64,
+    /// Reserved by the tenants placed on it.
+    pub reserved: Demand,
+    pub tenants: Vec<String>,
+}
+
+/// One tenant's placement as `starfabric placement show` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantPlacementView {
+    pub tenant: String,
+    pub id: u32,
+    pub sc_nodes: Vec<String>,
+    pub pp_clusters: Vec<String>,
+    pub vpcs: Vec<VpcPlacement>,
+    pub demand: Demand,
+    pub algorithm: String,
+    pub moves: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VpcPlacement {
+    pub vpc: String,
+    pub vni: u32,
+    pub pp_cluster: String,
+}
+
+/// GET /v1/placement
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PlacementView {
+    pub limits: PlacementLimits,
+    /// The configured algorithm, and what it falls back to.
+    pub algorithm: String,
+    /// The learned model in use, or why none is.
+    pub model: String,
+    pub nodes: Vec<PlacementNode>,
+    pub tenants: Vec<TenantPlacementView>,
+    /// `shared[i][j]`: SC nodes tenants `i` and `j` share (Eq. 6 bounds it by O).
+    pub overlap: OverlapMatrix,
+    /// Constraints the current placement breaks (nodes down, capacity shrunk).
+    pub violations: Vec<String>,
+    /// Placement decisions made, and how many fell back to Best Fit.
+    pub decisions: u64,
+    pub fallbacks: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+pub struct OverlapMatrix {
+    pub tenants: Vec<String>,
+    pub shared: Vec<Vec<usize>>,
 }

@@ -46,6 +46,7 @@ fn agent(
                 cluster: cluster.into(),
                 metrics_url: format!("http://{addr}/metrics"),
                 version: "test".into(),
+                capacity: None,
             },
         },
         report,

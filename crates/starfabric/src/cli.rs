@@ -253,6 +253,10 @@ pub enum TenantCmd {
         name: String,
         #[arg(long)]
         pp_cluster: Option<String>,
+        /// What the tenant reserves on its SC nodes: `bw=GBIT,cpu=CORES,mem=GIB`
+        /// (docs/placement.md); default: the orchestrator's.
+        #[arg(long)]
+        demand: Option<String>,
         /// VNI of the tenant's VPC `main`.
         #[arg(long)]
         vni: Option<u32>,
@@ -412,6 +416,27 @@ pub enum ChainCmd {
     },
 }
 
+/// `bw=1,cpu=0.5,mem=1` as the API's demand object; the API checks the values.
+fn demand_json(s: &str) -> Result<Value> {
+    let mut d = json!({"bw_gbps": 1.0, "cpu": 0.5, "mem_gib": 1.0});
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            bail!("--demand: {part:?} is not KEY=VALUE (bw, cpu, mem)");
+        };
+        let x: f64 = v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--demand: {k}: {v:?} is not a number"))?;
+        let key = match k {
+            "bw" => "bw_gbps",
+            "cpu" => "cpu",
+            "mem" => "mem_gib",
+            _ => bail!("--demand: unknown key {k:?} (bw, cpu, mem)"),
+        };
+        d[key] = json!(x);
+    }
+    Ok(d)
+}
+
 fn ports(s: &str) -> Result<Value> {
     let (lo, hi) = s
         .split_once('-')
@@ -504,6 +529,7 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
         TenantCmd::Create {
             name,
             pp_cluster,
+            demand,
             vni,
             snat,
             ports: pr,
@@ -514,6 +540,9 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
             let mut spec = json!({});
             if let Some(pc) = pp_cluster {
                 spec["pp_cluster"] = json!(pc);
+            }
+            if let Some(d) = demand {
+                spec["demand"] = demand_json(&d)?;
             }
             let t = c.put(
                 &format!("/v1/tenants/{name}"),

@@ -77,6 +77,7 @@ pub fn run(a: FmArgs) -> Result<()> {
             &advertise,
             "",
             None,
+            None,
         )?),
         None => None,
     };

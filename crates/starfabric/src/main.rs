@@ -23,6 +23,7 @@ mod fm_cmd;
 mod metrics;
 mod node_agent;
 mod orchestrator_cmd;
+mod placement_cmd;
 mod pp_cmd;
 mod pp_io;
 mod sc_cmd;
@@ -120,6 +121,9 @@ enum Cmd {
     /// The netns testbed: `up`, `down`, `status`.
     #[command(subcommand)]
     Testbed(testbed_cmd::TestbedCmd),
+    /// Tenants' shard sets and placement limits (docs/placement.md).
+    #[command(subcommand)]
+    Placement(placement_cmd::PlacementCmd),
 }
 
 fn main() -> Result<()> {
@@ -162,5 +166,6 @@ fn main() -> Result<()> {
         Cmd::Events(a) => events_cmd::run(a, cli.client.output),
         Cmd::Autoscale(a) => autoscale_cmd::run(a),
         Cmd::Testbed(c) => testbed_cmd::run(c),
+        Cmd::Placement(c) => placement_cmd::run(&cli::Client::new(&cli.client)?, c),
     }
 }

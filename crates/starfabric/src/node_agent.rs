@@ -25,6 +25,7 @@ impl NodeAgent {
         addr: &str,
         cluster: &str,
         metrics_url: Option<String>,
+        capacity: Option<v1::NodeCapacity>,
     ) -> Result<NodeAgent> {
         let report = Arc::new(Mutex::new(v1::NodeReport::default()));
         let r = report.clone();
@@ -44,6 +45,7 @@ impl NodeAgent {
                     cluster: cluster.to_string(),
                     metrics_url: metrics_url.unwrap_or_default(),
                     version: env!("CARGO_PKG_VERSION").to_string(),
+                    capacity,
                 },
             },
             Arc::new(move || r.lock().unwrap_or_else(|e| e.into_inner()).clone()),

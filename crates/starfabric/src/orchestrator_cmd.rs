@@ -44,6 +44,49 @@ pub struct OrchestratorArgs {
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
+}
+
+/// Where tenants' shards go (docs/placement.md).
+#[derive(Args, Debug, Clone)]
+pub struct PlacementArgs {
+    /// Placement algorithm: `ddqn` (the learned agent, Best Fit behind it), `bf`, `ff`.
+    #[arg(long = "placement", default_value = "ddqn")]
+    pub algorithm: orchestrator::placement::Algorithm,
+    /// DDQN model file (default: the model shipped with this build).
+    #[arg(long = "placement-model")]
+    pub model: Option<PathBuf>,
+    /// U: the fraction of an SC node's capacity reservations may fill.
+    #[arg(long = "placement-threshold", default_value_t = 0.8)]
+    pub threshold: f64,
+    /// G_min: fewest SC nodes per tenant (at least the group size, 3).
+    #[arg(long = "shard-min", default_value_t = 3, allow_hyphen_values = true)]
+    pub g_min: i64,
+    /// G_max: most SC nodes per tenant.
+    #[arg(long = "shard-max", default_value_t = 3, allow_hyphen_values = true)]
+    pub g_max: i64,
+    /// O: most SC nodes two tenants may share.
+    #[arg(long = "shard-overlap", default_value_t = 2, allow_hyphen_values = true)]
+    pub overlap: i64,
+}
+
+impl PlacementArgs {
+    pub fn config(&self) -> Result<orchestrator::placement::PlacementConfig> {
+        let limits = placement::Limits::checked(self.threshold, self.g_min, self.g_max, self.overlap)
+            .map_err(|e| anyhow::anyhow!("placement limits: {e}"))?;
+        if let Some(m) = &self.model {
+            if !m.is_file() {
+                bail!("--placement-model {}: no such file", m.display());
+            }
+        }
+        Ok(orchestrator::placement::PlacementConfig {
+            algorithm: self.algorithm,
+            model: self.model.clone(),
+            limits,
+            ..Default::default()
+        })
+    }
 }
 
 pub async fn open_store(spec: &str, etcd_prefix: &str) -> Result<Arc<dyn store::Store>> {
@@ -87,6 +130,7 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     let mut cfg = orchestrator::OrchestratorConfig::new(&token);
     cfg.id = a.id.clone();
     cfg.report_interval = Duration::from_millis(a.report_ms.max(10));
+    cfg.placement = a.placement.config()?;
     let mut handle = rt.block_on(async {
         let store = open_store(&a.store, &a.etcd_prefix).await?;
         orchestrator::start(cfg, store, a.api, a.control)

@@ -234,6 +234,7 @@ pub fn run(a: PpArgs) -> Result<()> {
             &local.to_string(),
             &a.cluster,
             None,
+            None,
         )?),
         None => None,
     };

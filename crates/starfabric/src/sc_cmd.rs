@@ -47,6 +47,35 @@ pub struct ScArgs {
     /// Serve Prometheus metrics (`/metrics`, `/healthz`) on this address; port 0 picks one.
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// What the node offers the orchestrator's placement (docs/placement.md):
+    /// `bw=GBIT,cpu=CORES,mem=GIB,price=P`, any subset. Unset parts take the
+    /// orchestrator's defaults.
+    #[arg(long, value_parser = parse_capacity)]
+    capacity: Option<v1::NodeCapacity>,
+}
+
+/// `bw=10,cpu=2,mem=4,price=1` (any subset, any order) as a node capacity.
+pub fn parse_capacity(s: &str) -> Result<v1::NodeCapacity, String> {
+    let mut c = v1::NodeCapacity::default();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not KEY=VALUE"))?;
+        let x: f64 = v
+            .parse()
+            .map_err(|_| format!("{k}: {v:?} is not a number"))?;
+        if !x.is_finite() || x < 0.0 {
+            return Err(format!("{k} must be a finite number >= 0, got {v}"));
+        }
+        match k {
+            "bw" => c.bw_gbps = x,
+            "cpu" => c.cpu = x,
+            "mem" => c.mem_gib = x,
+            "price" => c.price = x,
+            _ => return Err(format!("unknown capacity key {k:?} (bw, cpu, mem, price)")),
+        }
+    }
+    Ok(c)
 }
 
 pub fn run(a: ScArgs) -> Result<()> {
@@ -67,6 +96,7 @@ pub fn run(a: ScArgs) -> Result<()> {
             &hello_addr,
             "",
             None,
+            a.capacity,
         )?),
         _ => None,
     };
@@ -95,7 +125,15 @@ pub fn run(a: ScArgs) -> Result<()> {
             .advertise
             .clone()
             .unwrap_or_else(|| node.addr().to_string());
-        agent = Some(NodeAgent::start(o, &a.id, v1::Role::Sc, &addr, "", None)?);
+        agent = Some(NodeAgent::start(
+            o,
+            &a.id,
+            v1::Role::Sc,
+            &addr,
+            "",
+            None,
+            a.capacity,
+        )?);
     }
     // Tests and scripts wait for this line.
     println!("sc: node {} listening on {}, FM {fm}", a.id, node.addr());

@@ -52,6 +52,8 @@ pub struct UpArgs {
     /// it can reach.
     #[arg(long)]
     pp_netns: Option<String>,
+    #[command(flatten)]
+    placement: crate::orchestrator_cmd::PlacementArgs,
 }
 
 /// A child node: killed (by its PID) when dropped.
@@ -198,7 +200,25 @@ pub fn run(a: UpArgs) -> Result<()> {
             format!("embedded:{}", a.dir.join("orchestrator.redb").display()),
             s(&"--admin-token-file"),
             s(&token_file.display()),
-        ],
+            s(&"--placement"),
+            s(&a.placement.algorithm.name()),
+            s(&"--placement-threshold"),
+            s(&a.placement.threshold),
+            s(&"--shard-min"),
+            s(&a.placement.g_min),
+            s(&"--shard-max"),
+            s(&a.placement.g_max),
+            s(&"--shard-overlap"),
+            s(&a.placement.overlap),
+        ]
+        .into_iter()
+        .chain(
+            a.placement
+                .model
+                .iter()
+                .flat_map(|m| [s(&"--placement-model"), s(&m.display())]),
+        )
+        .collect::<Vec<_>>(),
         "orchestrator:",
     )?;
     nodes.push(orch);
@@ -317,6 +337,10 @@ pub fn run(a: UpArgs) -> Result<()> {
     cli::status(&client, false)?;
     println!();
     println!("try: starfabric tenant create acme --vni 100 --snat 198.18.100.1 --wait");
+    // Failure tests stop one node by its PID (a process this command started).
+    for n in &nodes {
+        println!("up: pid {} {}", n.name, n.child.id());
+    }
     // Tests and scripts wait for this line.
     println!("up: ready");
     std::io::stdout().flush()?;

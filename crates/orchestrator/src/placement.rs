@@ -1,0 +1,676 @@
+//! Where tenants' shards go: the orchestrator's side of paper 000 §7.1 and App. A.
+//!
+//! Every tenant gets a *shard set*: G_min..G_max SC nodes, no two tenants sharing more
+//! than O of them, and no node reserved past U of its capacity (Eq. 2–6). FM forms,
+//! repairs and scales the tenant's SC groups only inside its set (`Directive.shards`),
+//! so a poison request from one tenant can take down at most its own nodes, and any
+//! other tenant keeps at least G − O nodes it does not share with it.
+//!
+//! The decisions come from the `placement` crate: the DDQN agent with the Filtering
+//! Algorithm when a model is loaded, checked against Eq. 2–6, and Best Fit when the
+//! model is missing or its answer fails the checker. The engine is level-triggered like
+//! the rest of the orchestrator: it re-derives from the store and the live nodes,
+//! places tenants that have no set, repairs sets that lost a node (only the lost shards
+//! move: the survivors stay), forgets deleted tenants, and writes what changed in one
+//! transaction. When no feasible answer exists it keeps the previous set and says why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::placement::heuristics::{best_fit_order, BestFit, FirstFit};
+use ::placement::{ClusterState, Limits, NodeIdx, Placed, Placer, Request, Resources};
+use proto::v1;
+use tracing::{debug, info, warn};
+
+use crate::control::Shared;
+use crate::desired::Snapshot;
+use crate::error::ApiError;
+use crate::model::*;
+
+/// Which algorithm places new tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// The DDQN agent of App. A.2 (falls back to Best Fit).
+    Ddqn,
+    BestFit,
+    FirstFit,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ddqn => "ddqn",
+            Algorithm::BestFit => "bf",
+            Algorithm::FirstFit => "ff",
+        }
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ddqn" => Ok(Algorithm::Ddqn),
+            "bf" | "best-fit" => Ok(Algorithm::BestFit),
+            "ff" | "first-fit" => Ok(Algorithm::FirstFit),
+            _ => Err(format!("unknown placement algorithm {s:?} (ddqn, bf, ff)")),
+        }
+    }
+}
+
+/// The placement engine's settings.
+#[derive(Debug, Clone)]
+pub struct PlacementConfig {
+    pub algorithm: Algorithm,
+    /// A DDQN model file; `None`: the model shipped with the `placement` crate.
+    pub model: Option<PathBuf>,
+    /// U, G_min, G_max, O until an operator sets others through the API.
+    pub limits: Limits,
+    /// A tenant that states no demand reserves this.
+    pub default_demand: Resources,
+    /// An SC node that states no capacity offers this, at this price.
+    pub default_capacity: Resources,
+    pub default_price: f64,
+    /// Search steps a repair or fallback may take.
+    pub search_budget: usize,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            algorithm: Algorithm::Ddqn,
+            model: None,
+            // G = 3: an SC group is 3 replicas, all inside the set. O = 2: two tenants
+            // always differ in at least one node.
+            limits: Limits {
+                threshold: 0.8,
+                g_min: 3,
+                g_max: 3,
+                overlap: 2,
+            },
+            default_demand: Resources::new(1.0, 0.5, 1.0),
+            default_capacity: Resources::new(10.0, 2.0, 4.0),
+            default_price: 1.0,
+            search_budget: 100_000,
+        }
+    }
+}
+
+/// An SC node as the engine sees it.
+#[derive(Debug, Clone)]
+struct ScNode {
+    id: String,
+    up: bool,
+    capacity: Resources,
+    price: f64,
+}
+
+/// The engine: its model, counters and last error. One per orchestrator, behind a
+/// lock, so the API's limit changes and the reconcile task never interleave.
+pub struct Engine {
+    cfg: PlacementConfig,
+    agent: Option<Box<dyn Placer + Send + Sync>>,
+    model: String,
+    decisions: u64,
+    fallbacks: u64,
+    last_error: Option<String>,
+}
+
+/// What one pass decided.
+#[derive(Debug, Default)]
+struct Plan {
+    put: Vec<TenantPlacement>,
+    delete: Vec<String>,
+    error: Option<String>,
+}
+
+impl Engine {
+    pub fn new(cfg: PlacementConfig) -> Self {
+        let (agent, model) = load_agent(&cfg);
+        Engine {
+            cfg,
+            agent,
+            model,
+            decisions: 0,
+            fallbacks: 0,
+            last_error: None,
+        }
+    }
+
+    pub fn config(&self) -> &PlacementConfig {
+        &self.cfg
+    }
+
+    /// The limits in force: the operator's, else the configured ones.
+    async fn limits(&self, shared: &Shared) -> Result<Limits, ApiError> {
+        match shared.desired.placement_limits().await? {
+            Some(l) => limits_from(&l),
+            None => Ok(self.cfg.limits),
+        }
+    }
+
+    fn sc_nodes(&self, shared: &Shared) -> Vec<ScNode> {
+        let mut v: Vec<ScNode> = shared
+            .node_list()
+            .into_iter()
+            .filter(|n| n.role() == v1::Role::Sc)
+            .map(|n| {
+                let c = n.hello.capacity.unwrap_or_default();
+                let d = self.cfg.default_capacity;
+                let pick = |x: f64, dflt: f64| if x > 0.0 { x } else { dflt };
+                ScNode {
+                    id: n.info().id,
+                    up: n.up,
+                    capacity: Resources::new(
+                        pick(c.bw_gbps, d.bw),
+                        pick(c.cpu, d.cpu),
+                        pick(c.mem_gib, d.mem),
+                    ),
+                    price: pick(c.price, self.cfg.default_price),
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// One reconcile pass: place, repair, forget; write what changed. Returns whether
+    /// anything was written.
+    pub async fn reconcile(&mut self, shared: &Shared) -> Result<bool, ApiError> {
+        let snap = shared.desired.snapshot().await?;
+        let limits = self.limits(shared).await?;
+        let sc = self.sc_nodes(shared);
+        let plan = self.plan(&snap, &sc, limits, false);
+        if plan.error != self.last_error {
+            if let Some(e) = &plan.error {
+                warn!(error = %e, "placement");
+            }
+            self.last_error = plan.error.clone();
+        }
+        if plan.put.is_empty() && plan.delete.is_empty() {
+            return Ok(false);
+        }
+        for p in &plan.put {
+            info!(
+                tenant = %p.tenant,
+                sc_nodes = ?p.sc_nodes,
+                algorithm = %p.algorithm,
+                error = p.error.as_deref().unwrap_or(""),
+                "tenant placement written"
+            );
+        }
+        shared
+            .desired
+            .write_placements(&plan.put, &plan.delete, None)
+            .await?;
+        Ok(true)
+    }
+
+    /// `PUT /v1/placement/limits`: take new limits if every tenant can be placed under
+    /// them (a tenant whose set still fits keeps it); otherwise change nothing.
+    pub async fn set_limits(
+        &mut self,
+        shared: &Shared,
+        l: PlacementLimits,
+    ) -> Result<PlacementView, ApiError> {
+        let limits = limits_from(&l)?;
+        let snap = shared.desired.snapshot().await?;
+        let sc = self.sc_nodes(shared);
+        let plan = self.plan(&snap, &sc, limits, true);
+        if let Some(e) = plan.error {
+            return Err(ApiError::conflict(format!(
+                "no placement satisfies the new limits, so they were not applied: {e}"
+            )));
+        }
+        shared
+            .desired
+            .write_placements(&plan.put, &plan.delete, Some(l))
+            .await?;
+        info!(?limits, changed = plan.put.len(), "placement limits changed");
+        shared.bump();
+        let snap = shared.desired.snapshot().await?;
+        Ok(self.view_of(&snap, &sc, limits))
+    }
+
+    /// Everything `starfabric placement show` prints.
+    pub async fn view(&self, shared: &Shared) -> Result<PlacementView, ApiError> {
+        let snap = shared.desired.snapshot().await?;
+        let limits = self.limits(shared).await?;
+        let sc = self.sc_nodes(shared);
+        Ok(self.view_of(&snap, &sc, limits))
+    }
+
+    fn state_for(sc: &[ScNode], limits: Limits) -> Result<ClusterState, String> {
+        let nodes = sc
+            .iter()
+            .map(|n| ::placement::Node {
+                id: n.id.clone(),
+                capacity: n.capacity,
+                price: n.price,
+            })
+            .collect();
+        ClusterState::new(nodes, limits).map_err(|e| e.to_string())
+    }
+
+    /// The decision pass. `strict` (a limits change): every kept set must pass Eq. 2–6
+    /// under `limits` given the ones before it, else the tenant is placed anew; any
+    /// tenant left unplaced makes the plan an error. Otherwise kept sets are restored
+    /// as they are (a node's capacity report changing moves nobody) and only lost
+    /// nodes are repaired.
+    fn plan(&mut self, snap: &Snapshot, sc: &[ScNode], limits: Limits, strict: bool) -> Plan {
+        let mut plan = Plan::default();
+        let records: HashMap<&str, &TenantPlacement> = snap
+            .placements
+            .iter()
+            .map(|p| (p.tenant.as_str(), p))
+            .collect();
+        plan.delete = snap
+            .placements
+            .iter()
+            .filter(|p| snap.tenant(&p.tenant).is_none())
+            .map(|p| p.tenant.clone())
+            .collect();
+        let up = sc.iter().filter(|n| n.up).count();
+        if up < limits.g_min {
+            plan.error = Some(format!(
+                "{up} SC nodes are up and G_min is {}: tenants are not placed until more \
+                 register (FM uses any SC node meanwhile)",
+                limits.g_min
+            ));
+            return plan;
+        }
+        let mut state = match Self::state_for(sc, limits) {
+            Ok(s) => s,
+            Err(e) => {
+                plan.error = Some(e);
+                return plan;
+            }
+        };
+        let idx: HashMap<&str, NodeIdx> = sc
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect();
+        let mut tenants: Vec<&Tenant> = snap.tenants.iter().collect();
+        tenants.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut lost = Vec::new();
+        let mut fresh = Vec::new();
+        for t in &tenants {
+            let Some(rec) = records.get(t.name.as_str()) else {
+                fresh.push(*t);
+                continue;
+            };
+            let known: Vec<NodeIdx> = rec
+                .sc_nodes
+                .iter()
+                .filter_map(|n| idx.get(n.as_str()).copied())
+                .collect();
+            let all_up = known.len() == rec.sc_nodes.len() && known.iter().all(|&e| sc[e].up);
+            let req = Request {
+                tenant: t.name.clone(),
+                demand: rec.demand.to_resources(),
+            };
+            if strict {
+                if all_up && state.commit(&req, &known).is_ok() {
+                    continue;
+                }
+                fresh.push(*t);
+            } else if all_up && !known.is_empty() {
+                if let Err(e) = state.restore(Placed {
+                    tenant: t.name.clone(),
+                    demand: req.demand,
+                    nodes: known,
+                }) {
+                    warn!(tenant = %t.name, error = %e, "placement record not restorable");
+                    fresh.push(*t);
+                }
+            } else {
+                lost.push((*rec, known));
+            }
+        }
+        // Down nodes take nothing new; records on them were held back above.
+        for (e, n) in sc.iter().enumerate() {
+            state.set_up(e, n.up);
+        }
+        let mut errors = Vec::new();
+        for (rec, known) in lost {
+            let keep: Vec<NodeIdx> = known.iter().copied().filter(|&e| sc[e].up).collect();
+            let req = Request {
+                tenant: rec.tenant.clone(),
+                demand: rec.demand.to_resources(),
+            };
+            let order = self.order(&state, &req);
+            let gone: Vec<&str> = rec
+                .sc_nodes
+                .iter()
+                .filter(|n| idx.get(n.as_str()).is_none_or(|&e| !sc[e].up))
+                .map(String::as_str)
+                .collect();
+            match state.repair(
+                &req,
+                &keep,
+                rec.sc_nodes.len(),
+                &order,
+                self.cfg.search_budget,
+            ) {
+                Some(set) if state.commit(&req, &set).is_ok() => {
+                    let added = set.iter().filter(|e| !keep.contains(e)).count();
+                    let base = rec.algorithm.split('+').next().unwrap_or("bf");
+                    info!(tenant = %rec.tenant, lost = ?gone, added, "shard set repaired");
+                    plan.put.push(TenantPlacement {
+                        tenant: rec.tenant.clone(),
+                        sc_nodes: ids(sc, &set),
+                        demand: rec.demand,
+                        algorithm: format!("{base}+repair"),
+                        moves: rec.moves + added as u64,
+                        error: None,
+                    });
+                }
+                _ => {
+                    let why = format!(
+                        "SC nodes {gone:?} are down and no node can replace them within U = {}, \
+                         G = {}..{}, O = {}: the set is kept and FM runs its groups degraded",
+                        limits.threshold, limits.g_min, limits.g_max, limits.overlap
+                    );
+                    errors.push(format!("{}: {why}", rec.tenant));
+                    // Keep its surviving nodes counted so nobody else takes their room.
+                    let _ = state.restore(Placed {
+                        tenant: rec.tenant.clone(),
+                        demand: req.demand,
+                        nodes: if keep.is_empty() { known.clone() } else { keep },
+                    });
+                    if rec.error.as_deref() != Some(why.as_str()) {
+                        plan.put.push(TenantPlacement {
+                            error: Some(why),
+                            ..(*rec).clone()
+                        });
+                    }
+                }
+            }
+        }
+        for t in fresh {
+            let old = records.get(t.name.as_str());
+            let demand = old
+                .map(|r| r.demand.to_resources())
+                .or(t.demand.map(Demand::to_resources))
+                .unwrap_or(self.cfg.default_demand);
+            let req = Request {
+                tenant: t.name.clone(),
+                demand,
+            };
+            match self.decide(&state, &req) {
+                Ok((set, algorithm)) => {
+                    if let Err(e) = state.commit(&req, &set) {
+                        errors.push(format!("{}: {e}", t.name));
+                        continue;
+                    }
+                    let rec = TenantPlacement {
+                        tenant: t.name.clone(),
+                        sc_nodes: ids(sc, &set),
+                        demand: Demand::from_resources(demand),
+                        algorithm: algorithm.to_string(),
+                        moves: old.map(|r| r.moves).unwrap_or(0),
+                        error: None,
+                    };
+                    if old.map(|o| o.sc_nodes != rec.sc_nodes).unwrap_or(true) {
+                        plan.put.push(rec);
+                    }
+                }
+                Err(e) => errors.push(format!("{}: {e}", t.name)),
+            }
+        }
+        if !errors.is_empty() {
+            plan.error = Some(errors.join("; "));
+        }
+        plan
+    }
+
+    /// Nodes in the order the configured algorithm ranks them for `req`: the agent's
+    /// Q-values when it has a ranking, Best Fit's order otherwise.
+    fn order(&self, state: &ClusterState, req: &Request) -> Vec<NodeIdx> {
+        best_fit_order(state, req)
+    }
+
+    /// One decision: the configured algorithm, checked against Eq. 2–6, with Best Fit
+    /// behind the learned agent.
+    fn decide(
+        &mut self,
+        state: &ClusterState,
+        req: &Request,
+    ) -> Result<(Vec<NodeIdx>, &'static str), ::placement::PlaceError> {
+        self.decisions += 1;
+        match self.cfg.algorithm {
+            Algorithm::FirstFit => {
+                FirstFit::default().place(state, req).map(|s| (s, "ff"))
+            }
+            Algorithm::BestFit => BestFit::default().place(state, req).map(|s| (s, "bf")),
+            Algorithm::Ddqn => {
+                if let Some(agent) = self.agent.as_mut() {
+                    match agent.place(state, req) {
+                        Ok(set) => match state.feasible(req, &set) {
+                            Ok(()) => return Ok((set, "ddqn")),
+                            Err(v) => {
+                                warn!(tenant = %req.tenant, violation = %v, "the DDQN answer fails the checker; Best Fit instead")
+                            }
+                        },
+                        Err(e) => {
+                            debug!(tenant = %req.tenant, error = %e, "the DDQN agent found no set; Best Fit instead")
+                        }
+                    }
+                }
+                self.fallbacks += 1;
+                BestFit::default().place(state, req).map(|s| (s, "bf"))
+            }
+        }
+    }
+
+    fn view_of(&self, snap: &Snapshot, sc: &[ScNode], limits: Limits) -> PlacementView {
+        let idx: HashMap<&str, NodeIdx> = sc
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect();
+        let mut reserved = vec![Resources::ZERO; sc.len()];
+        let mut on: Vec<Vec<String>> = vec![Vec::new(); sc.len()];
+        let mut tenants = Vec::new();
+        let mut violations = Vec::new();
+        let mut placed: Vec<&TenantPlacement> = snap
+            .placements
+            .iter()
+            .filter(|p| snap.tenant(&p.tenant).is_some())
+            .collect();
+        placed.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        for p in &placed {
+            let share = p.demand.to_resources().scale(1.0 / p.sc_nodes.len().max(1) as f64);
+            for n in &p.sc_nodes {
+                match idx.get(n.as_str()) {
+                    Some(&e) => {
+                        reserved[e] = reserved[e].plus(share);
+                        on[e].push(p.tenant.clone());
+                        if !sc[e].up {
+                            violations.push(format!(
+                                "tenant {:?} is placed on SC node {n:?}, which is down",
+                                p.tenant
+                            ));
+                        }
+                    }
+                    None => violations.push(format!(
+                        "tenant {:?} is placed on SC node {n:?}, which is not registered",
+                        p.tenant
+                    )),
+                }
+            }
+        }
+        for (e, n) in sc.iter().enumerate() {
+            let limit = n.capacity.scale(limits.threshold);
+            if !reserved[e].fits_in(&limit) {
+                violations.push(format!(
+                    "SC node {:?} has {:?} reserved, over U x capacity {:?}",
+                    n.id, reserved[e], limit
+                ));
+            }
+        }
+        let names: Vec<String> = placed.iter().map(|p| p.tenant.clone()).collect();
+        let mut shared = vec![vec![0usize; names.len()]; names.len()];
+        for i in 0..placed.len() {
+            for j in 0..placed.len() {
+                shared[i][j] = placed[i]
+                    .sc_nodes
+                    .iter()
+                    .filter(|n| placed[j].sc_nodes.contains(n))
+                    .count();
+                if i < j && shared[i][j] > limits.overlap {
+                    violations.push(format!(
+                        "tenants {:?} and {:?} share {} SC nodes > O = {}",
+                        names[i], names[j], shared[i][j], limits.overlap
+                    ));
+                }
+            }
+            let g = placed[i].sc_nodes.len();
+            if g < limits.g_min || g > limits.g_max {
+                violations.push(format!(
+                    "tenant {:?} has {g} SC nodes, outside G = {}..{}",
+                    names[i], limits.g_min, limits.g_max
+                ));
+            }
+        }
+        let by_name: BTreeMap<&str, &&TenantPlacement> =
+            placed.iter().map(|p| (p.tenant.as_str(), p)).collect();
+        for t in &snap.tenants {
+            let vpcs: Vec<VpcPlacement> = snap
+                .vpcs
+                .iter()
+                .filter(|v| v.tenant == t.name)
+                .map(|v| VpcPlacement {
+                    vpc: v.name.clone(),
+                    vni: v.vni,
+                    pp_cluster: t.pp_cluster.clone(),
+                })
+                .collect();
+            let mut clusters: Vec<String> = vpcs.iter().map(|v| v.pp_cluster.clone()).collect();
+            if clusters.is_empty() {
+                clusters.push(t.pp_cluster.clone());
+            }
+            clusters.sort();
+            clusters.dedup();
+            let rec = by_name.get(t.name.as_str());
+            tenants.push(TenantPlacementView {
+                tenant: t.name.clone(),
+                id: t.id,
+                sc_nodes: rec.map(|r| r.sc_nodes.clone()).unwrap_or_default(),
+                pp_clusters: clusters,
+                vpcs,
+                demand: rec.map(|r| r.demand).unwrap_or(
+                    t.demand
+                        .unwrap_or(Demand::from_resources(self.cfg.default_demand)),
+                ),
+                algorithm: rec.map(|r| r.algorithm.clone()).unwrap_or_default(),
+                moves: rec.map(|r| r.moves).unwrap_or(0),
+                error: match rec {
+                    Some(r) => r.error.clone(),
+                    None => Some("not placed yet".into()),
+                },
+            });
+        }
+        tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        PlacementView {
+            limits: PlacementLimits {
+                threshold: limits.threshold,
+                g_min: limits.g_min as i64,
+                g_max: limits.g_max as i64,
+                overlap: limits.overlap as i64,
+            },
+            algorithm: match self.cfg.algorithm {
+                Algorithm::Ddqn => "ddqn (Best Fit fallback)".into(),
+                a => a.name().into(),
+            },
+            model: self.model.clone(),
+            nodes: sc
+                .iter()
+                .enumerate()
+                .map(|(e, n)| PlacementNode {
+                    id: n.id.clone(),
+                    up: n.up,
+                    capacity: Demand::from_resources(n.capacity),
+                    price: n.price,
+                    reserved: Demand::from_resources(reserved[e]),
+                    tenants: on[e].clone(),
+                })
+                .collect(),
+            tenants,
+            overlap: OverlapMatrix {
+                tenants: names,
+                shared,
+            },
+            violations,
+            decisions: self.decisions,
+            fallbacks: self.fallbacks,
+            last_error: self.last_error.clone(),
+        }
+    }
+}
+
+fn ids(sc: &[ScNode], set: &[NodeIdx]) -> Vec<String> {
+    let mut v: Vec<String> = set.iter().map(|&e| sc[e].id.clone()).collect();
+    v.sort();
+    v
+}
+
+/// API limits to the crate's, each bad field named (422).
+pub fn limits_from(l: &PlacementLimits) -> Result<Limits, ApiError> {
+    Limits::checked(l.threshold, l.g_min, l.g_max, l.overlap).map_err(|e| match e {
+        ::placement::PlaceError::Invalid { field, reason } => ApiError::invalid(&field, reason),
+        other => ApiError::invalid("limits", other.to_string()),
+    })
+}
+
+/// The learned agent, or why there is none.
+fn load_agent(cfg: &PlacementConfig) -> (Option<Box<dyn Placer + Send + Sync>>, String) {
+    if cfg.algorithm != Algorithm::Ddqn {
+        return (None, format!("none ({} configured)", cfg.algorithm.name()));
+    }
+    (
+        None,
+        "no DDQN model in this build: Best Fit places every tenant".into(),
+    )
+}
+
+/// The shard sets FM gets: tenant number → SC node ids.
+pub fn shards(snap: &Snapshot) -> Vec<v1::TenantShards> {
+    let mut v: Vec<v1::TenantShards> = snap
+        .placements
+        .iter()
+        .filter_map(|p| {
+            let t = snap.tenant(&p.tenant)?;
+            (!p.sc_nodes.is_empty()).then(|| v1::TenantShards {
+                tenant: t.id,
+                sc_nodes: p.sc_nodes.clone(),
+            })
+        })
+        .collect();
+    v.sort_by_key(|s| s.tenant);
+    v
+}
+
+/// The reconcile task: a pass whenever the generation moves, and every `period` (SC
+/// nodes coming and going do not move the generation).
+pub async fn run(shared: Arc<Shared>, period: Duration) {
+    let mut gen = shared.subscribe();
+    loop {
+        {
+            let mut engine = shared.placement.lock().await;
+            match engine.reconcile(&shared).await {
+                Ok(true) => shared.bump(),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "placement pass failed"),
+            }
+        }
+        tokio::select! {
+            r = gen.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}

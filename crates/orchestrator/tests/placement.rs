@@ -1,0 +1,228 @@
+//! Shuffle-sharded placement through the real control sessions: SC nodes register with
+//! their capacities, tenants are created through the REST API, FM's directive carries
+//! each tenant's shard set, and a node failure moves only the shards on that node.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orchestrator::agent::{Agent, AgentConfig};
+use proto::v1;
+use serde_json::{json, Value};
+
+const ADMIN: &str = "sfa_placement_test";
+
+fn wait<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn agent(control: &str, id: &str, role: v1::Role, capacity: Option<v1::NodeCapacity>) -> Agent {
+    Agent::start(
+        AgentConfig {
+            orchestrator: control.to_string(),
+            hello: v1::NodeHello {
+                node: Some(v1::NodeInfo {
+                    id: id.into(),
+                    role: role as i32,
+                    addr: format!("127.0.0.1:{}", 7100 + id.len()),
+                    proto_version: proto::PROTO_VERSION,
+                    ..Default::default()
+                }),
+                version: "test".into(),
+                capacity,
+                ..Default::default()
+            },
+        },
+        Arc::new(|| v1::NodeReport {
+            ready: true,
+            ..Default::default()
+        }),
+    )
+    .unwrap()
+}
+
+fn http(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let req = ureq::request(method, &format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .timeout(Duration::from_secs(10));
+    let res = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    let r = match res {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = r.status();
+    let text = r.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Tenant number → its SC nodes, from FM's latest directive.
+fn shards(fm: &Agent) -> BTreeMap<u32, Vec<String>> {
+    fm.directives()
+        .borrow()
+        .as_ref()
+        .map(|d| {
+            d.shards
+                .iter()
+                .map(|s| (s.tenant, s.sc_nodes.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn shared(a: &[String], b: &[String]) -> usize {
+    a.iter().filter(|n| b.contains(n)).count()
+}
+
+#[test]
+fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
+    cfg.report_interval = Duration::from_millis(100);
+    // Best Fit here: the decision must not depend on which model a build ships.
+    cfg.placement.algorithm = orchestrator::placement::Algorithm::BestFit;
+    let orch = rt
+        .block_on(orchestrator::start(
+            cfg,
+            Arc::new(store::EmbeddedStore::in_memory().unwrap()),
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
+    let base = format!("http://{}", orch.api_addr);
+    let control = orch.control_addr.to_string();
+    let fm = agent(&control, "fm-1", v1::Role::Fm, None);
+    let mut scs: Vec<Agent> = (1..=5)
+        .map(|i| {
+            agent(
+                &control,
+                &format!("sc-{i}"),
+                v1::Role::Sc,
+                Some(v1::NodeCapacity {
+                    bw_gbps: 10.0,
+                    cpu: 4.0,
+                    mem_gib: 8.0,
+                    price: 1.0,
+                }),
+            )
+        })
+        .collect();
+    wait(Duration::from_secs(10), "five SC nodes up", || {
+        let (_, v) = http(&base, "GET", "/v1/placement", None);
+        (v["nodes"].as_array().map(|n| n.len()) == Some(5)).then_some(())
+    });
+
+    // Bad input is named and changes nothing.
+    let (st, v) = http(
+        &base,
+        "PUT",
+        "/v1/tenants/bad",
+        Some(json!({"demand": {"bw_gbps": -1.0, "cpu": 1.0, "mem_gib": 1.0}})),
+    );
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"]["field"], "demand.bw_gbps", "{v}");
+    for (body, field) in [
+        (json!({"threshold": 0.8, "g_min": 4, "g_max": 3, "overlap": 2}), "g_max"),
+        (json!({"threshold": 0.8, "g_min": 3, "g_max": 3, "overlap": -1}), "overlap"),
+        (json!({"threshold": 1.5, "g_min": 3, "g_max": 3, "overlap": 2}), "threshold"),
+    ] {
+        let (st, v) = http(&base, "PUT", "/v1/placement/limits", Some(body));
+        assert_eq!(st, 422, "{v}");
+        assert_eq!(v["error"]["field"], field, "{v}");
+    }
+
+    for (i, name) in ["acme", "globex", "initech"].iter().enumerate() {
+        let (st, v) = http(
+            &base,
+            "PUT",
+            &format!("/v1/tenants/{name}"),
+            Some(json!({"demand": {"bw_gbps": 2.0 + i as f64, "cpu": 1.0, "mem_gib": 1.0}})),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    let before = wait(Duration::from_secs(10), "three shard sets at FM", || {
+        let s = shards(&fm);
+        (s.len() == 3).then_some(s)
+    });
+    let sets: Vec<&Vec<String>> = before.values().collect();
+    for s in &sets {
+        assert_eq!(s.len(), 3, "G = 3: {before:?}");
+    }
+    for i in 0..3 {
+        for j in i + 1..3 {
+            assert!(shared(sets[i], sets[j]) <= 2, "O = 2: {before:?}");
+        }
+    }
+    let (_, view) = http(&base, "GET", "/v1/placement", None);
+    assert_eq!(view["violations"], json!([]), "{view}");
+    assert_eq!(view["overlap"]["tenants"].as_array().unwrap().len(), 3);
+
+    // Limits no placement can meet (G_min 6 > 5 nodes) are refused and change nothing.
+    let (st, v) = http(
+        &base,
+        "PUT",
+        "/v1/placement/limits",
+        Some(json!({"threshold": 0.8, "g_min": 6, "g_max": 6, "overlap": 5})),
+    );
+    assert_eq!(st, 409, "{v}");
+    let (_, view) = http(&base, "GET", "/v1/placement", None);
+    assert_eq!(view["limits"]["g_min"], 3, "{view}");
+
+    // The node most tenants use fails.
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in before.values() {
+        for n in s {
+            *count.entry(n.as_str()).or_default() += 1;
+        }
+    }
+    let (victim, _) = count.iter().max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n))).unwrap();
+    let victim = victim.to_string();
+    let k: usize = victim.strip_prefix("sc-").unwrap().parse().unwrap();
+    scs[k - 1].stop();
+    let after = wait(Duration::from_secs(10), "repaired shard sets", || {
+        let s = shards(&fm);
+        (s.len() == 3 && s.values().all(|set| !set.contains(&victim))).then_some(s)
+    });
+    for (t, old) in &before {
+        let new = &after[t];
+        if old.contains(&victim) {
+            // Only the lost shard moved: the survivors are all still there.
+            let kept: Vec<&String> = old.iter().filter(|n| **n != victim).collect();
+            assert!(kept.iter().all(|n| new.contains(n)), "{t}: {old:?} -> {new:?}");
+            assert_eq!(new.len(), 3, "{t}: {new:?}");
+        } else {
+            assert_eq!(old, new, "tenant {t} had no shard on {victim} and must not move");
+        }
+    }
+    let sets: Vec<&Vec<String>> = after.values().collect();
+    for i in 0..3 {
+        for j in i + 1..3 {
+            assert!(shared(sets[i], sets[j]) <= 2, "O = 2 after repair: {after:?}");
+        }
+    }
+    let (_, view) = http(&base, "GET", "/v1/placement", None);
+    let moved: u64 = view["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["moves"].as_u64().unwrap())
+        .sum();
+    let affected = before.values().filter(|s| s.contains(&victim)).count() as u64;
+    assert_eq!(moved, affected, "one shard moved per affected tenant: {view}");
+    drop(fm);
+    drop(orch);
+}
