@@ -693,7 +693,7 @@ fn highs_relaxation_bound(
         .with_all(constraints)
         .solve();
     match sol {
-        Ok(s) if s.status() == SolutionStatus::Optimal => Some(objective.eval_with(&s)),
+        Ok(s) if matches!(s.status(), SolutionStatus::Optimal) => Some(objective.eval_with(&s)),
         Ok(_) => None,
         Err(e) => {
             warn!(error = %e, "milp: HiGHS LP relaxation failed");
@@ -890,6 +890,34 @@ mod tests {
             }
         }
         assert!(solved > 0, "no snapshot solved to optimality in 60 s");
+    }
+
+    #[cfg(feature = "highs")]
+    #[test]
+    fn highs_agrees_with_brute_force() {
+        let highs = MilpOptions {
+            backend: Backend::Highs,
+            ..opts()
+        };
+        let mut compared = 0;
+        for seed in 0..8 {
+            let inst = tiny(seed, 4, 3);
+            match (solve(&inst, &highs), brute_force(&inst)) {
+                (Ok(r), Some(best)) => {
+                    assert_eq!(check(&inst, &r.placement), vec![], "seed {seed}");
+                    assert_eq!(r.status, MilpStatus::Optimal, "seed {seed}");
+                    assert!(
+                        (r.cost - best).abs() < 1e-9,
+                        "seed {seed}: {} vs {best}",
+                        r.cost
+                    );
+                    compared += 1;
+                }
+                (Err(PlaceError::Infeasible { .. }), None) => {}
+                (got, want) => panic!("seed {seed}: highs {got:?}, brute force {want:?}"),
+            }
+        }
+        assert!(compared >= 4);
     }
 
     #[test]
