@@ -1038,8 +1038,9 @@ mod tests {
         assert_eq!(check(&inst, &r.placement), vec![]);
         assert!(r.lower_bound <= r.cost + 1e-9);
         assert!((0.0..=1.0).contains(&r.gap));
-        if r.status != MilpStatus::Optimal {
-            assert!(r.gap > 0.0 || r.lower_bound == r.cost);
+        assert!((r.gap - (r.cost - r.lower_bound) / r.cost).abs() < 1e-12);
+        if r.status == MilpStatus::Optimal {
+            assert_eq!(r.lower_bound, r.cost);
         }
         // Whatever the solver managed, the bound is at least the solver-free one.
         assert!(r.lower_bound >= simple_bound(&inst) - 1e-9);
