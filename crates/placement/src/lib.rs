@@ -4,10 +4,12 @@
 //! ECS nodes under capacity thresholds (Eq. 2–4) and shuffle-sharding limits (Eq. 5–6).
 //! [`problem`] holds that problem, its checker and the online [`ClusterState`];
 //! [`workload`] the workloads and their generator; [`sim`] the emulator every
-//! algorithm runs in. Nothing here does I/O or spawns tasks: the orchestrator calls in
-//! with a snapshot and acts on the answer.
+//! algorithm runs in; [`milp`] the exact optimum of small instances. Nothing here
+//! does I/O or spawns tasks: the orchestrator calls in with a snapshot and acts on
+//! the answer.
 
 pub mod heuristics;
+pub mod milp;
 pub mod problem;
 pub mod sim;
 pub mod workload;

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::problem::{Limits, Node, PlaceError, Resources};
+use crate::problem::{Instance, Limits, Node, PlaceError, Request, Resources};
 
 /// Current workload file version.
 pub const WORKLOAD_VERSION: u32 = 1;
@@ -161,6 +161,42 @@ impl Workload {
     pub fn arrivals(&self, t: usize) -> impl Iterator<Item = &TenantTrace> {
         self.tenants.iter().filter(move |x| x.arrive == t)
     }
+}
+
+/// A small offline [`Instance`] cut out of `w` at step `t`: the first `max_nodes`
+/// nodes, and the first `max_tenants` tenants present at `t` (in file order) with
+/// their demand at `t`. Benches use it to compare online algorithms with the MILP,
+/// which only takes small instances.
+pub fn snapshot_instance(
+    w: &Workload,
+    t: usize,
+    max_nodes: usize,
+    max_tenants: usize,
+) -> Result<Instance, PlaceError> {
+    if t >= w.steps {
+        return Err(PlaceError::invalid(
+            "t",
+            format!("step {t} is past the workload's {} steps", w.steps),
+        ));
+    }
+    let requests = w
+        .tenants
+        .iter()
+        .filter_map(|tr| {
+            tr.at(t).map(|demand| Request {
+                tenant: tr.tenant.clone(),
+                demand,
+            })
+        })
+        .take(max_tenants)
+        .collect();
+    let inst = Instance {
+        nodes: w.nodes.iter().take(max_nodes).cloned().collect(),
+        requests,
+        limits: w.limits,
+    };
+    inst.validate()?;
+    Ok(inst)
 }
 
 /// A node size offered by the generator.
@@ -393,6 +429,35 @@ mod tests {
             hi > 2.0 * lo,
             "a long-lived tenant's day swings: {lo}..{hi}"
         );
+    }
+
+    #[test]
+    fn snapshots_take_present_tenants_at_their_demand() {
+        let w = generate(&GenSpec::standard(20), 4).unwrap();
+        let t = 30;
+        let inst = snapshot_instance(&w, t, 6, 5).unwrap();
+        assert_eq!(inst.nodes, w.nodes[..6].to_vec());
+        assert_eq!(inst.limits, w.limits);
+        let present: Vec<&TenantTrace> = w.tenants.iter().filter(|x| x.at(t).is_some()).collect();
+        assert!(
+            present.len() > 5,
+            "the test needs more tenants than it keeps"
+        );
+        assert_eq!(inst.requests.len(), 5);
+        for (r, tr) in inst.requests.iter().zip(&present) {
+            assert_eq!(r.tenant, tr.tenant);
+            assert_eq!(Some(r.demand), tr.at(t));
+        }
+        let e = snapshot_instance(&w, w.steps, 6, 5).unwrap_err();
+        assert!(
+            matches!(&e, PlaceError::Invalid { field, .. } if field == "t"),
+            "{e}"
+        );
+        // Fewer nodes than G_min: no tenant could be placed.
+        assert!(matches!(
+            snapshot_instance(&w, t, 1, 5),
+            Err(PlaceError::Infeasible { .. })
+        ));
     }
 
     #[test]

@@ -1,0 +1,31 @@
+//! The example in docs/placement.md is a valid workload that replays cleanly.
+
+use placement::heuristics::BestFit;
+use placement::sim::{run, CurrentDemand, SimOptions};
+use placement::workload::Workload;
+
+const DOC: &str = include_str!("../../../docs/placement.md");
+
+#[test]
+fn the_documented_workload_parses_and_replays() {
+    let start = DOC
+        .find("```json\n")
+        .expect("docs/placement.md has a json block")
+        + 8;
+    let len = DOC[start..].find("```").expect("the json block ends");
+    let w = Workload::from_json(&DOC[start..start + len]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(w.nodes.len(), 3);
+    assert_eq!(w.tenants.len(), 3);
+    let rep = run(
+        &w,
+        &mut BestFit::default(),
+        &mut CurrentDemand,
+        &SimOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(rep.violations, 0);
+    assert_eq!(rep.rejected, 0);
+    assert!(rep.node_cost > 0.0);
+    // And it survives a round trip through the writer.
+    assert_eq!(Workload::from_json(&w.to_json()).unwrap(), w);
+}
