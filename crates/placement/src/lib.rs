@@ -9,6 +9,7 @@
 
 pub mod heuristics;
 pub mod problem;
+pub mod rgcm;
 pub mod sim;
 pub mod workload;
 
