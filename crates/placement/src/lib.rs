@@ -8,6 +8,7 @@
 //! with a snapshot and acts on the answer.
 
 pub mod heuristics;
+pub mod multiip;
 pub mod problem;
 pub mod rgcm;
 pub mod sim;
