@@ -415,9 +415,10 @@ fn distinct(row: &[usize]) -> Vec<usize> {
 pub struct LpGcm {
     /// λ̃: a lower bound on every mapping's λ (it equals Σf/ΣB, see the module doc).
     pub lambda: f64,
-    /// x̃[t][v][c].
+    /// x̃ as `x[t][v][c]`.
     pub x: Vec<Vec<Vec<f64>>>,
-    /// ỹ[t][c] as the solver returned it (any value in [max_v x̃, 1] is optimal too).
+    /// ỹ as `y[t][c]`, as the solver returned it (any value from max_v x̃ to 1 is
+    /// optimal too).
     pub y: Vec<Vec<f64>>,
 }
 
