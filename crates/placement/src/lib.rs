@@ -5,8 +5,9 @@
 //! [`problem`] holds that problem, its checker and the online [`ClusterState`];
 //! [`workload`] the workloads and their generator; [`sim`] the emulator every
 //! algorithm runs in. Paper 003 (Zeta) adds [`rgcm`], the VPC → PP-cluster mapping of
-//! §VI-A, and [`multiip`], the Multi IPs Scheduler's policy of §VI-B. Nothing here does I/O or spawns tasks: the orchestrator calls in
-//! with a snapshot and acts on the answer.
+//! §VI-A, and [`multiip`], the Multi IPs Scheduler's policy of §VI-B. Nothing here does
+//! I/O or spawns tasks: the orchestrator calls in with a snapshot and acts on the
+//! answer.
 
 pub mod heuristics;
 pub mod multiip;
