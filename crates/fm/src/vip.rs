@@ -402,7 +402,10 @@ mod tests {
         );
         t.join("pp-2", &[]);
         t.drain("pp-2").unwrap();
-        assert_eq!(t.move_vip(v, "pp-2"), Err(VipError::Draining("pp-2".into())));
+        assert_eq!(
+            t.move_vip(v, "pp-2"),
+            Err(VipError::Draining("pp-2".into()))
+        );
     }
 
     #[test]

@@ -693,7 +693,7 @@ async fn healthz() -> &'static str {
     components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
                        Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail,
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
-                       VpcPlacement, PlacementView, OverlapMatrix)),
+                       VpcPlacement, PlacementView, OverlapMatrix, VpcClusters)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -727,7 +727,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
         .route("/v1/placement", get(get_placement))
-        .route("/v1/placement/limits", axum::routing::put(put_placement_limits))
+        .route(
+            "/v1/placement/limits",
+            axum::routing::put(put_placement_limits),
+        )
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/:id", get(get_node))
         .route("/v1/partitions", get(list_partitions))

@@ -25,7 +25,7 @@ use proto::v1::{self, fabric_master_client::FabricMasterClient};
 use serde_json::{json, Value};
 use thiserror::Error;
 use tonic::transport::Channel;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum AutoscaleError {
@@ -361,6 +361,10 @@ pub struct PpConfig {
     /// The metric's value one PP node carries at utilisation 1.0.
     pub capacity: f64,
     pub metric: PpMetric,
+    /// Run Zeta's Multi IPs Scheduler (§VI-B) every sample: vIPs move off a node above
+    /// the high mark to lighter nodes of its cluster, and a cluster that cannot shed
+    /// its overload that way grows by a node.
+    pub multi_ip: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -428,6 +432,19 @@ pub trait Actuator: Send + Sync {
     }
     async fn pp_scale_in(&self) -> Result<String, AutoscaleError> {
         Err(AutoscaleError::NoPpProvider)
+    }
+    /// FM's Multi IPs Mapping Table, for the Multi IPs Scheduler.
+    async fn vip_map(&self) -> Result<v1::VipMapReply, AutoscaleError> {
+        Err(AutoscaleError::Config("no vIP table here".into()))
+    }
+    /// Move vIP `vip` to node `to` (Zeta §VI-B step 1).
+    async fn vip_move(
+        &self,
+        _vip: u32,
+        _to: &str,
+        _reason: &str,
+    ) -> Result<String, AutoscaleError> {
+        Err(AutoscaleError::Config("no vIP table here".into()))
     }
 }
 
@@ -624,6 +641,39 @@ impl Actuator for FmActuator {
             None => Err(AutoscaleError::NoPpProvider),
         }
     }
+
+    async fn vip_map(&self) -> Result<v1::VipMapReply, AutoscaleError> {
+        let mut c = self.client.clone();
+        c.vip_map(v1::VipMapRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| AutoscaleError::Rpc(format!("{:?}: {}", s.code(), s.message())))
+    }
+
+    async fn vip_move(&self, vip: u32, to: &str, reason: &str) -> Result<String, AutoscaleError> {
+        let mut c = self.client.clone();
+        match c
+            .vip_move(v1::VipMoveRequest {
+                vip,
+                to: to.to_string(),
+                reason: reason.to_string(),
+            })
+            .await
+        {
+            Ok(r) => Ok(format!(
+                "vIP {vip} -> {to}, table epoch {}",
+                r.into_inner().epoch
+            )),
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                Err(AutoscaleError::Refused(s.message().to_string()))
+            }
+            Err(s) => Err(AutoscaleError::Rpc(format!(
+                "{:?}: {}",
+                s.code(),
+                s.message()
+            ))),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------- driver
@@ -673,6 +723,8 @@ pub struct Autoscaler<S, A, E> {
     policies: BTreeMap<Target, Policy>,
     prev: Option<Prev>,
     samples: u64,
+    /// When the Multi IPs Scheduler last acted (driver clock, ms).
+    last_vip_action: Option<u64>,
 }
 
 impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
@@ -691,6 +743,7 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
             policies: BTreeMap::new(),
             prev: None,
             samples: 0,
+            last_vip_action: None,
         })
     }
 
@@ -880,7 +933,149 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                 result: Some(result),
             });
         }
+        let pp_acted = records
+            .iter()
+            .any(|r| r.target == Target::Pp && r.result.is_some());
+        if let Some(pp) = self.cfg.pp.clone().filter(|p| p.multi_ip) {
+            if !pp_acted {
+                self.multi_ip_step(now_ms, &load, &pp).await;
+            }
+        }
         records
+    }
+
+    /// Zeta §VI-B: plan with `placement::multiip::schedule` over FM's vIP table and the
+    /// PP nodes' loads, then apply it: vIP moves through FM (gainer first), a cluster
+    /// that must grow through the PP node provider. FM serves one PP cluster, so a
+    /// planned move of a node between clusters is recorded as refused. Every action is
+    /// an event (`multiip_*`); after one the scheduler waits out the PP cooldown, so it
+    /// judges the next plan on loads measured after the move.
+    async fn multi_ip_step(&mut self, now_ms: u64, load: &v1::LoadReply, pp: &PpConfig) {
+        use ::placement::multiip::{
+            schedule, Action as MipAction, MipCluster, MipNode, MipVip, SchedulerConfig,
+        };
+        if self
+            .last_vip_action
+            .is_some_and(|t| now_ms.saturating_sub(t) < pp.policy.cooldown.as_millis() as u64)
+        {
+            return;
+        }
+        let map = match self.actuator.vip_map().await {
+            Ok(m) => m,
+            Err(e) => {
+                debug!(error = %e, "no vIP table: the Multi IPs Scheduler has nothing to move");
+                return;
+            }
+        };
+        let value: HashMap<&str, f64> = load
+            .nodes
+            .iter()
+            .filter(|n| n.role == v1::Role::Pp as i32)
+            .map(|n| {
+                (
+                    n.node_id.as_str(),
+                    n.load.as_ref().map_or(0.0, |l| pp.metric.value(l)),
+                )
+            })
+            .collect();
+        let nodes: Vec<MipNode> = map
+            .nodes
+            .iter()
+            .map(|n| MipNode {
+                id: n.clone(),
+                load: value.get(n.as_str()).copied().unwrap_or(0.0),
+                capacity: pp.capacity,
+                vips: map
+                    .vips
+                    .iter()
+                    .filter(|o| &o.node == n)
+                    .filter_map(|o| o.vip.as_ref())
+                    .map(|v| MipVip {
+                        id: v.index.to_string(),
+                        load: None,
+                    })
+                    .collect(),
+                draining: map.draining.contains(n),
+            })
+            .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        let clusters = [MipCluster {
+            id: "pp".into(),
+            nodes,
+        }];
+        let cfg = SchedulerConfig {
+            high_water: pp.policy.marks.high.clamp(f64::MIN_POSITIVE, 1.0),
+            can_start_nodes: true,
+            new_node_capacity: Some(pp.capacity),
+            max_actions: 16,
+        };
+        let plan = match schedule(&clusters, &cfg) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "Multi IPs Scheduler input refused");
+                return;
+            }
+        };
+        let mut acted = false;
+        for step in plan.steps {
+            let detail = json!({
+                "action": serde_json::to_value(&step.action).unwrap_or_default(),
+                "max_utilisation": step.max_utilisation,
+                "before": plan.max_utilisation_before,
+                "after": plan.max_utilisation_after,
+            });
+            match &step.action {
+                MipAction::MoveVip { vip, to, .. } => {
+                    let Ok(index) = vip.parse::<u32>() else {
+                        continue;
+                    };
+                    acted = true;
+                    match self.actuator.vip_move(index, to, &step.reason).await {
+                        Ok(summary) => {
+                            info!(%summary, reason = %step.reason, "Multi IPs Scheduler moved a vIP");
+                            self.sink
+                                .record("multiip_vip_move", &step.reason, detail)
+                                .await;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "Multi IPs Scheduler vIP move failed");
+                            self.sink
+                                .record("multiip_failed", &format!("{}: {e}", step.reason), detail)
+                                .await;
+                            break;
+                        }
+                    }
+                }
+                MipAction::GrowCluster { .. } => {
+                    acted = true;
+                    self.sink
+                        .record("multiip_grow", &step.reason, detail.clone())
+                        .await;
+                    if let Err(e) = self.actuator.pp_scale_out().await {
+                        self.sink
+                            .record("multiip_failed", &format!("{}: {e}", step.reason), detail)
+                            .await;
+                    }
+                }
+                MipAction::MoveNode { .. } => {
+                    self.sink
+                        .record(
+                            "multiip_refused",
+                            &format!(
+                                "{} (refused: this FM serves one PP cluster; nodes do not move between clusters)",
+                                step.reason
+                            ),
+                            detail,
+                        )
+                        .await;
+                }
+            }
+        }
+        if acted {
+            self.last_vip_action = Some(now_ms);
+        }
     }
 
     /// Sample every interval until `stop` resolves, handing every decision to `report`;
@@ -1248,8 +1443,97 @@ mod tests {
                 },
                 capacity: 1000.0,
                 metric: PpMetric::RequestsPerS,
+                multi_ip: false,
             }),
         }
+    }
+
+    /// A vIP table of two PP nodes (`pp-0` owns vIPs 0..6, `pp-1` 6..8) that applies
+    /// the moves it is asked for.
+    #[derive(Clone)]
+    struct Vips(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<String>>>);
+
+    #[tonic::async_trait]
+    impl Actuator for Vips {
+        async fn sc_scale_out(
+            &self,
+            _: u32,
+            _: u32,
+            _: Option<u64>,
+        ) -> Result<String, AutoscaleError> {
+            Ok("ok".into())
+        }
+        async fn sc_scale_in(&self, _: u32, _: u32) -> Result<String, AutoscaleError> {
+            Ok("ok".into())
+        }
+        async fn pp_scale_out(&self) -> Result<String, AutoscaleError> {
+            self.1.lock().unwrap().push("grow".into());
+            Ok("started pp-2".into())
+        }
+        async fn vip_map(&self) -> Result<v1::VipMapReply, AutoscaleError> {
+            let owners = self.0.lock().unwrap().clone();
+            Ok(v1::VipMapReply {
+                vips: owners
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| v1::VipOwner {
+                        vip: Some(v1::Vip {
+                            index: i as u32,
+                            ..Default::default()
+                        }),
+                        node: n.clone(),
+                    })
+                    .collect(),
+                nodes: vec!["pp-0".into(), "pp-1".into()],
+                ..Default::default()
+            })
+        }
+        async fn vip_move(&self, vip: u32, to: &str, _: &str) -> Result<String, AutoscaleError> {
+            self.0.lock().unwrap()[vip as usize] = to.to_string();
+            self.1.lock().unwrap().push(format!("move {vip} {to}"));
+            Ok("moved".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_multi_ips_scheduler_sheds_vips_from_a_hot_node_then_grows_the_cluster() {
+        let owners: Vec<String> = (0..8)
+            .map(|i| if i < 6 { "pp-0" } else { "pp-1" }.to_string())
+            .collect();
+        let acts = Vips(Arc::new(Mutex::new(owners)), Arc::default());
+        let mut cfg = driver_cfg();
+        cfg.sc = None;
+        if let Some(pp) = cfg.pp.as_mut() {
+            pp.multi_ip = true;
+            pp.policy.sustain = 10; // keep the water-mark policy out of this test
+        }
+        // pp-0 at 0.9 of capacity (6 vIPs), pp-1 at 0.1: vIPs move from pp-0 to pp-1
+        // until neither is over 0.8. Then both run hot: step 2 grows the cluster.
+        let script = vec![
+            load(1000, &[], &[900.0, 100.0]),
+            load(20_000, &[], &[950.0, 950.0]),
+        ];
+        let sink = Sink::default();
+        let mut a = Autoscaler::new(cfg, Script(script), acts.clone(), sink.clone()).unwrap();
+        a.step(1000).await;
+        let calls = acts.1.lock().unwrap().clone();
+        assert!(
+            !calls.is_empty()
+                && calls
+                    .iter()
+                    .all(|c| c.starts_with("move ") && c.ends_with(" pp-1")),
+            "{calls:?}"
+        );
+        let owners = acts.0.lock().unwrap().clone();
+        let on0 = owners.iter().filter(|o| *o == "pp-0").count();
+        // 150 per vIP on pp-0: one move leaves 750 (< 800) there and 250 on pp-1.
+        assert_eq!(on0, 5, "{owners:?}");
+        let ev = sink.0.lock().unwrap().clone();
+        assert!(ev.iter().any(|e| e.0 == "multiip_vip_move"), "{ev:?}");
+        a.step(20_000).await;
+        let calls = acts.1.lock().unwrap().clone();
+        assert_eq!(calls.last().map(String::as_str), Some("grow"), "{calls:?}");
+        assert!(sink.0.lock().unwrap().iter().any(|e| e.0 == "multiip_grow"));
     }
 
     #[tokio::test]

@@ -161,6 +161,22 @@ impl Shared {
         v
     }
 
+    /// PP clusters with a node up and their forwarding capacity B(c) in Gbit/s: the
+    /// sum of their live nodes' stated bandwidth (`default_bw` for a node stating none).
+    pub fn pp_cluster_capacity(&self, default_bw: f64) -> Vec<(String, f64)> {
+        let mut m: std::collections::BTreeMap<String, f64> = Default::default();
+        for n in self
+            .nodes()
+            .values()
+            .filter(|n| n.up && n.role() == v1::Role::Pp)
+        {
+            let bw = n.hello.capacity.map(|c| c.bw_gbps).unwrap_or(0.0);
+            *m.entry(n.hello.cluster.clone()).or_default() +=
+                if bw > 0.0 { bw } else { default_bw };
+        }
+        m.into_iter().collect()
+    }
+
     /// Addresses of the FMs that are up, by node id.
     pub fn fm_addrs(&self) -> Vec<String> {
         let mut v: Vec<(String, String)> = self
@@ -215,12 +231,11 @@ impl Shared {
                 d.shards = crate::placement::shards(snap);
             }
             v1::Role::Pp => {
-                for t in snap
-                    .tenants
-                    .iter()
-                    .filter(|t| t.pp_cluster == node.hello.cluster)
-                {
-                    for v in snap.vpcs.iter().filter(|v| v.tenant == t.name) {
+                for t in &snap.tenants {
+                    for v in snap.vpcs.iter().filter(|v| {
+                        v.tenant == t.name
+                            && crate::placement::vpc_cluster(snap, t, &v.name) == node.hello.cluster
+                    }) {
                         if let Some(c) = snap
                             .chains
                             .iter()

@@ -40,7 +40,11 @@ const TXN_RETRIES: usize = 8;
 /// starting and ending with a letter or digit. They appear in URLs and store keys.
 /// A demand's parts are finite and ≥ 0; a bad one is named (`demand.bw_gbps`).
 pub fn check_demand(field: &str, d: &Demand) -> Result<(), ApiError> {
-    for (k, v) in [("bw_gbps", d.bw_gbps), ("cpu", d.cpu), ("mem_gib", d.mem_gib)] {
+    for (k, v) in [
+        ("bw_gbps", d.bw_gbps),
+        ("cpu", d.cpu),
+        ("mem_gib", d.mem_gib),
+    ] {
         if !v.is_finite() || v < 0.0 {
             return Err(ApiError::invalid(
                 &format!("{field}.{k}"),
@@ -105,6 +109,8 @@ pub struct Snapshot {
     pub chains: Vec<Chain>,
     /// Tenants' shard sets (the placement engine's output).
     pub placements: Vec<TenantPlacement>,
+    /// Tenants' VPC → PP cluster mappings (the same).
+    pub vpc_clusters: Vec<VpcClusters>,
 }
 
 impl Snapshot {
@@ -150,6 +156,9 @@ macro_rules! revised {
 revised!(Tenant, Vpc, NfInstance, Chain);
 // Placement records carry no revision of their own: the engine rewrites them whole.
 impl Revised for TenantPlacement {
+    fn set_revision(&mut self, _: u64) {}
+}
+impl Revised for VpcClusters {
     fn set_revision(&mut self, _: u64) {}
 }
 impl Revised for PlacementLimits {
@@ -271,6 +280,7 @@ impl Desired {
                         pp_cluster: spec.pp_cluster.clone().unwrap_or(old.pp_cluster.clone()),
                         labels: spec.labels.clone(),
                         demand: spec.demand.or(old.demand),
+                        pinned_cluster: old.pinned_cluster || spec.pp_cluster.is_some(),
                         revision: 0,
                     };
                     if (Tenant { revision: 0, ..old }) == t {
@@ -310,6 +320,7 @@ impl Desired {
                         pp_cluster: cluster,
                         labels: spec.labels.clone(),
                         demand: spec.demand,
+                        pinned_cluster: spec.pp_cluster.is_some(),
                         revision: 0,
                     };
                     let id_key = format!("tenant-ids/{next:010}");
@@ -374,12 +385,28 @@ impl Desired {
         delete: &[String],
         limits: Option<PlacementLimits>,
     ) -> Result<(), ApiError> {
+        self.write_placement_records(put, delete, limits, &[]).await
+    }
+
+    /// [`Desired::write_placements`] plus VPC → PP cluster mappings, in one
+    /// transaction.
+    pub async fn write_placement_records(
+        &self,
+        put: &[TenantPlacement],
+        delete: &[String],
+        limits: Option<PlacementLimits>,
+        clusters: &[VpcClusters],
+    ) -> Result<(), ApiError> {
         let mut ops = Vec::new();
+        for c in clusters {
+            ops.push(TxnOp::Put(format!("vpc-clusters/{}", c.tenant), encode(c)));
+        }
         for p in put {
             ops.push(TxnOp::Put(format!("placements/{}", p.tenant), encode(p)));
         }
         for t in delete {
             ops.push(TxnOp::Delete(format!("placements/{t}")));
+            ops.push(TxnOp::Delete(format!("vpc-clusters/{t}")));
         }
         if let Some(l) = limits {
             ops.push(TxnOp::Put("meta/placement-limits".into(), encode(&l)));
@@ -952,6 +979,7 @@ impl Desired {
             nfs: self.all("nfs/").await?,
             chains: self.all("chains/").await?,
             placements: self.all("placements/").await?,
+            vpc_clusters: self.all("vpc-clusters/").await?,
         })
     }
 }

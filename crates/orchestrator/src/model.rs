@@ -24,6 +24,10 @@ pub struct Tenant {
     /// orchestrator's default demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demand: Option<Demand>,
+    /// The operator named `pp_cluster`: every VPC of the tenant goes there, and RGCM
+    /// does not choose.
+    #[serde(default)]
+    pub pinned_cluster: bool,
     /// Store revision of the last change (read-only).
     #[serde(default)]
     pub revision: u64,
@@ -414,4 +418,13 @@ pub struct PlacementView {
 pub struct OverlapMatrix {
     pub tenants: Vec<String>,
     pub shared: Vec<Vec<usize>>,
+}
+
+/// Which PP cluster each of a tenant's VPCs is mapped to (Zeta §VI-A: one cluster per
+/// VPC, at most k per tenant). Kept at `vpc-clusters/{tenant}`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+pub struct VpcClusters {
+    pub tenant: String,
+    /// VPC name → PP cluster.
+    pub vpcs: BTreeMap<String, String>,
 }

@@ -76,6 +76,10 @@ pub struct PlacementConfig {
     pub default_price: f64,
     /// Search steps a repair or fallback may take.
     pub search_budget: usize,
+    /// k of Zeta §VI-A: most PP clusters one tenant's VPCs are mapped to.
+    pub clusters_per_tenant: usize,
+    /// B(c) contribution of a PP node that states no bandwidth, Gbit/s.
+    pub default_pp_bw: f64,
 }
 
 impl Default for PlacementConfig {
@@ -95,6 +99,8 @@ impl Default for PlacementConfig {
             default_capacity: Resources::new(10.0, 2.0, 4.0),
             default_price: 1.0,
             search_budget: 100_000,
+            clusters_per_tenant: 2,
+            default_pp_bw: 10.0,
         }
     }
 }
@@ -183,6 +189,8 @@ impl Engine {
         let snap = shared.desired.snapshot().await?;
         let limits = self.limits(shared).await?;
         let sc = self.sc_nodes(shared);
+        let clusters =
+            self.plan_clusters(&snap, &shared.pp_cluster_capacity(self.cfg.default_pp_bw));
         let plan = self.plan(&snap, &sc, limits, false);
         if plan.error != self.last_error {
             if let Some(e) = &plan.error {
@@ -190,7 +198,10 @@ impl Engine {
             }
             self.last_error = plan.error.clone();
         }
-        if plan.put.is_empty() && plan.delete.is_empty() {
+        for c in &clusters {
+            info!(tenant = %c.tenant, vpcs = ?c.vpcs, "VPC to PP cluster mapping written");
+        }
+        if plan.put.is_empty() && plan.delete.is_empty() && clusters.is_empty() {
             return Ok(false);
         }
         for p in &plan.put {
@@ -204,7 +215,7 @@ impl Engine {
         }
         shared
             .desired
-            .write_placements(&plan.put, &plan.delete, None)
+            .write_placement_records(&plan.put, &plan.delete, None, &clusters)
             .await?;
         Ok(true)
     }
@@ -229,7 +240,11 @@ impl Engine {
             .desired
             .write_placements(&plan.put, &plan.delete, Some(l))
             .await?;
-        info!(?limits, changed = plan.put.len(), "placement limits changed");
+        info!(
+            ?limits,
+            changed = plan.put.len(),
+            "placement limits changed"
+        );
         shared.bump();
         let snap = shared.desired.snapshot().await?;
         Ok(self.view_of(&snap, &sc, limits))
@@ -241,6 +256,114 @@ impl Engine {
         let limits = self.limits(shared).await?;
         let sc = self.sc_nodes(shared);
         Ok(self.view_of(&snap, &sc, limits))
+    }
+
+    /// Maps every VPC without a (live) PP cluster: Zeta §VI-A's tenant constraint (at
+    /// most k clusters per tenant) with the `placement::rgcm` incremental rule, which
+    /// never moves a mapped VPC. A tenant whose cluster the operator named keeps all its
+    /// VPCs there. A VPC's demand f(v) is its tenant's bandwidth split over its VPCs.
+    fn plan_clusters(&mut self, snap: &Snapshot, clusters: &[(String, f64)]) -> Vec<VpcClusters> {
+        use ::placement::rgcm;
+        if clusters.is_empty() {
+            return Vec::new();
+        }
+        let live = |c: &str| clusters.iter().any(|(n, _)| n == c);
+        let records: HashMap<&str, &VpcClusters> = snap
+            .vpc_clusters
+            .iter()
+            .map(|r| (r.tenant.as_str(), r))
+            .collect();
+        let mut tenants: Vec<&Tenant> = snap.tenants.iter().collect();
+        tenants.sort_by(|a, b| a.name.cmp(&b.name));
+        let vpcs_of =
+            |t: &str| -> Vec<&Vpc> { snap.vpcs.iter().filter(|v| v.tenant == t).collect() };
+        let demand_of = |t: &Tenant| {
+            t.demand
+                .map(|d| d.bw_gbps)
+                .unwrap_or(self.cfg.default_demand.bw)
+        };
+        let inst = rgcm::GcmInstance {
+            clusters: clusters
+                .iter()
+                .map(|(id, cap)| rgcm::GcmCluster {
+                    id: id.clone(),
+                    capacity: cap.max(1e-9),
+                })
+                .collect(),
+            tenants: tenants
+                .iter()
+                .map(|t| {
+                    let vs = vpcs_of(&t.name);
+                    let f = demand_of(t) / vs.len().max(1) as f64;
+                    rgcm::GcmTenant {
+                        id: t.name.clone(),
+                        vpcs: vs
+                            .iter()
+                            .map(|v| rgcm::GcmVpc {
+                                id: v.name.clone(),
+                                demand: f,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect(),
+            k: self.cfg.clusters_per_tenant.max(1),
+        };
+        let mut current: Vec<rgcm::VpcPlacement> = Vec::new();
+        for t in &tenants {
+            if let Some(r) = records.get(t.name.as_str()) {
+                for v in vpcs_of(&t.name) {
+                    if let Some(c) = r.vpcs.get(&v.name).filter(|c| live(c)) {
+                        current.push(rgcm::VpcPlacement {
+                            tenant: t.name.clone(),
+                            vpc: v.name.clone(),
+                            cluster: c.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for t in &tenants {
+            let vs = vpcs_of(&t.name);
+            let old = records.get(t.name.as_str());
+            let mut map: BTreeMap<String, String> = BTreeMap::new();
+            for v in &vs {
+                if let Some(c) = old.and_then(|r| r.vpcs.get(&v.name)).filter(|c| live(c)) {
+                    map.insert(v.name.clone(), c.clone());
+                }
+            }
+            if map.len() < vs.len() {
+                if t.pinned_cluster {
+                    for v in &vs {
+                        map.entry(v.name.clone())
+                            .or_insert_with(|| t.pp_cluster.clone());
+                    }
+                } else {
+                    match rgcm::place_tenant(&inst, &current, &t.name) {
+                        Ok((placed, m)) => {
+                            debug!(tenant = %t.name, lambda = m.lambda_after, "RGCM mapped VPCs");
+                            for p in placed {
+                                map.insert(p.vpc.clone(), p.cluster.clone());
+                                current.push(p);
+                            }
+                        }
+                        Err(e) => {
+                            warn!(tenant = %t.name, error = %e, "RGCM could not map the tenant's VPCs");
+                            continue;
+                        }
+                    }
+                }
+            }
+            let changed = old.map(|r| r.vpcs != map).unwrap_or(!map.is_empty());
+            if changed {
+                out.push(VpcClusters {
+                    tenant: t.name.clone(),
+                    vpcs: map,
+                });
+            }
+        }
+        out
     }
 
     fn state_for(sc: &[ScNode], limits: Limits) -> Result<ClusterState, String> {
@@ -443,9 +566,7 @@ impl Engine {
     ) -> Result<(Vec<NodeIdx>, &'static str), ::placement::PlaceError> {
         self.decisions += 1;
         match self.cfg.algorithm {
-            Algorithm::FirstFit => {
-                FirstFit::default().place(state, req).map(|s| (s, "ff"))
-            }
+            Algorithm::FirstFit => FirstFit::default().place(state, req).map(|s| (s, "ff")),
             Algorithm::BestFit => BestFit::default().place(state, req).map(|s| (s, "bf")),
             Algorithm::Ddqn => {
                 if let Some(agent) = self.agent.as_mut() {
@@ -484,7 +605,10 @@ impl Engine {
             .collect();
         placed.sort_by(|a, b| a.tenant.cmp(&b.tenant));
         for p in &placed {
-            let share = p.demand.to_resources().scale(1.0 / p.sc_nodes.len().max(1) as f64);
+            let share = p
+                .demand
+                .to_resources()
+                .scale(1.0 / p.sc_nodes.len().max(1) as f64);
             for n in &p.sc_nodes {
                 match idx.get(n.as_str()) {
                     Some(&e) => {
@@ -547,7 +671,7 @@ impl Engine {
                 .map(|v| VpcPlacement {
                     vpc: v.name.clone(),
                     vni: v.vni,
-                    pp_cluster: t.pp_cluster.clone(),
+                    pp_cluster: vpc_cluster(snap, t, &v.name),
                 })
                 .collect();
             let mut clusters: Vec<String> = vpcs.iter().map(|v| v.pp_cluster.clone()).collect();
@@ -636,6 +760,16 @@ fn load_agent(cfg: &PlacementConfig) -> (Option<Box<dyn Placer + Send + Sync>>, 
         None,
         "no DDQN model in this build: Best Fit places every tenant".into(),
     )
+}
+
+/// The PP cluster carrying VPC `vpc` of tenant `t`: its RGCM mapping, else the
+/// tenant's cluster (a VPC not mapped yet, or a record from before the mapping).
+pub fn vpc_cluster(snap: &Snapshot, t: &Tenant, vpc: &str) -> String {
+    snap.vpc_clusters
+        .iter()
+        .find(|r| r.tenant == t.name)
+        .and_then(|r| r.vpcs.get(vpc).cloned())
+        .unwrap_or_else(|| t.pp_cluster.clone())
 }
 
 /// The shard sets FM gets: tenant number → SC node ids.

@@ -136,9 +136,18 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
     assert_eq!(st, 422, "{v}");
     assert_eq!(v["error"]["field"], "demand.bw_gbps", "{v}");
     for (body, field) in [
-        (json!({"threshold": 0.8, "g_min": 4, "g_max": 3, "overlap": 2}), "g_max"),
-        (json!({"threshold": 0.8, "g_min": 3, "g_max": 3, "overlap": -1}), "overlap"),
-        (json!({"threshold": 1.5, "g_min": 3, "g_max": 3, "overlap": 2}), "threshold"),
+        (
+            json!({"threshold": 0.8, "g_min": 4, "g_max": 3, "overlap": 2}),
+            "g_max",
+        ),
+        (
+            json!({"threshold": 0.8, "g_min": 3, "g_max": 3, "overlap": -1}),
+            "overlap",
+        ),
+        (
+            json!({"threshold": 1.5, "g_min": 3, "g_max": 3, "overlap": 2}),
+            "threshold",
+        ),
     ] {
         let (st, v) = http(&base, "PUT", "/v1/placement/limits", Some(body));
         assert_eq!(st, 422, "{v}");
@@ -189,7 +198,10 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
             *count.entry(n.as_str()).or_default() += 1;
         }
     }
-    let (victim, _) = count.iter().max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n))).unwrap();
+    let (victim, _) = count
+        .iter()
+        .max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n)))
+        .unwrap();
     let victim = victim.to_string();
     let k: usize = victim.strip_prefix("sc-").unwrap().parse().unwrap();
     scs[k - 1].stop();
@@ -202,16 +214,25 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
         if old.contains(&victim) {
             // Only the lost shard moved: the survivors are all still there.
             let kept: Vec<&String> = old.iter().filter(|n| **n != victim).collect();
-            assert!(kept.iter().all(|n| new.contains(n)), "{t}: {old:?} -> {new:?}");
+            assert!(
+                kept.iter().all(|n| new.contains(n)),
+                "{t}: {old:?} -> {new:?}"
+            );
             assert_eq!(new.len(), 3, "{t}: {new:?}");
         } else {
-            assert_eq!(old, new, "tenant {t} had no shard on {victim} and must not move");
+            assert_eq!(
+                old, new,
+                "tenant {t} had no shard on {victim} and must not move"
+            );
         }
     }
     let sets: Vec<&Vec<String>> = after.values().collect();
     for i in 0..3 {
         for j in i + 1..3 {
-            assert!(shared(sets[i], sets[j]) <= 2, "O = 2 after repair: {after:?}");
+            assert!(
+                shared(sets[i], sets[j]) <= 2,
+                "O = 2 after repair: {after:?}"
+            );
         }
     }
     let (_, view) = http(&base, "GET", "/v1/placement", None);
@@ -222,7 +243,10 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
         .map(|t| t["moves"].as_u64().unwrap())
         .sum();
     let affected = before.values().filter(|s| s.contains(&victim)).count() as u64;
-    assert_eq!(moved, affected, "one shard moved per affected tenant: {view}");
+    assert_eq!(
+        moved, affected,
+        "one shard moved per affected tenant: {view}"
+    );
     drop(fm);
     drop(orch);
 }

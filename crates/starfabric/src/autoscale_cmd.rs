@@ -73,6 +73,12 @@ pub struct AutoscaleArgs {
     /// them serving).
     #[arg(long)]
     pub pp_stop_on_exit: bool,
+    /// Also run Zeta's Multi IPs Scheduler (§VI-B) each sample: a PP node above the high
+    /// mark sheds vIPs to lighter nodes of its cluster (no host rule changes), and a
+    /// cluster that cannot shed its overload that way grows by a node from --pp-pool.
+    /// Needs --pp-capacity. Every move is in `starfabric events` (`multiip_*`).
+    #[arg(long)]
+    pub multi_ip: bool,
     /// PP nodes: at least, at most.
     #[arg(long, default_value_t = 1)]
     pub pp_min_nodes: usize,
@@ -129,8 +135,12 @@ impl AutoscaleArgs {
                 } else {
                     PpMetric::PacketsPerS
                 },
+                multi_ip: self.multi_ip,
             }),
         };
+        if self.multi_ip && self.pp_capacity.is_none() {
+            anyhow::bail!("--multi-ip needs --pp-capacity (the load at which a PP node is full)");
+        }
         cfg.validate()?;
         Ok(cfg)
     }

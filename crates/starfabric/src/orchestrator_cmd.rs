@@ -67,14 +67,19 @@ pub struct PlacementArgs {
     #[arg(long = "shard-max", default_value_t = 3, allow_hyphen_values = true)]
     pub g_max: i64,
     /// O: most SC nodes two tenants may share.
-    #[arg(long = "shard-overlap", default_value_t = 2, allow_hyphen_values = true)]
+    #[arg(
+        long = "shard-overlap",
+        default_value_t = 2,
+        allow_hyphen_values = true
+    )]
     pub overlap: i64,
 }
 
 impl PlacementArgs {
     pub fn config(&self) -> Result<orchestrator::placement::PlacementConfig> {
-        let limits = placement::Limits::checked(self.threshold, self.g_min, self.g_max, self.overlap)
-            .map_err(|e| anyhow::anyhow!("placement limits: {e}"))?;
+        let limits =
+            placement::Limits::checked(self.threshold, self.g_min, self.g_max, self.overlap)
+                .map_err(|e| anyhow::anyhow!("placement limits: {e}"))?;
         if let Some(m) = &self.model {
             if !m.is_file() {
                 bail!("--placement-model {}: no such file", m.display());

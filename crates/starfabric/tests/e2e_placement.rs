@@ -85,13 +85,11 @@ fn curl_ok(lab: &Lab, j: usize) {
         &format!("tenant {j}'s HTTP request"),
         Duration::from_secs(30),
         || {
-            let out = lab
-                .tb()
-                .exec_full(
-                    Node::Client(j),
-                    &["curl", "-sS", "--max-time", "2", &url],
-                    Duration::from_secs(5),
-                )?;
+            let out = lab.tb().exec_full(
+                Node::Client(j),
+                &["curl", "-sS", "--max-time", "2", &url],
+                Duration::from_secs(5),
+            )?;
             Ok(out.ok().then(|| out.stdout.trim().to_string()))
         },
     )
@@ -166,10 +164,12 @@ fn three_tenants_get_shard_sets_and_an_sc_failure_moves_only_its_shards() {
         );
         cli.run(&["tenant", "create", &t, "--demand", "bw=1,cpu=0.5,mem=1"]);
         cli.run(&["vpc", "create", "main", "--tenant", &t, "--vni", &v]);
-        cli.run(&["nf", "create", "snat", "out", "--tenant", &t, "--pool", &pool]);
         cli.run(&[
-            "chain", "create", "main", "--tenant", &t, "--vpc", "main", "--nfs", "out",
-            "--egress", &to_inet, "--return", &back, "--wait",
+            "nf", "create", "snat", "out", "--tenant", &t, "--pool", &pool,
+        ]);
+        cli.run(&[
+            "chain", "create", "main", "--tenant", &t, "--vpc", "main", "--nfs", "out", "--egress",
+            &to_inet, "--return", &back, "--wait",
         ]);
     }
     let before = testbed::cmd::wait_for("three placements", Duration::from_secs(20), || {
@@ -202,7 +202,10 @@ fn three_tenants_get_shard_sets_and_an_sc_failure_moves_only_its_shards() {
         .find_map(|l| l.strip_prefix(&format!("up: pid {victim} ")))
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or_else(|| panic!("no `up: pid {victim}` line in {}", up.log.display()));
-    println!("killing {victim} (pid {pid}), on {} tenants' sets", count[victim.as_str()]);
+    println!(
+        "killing {victim} (pid {pid}), on {} tenants' sets",
+        count[victim.as_str()]
+    );
     // SAFETY: kill(2) on the PID of an SC node `starfabric up` started for this test.
     unsafe {
         libc::kill(pid, libc::SIGKILL);
@@ -219,7 +222,10 @@ fn three_tenants_get_shard_sets_and_an_sc_failure_moves_only_its_shards() {
         let new = &after_sets[t];
         if old.contains(&victim) {
             for n in old.iter().filter(|n| **n != victim) {
-                assert!(new.contains(n), "{t}: survivor {n} moved ({old:?} -> {new:?})");
+                assert!(
+                    new.contains(n),
+                    "{t}: survivor {n} moved ({old:?} -> {new:?})"
+                );
             }
         } else {
             assert_eq!(old, new, "{t} had no shard on {victim} and must not move");
