@@ -31,6 +31,9 @@ pub enum BenchCmd {
     /// SC scale-out, scale-in and replica failover under live traffic on the netns
     /// testbed: failed/reset connections, p99 setup, per-node TX timeline (needs root).
     Scaling(crate::bench_scaling::ScalingBenchArgs),
+    /// Placement (docs/placement.md): FF, BF, FFD, DDQN (with and without the demand
+    /// forecast) and the MILP optimum on held-out workloads; RGCM against its MILP.
+    Placement(crate::placement_cmd::PlacementBenchArgs),
     /// The packet sender of `bench e2e`'s per-core rate (run by it inside a testbed
     /// namespace): copies of a frame out of a device from the kernel's XDP live-frames
     /// test run, on this thread's CPU.
@@ -130,6 +133,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
             Ok(())
         }
         BenchCmd::XdpGen(a) => xdp_gen(&a),
+        BenchCmd::Placement(a) => crate::placement_cmd::bench(&a),
         BenchCmd::E2e(a) => {
             let r = crate::bench_e2e::run(a.clone())?;
             if a.json {

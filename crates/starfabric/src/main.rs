@@ -166,6 +166,6 @@ fn main() -> Result<()> {
         Cmd::Events(a) => events_cmd::run(a, cli.client.output),
         Cmd::Autoscale(a) => autoscale_cmd::run(a),
         Cmd::Testbed(c) => testbed_cmd::run(c),
-        Cmd::Placement(c) => placement_cmd::run(&cli::Client::new(&cli.client)?, c),
+        Cmd::Placement(c) => placement_cmd::run(|| cli::Client::new(&cli.client), c),
     }
 }

@@ -1,8 +1,12 @@
 //! `starfabric placement`: the orchestrator's shard sets (`show`), its limits
 //! (`limits`), and offline training of the DDQN agent (`train`); docs/placement.md.
 
-use anyhow::{bail, Result};
-use clap::Subcommand;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use placement::ddqn::{self, DdqnModel, TrainConfig};
 use serde_json::{json, Value};
 
 use crate::cli::{print_table, Client, Output};
@@ -24,13 +28,155 @@ pub enum PlacementCmd {
         #[arg(long, allow_hyphen_values = true)]
         overlap: i64,
     },
+    /// Train the DDQN agent (paper 000 Alg. 1) offline on generated training workloads
+    /// and write a versioned model file.
+    Train(TrainArgs),
 }
 
-pub fn run(c: &Client, cmd: PlacementCmd) -> Result<()> {
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Where to write the model.
+    #[arg(long, default_value = "crates/placement/models/ddqn.safetensors")]
+    pub out: PathBuf,
+    /// Episodes (default: the shipped model's configuration).
+    #[arg(long)]
+    pub episodes: Option<usize>,
+    /// Seed of initialisation, exploration and minibatches.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// A tiny configuration (seconds), for smoke tests.
+    #[arg(long)]
+    pub tiny: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlacementBenchArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// A workload file (docs/placement.md) to run instead of the generated held-out
+    /// workloads.
+    #[arg(long)]
+    pub workload: Option<PathBuf>,
+    /// Held-out generated workloads.
+    #[arg(long, default_value_t = 3)]
+    pub instances: usize,
+    /// Their pool size.
+    #[arg(long, default_value_t = 60)]
+    pub nodes: usize,
+    /// Small instances for the MILP comparison.
+    #[arg(long, default_value_t = 5)]
+    pub small_instances: usize,
+    /// MILP time limit per small instance, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub milp_secs: f64,
+    /// GCM instances for RGCM against its MILP.
+    #[arg(long, default_value_t = 10)]
+    pub gcm_instances: usize,
+    /// The DDQN model (default: the one shipped with this build).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+fn load_model(path: Option<&PathBuf>) -> Result<DdqnModel> {
+    match path {
+        Some(p) => DdqnModel::load(p).with_context(|| format!("loading {}", p.display())),
+        None => DdqnModel::shipped().context("the shipped DDQN model"),
+    }
+}
+
+pub fn bench(a: &PlacementBenchArgs) -> Result<()> {
+    let workload = a
+        .workload
+        .as_ref()
+        .map(|p| -> Result<placement::workload::Workload> {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            placement::workload::Workload::from_json(&text)
+                .with_context(|| format!("workload {}", p.display()))
+        })
+        .transpose()?;
+    let model = load_model(a.model.as_ref())?;
+    let opts = placement::bench::BenchOptions {
+        instances: a.instances,
+        nodes: a.nodes,
+        workload,
+        small_instances: a.small_instances,
+        milp_time_limit: Duration::from_secs_f64(a.milp_secs.max(0.1)),
+        gcm_instances: a.gcm_instances,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let quiet = a.json;
+    let r = placement::bench::run(&opts, &model, &mut |line| {
+        if !quiet {
+            println!("  {line}");
+        }
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("\nonline mean cost (node-time + migrations), {} workloads:", r.online_instances);
+    for (k, v) in &r.cost {
+        println!("  {k:<14} {v:10.1}   migrations {:.1}", r.migrations.get(k).copied().unwrap_or(0.0));
+    }
+    println!("small instances, mean Eq. 1 cost:");
+    for (k, v) in &r.cost_small {
+        println!("  {k:<14} {v:10.2}");
+    }
+    println!(
+        "ddqn/ff {:.3}  ddqn/bf {:.3}  ddqn/milp {:.3}  forecast gain {:.3}",
+        r.ddqn_vs_ff, r.ddqn_vs_bf, r.ddqn_vs_milp, r.forecast_gain
+    );
+    println!(
+        "rgcm/milp {:.3}  theorem bounds {}  violations {}  decision p99 at {} nodes {:.2} ms (bf {:.2} ms)",
+        r.rgcm_vs_milp,
+        if r.rgcm_bound_ok { "held" } else { "FAILED on some instance" },
+        r.violations,
+        r.decision_nodes,
+        r.decision_ms_p99,
+        r.decision_ms_p99_bf
+    );
+    println!("({:.1} s)", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn train(a: &TrainArgs) -> Result<()> {
+    let mut cfg = if a.tiny {
+        TrainConfig::tiny()
+    } else {
+        TrainConfig::standard()
+    };
+    if let Some(e) = a.episodes {
+        cfg.episodes = e;
+    }
+    if let Some(s) = a.seed {
+        cfg.seed = s;
+    }
+    let t0 = Instant::now();
+    let model = ddqn::train(&cfg, &mut |e| {
+        println!("episode {e:?}");
+    })?;
+    model
+        .save(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    println!(
+        "placement: trained {} episodes in {:.1} s; model written to {} ({} parameters)",
+        cfg.episodes,
+        t0.elapsed().as_secs_f64(),
+        a.out.display(),
+        model.param_count()
+    );
+    Ok(())
+}
+
+pub fn run(client: impl FnOnce() -> Result<Client>, cmd: PlacementCmd) -> Result<()> {
     match cmd {
+        PlacementCmd::Train(a) => train(&a),
         PlacementCmd::Show => {
+            let c = client()?;
             let v = c.call("GET", "/v1/placement", None)?;
-            show(c, &v)
+            show(&c, &v)
         }
         PlacementCmd::Limits {
             threshold,
@@ -38,12 +184,13 @@ pub fn run(c: &Client, cmd: PlacementCmd) -> Result<()> {
             g_max,
             overlap,
         } => {
+            let c = client()?;
             let v = c.call(
                 "PUT",
                 "/v1/placement/limits",
                 Some(json!({"threshold": threshold, "g_min": g_min, "g_max": g_max, "overlap": overlap})),
             )?;
-            show(c, &v)
+            show(&c, &v)
         }
     }
 }
