@@ -7,6 +7,8 @@
 //! algorithm runs in. Nothing here does I/O or spawns tasks: the orchestrator calls in
 //! with a snapshot and acts on the answer.
 
+pub mod ddqn;
+pub mod forecast;
 pub mod heuristics;
 pub mod problem;
 pub mod sim;

@@ -1,0 +1,168 @@
+//! Train, evaluate and time the DDQN placement agent.
+//!
+//! ```text
+//! cargo run --release -p placement --example ddqn -- train [--reward paper|packing]
+//!     [--episodes N] [--out crates/placement/models/ddqn.safetensors]
+//! cargo run --release -p placement --example ddqn -- eval MODEL [--nodes 60] [--seeds 8]
+//! cargo run --release -p placement --example ddqn -- latency MODEL [--nodes 1000]
+//! ```
+//! `eval` runs First Fit, Best Fit and the model on held-out workloads
+//! (`test_seed(i)`), each with current-demand and Holt–Winters reservations.
+
+use std::time::Instant;
+
+use placement::ddqn::{train, DdqnModel, RewardKind, TrainConfig};
+use placement::forecast::HoltWinters;
+use placement::heuristics::{BestFit, FirstFit};
+use placement::sim::{percentile, run, CurrentDemand, Reserve, SimOptions, SimReport};
+use placement::workload::{generate, test_seed, GenSpec};
+use placement::Placer;
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("train") => {
+            let mut cfg = TrainConfig::standard();
+            cfg.episodes = arg(&args, "--episodes", cfg.episodes);
+            cfg.filter.k = arg(&args, "--k", cfg.filter.k);
+            cfg.gamma = arg(&args, "--gamma", cfg.gamma);
+            cfg.forecast_share = arg(&args, "--forecast-share", cfg.forecast_share);
+            cfg.seed = arg(&args, "--seed", cfg.seed);
+            if arg(&args, "--reward", String::from("packing")) == "paper" {
+                cfg.reward = RewardKind::Paper;
+            }
+            let out: String = arg(
+                &args,
+                "--out",
+                String::from("crates/placement/models/ddqn.safetensors"),
+            );
+            let t0 = Instant::now();
+            let model = train(&cfg, &mut |r| {
+                eprintln!(
+                    "ep {:3} n={:3} {:8} eps={:.2} cost={:8.1} rej={} viol={} loss={:.4} steps={}",
+                    r.episode,
+                    r.nodes,
+                    r.reserve,
+                    r.epsilon,
+                    r.cost,
+                    r.rejected,
+                    r.violations,
+                    r.loss,
+                    r.grad_steps
+                )
+            })?;
+            model.save(&out)?;
+            let size = std::fs::metadata(&out)?.len();
+            println!(
+                "trained in {:.1} s, {} params, {} bytes -> {out}; loss first {:.4} last {:.4}",
+                t0.elapsed().as_secs_f64(),
+                model.param_count(),
+                size,
+                model.header.metrics.loss_first,
+                model.header.metrics.loss_last
+            );
+        }
+        Some("eval") => {
+            let path = args.get(1).ok_or("eval MODEL")?;
+            let model = DdqnModel::load(path)?;
+            let nodes = arg(&args, "--nodes", 60usize);
+            let seeds = arg(&args, "--seeds", 8u64);
+            eval(&model, nodes, seeds)?;
+        }
+        Some("latency") => {
+            let path = args.get(1).ok_or("latency MODEL")?;
+            let model = DdqnModel::load(path)?;
+            let nodes = arg(&args, "--nodes", 1000usize);
+            let w = generate(&GenSpec::standard(nodes), test_seed(0))?;
+            let mut agent = model.placer()?;
+            let rep = run(&w, &mut agent, &mut CurrentDemand, &SimOptions::default())?;
+            let mut bf = BestFit::default();
+            let brep = run(&w, &mut bf, &mut CurrentDemand, &SimOptions::default())?;
+            println!(
+                "{nodes} nodes, {} decisions: ddqn p50 {:.3} ms p99 {:.3} ms max {:.3} ms (bf p99 {:.3} ms); \
+                 stats {:?}; cost ddqn {:.1} bf {:.1}; violations {}",
+                rep.decision_ms.len(),
+                percentile(&rep.decision_ms, 0.5),
+                percentile(&rep.decision_ms, 0.99),
+                percentile(&rep.decision_ms, 1.0),
+                percentile(&brep.decision_ms, 0.99),
+                agent.stats,
+                rep.cost,
+                brep.cost,
+                rep.violations
+            );
+        }
+        _ => {
+            eprintln!("usage: ddqn train|eval MODEL|latency MODEL [options]");
+            std::process::exit(2);
+        }
+    }
+    Ok(())
+}
+
+fn eval(model: &DdqnModel, nodes: usize, seeds: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let names = ["ff", "bf", "ddqn"];
+    // [algorithm][reserve: 0 current, 1 holt-winters] -> costs per seed
+    let mut costs = vec![[Vec::new(), Vec::new()]; names.len()];
+    let mut bad = 0usize;
+    for i in 0..seeds {
+        let w = generate(&GenSpec::standard(nodes), test_seed(i))?;
+        for (a, name) in names.iter().enumerate() {
+            for (ri, c) in costs[a].iter_mut().enumerate() {
+                let mut placer: Box<dyn Placer> = match *name {
+                    "ff" => Box::new(FirstFit::default()),
+                    "bf" => Box::new(BestFit::default()),
+                    _ => Box::new(model.placer()?),
+                };
+                let mut hw;
+                let mut cur = CurrentDemand;
+                let reserve: &mut dyn Reserve = if ri == 1 {
+                    hw = HoltWinters::for_period(w.period)?;
+                    &mut hw
+                } else {
+                    &mut cur
+                };
+                let rep: SimReport = run(&w, placer.as_mut(), reserve, &SimOptions::default())?;
+                bad += rep.violations + rep.bad_answers;
+                if rep.rejected > 0 {
+                    eprintln!("seed {i} {name}/{}: {} rejected", rep.reserve, rep.rejected);
+                }
+                c.push(rep.cost);
+            }
+        }
+        eprintln!(
+            "seed {i}: ff {:.1} bf {:.1} ddqn {:.1} | +hw: ff {:.1} bf {:.1} ddqn {:.1}",
+            costs[0][0][i as usize],
+            costs[1][0][i as usize],
+            costs[2][0][i as usize],
+            costs[0][1][i as usize],
+            costs[1][1][i as usize],
+            costs[2][1][i as usize]
+        );
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let m: Vec<[f64; 2]> = costs.iter().map(|c| [mean(&c[0]), mean(&c[1])]).collect();
+    println!("held-out: {seeds} workloads of GenSpec::standard({nodes}), test_seed(0..{seeds})");
+    for (a, name) in names.iter().enumerate() {
+        println!(
+            "  {name:5} current {:9.1}   holt-winters {:9.1}   forecast_gain {:+.1}%",
+            m[a][0],
+            m[a][1],
+            100.0 * (m[a][0] - m[a][1]) / m[a][0]
+        );
+    }
+    println!(
+        "  ddqn vs ff {:+.1}%  vs bf {:+.1}%  (negative = cheaper); violations+bad answers {bad}",
+        100.0 * (m[2][0] / m[0][0] - 1.0),
+        100.0 * (m[2][0] / m[1][0] - 1.0)
+    );
+    Ok(())
+}
