@@ -72,7 +72,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Some("eval") => {
             let path = args.get(1).ok_or("eval MODEL")?;
-            let model = DdqnModel::load(path)?;
+            let mut model = DdqnModel::load(path)?;
+            // Ablations: the same weights under another k or reward.
+            model.header.filter.k = arg(&args, "--k", model.header.filter.k);
+            model.header.filter.max_k = model.header.filter.max_k.max(2 * model.header.filter.k);
+            match arg(&args, "--reward", String::new()).as_str() {
+                "paper" => model.header.reward = RewardKind::Paper,
+                "packing" => model.header.reward = RewardKind::Packing,
+                _ => {}
+            }
             let nodes = arg(&args, "--nodes", 60usize);
             let seeds = arg(&args, "--seeds", 8u64);
             eval(&model, nodes, seeds)?;
@@ -98,6 +106,54 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rep.cost,
                 brep.cost,
                 rep.violations
+            );
+        }
+        Some("profile") => {
+            // Where a decision's time goes: scoring (features + forward) vs the whole.
+            let path = args.get(1).ok_or("profile MODEL")?;
+            let model = DdqnModel::load(path)?;
+            let nodes = arg(&args, "--nodes", 1000usize);
+            let w = generate(&GenSpec::standard(nodes), test_seed(0))?;
+            struct Timed {
+                agent: placement::ddqn::Ddqn,
+                q_ms: Vec<f64>,
+                f_ms: Vec<f64>,
+            }
+            impl Placer for Timed {
+                fn name(&self) -> &str {
+                    "timed"
+                }
+                fn place(
+                    &mut self,
+                    s: &placement::ClusterState,
+                    r: &placement::Request,
+                ) -> Result<Vec<usize>, placement::PlaceError> {
+                    let t0 = Instant::now();
+                    let pool = placement::ddqn::features::PoolRef::new(s);
+                    let all: Vec<usize> = (0..s.nodes().len()).collect();
+                    let mut f = Vec::new();
+                    placement::ddqn::features::node_features(s, &pool, r, &all, &mut f);
+                    self.f_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                    let t0 = Instant::now();
+                    self.agent.q_values(s, r)?;
+                    self.q_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                    self.agent.place(s, r)
+                }
+            }
+            let mut t = Timed {
+                agent: model.placer()?,
+                q_ms: Vec::new(),
+                f_ms: Vec::new(),
+            };
+            let rep = run(&w, &mut t, &mut CurrentDemand, &SimOptions::default())?;
+            println!(
+                "features p50 {:.3} p99 {:.3} ms; score p50 {:.3} p99 {:.3} ms; score+place p50 {:.3} p99 {:.3} ms",
+                percentile(&t.f_ms, 0.5),
+                percentile(&t.f_ms, 0.99),
+                percentile(&t.q_ms, 0.5),
+                percentile(&t.q_ms, 0.99),
+                percentile(&rep.decision_ms, 0.5),
+                percentile(&rep.decision_ms, 0.99)
             );
         }
         _ => {

@@ -1,8 +1,11 @@
 //! Paper 000 Alg. 2, the Filtering Algorithm, and the reward it maximises.
 //!
-//! 1. sort nodes by Q, descending; 2. keep the top k; 3. enumerate every combination
-//! of size G_min..=G_max; 4. drop those breaking Eq. 2–6 ([`ClusterState::feasible`]);
-//! 5. compute each survivor's reward; 6. return the argmax.
+//! 1. sort nodes by Q, descending;
+//! 2. keep the top k;
+//! 3. enumerate every combination of size G_min..=G_max;
+//! 4. drop those breaking Eq. 2–6 ([`ClusterState::feasible`]);
+//! 5. compute each survivor's reward;
+//! 6. return the argmax (ties: the highest mean Q).
 //!
 //! Two additions, both about *when nothing survives*, so the agent rarely fails where
 //! Best Fit would succeed: k is doubled (up to [`FilterParams::max_k`]), and past that

@@ -106,9 +106,18 @@ impl Ddqn {
         req: &Request,
     ) -> Result<Vec<f32>, PlaceError> {
         let pool = PoolRef::new(state);
+        self.q_with(state, &pool, req)
+    }
+
+    fn q_with(
+        &mut self,
+        state: &ClusterState,
+        pool: &PoolRef,
+        req: &Request,
+    ) -> Result<Vec<f32>, PlaceError> {
         let all: Vec<NodeIdx> = (0..state.nodes().len()).collect();
-        node_features(state, &pool, req, &all, &mut self.feats);
-        self.net.score(&self.feats)
+        node_features(state, pool, req, &all, &mut self.feats);
+        self.net.score_fast(&self.feats)
     }
 
     fn rows_of(&self, set: &[NodeIdx]) -> Vec<f32> {
@@ -129,7 +138,7 @@ impl Placer for Ddqn {
         req.demand.validate("demand")?;
         self.stats.decisions += 1;
         let pool = PoolRef::new(state);
-        let q = self.q_values(state, req)?;
+        let q = self.q_with(state, &pool, req)?;
         let greedy = filter::filter(state, &pool, req, &q, &self.filter, self.reward);
         match greedy.as_ref().map(|c| c.via) {
             Some(Via::Dfs) => self.stats.dfs += 1,
@@ -176,6 +185,7 @@ impl Placer for Ddqn {
             }
         };
         let step = learner.learn(&self.net);
+        self.net.invalidate();
         self.learner = Some(learner);
         step?;
         res

@@ -94,7 +94,7 @@ impl DdqnModel {
                 header.features, FEATURES
             )));
         }
-        let net = QNet::new(&header.hidden).map_err(|e| err(e.to_string()))?;
+        let mut net = QNet::new(&header.hidden).map_err(|e| err(e.to_string()))?;
         let tensors = candle_core::safetensors::load_buffer(bytes, &Device::Cpu)
             .map_err(|e| err(format!("weights: {e}")))?;
         net.load_tensors(&tensors).map_err(|e| err(e.to_string()))?;
@@ -129,5 +129,107 @@ impl DdqnModel {
 
     pub fn param_count(&self) -> usize {
         self.net.param_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{ClusterState, Limits, Node, PlaceError, Placer, Request, Resources};
+
+    fn model() -> DdqnModel {
+        let mut net = QNet::new(&[8]).unwrap();
+        net.reseed(3).unwrap();
+        DdqnModel {
+            header: ModelHeader {
+                format: MODEL_FORMAT.into(),
+                version: MODEL_VERSION,
+                features: FEATURES.iter().map(|s| s.to_string()).collect(),
+                hidden: vec![8],
+                reward: RewardKind::Paper,
+                filter: FilterParams::default(),
+                train: None,
+                metrics: TrainMetrics::default(),
+            },
+            net,
+        }
+    }
+
+    fn state() -> (ClusterState, Request) {
+        let nodes = (0..5)
+            .map(|i| Node {
+                id: format!("n{i}"),
+                capacity: Resources::new(10.0 + i as f64, 8.0, 16.0),
+                price: 1.0 + i as f64 * 0.1,
+            })
+            .collect();
+        let limits = Limits {
+            threshold: 0.8,
+            g_min: 2,
+            g_max: 3,
+            overlap: 1,
+        };
+        let req = Request {
+            tenant: "t".into(),
+            demand: Resources::new(2.0, 1.0, 3.0),
+        };
+        (ClusterState::new(nodes, limits).unwrap(), req)
+    }
+
+    #[test]
+    fn round_trip_keeps_header_and_scores() {
+        let m = model();
+        let dir = std::env::temp_dir().join(format!("ddqn-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.safetensors");
+        m.save(&path).unwrap();
+        let back = DdqnModel::load(&path).unwrap();
+        assert_eq!(back.header, m.header);
+        let (s, r) = state();
+        let qa = m.placer().unwrap().q_values(&s, &r).unwrap();
+        let qb = back.placer().unwrap().q_values(&s, &r).unwrap();
+        assert_eq!(qa, qb);
+        assert_eq!(qa.len(), 5);
+        // The placer answers feasibly and refuses bad input without panicking.
+        let mut p = back.placer().unwrap();
+        let set = p.place(&s, &r).unwrap();
+        assert!(s.feasible(&r, &set).is_ok());
+        let bad = Request {
+            tenant: "x".into(),
+            demand: Resources::new(f64::NAN, 1.0, 1.0),
+        };
+        assert!(p.place(&s, &bad).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    fn model_err(r: Result<DdqnModel, PlaceError>) -> String {
+        match r {
+            Err(PlaceError::Model(m)) => m,
+            other => panic!("expected PlaceError::Model, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_a_reason() {
+        let e = model_err(DdqnModel::load("/nonexistent/ddqn.safetensors"));
+        assert!(e.contains("/nonexistent/ddqn.safetensors"), "{e}");
+        let e = model_err(DdqnModel::from_bytes(b"not a model at all", "junk"));
+        assert!(e.contains("junk") && e.contains("safetensors"), "{e}");
+        let good = model().to_bytes().unwrap();
+        let e = model_err(DdqnModel::from_bytes(&good[..good.len() / 2], "half"));
+        assert!(e.contains("half"), "{e}");
+
+        let mut m = model();
+        m.header.version = MODEL_VERSION + 1;
+        let e = model_err(DdqnModel::from_bytes(&m.to_bytes().unwrap(), "future"));
+        assert!(e.contains("version"), "{e}");
+        let mut m = model();
+        m.header.features.pop();
+        let e = model_err(DdqnModel::from_bytes(&m.to_bytes().unwrap(), "layout"));
+        assert!(e.contains("features"), "{e}");
+        let mut m = model();
+        m.header.hidden = vec![16];
+        let e = model_err(DdqnModel::from_bytes(&m.to_bytes().unwrap(), "shape"));
+        assert!(e.contains("shape"), "{e}");
     }
 }

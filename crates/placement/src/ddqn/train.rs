@@ -328,7 +328,7 @@ pub fn train(
 ) -> Result<DdqnModel, PlaceError> {
     cfg.validate()?;
     let t0 = Instant::now();
-    let net = QNet::new(&cfg.hidden)?;
+    let mut net = QNet::new(&cfg.hidden)?;
     net.reseed(cfg.seed)?;
     let target = net.duplicate()?;
     let params = ParamsAdamW {
