@@ -118,7 +118,7 @@ struct ScNode {
 /// lock, so the API's limit changes and the reconcile task never interleave.
 pub struct Engine {
     cfg: PlacementConfig,
-    agent: Option<Box<dyn Placer + Send + Sync>>,
+    agent: Option<::placement::ddqn::Ddqn>,
     model: String,
     decisions: u64,
     fallbacks: u64,
@@ -553,7 +553,12 @@ impl Engine {
 
     /// Nodes in the order the configured algorithm ranks them for `req`: the agent's
     /// Q-values when it has a ranking, Best Fit's order otherwise.
-    fn order(&self, state: &ClusterState, req: &Request) -> Vec<NodeIdx> {
+    fn order(&mut self, state: &ClusterState, req: &Request) -> Vec<NodeIdx> {
+        if let Some(q) = self.agent.as_mut().and_then(|a| a.q_values(state, req).ok()) {
+            let mut idx: Vec<NodeIdx> = (0..q.len()).collect();
+            idx.sort_by(|&a, &b| q[b].total_cmp(&q[a]).then(a.cmp(&b)));
+            return idx;
+        }
         best_fit_order(state, req)
     }
 
@@ -751,15 +756,29 @@ pub fn limits_from(l: &PlacementLimits) -> Result<Limits, ApiError> {
     })
 }
 
-/// The learned agent, or why there is none.
-fn load_agent(cfg: &PlacementConfig) -> (Option<Box<dyn Placer + Send + Sync>>, String) {
+/// The learned agent, or why there is none (then Best Fit places every tenant).
+fn load_agent(cfg: &PlacementConfig) -> (Option<::placement::ddqn::Ddqn>, String) {
+    use ::placement::ddqn::DdqnModel;
     if cfg.algorithm != Algorithm::Ddqn {
         return (None, format!("none ({} configured)", cfg.algorithm.name()));
     }
-    (
-        None,
-        "no DDQN model in this build: Best Fit places every tenant".into(),
-    )
+    let (model, what) = match &cfg.model {
+        Some(p) => (DdqnModel::load(p), p.display().to_string()),
+        None => (DdqnModel::shipped(), "shipped".to_string()),
+    };
+    match model.and_then(|m| {
+        let params = m.param_count();
+        m.placer().map(|p| (p, params))
+    }) {
+        Ok((p, params)) => {
+            info!(model = %what, params, "DDQN placement model loaded");
+            (Some(p), format!("{what} ({params} parameters)"))
+        }
+        Err(e) => {
+            warn!(model = %what, error = %e, "no DDQN model: Best Fit places every tenant");
+            (None, format!("none: {e}; Best Fit places every tenant"))
+        }
+    }
 }
 
 /// The PP cluster carrying VPC `vpc` of tenant `t`: its RGCM mapping, else the

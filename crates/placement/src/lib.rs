@@ -9,6 +9,9 @@
 //! IPs Scheduler's policy of §VI-B. Nothing here does I/O or spawns tasks: the
 //! orchestrator calls in with a snapshot and acts on the answer.
 
+pub mod bench;
+pub mod ddqn;
+pub mod forecast;
 pub mod heuristics;
 pub mod milp;
 pub mod multiip;
