@@ -554,7 +554,11 @@ impl Engine {
     /// Nodes in the order the configured algorithm ranks them for `req`: the agent's
     /// Q-values when it has a ranking, Best Fit's order otherwise.
     fn order(&mut self, state: &ClusterState, req: &Request) -> Vec<NodeIdx> {
-        if let Some(q) = self.agent.as_mut().and_then(|a| a.q_values(state, req).ok()) {
+        if let Some(q) = self
+            .agent
+            .as_mut()
+            .and_then(|a| a.q_values(state, req).ok())
+        {
             let mut idx: Vec<NodeIdx> = (0..q.len()).collect();
             idx.sort_by(|&a, &b| q[b].total_cmp(&q[a]).then(a.cmp(&b)));
             return idx;

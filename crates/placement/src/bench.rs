@@ -22,11 +22,9 @@ use serde::Serialize;
 
 use crate::ddqn::DdqnModel;
 use crate::forecast::HoltWinters;
-use crate::heuristics::{
-    best_fit, first_fit, first_fit_decreasing, place_all, BestFit, FirstFit,
-};
+use crate::heuristics::{best_fit, first_fit, first_fit_decreasing, place_all, BestFit, FirstFit};
 use crate::milp;
-use crate::problem::{check, cost, PlaceError, Placer};
+use crate::problem::{self, check, PlaceError, Placer};
 use crate::rgcm;
 use crate::sim::{self, percentile, CurrentDemand, Reserve, SimOptions, SimReport};
 use crate::workload::{generate, snapshot_instance, test_seed, GenSpec, Workload};
@@ -182,7 +180,12 @@ pub fn run(
     }
     let cost: BTreeMap<String, f64> = online
         .iter()
-        .map(|(k, v)| (k.clone(), mean(&v.iter().map(|r| r.cost).collect::<Vec<_>>())))
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                mean(&v.iter().map(|r| r.cost).collect::<Vec<_>>()),
+            )
+        })
         .collect();
     let rejected = online
         .iter()
@@ -225,7 +228,7 @@ pub fn run(
             match p {
                 Ok(p) => {
                     violations += check(&inst, &p).len();
-                    row.cost.insert(name.into(), cost(&inst, &p));
+                    row.cost.insert(name.into(), problem::cost(&inst, &p));
                 }
                 Err(e) => {
                     progress(&format!("small {}: {name} found no placement: {e}", i + 1));
@@ -263,7 +266,12 @@ pub fn run(
         .map(|k| {
             (
                 k.to_string(),
-                mean(&small.iter().filter_map(|r| r.cost.get(*k).copied()).collect::<Vec<_>>()),
+                mean(
+                    &small
+                        .iter()
+                        .filter_map(|r| r.cost.get(*k).copied())
+                        .collect::<Vec<_>>(),
+                ),
             )
         })
         .collect();
@@ -303,7 +311,11 @@ pub fn run(
             row.lambda_lp,
             row.lambda_rgcm,
             row.lambda_milp,
-            if row.milp_optimal { "" } else { " (time limit)" },
+            if row.milp_optimal {
+                ""
+            } else {
+                " (time limit)"
+            },
             if row.bound_ok { "hold" } else { "FAIL" }
         ));
         gcm.push(row);

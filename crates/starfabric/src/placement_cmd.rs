@@ -90,7 +90,8 @@ pub fn bench(a: &PlacementBenchArgs) -> Result<()> {
         .workload
         .as_ref()
         .map(|p| -> Result<placement::workload::Workload> {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             placement::workload::Workload::from_json(&text)
                 .with_context(|| format!("workload {}", p.display()))
         })
@@ -116,9 +117,15 @@ pub fn bench(a: &PlacementBenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    println!("\nonline mean cost (node-time + migrations), {} workloads:", r.online_instances);
+    println!(
+        "\nonline mean cost (node-time + migrations), {} workloads:",
+        r.online_instances
+    );
     for (k, v) in &r.cost {
-        println!("  {k:<14} {v:10.1}   migrations {:.1}", r.migrations.get(k).copied().unwrap_or(0.0));
+        println!(
+            "  {k:<14} {v:10.1}   migrations {:.1}",
+            r.migrations.get(k).copied().unwrap_or(0.0)
+        );
     }
     println!("small instances, mean Eq. 1 cost:");
     for (k, v) in &r.cost_small {
