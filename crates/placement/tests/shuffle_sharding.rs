@@ -21,7 +21,16 @@ use proptest::prelude::*;
 
 /// Every online algorithm under test. Add new placers here.
 fn online_placers() -> Vec<Box<dyn Placer>> {
-    vec![Box::new(FirstFit::default()), Box::new(BestFit::default())]
+    vec![
+        Box::new(FirstFit::default()),
+        Box::new(BestFit::default()),
+        // The shipped DDQN agent with the Filtering Algorithm, as the orchestrator runs it.
+        Box::new(
+            placement::ddqn::DdqnModel::shipped()
+                .and_then(|m| m.placer())
+                .expect("the shipped model loads"),
+        ),
+    ]
 }
 
 /// The MILP only takes small instances, and these must solve quickly.

@@ -278,7 +278,8 @@ fn show(c: &Client, v: &Value) -> Result<()> {
         for (i, n) in names.iter().enumerate() {
             print!("{n:w$}");
             for j in 0..names.len() {
-                print!("  {:>w$}", v["overlap"]["shared"][i][j]);
+                let n = v["overlap"]["shared"][i][j].as_u64().unwrap_or(0);
+                print!("  {n:>w$}");
             }
             println!();
         }

@@ -355,6 +355,17 @@ pub fn run(a: UpArgs) -> Result<()> {
         {
             break Ok(());
         }
+        // An SC node that exits is a failure the platform survives (its groups are
+        // repaired on the others): report it and carry on. Any other node stops all.
+        if let Some(i) = nodes
+            .iter_mut()
+            .position(|n| n.name.starts_with("sc-") && matches!(n.child.try_wait(), Ok(Some(_))))
+        {
+            let n = nodes.remove(i);
+            println!("up: {} exited; the platform carries on without it", n.name);
+            std::io::stdout().flush()?;
+            continue;
+        }
         if let Some((name, st)) = nodes.iter_mut().find_map(|n| {
             n.child
                 .try_wait()
