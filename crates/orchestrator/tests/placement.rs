@@ -1,4 +1,4 @@
-//! Shuffle-sharded placement through the real control sessions: SC nodes register with
+//! Shuffle-sharded placement through the real control sessions: SC nodes (six) register with
 //! their capacities, tenants are created through the REST API, FM's directive carries
 //! each tenant's shard set, and a node failure moves only the shards on that node.
 
@@ -106,7 +106,7 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
     let base = format!("http://{}", orch.api_addr);
     let control = orch.control_addr.to_string();
     let fm = agent(&control, "fm-1", v1::Role::Fm, None);
-    let mut scs: Vec<Agent> = (1..=5)
+    let mut scs: Vec<Agent> = (1..=6)
         .map(|i| {
             agent(
                 &control,
@@ -121,9 +121,9 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
             )
         })
         .collect();
-    wait(Duration::from_secs(10), "five SC nodes up", || {
+    wait(Duration::from_secs(10), "six SC nodes up", || {
         let (_, v) = http(&base, "GET", "/v1/placement", None);
-        (v["nodes"].as_array().map(|n| n.len()) == Some(5)).then_some(())
+        (v["nodes"].as_array().map(|n| n.len()) == Some(6)).then_some(())
     });
 
     // Bad input is named and changes nothing.
@@ -180,12 +180,12 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
     assert_eq!(view["violations"], json!([]), "{view}");
     assert_eq!(view["overlap"]["tenants"].as_array().unwrap().len(), 3);
 
-    // Limits no placement can meet (G_min 6 > 5 nodes) are refused and change nothing.
+    // Limits no placement can meet (G_min 7 > 6 nodes) are refused and change nothing.
     let (st, v) = http(
         &base,
         "PUT",
         "/v1/placement/limits",
-        Some(json!({"threshold": 0.8, "g_min": 6, "g_max": 6, "overlap": 5})),
+        Some(json!({"threshold": 0.8, "g_min": 7, "g_max": 7, "overlap": 6})),
     );
     assert_eq!(st, 409, "{v}");
     let (_, view) = http(&base, "GET", "/v1/placement", None);
@@ -213,6 +213,7 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
     let victim = victim.to_string();
     let k: usize = victim.strip_prefix("sc-").unwrap().parse().unwrap();
     scs[k - 1].stop();
+    println!("before {before:?}, killing {victim}");
     let after = wait(Duration::from_secs(10), "repaired shard sets", || {
         let s = shards(&fm);
         (s.len() == 3 && s.values().all(|set| !set.contains(&victim))).then_some(s)
@@ -255,6 +256,50 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
         moved, affected,
         "one shard moved per affected tenant: {view}"
     );
+
+    // Fail the node a repaired set just gained. When keeping the survivors leaves no
+    // node that respects O, the engine keeps the set and says why; nobody else moves.
+    let repaired = after
+        .iter()
+        .find(|(t, s)| before[*t] != **s)
+        .map(|(t, s)| (*t, s.clone()))
+        .unwrap()
+        .1;
+    let gained = repaired
+        .iter()
+        .find(|n| !before.values().any(|s| s.contains(n)))
+        .unwrap()
+        .clone();
+    let k: usize = gained.strip_prefix("sc-").unwrap().parse().unwrap();
+    scs[k - 1].stop();
+    let view = wait(Duration::from_secs(10), "the second failure judged", || {
+        let (_, v) = http(&base, "GET", "/v1/placement", None);
+        let node_down = v["nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| n["id"] == gained.as_str() && n["up"] == false);
+        let judged = v["tenants"].as_array()?.iter().all(|x| {
+            !x["sc_nodes"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|n| n == gained.as_str()))
+                || x["error"].is_string()
+        });
+        (node_down && judged).then_some(v)
+    });
+    for x in view["tenants"].as_array().unwrap() {
+        let set: Vec<String> = x["sc_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect();
+        if set.contains(&gained) {
+            // Kept as it was, with the reason.
+            assert_eq!(set, repaired, "{view}");
+            let e = x["error"].as_str().unwrap();
+            assert!(e.contains("no node can replace"), "{e}");
+        }
+    }
     drop(fm);
     drop(orch);
 }
