@@ -737,6 +737,12 @@ impl ClusterState {
             demand: req.demand,
             nodes,
         };
+        self.insert(placed);
+        Ok(())
+    }
+
+    /// Records `placed` (nodes sorted, already checked by the caller) in a free slot.
+    fn insert(&mut self, placed: Placed) {
         let share = placed.share();
         let slot = match self.free_slots.pop() {
             Some(s) => s,
@@ -749,9 +755,8 @@ impl ClusterState {
             self.used[e] = self.used[e].plus(share);
             self.on_node[e].push(slot);
         }
-        self.by_name.insert(req.tenant.clone(), slot);
+        self.by_name.insert(placed.tenant.clone(), slot);
         self.slots[slot] = Some(placed);
-        Ok(())
     }
 
     /// Loads a placement made earlier (kept in the orchestrator's store) without checking
@@ -785,21 +790,7 @@ impl ClusterState {
                 }));
             }
         }
-        let placed = Placed { nodes, ..placed };
-        let share = placed.share();
-        let slot = match self.free_slots.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-        };
-        for &e in &placed.nodes {
-            self.used[e] = self.used[e].plus(share);
-            self.on_node[e].push(slot);
-        }
-        self.by_name.insert(placed.tenant.clone(), slot);
-        self.slots[slot] = Some(placed);
+        self.insert(Placed { nodes, ..placed });
         Ok(())
     }
 
