@@ -20,7 +20,7 @@ use packet::{parse_frame_with, Frame, Ip, ParseOptions, L3, L4};
 use crate::io::{Desc, PacketIo, Verdict};
 use crate::key::{vxlan_source_port, FlowKey, KeyError};
 use crate::pending::{PendingConfig, PendingQueue};
-use crate::rule::{flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
+use crate::rule::{slot_flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
 use crate::stats::{DropReason, Stats, TenantCounters};
 use crate::table::{age, FlowTable, Inserted, Probe, TableError};
 
@@ -841,15 +841,15 @@ impl Pipeline {
     fn apply(&mut self, region: &mut [u8], d: &mut Desc, cls: &Classified, idx: u32, now: u32) {
         let rule = *self.table.rule(idx);
         let f = rule.flags;
-        if f & flag::COUNT != 0 {
+        if f & slot_flag::SLOT_COUNT != 0 {
             let c = self.table.counters_mut(idx);
             c.packets += 1;
             c.bytes += d.len as u64;
         }
-        if f & flag::DROP != 0 {
+        if f & slot_flag::SLOT_DROP != 0 {
             return self.drop(d, DropReason::Rule(rule.arg));
         }
-        if f & flag::POLICE != 0 {
+        if f & slot_flag::SLOT_POLICE != 0 {
             if let Some(p) = self.policer.as_mut() {
                 if !p.admit(rule.police, d.len as u32, now) {
                     return self.drop(d, DropReason::Police);
@@ -859,21 +859,26 @@ impl Pipeline {
         let slot = d.slot_mut(region);
         let off = d.off as usize;
         let data = &mut slot[off..off + d.len as usize];
-        if f & (flag::SRC_ADDR | flag::SRC_PORT | flag::DST_ADDR | flag::DST_PORT) != 0 {
+        if f & (slot_flag::SLOT_SRC_ADDR
+            | slot_flag::SLOT_SRC_PORT
+            | slot_flag::SLOT_DST_ADDR
+            | slot_flag::SLOT_DST_PORT)
+            != 0
+        {
             let ip = &cls.ip;
             let quote = ip.icmp_quote();
             for (side, af, pf, a, p) in [
                 (
                     Side::Src,
-                    flag::SRC_ADDR,
-                    flag::SRC_PORT,
+                    slot_flag::SLOT_SRC_ADDR,
+                    slot_flag::SLOT_SRC_PORT,
                     rule.src_addr,
                     rule.sport,
                 ),
                 (
                     Side::Dst,
-                    flag::DST_ADDR,
-                    flag::DST_PORT,
+                    slot_flag::SLOT_DST_ADDR,
+                    slot_flag::SLOT_DST_PORT,
                     rule.dst_addr,
                     rule.dport,
                 ),
@@ -893,11 +898,11 @@ impl Pipeline {
             }
         }
         let (mut start, mut len) = (off, d.len as usize);
-        if f & flag::DECAP != 0 && cls.inner_off != 0 {
+        if f & slot_flag::SLOT_DECAP != 0 && cls.inner_off != 0 {
             start = off + cls.inner_off as usize;
             len = (cls.inner_end - cls.inner_off) as usize;
         }
-        if f & flag::ENCAP != 0 {
+        if f & slot_flag::SLOT_ENCAP != 0 {
             let Some(nh) = self.ctx.nexthop(rule.nexthop) else {
                 return self.drop(d, DropReason::RewriteFailed);
             };
@@ -918,7 +923,7 @@ impl Pipeline {
         }
         d.off = start as u16;
         d.len = len as u16;
-        if f & flag::OUTPUT != 0 {
+        if f & slot_flag::SLOT_OUTPUT != 0 {
             self.stats.tx_packets += 1;
             self.stats.tx_bytes += len as u64;
             d.verdict = Verdict::Tx(rule.arg);

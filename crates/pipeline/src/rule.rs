@@ -137,18 +137,21 @@ pub enum RuleError {
     Parse { what: &'static str, text: String },
 }
 
-pub(crate) mod flag {
-    pub const DECAP: u16 = 1;
-    pub const SRC_ADDR: u16 = 1 << 1;
-    pub const SRC_PORT: u16 = 1 << 2;
-    pub const DST_ADDR: u16 = 1 << 3;
-    pub const DST_PORT: u16 = 1 << 4;
-    pub const ENCAP: u16 = 1 << 5;
-    pub const OUTPUT: u16 = 1 << 6;
-    pub const COUNT: u16 = 1 << 7;
-    pub const POLICE: u16 = 1 << 8;
-    pub const DROP: u16 = 1 << 9;
-    pub const OFFLOAD: u16 = 1 << 10;
+/// Flags of [`RuleSlot::flags`]. Userspace-only bits: the XDP program's rule flags
+/// (`xdp::rule_flag`) are a different set with different values, and `XdpRule::from_rule`
+/// compiles from the rule's actions, never from these bits.
+pub(crate) mod slot_flag {
+    pub const SLOT_DECAP: u16 = 1;
+    pub const SLOT_SRC_ADDR: u16 = 1 << 1;
+    pub const SLOT_SRC_PORT: u16 = 1 << 2;
+    pub const SLOT_DST_ADDR: u16 = 1 << 3;
+    pub const SLOT_DST_PORT: u16 = 1 << 4;
+    pub const SLOT_ENCAP: u16 = 1 << 5;
+    pub const SLOT_OUTPUT: u16 = 1 << 6;
+    pub const SLOT_COUNT: u16 = 1 << 7;
+    pub const SLOT_POLICE: u16 = 1 << 8;
+    pub const SLOT_DROP: u16 = 1 << 9;
+    pub const SLOT_OFFLOAD: u16 = 1 << 10;
 }
 
 /// A compiled rule: one flow's composed action list in 16 bytes.
@@ -186,10 +189,10 @@ pub struct RuleCounters {
 
 impl RuleSlot {
     pub fn is_drop(&self) -> bool {
-        self.flags & flag::DROP != 0
+        self.flags & slot_flag::SLOT_DROP != 0
     }
     pub fn wants_offload(&self) -> bool {
-        self.flags & flag::OFFLOAD != 0
+        self.flags & slot_flag::SLOT_OFFLOAD != 0
     }
 }
 
@@ -328,10 +331,10 @@ impl RuleContext {
                         if i != 0 {
                             return Err(RuleError::DecapNotFirst);
                         }
-                        s.flags |= flag::DECAP;
+                        s.flags |= slot_flag::SLOT_DECAP;
                     }
                     Action::SetSrc { addr, port } | Action::SetDst { addr, port } => {
-                        if s.flags & flag::ENCAP != 0 {
+                        if s.flags & slot_flag::SLOT_ENCAP != 0 {
                             return Err(RuleError::RewriteAfterEncap);
                         }
                         let is_src = matches!(a, Action::SetSrc { .. });
@@ -346,9 +349,9 @@ impl RuleContext {
                             acquired_addrs.push(idx);
                             // A later rewrite of the same field wins (chain composition).
                             let (slot, f) = if is_src {
-                                (&mut s.src_addr, flag::SRC_ADDR)
+                                (&mut s.src_addr, slot_flag::SLOT_SRC_ADDR)
                             } else {
-                                (&mut s.dst_addr, flag::DST_ADDR)
+                                (&mut s.dst_addr, slot_flag::SLOT_DST_ADDR)
                             };
                             if *slot != 0 {
                                 self.addrs.release(*slot);
@@ -362,10 +365,10 @@ impl RuleContext {
                         if let Some(p) = port {
                             if is_src {
                                 s.sport = *p;
-                                s.flags |= flag::SRC_PORT;
+                                s.flags |= slot_flag::SLOT_SRC_PORT;
                             } else {
                                 s.dport = *p;
-                                s.flags |= flag::DST_PORT;
+                                s.flags |= slot_flag::SLOT_DST_PORT;
                             }
                         }
                     }
@@ -375,7 +378,7 @@ impl RuleContext {
                         inner_dmac,
                         inner_smac,
                     } => {
-                        if s.flags & flag::ENCAP != 0 {
+                        if s.flags & slot_flag::SLOT_ENCAP != 0 {
                             return Err(RuleError::TwoEncaps);
                         }
                         if *vni >= 1 << 24 {
@@ -406,21 +409,21 @@ impl RuleContext {
                             inner_smac: *inner_smac,
                         });
                         s.nexthop = idx;
-                        s.flags |= flag::ENCAP;
+                        s.flags |= slot_flag::SLOT_ENCAP;
                     }
-                    Action::Count => s.flags |= flag::COUNT,
+                    Action::Count => s.flags |= slot_flag::SLOT_COUNT,
                     Action::Police { class } => {
-                        s.flags |= flag::POLICE;
+                        s.flags |= slot_flag::SLOT_POLICE;
                         s.police = *class;
                     }
-                    Action::Offload => s.flags |= flag::OFFLOAD,
+                    Action::Offload => s.flags |= slot_flag::SLOT_OFFLOAD,
                     Action::Output(p) => {
-                        s.flags |= flag::OUTPUT;
+                        s.flags |= slot_flag::SLOT_OUTPUT;
                         s.arg = *p;
                         terminal = true;
                     }
                     Action::Drop { reason } => {
-                        s.flags |= flag::DROP;
+                        s.flags |= slot_flag::SLOT_DROP;
                         s.arg = self.reason_index(reason)?;
                         terminal = true;
                     }
@@ -441,7 +444,7 @@ impl RuleContext {
                 for i in acquired_addrs {
                     self.addrs.release(i);
                 }
-                if s.flags & flag::ENCAP != 0 {
+                if s.flags & slot_flag::SLOT_ENCAP != 0 {
                     self.nexthops.release(s.nexthop);
                 }
                 Err(e)
@@ -451,13 +454,13 @@ impl RuleContext {
 
     /// Drop the references a slot holds (when its flow leaves the table).
     pub fn release(&mut self, s: &RuleSlot) {
-        if s.flags & flag::SRC_ADDR != 0 {
+        if s.flags & slot_flag::SLOT_SRC_ADDR != 0 {
             self.addrs.release(s.src_addr);
         }
-        if s.flags & flag::DST_ADDR != 0 {
+        if s.flags & slot_flag::SLOT_DST_ADDR != 0 {
             self.addrs.release(s.dst_addr);
         }
-        if s.flags & flag::ENCAP != 0 {
+        if s.flags & slot_flag::SLOT_ENCAP != 0 {
             self.nexthops.release(s.nexthop);
         }
     }
@@ -518,22 +521,26 @@ impl RuleContext {
         let mut out = Vec::new();
         let f = s.flags;
         let ip = |i: u16| self.addr(i).map(|a| IpAddr::from(*a));
-        if f & flag::DECAP != 0 {
+        if f & slot_flag::SLOT_DECAP != 0 {
             out.push(Action::DecapVxlan);
         }
-        if f & (flag::SRC_ADDR | flag::SRC_PORT) != 0 {
+        if f & (slot_flag::SLOT_SRC_ADDR | slot_flag::SLOT_SRC_PORT) != 0 {
             out.push(Action::SetSrc {
-                addr: (f & flag::SRC_ADDR != 0).then(|| ip(s.src_addr)).flatten(),
-                port: (f & flag::SRC_PORT != 0).then_some(s.sport),
+                addr: (f & slot_flag::SLOT_SRC_ADDR != 0)
+                    .then(|| ip(s.src_addr))
+                    .flatten(),
+                port: (f & slot_flag::SLOT_SRC_PORT != 0).then_some(s.sport),
             });
         }
-        if f & (flag::DST_ADDR | flag::DST_PORT) != 0 {
+        if f & (slot_flag::SLOT_DST_ADDR | slot_flag::SLOT_DST_PORT) != 0 {
             out.push(Action::SetDst {
-                addr: (f & flag::DST_ADDR != 0).then(|| ip(s.dst_addr)).flatten(),
-                port: (f & flag::DST_PORT != 0).then_some(s.dport),
+                addr: (f & slot_flag::SLOT_DST_ADDR != 0)
+                    .then(|| ip(s.dst_addr))
+                    .flatten(),
+                port: (f & slot_flag::SLOT_DST_PORT != 0).then_some(s.dport),
             });
         }
-        if f & flag::ENCAP != 0 {
+        if f & slot_flag::SLOT_ENCAP != 0 {
             if let Some(n) = self.nexthop(s.nexthop) {
                 out.push(Action::EncapVxlan {
                     dst: n.encap.dst().into(),
@@ -543,19 +550,19 @@ impl RuleContext {
                 });
             }
         }
-        if f & flag::COUNT != 0 {
+        if f & slot_flag::SLOT_COUNT != 0 {
             out.push(Action::Count);
         }
-        if f & flag::POLICE != 0 {
+        if f & slot_flag::SLOT_POLICE != 0 {
             out.push(Action::Police { class: s.police });
         }
-        if f & flag::OFFLOAD != 0 {
+        if f & slot_flag::SLOT_OFFLOAD != 0 {
             out.push(Action::Offload);
         }
-        if f & flag::OUTPUT != 0 {
+        if f & slot_flag::SLOT_OUTPUT != 0 {
             out.push(Action::Output(s.arg));
         }
-        if f & flag::DROP != 0 {
+        if f & slot_flag::SLOT_DROP != 0 {
             out.push(Action::Drop {
                 reason: self
                     .reasons
