@@ -1,12 +1,28 @@
 //! Compiles the XDP programs (`bpf/pp_xdp.c`, `bpf/xdp_pass.c`, `bpf/xdp_sink.c`,
 //! `bpf/xdp_gen.c`) with clang into
 //! `OUT_DIR`, where the library embeds them from. clang comes from `scripts/setup.sh` (override with `CLANG`).
+//!
+//! First it writes `OUT_DIR/pp_xdp_abi.h` from `src/abi.rs`, the one definition of the
+//! rule ABI, which `pp_xdp.c` includes.
 
 use std::path::PathBuf;
 use std::process::Command;
 
+// The library uses all of it; the build script only the header writer.
+#[allow(dead_code)]
+#[path = "src/abi.rs"]
+mod abi;
+
+fn out_dir() -> PathBuf {
+    PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"))
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
+    println!("cargo:rerun-if-changed=src/abi.rs");
+    let header = out_dir().join("pp_xdp_abi.h");
+    std::fs::write(&header, abi::c_header())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", header.display()));
     compile("bpf/pp_xdp.c", "pp_xdp.o");
     compile("bpf/xdp_pass.c", "xdp_pass.o");
     compile("bpf/xdp_sink.c", "xdp_sink.o");
@@ -15,7 +31,7 @@ fn main() {
 
 fn compile(src: &str, obj: &str) {
     println!("cargo:rerun-if-changed={src}");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join(obj);
+    let out = out_dir().join(obj);
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
     // The multiarch include dir holds <asm/types.h>, which <linux/bpf.h> needs.
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -27,6 +43,7 @@ fn compile(src: &str, obj: &str) {
     let status = Command::new(&clang)
         .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
         .arg(format!("-I{multiarch}"))
+        .arg(format!("-I{}", out_dir().display()))
         .args(["-c", src, "-o"])
         .arg(&out)
         .status()

@@ -22,12 +22,12 @@
 #include <linux/bpf.h>
 #include <linux/types.h>
 
-#define SEC(name) __attribute__((section(name), used))
+/* Map names and capacities, rule flags (F_*), and struct flow_key / xdp_rule / xdp_node,
+ * generated from crates/xdp/src/abi.rs by the build script (-I$OUT_DIR). */
+#include "pp_xdp_abi.h"
+
 #undef __always_inline
 #define __always_inline inline __attribute__((always_inline))
-
-#define __uint(name, val) int(*name)[val]
-#define __type(name, val) typeof(val) *name
 
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_xdp_adjust_head)(struct xdp_md *ctx, int delta) = (void *)BPF_FUNC_xdp_adjust_head;
@@ -53,92 +53,6 @@ static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)BPF_FUNC_ktime_get_coars
  * from the IPv6 header. Longer chains go up to userspace. */
 #define MAX_V6_EXT 4
 #define MAX_V6_EXT_OFF 1024
-
-/* Rule flags: keep in step with crates/xdp/src/lib.rs (`rule_flag`). */
-#define F_DECAP (1u << 0)
-#define F_SRC_ADDR (1u << 1)
-#define F_SRC_PORT (1u << 2)
-#define F_DST_ADDR (1u << 3)
-#define F_DST_PORT (1u << 4)
-#define F_ENCAP (1u << 5)
-#define F_DROP (1u << 6)
-#define F_INNER_DMAC (1u << 7)
-#define F_INNER_SMAC (1u << 8)
-
-/* The FlowKey's canonical 40 bytes (docs/golden-corpus.md). */
-struct flow_key {
-	__u8 src[16];
-	__u8 dst[16];
-	__u8 sport[2];
-	__u8 dport[2];
-	__u8 vni[3];
-	__u8 proto;
-};
-
-/* An offloaded rule: the compiled action list and its counters (`XdpRule` in lib.rs). */
-struct xdp_rule {
-	__u32 flags;
-	__u8 src_addr[16]; /* IPv4: the first 4 bytes */
-	__u8 dst_addr[16];
-	__u16 sport; /* network byte order */
-	__u16 dport;
-	__u32 encap_dst; /* network byte order */
-	__u8 encap_vni[4]; /* big endian, the first byte 0 */
-	__u16 encap_sport; /* network byte order */
-	__u8 out_port;
-	__u8 pad;
-	__u8 inner_dmac[6];
-	__u8 inner_smac[6];
-	__u64 packets;
-	__u64 bytes;
-	__u64 last_seen_ns;
-};
-
-/* The node's underlay identity, the corpus's `node` line (`XdpNode` in lib.rs). */
-struct xdp_node {
-	__u32 ip; /* network byte order; 0 = not configured, pass everything */
-	__u8 mac[6];
-	__u8 gw_mac[6];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct flow_key);
-	__type(value, struct xdp_rule);
-} offloaded_rules SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct xdp_node);
-} node_config SEC(".maps");
-
-/* PP cluster (docs/pp-cluster.md, paper 003 §IV-E): when `vip_mode[0]` is non-zero the node
- * takes VXLAN only in frames addressed to a vMAC it owns (`vip_macs`, key: the MAC in the
- * low 6 bytes). A switch that has not learned a vMAC floods its frames to every node; only
- * the owner may take them, or a flow would be served twice. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} vip_mode SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, __u64);
-	__type(value, __u32);
-} vip_macs SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, 64);
-	__type(key, __u32);
-	__type(value, __u32);
-} xsks SEC(".maps");
 
 static __always_inline __u16 get16(const __u8 *p)
 {

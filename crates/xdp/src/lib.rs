@@ -51,83 +51,16 @@ pub static XDP_PASS_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_p
 /// (see `bpf/xdp_sink.c`).
 pub static XDP_SINK_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_sink.o"));
 
-/// The program's name in the object.
-pub const PROGRAM: &str = "pp_xdp";
-/// Map of offloaded rules: 40-byte `FlowKey` bytes → [`XdpRule`].
-pub const RULES_MAP: &str = "offloaded_rules";
-/// One-entry array holding the node's underlay identity ([`XdpNode`]).
-pub const NODE_MAP: &str = "node_config";
-/// AF_XDP sockets by receive queue, where misses go.
-pub const XSKS_MAP: &str = "xsks";
-/// PP cluster mode: non-zero at index 0 makes the program take only frames to owned vMACs.
-pub const VIP_MODE_MAP: &str = "vip_mode";
-/// The vMACs this node owns (key: the MAC in the low 6 bytes of a native-endian u64).
-pub const VIP_MACS_MAP: &str = "vip_macs";
-/// Capacity of [`RULES_MAP`].
-pub const MAX_OFFLOADED_RULES: u32 = 65536;
-
-/// Flags of [`XdpRule::flags`]; the same values as the `F_*` defines of `pp_xdp.c`.
-pub mod rule_flag {
-    pub const DECAP: u32 = 1;
-    pub const SRC_ADDR: u32 = 1 << 1;
-    pub const SRC_PORT: u32 = 1 << 2;
-    pub const DST_ADDR: u32 = 1 << 3;
-    pub const DST_PORT: u32 = 1 << 4;
-    pub const ENCAP: u32 = 1 << 5;
-    pub const DROP: u32 = 1 << 6;
-    pub const INNER_DMAC: u32 = 1 << 7;
-    pub const INNER_SMAC: u32 = 1 << 8;
-}
-
-/// An offloaded rule as the XDP program reads it: the compiled action list and the
-/// rule's counters, which the program updates in place. Layout of `struct xdp_rule`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct XdpRule {
-    pub flags: u32,
-    /// New source address; IPv4 in the first 4 bytes.
-    pub src_addr: [u8; 16],
-    pub dst_addr: [u8; 16],
-    /// New ports (ICMP echo: the identifier), network byte order.
-    pub sport: [u8; 2],
-    pub dport: [u8; 2],
-    /// Outer destination of the re-encap, network byte order.
-    pub encap_dst: [u8; 4],
-    /// VNI of the re-encap, big endian; the first byte is 0.
-    pub encap_vni: [u8; 4],
-    /// Outer UDP source port of the re-encap: `vxlan_source_port` of the rewritten key,
-    /// as the userspace pipeline computes it at install. Network byte order.
-    pub encap_sport: [u8; 2],
-    /// The rule's output port. Every output of a PP node leaves by its one interface,
-    /// as with the UDP socket backend, so the program transmits with `XDP_TX`.
-    pub out_port: u8,
-    pub pad: u8,
-    pub inner_dmac: [u8; 6],
-    pub inner_smac: [u8; 6],
-    pub packets: u64,
-    pub bytes: u64,
-    /// `bpf_ktime_get_ns` of the last hit (CLOCK_MONOTONIC); 0 before the first.
-    pub last_seen_ns: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<XdpRule>() == 88);
+pub mod abi;
+pub use abi::{
+    rule_flag, XdpFlowKey, XdpNode, XdpRule, MAX_OFFLOADED_RULES, NODE_MAP, PROGRAM, RULES_MAP,
+    VIP_MACS_MAP, VIP_MODE_MAP, XSKS_MAP,
+};
 
 // SAFETY: `XdpRule` is `repr(C)`, made only of integers and byte arrays, with no padding
-// (88 bytes, asserted above) and no invalid bit patterns, so any bytes the kernel hands
+// (88 bytes, asserted in `abi`) and no invalid bit patterns, so any bytes the kernel hands
 // back are a valid value.
 unsafe impl aya::Pod for XdpRule {}
-
-/// The node's underlay identity, as the program reads it (`struct xdp_node`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct XdpNode {
-    /// Network byte order; all zero means "not configured": the program passes all.
-    pub ip: [u8; 4],
-    pub mac: [u8; 6],
-    pub gw_mac: [u8; 6],
-}
-
-const _: () = assert!(std::mem::size_of::<XdpNode>() == 16);
 
 // SAFETY: `repr(C)`, byte arrays only, 16 bytes without padding; any bytes are valid.
 unsafe impl aya::Pod for XdpNode {}
@@ -572,6 +505,58 @@ mod tests {
             text_key.parse().unwrap(),
             pipeline::parse_actions(actions).unwrap(),
         )
+    }
+
+    /// The header clang compiled `pp_xdp.c` against.
+    const BUILT_HEADER: &str = include_str!(concat!(env!("OUT_DIR"), "/pp_xdp_abi.h"));
+
+    #[test]
+    fn built_header_is_the_abi_and_defines_every_flag() {
+        assert_eq!(BUILT_HEADER, abi::c_header());
+        assert_eq!(rule_flag::ALL.len(), 9);
+        for (name, value) in rule_flag::ALL {
+            let line = format!("\n#define F_{name} {value:#x}u\n");
+            assert!(BUILT_HEADER.contains(&line), "missing {line:?}");
+        }
+        assert!(BUILT_HEADER.contains(&format!(
+            "#define MAX_OFFLOADED_RULES {MAX_OFFLOADED_RULES}\n"
+        )));
+        for m in abi::MAPS {
+            assert!(BUILT_HEADER.contains(&format!("}} {} SEC(\".maps\");", m.name)));
+        }
+        assert!(BUILT_HEADER.contains("_Static_assert(sizeof(struct xdp_rule) == 88,"));
+        assert!(BUILT_HEADER
+            .contains("_Static_assert(__builtin_offsetof(struct xdp_rule, packets) == 64,"));
+    }
+
+    #[test]
+    fn flow_key_bytes_are_the_c_flow_key() {
+        use abi::CStruct;
+        let key = FlowKey::new(
+            0x0a0b0c,
+            proto::UDP,
+            "2001:db8::1".parse().unwrap(),
+            0x1234,
+            "2001:db8::2".parse().unwrap(),
+            0x5678,
+        );
+        let b = key.as_bytes();
+        assert_eq!(b.len(), XdpFlowKey::SIZE);
+        let field = |name: &str| {
+            let f = XdpFlowKey::C_FIELDS
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap();
+            &b[f.offset..f.offset + f.size]
+        };
+        let src: std::net::Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let dst: std::net::Ipv6Addr = "2001:db8::2".parse().unwrap();
+        assert_eq!(field("src"), src.octets());
+        assert_eq!(field("dst"), dst.octets());
+        assert_eq!(field("sport"), [0x12, 0x34]);
+        assert_eq!(field("dport"), [0x56, 0x78]);
+        assert_eq!(field("vni"), [0x0a, 0x0b, 0x0c]);
+        assert_eq!(field("proto"), [proto::UDP]);
     }
 
     #[test]
