@@ -18,6 +18,7 @@ pub mod csum;
 mod error;
 mod parse;
 pub mod rewrite;
+pub mod wire;
 
 pub use error::{Layer, ParseError};
 pub use parse::{
