@@ -707,3 +707,563 @@ fn parse_vxlan(buf: &[u8], ip: &Ip, opts: &ParseOptions) -> Result<Option<VxlanM
         inner_end: end as u16,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The parser's verdict on each protocol's edge cases. Well-formed frames come from
+    //! `wire`; malformed ones are those with one field broken by hand.
+
+    use super::*;
+    use crate::wire::{
+        EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Ext, Ipv6Repr, L4Repr, Vlans, VxlanRepr,
+    };
+
+    const ETH: EthernetRepr = EthernetRepr {
+        dst: [2, 0, 0, 0, 0, 2],
+        src: [2, 0, 0, 0, 0, 1],
+        vlans: Vlans::None,
+    };
+    const A4: [u8; 4] = [10, 0, 0, 1];
+    const B4: [u8; 4] = [10, 0, 0, 2];
+    const A6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    const B6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+
+    fn udp(sport: u16, dport: u16) -> L4Repr {
+        L4Repr::Udp {
+            sport,
+            dport,
+            checksum: true,
+        }
+    }
+
+    fn tcp(flags: u8) -> L4Repr {
+        L4Repr::Tcp {
+            sport: 1000,
+            dport: 80,
+            seq: 1,
+            ack: 0,
+            flags,
+            window: 100,
+            options: Vec::new(),
+        }
+    }
+
+    fn frame(ip: impl Into<IpRepr>, l4: L4Repr, payload: &[u8]) -> Vec<u8> {
+        FrameRepr {
+            eth: ETH,
+            ip: ip.into(),
+            l4,
+        }
+        .to_vec(payload)
+    }
+
+    fn v4(proto: u8) -> Ipv4Repr {
+        Ipv4Repr::new(A4, B4, proto)
+    }
+
+    fn v6(proto: u8) -> Ipv6Repr {
+        Ipv6Repr::new(A6, B6, proto)
+    }
+
+    fn udp4(payload: &[u8]) -> Vec<u8> {
+        frame(v4(proto::UDP), udp(1000, 2000), payload)
+    }
+
+    fn ip(buf: &[u8]) -> Ip {
+        *parse_frame(buf).unwrap().ip().unwrap()
+    }
+
+    fn err(buf: &[u8]) -> ParseError {
+        parse_frame(buf).unwrap_err()
+    }
+
+    fn truncated(layer: Layer) -> ParseError {
+        ParseError::Truncated(layer)
+    }
+
+    // Ethernet and VLAN.
+
+    #[test]
+    fn ethernet_shorter_than_its_header_is_truncated() {
+        assert_eq!(err(&udp4(b"")[..13]), truncated(Layer::Ethernet));
+        assert_eq!(err(&udp4(b"")[..14]), truncated(Layer::Ipv4));
+        assert_eq!(err(&udp4(b"")[..33]), truncated(Layer::Ipv4));
+    }
+
+    #[test]
+    fn frames_over_64k_are_refused() {
+        let mut f = udp4(b"");
+        f.resize(65536, 0);
+        assert_eq!(
+            err(&f),
+            bad(Layer::Ethernet, "frame longer than 65535 bytes")
+        );
+    }
+
+    #[test]
+    fn one_and_two_vlan_tags_are_skipped_and_a_third_refused() {
+        let tagged = |vlans| {
+            FrameRepr {
+                eth: EthernetRepr { vlans, ..ETH },
+                ip: v4(proto::UDP).into(),
+                l4: udp(1, 2),
+            }
+            .to_vec(b"")
+        };
+        let f = parse_frame(&tagged(Vlans::One { tci: 0x2064 })).unwrap();
+        assert_eq!((f.vlan_tags, f.vlan_tci, f.l3_off), (1, 0x2064, 18));
+        let b = tagged(Vlans::Two {
+            outer: 0x0100,
+            inner: 0x0200,
+        });
+        let f = parse_frame(&b).unwrap();
+        assert_eq!((f.vlan_tags, f.vlan_tci, f.l3_off), (2, 0x0100, 22));
+        assert_eq!(f.ip().unwrap().off, 22);
+        // A third tag where the EtherType should be.
+        let mut three = b.clone();
+        three[20..22].copy_from_slice(&ethertype::VLAN.to_be_bytes());
+        assert_eq!(err(&three), bad(Layer::Vlan, "more than two VLAN tags"));
+        assert_eq!(err(&b[..16]), truncated(Layer::Vlan));
+        assert_eq!(err(&b[..20]), truncated(Layer::Vlan));
+    }
+
+    #[test]
+    fn arp_needs_28_bytes_and_other_ethertypes_pass_unparsed() {
+        let mut f = udp4(b"");
+        f.truncate(14 + 28);
+        f[12..14].copy_from_slice(&ethertype::ARP.to_be_bytes());
+        assert_eq!(parse_frame(&f).unwrap().l3, L3::Arp);
+        assert_eq!(err(&f[..14 + 27]), truncated(Layer::Arp));
+        f[12..14].copy_from_slice(&0x88ccu16.to_be_bytes());
+        let p = parse_frame(&f[..14]).unwrap();
+        assert_eq!((p.l3, p.ethertype), (L3::Other, 0x88cc));
+    }
+
+    // IPv4.
+
+    #[test]
+    fn ipv4_bad_version_ihl_and_lengths() {
+        let good = udp4(b"abcd");
+        let with = |at: usize, v: u8| {
+            let mut f = good.clone();
+            f[at] = v;
+            f
+        };
+        assert_eq!(err(&with(14, 0x55)), bad(Layer::Ipv4, "version is not 4"));
+        assert_eq!(err(&with(14, 0x44)), bad(Layer::Ipv4, "IHL below 5"));
+        // IHL 15 (60 bytes) in a 32-byte packet.
+        assert_eq!(err(&with(14, 0x4f)), truncated(Layer::Ipv4));
+        // Total length 19, below the header's 20.
+        assert_eq!(
+            err(&with(17, 19)),
+            bad(Layer::Ipv4, "total length below header length")
+        );
+        assert_eq!(err(&good[..good.len() - 1]), truncated(Layer::Ipv4));
+    }
+
+    #[test]
+    fn ipv4_options_move_the_transport_header() {
+        let ip4 = Ipv4Repr {
+            options: vec![1, 1, 1, 0, 0x94, 4, 0, 0],
+            ..v4(proto::UDP)
+        };
+        let f = frame(ip4, udp(7, 8), b"x");
+        let p = ip(&f);
+        assert_eq!((p.hdr_len, p.l4_off()), (28, 42));
+        assert_eq!(
+            p.l4,
+            L4::Udp {
+                sport: 7,
+                dport: 8,
+                len: 9
+            }
+        );
+    }
+
+    #[test]
+    fn ethernet_padding_is_outside_the_ip_packet() {
+        let mut f = udp4(b"");
+        let n = f.len();
+        f.resize(60, 0xee);
+        let p = ip(&f);
+        assert_eq!((p.end as usize, parse_frame(&f).unwrap().len), (n, 60));
+    }
+
+    #[test]
+    fn ipv4_fragments() {
+        let first = Ipv4Repr {
+            more_frags: true,
+            ..v4(proto::UDP)
+        };
+        let p = ip(&frame(first.clone(), udp(1, 2), b"abc"));
+        assert_eq!(p.frag, Frag::First);
+        assert!(matches!(p.l4, L4::Udp { sport: 1, .. }));
+        // A later fragment has no transport header, whatever its bytes say.
+        let later = Ipv4Repr {
+            frag_offset: 100,
+            ..v4(proto::TCP)
+        };
+        let p = ip(&frame(later, L4Repr::Raw, b"no tcp header"));
+        assert_eq!(
+            (p.frag, p.l4, p.proto),
+            (Frag::NonFirst, L4::None, proto::TCP)
+        );
+        // A first fragment's UDP length may cover more than this fragment.
+        let mut f = frame(first, udp(1, 2), b"abc");
+        f[38..40].copy_from_slice(&1000u16.to_be_bytes());
+        assert!(matches!(ip(&f).l4, L4::Udp { len: 1000, .. }));
+        // A whole datagram's may not.
+        let mut f = udp4(b"abc");
+        f[38..40].copy_from_slice(&1000u16.to_be_bytes());
+        assert_eq!(err(&f), truncated(Layer::Udp));
+    }
+
+    #[test]
+    fn other_protocols_have_no_transport_header() {
+        let p = ip(&frame(v4(47), L4Repr::Raw, b"gre"));
+        assert_eq!((p.proto, p.l4, p.frag), (47, L4::None, Frag::None));
+        // ICMPv6 over IPv4 is not looked into.
+        let p = ip(&frame(v4(proto::ICMPV6), L4Repr::Raw, &[128; 8]));
+        assert_eq!(p.l4, L4::None);
+    }
+
+    // IPv6 and its extension headers.
+
+    #[test]
+    fn ipv6_bad_version_lengths_and_mapped_addresses() {
+        let good = frame(v6(proto::UDP), udp(1, 2), b"");
+        assert_eq!(err(&good[..14 + 39]), truncated(Layer::Ipv6));
+        let mut f = good.clone();
+        f[14] = 0x40;
+        assert_eq!(err(&f), bad(Layer::Ipv6, "version is not 6"));
+        let mut f = good.clone();
+        f[18..20].copy_from_slice(&[0, 0]);
+        assert_eq!(err(&f), bad(Layer::Ipv6, "zero payload length"));
+        // With no next header (59) a zero payload length is fine.
+        let p = ip(&frame(v6(59), L4Repr::Raw, b""));
+        assert_eq!((p.proto, p.hdr_len, p.l4), (59, 40, L4::None));
+        assert_eq!(err(&good[..good.len() - 1]), truncated(Layer::Ipv6));
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        for (s, d) in [(mapped, B6), (A6, mapped)] {
+            let f = frame(Ipv6Repr::new(s, d, proto::UDP), udp(1, 2), b"");
+            assert_eq!(err(&f), ParseError::V4MappedAddress);
+        }
+    }
+
+    fn v6_with(exts: Vec<Ipv6Ext>, proto: u8) -> Ipv6Repr {
+        Ipv6Repr { exts, ..v6(proto) }
+    }
+
+    fn opts(kind: u8, len8: u8) -> Ipv6Ext {
+        Ipv6Ext::Opts { kind, len8 }
+    }
+
+    #[test]
+    fn ipv6_extension_chain_is_walked_to_the_transport_header() {
+        let exts = vec![
+            opts(0, 0),
+            opts(60, 1),
+            opts(43, 0),
+            Ipv6Ext::Auth {
+                spi: 9,
+                seq: 1,
+                icv_words: 3,
+            },
+            Ipv6Ext::Fragment {
+                offset: 0,
+                more: false,
+                ident: 5,
+            },
+        ];
+        let p = ip(&frame(v6_with(exts, proto::TCP), tcp(0x02), b""));
+        assert_eq!(p.hdr_len, 40 + 8 + 16 + 8 + 24 + 8);
+        assert_eq!((p.proto, p.frag), (proto::TCP, Frag::None));
+        assert_eq!(
+            p.l4,
+            L4::Tcp {
+                sport: 1000,
+                dport: 80,
+                flags: 0x02
+            }
+        );
+    }
+
+    #[test]
+    fn ipv6_extension_chain_errors() {
+        let f = frame(v6_with(vec![opts(60, 0), opts(0, 0)], 17), udp(1, 2), b"");
+        assert_eq!(err(&f), bad(Layer::Ipv6Ext, "hop-by-hop header not first"));
+        let nine = vec![opts(60, 0); MAX_V6_EXT_HEADERS + 1];
+        let f = frame(v6_with(nine, 17), udp(1, 2), b"");
+        assert_eq!(err(&f), bad(Layer::Ipv6Ext, "too many extension headers"));
+        let eight = vec![opts(60, 0); MAX_V6_EXT_HEADERS];
+        assert_eq!(ip(&frame(v6_with(eight, 17), udp(1, 2), b"")).proto, 17);
+        // The payload length ends inside an extension header.
+        let mut f = frame(v6_with(vec![opts(60, 1)], 59), L4Repr::Raw, b"");
+        f[18..20].copy_from_slice(&8u16.to_be_bytes());
+        f.truncate(14 + 48);
+        assert_eq!(err(&f), truncated(Layer::Ipv6Ext));
+        let mut f = frame(v6_with(vec![opts(60, 0)], 59), L4Repr::Raw, b"");
+        f[18..20].copy_from_slice(&1u16.to_be_bytes());
+        f.truncate(14 + 41);
+        assert_eq!(err(&f), truncated(Layer::Ipv6Ext));
+    }
+
+    #[test]
+    fn ipv6_fragments() {
+        let frag = |offset, more| {
+            vec![Ipv6Ext::Fragment {
+                offset,
+                more,
+                ident: 1,
+            }]
+        };
+        let p = ip(&frame(v6_with(frag(0, true), 17), udp(1, 2), b"x"));
+        assert_eq!((p.frag, p.hdr_len), (Frag::First, 48));
+        assert!(matches!(p.l4, L4::Udp { sport: 1, .. }));
+        let p = ip(&frame(v6_with(frag(3, true), 17), L4Repr::Raw, b"x"));
+        assert_eq!((p.frag, p.l4, p.proto), (Frag::NonFirst, L4::None, 17));
+        // The walk stops at a later fragment: what follows is not a header.
+        let mut exts = frag(3, false);
+        exts.push(opts(0, 0));
+        let p = ip(&frame(v6_with(exts, 17), L4Repr::Raw, b"x"));
+        assert_eq!((p.frag, p.proto, p.hdr_len), (Frag::NonFirst, 0, 48));
+    }
+
+    // TCP and UDP.
+
+    #[test]
+    fn tcp_truncated_and_bad_data_offset() {
+        let good = frame(v4(proto::TCP), tcp(0x18), b"");
+        assert!(matches!(ip(&good).l4, L4::Tcp { flags: 0x18, .. }));
+        let short = frame(v4(proto::TCP), L4Repr::Raw, &good[34..53]);
+        assert_eq!(err(&short), truncated(Layer::Tcp));
+        let mut f = good.clone();
+        f[46] = 4 << 4;
+        assert_eq!(err(&f), bad(Layer::Tcp, "data offset below 5"));
+        f[46] = 6 << 4;
+        assert_eq!(err(&f), truncated(Layer::Tcp));
+        let mut with_opts = tcp(0x02);
+        if let L4Repr::Tcp { options, .. } = &mut with_opts {
+            *options = vec![2, 4, 5, 0xb4];
+        }
+        let f = frame(v4(proto::TCP), with_opts, b"");
+        assert_eq!((ip(&f).hdr_len, f[46] >> 4), (20, 6));
+    }
+
+    #[test]
+    fn udp_truncated_and_bad_length() {
+        let short = frame(v4(proto::UDP), L4Repr::Raw, &[0; 7]);
+        assert_eq!(err(&short), truncated(Layer::Udp));
+        let mut f = udp4(b"");
+        f[38..40].copy_from_slice(&7u16.to_be_bytes());
+        assert_eq!(err(&f), bad(Layer::Udp, "length below 8"));
+        let p = ip(&frame(v6(proto::UDP), udp(5, 6), b"abc"));
+        assert_eq!(
+            p.l4,
+            L4::Udp {
+                sport: 5,
+                dport: 6,
+                len: 11
+            }
+        );
+    }
+
+    // ICMP.
+
+    #[test]
+    fn icmp_echo_and_other_kinds() {
+        let cases = [
+            (false, true, IcmpKind::EchoRequest { id: 7 }),
+            (false, false, IcmpKind::EchoReply { id: 7 }),
+            (true, true, IcmpKind::EchoRequest { id: 7 }),
+            (true, false, IcmpKind::EchoReply { id: 7 }),
+        ];
+        for (is_v6, request, kind) in cases {
+            let l4 = L4Repr::echo(is_v6, request, 7, 1);
+            let f = if is_v6 {
+                frame(v6(proto::ICMPV6), l4, b"")
+            } else {
+                frame(v4(proto::ICMP), l4, b"")
+            };
+            assert!(matches!(ip(&f).l4, L4::Icmp { kind: k, .. } if k == kind));
+        }
+        let other = L4Repr::Icmp {
+            ty: 13,
+            code: 0,
+            rest: [0; 4],
+        };
+        let p = ip(&frame(v4(proto::ICMP), other, b""));
+        assert_eq!(
+            p.l4,
+            L4::Icmp {
+                ty: 13,
+                code: 0,
+                kind: IcmpKind::Other
+            }
+        );
+        let short = frame(v4(proto::ICMP), L4Repr::Raw, &[8; 7]);
+        assert_eq!(err(&short), truncated(Layer::Icmp));
+    }
+
+    fn icmp_error(ty: u8) -> L4Repr {
+        L4Repr::Icmp {
+            ty,
+            code: 1,
+            rest: [0; 4],
+        }
+    }
+
+    #[test]
+    fn icmpv4_error_quotes_the_offending_packet() {
+        // The quote: the IP header and the first 8 bytes of the UDP header.
+        let inner = frame(Ipv4Repr::new(B4, A4, proto::UDP), udp(53, 1000), b"dns");
+        let quote = &inner[14..42];
+        for ty in [3, 11, 12] {
+            let f = frame(v4(proto::ICMP), icmp_error(ty), quote);
+            let p = ip(&f);
+            let q = p.icmp_quote().unwrap();
+            assert_eq!((q.off, q.hdr_len, q.end), (42, 20, 70));
+            assert_eq!((q.proto, q.sport, q.dport), (proto::UDP, 53, 1000));
+            assert_eq!(p.shifted(4).icmp_quote().unwrap().off, 46);
+        }
+        // A quoted echo request: its identifier is the source port.
+        let echo = frame(
+            Ipv4Repr::new(B4, A4, proto::ICMP),
+            L4Repr::echo(false, true, 77, 1),
+            b"",
+        );
+        let q = *ip(&frame(v4(proto::ICMP), icmp_error(3), &echo[14..]))
+            .icmp_quote()
+            .unwrap();
+        assert_eq!((q.sport, q.dport, q.icmp_type), (77, 0, 8));
+
+        let err_of = |quote: &[u8]| err(&frame(v4(proto::ICMP), icmp_error(3), quote));
+        assert_eq!(err_of(&quote[..19]), truncated(Layer::IcmpQuote));
+        assert_eq!(err_of(&quote[..27]), truncated(Layer::IcmpQuote));
+        let mut q = quote.to_vec();
+        q[0] = 0x65;
+        assert_eq!(err_of(&q), bad(Layer::IcmpQuote, "quoted version is not 4"));
+        q[0] = 0x43;
+        assert_eq!(err_of(&q), bad(Layer::IcmpQuote, "quoted IHL below 5"));
+        q[0] = 0x46;
+        assert_eq!(err_of(&q[..23]), truncated(Layer::IcmpQuote));
+        let mut q = quote.to_vec();
+        q[7] = 1;
+        assert_eq!(
+            err_of(&q),
+            bad(Layer::IcmpQuote, "quoted packet is a later fragment")
+        );
+        // An error that is itself fragmented is refused.
+        let first = Ipv4Repr {
+            more_frags: true,
+            ..v4(proto::ICMP)
+        };
+        assert_eq!(
+            err(&frame(first, icmp_error(3), quote)),
+            bad(Layer::Icmp, "fragmented ICMP error")
+        );
+    }
+
+    #[test]
+    fn icmpv6_error_quotes_through_extension_headers() {
+        let inner = frame(
+            v6_with(vec![opts(60, 0)], proto::ICMPV6),
+            L4Repr::echo(true, true, 9, 1),
+            b"",
+        );
+        let quote = &inner[14..];
+        for ty in 1..=4 {
+            let q = *ip(&frame(v6(proto::ICMPV6), icmp_error(ty), quote))
+                .icmp_quote()
+                .unwrap();
+            assert_eq!((q.hdr_len, q.proto), (48, proto::ICMPV6));
+            assert_eq!((q.sport, q.icmp_type), (9, 128));
+        }
+        let err_of = |quote: &[u8]| err(&frame(v6(proto::ICMPV6), icmp_error(1), quote));
+        assert_eq!(err_of(&quote[..39]), truncated(Layer::IcmpQuote));
+        assert_eq!(err_of(&quote[..47]), truncated(Layer::IcmpQuote));
+        let mut q = quote.to_vec();
+        q[0] = 0x45;
+        assert_eq!(err_of(&q), bad(Layer::IcmpQuote, "quoted version is not 6"));
+        let mut q = quote.to_vec();
+        q[8..24].fill(0);
+        q[18..20].fill(0xff);
+        assert_eq!(err_of(&q), ParseError::V4MappedAddress);
+        let later = frame(
+            v6_with(
+                vec![Ipv6Ext::Fragment {
+                    offset: 1,
+                    more: false,
+                    ident: 0,
+                }],
+                proto::UDP,
+            ),
+            L4Repr::Raw,
+            &[0; 8],
+        );
+        assert_eq!(
+            err_of(&later[14..]),
+            bad(Layer::IcmpQuote, "quoted packet is a later fragment")
+        );
+    }
+
+    // VXLAN.
+
+    fn vxlan_frame(outer: impl Into<IpRepr>, dport: u16, vxlan: VxlanRepr) -> Vec<u8> {
+        let inner = udp4(b"inner");
+        let mut payload = vxlan.to_bytes().to_vec();
+        payload.extend_from_slice(&inner);
+        frame(outer, udp(50000, dport), &payload)
+    }
+
+    #[test]
+    fn vxlan_header_is_found_on_its_port() {
+        for outer in [IpRepr::V4(v4(proto::UDP)), IpRepr::V6(v6(proto::UDP))] {
+            let f = vxlan_frame(outer.clone(), VXLAN_PORT, VxlanRepr::new(0xabcdef));
+            let p = parse_frame(&f).unwrap();
+            let v = p.vxlan.unwrap();
+            assert_eq!(v.vni, 0xabcdef);
+            assert_eq!(p.vxlan_inner(&f).unwrap(), &udp4(b"inner")[..]);
+            assert_eq!(v.inner_off as usize, p.ip().unwrap().l4_off() + 16);
+            let fast = vxlan_fast(&f, VXLAN_PORT);
+            assert_eq!(fast, outer.is_v6().then_some(()).map_or(Some(v), |_| None));
+        }
+        // Another port is plain UDP, unless the options name it.
+        let f = vxlan_frame(v4(proto::UDP), 8472, VxlanRepr::new(1));
+        assert_eq!(parse_frame(&f).unwrap().vxlan, None);
+        let opts = ParseOptions { vxlan_port: 8472 };
+        assert_eq!(parse_frame_with(&f, &opts).unwrap().vxlan.unwrap().vni, 1);
+    }
+
+    #[test]
+    fn vxlan_flags_and_truncation() {
+        let clear = VxlanRepr {
+            flags: 0x00,
+            vni: 5,
+        };
+        let f = vxlan_frame(v4(proto::UDP), VXLAN_PORT, clear);
+        assert_eq!(err(&f), bad(Layer::Vxlan, "I flag clear"));
+        assert_eq!(vxlan_fast(&f, VXLAN_PORT), None);
+        // Reserved bits are ignored.
+        let extra = VxlanRepr {
+            flags: 0xff,
+            vni: 5,
+        };
+        let f = vxlan_frame(v4(proto::UDP), VXLAN_PORT, extra);
+        assert_eq!(parse_frame(&f).unwrap().vxlan.unwrap().vni, 5);
+        let short = frame(
+            v4(proto::UDP),
+            udp(1, VXLAN_PORT),
+            &[0x08, 0, 0, 0, 0, 0, 1],
+        );
+        assert_eq!(err(&short), truncated(Layer::Vxlan));
+        // A fragmented datagram to the VXLAN port is not looked into.
+        let first = Ipv4Repr {
+            more_frags: true,
+            ..v4(proto::UDP)
+        };
+        let f = frame(first, udp(1, VXLAN_PORT), &[0; 7]);
+        assert_eq!(parse_frame(&f).unwrap().vxlan, None);
+    }
+}

@@ -5,8 +5,9 @@
 //!
 //! The header bytes are written by etherparse, which has every header the parser reads
 //! with every field settable. smoltcp's reprs do not serve: its `Ipv4Repr` always sets DF
-//! and has no options, and it has no 802.1Q, IPv6 fragment or AH repr. Neither crate
-//! knows VXLAN, so [`VxlanRepr`] writes its 8 bytes itself.
+//! and has no options, and it has no 802.1Q, IPv6 fragment or AH repr. Written here:
+//! VXLAN, which neither crate knows ([`VxlanRepr`]), and the IPv6 fragment header, which
+//! etherparse 0.16 encodes wrongly (see [`Ipv6Ext::emit`]).
 //!
 //! For building frames (tests, benchmarks, the encap template), not for the per-packet
 //! path: the reprs own `Vec`s, and `emit` panics on a repr no header can carry (an
@@ -14,8 +15,8 @@
 
 use etherparse::{
     EtherType, Ethernet2Header, Icmpv4Header, Icmpv4Type, Icmpv6Header, Icmpv6Type, IpAuthHeader,
-    IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6FragmentHeader, Ipv6Header,
-    Ipv6RawExtHeader, SingleVlanHeader, TcpHeader, UdpHeader, VlanId, VlanPcp,
+    IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6Header, Ipv6RawExtHeader,
+    SingleVlanHeader, TcpHeader, UdpHeader, VlanId, VlanPcp,
 };
 
 use crate::csum;
@@ -213,16 +214,18 @@ impl Ipv6Ext {
                     .expect("length in range");
                 put(buf, &h.to_bytes())
             }
+            // Written here: etherparse before 0.20 puts the offset's low bits and the M
+            // flag in the wrong places of bytes 2..3 (etherparse issue #150, fixed by its
+            // PR #149). RFC 8200 §4.5: a big-endian word, offset << 3 | M.
             Ipv6Ext::Fragment {
                 offset,
                 more,
                 ident,
             } => {
-                let offset = IpFragOffset::try_new(offset).expect("fragment offset fits 13 bits");
-                put(
-                    buf,
-                    &Ipv6FragmentHeader::new(next, offset, more, ident).to_bytes(),
-                )
+                assert!(offset < 1 << 13, "fragment offset fits 13 bits");
+                let [a, b] = (offset << 3 | more as u16).to_be_bytes();
+                let [c, d, e, f] = ident.to_be_bytes();
+                put(buf, &[next.0, 0, a, b, c, d, e, f])
             }
             Ipv6Ext::Auth {
                 spi,
@@ -366,6 +369,18 @@ fn tcp_flags(h: &mut TcpHeader, f: u8) {
     h.urg = f & 0x20 != 0;
     h.ece = f & 0x40 != 0;
     h.cwr = f & 0x80 != 0;
+}
+
+impl From<Ipv4Repr> for IpRepr {
+    fn from(ip: Ipv4Repr) -> Self {
+        IpRepr::V4(ip)
+    }
+}
+
+impl From<Ipv6Repr> for IpRepr {
+    fn from(ip: Ipv6Repr) -> Self {
+        IpRepr::V6(ip)
+    }
 }
 
 /// The transport header of a [`FrameRepr`]. `emit` fills in lengths and checksums.
