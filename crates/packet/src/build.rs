@@ -9,7 +9,7 @@
 use crate::csum::{fold, put16};
 use crate::proto;
 use crate::rewrite::Addr;
-use crate::wire::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, L4Repr, Vlans, VxlanRepr};
+use crate::wire::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, L4Repr, TcpRepr, Vlans, VxlanRepr};
 
 /// Outer Ethernet + IPv4 + UDP + VXLAN.
 pub const VXLAN_V4_OVERHEAD: usize = 14 + 20 + 8 + 8;
@@ -117,7 +117,7 @@ pub fn ip_frame(src: Addr, dst: Addr, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
             dport,
             flags,
             seq,
-        } => L4Repr::Tcp {
+        } => L4Repr::Tcp(TcpRepr {
             sport,
             dport,
             seq,
@@ -125,7 +125,7 @@ pub fn ip_frame(src: Addr, dst: Addr, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
             flags,
             window: 65535,
             options: Vec::new(),
-        },
+        }),
         L4Spec::Echo { request, id, seq } => L4Repr::echo(v6, request, id, seq),
     };
     let proto = l4.proto(v6).expect("a transport header");

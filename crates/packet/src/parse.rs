@@ -352,16 +352,30 @@ fn bad(layer: Layer, what: &'static str) -> ParseError {
     ParseError::BadHeader { layer, what }
 }
 
+/// The IP header at `off`: at least `min` bytes, with version `version`.
+#[inline(always)]
+fn ip_header<'a>(
+    buf: &'a [u8],
+    off: usize,
+    min: usize,
+    version: u8,
+    layer: Layer,
+    what: &'static str,
+) -> Result<&'a [u8], ParseError> {
+    let b = &buf[off..];
+    if b.len() < min {
+        return Err(ParseError::Truncated(layer));
+    }
+    if b[0] >> 4 != version {
+        return Err(bad(layer, what));
+    }
+    Ok(b)
+}
+
 #[inline(always)]
 fn parse_ipv4(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
-    let b = &buf[off..];
-    if b.len() < 20 {
-        return Err(ParseError::Truncated(Layer::Ipv4));
-    }
+    let b = ip_header(buf, off, 20, 4, Layer::Ipv4, "version is not 4")?;
     let p = Ipv4Packet::new_unchecked(b);
-    if p.version() != 4 {
-        return Err(bad(Layer::Ipv4, "version is not 4"));
-    }
     let hl = p.header_len() as usize;
     if hl < 20 {
         return Err(bad(Layer::Ipv4, "IHL below 5"));
@@ -479,14 +493,8 @@ fn walk_v6_ext(
 
 #[inline(never)]
 fn parse_ipv6(buf: &[u8], off: usize) -> Result<Ip, ParseError> {
-    let b = &buf[off..];
-    if b.len() < 40 {
-        return Err(ParseError::Truncated(Layer::Ipv6));
-    }
+    let b = ip_header(buf, off, 40, 6, Layer::Ipv6, "version is not 6")?;
     let p = Ipv6Packet::new_unchecked(b);
-    if p.version() != 6 {
-        return Err(bad(Layer::Ipv6, "version is not 6"));
-    }
     let plen = p.payload_len() as usize;
     if plen == 0 && b[6] != 59 {
         // Jumbograms (RFC 2675) cannot occur on Ethernet.
@@ -715,7 +723,8 @@ mod tests {
 
     use super::*;
     use crate::wire::{
-        EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Ext, Ipv6Repr, L4Repr, Vlans, VxlanRepr,
+        EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Ext, Ipv6Repr, L4Repr, TcpRepr, Vlans,
+        VxlanRepr,
     };
 
     const ETH: EthernetRepr = EthernetRepr {
@@ -736,8 +745,8 @@ mod tests {
         }
     }
 
-    fn tcp(flags: u8) -> L4Repr {
-        L4Repr::Tcp {
+    fn tcp_repr(flags: u8) -> TcpRepr {
+        TcpRepr {
             sport: 1000,
             dport: 80,
             seq: 1,
@@ -746,6 +755,10 @@ mod tests {
             window: 100,
             options: Vec::new(),
         }
+    }
+
+    fn tcp(flags: u8) -> L4Repr {
+        L4Repr::Tcp(tcp_repr(flags))
     }
 
     fn frame(ip: impl Into<IpRepr>, l4: L4Repr, payload: &[u8]) -> Vec<u8> {
@@ -1043,10 +1056,10 @@ mod tests {
         assert_eq!(err(&f), bad(Layer::Tcp, "data offset below 5"));
         f[46] = 6 << 4;
         assert_eq!(err(&f), truncated(Layer::Tcp));
-        let mut with_opts = tcp(0x02);
-        if let L4Repr::Tcp { options, .. } = &mut with_opts {
-            *options = vec![2, 4, 5, 0xb4];
-        }
+        let with_opts = L4Repr::Tcp(TcpRepr {
+            options: vec![2, 4, 5, 0xb4],
+            ..tcp_repr(0x02)
+        });
         let f = frame(v4(proto::TCP), with_opts, b"");
         assert_eq!((ip(&f).hdr_len, f[46] >> 4), (20, 6));
     }

@@ -383,6 +383,32 @@ impl From<Ipv6Repr> for IpRepr {
     }
 }
 
+/// A TCP header (checksum filled in by [`L4Repr::emit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpRepr {
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
+    pub ack: u32,
+    /// Byte 13: FIN 0x01 … CWR 0x80, as [`crate::L4::Tcp`] reports them.
+    pub flags: u8,
+    pub window: u16,
+    /// Options: a multiple of 4 bytes, at most 40.
+    pub options: Vec<u8>,
+}
+
+impl TcpRepr {
+    fn header(&self, checksum: u16) -> TcpHeader {
+        let mut h = TcpHeader::new(self.sport, self.dport, self.seq, self.window);
+        h.acknowledgment_number = self.ack;
+        tcp_flags(&mut h, self.flags);
+        h.set_options_raw(&self.options)
+            .expect("options a multiple of 4 bytes, at most 40");
+        h.checksum = checksum;
+        h
+    }
+}
+
 /// The transport header of a [`FrameRepr`]. `emit` fills in lengths and checksums.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum L4Repr {
@@ -392,20 +418,14 @@ pub enum L4Repr {
         dport: u16,
         checksum: bool,
     },
-    Tcp {
-        sport: u16,
-        dport: u16,
-        seq: u32,
-        ack: u32,
-        /// Byte 13: FIN 0x01 … CWR 0x80, as [`crate::L4::Tcp`] reports them.
-        flags: u8,
-        window: u16,
-        /// Options: a multiple of 4 bytes, at most 40.
-        options: Vec<u8>,
-    },
+    Tcp(TcpRepr),
     /// ICMP or ICMPv6 (by the IP version): type, code and the 4 bytes after the checksum
     /// (an echo's identifier and sequence number; unused in errors).
-    Icmp { ty: u8, code: u8, rest: [u8; 4] },
+    Icmp {
+        ty: u8,
+        code: u8,
+        rest: [u8; 4],
+    },
     /// No transport header: the payload follows the IP header as is.
     Raw,
 }
@@ -432,7 +452,7 @@ impl L4Repr {
     pub fn proto(&self, v6: bool) -> Option<u8> {
         match self {
             L4Repr::Udp { .. } => Some(proto::UDP),
-            L4Repr::Tcp { .. } => Some(proto::TCP),
+            L4Repr::Tcp(_) => Some(proto::TCP),
             L4Repr::Icmp { .. } if v6 => Some(proto::ICMPV6),
             L4Repr::Icmp { .. } => Some(proto::ICMP),
             L4Repr::Raw => None,
@@ -442,7 +462,7 @@ impl L4Repr {
     pub fn header_len(&self) -> usize {
         match self {
             L4Repr::Udp { .. } | L4Repr::Icmp { .. } => 8,
-            L4Repr::Tcp { options, .. } => 20 + options.len(),
+            L4Repr::Tcp(t) => 20 + t.options.len(),
             L4Repr::Raw => 0,
         }
     }
@@ -459,22 +479,8 @@ impl L4Repr {
                 };
                 put(buf, &h.to_bytes());
             }
-            L4Repr::Tcp {
-                sport,
-                dport,
-                seq,
-                ack,
-                flags,
-                window,
-                options,
-            } => {
-                let mut h = TcpHeader::new(*sport, *dport, *seq, *window);
-                h.acknowledgment_number = *ack;
-                tcp_flags(&mut h, *flags);
-                h.set_options_raw(options)
-                    .expect("options a multiple of 4 bytes, at most 40");
-                h.checksum = c;
-                put(buf, &h.to_bytes());
+            L4Repr::Tcp(t) => {
+                put(buf, &t.header(c).to_bytes());
             }
             &L4Repr::Icmp { ty, code, rest } => {
                 if v6 {

@@ -2,7 +2,7 @@
 //! then parse gives back the same values; for random bytes, parsing never panics.
 
 use packet::wire::{
-    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Ext, Ipv6Repr, L4Repr, Vlans, VxlanRepr,
+    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Ext, Ipv6Repr, L4Repr, TcpRepr, Vlans, VxlanRepr,
 };
 use packet::{
     parse_frame, parse_frame_with, proto, Frag, IcmpKind, IpVersion, ParseOptions, L4, VXLAN_PORT,
@@ -149,7 +149,7 @@ fn l4(v6: bool) -> impl Strategy<Value = L4Repr> {
             (0usize..=10).prop_flat_map(|w| vec(any::<u8>(), 4 * w))
         )
             .prop_map(|((sport, dport, seq, ack, flags, window), options)| {
-                L4Repr::Tcp {
+                L4Repr::Tcp(TcpRepr {
                     sport,
                     dport,
                     seq,
@@ -157,7 +157,7 @@ fn l4(v6: bool) -> impl Strategy<Value = L4Repr> {
                     flags,
                     window,
                     options,
-                }
+                })
             }),
         (icmp_ty, any::<u8>(), any::<[u8; 4]>()).prop_map(|(ty, code, rest)| L4Repr::Icmp {
             ty,
@@ -204,15 +204,10 @@ fn expected_l4(f: &FrameRepr, payload_len: usize) -> L4 {
             dport: *dport,
             len: (8 + payload_len) as u16,
         },
-        L4Repr::Tcp {
-            sport,
-            dport,
-            flags,
-            ..
-        } => L4::Tcp {
-            sport: *sport,
-            dport: *dport,
-            flags: *flags,
+        L4Repr::Tcp(t) => L4::Tcp {
+            sport: t.sport,
+            dport: t.dport,
+            flags: t.flags,
         },
         &L4Repr::Icmp { ty, code, rest } => {
             let id = u16::from_be_bytes([rest[0], rest[1]]);
