@@ -37,22 +37,16 @@ pub struct CType {
     pub size: usize,
 }
 
-pub const C_U8: CType = CType {
-    name: "__u8",
-    size: 1,
-};
-pub const C_U16: CType = CType {
-    name: "__u16",
-    size: 2,
-};
-pub const C_U32: CType = CType {
-    name: "__u32",
-    size: 4,
-};
-pub const C_U64: CType = CType {
-    name: "__u64",
-    size: 8,
-};
+impl CType {
+    const fn new(name: &'static str, size: usize) -> Self {
+        CType { name, size }
+    }
+}
+
+pub const C_U8: CType = CType::new("__u8", 1);
+pub const C_U16: CType = CType::new("__u16", 2);
+pub const C_U32: CType = CType::new("__u32", 4);
+pub const C_U64: CType = CType::new("__u64", 8);
 
 /// The C element type a Rust field type maps to by default (a byte array becomes a
 /// `__u8` array); a field declares another with `as`.

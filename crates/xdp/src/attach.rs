@@ -69,18 +69,21 @@ impl XdpProgram {
         Ok(())
     }
 
-    /// Send what the program passes up on receive queue `queue` to the AF_XDP socket
-    /// `fd` (an entry of `xsks`, replacing any earlier socket of that queue).
-    pub fn register_xsk(&mut self, queue: u32, fd: &impl AsRawFd) -> Result<(), XdpError> {
+    fn xsks(&mut self) -> Result<XskMap<&mut MapData>, XdpError> {
         let map = self
             .ebpf
             .map_mut(XSKS_MAP)
             .ok_or(XdpError::MissingMap(XSKS_MAP))?;
-        let mut xsks: XskMap<&mut MapData> =
-            XskMap::try_from(map).map_err(|source| XdpError::Map {
-                name: XSKS_MAP,
-                source,
-            })?;
+        XskMap::try_from(map).map_err(|source| XdpError::Map {
+            name: XSKS_MAP,
+            source,
+        })
+    }
+
+    /// Send what the program passes up on receive queue `queue` to the AF_XDP socket
+    /// `fd` (an entry of `xsks`, replacing any earlier socket of that queue).
+    pub fn register_xsk(&mut self, queue: u32, fd: &impl AsRawFd) -> Result<(), XdpError> {
+        let mut xsks = self.xsks()?;
         xsks.set(queue, fd.as_raw_fd(), 0)
             .map_err(|source| XdpError::Map {
                 name: XSKS_MAP,
@@ -92,15 +95,7 @@ impl XdpProgram {
 
     /// Stop sending queue `queue`'s misses to a socket: they go to the kernel again.
     pub fn unregister_xsk(&mut self, queue: u32) -> Result<(), XdpError> {
-        let map = self
-            .ebpf
-            .map_mut(XSKS_MAP)
-            .ok_or(XdpError::MissingMap(XSKS_MAP))?;
-        let mut xsks: XskMap<&mut MapData> =
-            XskMap::try_from(map).map_err(|source| XdpError::Map {
-                name: XSKS_MAP,
-                source,
-            })?;
+        let mut xsks = self.xsks()?;
         match xsks.unset(queue) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(XdpError::Map {

@@ -167,6 +167,30 @@ fn addr_bytes(a: &IpAddr) -> [u8; 16] {
     b
 }
 
+/// The (address, port) flags of one side of a rewrite.
+const SRC_FLAGS: (u32, u32) = (rule_flag::SRC_ADDR, rule_flag::SRC_PORT);
+const DST_FLAGS: (u32, u32) = (rule_flag::DST_ADDR, rule_flag::DST_PORT);
+
+/// Store one side's new address and port; returns the flags that say which are set.
+fn set_side(
+    addr_out: &mut [u8; 16],
+    port_out: &mut [u8; 2],
+    addr: &Option<IpAddr>,
+    port: &Option<u16>,
+    (addr_flag, port_flag): (u32, u32),
+) -> u32 {
+    let mut flags = 0;
+    if let Some(a) = addr {
+        *addr_out = addr_bytes(a);
+        flags |= addr_flag;
+    }
+    if let Some(p) = port {
+        *port_out = p.to_be_bytes();
+        flags |= port_flag;
+    }
+    flags
+}
+
 impl XdpRule {
     /// Compile a pipeline rule into its offloaded form, or say why it must stay on the
     /// userspace path. The rule is first validated as the userspace pipeline compiles
@@ -196,24 +220,10 @@ impl XdpRule {
                     r.flags |= rule_flag::DECAP;
                 }
                 Action::SetSrc { addr, port } => {
-                    if let Some(a) = addr {
-                        r.src_addr = addr_bytes(a);
-                        r.flags |= rule_flag::SRC_ADDR;
-                    }
-                    if let Some(p) = port {
-                        r.sport = p.to_be_bytes();
-                        r.flags |= rule_flag::SRC_PORT;
-                    }
+                    r.flags |= set_side(&mut r.src_addr, &mut r.sport, addr, port, SRC_FLAGS);
                 }
                 Action::SetDst { addr, port } => {
-                    if let Some(a) = addr {
-                        r.dst_addr = addr_bytes(a);
-                        r.flags |= rule_flag::DST_ADDR;
-                    }
-                    if let Some(p) = port {
-                        r.dport = p.to_be_bytes();
-                        r.flags |= rule_flag::DST_PORT;
-                    }
+                    r.flags |= set_side(&mut r.dst_addr, &mut r.dport, addr, port, DST_FLAGS);
                 }
                 Action::EncapVxlan {
                     dst,
