@@ -21,6 +21,8 @@ pub mod cache;
 pub mod events;
 mod master;
 pub mod membership;
+pub mod metrics;
+pub mod node;
 pub mod partition;
 mod service;
 pub mod vip;

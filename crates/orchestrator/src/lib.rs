@@ -16,10 +16,14 @@
 //! - [`autoscale`]: scale SC groups and PP nodes between water marks of utilisation,
 //!   from FM's load counters, recording every decision in FM's event log.
 
-pub mod agent;
+/// The node side of the control session lives in `proto` so planes need not depend on
+/// the orchestrator; re-exported here where it used to be.
+pub use proto::agent;
 pub mod api;
 pub mod auth;
 pub mod autoscale;
+pub mod autoscaler;
+pub mod client;
 pub mod control;
 pub mod desired;
 pub mod error;

@@ -831,3 +831,49 @@ pub async fn run(shared: Arc<Shared>, period: Duration) {
         }
     }
 }
+
+/// Where tenants' shards go (docs/placement.md).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlacementFlags {
+    /// Placement algorithm: `ddqn` (the learned agent, Best Fit behind it), `bf`, `ff`.
+    #[arg(long = "placement", default_value = "ddqn")]
+    pub algorithm: Algorithm,
+    /// DDQN model file (default: the model shipped with this build).
+    #[arg(long = "placement-model")]
+    pub model: Option<PathBuf>,
+    /// U: the fraction of an SC node's capacity reservations may fill.
+    #[arg(long = "placement-threshold", default_value_t = 0.8)]
+    pub threshold: f64,
+    /// G_min: fewest SC nodes per tenant (at least the group size, 3).
+    #[arg(long = "shard-min", default_value_t = 3, allow_hyphen_values = true)]
+    pub g_min: i64,
+    /// G_max: most SC nodes per tenant.
+    #[arg(long = "shard-max", default_value_t = 3, allow_hyphen_values = true)]
+    pub g_max: i64,
+    /// O: most SC nodes two tenants may share.
+    #[arg(
+        long = "shard-overlap",
+        default_value_t = 2,
+        allow_hyphen_values = true
+    )]
+    pub overlap: i64,
+}
+
+impl PlacementFlags {
+    pub fn config(&self) -> Result<PlacementConfig, String> {
+        let limits =
+            ::placement::Limits::checked(self.threshold, self.g_min, self.g_max, self.overlap)
+                .map_err(|e| format!("placement limits: {e}"))?;
+        if let Some(m) = &self.model {
+            if !m.is_file() {
+                return Err(format!("--placement-model {}: no such file", m.display()));
+            }
+        }
+        Ok(PlacementConfig {
+            algorithm: self.algorithm,
+            model: self.model.clone(),
+            limits,
+            ..Default::default()
+        })
+    }
+}

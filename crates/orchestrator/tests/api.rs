@@ -4,8 +4,8 @@
 //! state exactly as it was: the store revision (`/v1/status`) does not move.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use orchestrator::client::Reply;
 use serde_json::{json, Value};
 
 const ADMIN: &str = "sfa_test_admin_token";
@@ -16,12 +16,12 @@ struct Api {
     _orch: orchestrator::OrchestratorHandle,
 }
 
-struct Reply {
-    status: u16,
-    body: Value,
+/// Checks of the API's error shape.
+trait ErrorShape {
+    fn message(&self) -> String;
 }
 
-impl Reply {
+impl ErrorShape for Reply {
     /// The error message, asserting the error shape.
     fn message(&self) -> String {
         let e = &self.body["error"];
@@ -62,30 +62,9 @@ impl Api {
     }
 
     fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Reply {
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(10))
-            .build();
-        let mut req = agent.request(method, &format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.set("Authorization", &format!("Bearer {t}"));
-        }
-        let res = match body {
-            Some(b) => req.set("Content-Type", "application/json").send_string(b),
-            None => req.call(),
-        };
-        let resp = match res {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        let status = resp.status();
-        let text = resp.into_string().unwrap();
-        let body = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
-        Reply { status, body }
+        orchestrator::client::Client::new(&self.base, token)
+            .exchange_raw(method, path, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Reply {

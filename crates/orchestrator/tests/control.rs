@@ -66,21 +66,10 @@ fn latest(a: &Agent) -> Option<v1::Directive> {
 }
 
 fn http(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let req = ureq::request(method, &format!("{base}{path}"))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .timeout(Duration::from_secs(10));
-    let res = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
-    let r = match res {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{method} {path}: {e}"),
-    };
-    let status = r.status();
-    let text = r.into_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    let r = orchestrator::client::Client::new(base, Some(ADMIN))
+        .exchange(method, path, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    (r.status, r.body)
 }
 
 #[test]

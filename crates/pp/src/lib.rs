@@ -5,6 +5,9 @@
 //! answers misses, and, in a later issue, the rate manager. Rules can also come from a
 //! static file ([`parse_rules`]).
 //!
+//! [`node::start`] assembles a whole PP node from these (what `starfabric pp` runs), so
+//! a test or another program can run one in-process; [`metrics`] is its `/metrics`.
+//!
 //! Backends:
 //! - [`AfXdpIo`] (the default wherever it works): an AF_XDP socket whose UMEM is the
 //!   pipeline's frame region; the `xdp` crate's program on the interface redirects VXLAN
@@ -15,7 +18,9 @@
 
 mod afxdp;
 pub mod fm_client;
+pub mod metrics;
 pub mod netif;
+pub mod node;
 mod rules_file;
 mod udp;
 pub mod vip;

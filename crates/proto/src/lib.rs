@@ -24,7 +24,9 @@ pub mod v1 {
     tonic::include_proto!("starfabric.v1");
 }
 
+pub mod agent;
 mod fm_addrs;
+pub mod json;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).

@@ -15,8 +15,11 @@
 //! authority for chain order.
 
 pub mod factory;
+pub mod metrics;
 pub mod node;
+pub mod process;
 pub mod replica;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use factory::{BuiltinNfs, ChainFactory};

@@ -10,45 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-/// The CLI's credentials file.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ClientConfig {
-    /// `http://host:port` of the REST API.
-    pub server: String,
-    pub token: String,
-    /// The nodes' control address (for `starfabric pp|fm|sc --orchestrator`).
-    #[serde(default)]
-    pub control: String,
-}
-
-pub fn config_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("STARFABRIC_CONFIG") {
-        return PathBuf::from(p);
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".starfabric/config.json")
-}
-
-pub fn write_config(c: &ClientConfig) -> Result<PathBuf> {
-    let path = config_path();
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-    }
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    writeln!(f, "{}", serde_json::to_string_pretty(c)?)?;
-    Ok(path)
-}
+pub use orchestrator::client::{write_config, ClientConfig};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -71,72 +35,26 @@ pub struct ClientArgs {
     pub output: Output,
 }
 
+/// The REST client ([`orchestrator::client::Client`]) and the output format.
 pub struct Client {
-    server: String,
-    token: String,
-    agent: ureq::Agent,
+    pub api: orchestrator::client::Client,
     pub output: Output,
 }
 
 impl Client {
     pub fn new(a: &ClientArgs) -> Result<Client> {
-        let file: Option<ClientConfig> = std::fs::read_to_string(config_path())
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        let server = a
-            .server
-            .clone()
-            .or_else(|| file.as_ref().map(|f| f.server.clone()))
-            .ok_or_else(|| {
-                anyhow!(
-                    "no orchestrator: run `starfabric up`, or pass --server (config file {} not found)",
-                    config_path().display()
-                )
-            })?;
-        let token = a
-            .token
-            .clone()
-            .or_else(|| file.as_ref().map(|f| f.token.clone()))
-            .ok_or_else(|| anyhow!("no token: pass --token or run `starfabric up`"))?;
         Ok(Client {
-            server: server.trim_end_matches('/').to_string(),
-            token,
-            agent: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(15))
-                .build(),
+            api: orchestrator::client::Client::from_config(
+                a.server.as_deref(),
+                a.token.as_deref(),
+            )?,
             output: a.output,
         })
     }
 
     /// One request; a non-2xx answer becomes an error carrying the API's message.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
-        let req = self
-            .agent
-            .request(method, &format!("{}{path}", self.server))
-            .set("Authorization", &format!("Bearer {}", self.token));
-        let res = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match res {
-            Ok(r) => {
-                let text = r.into_string()?;
-                Ok(if text.is_empty() {
-                    Value::Null
-                } else {
-                    serde_json::from_str(&text)?
-                })
-            }
-            Err(ureq::Error::Status(code, r)) => {
-                let text = r.into_string().unwrap_or_default();
-                let msg = serde_json::from_str::<Value>(&text)
-                    .ok()
-                    .and_then(|v| v["error"]["message"].as_str().map(String::from))
-                    .unwrap_or(text);
-                bail!("{method} {path}: {code}: {msg}")
-            }
-            Err(e) => bail!("cannot reach the orchestrator at {}: {e}", self.server),
-        }
+        Ok(self.api.call(method, path, body)?)
     }
 
     /// PUT and report what happened in one line.
@@ -507,21 +425,7 @@ const TENANT_COLS: &[(&str, &str)] = &[
 
 /// All pages of a list.
 fn all_pages(c: &Client, path: &str) -> Result<Value> {
-    let mut items = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let sep = if path.contains('?') { '&' } else { '?' };
-        let p = match &after {
-            Some(a) => format!("{path}{sep}limit=1000&after={a}"),
-            None => format!("{path}{sep}limit=1000"),
-        };
-        let v = c.call("GET", &p, None)?;
-        items.extend(v["items"].as_array().cloned().unwrap_or_default());
-        match v["next"].as_str() {
-            Some(n) => after = Some(n.to_string()),
-            None => return Ok(Value::Array(items)),
-        }
-    }
+    Ok(c.api.all_pages(path)?)
 }
 
 pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {

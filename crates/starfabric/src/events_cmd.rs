@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use proto::v1::{self, fabric_master_client::FabricMasterClient};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cli::Output;
 
@@ -109,63 +109,23 @@ async fn events(a: EventsArgs, output: Output) -> Result<()> {
     }
 }
 
-pub fn event_json(e: &v1::FmEvent) -> Value {
-    let detail = if e.detail_json.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&e.detail_json)
-            .unwrap_or_else(|_| Value::String(e.detail_json.clone()))
-    };
-    json!({
-        "seq": e.seq,
-        "unix_ms": e.unix_ms,
-        "time": utc(e.unix_ms),
-        "kind": e.kind,
-        "message": e.message,
-        "detail": detail,
-    })
-}
-
 fn render(e: &v1::FmEvent, output: Output) -> String {
     match output {
-        Output::Json => event_json(e).to_string(),
+        Output::Json => proto::json::fm_event(e).to_string(),
         Output::Yaml => format!(
             "---\n{}",
-            serde_yaml::to_string(&event_json(e)).unwrap_or_default()
+            serde_yaml::to_string(&proto::json::fm_event(e)).unwrap_or_default()
         )
         .trim_end()
         .to_string(),
         Output::Table => format!(
             "{:>6}  {}  {:<20}  {}",
             e.seq,
-            utc(e.unix_ms),
+            proto::json::utc(e.unix_ms),
             e.kind,
             e.message
         ),
     }
-}
-
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ` (no date crate in the binary for one format).
-fn utc(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        unix_ms % 1000
-    )
 }
 
 #[cfg(test)]
@@ -202,13 +162,6 @@ mod tests {
     }
 
     #[test]
-    fn utc_times() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(utc(1_795_000_000_000), "2026-11-18T11:06:40.000Z");
-    }
-
-    #[test]
     fn json_lines_carry_the_detail_as_json() {
         let e = v1::FmEvent {
             seq: 7,
@@ -232,6 +185,6 @@ mod tests {
             detail_json: String::new(),
             ..e
         };
-        assert!(event_json(&empty)["detail"].is_null());
+        assert!(proto::json::fm_event(&empty)["detail"].is_null());
     }
 }

@@ -10,25 +10,15 @@ use clap::{Parser, Subcommand};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod autoscale_cmd;
-mod bench;
-mod bench_e2e;
-mod bench_scaling;
-mod bench_setup;
 mod cli;
-mod demo;
-mod demo_testbed;
 mod events_cmd;
-mod fastpath;
 mod fm_cmd;
-mod metrics;
-mod node_agent;
 mod orchestrator_cmd;
 mod placement_cmd;
 mod pp_cmd;
-mod pp_io;
 mod sc_cmd;
 mod scale_cmd;
-mod testbed_cmd;
+mod signals;
 mod up;
 
 #[derive(Parser)]
@@ -53,13 +43,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Benchmarks.
+    #[cfg(feature = "lab")]
     Bench {
         #[command(subcommand)]
-        what: bench::BenchCmd,
+        what: lab::bench::BenchCmd,
     },
     /// The platform on the netns testbed with real traffic (`--pipeline`: the offline
     /// walk-through of the PP pipeline).
-    Demo(demo::DemoArgs),
+    #[cfg(feature = "lab")]
+    Demo(lab::demo::DemoArgs),
     /// Run a PP node.
     Pp(pp_cmd::PpArgs),
     /// Run a fabric master.
@@ -117,10 +109,11 @@ enum Cmd {
     /// FM's event log: scales, refusals, node deaths, repairs, autoscaler decisions.
     Events(events_cmd::EventsArgs),
     /// Scale SC groups (and PP nodes) between utilisation water marks (docs/autoscaler.md).
-    Autoscale(autoscale_cmd::AutoscaleArgs),
+    Autoscale(orchestrator::autoscaler::AutoscaleFlags),
     /// The netns testbed: `up`, `down`, `status`.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
-    Testbed(testbed_cmd::TestbedCmd),
+    Testbed(lab::testbed_cmd::TestbedCmd),
     /// Tenants' shard sets and placement limits (docs/placement.md).
     #[command(subcommand)]
     Placement(placement_cmd::PlacementCmd),
@@ -138,8 +131,10 @@ fn main() -> Result<()> {
         sub.init();
     }
     match cli.cmd {
-        Cmd::Bench { what } => bench::run(what),
-        Cmd::Demo(a) => demo::run(a),
+        #[cfg(feature = "lab")]
+        Cmd::Bench { what } => lab::bench::run(what),
+        #[cfg(feature = "lab")]
+        Cmd::Demo(a) => lab::demo::run(a),
         Cmd::Pp(a) => pp_cmd::run(a),
         Cmd::Fm(a) => fm_cmd::run(a),
         Cmd::Sc(a) => sc_cmd::run(a),
@@ -165,7 +160,8 @@ fn main() -> Result<()> {
         Cmd::Scale(c) => scale_cmd::run(c, cli.client.output),
         Cmd::Events(a) => events_cmd::run(a, cli.client.output),
         Cmd::Autoscale(a) => autoscale_cmd::run(a),
-        Cmd::Testbed(c) => testbed_cmd::run(c),
+        #[cfg(feature = "lab")]
+        Cmd::Testbed(c) => lab::testbed_cmd::run(c),
         Cmd::Placement(c) => placement_cmd::run(|| cli::Client::new(&cli.client), c),
     }
 }

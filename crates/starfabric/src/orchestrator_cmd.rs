@@ -7,10 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-
-use crate::pp_cmd::{install_signal_handlers, STOP};
 
 #[derive(Args, Debug)]
 pub struct OrchestratorArgs {
@@ -45,89 +43,18 @@ pub struct OrchestratorArgs {
     #[arg(long)]
     pub duration: Option<f64>,
     #[command(flatten)]
-    pub placement: PlacementArgs,
-}
-
-/// Where tenants' shards go (docs/placement.md).
-#[derive(Args, Debug, Clone)]
-pub struct PlacementArgs {
-    /// Placement algorithm: `ddqn` (the learned agent, Best Fit behind it), `bf`, `ff`.
-    #[arg(long = "placement", default_value = "ddqn")]
-    pub algorithm: orchestrator::placement::Algorithm,
-    /// DDQN model file (default: the model shipped with this build).
-    #[arg(long = "placement-model")]
-    pub model: Option<PathBuf>,
-    /// U: the fraction of an SC node's capacity reservations may fill.
-    #[arg(long = "placement-threshold", default_value_t = 0.8)]
-    pub threshold: f64,
-    /// G_min: fewest SC nodes per tenant (at least the group size, 3).
-    #[arg(long = "shard-min", default_value_t = 3, allow_hyphen_values = true)]
-    pub g_min: i64,
-    /// G_max: most SC nodes per tenant.
-    #[arg(long = "shard-max", default_value_t = 3, allow_hyphen_values = true)]
-    pub g_max: i64,
-    /// O: most SC nodes two tenants may share.
-    #[arg(
-        long = "shard-overlap",
-        default_value_t = 2,
-        allow_hyphen_values = true
-    )]
-    pub overlap: i64,
-}
-
-impl PlacementArgs {
-    pub fn config(&self) -> Result<orchestrator::placement::PlacementConfig> {
-        let limits =
-            placement::Limits::checked(self.threshold, self.g_min, self.g_max, self.overlap)
-                .map_err(|e| anyhow::anyhow!("placement limits: {e}"))?;
-        if let Some(m) = &self.model {
-            if !m.is_file() {
-                bail!("--placement-model {}: no such file", m.display());
-            }
-        }
-        Ok(orchestrator::placement::PlacementConfig {
-            algorithm: self.algorithm,
-            model: self.model.clone(),
-            limits,
-            ..Default::default()
-        })
-    }
-}
-
-pub async fn open_store(spec: &str, etcd_prefix: &str) -> Result<Arc<dyn store::Store>> {
-    if let Some(path) = spec.strip_prefix("embedded:") {
-        if path.is_empty() {
-            bail!("--store embedded: needs a file path, e.g. embedded:/var/lib/starfabric/o.redb");
-        }
-        let s = store::EmbeddedStore::open(path).with_context(|| format!("opening {path}"))?;
-        Ok(Arc::new(s))
-    } else if let Some(eps) = spec.strip_prefix("etcd:") {
-        let endpoints: Vec<String> = eps
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        if endpoints.is_empty() {
-            bail!("--store etcd: needs at least one endpoint, e.g. etcd:http://127.0.0.1:2379");
-        }
-        let s = store::EtcdStore::connect(&endpoints, etcd_prefix)
-            .await
-            .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
-        Ok(Arc::new(s))
-    } else {
-        bail!("--store must be embedded:PATH or etcd:URL[,URL...], got {spec:?}")
-    }
+    pub placement: orchestrator::placement::PlacementFlags,
 }
 
 pub fn run(a: OrchestratorArgs) -> Result<()> {
     let autoscale = a
         .autoscale
         .as_deref()
-        .map(crate::autoscale_cmd::parse_flags)
+        .map(orchestrator::autoscaler::parse_flags)
         .transpose()?;
     let token = orchestrator::auth::load_or_create_admin_token(&a.admin_token_file)
         .with_context(|| format!("admin token file {}", a.admin_token_file.display()))?;
+    crate::signals::install()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -135,14 +62,13 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     let mut cfg = orchestrator::OrchestratorConfig::new(&token);
     cfg.id = a.id.clone();
     cfg.report_interval = Duration::from_millis(a.report_ms.max(10));
-    cfg.placement = a.placement.config()?;
+    cfg.placement = a.placement.config().map_err(anyhow::Error::msg)?;
     let mut handle = rt.block_on(async {
-        let store = open_store(&a.store, &a.etcd_prefix).await?;
+        let store = store::open(&a.store, &a.etcd_prefix).await?;
         orchestrator::start(cfg, store, a.api, a.control)
             .await
             .map_err(anyhow::Error::from)
     })?;
-    install_signal_handlers()?;
     // `starfabric up` and scripts wait for this line.
     println!(
         "orchestrator: api http://{} control {} store {}",
@@ -154,14 +80,19 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     let scaler_stop = Arc::new(AtomicBool::new(false));
     let mut scaler = autoscale.map(|args| {
         let flag = scaler_stop.clone();
-        rt.spawn(crate::autoscale_cmd::serve(args, async move {
-            while !flag.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }))
+        let lines = crate::pp_cmd::stdout_lines();
+        rt.spawn(orchestrator::autoscaler::serve(
+            args,
+            async move {
+                while !flag.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            move |l| lines(l),
+        ))
     });
     let start = std::time::Instant::now();
-    while !STOP.load(Ordering::Relaxed) {
+    while !crate::signals::stopped() {
         if a.duration
             .is_some_and(|d| start.elapsed() >= Duration::from_secs_f64(d))
         {

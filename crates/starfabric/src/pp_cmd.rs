@@ -1,27 +1,46 @@
-//! `starfabric pp`: run a PP node: one pipeline worker on an AF_XDP socket (the default
-//! wherever it works) or a UDP VXLAN socket (`--io`, see `pp_io`).
-//!
-//! Rules come from the fabric master (`--fm ADDR`): a miss holds the packet and asks FM,
-//! which asks the SC group owning the flow. Static rules from a file (`--rules`) can be
-//! installed too; without `--fm` they are the only rules and a miss is a `no-rule` drop.
+//! `starfabric pp`: run a PP node (`pp::node`) until SIGINT/SIGTERM or `--duration`.
 
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::Args;
-use pipeline::{
-    DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, VpcBinding, Worker,
-};
-use pp::{FmClient, FmClientConfig};
+use pipeline::VpcBinding;
+use pp::node::{IoKind, OffloadConfig, PpNodeConfig};
 
-use crate::node_agent::NodeAgent;
-use crate::pp_io::{IoKind, IoOptions, PpIo};
+/// `--io`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum IoArg {
+    /// AF_XDP where it works, else the UDP socket.
+    Auto,
+    /// AF_XDP or fail.
+    Afxdp,
+    /// The UDP socket.
+    Udp,
+}
+
+#[derive(Args, Debug, Clone)]
+struct OffloadArgs {
+    /// Run elephant flows' rules in the XDP program on the node's interface (the XDP
+    /// fast path). Needs the program attached, which the AF_XDP backend does.
+    #[arg(long)]
+    offload: bool,
+    /// Elephant detection window (ms).
+    #[arg(long, default_value_t = 100)]
+    offload_window_ms: u32,
+    /// Bytes within one window that make a flow an elephant.
+    #[arg(long, default_value_t = 125_000)]
+    offload_bytes: u64,
+    /// Packets within one window that make a flow an elephant.
+    #[arg(long, default_value_t = 1_000)]
+    offload_packets: u32,
+    /// An offloaded flow idle this long (ms) in the driver goes back to userspace.
+    #[arg(long, default_value_t = 2_000)]
+    offload_idle_ms: u64,
+}
 
 #[derive(Args, Debug)]
 pub struct PpArgs {
@@ -33,8 +52,8 @@ pub struct PpArgs {
     rules: Option<PathBuf>,
     /// I/O backend: `auto` (AF_XDP on the interface that owns --listen's address, else
     /// the UDP socket), `afxdp` (AF_XDP or fail), `udp` (the UDP socket).
-    #[arg(long, value_enum, default_value_t = IoKind::Auto)]
-    io: IoKind,
+    #[arg(long, value_enum, default_value_t = IoArg::Auto)]
+    io: IoArg,
     /// UMEM frames of the AF_XDP socket (a power of two).
     #[arg(long, default_value_t = 4096)]
     xdp_frames: u32,
@@ -100,7 +119,7 @@ pub struct PpArgs {
     #[arg(long)]
     metrics: Option<SocketAddr>,
     #[command(flatten)]
-    offload: crate::fastpath::OffloadArgs,
+    offload: OffloadArgs,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -140,396 +159,53 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|e| e.to_string())
 }
 
-pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Only an atomic store: anything else is not async-signal-safe.
-    STOP.store(true, Ordering::Relaxed);
+/// Print a status line and flush: tests and scripts wait for these.
+pub fn stdout_lines() -> pp::node::LineSink {
+    Arc::new(|l: &str| {
+        println!("{l}");
+        let _ = std::io::stdout().flush();
+    })
 }
-
-pub(crate) fn install_signal_handlers() -> Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        let handler = on_signal as extern "C" fn(libc::c_int);
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe; glibc's
-        // signal() installs it with SA_RESTART semantics, and a poll(2) it interrupts
-        // returns EINTR, which the backend treats as "no packets".
-        let prev = unsafe { libc::signal(sig, handler as libc::sighandler_t) };
-        if prev == libc::SIG_ERR {
-            bail!(
-                "cannot install a handler for signal {sig}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Static rules never idle out.
-const STATIC_IDLE: Duration = Duration::MAX;
-/// Idle timeout of FM rules that name none.
-const FM_IDLE: Duration = Duration::from_secs(300);
 
 pub fn run(a: PpArgs) -> Result<()> {
-    let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
-    install_signal_handlers()?;
-    let opened = crate::pp_io::open(&IoOptions {
-        kind: a.io,
+    let stop = crate::signals::install()?;
+    let o = &a.offload;
+    let cfg = PpNodeConfig {
         listen: a.listen,
+        rules: a.rules,
+        io: match a.io {
+            IoArg::Auto => IoKind::Auto,
+            IoArg::Afxdp => IoKind::Afxdp,
+            IoArg::Udp => IoKind::Udp,
+        },
+        xdp_frames: a.xdp_frames,
+        node_ip: a.node_ip,
+        node_mac: a.node_mac,
+        gw_mac: a.gw_mac,
+        flows: a.flows,
+        stats_interval: a.stats_interval,
         peer_port: a.peer_port,
         batch: a.batch,
-        // Replies are serviced between receive batches: an idle socket must not hold
-        // them back for long.
-        poll_timeout: if a.fm.is_some() || a.orchestrator.is_some() {
-            Duration::from_millis(1)
-        } else {
-            Duration::from_millis(20)
+        fm: a.fm,
+        id: a.id,
+        vpcs: a.vpcs,
+        default_chain: a.default_chain,
+        orchestrator: a.orchestrator,
+        cluster: a.cluster,
+        vip_group: a.vip_group,
+        metrics: a.metrics,
+        offload: OffloadConfig {
+            offload: o.offload,
+            offload_window_ms: o.offload_window_ms,
+            offload_bytes: o.offload_bytes,
+            offload_packets: o.offload_packets,
+            offload_idle_ms: o.offload_idle_ms,
         },
-        gw_mac: a.gw_mac,
-        frames: a.xdp_frames,
-    })?;
-    let io = opened.io;
-    // Kept for as long as the worker runs: dropping it detaches the XDP program. Its
-    // `program` is where offloaded rules will go.
-    let mut xdp = opened.xdp;
-    let io_detail = opened.detail;
-    let local = match &io {
-        PpIo::Udp(u) => u.local_addr(),
-        PpIo::AfXdp(_) => a.listen,
+        lines: Some(stdout_lines()),
     };
-    let node = match &xdp {
-        // With AF_XDP the outer Ethernet header `encap` writes is what goes on the wire:
-        // the interface's MAC and the resolved (or given) gateway MAC.
-        Some(x) => {
-            if a.node_mac.is_some_and(|m| m != x.node.mac) {
-                tracing::warn!("--node-mac ignored: AF_XDP sends with the interface's MAC");
-            }
-            NodeAddr {
-                ip: a.node_ip.unwrap_or(x.node.ip),
-                ..x.node
-            }
-        }
-        None => NodeAddr {
-            ip: a.node_ip.unwrap_or(*a.listen.ip()),
-            mac: a.node_mac.unwrap_or([2, 0, 0, 0, 0, 1]),
-            gw_mac: a.gw_mac.unwrap_or([2, 0, 0, 0, 0, 2]),
-        },
+    let Some(node) = pp::node::start(cfg, stop)? else {
+        return Ok(());
     };
-    let mut fastpath = match (a.offload.offload, &xdp) {
-        (true, Some(_)) => Some(crate::fastpath::FastPath::new(&a.offload)),
-        (true, None) => {
-            tracing::warn!("--offload needs the XDP program attached (the AF_XDP backend); the fast path is off");
-            None
-        }
-        (false, _) => None,
-    };
-    let mut cfg = PipelineConfig::new(node);
-    cfg.elephant = fastpath.as_ref().and(a.offload.elephant());
-    cfg.flow_capacity = a.flows;
-    cfg.seed = rand::random();
-    let mut agent = match &a.orchestrator {
-        Some(o) => Some(NodeAgent::start(
-            o,
-            &id,
-            proto::v1::Role::Pp,
-            &local.to_string(),
-            &a.cluster,
-            None,
-            None,
-        )?),
-        None => None,
-    };
-    let mut first_directive = None;
-    let fm_addr = match (&a.fm, agent.as_mut()) {
-        (Some(fm), _) => Some(fm.clone()),
-        (None, Some(ag)) => match ag.wait_for_fm(&STOP) {
-            Some(d) => {
-                let fm = d.fm_addrs.join(",");
-                first_directive = Some(d);
-                Some(fm)
-            }
-            None => return Ok(()),
-        },
-        (None, None) => None,
-    };
-    // The vIP group: the node takes nothing until FM assigns it vIPs.
-    let rx_packets = Arc::new(AtomicU64::new(0));
-    let owned_vips: pp::OwnedVips = Default::default();
-    let (vip_tx, vip_rx) = crossbeam_channel::unbounded::<proto::v1::VipAssign>();
-    let mut vip_member = match (a.vip_group, xdp.as_mut(), &fm_addr) {
-        (false, _, _) => None,
-        (true, None, _) => anyhow::bail!(
-            "--vip-group needs the AF_XDP backend: only the XDP program sees frames to a vMAC"
-        ),
-        (true, _, None) => bail!("--vip-group needs --fm (FM assigns the vIPs)"),
-        (true, Some(x), Some(_)) => {
-            x.program
-                .set_vip_macs(&[])
-                .context("XDP program: vIP mode")?;
-            Some(pp::VipMember::new(&x.ifname, owned_vips.clone()).context("vIP group")?)
-        }
-    };
-    let mut fm_client = None;
-    let source = match &fm_addr {
-        Some(fm) => {
-            let mut fcfg = FmClientConfig::new(fm, &id);
-            fcfg.rx_packets = rx_packets.clone();
-            if vip_member.is_some() {
-                fcfg.vip_capable = true;
-                fcfg.owned_vips = owned_vips.clone();
-                fcfg.vip_tx = Some(vip_tx.clone());
-            }
-            let (client, mut links) = FmClient::start(fcfg).context("FM client")?;
-            fm_client = Some(client);
-            cfg.default_idle_timeout = FM_IDLE;
-            links.remove(0).source
-        }
-        None => {
-            cfg.default_idle_timeout = STATIC_IDLE;
-            RuleSource::None
-        }
-    };
-    // A node sees replies on the gateways' VNIs for flows it never saw start: in a PP
-    // cluster another node saw them, and a restarted node forgot them. FM answers
-    // those from its cache.
-    cfg.ask_unbound = fm_addr.is_some();
-    let mut pipeline = Pipeline::new(cfg, source).context("flow table")?;
-    for (vni, b) in &a.vpcs {
-        pipeline.bind_vpc(*vni, *b);
-    }
-    if let (Some(d), Some(ag)) = (first_directive.take(), agent.as_ref()) {
-        apply_directive(&mut pipeline, &a.vpcs, &d);
-        ag.set_applied(d.version);
-    }
-    pipeline.set_default_binding(a.default_chain);
-
-    let mut nrules = 0;
-    if let Some(path) = &a.rules {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let rules = pp::parse_rules(&text).with_context(|| format!("{}", path.display()))?;
-        for r in &rules {
-            // Static rules never idle out, whatever the default for FM's rules is.
-            let mut rule = r.rule.clone();
-            rule.idle_timeout.get_or_insert(STATIC_IDLE);
-            pipeline.install_rule(&rule, 0).with_context(|| {
-                format!("{}: line {}: rule does not compile", path.display(), r.line)
-            })?;
-        }
-        nrules = rules.len();
-    }
-
-    let mut worker = Worker::new(pipeline, io, a.batch, Box::new(MonotonicClock::new()));
-
-    let start = Instant::now();
-    let mut next_report = start;
-    let deadline = a.duration.map(|d| start + d);
-    let mut next_stats = a.stats_interval.map(|i| start + i);
-    // Tests and scripts wait for this line before sending traffic.
-    println!(
-        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}{}",
-        a.flows,
-        match &fm_addr {
-            Some(fm) => format!(", rules from FM {fm}"),
-            None => String::new(),
-        },
-        if fastpath.is_some() {
-            ", XDP fast path on"
-        } else {
-            ""
-        }
-    );
-    std::io::stdout().flush()?;
-    let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
-    let mut metrics = a
-        .metrics
-        .map(|addr| crate::metrics::PpMetrics::start(addr, fm_stats))
-        .transpose()?;
-    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
-    if let Some(ag) = agent.as_mut() {
-        ag.set_metrics(metrics_addr);
-    }
-    let metrics_field = metrics_addr.map(tracing::field::display);
-    tracing::info!(%local, rules = nrules, io = worker.io.name(), metrics = metrics_field, "PP worker running");
-
-    while !STOP.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            break;
-        }
-        if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
-            if now >= t {
-                let mut line = summary(&worker, start.elapsed());
-                if let Some(c) = &fm_client {
-                    // Which FM the node is on (FM failover); `none` while it has none.
-                    let _ = write!(line, " fm={}", c.current_fm().as_deref().unwrap_or("none"));
-                }
-                if let Some(fp) = &fastpath {
-                    line.push_str(&fp.summary());
-                }
-                if let Some(m) = &vip_member {
-                    let _ = write!(
-                        line,
-                        " vips={} vip_assignments={} vip_announcements={}",
-                        m.owned().len(),
-                        m.stats.assignments,
-                        m.stats.announcements
-                    );
-                }
-                println!("{line}");
-                std::io::stdout().flush()?;
-                next_stats = Some(t + i);
-            }
-        }
-        if let Some(m) = &mut metrics {
-            m.tick(&worker, now);
-        }
-        if let Some(ag) = agent.as_mut() {
-            if now >= next_report {
-                next_report = now + Duration::from_millis(250);
-                if let Some(d) = ag.new_directive() {
-                    apply_directive(&mut worker.pipeline, &a.vpcs, &d);
-                    ag.set_applied(d.version);
-                }
-                ag.set_report(report(&worker, fm_client.as_ref()));
-            }
-        }
-        if let (Some(m), Some(x)) = (vip_member.as_mut(), xdp.as_mut()) {
-            while let Ok(assign) = vip_rx.try_recv() {
-                if let Err(e) = m.apply(&mut x.program, &assign) {
-                    tracing::error!(error = %e, "vIP assignment not applied");
-                }
-            }
-            m.tick(&mut x.program, now);
-        }
-        rx_packets.store(worker.pipeline.stats().rx_packets, Ordering::Relaxed);
-        worker.run_once().context("worker")?;
-        if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
-            let now_ms = worker.now_ms();
-            fp.poll(&mut x.program, &mut worker.pipeline, now_ms);
-        }
-    }
-    if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
-        let now_ms = worker.now_ms();
-        fp.flush(&mut x.program, &mut worker.pipeline, now_ms);
-        println!("pp: fast path:{}", fp.summary());
-    }
-    println!("{}", summary(&worker, start.elapsed()));
-    drop(xdp);
-    if let Some(mut c) = fm_client {
-        c.stop();
-    }
-    println!("pp: stopped");
-    Ok(())
-}
-
-/// Bind the directive's VNIs (plus the static `--vpc` ones, which win).
-fn apply_directive(p: &mut Pipeline, fixed: &[(u32, VpcBinding)], d: &proto::v1::Directive) {
-    let bindings: Vec<(u32, VpcBinding)> = d
-        .vpcs
-        .iter()
-        .map(|b| {
-            (
-                b.vni,
-                VpcBinding {
-                    tenant: b.tenant,
-                    chain: b.chain,
-                },
-            )
-        })
-        .chain(fixed.iter().copied())
-        .collect();
-    tracing::info!(
-        version = d.version,
-        vpcs = d.vpcs.len(),
-        "directive applied"
-    );
-    p.replace_vpcs(bindings);
-}
-
-/// What a PP node tells the orchestrator.
-fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
-    let p = &w.pipeline;
-    let s = p.stats();
-    let ready = fm.is_none_or(|c| c.connected());
-    proto::v1::NodeReport {
-        load: Some(proto::v1::Load {
-            requests_per_s: 0.0,
-            flows: p.table().len() as u64,
-            groups: 0,
-            ..Default::default()
-        }),
-        ready,
-        detail: match fm {
-            Some(c) if c.connected() => format!(
-                "FM session up ({}), {} VNIs bound",
-                c.current_fm().unwrap_or_default(),
-                p.vpcs().count()
-            ),
-            Some(_) => "no FM session".to_string(),
-            None => "static rules only".to_string(),
-        },
-        counters: [
-            ("rx_packets", s.rx_packets),
-            ("tx_packets", s.tx_packets),
-            ("hits", s.hits),
-            ("misses", s.misses),
-            ("drops", s.total_drops()),
-            ("rule_requests", s.rule_requests),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
-        tenants: p
-            .tenants()
-            .map(|(t, c)| proto::v1::TenantCounters {
-                tenant: t,
-                packets: c.packets,
-                bytes: c.bytes,
-                drops: c.drops,
-                flows: c.flows_setup,
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-/// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`
-fn summary(w: &Worker<PpIo>, t: Duration) -> String {
-    let p = &w.pipeline;
-    let s = p.stats();
-    let io = w.io.stats();
-    let mut line = format!(
-        "pp: t={:.1}s rx={} tx={} hits={} misses={} drops={}",
-        t.as_secs_f64(),
-        s.rx_packets,
-        s.tx_packets,
-        s.hits,
-        s.misses,
-        s.total_drops()
-    );
-    let mut reasons: Vec<(String, u64)> = DropReason::FIXED
-        .iter()
-        .map(|&r| (p.drop_name(r), s.dropped(r)))
-        .collect();
-    reasons.extend(
-        (0..p.rules().reasons().len())
-            .map(|i| (p.drop_name(DropReason::Rule(i as u8)), s.rule_drops[i])),
-    );
-    let nonzero: Vec<String> = reasons
-        .into_iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(r, n)| format!("{r}={n}"))
-        .collect();
-    if !nonzero.is_empty() {
-        let _ = write!(line, " ({})", nonzero.join(" "));
-    }
-    if s.elephants > 0 || s.fastpath_packets > 0 {
-        let _ = write!(
-            line,
-            " elephants={} fastpath={}",
-            s.elephants, s.fastpath_packets
-        );
-    }
-    line.push_str(&io.summary());
-    line
+    crate::signals::wait(a.duration, None, || node.is_finished(), || {});
+    Ok(node.stop()?)
 }

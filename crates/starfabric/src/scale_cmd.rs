@@ -108,27 +108,8 @@ fn call<T>(
         .map_err(|_| anyhow!("FM did not answer within {} s", a.timeout))?
 }
 
-/// The vIP table as JSON: `testbed::elastic::VipMap` parses it.
-fn vips_json(r: &v1::VipMapReply) -> Value {
-    json!({
-        "epoch": r.epoch,
-        "moves": r.moves,
-        "nodes": r.nodes,
-        "draining": r.draining,
-        "vips": r.vips.iter().map(|o| {
-            let v = o.vip.clone().unwrap_or_default();
-            json!({
-                "index": v.index,
-                "ip": v.ip,
-                "mac": v.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"),
-                "node": if o.node.is_empty() { Value::Null } else { Value::String(o.node.clone()) },
-            })
-        }).collect::<Vec<_>>(),
-    })
-}
-
 fn print_vips(r: &v1::VipMapReply, output: Output) -> Result<()> {
-    let v = vips_json(r);
+    let v = proto::json::vip_map(r);
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
@@ -194,7 +175,7 @@ fn scale(rt: &tokio::runtime::Runtime, a: ScaleArgs, out: bool, output: Output) 
     let reply = rt
         .block_on(async { tokio::time::timeout(Duration::from_secs_f64(a.fm.timeout), call).await })
         .map_err(|_| anyhow!("{verb}: FM did not answer within {} s", a.fm.timeout))??;
-    let v = scale_json(&reply);
+    let v = proto::json::scale_reply(&reply);
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
@@ -217,27 +198,6 @@ fn scale(rt: &tokio::runtime::Runtime, a: ScaleArgs, out: bool, output: Output) 
     Ok(())
 }
 
-/// The reply as JSON. Hash bounds are also given as hex strings: a reader in a
-/// language whose JSON numbers are doubles would lose their low bits.
-fn scale_json(r: &v1::ScaleReply) -> Value {
-    let kind = match v1::ScaleKind::try_from(r.kind) {
-        Ok(v1::ScaleKind::Out) => "out",
-        Ok(v1::ScaleKind::In) => "in",
-        _ => "unspecified",
-    };
-    json!({
-        "scale_id": r.scale_id,
-        "kind": kind,
-        "from_group": r.from_group,
-        "to_group": r.to_group,
-        "moved_lo": r.moved_lo,
-        "moved_hi": r.moved_hi,
-        "moved_range": format!("{:#018x}..={:#018x}", r.moved_lo, r.moved_hi),
-        "aborted": if r.aborted.is_empty() { Value::Null } else { Value::String(r.aborted.clone()) },
-        "st_to_fin_us": r.st_to_fin_us,
-    })
-}
-
 fn map(rt: &tokio::runtime::Runtime, a: FmAddr, output: Output) -> Result<()> {
     let m = rt
         .block_on(async {
@@ -251,7 +211,7 @@ fn map(rt: &tokio::runtime::Runtime, a: FmAddr, output: Output) -> Result<()> {
             .await
         })
         .map_err(|_| anyhow!("FM did not answer within {} s", a.timeout))??;
-    let v = map_json(&m);
+    let v = proto::json::partition_map(&m);
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(&v)?),
@@ -293,51 +253,4 @@ fn map(rt: &tokio::runtime::Runtime, a: FmAddr, output: Output) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn map_json(m: &v1::PartitionMap) -> Value {
-    json!({
-        "version": m.version,
-        "partitions": m.partitions.iter().map(|p| json!({
-            "tenant": p.tenant, "chain": p.chain, "hash_lo": p.hash_lo,
-            "hash_hi": p.hash_hi, "group": p.group,
-        })).collect::<Vec<_>>(),
-        "groups": m.groups.iter().map(|g| json!({
-            "id": g.id, "epoch": g.epoch,
-            "replicas": g.replicas.iter().map(|r| json!({
-                "node_id": r.node_id, "addr": r.addr,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scale_json_names_the_kind_and_keeps_full_u64_bounds() {
-        let r = v1::ScaleReply {
-            scale_id: 7,
-            kind: v1::ScaleKind::Out as i32,
-            from_group: 1,
-            to_group: 2,
-            moved_lo: 0,
-            moved_hi: u64::MAX / 2,
-            aborted: String::new(),
-            st_to_fin_us: 1234,
-        };
-        let v = scale_json(&r);
-        assert_eq!(v["kind"], "out");
-        assert_eq!(v["moved_hi"].as_u64(), Some(u64::MAX / 2));
-        assert!(v["aborted"].is_null());
-        let r = v1::ScaleReply {
-            aborted: "group 2 lost a replica".into(),
-            kind: v1::ScaleKind::In as i32,
-            ..r
-        };
-        let v = scale_json(&r);
-        assert_eq!(v["kind"], "in");
-        assert_eq!(v["aborted"], "group 2 lost a replica");
-    }
 }

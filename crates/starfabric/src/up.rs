@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 
 use crate::cli::{self, ClientConfig, Output};
-use crate::pp_cmd::{install_signal_handlers, STOP};
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -53,7 +51,7 @@ pub struct UpArgs {
     #[arg(long)]
     pp_netns: Option<String>,
     #[command(flatten)]
-    placement: crate::orchestrator_cmd::PlacementArgs,
+    placement: orchestrator::placement::PlacementFlags,
 }
 
 /// A child node: killed (by its PID) when dropped.
@@ -154,7 +152,7 @@ fn spawn_in(
                 log_path.display()
             );
         }
-        if Instant::now() > deadline || STOP.load(Ordering::Relaxed) {
+        if Instant::now() > deadline || crate::signals::stopped() {
             bail!("{name} did not get ready; see {}", log_path.display());
         }
     }
@@ -180,7 +178,7 @@ fn parse_listen(line: &str) -> Result<String> {
 }
 
 pub fn run(a: UpArgs) -> Result<()> {
-    install_signal_handlers()?;
+    crate::signals::install()?;
     std::fs::create_dir_all(a.dir.join("logs"))
         .with_context(|| format!("creating {}", a.dir.display()))?;
     let token_file = a.dir.join("admin-token");
@@ -308,7 +306,7 @@ pub fn run(a: UpArgs) -> Result<()> {
         &format!("waiting for {expect} nodes to report ready"),
         Duration::from_secs_f64(a.ready_timeout),
         || {
-            if STOP.load(Ordering::Relaxed) {
+            if crate::signals::stopped() {
                 bail!("interrupted");
             }
             for n in nodes.iter_mut() {
@@ -347,7 +345,7 @@ pub fn run(a: UpArgs) -> Result<()> {
 
     let start = Instant::now();
     let outcome = loop {
-        if STOP.load(Ordering::Relaxed) {
+        if crate::signals::stopped() {
             break Ok(());
         }
         if a.duration

@@ -25,6 +25,47 @@ pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use etcd::{EtcdOptions, EtcdStore};
 
+/// Open the store a spec names: `embedded:PATH` (a redb file) or
+/// `etcd:URL[,URL...]` (keys under `etcd_prefix`).
+pub async fn open(spec: &str, etcd_prefix: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if let Some(path) = spec.strip_prefix("embedded:") {
+        if path.is_empty() {
+            return Err(StoreError::Io(
+                "--store embedded: needs a file path, e.g. embedded:/var/lib/starfabric/o.redb"
+                    .into(),
+            ));
+        }
+        let s = EmbeddedStore::open(path)
+            .map_err(|e| StoreError::Io(format!("opening {path}: {e}")))?;
+        Ok(std::sync::Arc::new(s))
+    } else if let Some(eps) = spec.strip_prefix("etcd:") {
+        let endpoints: Vec<String> = eps
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        if endpoints.is_empty() {
+            return Err(StoreError::Io(
+                "--store etcd: needs at least one endpoint, e.g. etcd:http://127.0.0.1:2379".into(),
+            ));
+        }
+        let s = EtcdStore::connect(&endpoints, etcd_prefix)
+            .await
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "connecting to etcd at {}: {e}",
+                    endpoints.join(",")
+                ))
+            })?;
+        Ok(std::sync::Arc::new(s))
+    } else {
+        Err(StoreError::Io(format!(
+            "--store must be embedded:PATH or etcd:URL[,URL...], got {spec:?}"
+        )))
+    }
+}
+
 use async_trait::async_trait;
 
 /// A value with the revisions that describe its history.

@@ -312,6 +312,14 @@ impl MetricsServer {
         format!("http://{}/metrics", self.addr)
     }
 
+    /// Print `metrics: listening on URL` to stdout: node processes say so once their
+    /// endpoint is up, and tests and `starfabric up` parse the line.
+    pub fn announce(&self) -> std::io::Result<()> {
+        use std::io::Write as _;
+        println!("metrics: listening on {}", self.url());
+        std::io::stdout().flush()
+    }
+
     /// Stop serving; waits for the server thread if it has one.
     pub fn stop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -327,6 +335,26 @@ impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A snapshot mutex, poison or not: a scrape renders whatever was last published.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The `tenant` label of per-tenant families.
+pub fn tenant_label(t: u32) -> [(&'static str, String); 1] {
+    [("tenant", t.to_string())]
+}
+
+/// A pipeline latency histogram as a `_seconds` histogram.
+pub fn latency(
+    s: &mut Scrape<'_>,
+    name: &str,
+    help: &str,
+    h: &pipeline::LatencyHistogram,
+) -> fmt::Result {
+    s.histogram_seconds(name, help, h.sum_seconds(), h.count, &h.buckets_seconds())
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub enum BenchCmd {
     Scaling(crate::bench_scaling::ScalingBenchArgs),
     /// Placement (docs/placement.md): FF, BF, FFD, DDQN (with and without the demand
     /// forecast) and the MILP optimum on held-out workloads; RGCM against its MILP.
-    Placement(crate::placement_cmd::PlacementBenchArgs),
+    Placement(crate::bench_placement::PlacementBenchArgs),
     /// The packet sender of `bench e2e`'s per-core rate (run by it inside a testbed
     /// namespace): copies of a frame out of a device from the kernel's XDP live-frames
     /// test run, on this thread's CPU.
@@ -133,7 +133,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
             Ok(())
         }
         BenchCmd::XdpGen(a) => xdp_gen(&a),
-        BenchCmd::Placement(a) => crate::placement_cmd::bench(&a),
+        BenchCmd::Placement(a) => crate::bench_placement::bench(&a),
         BenchCmd::E2e(a) => {
             let r = crate::bench_e2e::run(a.clone())?;
             if a.json {

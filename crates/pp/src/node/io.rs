@@ -8,17 +8,19 @@ use std::fmt::Write as _;
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use pipeline::{Desc, IoError, PacketIo};
-use pp::{
+
+use super::PpNodeError;
+use crate::{
     open_afxdp, AfXdpIo, AfXdpKernelStats, AfXdpNodeConfig, AfXdpStats, UdpVxlanConfig, UdpVxlanIo,
     UdpVxlanStats, XdpAttached,
 };
 
-/// `--io`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// Which backend the node runs on (`--io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoKind {
     /// AF_XDP where it works, else the UDP socket.
+    #[default]
     Auto,
     /// AF_XDP or fail.
     Afxdp,
@@ -162,7 +164,7 @@ pub struct OpenedIo {
     pub detail: String,
 }
 
-pub fn open(o: &IoOptions) -> Result<OpenedIo> {
+pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
     if o.kind != IoKind::Udp {
         let why_not = if o.peer_port.is_some() {
             // AF_XDP sends whole frames to their outer destination port; --peer-port is
@@ -171,7 +173,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo> {
         } else {
             let mut c = AfXdpNodeConfig::new(*o.listen.ip());
             c.gw_mac = o.gw_mac;
-            c.io.batch = o.batch.min(pp::AFXDP_MAX_BATCH);
+            c.io.batch = o.batch.min(crate::AFXDP_MAX_BATCH);
             c.io.poll_timeout = o.poll_timeout;
             c.io.frames = o.frames;
             if o.listen.port() != packet::VXLAN_PORT {
@@ -204,7 +206,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo> {
         };
         let why_not = why_not.unwrap_or_default();
         if o.kind == IoKind::Afxdp {
-            anyhow::bail!("AF_XDP backend: {why_not}");
+            return Err(PpNodeError::Io(format!("AF_XDP backend: {why_not}")));
         }
         tracing::warn!(reason = %why_not, "AF_XDP not available; falling back to the UDP socket");
     }
@@ -212,7 +214,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo> {
     io_cfg.peer_port = o.peer_port;
     io_cfg.slots = o.batch;
     io_cfg.poll_timeout = o.poll_timeout;
-    let io = UdpVxlanIo::bind(io_cfg).context("VXLAN socket")?;
+    let io = UdpVxlanIo::bind(io_cfg).map_err(|e| PpNodeError::Io(format!("VXLAN socket: {e}")))?;
     Ok(OpenedIo {
         io: PpIo::Udp(io),
         xdp: None,

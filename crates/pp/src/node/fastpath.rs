@@ -1,4 +1,4 @@
-//! `starfabric pp --offload`: the XDP fast path's policy, run from the PP node's loop.
+//! The XDP fast path (`starfabric pp --offload`): the XDP fast path's policy, run from the PP node's loop.
 //!
 //! The pipeline detects elephants (Zeta's one read/write window count); between batches
 //! [`FastPath::poll`] hands them to `xdp::Offloader`, which installs their rules in the
@@ -8,31 +8,38 @@
 
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use pipeline::{ElephantPolicy, Pipeline};
 use xdp::{monotonic_now, OffloadPolicy, OffloadStats, Offloader, XdpProgram};
 
-#[derive(Args, Debug, Clone)]
-pub struct OffloadArgs {
-    /// Run elephant flows' rules in the XDP program on the node's interface (the XDP
-    /// fast path). Needs the program attached, which the AF_XDP backend does.
-    #[arg(long)]
+/// The fast path's settings.
+#[derive(Debug, Clone)]
+pub struct OffloadConfig {
+    /// Run elephant flows' rules in the XDP program on the node's interface. Needs the
+    /// program attached, which the AF_XDP backend does.
     pub offload: bool,
     /// Elephant detection window (ms).
-    #[arg(long, default_value_t = 100)]
     pub offload_window_ms: u32,
     /// Bytes within one window that make a flow an elephant.
-    #[arg(long, default_value_t = 125_000)]
     pub offload_bytes: u64,
     /// Packets within one window that make a flow an elephant.
-    #[arg(long, default_value_t = 1_000)]
     pub offload_packets: u32,
     /// An offloaded flow idle this long (ms) in the driver goes back to userspace.
-    #[arg(long, default_value_t = 2_000)]
     pub offload_idle_ms: u64,
 }
 
-impl OffloadArgs {
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        OffloadConfig {
+            offload: false,
+            offload_window_ms: 100,
+            offload_bytes: 125_000,
+            offload_packets: 1_000,
+            offload_idle_ms: 2_000,
+        }
+    }
+}
+
+impl OffloadConfig {
     /// The pipeline's elephant detection, when offload is on.
     pub fn elephant(&self) -> Option<ElephantPolicy> {
         self.offload.then_some(ElephantPolicy {
@@ -59,7 +66,7 @@ pub struct FastPath {
 }
 
 impl FastPath {
-    pub fn new(args: &OffloadArgs) -> Self {
+    pub fn new(args: &OffloadConfig) -> Self {
         FastPath {
             off: Offloader::new(args.policy()),
             errors: 0,

@@ -1,0 +1,190 @@
+//! FM's `/metrics`: the master's state lives in a task that answers queries, so each
+//! scrape first asks it (the exporter's scrape hook) and renders what came back.
+//! Names: `starfabric_fm_*`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use telemetry::{collector, latency, lock, tenant_label, Exporter, MetricsServer, Scrape};
+
+/// What a scrape asks the FM master task for.
+#[derive(Debug, Clone, Default)]
+pub struct FmSnapshot {
+    pub stats: crate::FmStats,
+    pub metrics: crate::FmMetrics,
+    pub live_pp: usize,
+    pub live_sc: usize,
+    pub groups: usize,
+    pub bad_messages: u64,
+    pub sessions: u64,
+}
+
+impl FmSnapshot {
+    pub async fn fetch(o: &crate::FmObserver) -> Option<Self> {
+        let stats = o.stats().await?;
+        let metrics = o.metrics().await?;
+        let members = o.members().await?;
+        let map = o.partition_map().await?;
+        let alive = |role: proto::v1::Role| {
+            members
+                .members
+                .iter()
+                .filter(|x| x.alive && x.node.as_ref().is_some_and(|n| n.role == role as i32))
+                .count()
+        };
+        Some(FmSnapshot {
+            stats,
+            metrics,
+            live_pp: alive(proto::v1::Role::Pp),
+            live_sc: alive(proto::v1::Role::Sc),
+            groups: map.groups.len(),
+            bad_messages: o.wire_counters().bad_messages.load(Ordering::Relaxed),
+            sessions: o.wire_counters().sessions.load(Ordering::Relaxed),
+        })
+    }
+}
+
+pub fn fm_exporter(snap: Arc<Mutex<FmSnapshot>>) -> Exporter {
+    Exporter::new("starfabric_fm").collector(collector(move |sc| {
+        let f = lock(&snap).clone();
+        fm_encode(sc, &f)
+    }))
+}
+
+fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
+    let s = &f.stats;
+    sc.counter("requests", "Rule requests from PP nodes.", s.pp_requests)?;
+    sc.counter_family(
+        "tenant_requests",
+        "Rule requests from PP nodes, by tenant.",
+        f.metrics
+            .tenant_requests
+            .iter()
+            .map(|(t, n)| (tenant_label(*t), *n)),
+    )?;
+    sc.counter(
+        "cache_hits",
+        "Requests answered from the rule cache.",
+        s.cache.hits,
+    )?;
+    sc.counter(
+        "cache_misses",
+        "Requests the rule cache could not answer.",
+        s.cache.misses,
+    )?;
+    sc.counter("cache_inserts", "Rules cached.", s.cache.inserts)?;
+    sc.counter(
+        "cache_evicted",
+        "Rules evicted from a full cache.",
+        s.cache.evicted_full,
+    )?;
+    sc.counter(
+        "cache_expired",
+        "Cached rules expired idle.",
+        s.cache.expired,
+    )?;
+    sc.counter(
+        "cache_invalidated",
+        "Cached rules dropped because SC dropped the flow.",
+        s.cache.invalidated,
+    )?;
+    sc.gauge(
+        "cache_entries",
+        "Rules in the cache.",
+        f.metrics.cache_entries as u64,
+    )?;
+    sc.gauge(
+        "inflight",
+        "Requests waiting for SC.",
+        f.metrics.inflight as u64,
+    )?;
+    sc.counter(
+        "submitted",
+        "Requests submitted to SC group heads.",
+        s.submitted,
+    )?;
+    sc.counter("submits", "Submit messages sent to SC.", s.submits)?;
+    sc.counter(
+        "retries",
+        "Requests submitted again (retry or repair).",
+        s.resubmitted,
+    )?;
+    sc.counter("sc_replies", "Answers from SC group tails.", s.sc_replies)?;
+    sc.counter(
+        "duplicate_replies",
+        "SC answers for requests no longer in flight.",
+        s.duplicate_replies,
+    )?;
+    sc.counter("replies", "Replies sent to PP nodes.", s.replies_to_pp)?;
+    sc.counter("timeouts", "Requests that ran out of attempts.", s.timeouts)?;
+    sc.counter(
+        "coalesced",
+        "Requests joined to an identical one in flight.",
+        s.coalesced,
+    )?;
+    sc.counter(
+        "bad_requests",
+        "Requests or events that did not decode.",
+        s.bad_requests,
+    )?;
+    sc.counter(
+        "no_group",
+        "Requests for a partition with no SC group.",
+        s.no_group,
+    )?;
+    sc.counter(
+        "reconfigurations",
+        "SC group repairs and refills.",
+        s.reconfigurations,
+    )?;
+    sc.counter("nodes_dead", "Nodes declared dead.", s.nodes_dead)?;
+    sc.gauge_family(
+        "live_nodes",
+        "Live registered nodes, by role.",
+        [
+            ([("role", "pp")], f.live_pp as u64),
+            ([("role", "sc")], f.live_sc as u64),
+        ],
+    )?;
+    sc.gauge(
+        "sc_groups",
+        "SC groups in the partition map.",
+        f.groups as u64,
+    )?;
+    sc.counter(
+        "bad_messages",
+        "Session messages that did not decode.",
+        f.bad_messages,
+    )?;
+    sc.counter("sessions", "Node sessions opened.", f.sessions)?;
+    latency(
+        sc,
+        "request",
+        "From a PP request reaching the master task to its reply leaving it.",
+        &f.metrics.request_latency,
+    )
+}
+
+/// Serve FM metrics on its runtime; each scrape asks the master task first.
+pub fn start(
+    rt: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    fm: &crate::FmHandle,
+) -> Result<MetricsServer, telemetry::TelemetryError> {
+    let snap = Arc::new(Mutex::new(FmSnapshot::default()));
+    let obs = fm.observer();
+    let s = snap.clone();
+    let exporter = fm_exporter(snap).on_scrape(move || {
+        let (obs, s) = (obs.clone(), s.clone());
+        async move {
+            if let Some(f) = FmSnapshot::fetch(&obs).await {
+                *lock(&s) = f;
+            }
+        }
+    });
+    let _guard = rt.enter();
+    let server = MetricsServer::spawn(addr, exporter)?;
+    server.announce()?;
+    Ok(server)
+}

@@ -1,0 +1,16 @@
+//! The lab: benchmarks (`starfabric bench ...`), the demos (`starfabric demo`) and the
+//! netns testbed commands (`starfabric testbed ...`). The product (the planes and the
+//! operator CLI) does not depend on it; the `starfabric` binary includes it behind its
+//! default `lab` feature.
+//!
+//! These are commands, not a library API: they print their reports and return
+//! `anyhow` errors like the binary they are part of (docs/structure.md).
+
+pub mod bench;
+pub mod bench_e2e;
+pub mod bench_placement;
+pub mod bench_scaling;
+pub mod bench_setup;
+pub mod demo;
+mod demo_testbed;
+pub mod testbed_cmd;

@@ -1,0 +1,317 @@
+//! The PP node's `/metrics`: the worker thread owns the pipeline, so it publishes a
+//! [`PpSnapshot`] into a mutex every [`PP_PUBLISH_EVERY`] ([`PpMetrics::tick`] from its
+//! loop); scrapes render the latest one. No lock is taken per packet, and a scrape
+//! never waits for the worker. Names: `starfabric_pp_*` (the Grafana dashboard in
+//! `deploy/grafana/` reads them).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pipeline::{DropReason, Pipeline, Stats, TenantCounters, Worker};
+use telemetry::{collector, latency, lock, tenant_label, Exporter, MetricsServer, Scrape};
+
+use crate::node::{IoStats, PpIo, PpNodeError};
+use crate::{AfXdpStats, FmClientStats, UdpVxlanStats};
+
+/// How often the PP worker publishes its counters for scrapes.
+pub const PP_PUBLISH_EVERY: Duration = Duration::from_millis(100);
+
+/// What the PP worker publishes.
+#[derive(Debug, Clone, Default)]
+pub struct PpSnapshot {
+    pub stats: Stats,
+    /// Every drop reason by its `Pipeline::drop_name`: the fixed ones, then the rule
+    /// reasons the worker knows.
+    pub drops: Vec<(String, u64)>,
+    pub tenants: Vec<(u32, TenantCounters)>,
+    pub flow_entries: usize,
+    pub flow_capacity: usize,
+    pub pending_packets: usize,
+    pub pending_flows: usize,
+    pub io: Option<UdpVxlanStats>,
+    /// The AF_XDP backend's counters, when the node runs on it.
+    pub afxdp: Option<AfXdpStats>,
+}
+
+impl PpSnapshot {
+    pub fn of(p: &Pipeline, io: Option<UdpVxlanStats>) -> Self {
+        let s = p.stats();
+        let mut drops: Vec<(String, u64)> = DropReason::FIXED
+            .iter()
+            .map(|&r| (p.drop_name(r), s.dropped(r)))
+            .collect();
+        drops.extend((0..p.rules().reasons().len()).map(|i| {
+            let r = DropReason::Rule(i as u8);
+            (p.drop_name(r), s.dropped(r))
+        }));
+        PpSnapshot {
+            stats: s.clone(),
+            drops,
+            tenants: p.tenants().map(|(t, c)| (t, *c)).collect(),
+            flow_entries: p.table().len(),
+            flow_capacity: p.table().capacity(),
+            pending_packets: p.pending().held(),
+            pending_flows: p.pending().flows(),
+            io,
+            afxdp: None,
+        }
+    }
+}
+
+/// The PP exporter over a published snapshot and, with `--fm`, the FM client's counters.
+pub fn pp_exporter(snap: Arc<Mutex<PpSnapshot>>, fm: Option<Arc<FmClientStats>>) -> Exporter {
+    Exporter::new("starfabric_pp").collector(collector(move |sc| {
+        let p = lock(&snap).clone();
+        pp_encode(sc, &p, fm.as_deref())
+    }))
+}
+
+fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) -> std::fmt::Result {
+    let s = &p.stats;
+    sc.counter("rx_packets", "Packets received.", s.rx_packets)?;
+    sc.counter("rx_bytes", "Bytes received.", s.rx_bytes)?;
+    sc.counter("tx_packets", "Packets sent.", s.tx_packets)?;
+    sc.counter("tx_bytes", "Bytes sent.", s.tx_bytes)?;
+    sc.counter("hits", "Flow table hits.", s.hits)?;
+    sc.counter("misses", "Flow table misses.", s.misses)?;
+    sc.counter_family(
+        "drops",
+        "Packets dropped, by reason.",
+        p.drops.iter().map(|(r, n)| ([("reason", r.as_str())], *n)),
+    )?;
+    sc.gauge(
+        "flow_table_entries",
+        "Rules in the flow table.",
+        p.flow_entries as u64,
+    )?;
+    sc.gauge(
+        "flow_table_capacity",
+        "Flow table capacity.",
+        p.flow_capacity as u64,
+    )?;
+    sc.counter(
+        "flow_table_evictions",
+        "Rules evicted to make room.",
+        s.evicted_table_full,
+    )?;
+    sc.counter("flow_table_expired", "Rules expired idle.", s.expired)?;
+    sc.gauge(
+        "pending_packets",
+        "Packets held for a rule.",
+        p.pending_packets as u64,
+    )?;
+    sc.gauge(
+        "pending_flows",
+        "Flows waiting for a rule.",
+        p.pending_flows as u64,
+    )?;
+    sc.counter(
+        "rule_requests",
+        "Rule requests sent toward FM.",
+        s.rule_requests,
+    )?;
+    sc.counter(
+        "rule_request_channel_full",
+        "Rule requests that found the request channel full (retried).",
+        s.request_channel_full,
+    )?;
+    sc.counter("rules_installed", "Rules installed.", s.rules_installed)?;
+    sc.counter("rules_replaced", "Rules replaced.", s.rules_replaced)?;
+    sc.counter(
+        "rule_compile_errors",
+        "Rules that did not compile.",
+        s.rule_compile_errors,
+    )?;
+    sc.counter(
+        "pending_released",
+        "Held packets released after their rule arrived.",
+        s.pending_released,
+    )?;
+    sc.counter(
+        "offload_marked",
+        "Rules marked for offload.",
+        s.offload_marked,
+    )?;
+    sc.counter(
+        "rules_revoked",
+        "Installed rules removed because FM withdrew them.",
+        s.rules_revoked,
+    )?;
+    sc.counter(
+        "elephants",
+        "Flows that crossed the elephant threshold (handed to the XDP fast path).",
+        s.elephants,
+    )?;
+    sc.counter(
+        "fastpath_packets",
+        "Packets the XDP fast path forwarded for this node's flows (folded back).",
+        s.fastpath_packets,
+    )?;
+    sc.counter(
+        "fastpath_bytes",
+        "Bytes the XDP fast path forwarded for this node's flows (folded back).",
+        s.fastpath_bytes,
+    )?;
+    latency(
+        sc,
+        "rule_setup",
+        "From a flow's first packet held to its rule installed.",
+        &s.setup_latency,
+    )?;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (replies, sent, batches, bad, stray, sessions, errors, resent, up) = match fm {
+        Some(f) => (
+            load(&f.replies),
+            load(&f.requests_sent),
+            load(&f.batches_sent),
+            load(&f.bad_replies),
+            load(&f.stray_replies),
+            load(&f.sessions),
+            load(&f.session_errors),
+            load(&f.resent),
+            u64::from(f.connected.load(Ordering::Relaxed)),
+        ),
+        None => Default::default(),
+    };
+    sc.counter("rule_replies", "Rule replies received from FM.", replies)?;
+    sc.counter("fm_requests_sent", "Rule requests sent to FM.", sent)?;
+    sc.counter("fm_batches_sent", "Request batches sent to FM.", batches)?;
+    sc.counter("fm_bad_replies", "FM replies that did not decode.", bad)?;
+    sc.counter(
+        "fm_stray_replies",
+        "FM replies for no outstanding request.",
+        stray,
+    )?;
+    sc.counter("fm_sessions", "FM sessions opened.", sessions)?;
+    sc.counter(
+        "fm_session_errors",
+        "FM sessions that failed or broke.",
+        errors,
+    )?;
+    sc.counter("fm_resent", "Requests resent on a new FM session.", resent)?;
+    sc.gauge("fm_connected", "1 while the FM session is up.", up)?;
+    let t = &p.tenants;
+    sc.counter_family(
+        "tenant_packets",
+        "Packets received, by tenant.",
+        t.iter().map(|(id, c)| (tenant_label(*id), c.packets)),
+    )?;
+    sc.counter_family(
+        "tenant_bytes",
+        "Bytes received, by tenant.",
+        t.iter().map(|(id, c)| (tenant_label(*id), c.bytes)),
+    )?;
+    sc.counter_family(
+        "tenant_drops",
+        "Packets dropped, by tenant.",
+        t.iter().map(|(id, c)| (tenant_label(*id), c.drops)),
+    )?;
+    sc.counter_family(
+        "tenant_flows_setup",
+        "Flows set up through the miss path, by tenant.",
+        t.iter().map(|(id, c)| (tenant_label(*id), c.flows_setup)),
+    )?;
+    if let Some(io) = &p.io {
+        sc.counter(
+            "io_rx_batches",
+            "recvmmsg calls that returned datagrams.",
+            io.rx_batches,
+        )?;
+        sc.counter(
+            "io_rx_oversize",
+            "Datagrams too long, dropped.",
+            io.rx_oversize,
+        )?;
+        sc.counter(
+            "io_tx_dropped",
+            "Sends the kernel pushed back.",
+            io.tx_dropped,
+        )?;
+        sc.counter("io_tx_errors", "Sends that failed.", io.tx_errors)?;
+        sc.counter(
+            "io_tx_unsendable",
+            "Frames that could not be sent.",
+            io.tx_unsendable,
+        )?;
+    }
+    if let Some(x) = &p.afxdp {
+        sc.counter(
+            "afxdp_rx_batches",
+            "AF_XDP receive calls that returned frames.",
+            x.rx_batches,
+        )?;
+        sc.counter(
+            "afxdp_tx_ring_full",
+            "Frames dropped: the AF_XDP TX ring was full.",
+            x.tx_ring_full,
+        )?;
+        sc.counter(
+            "afxdp_tx_no_frame",
+            "Released frames dropped: no free UMEM frame.",
+            x.tx_no_frame,
+        )?;
+        sc.counter(
+            "afxdp_tx_oversize",
+            "Frames dropped: too large for a UMEM frame.",
+            x.tx_oversize,
+        )?;
+        sc.counter(
+            "afxdp_tx_completed",
+            "Frames the kernel finished sending.",
+            x.tx_completed,
+        )?;
+        sc.counter("afxdp_tx_kicks", "sendto kicks of the TX ring.", x.tx_kicks)?;
+    }
+    Ok(())
+}
+
+/// A PP node's endpoint and the snapshot its worker publishes.
+pub struct PpMetrics {
+    server: MetricsServer,
+    snap: Arc<Mutex<PpSnapshot>>,
+    next: Instant,
+}
+
+impl PpMetrics {
+    /// Serve on `addr` (its own thread: the PP worker has no runtime) and announce it.
+    pub fn start(addr: SocketAddr, fm: Option<Arc<FmClientStats>>) -> Result<Self, PpNodeError> {
+        let snap = Arc::new(Mutex::new(PpSnapshot::default()));
+        let server = MetricsServer::spawn_thread(addr, pp_exporter(snap.clone(), fm))
+            .map_err(|e| PpNodeError::Metrics(e.to_string()))?;
+        server
+            .announce()
+            .map_err(|e| PpNodeError::Metrics(e.to_string()))?;
+        Ok(PpMetrics {
+            server,
+            snap,
+            next: Instant::now(),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// From the worker loop: publish a snapshot when the last one is old enough.
+    pub fn tick(&mut self, w: &Worker<PpIo>, now: Instant) {
+        if now < self.next {
+            return;
+        }
+        self.next = now + PP_PUBLISH_EVERY;
+        self.publish(w);
+    }
+
+    /// Publish now (built outside the lock; the lock only swaps it in).
+    pub fn publish(&self, w: &Worker<PpIo>) {
+        let s = match w.io.stats() {
+            IoStats::Udp(u) => PpSnapshot::of(&w.pipeline, Some(u)),
+            IoStats::AfXdp(x, _) => PpSnapshot {
+                afxdp: Some(x),
+                ..PpSnapshot::of(&w.pipeline, None)
+            },
+        };
+        *lock(&self.snap) = s;
+    }
+}

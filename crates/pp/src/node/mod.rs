@@ -1,0 +1,598 @@
+//! A whole PP node, started in-process: one pipeline worker on an AF_XDP socket (the
+//! default wherever it works) or a UDP VXLAN socket ([`IoKind`]), its rule source, the
+//! optional XDP fast path, vIP group membership, `/metrics`, and the control session.
+//!
+//! Rules come from the fabric master (`fm`): a miss holds the packet and asks FM,
+//! which asks the SC group owning the flow. Static rules from a file (`rules`) can be
+//! installed too; without an FM they are the only rules and a miss is a `no-rule` drop.
+//!
+//! [`start`] returns once the node is listening (or failed); the worker runs on a
+//! thread of its own until [`PpHandle::stop`]. `starfabric pp` is this plus flags.
+
+mod fastpath;
+mod io;
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pipeline::{
+    DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, VpcBinding, Worker,
+};
+use proto::agent::{AgentError, NodeAgent};
+use thiserror::Error;
+
+pub use fastpath::{FastPath, OffloadConfig};
+pub use io::{mac_str, open, IoKind, IoOptions, IoStats, OpenedIo, PpIo};
+
+use crate::metrics::PpMetrics;
+use crate::{FmClient, FmClientConfig};
+
+/// Why a PP node did not start, or stopped.
+#[derive(Debug, Error)]
+pub enum PpNodeError {
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("rules file {path}: {why}")]
+    Rules { path: PathBuf, why: String },
+    #[error("FM client: {0}")]
+    Fm(String),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("metrics endpoint: {0}")]
+    Metrics(String),
+    #[error("worker: {0}")]
+    Worker(String),
+    #[error("the PP worker thread panicked")]
+    Panicked,
+}
+
+/// Where the node's status lines go (`pp: listening ...`, stats lines, the summary).
+pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What a PP node runs with; [`Default`] is `starfabric pp` with no flags.
+#[derive(Clone)]
+pub struct PpNodeConfig {
+    /// Underlay IPv4 address and UDP port to receive VXLAN on.
+    pub listen: SocketAddrV4,
+    /// Static rules file (`match` / `rule` line pairs, see [`crate::parse_rules`]).
+    pub rules: Option<PathBuf>,
+    pub io: IoKind,
+    /// UMEM frames of the AF_XDP socket (a power of two).
+    pub xdp_frames: u32,
+    /// The outer source `encap` writes (default: the listen address).
+    pub node_ip: Option<Ipv4Addr>,
+    /// Outer source MAC with the UDP backend (AF_XDP uses the interface's).
+    pub node_mac: Option<[u8; 6]>,
+    /// Outer destination MAC; AF_XDP resolves it when not given.
+    pub gw_mac: Option<[u8; 6]>,
+    /// Flow table capacity.
+    pub flows: usize,
+    /// A stats line to `lines` every this often.
+    pub stats_interval: Option<Duration>,
+    /// Send all output to this UDP port instead of each frame's outer destination port.
+    pub peer_port: Option<u16>,
+    /// Largest receive batch.
+    pub batch: usize,
+    /// Fabric masters, comma-separated, in failover order.
+    pub fm: Option<String>,
+    /// This node's id toward FM (default `pp-<listen>`).
+    pub id: Option<String>,
+    /// Static VNI → tenant chain bindings (they win over the orchestrator's).
+    pub vpcs: Vec<(u32, VpcBinding)>,
+    /// The binding of VNIs with none.
+    pub default_chain: Option<VpcBinding>,
+    /// The orchestrator's control address: it binds VNIs and names the FM (unless `fm`).
+    pub orchestrator: Option<String>,
+    /// The PP cluster (vIP group) this node serves.
+    pub cluster: String,
+    /// Join the PP cluster's vIP group (needs AF_XDP and an FM).
+    pub vip_group: bool,
+    /// Serve `/metrics` here.
+    pub metrics: Option<SocketAddr>,
+    pub offload: OffloadConfig,
+    /// Status lines; `None` drops them.
+    pub lines: Option<LineSink>,
+}
+
+impl Default for PpNodeConfig {
+    fn default() -> Self {
+        PpNodeConfig {
+            listen: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, packet::VXLAN_PORT),
+            rules: None,
+            io: IoKind::Auto,
+            xdp_frames: 4096,
+            node_ip: None,
+            node_mac: None,
+            gw_mac: None,
+            flows: 1 << 16,
+            stats_interval: None,
+            peer_port: None,
+            batch: 64,
+            fm: None,
+            id: None,
+            vpcs: Vec::new(),
+            default_chain: None,
+            orchestrator: None,
+            cluster: "default".into(),
+            vip_group: false,
+            metrics: None,
+            offload: OffloadConfig::default(),
+            lines: None,
+        }
+    }
+}
+
+/// A running PP node.
+pub struct PpHandle {
+    local: SocketAddrV4,
+    metrics: Option<SocketAddr>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), PpNodeError>>>,
+}
+
+impl PpHandle {
+    /// The address the node receives VXLAN on (the real port when asked for port 0).
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// The `/metrics` endpoint, when it serves one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics
+    }
+
+    /// Whether the worker has ended (stopped, or failed: see [`PpHandle::stop`]).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Stop the worker and wait for it; its error if it failed.
+    pub fn stop(mut self) -> Result<(), PpNodeError> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(PpNodeError::Panicked),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PpHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Static rules never idle out.
+const STATIC_IDLE: Duration = Duration::MAX;
+/// Idle timeout of FM rules that name none.
+const FM_IDLE: Duration = Duration::from_secs(300);
+
+/// Start a PP node and wait until it listens. `stop` ends it (also while it still
+/// waits for the orchestrator to name an FM, in which case this returns `Ok(None)`).
+pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle>, PpNodeError> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let s = stop.clone();
+    // Everything is built on the worker thread: the AF_XDP socket and the XDP program
+    // handle are not `Send`.
+    let thread = std::thread::Builder::new()
+        .name("pp-worker".into())
+        .spawn(move || run(cfg, s, ready_tx))
+        .map_err(|e| PpNodeError::Worker(e.to_string()))?;
+    match ready_rx.recv() {
+        Ok(Some((local, metrics))) => Ok(Some(PpHandle {
+            local,
+            metrics,
+            stop,
+            thread: Some(thread),
+        })),
+        Ok(None) => {
+            let _ = thread.join();
+            Ok(None)
+        }
+        Err(_) => match thread.join() {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(())) => Ok(None),
+            Err(_) => Err(PpNodeError::Panicked),
+        },
+    }
+}
+
+type Ready = std::sync::mpsc::SyncSender<Option<(SocketAddrV4, Option<SocketAddr>)>>;
+
+fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNodeError> {
+    let say = |line: &str| {
+        if let Some(l) = &a.lines {
+            l(line)
+        }
+    };
+    let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
+    let opened = io::open(&IoOptions {
+        kind: a.io,
+        listen: a.listen,
+        peer_port: a.peer_port,
+        batch: a.batch,
+        // Replies are serviced between receive batches: an idle socket must not hold
+        // them back for long.
+        poll_timeout: if a.fm.is_some() || a.orchestrator.is_some() {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(20)
+        },
+        gw_mac: a.gw_mac,
+        frames: a.xdp_frames,
+    })?;
+    let io = opened.io;
+    // Kept for as long as the worker runs: dropping it detaches the XDP program. Its
+    // `program` is where offloaded rules go.
+    let mut xdp = opened.xdp;
+    let io_detail = opened.detail;
+    let local = match &io {
+        PpIo::Udp(u) => u.local_addr(),
+        PpIo::AfXdp(_) => a.listen,
+    };
+    let node = match &xdp {
+        // With AF_XDP the outer Ethernet header `encap` writes is what goes on the wire:
+        // the interface's MAC and the resolved (or given) gateway MAC.
+        Some(x) => {
+            if a.node_mac.is_some_and(|m| m != x.node.mac) {
+                tracing::warn!("--node-mac ignored: AF_XDP sends with the interface's MAC");
+            }
+            NodeAddr {
+                ip: a.node_ip.unwrap_or(x.node.ip),
+                ..x.node
+            }
+        }
+        None => NodeAddr {
+            ip: a.node_ip.unwrap_or(*a.listen.ip()),
+            mac: a.node_mac.unwrap_or([2, 0, 0, 0, 0, 1]),
+            gw_mac: a.gw_mac.unwrap_or([2, 0, 0, 0, 0, 2]),
+        },
+    };
+    let mut fastpath = match (a.offload.offload, &xdp) {
+        (true, Some(_)) => Some(FastPath::new(&a.offload)),
+        (true, None) => {
+            tracing::warn!("--offload needs the XDP program attached (the AF_XDP backend); the fast path is off");
+            None
+        }
+        (false, _) => None,
+    };
+    let mut cfg = PipelineConfig::new(node);
+    cfg.elephant = fastpath.as_ref().and(a.offload.elephant());
+    cfg.flow_capacity = a.flows;
+    cfg.seed = rand::random();
+    let mut agent = match &a.orchestrator {
+        Some(o) => Some(NodeAgent::start(
+            o,
+            &id,
+            proto::v1::Role::Pp,
+            &local.to_string(),
+            &a.cluster,
+            None,
+            None,
+        )?),
+        None => None,
+    };
+    let mut first_directive = None;
+    let fm_addr = match (&a.fm, agent.as_mut()) {
+        (Some(fm), _) => Some(fm.clone()),
+        (None, Some(ag)) => match ag.wait_for_fm(&stop) {
+            Some(d) => {
+                let fm = d.fm_addrs.join(",");
+                first_directive = Some(d);
+                Some(fm)
+            }
+            None => {
+                let _ = ready.send(None);
+                return Ok(());
+            }
+        },
+        (None, None) => None,
+    };
+    // The vIP group: the node takes nothing until FM assigns it vIPs.
+    let rx_packets = Arc::new(AtomicU64::new(0));
+    let owned_vips: crate::OwnedVips = Default::default();
+    let (vip_tx, vip_rx) = crossbeam_channel::unbounded::<proto::v1::VipAssign>();
+    let mut vip_member =
+        match (a.vip_group, xdp.as_mut(), &fm_addr) {
+            (false, _, _) => None,
+            (true, None, _) => return Err(PpNodeError::Config(
+                "--vip-group needs the AF_XDP backend: only the XDP program sees frames to a vMAC"
+                    .into(),
+            )),
+            (true, _, None) => {
+                return Err(PpNodeError::Config(
+                    "--vip-group needs --fm (FM assigns the vIPs)".into(),
+                ))
+            }
+            (true, Some(x), Some(_)) => {
+                x.program
+                    .set_vip_macs(&[])
+                    .map_err(|e| PpNodeError::Io(format!("XDP program: vIP mode: {e}")))?;
+                Some(
+                    crate::VipMember::new(&x.ifname, owned_vips.clone())
+                        .map_err(|e| PpNodeError::Io(format!("vIP group: {e}")))?,
+                )
+            }
+        };
+    let mut fm_client = None;
+    let source = match &fm_addr {
+        Some(fm) => {
+            let mut fcfg = FmClientConfig::new(fm, &id);
+            fcfg.rx_packets = rx_packets.clone();
+            if vip_member.is_some() {
+                fcfg.vip_capable = true;
+                fcfg.owned_vips = owned_vips.clone();
+                fcfg.vip_tx = Some(vip_tx.clone());
+            }
+            let (client, mut links) =
+                FmClient::start(fcfg).map_err(|e| PpNodeError::Fm(e.to_string()))?;
+            fm_client = Some(client);
+            cfg.default_idle_timeout = FM_IDLE;
+            links.remove(0).source
+        }
+        None => {
+            cfg.default_idle_timeout = STATIC_IDLE;
+            RuleSource::None
+        }
+    };
+    // A node sees replies on the gateways' VNIs for flows it never saw start: in a PP
+    // cluster another node saw them, and a restarted node forgot them. FM answers
+    // those from its cache.
+    cfg.ask_unbound = fm_addr.is_some();
+    let mut pipeline =
+        Pipeline::new(cfg, source).map_err(|e| PpNodeError::Config(format!("flow table: {e}")))?;
+    for (vni, b) in &a.vpcs {
+        pipeline.bind_vpc(*vni, *b);
+    }
+    if let (Some(d), Some(ag)) = (first_directive.take(), agent.as_ref()) {
+        apply_directive(&mut pipeline, &a.vpcs, &d);
+        ag.set_applied(d.version);
+    }
+    pipeline.set_default_binding(a.default_chain);
+    let nrules = match &a.rules {
+        Some(path) => install_rules_file(&mut pipeline, path)?,
+        None => 0,
+    };
+
+    let mut worker = Worker::new(pipeline, io, a.batch, Box::new(MonotonicClock::new()));
+
+    let start = Instant::now();
+    let mut next_report = start;
+    let mut next_stats = a.stats_interval.map(|i| start + i);
+    // Tests and scripts wait for this line before sending traffic.
+    say(&format!(
+        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}{}",
+        a.flows,
+        match &fm_addr {
+            Some(fm) => format!(", rules from FM {fm}"),
+            None => String::new(),
+        },
+        if fastpath.is_some() {
+            ", XDP fast path on"
+        } else {
+            ""
+        }
+    ));
+    let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
+    let mut metrics = a
+        .metrics
+        .map(|addr| PpMetrics::start(addr, fm_stats))
+        .transpose()?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    if let Some(ag) = agent.as_mut() {
+        ag.set_metrics(metrics_addr);
+    }
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(%local, rules = nrules, io = worker.io.name(), metrics = metrics_field, "PP worker running");
+    let _ = ready.send(Some((local, metrics_addr)));
+
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
+            if now >= t {
+                let mut line = summary(&worker, start.elapsed());
+                if let Some(c) = &fm_client {
+                    // Which FM the node is on (FM failover); `none` while it has none.
+                    let _ = write!(line, " fm={}", c.current_fm().as_deref().unwrap_or("none"));
+                }
+                if let Some(fp) = &fastpath {
+                    line.push_str(&fp.summary());
+                }
+                if let Some(m) = &vip_member {
+                    let _ = write!(
+                        line,
+                        " vips={} vip_assignments={} vip_announcements={}",
+                        m.owned().len(),
+                        m.stats.assignments,
+                        m.stats.announcements
+                    );
+                }
+                say(&line);
+                next_stats = Some(t + i);
+            }
+        }
+        if let Some(m) = &mut metrics {
+            m.tick(&worker, now);
+        }
+        if let Some(ag) = agent.as_mut() {
+            if now >= next_report {
+                next_report = now + Duration::from_millis(250);
+                if let Some(d) = ag.new_directive() {
+                    apply_directive(&mut worker.pipeline, &a.vpcs, &d);
+                    ag.set_applied(d.version);
+                }
+                ag.set_report(report(&worker, fm_client.as_ref()));
+            }
+        }
+        if let (Some(m), Some(x)) = (vip_member.as_mut(), xdp.as_mut()) {
+            while let Ok(assign) = vip_rx.try_recv() {
+                if let Err(e) = m.apply(&mut x.program, &assign) {
+                    tracing::error!(error = %e, "vIP assignment not applied");
+                }
+            }
+            m.tick(&mut x.program, now);
+        }
+        rx_packets.store(worker.pipeline.stats().rx_packets, Ordering::Relaxed);
+        worker
+            .run_once()
+            .map_err(|e| PpNodeError::Worker(e.to_string()))?;
+        if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
+            let now_ms = worker.now_ms();
+            fp.poll(&mut x.program, &mut worker.pipeline, now_ms);
+        }
+    }
+    if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
+        let now_ms = worker.now_ms();
+        fp.flush(&mut x.program, &mut worker.pipeline, now_ms);
+        say(&format!("pp: fast path:{}", fp.summary()));
+    }
+    say(&summary(&worker, start.elapsed()));
+    drop(xdp);
+    if let Some(mut c) = fm_client {
+        c.stop();
+    }
+    say("pp: stopped");
+    Ok(())
+}
+
+/// Install a static rules file; how many rules it held.
+fn install_rules_file(pipeline: &mut Pipeline, path: &PathBuf) -> Result<usize, PpNodeError> {
+    let err = |why: String| PpNodeError::Rules {
+        path: path.clone(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let rules = crate::parse_rules(&text).map_err(|e| err(e.to_string()))?;
+    for r in &rules {
+        // Static rules never idle out, whatever the default for FM's rules is.
+        let mut rule = r.rule.clone();
+        rule.idle_timeout.get_or_insert(STATIC_IDLE);
+        pipeline
+            .install_rule(&rule, 0)
+            .map_err(|e| err(format!("line {}: rule does not compile: {e}", r.line)))?;
+    }
+    Ok(rules.len())
+}
+
+/// Bind the directive's VNIs (plus the static ones, which win).
+fn apply_directive(p: &mut Pipeline, fixed: &[(u32, VpcBinding)], d: &proto::v1::Directive) {
+    let bindings: Vec<(u32, VpcBinding)> = d
+        .vpcs
+        .iter()
+        .map(|b| {
+            (
+                b.vni,
+                VpcBinding {
+                    tenant: b.tenant,
+                    chain: b.chain,
+                },
+            )
+        })
+        .chain(fixed.iter().copied())
+        .collect();
+    tracing::info!(
+        version = d.version,
+        vpcs = d.vpcs.len(),
+        "directive applied"
+    );
+    p.replace_vpcs(bindings);
+}
+
+/// What a PP node tells the orchestrator.
+fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
+    let p = &w.pipeline;
+    let s = p.stats();
+    let ready = fm.is_none_or(|c| c.connected());
+    proto::v1::NodeReport {
+        load: Some(proto::v1::Load {
+            requests_per_s: 0.0,
+            flows: p.table().len() as u64,
+            groups: 0,
+            ..Default::default()
+        }),
+        ready,
+        detail: match fm {
+            Some(c) if c.connected() => format!(
+                "FM session up ({}), {} VNIs bound",
+                c.current_fm().unwrap_or_default(),
+                p.vpcs().count()
+            ),
+            Some(_) => "no FM session".to_string(),
+            None => "static rules only".to_string(),
+        },
+        counters: [
+            ("rx_packets", s.rx_packets),
+            ("tx_packets", s.tx_packets),
+            ("hits", s.hits),
+            ("misses", s.misses),
+            ("drops", s.total_drops()),
+            ("rule_requests", s.rule_requests),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        tenants: p
+            .tenants()
+            .map(|(t, c)| proto::v1::TenantCounters {
+                tenant: t,
+                packets: c.packets,
+                bytes: c.bytes,
+                drops: c.drops,
+                flows: c.flows_setup,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`
+fn summary(w: &Worker<PpIo>, t: Duration) -> String {
+    let p = &w.pipeline;
+    let s = p.stats();
+    let io = w.io.stats();
+    let mut line = format!(
+        "pp: t={:.1}s rx={} tx={} hits={} misses={} drops={}",
+        t.as_secs_f64(),
+        s.rx_packets,
+        s.tx_packets,
+        s.hits,
+        s.misses,
+        s.total_drops()
+    );
+    let mut reasons: Vec<(String, u64)> = DropReason::FIXED
+        .iter()
+        .map(|&r| (p.drop_name(r), s.dropped(r)))
+        .collect();
+    reasons.extend(
+        (0..p.rules().reasons().len())
+            .map(|i| (p.drop_name(DropReason::Rule(i as u8)), s.rule_drops[i])),
+    );
+    let nonzero: Vec<String> = reasons
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(r, n)| format!("{r}={n}"))
+        .collect();
+    if !nonzero.is_empty() {
+        let _ = write!(line, " ({})", nonzero.join(" "));
+    }
+    if s.elephants > 0 || s.fastpath_packets > 0 {
+        let _ = write!(
+            line,
+            " elephants={} fastpath={}",
+            s.elephants, s.fastpath_packets
+        );
+    }
+    line.push_str(&io.summary());
+    line
+}

@@ -1,0 +1,184 @@
+//! The SC node's `/metrics`: its replicas live in tasks, so each scrape first asks them
+//! (the exporter's scrape hook) and renders what came back. Names: `starfabric_sc_*`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use telemetry::{collector, lock, tenant_label, Exporter, MetricsServer, Scrape};
+
+/// What a scrape asks the SC node's replicas for.
+#[derive(Debug, Clone, Default)]
+pub struct ScSnapshot {
+    pub groups: Vec<crate::GroupMetrics>,
+    pub head_requests: u64,
+    pub bad_messages: u64,
+    pub unknown_group: u64,
+    pub fm_sessions: u64,
+    pub successor_links: u64,
+}
+
+impl ScSnapshot {
+    pub async fn fetch(o: &crate::ScObserver) -> Self {
+        let c = o.counters();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        ScSnapshot {
+            groups: o.group_metrics().await,
+            head_requests: o.head_requests(),
+            bad_messages: load(&c.bad_messages),
+            unknown_group: load(&c.unknown_group),
+            fm_sessions: load(&c.fm_sessions),
+            successor_links: load(&c.successor_links),
+        }
+    }
+}
+
+fn role(st: &proto::v1::GroupState) -> &'static str {
+    match st.position {
+        u32::MAX => "none",
+        0 => "head",
+        p if p + 1 == st.length => "tail",
+        _ => "middle",
+    }
+}
+
+pub fn sc_exporter(snap: Arc<Mutex<ScSnapshot>>) -> Exporter {
+    Exporter::new("starfabric_sc").collector(collector(move |sc| {
+        let s = lock(&snap).clone();
+        sc_encode(sc, &s)
+    }))
+}
+
+fn sc_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
+    let g = &s.groups;
+    let group = |m: &crate::GroupMetrics| [("group", m.state.group.to_string())];
+    let group_pos = |m: &crate::GroupMetrics| {
+        [
+            ("group", m.state.group.to_string()),
+            (
+                "position",
+                match m.state.position {
+                    u32::MAX => "none".to_string(),
+                    p => p.to_string(),
+                },
+            ),
+        ]
+    };
+    sc.gauge("groups", "Replicas hosted.", g.len() as u64)?;
+    sc.counter_family(
+        "group_ops_applied",
+        "Ops applied by this replica, by group.",
+        g.iter().map(|m| (group_pos(m), m.stats.ops_applied)),
+    )?;
+    sc.counter_family(
+        "group_requests_applied",
+        "Rule requests applied by this replica, by group.",
+        g.iter().map(|m| (group_pos(m), m.stats.requests_applied)),
+    )?;
+    sc.gauge_family(
+        "unacked_ops",
+        "Ops applied but not yet acknowledged by the tail, by group.",
+        g.iter().map(|m| (group_pos(m), m.state.unacked)),
+    )?;
+    sc.gauge_family(
+        "replica_role",
+        "1 for this replica's role in its group's chain.",
+        g.iter().map(|m| {
+            (
+                [
+                    ("group", m.state.group.to_string()),
+                    ("role", role(&m.state).to_string()),
+                ],
+                1u64,
+            )
+        }),
+    )?;
+    sc.gauge_family(
+        "group_epoch",
+        "Configuration epoch, by group.",
+        g.iter().map(|m| (group(m), m.state.epoch)),
+    )?;
+    sc.counter_family(
+        "group_repairs",
+        "Newer configurations received after the first (repairs, refills), by group.",
+        g.iter().map(|m| (group(m), m.stats.reconfigurations)),
+    )?;
+    sc.counter_family(
+        "snapshots_sent",
+        "State snapshots sent to a new successor, by group.",
+        g.iter().map(|m| (group(m), m.stats.snapshots_sent)),
+    )?;
+    sc.counter_family(
+        "snapshots_restored",
+        "State snapshots restored from a predecessor, by group.",
+        g.iter().map(|m| (group(m), m.stats.snapshots_restored)),
+    )?;
+    sc.counter_family(
+        "resent_ops",
+        "Ops resent to a successor after a repair, by group.",
+        g.iter().map(|m| (group(m), m.stats.resent_ops)),
+    )?;
+    sc.counter_family(
+        "duplicate_ops",
+        "Ops received twice, by group.",
+        g.iter().map(|m| (group(m), m.stats.duplicate_ops)),
+    )?;
+    // Per tenant: every group's partition names its tenant; a tenant with several
+    // groups on this node is summed.
+    let mut tenants: Vec<(u32, u64)> = Vec::new();
+    for m in g {
+        match tenants.iter_mut().find(|(t, _)| *t == m.tenant) {
+            Some((_, n)) => *n += m.stats.requests_applied,
+            None => tenants.push((m.tenant, m.stats.requests_applied)),
+        }
+    }
+    tenants.sort_unstable();
+    sc.counter_family(
+        "requests_applied",
+        "Rule requests applied by this node's replicas, by tenant.",
+        tenants.into_iter().map(|(t, n)| (tenant_label(t), n)),
+    )?;
+    sc.counter(
+        "head_requests",
+        "Requests accepted as a group head.",
+        s.head_requests,
+    )?;
+    sc.counter(
+        "bad_messages",
+        "Peer messages that did not decode.",
+        s.bad_messages,
+    )?;
+    sc.counter(
+        "unknown_group",
+        "Submits for groups not hosted here.",
+        s.unknown_group,
+    )?;
+    sc.counter("fm_sessions", "FM sessions opened.", s.fm_sessions)?;
+    sc.counter(
+        "successor_links",
+        "Successor links opened.",
+        s.successor_links,
+    )
+}
+
+/// Serve SC metrics on its runtime; each scrape asks the replicas first.
+pub fn start(
+    rt: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    node: &crate::ScHandle,
+) -> Result<MetricsServer, telemetry::TelemetryError> {
+    let snap = Arc::new(Mutex::new(ScSnapshot::default()));
+    let obs = node.observer();
+    let s = snap.clone();
+    let exporter = sc_exporter(snap).on_scrape(move || {
+        let (obs, s) = (obs.clone(), s.clone());
+        async move {
+            let f = ScSnapshot::fetch(&obs).await;
+            *lock(&s) = f;
+        }
+    });
+    let _guard = rt.enter();
+    let server = MetricsServer::spawn(addr, exporter)?;
+    server.announce()?;
+    Ok(server)
+}

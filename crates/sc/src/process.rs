@@ -1,0 +1,267 @@
+//! A whole SC node, started in-process: the replication server and FM session on a
+//! runtime of its own, `/metrics`, and the control session with the orchestrator
+//! (which may name the FM). `starfabric sc` is this plus flags.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use proto::agent::NodeAgent;
+use proto::v1;
+use telemetry::MetricsServer;
+use thiserror::Error;
+
+use crate::{ChainFactory, ScHandle};
+
+/// Where the node's status lines go.
+pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+#[derive(Debug, Error)]
+pub enum ScProcessError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// What an SC node runs with.
+#[derive(Clone)]
+pub struct ScProcessConfig {
+    pub id: String,
+    /// The fabric masters, comma-separated, in failover order (`None`: the ones the
+    /// orchestrator names).
+    pub fm: Option<String>,
+    pub orchestrator: Option<String>,
+    /// The replication server's address (port 0: any).
+    pub listen: SocketAddr,
+    /// Address other SC nodes reach it at (default: the bound address).
+    pub advertise: Option<String>,
+    pub factory: Arc<dyn ChainFactory>,
+    /// Between NF timer runs in the groups it heads.
+    pub timer_period: Duration,
+    pub metrics: Option<SocketAddr>,
+    /// What the node offers the orchestrator's placement.
+    pub capacity: Option<v1::NodeCapacity>,
+    pub lines: Option<LineSink>,
+}
+
+/// A running SC node.
+pub struct ScProcess {
+    rt: Option<tokio::runtime::Runtime>,
+    node: Arc<ScHandle>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    metrics: Option<MetricsServer>,
+    lines: Option<LineSink>,
+}
+
+/// Start an SC node. Without an FM it first waits for the orchestrator to name one;
+/// `stop` ends that wait, and then this returns `Ok(None)`.
+pub fn start(
+    a: ScProcessConfig,
+    stop: Arc<AtomicBool>,
+) -> Result<Option<ScProcess>, ScProcessError> {
+    let say = |l: &str| {
+        if let Some(s) = &a.lines {
+            s(l)
+        }
+    };
+    let agent_err = |e: proto::agent::AgentError| ScProcessError::Io(e.to_string());
+    // With an FM the node starts first, so the orchestrator learns its bound address;
+    // without, the orchestrator must name the FM before the node can start.
+    let hello_addr = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    let mut agent = match (&a.orchestrator, &a.fm) {
+        (Some(o), None) => Some(
+            NodeAgent::start(o, &a.id, v1::Role::Sc, &hello_addr, "", None, a.capacity)
+                .map_err(agent_err)?,
+        ),
+        _ => None,
+    };
+    let fm = match (&a.fm, agent.as_mut()) {
+        (Some(fm), _) => fm.clone(),
+        (None, Some(ag)) => match ag.wait_for_fm(&stop) {
+            Some(d) => {
+                ag.set_applied(d.version);
+                d.fm_addrs.join(",")
+            }
+            None => return Ok(None),
+        },
+        (None, None) => {
+            return Err(ScProcessError::Config(
+                "--fm or --orchestrator is required".into(),
+            ))
+        }
+    };
+    proto::FmAddrs::parse(&fm).map_err(|e| ScProcessError::Config(format!("--fm {fm}: {e}")))?;
+    let mut cfg = crate::ScConfig::new(&a.id, a.listen, &fm);
+    cfg.advertise = a.advertise.clone();
+    cfg.timer_period = a.timer_period.max(Duration::from_millis(1));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| ScProcessError::Io(e.to_string()))?;
+    let node = rt
+        .block_on(crate::start(cfg, a.factory.clone()))
+        .map_err(|e| ScProcessError::Io(e.to_string()))?;
+    if let (Some(o), None) = (&a.orchestrator, &agent) {
+        let addr = a
+            .advertise
+            .clone()
+            .unwrap_or_else(|| node.addr().to_string());
+        agent = Some(
+            NodeAgent::start(o, &a.id, v1::Role::Sc, &addr, "", None, a.capacity)
+                .map_err(agent_err)?,
+        );
+    }
+    // Tests and scripts wait for this line.
+    say(&format!(
+        "sc: node {} listening on {}, FM {fm}",
+        a.id,
+        node.addr()
+    ));
+    let metrics = a
+        .metrics
+        .map(|addr| crate::metrics::start(&rt, addr, &node))
+        .transpose()
+        .map_err(|e| ScProcessError::Io(format!("SC metrics endpoint: {e}")))?;
+    let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
+    if let Some(ag) = agent.as_mut() {
+        ag.set_metrics(metrics_addr);
+    }
+    let metrics_field = metrics_addr.map(tracing::field::display);
+    tracing::info!(node = %a.id, addr = %node.addr(), metrics = metrics_field, "SC running");
+    let node = Arc::new(node);
+    let (h, n, s, lines, id) = (
+        rt.handle().clone(),
+        node.clone(),
+        stop.clone(),
+        a.lines.clone(),
+        a.id.clone(),
+    );
+    let thread = std::thread::Builder::new()
+        .name("sc-control".into())
+        .spawn(move || control_loop(h, n, s, agent, lines, id))
+        .map_err(|e| ScProcessError::Io(e.to_string()))?;
+    Ok(Some(ScProcess {
+        rt: Some(rt),
+        node,
+        stop,
+        thread: Some(thread),
+        metrics,
+        lines: a.lines,
+    }))
+}
+
+impl ScProcess {
+    pub fn addr(&self) -> SocketAddr {
+        self.node.addr()
+    }
+
+    pub fn handle(&self) -> &ScHandle {
+        &self.node
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr())
+    }
+
+    /// Stop: a line per group it served, then `sc: stopped`.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        let _ = t.join();
+        let Some(rt) = self.rt.take() else {
+            return;
+        };
+        let say = |l: &str| {
+            if let Some(s) = &self.lines {
+                s(l)
+            }
+        };
+        for (g, s) in &rt.block_on(self.node.status(false)) {
+            say(&format!(
+                "sc: group {} epoch {} position {}/{} applied {} requests {}",
+                g.group, g.epoch, g.position, g.length, g.applied, s.requests_applied
+            ));
+        }
+        self.metrics.take();
+        self.node.stop();
+        say("sc: stopped");
+        rt.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+impl Drop for ScProcess {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn control_loop(
+    rt: tokio::runtime::Handle,
+    node: Arc<ScHandle>,
+    stop: Arc<AtomicBool>,
+    mut agent: Option<NodeAgent>,
+    lines: Option<LineSink>,
+    id: String,
+) {
+    let mut next_report = Instant::now();
+    let mut on_fm: Option<String> = None;
+    while !stop.load(Ordering::Relaxed) {
+        // Tests and operators see from this line which FM the node is on (FM failover).
+        let now_fm = node.current_fm();
+        if now_fm != on_fm {
+            if let (Some(f), Some(l)) = (&now_fm, &lines) {
+                l(&format!("sc: node {id} on FM {f}"));
+            }
+            on_fm = now_fm;
+        }
+        if let Some(ag) = agent.as_mut() {
+            if let Some(d) = ag.new_directive() {
+                // The FM addresses an SC node fails over between are fixed at start.
+                ag.set_applied(d.version);
+            }
+            if Instant::now() >= next_report {
+                next_report = Instant::now() + Duration::from_millis(250);
+                ag.set_report(report(&rt, &node));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What an SC node tells the orchestrator: the groups it serves and what it applied.
+fn report(rt: &tokio::runtime::Handle, node: &ScHandle) -> v1::NodeReport {
+    let groups = rt.block_on(node.status(false));
+    let applied: u64 = groups.iter().map(|(_, s)| s.requests_applied).sum();
+    let sessions = node.counters().fm_sessions.load(Ordering::Relaxed);
+    v1::NodeReport {
+        load: Some(v1::Load {
+            requests_per_s: 0.0,
+            flows: 0,
+            groups: groups.len() as u32,
+            ..Default::default()
+        }),
+        ready: sessions > 0,
+        detail: format!("{} groups, {sessions} FM sessions opened", groups.len()),
+        counters: [
+            ("requests_applied".to_string(), applied),
+            (
+                "bad_messages".to_string(),
+                node.counters().bad_messages.load(Ordering::Relaxed),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    }
+}
