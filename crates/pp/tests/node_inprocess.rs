@@ -65,7 +65,9 @@ fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
             },
         )],
         metrics: Some("127.0.0.1:0".parse().unwrap()),
-        lines: Some(Arc::new(move |s: &str| l.lock().unwrap().push(s.to_string()))),
+        lines: Some(Arc::new(move |s: &str| {
+            l.lock().unwrap().push(s.to_string())
+        })),
         ..PpNodeConfig::default()
     };
     let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
@@ -82,7 +84,9 @@ fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
 
     client.send_to(&datagram(40000), addr).unwrap();
     let mut buf = [0u8; 2048];
-    let (n, _) = listener.recv_from(&mut buf).expect("the reflected datagram");
+    let (n, _) = listener
+        .recv_from(&mut buf)
+        .expect("the reflected datagram");
     let inner = &buf[8..n];
     let p = packet::parse_frame(inner).expect("reflected frame parses");
     assert!(
@@ -115,7 +119,9 @@ fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
     let lines = lines.lock().unwrap();
     assert_eq!(lines.last().map(String::as_str), Some("pp: stopped"));
     assert!(
-        lines.iter().any(|l| l.contains("rx=2") && l.contains("no-rule=1")),
+        lines
+            .iter()
+            .any(|l| l.contains("rx=2") && l.contains("no-rule=1")),
         "{lines:?}"
     );
 }

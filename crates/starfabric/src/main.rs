@@ -10,14 +10,10 @@ use clap::{Parser, Subcommand};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod autoscale_cmd;
-mod cli;
-mod events_cmd;
 mod fm_cmd;
 mod orchestrator_cmd;
-mod placement_cmd;
 mod pp_cmd;
 mod sc_cmd;
-mod scale_cmd;
 mod signals;
 mod up;
 
@@ -35,7 +31,7 @@ struct Cli {
     #[arg(long, global = true)]
     log_json: bool,
     #[command(flatten)]
-    client: cli::ClientArgs,
+    client: ctl::cli::ClientArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -64,16 +60,16 @@ enum Cmd {
     Up(up::UpArgs),
     /// Tenants: create (optionally with a VPC and SNAT in one go), list, get, delete.
     #[command(subcommand)]
-    Tenant(cli::TenantCmd),
+    Tenant(ctl::cli::TenantCmd),
     /// A tenant's VPCs (VNIs).
     #[command(subcommand)]
-    Vpc(cli::VpcCmd),
+    Vpc(ctl::cli::VpcCmd),
     /// A tenant's NF instances: `nf create snat|lb|fw|monitor|from-file`.
     #[command(subcommand)]
-    Nf(cli::NfCmd),
+    Nf(ctl::cli::NfCmd),
     /// A tenant's chains of NFs.
     #[command(subcommand)]
-    Chain(cli::ChainCmd),
+    Chain(ctl::cli::ChainCmd),
     /// Create a tenant-scoped API token.
     Token {
         #[arg(long)]
@@ -105,9 +101,9 @@ enum Cmd {
     },
     /// SC scaling against a running FM: `sc-out`, `sc-in`, `map` (docs/scaling.md).
     #[command(subcommand)]
-    Scale(scale_cmd::ScaleCmd),
+    Scale(ctl::scale::ScaleCmd),
     /// FM's event log: scales, refusals, node deaths, repairs, autoscaler decisions.
-    Events(events_cmd::EventsArgs),
+    Events(ctl::events::EventsArgs),
     /// Scale SC groups (and PP nodes) between utilisation water marks (docs/autoscaler.md).
     Autoscale(orchestrator::autoscaler::AutoscaleFlags),
     /// The netns testbed: `up`, `down`, `status`.
@@ -116,7 +112,7 @@ enum Cmd {
     Testbed(lab::testbed_cmd::TestbedCmd),
     /// Tenants' shard sets and placement limits (docs/placement.md).
     #[command(subcommand)]
-    Placement(placement_cmd::PlacementCmd),
+    Placement(ctl::placement::PlacementCmd),
 }
 
 fn main() -> Result<()> {
@@ -140,28 +136,32 @@ fn main() -> Result<()> {
         Cmd::Sc(a) => sc_cmd::run(a),
         Cmd::Orchestrator(a) => orchestrator_cmd::run(a),
         Cmd::Up(a) => up::run(a),
-        Cmd::Tenant(c) => cli::tenant(&cli::Client::new(&cli.client)?, c),
-        Cmd::Vpc(c) => cli::vpc(&cli::Client::new(&cli.client)?, c),
-        Cmd::Nf(c) => cli::nf(&cli::Client::new(&cli.client)?, c),
-        Cmd::Chain(c) => cli::chain(&cli::Client::new(&cli.client)?, c),
-        Cmd::Token { tenant } => cli::token_create(&cli::Client::new(&cli.client)?, &tenant),
-        Cmd::Status { wait } => cli::status(&cli::Client::new(&cli.client)?, wait),
-        Cmd::Flows { tenant, limit } => cli::flows(&cli::Client::new(&cli.client)?, &tenant, limit),
+        Cmd::Tenant(c) => ctl::cli::tenant(&ctl::cli::Client::new(&cli.client)?, c),
+        Cmd::Vpc(c) => ctl::cli::vpc(&ctl::cli::Client::new(&cli.client)?, c),
+        Cmd::Nf(c) => ctl::cli::nf(&ctl::cli::Client::new(&cli.client)?, c),
+        Cmd::Chain(c) => ctl::cli::chain(&ctl::cli::Client::new(&cli.client)?, c),
+        Cmd::Token { tenant } => {
+            ctl::cli::token_create(&ctl::cli::Client::new(&cli.client)?, &tenant)
+        }
+        Cmd::Status { wait } => ctl::cli::status(&ctl::cli::Client::new(&cli.client)?, wait),
+        Cmd::Flows { tenant, limit } => {
+            ctl::cli::flows(&ctl::cli::Client::new(&cli.client)?, &tenant, limit)
+        }
         Cmd::Stats {
             tenant,
             watch,
             count,
-        } => cli::stats(
-            &cli::Client::new(&cli.client)?,
+        } => ctl::cli::stats(
+            &ctl::cli::Client::new(&cli.client)?,
             tenant.as_deref(),
             watch,
             count,
         ),
-        Cmd::Scale(c) => scale_cmd::run(c, cli.client.output),
-        Cmd::Events(a) => events_cmd::run(a, cli.client.output),
+        Cmd::Scale(c) => ctl::scale::run(c, cli.client.output),
+        Cmd::Events(a) => ctl::events::run(a, cli.client.output),
         Cmd::Autoscale(a) => autoscale_cmd::run(a),
         #[cfg(feature = "lab")]
         Cmd::Testbed(c) => lab::testbed_cmd::run(c),
-        Cmd::Placement(c) => placement_cmd::run(|| cli::Client::new(&cli.client), c),
+        Cmd::Placement(c) => ctl::placement::run(|| ctl::cli::Client::new(&cli.client), c),
     }
 }

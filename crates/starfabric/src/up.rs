@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 
-use crate::cli::{self, ClientConfig, Output};
+use ctl::cli::{self, ClientConfig, Output};
 
 #[derive(Args, Debug)]
 pub struct UpArgs {

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use proto::v1::{self, fabric_master_client::FabricMasterClient};
-use serde_json::Value;
 
 use crate::cli::Output;
 
@@ -172,7 +171,7 @@ mod tests {
         };
         let line = render(&e, Output::Json);
         assert!(!line.contains('\n'));
-        let v: Value = serde_json::from_str(&line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["seq"], 7);
         assert_eq!(v["detail"]["to_group"], 2);
         assert_eq!(v["time"], "1970-01-01T00:00:01.000Z");
