@@ -855,21 +855,14 @@ impl Master {
             .map(|g| g.group.id)
             .collect();
         for gid in gids {
-            if let Some(g) = self.map.remove(gid) {
-                for r in &g.group.replicas {
-                    self.send_sc(
-                        &r.node_id,
-                        sc_down::Msg::Leave(v1::LeaveGroup {
-                            group: gid,
-                            epoch: g.group.epoch,
-                        }),
-                    );
-                }
-                self.to_submit.remove(&gid);
-                self.events_to_submit.remove(&gid);
-                self.group_progress.remove(&gid);
-                info!(tenant, chain, group = gid, "SC group dissolved");
-            }
+            info!(tenant, chain, group = gid, "chain torn down");
+            // Marked dissolved as a scale's retired group is: group ids are never handed
+            // out again (see `PartitionMap::reserve_id`), and whatever the group still
+            // sends is about a chain configuration that no longer exists — replies to
+            // requests answered below with "chain-reconfigured", keys of rules revoked
+            // below, steps of scales `drop_scales_of` ended. Taking them would only
+            // count them as duplicates and leave `group_progress` entries behind.
+            self.dissolve(gid);
         }
         let (_, keys) = self.cache.remove_chain_keys(tenant, chain);
         self.revoke_at_pp(keys);
