@@ -28,6 +28,8 @@
 mod observe;
 mod recovery;
 mod scale;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;

@@ -111,11 +111,11 @@ impl Phase {
 
 pub(super) struct ScaleJob {
     id: u64,
-    kind: v1::ScaleKind,
-    tenant: u32,
-    chain: u32,
-    from: u64,
-    to: u64,
+    pub(super) kind: v1::ScaleKind,
+    pub(super) tenant: u32,
+    pub(super) chain: u32,
+    pub(super) from: u64,
+    pub(super) to: u64,
     moved: (u64, u64),
     /// The old owner's and the new owner's ranges after the switch.
     from_after: Option<(u64, u64)>,
