@@ -212,6 +212,15 @@ pub(crate) enum Out {
     Scaled(ScaleOutcome),
 }
 
+/// A node's new session, as its registration opened it.
+pub(crate) struct Opened {
+    pub(crate) session: u64,
+    pub(crate) info: v1::NodeInfo,
+    /// When the node was last heard from (ms), stamped by the session's reader as
+    /// messages arrive (see [`crate::membership::MemberEntry::seen`]).
+    pub(crate) seen: Arc<AtomicU64>,
+}
+
 /// What applying a desired configuration changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DesiredChange {
@@ -481,17 +490,10 @@ impl Master {
         }
     }
 
-    /// A PP node registered on `session`; `seen` is where its reader stamps arrivals.
-    pub(crate) fn on_pp_open(
-        &mut self,
-        session: u64,
-        info: v1::NodeInfo,
-        seen: Arc<AtomicU64>,
-        now_us: u64,
-    ) {
-        let now = self.at(now_us);
-        let ack = self.register_ack(v1::Role::Pp);
-        self.send_pp(session, pp_down::Msg::Registered(ack));
+    /// A PP node registered.
+    pub(crate) fn on_pp_open(&mut self, open: Opened, now_us: u64) {
+        let now = self.registered(open.session, v1::Role::Pp, now_us);
+        let (session, info, seen) = (open.session, open.info, open.seen);
         info!(node = %info.id, session, vip_capable = info.vip_capable, "PP node registered");
         self.event(
             EventKind::PpNodeJoined,
@@ -524,6 +526,25 @@ impl Master {
             info!(node = %id, moved = change.moved, epoch = self.vips.epoch(), "PP node joined the vIP group");
             self.push_vips(&change, &format!("{id} joined"));
         }
+    }
+
+    /// Take the clock of a registration and acknowledge it on the new session (not
+    /// by node id: the node's previous session may still be the one on record).
+    /// Returns the time in ms.
+    fn registered(&mut self, session: u64, role: v1::Role, now_us: u64) -> u64 {
+        let now = self.at(now_us);
+        let ack = self.register_ack(role);
+        if role == v1::Role::Pp {
+            self.send_pp(session, pp_down::Msg::Registered(ack));
+        } else {
+            self.out.push(Out::Sc {
+                session,
+                msg: Box::new(v1::ScDown {
+                    msg: Some(sc_down::Msg::Registered(ack)),
+                }),
+            });
+        }
+        now
     }
 
     /// The master forgot `session`: have its down stream ended, as dropping its sender
@@ -563,22 +584,10 @@ impl Master {
         }
     }
 
-    /// An SC node registered on `session`; `seen` is where its reader stamps arrivals.
-    pub(crate) fn on_sc_open(
-        &mut self,
-        session: u64,
-        info: v1::NodeInfo,
-        seen: Arc<AtomicU64>,
-        now_us: u64,
-    ) {
-        let now = self.at(now_us);
-        let ack = self.register_ack(v1::Role::Sc);
-        self.out.push(Out::Sc {
-            session,
-            msg: Box::new(v1::ScDown {
-                msg: Some(sc_down::Msg::Registered(ack)),
-            }),
-        });
+    /// An SC node registered.
+    pub(crate) fn on_sc_open(&mut self, open: Opened, now_us: u64) {
+        let now = self.registered(open.session, v1::Role::Sc, now_us);
+        let (session, info, seen) = (open.session, open.info, open.seen);
         info!(node = %info.id, addr = %info.addr, session, "SC node registered");
         if self.recovery == Recovery::Waiting {
             // Give every SC node the FM had (before a restart or failover) the

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use crate::events::EventLog;
 use crate::master::{
-    DesiredChange, FmConfig, FmMetrics, FmStats, Master, Out, ScaleOutcome, ScaleRequest,
+    DesiredChange, FmConfig, FmMetrics, FmStats, Master, Opened, Out, ScaleOutcome, ScaleRequest,
 };
 use crate::FmError;
 
@@ -29,10 +29,8 @@ type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
 /// carry the channel their answer goes back on.
 enum MasterIn {
     PpOpen {
-        session: u64,
-        info: v1::NodeInfo,
+        open: Opened,
         tx: PpTx,
-        seen: Arc<AtomicU64>,
     },
     PpRequests {
         session: u64,
@@ -42,10 +40,8 @@ enum MasterIn {
         events: Vec<v1::FlowEvent>,
     },
     ScOpen {
-        session: u64,
-        info: v1::NodeInfo,
+        open: Opened,
         tx: ScTx,
-        seen: Arc<AtomicU64>,
     },
     ScResults {
         session: u64,
@@ -252,25 +248,15 @@ impl Links {
 fn dispatch(m: &mut Master, links: &mut Links, msg: MasterIn, now_us: u64) {
     let now_ms = now_us / 1000;
     match msg {
-        MasterIn::PpOpen {
-            session,
-            info,
-            tx,
-            seen,
-        } => {
-            links.pp.insert(session, tx);
-            m.on_pp_open(session, info, seen, now_us);
+        MasterIn::PpOpen { open, tx } => {
+            links.pp.insert(open.session, tx);
+            m.on_pp_open(open, now_us);
         }
         MasterIn::PpRequests { session, requests } => m.on_pp_requests(session, requests, now_us),
         MasterIn::PpEvents { events } => m.on_pp_events(events),
-        MasterIn::ScOpen {
-            session,
-            info,
-            tx,
-            seen,
-        } => {
-            links.sc.insert(session, tx);
-            m.on_sc_open(session, info, seen, now_us);
+        MasterIn::ScOpen { open, tx } => {
+            links.sc.insert(open.session, tx);
+            m.on_sc_open(open, now_us);
         }
         MasterIn::ScResults { session, results } => m.on_sc_results(session, results, now_us),
         MasterIn::ScFin { fin } => m.on_sc_fin(fin, now_us),
@@ -631,12 +617,7 @@ async fn session<U, D>(
     req: Request<Streaming<U>>,
     role: v1::Role,
     register: impl Fn(U) -> Option<v1::NodeInfo>,
-    open: impl FnOnce(
-        u64,
-        v1::NodeInfo,
-        mpsc::UnboundedSender<Result<D, Status>>,
-        Arc<AtomicU64>,
-    ) -> MasterIn,
+    open: impl FnOnce(Opened, mpsc::UnboundedSender<Result<D, Status>>) -> MasterIn,
     up: impl Fn(U, u64, &str) -> Option<MasterIn> + Send + 'static,
 ) -> Result<Response<UnboundedReceiverStream<Result<D, Status>>>, Status>
 where
@@ -655,7 +636,14 @@ where
     shared.mark_seen(&seen);
     shared
         .tx
-        .send(open(session, info, tx, seen.clone()))
+        .send(open(
+            Opened {
+                session,
+                info,
+                seen: seen.clone(),
+            },
+            tx,
+        ))
         .map_err(|_| stopped())?;
     let s = shared.clone();
     shared.spawn(async move {
@@ -701,12 +689,7 @@ impl FabricMaster for FmService {
                 Some(pp_up::Msg::Register(i)) => Some(i),
                 _ => None,
             },
-            |session, info, tx, seen| MasterIn::PpOpen {
-                session,
-                info,
-                tx,
-                seen,
-            },
+            |open, tx| MasterIn::PpOpen { open, tx },
             |m, session, node| {
                 Some(match m.msg? {
                     pp_up::Msg::Requests(b) => MasterIn::PpRequests {
@@ -738,12 +721,7 @@ impl FabricMaster for FmService {
                 Some(sc_up::Msg::Register(i)) => Some(i),
                 _ => None,
             },
-            |session, info, tx, seen| MasterIn::ScOpen {
-                session,
-                info,
-                tx,
-                seen,
-            },
+            |open, tx| MasterIn::ScOpen { open, tx },
             |m, session, node| {
                 Some(match m.msg? {
                     sc_up::Msg::Results(results) => MasterIn::ScResults { session, results },
