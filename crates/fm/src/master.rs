@@ -1,6 +1,11 @@
 //! The fabric master's state and logic, owned by one task (no locks): sessions,
 //! membership, the partition map, the rule cache and the requests in flight.
 //!
+//! The master does no I/O and reads no clock, so it can be driven and checked directly
+//! (see `tests`): each input is a method (`on_pp_open`, `on_sc_results`, `tick`, ...)
+//! given the time, queries are methods returning their answer, and what is to be sent
+//! is queued as [`Out`] for the caller to deliver (`service` owns the channels).
+//!
 //! Per PP request: answer from the [`RuleCache`] if it can; otherwise join an identical
 //! request already in flight (same tenant, chain and key, from any PP node); otherwise
 //! number it, look its partition up and queue it for that group's head. Queued
