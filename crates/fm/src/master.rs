@@ -1,6 +1,11 @@
 //! The fabric master's state and logic, owned by one task (no locks): sessions,
 //! membership, the partition map, the rule cache and the requests in flight.
 //!
+//! The master does no I/O and reads no clock, so it can be driven and checked directly
+//! (see `tests`): each input is a method (`on_pp_open`, `on_sc_results`, `tick`, ...)
+//! given the time, queries are methods returning their answer, and what is to be sent
+//! is queued as [`Out`] for the caller to deliver (`service` owns the channels).
+//!
 //! Per PP request: answer from the [`RuleCache`] if it can; otherwise join an identical
 //! request already in flight (same tenant, chain and key, from any PP node); otherwise
 //! number it, look its partition up and queue it for that group's head. Queued
@@ -28,19 +33,19 @@
 mod observe;
 mod recovery;
 mod scale;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pipeline::{FlowKey, LatencyHistogram};
 use proto::v1::{self, pp_down, sc_down};
 use proto::ChainDef;
 use serde_json::json;
-use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
 use tracing::{debug, info, warn};
 
 use crate::cache::{CacheKey, CacheStats, RuleCache};
@@ -49,7 +54,6 @@ use crate::membership::Membership;
 use crate::partition::PartitionMap;
 use crate::vip::VipTable;
 
-pub(crate) use scale::ScaleDone;
 pub use scale::{ScaleOutcome, ScaleRequest};
 
 /// Configuration of the fabric master.
@@ -190,75 +194,36 @@ pub struct FmMetrics {
 /// reconnect).
 const VIP_SETTLE_MS: u64 = 500;
 
-pub(crate) type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
-pub(crate) type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
+/// What the master wants sent, in order. The caller (the service loop, or a test)
+/// drains it with [`Master::take_out`] and delivers it: a message for a session that has
+/// gone since is dropped, as a send on a closed stream would be.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Out {
+    Pp {
+        session: u64,
+        msg: v1::PpDown,
+    },
+    /// Boxed: an `ScDown` is several times the size of the other variants.
+    Sc {
+        session: u64,
+        msg: Box<v1::ScDown>,
+    },
+    /// The master forgot this session (its node died or registered again on another):
+    /// end its down stream, after what was sent on it before.
+    Close {
+        session: u64,
+    },
+    /// A scale [`Master::scale`] started has ended (done or aborted).
+    Scaled(ScaleOutcome),
+}
 
-pub(crate) enum MasterIn {
-    PpOpen {
-        session: u64,
-        info: v1::NodeInfo,
-        tx: PpTx,
-        seen: Arc<AtomicU64>,
-    },
-    PpRequests {
-        session: u64,
-        requests: Vec<v1::RuleRequest>,
-    },
-    PpEvents {
-        events: Vec<v1::FlowEvent>,
-    },
-    ScOpen {
-        session: u64,
-        info: v1::NodeInfo,
-        tx: ScTx,
-        seen: Arc<AtomicU64>,
-    },
-    ScResults {
-        session: u64,
-        results: v1::GroupResults,
-    },
-    ScFin {
-        fin: v1::ScaleFin,
-    },
-    /// The groups an SC node hosts, sent right after its registration.
-    ScHosted {
-        session: u64,
-        node: String,
-        groups: Vec<v1::HostedGroup>,
-    },
-    Heartbeat {
-        session: u64,
-        node: String,
-        load: Option<v1::Load>,
-    },
-    Closed {
-        session: u64,
-        node: String,
-    },
-    Members(oneshot::Sender<v1::MembershipView>),
-    Map(oneshot::Sender<v1::PartitionMap>),
-    Stats(oneshot::Sender<FmStats>),
-    Metrics(oneshot::Sender<FmMetrics>),
-    /// The orchestrator's desired configuration: tenant chains and their partitions.
-    SetDesired {
-        chains: Vec<v1::ChainConfig>,
-        partitions: Vec<v1::Partition>,
-        shards: Vec<v1::TenantShards>,
-        done: oneshot::Sender<DesiredChange>,
-    },
-    Flows(v1::FlowsRequest, oneshot::Sender<v1::FlowsReply>),
-    /// Drop every cached rule (pinned ones stay); answers how many were dropped.
-    ClearCache(oneshot::Sender<usize>),
-    Scale(ScaleRequest, ScaleDone),
-    Events(v1::EventsRequest, oneshot::Sender<v1::EventsReply>),
-    RecordEvent(v1::RecordEventRequest, oneshot::Sender<Result<u64, String>>),
-    Load(oneshot::Sender<v1::LoadReply>),
-    VipMap(oneshot::Sender<v1::VipMapReply>),
-    PpDrain(String, oneshot::Sender<Result<v1::VipMapReply, Status>>),
-    VipMove(
-        v1::VipMoveRequest,
-        oneshot::Sender<Result<v1::VipMapReply, Status>>,
-    ),
+/// A node's new session, as its registration opened it.
+pub(crate) struct Opened {
+    pub(crate) session: u64,
+    pub(crate) info: v1::NodeInfo,
+    /// When the node was last heard from (ms), stamped by the session's reader as
+    /// messages arrive (see [`crate::membership::MemberEntry::seen`]).
+    pub(crate) seen: Arc<AtomicU64>,
 }
 
 /// What applying a desired configuration changed.
@@ -286,15 +251,11 @@ struct Inflight {
     waiters: Vec<Waiter>,
 }
 
+#[derive(Default)]
 struct PpSession {
-    tx: PpTx,
     out: Vec<v1::RuleReply>,
     /// Arrival time (µs) of the request each `out` reply answers.
     out_arrived: Vec<u64>,
-}
-
-struct ScSession {
-    tx: ScTx,
 }
 
 /// Whether this FM still learns its groups from the SC nodes (see `on_hosted`).
@@ -313,7 +274,10 @@ const MAX_HELD: usize = 1 << 16;
 
 pub(crate) struct Master {
     cfg: FmConfig,
-    start: Instant,
+    /// The caller's clock (µs since FM started), as of the input being handled.
+    now_us: u64,
+    /// What to send, for the caller to deliver (see [`Out`]).
+    out: Vec<Out>,
     chains: Vec<v1::ChainConfig>,
     /// Desired hash ranges per chain; a chain with none gets one partition of the whole
     /// key space.
@@ -328,7 +292,8 @@ pub(crate) struct Master {
     by_id: HashMap<u64, CacheKey>,
     next_id: u64,
     pp: HashMap<u64, PpSession>,
-    sc: HashMap<u64, ScSession>,
+    /// Live SC sessions.
+    sc: HashSet<u64>,
     sc_by_node: HashMap<String, u64>,
     to_submit: HashMap<u64, Vec<v1::RuleRequest>>,
     events_to_submit: HashMap<u64, Vec<v1::FlowEvent>>,
@@ -369,14 +334,14 @@ pub(crate) struct Master {
 }
 
 impl Master {
-    /// `start` is the epoch of FM's millisecond clock, shared with the session readers.
-    pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>, start: Instant) -> Self {
+    pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>) -> Self {
         let events = EventLog::new(cfg.events_capacity);
         let cfg_vips = cfg.vips.clone();
         Master {
             cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
             cfg,
-            start,
+            now_us: 0,
+            out: Vec::new(),
             chains,
             partitions: Vec::new(),
             members: Membership::default(),
@@ -386,7 +351,7 @@ impl Master {
             by_id: HashMap::new(),
             next_id: 1,
             pp: HashMap::new(),
-            sc: HashMap::new(),
+            sc: HashSet::new(),
             sc_by_node: HashMap::new(),
             to_submit: HashMap::new(),
             events_to_submit: HashMap::new(),
@@ -427,18 +392,16 @@ impl Master {
             else {
                 continue;
             };
-            let Some(s) = self.pp.get(&session) else {
+            if !self.pp.contains_key(&session) {
                 continue;
-            };
+            }
             let vips = self
                 .vips
                 .owned_by(node)
                 .into_iter()
                 .map(|i| self.vip_proto(i))
                 .collect();
-            let _ = s.tx.send(Ok(v1::PpDown {
-                msg: Some(pp_down::Msg::Vips(v1::VipAssign { epoch, vips })),
-            }));
+            self.send_pp(session, pp_down::Msg::Vips(v1::VipAssign { epoch, vips }));
         }
         info!(epoch, moved = change.moved, nodes = ?change.nodes, %why, "vIPs moved");
         let owners: BTreeMap<String, Vec<usize>> = change
@@ -462,7 +425,7 @@ impl Master {
         }
     }
 
-    fn vip_map(&self) -> v1::VipMapReply {
+    pub(crate) fn vip_map(&self) -> v1::VipMapReply {
         v1::VipMapReply {
             epoch: self.vips.epoch(),
             vips: (0..self.vips.vips().len())
@@ -483,11 +446,39 @@ impl Master {
     }
 
     fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
+        self.now_us / 1000
     }
 
     fn now_us(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64
+        self.now_us
+    }
+
+    /// Take the caller's clock for the input being handled; returns it in ms.
+    fn at(&mut self, now_us: u64) -> u64 {
+        self.now_us = now_us;
+        self.now_ms()
+    }
+
+    /// Everything queued for sending since the last call, in order.
+    pub(crate) fn take_out(&mut self) -> Vec<Out> {
+        std::mem::take(&mut self.out)
+    }
+
+    fn send_pp(&mut self, session: u64, msg: pp_down::Msg) {
+        self.out.push(Out::Pp {
+            session,
+            msg: v1::PpDown { msg: Some(msg) },
+        });
+    }
+
+    /// Send `msg` to SC node `node`, if it has a live session.
+    fn send_sc(&mut self, node: &str, msg: sc_down::Msg) {
+        if let Some(&session) = self.sc_by_node.get(node).filter(|s| self.sc.contains(s)) {
+            self.out.push(Out::Sc {
+                session,
+                msg: Box::new(v1::ScDown { msg: Some(msg) }),
+            });
+        }
     }
 
     fn register_ack(&self, role: v1::Role) -> v1::RegisterAck {
@@ -504,240 +495,282 @@ impl Master {
         }
     }
 
-    pub(crate) fn handle(&mut self, m: MasterIn) {
-        let now = self.now_ms();
-        match m {
-            MasterIn::PpOpen {
-                session,
-                info,
-                tx,
-                seen,
-            } => {
-                let _ = tx.send(Ok(v1::PpDown {
-                    msg: Some(pp_down::Msg::Registered(self.register_ack(v1::Role::Pp))),
-                }));
-                info!(node = %info.id, session, vip_capable = info.vip_capable, "PP node registered");
-                self.event(
-                    EventKind::PpNodeJoined,
-                    format!("PP node {} registered", info.id),
-                    json!({"node": info.id, "addr": info.addr}),
-                );
-                let id = info.id.clone();
-                let vip_join = (info.vip_capable && !self.vips.is_empty()).then(|| {
-                    info.owned_vips
-                        .iter()
-                        .map(|v| v.index as usize)
-                        .collect::<Vec<_>>()
-                });
-                if let Some(old) = self.members.register(info, session, seen, now) {
-                    self.pp.remove(&old);
-                }
-                self.pp.insert(
-                    session,
-                    PpSession {
-                        tx,
-                        out: Vec::new(),
-                        out_arrived: Vec::new(),
-                    },
-                );
-                if let Some(claimed) = vip_join {
-                    if !self.vip_joined && !claimed.is_empty() {
-                        self.vip_settle_until = Some(now + VIP_SETTLE_MS);
-                    }
-                    self.vip_joined = true;
-                    let change = if self.vip_settle_until.is_some() {
-                        self.vips.adopt(&id, &claimed)
-                    } else {
-                        self.vips.join(&id, &claimed)
-                    };
-                    info!(node = %id, moved = change.moved, epoch = self.vips.epoch(), "PP node joined the vIP group");
-                    self.push_vips(&change, &format!("{id} joined"));
-                }
-            }
-            MasterIn::PpRequests { session, requests } => self.on_requests(session, requests, now),
-            MasterIn::PpEvents { events } => {
-                for e in events {
-                    let key = match e.kind.as_ref() {
-                        Some(v1::flow_event::Kind::TcpClosing(k))
-                        | Some(v1::flow_event::Kind::Expired(k)) => FlowKey::try_from(k),
-                        None => {
-                            self.stats.bad_requests += 1;
-                            continue;
-                        }
-                    };
-                    let Ok(key) = key else {
-                        self.stats.bad_requests += 1;
-                        continue;
-                    };
-                    if let Some(g) = self.map.lookup(e.tenant, e.chain, key.hash()) {
-                        self.events_to_submit.entry(g).or_default().push(e);
-                    }
-                }
-            }
-            MasterIn::ScOpen {
-                session,
-                info,
-                tx,
-                seen,
-            } => {
-                let _ = tx.send(Ok(v1::ScDown {
-                    msg: Some(sc_down::Msg::Registered(self.register_ack(v1::Role::Sc))),
-                }));
-                info!(node = %info.id, addr = %info.addr, session, "SC node registered");
-                if self.recovery == Recovery::Waiting {
-                    // Give every SC node the FM had (before a restart or failover) the
-                    // time FM would wait before declaring it dead to report its groups.
-                    let grace = self.cfg.heartbeat.as_millis() as u64
-                        * u64::from(self.cfg.sc_miss_limit.max(1));
-                    self.recovery = Recovery::Until(now + grace);
-                    info!(
-                        grace_ms = grace,
-                        "first SC node registered; adopting reported groups"
-                    );
-                }
-                self.event(
-                    EventKind::ScNodeJoined,
-                    format!("SC node {} registered", info.id),
-                    json!({"node": info.id, "addr": info.addr}),
-                );
-                let id = info.id.clone();
-                let restarted = self
-                    .members
-                    .get(&id)
-                    .is_some_and(|e| e.info.incarnation != info.incarnation);
-                if let Some(old) = self.members.register(info, session, seen, now) {
-                    // Re-registered before its old session was found dead: the old
-                    // incarnation's replicas are gone with it.
-                    self.sc.remove(&old);
-                    self.sc_died(&id);
-                }
-                self.sc.insert(session, ScSession { tx });
-                self.sc_by_node.insert(id.clone(), session);
-                self.sc_returned(&id, restarted);
-                self.ensure_groups();
-            }
-            MasterIn::ScResults { session, results } => self.on_results(session, results, now),
-            // fin travels in the install op's result (so a new tail repeats it); a
-            // bare ScaleFin on the session is taken the same way.
-            MasterIn::ScFin { fin } => self.on_scale_fin(fin.group, fin),
-            MasterIn::ScHosted {
-                session,
-                node,
-                groups,
-            } => self.on_hosted(session, &node, groups),
-            MasterIn::Scale(req, done) => self.scale_request(req, done),
-            MasterIn::Events(req, tx) => {
-                let _ = tx.send(self.events.reply(&req));
-            }
-            MasterIn::RecordEvent(req, tx) => {
-                let _ = tx.send(self.record_external(req));
-            }
-            MasterIn::Load(tx) => {
-                let _ = tx.send(self.load_reply());
-            }
-            MasterIn::Heartbeat {
-                session,
-                node,
-                load,
-            } => {
-                if let Some(l) = &load {
-                    if self.vips.contains(&node) {
-                        self.vips.set_load(&node, l.packets_per_s);
-                    }
-                }
-                self.members.heartbeat(&node, session, load)
-            }
-            MasterIn::Closed { session, node } => {
-                if self.members.mark_dead(&node, session) {
-                    self.node_dead(&node, session);
-                }
-            }
-            MasterIn::Members(tx) => {
-                let _ = tx.send(self.members.view(now));
-            }
-            MasterIn::VipMap(tx) => {
-                let _ = tx.send(self.vip_map());
-            }
-            MasterIn::PpDrain(node, tx) => {
-                let r = match self.vips.drain(&node) {
-                    Ok(change) => {
-                        info!(%node, moved = change.moved, "PP node draining: its vIPs moved away");
-                        self.push_vips(&change, &format!("{node} drained"));
-                        Ok(self.vip_map())
-                    }
-                    Err(e) => Err(Status::failed_precondition(e.to_string())),
-                };
-                let _ = tx.send(r);
-            }
-            MasterIn::VipMove(req, tx) => {
-                let r = match self.vips.move_vip(req.vip as usize, &req.to) {
-                    Ok(change) => {
-                        let why = if req.reason.is_empty() {
-                            format!("vIP {} moved to {}", req.vip, req.to)
-                        } else {
-                            req.reason.clone()
-                        };
-                        self.push_vips(&change, &why);
-                        Ok(self.vip_map())
-                    }
-                    Err(e) => Err(Status::failed_precondition(e.to_string())),
-                };
-                let _ = tx.send(r);
-            }
-            MasterIn::Map(tx) => {
-                let _ = tx.send(self.map.to_proto());
-            }
-            MasterIn::Stats(tx) => {
-                let mut s = self.stats;
-                s.cache = self.cache.stats;
-                s.vip_moves = self.vips.moves();
-                let _ = tx.send(s);
-            }
-            MasterIn::Metrics(tx) => {
-                let mut tenant_requests: Vec<(u32, u64)> =
-                    self.tenant_requests.iter().map(|(&t, &n)| (t, n)).collect();
-                tenant_requests.sort_unstable();
-                let _ = tx.send(FmMetrics {
-                    tenant_requests,
-                    request_latency: self.request_latency,
-                    cache_entries: self.cache.len(),
-                    inflight: self.inflight.len(),
-                });
-            }
-            MasterIn::SetDesired {
-                chains,
-                partitions,
-                shards,
-                done,
-            } => {
-                self.set_shards(shards);
-                let change = self.set_desired(chains, partitions);
-                let _ = done.send(change);
-            }
-            MasterIn::ClearCache(tx) => {
-                let _ = tx.send(self.cache.clear());
-            }
-            MasterIn::Flows(req, tx) => {
-                let limit = if req.limit == 0 { 100 } else { req.limit } as usize;
-                let (flows, matched) =
-                    self.cache
-                        .list(|t| req.all_tenants || t == req.tenant, limit, now);
-                let flows = flows
-                    .into_iter()
-                    .map(|(k, r, ttl)| v1::CachedFlow {
-                        tenant: k.0,
-                        chain: k.1,
-                        rule: match r.result {
-                            Some(v1::rule_reply::Result::Rule(rule)) => Some(rule),
-                            _ => None,
-                        },
-                        also: r.also,
-                        expires_in_ms: ttl,
-                    })
-                    .collect();
-                let _ = tx.send(v1::FlowsReply { flows, matched });
+    /// A PP node registered.
+    pub(crate) fn on_pp_open(&mut self, open: Opened, now_us: u64) {
+        let now = self.registered(open.session, v1::Role::Pp, now_us);
+        let (session, info, seen) = (open.session, open.info, open.seen);
+        info!(node = %info.id, session, vip_capable = info.vip_capable, "PP node registered");
+        self.event(
+            EventKind::PpNodeJoined,
+            format!("PP node {} registered", info.id),
+            json!({"node": info.id, "addr": info.addr}),
+        );
+        let id = info.id.clone();
+        let vip_join = (info.vip_capable && !self.vips.is_empty()).then(|| {
+            info.owned_vips
+                .iter()
+                .map(|v| v.index as usize)
+                .collect::<Vec<_>>()
+        });
+        if let Some(old) = self.members.register(info, session, seen, now) {
+            if self.pp.remove(&old).is_some() {
+                self.close(old);
             }
         }
+        self.pp.insert(session, PpSession::default());
+        if let Some(claimed) = vip_join {
+            if !self.vip_joined && !claimed.is_empty() {
+                self.vip_settle_until = Some(now + VIP_SETTLE_MS);
+            }
+            self.vip_joined = true;
+            let change = if self.vip_settle_until.is_some() {
+                self.vips.adopt(&id, &claimed)
+            } else {
+                self.vips.join(&id, &claimed)
+            };
+            info!(node = %id, moved = change.moved, epoch = self.vips.epoch(), "PP node joined the vIP group");
+            self.push_vips(&change, &format!("{id} joined"));
+        }
+    }
+
+    /// Take the clock of a registration and acknowledge it on the new session (not
+    /// by node id: the node's previous session may still be the one on record).
+    /// Returns the time in ms.
+    fn registered(&mut self, session: u64, role: v1::Role, now_us: u64) -> u64 {
+        let now = self.at(now_us);
+        let ack = self.register_ack(role);
+        if role == v1::Role::Pp {
+            self.send_pp(session, pp_down::Msg::Registered(ack));
+        } else {
+            self.out.push(Out::Sc {
+                session,
+                msg: Box::new(v1::ScDown {
+                    msg: Some(sc_down::Msg::Registered(ack)),
+                }),
+            });
+        }
+        now
+    }
+
+    /// The master forgot `session`: have its down stream ended, as dropping its sender
+    /// did when the master held it.
+    fn close(&mut self, session: u64) {
+        self.out.push(Out::Close { session });
+    }
+
+    pub(crate) fn on_pp_requests(
+        &mut self,
+        session: u64,
+        requests: Vec<v1::RuleRequest>,
+        now_us: u64,
+    ) {
+        let now = self.at(now_us);
+        self.on_requests(session, requests, now);
+    }
+
+    /// Flow events from a PP node, queued for the groups owning their keys.
+    pub(crate) fn on_pp_events(&mut self, events: Vec<v1::FlowEvent>) {
+        for e in events {
+            let key = match e.kind.as_ref() {
+                Some(v1::flow_event::Kind::TcpClosing(k))
+                | Some(v1::flow_event::Kind::Expired(k)) => FlowKey::try_from(k),
+                None => {
+                    self.stats.bad_requests += 1;
+                    continue;
+                }
+            };
+            let Ok(key) = key else {
+                self.stats.bad_requests += 1;
+                continue;
+            };
+            if let Some(g) = self.map.lookup(e.tenant, e.chain, key.hash()) {
+                self.events_to_submit.entry(g).or_default().push(e);
+            }
+        }
+    }
+
+    /// An SC node registered.
+    pub(crate) fn on_sc_open(&mut self, open: Opened, now_us: u64) {
+        let now = self.registered(open.session, v1::Role::Sc, now_us);
+        let (session, info, seen) = (open.session, open.info, open.seen);
+        info!(node = %info.id, addr = %info.addr, session, "SC node registered");
+        if self.recovery == Recovery::Waiting {
+            // Give every SC node the FM had (before a restart or failover) the
+            // time FM would wait before declaring it dead to report its groups.
+            let grace =
+                self.cfg.heartbeat.as_millis() as u64 * u64::from(self.cfg.sc_miss_limit.max(1));
+            self.recovery = Recovery::Until(now + grace);
+            info!(
+                grace_ms = grace,
+                "first SC node registered; adopting reported groups"
+            );
+        }
+        self.event(
+            EventKind::ScNodeJoined,
+            format!("SC node {} registered", info.id),
+            json!({"node": info.id, "addr": info.addr}),
+        );
+        let id = info.id.clone();
+        let restarted = self
+            .members
+            .get(&id)
+            .is_some_and(|e| e.info.incarnation != info.incarnation);
+        if let Some(old) = self.members.register(info, session, seen, now) {
+            // Re-registered before its old session was found dead: the old
+            // incarnation's replicas are gone with it.
+            if self.sc.remove(&old) {
+                self.close(old);
+            }
+            self.sc_died(&id);
+        }
+        self.sc.insert(session);
+        self.sc_by_node.insert(id.clone(), session);
+        self.sc_returned(&id, restarted);
+        self.ensure_groups();
+    }
+
+    pub(crate) fn on_sc_results(&mut self, session: u64, results: v1::GroupResults, now_us: u64) {
+        let now = self.at(now_us);
+        self.on_results(session, results, now);
+    }
+
+    /// fin travels in the install op's result (so a new tail repeats it); a bare
+    /// `ScaleFin` on the session is taken the same way.
+    pub(crate) fn on_sc_fin(&mut self, fin: v1::ScaleFin, now_us: u64) {
+        self.at(now_us);
+        self.on_scale_fin(fin.group, fin);
+    }
+
+    /// The groups an SC node hosts, sent right after its registration.
+    pub(crate) fn on_sc_hosted(
+        &mut self,
+        session: u64,
+        node: &str,
+        groups: Vec<v1::HostedGroup>,
+        now_us: u64,
+    ) {
+        self.at(now_us);
+        self.on_hosted(session, node, groups);
+    }
+
+    /// A heartbeat's load report (its arrival is already stamped in the node's `seen`).
+    pub(crate) fn on_heartbeat(&mut self, session: u64, node: &str, load: Option<v1::Load>) {
+        if let Some(l) = &load {
+            if self.vips.contains(node) {
+                self.vips.set_load(node, l.packets_per_s);
+            }
+        }
+        self.members.heartbeat(node, session, load)
+    }
+
+    /// A session's stream ended.
+    pub(crate) fn on_closed(&mut self, session: u64, node: &str, now_us: u64) {
+        self.at(now_us);
+        if self.members.mark_dead(node, session) {
+            self.node_dead(node, session);
+        }
+    }
+
+    /// Start a scale. `Ok(scale id)`: its end comes out as [`Out::Scaled`]; `Err`: FM
+    /// refused to start it, and why.
+    pub(crate) fn scale(&mut self, req: ScaleRequest, now_us: u64) -> Result<u64, String> {
+        self.at(now_us);
+        self.scale_request(req)
+    }
+
+    /// The orchestrator's desired configuration: tenant chains, their partitions and
+    /// shard sets.
+    pub(crate) fn set_desired(
+        &mut self,
+        chains: Vec<v1::ChainConfig>,
+        partitions: Vec<v1::Partition>,
+        shards: Vec<v1::TenantShards>,
+        now_us: u64,
+    ) -> DesiredChange {
+        self.at(now_us);
+        self.set_shards(shards);
+        self.apply_desired(chains, partitions)
+    }
+
+    pub(crate) fn members_view(&self, now_ms: u64) -> v1::MembershipView {
+        self.members.view(now_ms)
+    }
+
+    pub(crate) fn partition_map(&self) -> v1::PartitionMap {
+        self.map.to_proto()
+    }
+
+    pub(crate) fn stats(&self) -> FmStats {
+        let mut s = self.stats;
+        s.cache = self.cache.stats;
+        s.vip_moves = self.vips.moves();
+        s
+    }
+
+    pub(crate) fn metrics(&self) -> FmMetrics {
+        let mut tenant_requests: Vec<(u32, u64)> =
+            self.tenant_requests.iter().map(|(&t, &n)| (t, n)).collect();
+        tenant_requests.sort_unstable();
+        FmMetrics {
+            tenant_requests,
+            request_latency: self.request_latency,
+            cache_entries: self.cache.len(),
+            inflight: self.inflight.len(),
+        }
+    }
+
+    pub(crate) fn events_reply(&self, req: &v1::EventsRequest) -> v1::EventsReply {
+        self.events.reply(req)
+    }
+
+    /// Drop every cached rule (pinned ones stay); returns how many were dropped.
+    pub(crate) fn clear_cache(&mut self) -> usize {
+        self.cache.clear()
+    }
+
+    /// Rules in the cache.
+    pub(crate) fn flows(&self, req: &v1::FlowsRequest, now_ms: u64) -> v1::FlowsReply {
+        let limit = if req.limit == 0 { 100 } else { req.limit } as usize;
+        let (flows, matched) =
+            self.cache
+                .list(|t| req.all_tenants || t == req.tenant, limit, now_ms);
+        let flows = flows
+            .into_iter()
+            .map(|(k, r, ttl)| v1::CachedFlow {
+                tenant: k.0,
+                chain: k.1,
+                rule: match r.result {
+                    Some(v1::rule_reply::Result::Rule(rule)) => Some(rule),
+                    _ => None,
+                },
+                also: r.also,
+                expires_in_ms: ttl,
+            })
+            .collect();
+        v1::FlowsReply { flows, matched }
+    }
+
+    /// Move PP node `node`'s vIPs away; the error says why it cannot be drained.
+    pub(crate) fn pp_drain(&mut self, node: &str) -> Result<v1::VipMapReply, String> {
+        let change = self.vips.drain(node).map_err(|e| e.to_string())?;
+        info!(%node, moved = change.moved, "PP node draining: its vIPs moved away");
+        self.push_vips(&change, &format!("{node} drained"));
+        Ok(self.vip_map())
+    }
+
+    /// Move one vIP to a PP node; the error says why it cannot move.
+    pub(crate) fn vip_move(&mut self, req: &v1::VipMoveRequest) -> Result<v1::VipMapReply, String> {
+        let change = self
+            .vips
+            .move_vip(req.vip as usize, &req.to)
+            .map_err(|e| e.to_string())?;
+        let why = if req.reason.is_empty() {
+            format!("vIP {} moved to {}", req.vip, req.to)
+        } else {
+            req.reason.clone()
+        };
+        self.push_vips(&change, &why);
+        Ok(self.vip_map())
     }
 
     /// Replace the served chains. A removed chain's groups leave and its cached rules
@@ -745,7 +778,7 @@ impl Master {
     /// empty: the NF API has no reconfigure hook yet), and new chains get groups as soon
     /// as enough SC nodes are live. Requests in flight for a removed or rebuilt chain are
     /// answered with an error, so no PP packet waits for a group that will not answer.
-    fn set_desired(
+    fn apply_desired(
         &mut self,
         chains: Vec<v1::ChainConfig>,
         partitions: Vec<v1::Partition>,
@@ -814,16 +847,17 @@ impl Master {
         self.stats.rules_revoked += keys.len() as u64;
         // Bounded messages: a 100k-flow chain is revoked in a few dozen batches.
         for chunk in keys.chunks(4096) {
-            let msg = v1::PpDown {
-                msg: Some(pp_down::Msg::Revoked(v1::RuleRevoke {
-                    keys: chunk
-                        .iter()
-                        .map(|k| v1::FlowKey { raw: k.to_vec() })
-                        .collect(),
-                })),
-            };
-            for s in self.pp.values() {
-                let _ = s.tx.send(Ok(msg.clone()));
+            let msg = pp_down::Msg::Revoked(v1::RuleRevoke {
+                keys: chunk
+                    .iter()
+                    .map(|k| v1::FlowKey { raw: k.to_vec() })
+                    .collect(),
+            });
+            let mut sessions: Vec<u64> = self.pp.keys().copied().collect();
+            // The order the map gave before, but stable, so tests can compare outboxes.
+            sessions.sort_unstable();
+            for s in sessions {
+                self.send_pp(s, msg.clone());
             }
         }
     }
@@ -837,22 +871,14 @@ impl Master {
             .map(|g| g.group.id)
             .collect();
         for gid in gids {
-            if let Some(g) = self.map.remove(gid) {
-                for r in &g.group.replicas {
-                    if let Some(s) = self.sc_by_node.get(&r.node_id).and_then(|s| self.sc.get(s)) {
-                        let _ = s.tx.send(Ok(v1::ScDown {
-                            msg: Some(sc_down::Msg::Leave(v1::LeaveGroup {
-                                group: gid,
-                                epoch: g.group.epoch,
-                            })),
-                        }));
-                    }
-                }
-                self.to_submit.remove(&gid);
-                self.events_to_submit.remove(&gid);
-                self.group_progress.remove(&gid);
-                info!(tenant, chain, group = gid, "SC group dissolved");
-            }
+            info!(tenant, chain, group = gid, "chain torn down");
+            // Marked dissolved as a scale's retired group is: group ids are never handed
+            // out again (see `PartitionMap::reserve_id`), and whatever the group still
+            // sends is about a chain configuration that no longer exists — replies to
+            // requests answered below with "chain-reconfigured", keys of rules revoked
+            // below, steps of scales `drop_scales_of` ended. Taking them would only
+            // count them as duplicates and leave `group_progress` entries behind.
+            self.dissolve(gid);
         }
         let (_, keys) = self.cache.remove_chain_keys(tenant, chain);
         self.revoke_at_pp(keys);
@@ -1036,8 +1062,8 @@ impl Master {
     }
 
     /// Periodic work: failure detection, retries, cache sweep, group creation.
-    pub(crate) fn tick(&mut self) {
-        let now = self.now_ms();
+    pub(crate) fn tick(&mut self, now_us: u64) {
+        let now = self.at(now_us);
         let period = self.cfg.heartbeat.as_millis() as u64;
         let pp_period = self.cfg.pp_heartbeat.as_millis().max(1) as u64;
         let limit = pp_period * u64::from(self.cfg.miss_limit);
@@ -1147,6 +1173,7 @@ impl Master {
     fn node_dead(&mut self, node: &str, session: u64) {
         self.stats.nodes_dead += 1;
         if self.pp.remove(&session).is_some() {
+            self.close(session);
             info!(%node, "PP node gone");
             self.event(
                 EventKind::PpNodeDead,
@@ -1160,7 +1187,8 @@ impl Master {
             }
             return;
         }
-        if self.sc.remove(&session).is_some() {
+        if self.sc.remove(&session) {
+            self.close(session);
             if self.sc_by_node.get(node) == Some(&session) {
                 self.sc_by_node.remove(node);
             }
@@ -1432,17 +1460,15 @@ impl Master {
             awaiting_scale: g.awaiting_scale,
         };
         debug!(group = gid, epoch = g.group.epoch, "pushing group config");
-        for r in &g.group.replicas {
-            if let Some(s) = self.sc_by_node.get(&r.node_id).and_then(|s| self.sc.get(s)) {
-                let _ = s.tx.send(Ok(v1::ScDown {
-                    msg: Some(sc_down::Msg::Configure(cfg.clone())),
-                }));
-            }
+        let nodes: Vec<String> = g.group.replicas.iter().map(|r| r.node_id.clone()).collect();
+        for node in nodes {
+            self.send_sc(&node, sc_down::Msg::Configure(cfg.clone()));
         }
     }
 
     /// Send everything queued: one submit per group, one reply batch per PP session.
-    pub(crate) fn flush(&mut self) {
+    pub(crate) fn flush(&mut self, now_us: u64) {
+        self.at(now_us);
         let max = self.cfg.max_batch.max(1);
         let groups: Vec<u64> = self
             .to_submit
@@ -1456,11 +1482,11 @@ impl Master {
             let Some(g) = self.map.group(gid) else {
                 continue; // retried against the current map later
             };
-            let Some(tx) = g
+            let Some(session) = g
                 .head()
                 .and_then(|h| self.sc_by_node.get(&h.node_id))
-                .and_then(|s| self.sc.get(s))
-                .map(|s| s.tx.clone())
+                .filter(|s| self.sc.contains(s))
+                .copied()
             else {
                 continue;
             };
@@ -1475,19 +1501,21 @@ impl Master {
                 };
                 self.stats.submitted += reqs.len() as u64;
                 self.stats.submits += 1;
-                let _ = tx.send(Ok(v1::ScDown {
-                    msg: Some(sc_down::Msg::Submit(v1::GroupSubmit {
-                        group: gid,
-                        epoch,
-                        requests: Some(v1::RuleRequestBatch { requests: reqs }),
-                        events: events.take().map(|events| v1::FlowEventBatch { events }),
-                    })),
-                }));
+                self.out.push(Out::Sc {
+                    session,
+                    msg: Box::new(v1::ScDown {
+                        msg: Some(sc_down::Msg::Submit(v1::GroupSubmit {
+                            group: gid,
+                            epoch,
+                            requests: Some(v1::RuleRequestBatch { requests: reqs }),
+                            events: events.take().map(|events| v1::FlowEventBatch { events }),
+                        })),
+                    }),
+                });
                 reqs = rest;
             }
         }
-        let now_us = self.now_us();
-        for s in self.pp.values_mut() {
+        for (&session, s) in self.pp.iter_mut() {
             if s.out.is_empty() {
                 continue;
             }
@@ -1496,9 +1524,12 @@ impl Master {
             }
             let replies = std::mem::take(&mut s.out);
             self.stats.replies_to_pp += replies.len() as u64;
-            let _ = s.tx.send(Ok(v1::PpDown {
-                msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
-            }));
+            self.out.push(Out::Pp {
+                session,
+                msg: v1::PpDown {
+                    msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
+                },
+            });
         }
     }
 }

@@ -1,6 +1,7 @@
 //! FM's gRPC face: session streams for PP and SC nodes, status queries, and the task
 //! that owns the [`Master`].
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,9 +17,79 @@ use tracing::{debug, info, warn};
 
 use crate::events::EventLog;
 use crate::master::{
-    DesiredChange, FmConfig, FmMetrics, FmStats, Master, MasterIn, ScaleOutcome, ScaleRequest,
+    DesiredChange, FmConfig, FmMetrics, FmStats, Master, Opened, Out, ScaleOutcome, ScaleRequest,
 };
 use crate::FmError;
+
+type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
+type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
+type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
+
+/// The master task's input: what the session readers and the RPCs send it. Queries
+/// carry the channel their answer goes back on.
+enum MasterIn {
+    PpOpen {
+        open: Opened,
+        tx: PpTx,
+    },
+    PpRequests {
+        session: u64,
+        requests: Vec<v1::RuleRequest>,
+    },
+    PpEvents {
+        events: Vec<v1::FlowEvent>,
+    },
+    ScOpen {
+        open: Opened,
+        tx: ScTx,
+    },
+    ScResults {
+        session: u64,
+        results: v1::GroupResults,
+    },
+    ScFin {
+        fin: v1::ScaleFin,
+    },
+    /// The groups an SC node hosts, sent right after its registration.
+    ScHosted {
+        session: u64,
+        node: String,
+        groups: Vec<v1::HostedGroup>,
+    },
+    Heartbeat {
+        session: u64,
+        node: String,
+        load: Option<v1::Load>,
+    },
+    Closed {
+        session: u64,
+        node: String,
+    },
+    Members(oneshot::Sender<v1::MembershipView>),
+    Map(oneshot::Sender<v1::PartitionMap>),
+    Stats(oneshot::Sender<FmStats>),
+    Metrics(oneshot::Sender<FmMetrics>),
+    /// The orchestrator's desired configuration: tenant chains and their partitions.
+    SetDesired {
+        chains: Vec<v1::ChainConfig>,
+        partitions: Vec<v1::Partition>,
+        shards: Vec<v1::TenantShards>,
+        done: oneshot::Sender<DesiredChange>,
+    },
+    Flows(v1::FlowsRequest, oneshot::Sender<v1::FlowsReply>),
+    /// Drop every cached rule (pinned ones stay); answers how many were dropped.
+    ClearCache(oneshot::Sender<usize>),
+    Scale(ScaleRequest, ScaleDone),
+    Events(v1::EventsRequest, oneshot::Sender<v1::EventsReply>),
+    RecordEvent(v1::RecordEventRequest, oneshot::Sender<Result<u64, String>>),
+    Load(oneshot::Sender<v1::LoadReply>),
+    VipMap(oneshot::Sender<v1::VipMapReply>),
+    PpDrain(String, oneshot::Sender<Result<v1::VipMapReply, Status>>),
+    VipMove(
+        v1::VipMoveRequest,
+        oneshot::Sender<Result<v1::VipMapReply, Status>>,
+    ),
+}
 
 /// Counters kept outside the master task (by the stream readers).
 #[derive(Debug, Default)]
@@ -106,11 +177,11 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         Some(p) => Some(EventLog::with_file(cfg.events_capacity, p)?),
         None => None,
     };
-    let mut master = Master::new(cfg, chains, start);
+    let mut master = Master::new(cfg, chains);
     if let Some(events) = events {
         master.events = events;
     }
-    shared.spawn(run_master(master, rx, heartbeat));
+    shared.spawn(run_master(master, rx, heartbeat, start));
     let svc = FabricMasterServer::new(FmService {
         shared: shared.clone(),
     })
@@ -133,34 +204,164 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
 /// Longest the master works through queued input before it flushes and yields.
 const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// What the master task holds for the master, which does no I/O: the sessions' down
+/// channels and the callers waiting for scales.
+#[derive(Default)]
+struct Links {
+    pp: HashMap<u64, PpTx>,
+    sc: HashMap<u64, ScTx>,
+    scales: HashMap<u64, ScaleDone>,
+}
+
+impl Links {
+    /// Send what the master queued. A session that has gone drops its messages, and a
+    /// send on a stream whose node went away fails quietly: the master hears of it
+    /// from the session's reader.
+    fn deliver(&mut self, out: Vec<Out>) {
+        for o in out {
+            match o {
+                Out::Pp { session, msg } => {
+                    if let Some(tx) = self.pp.get(&session) {
+                        let _ = tx.send(Ok(msg));
+                    }
+                }
+                Out::Sc { session, msg } => {
+                    if let Some(tx) = self.sc.get(&session) {
+                        let _ = tx.send(Ok(*msg));
+                    }
+                }
+                Out::Close { session } => {
+                    self.pp.remove(&session);
+                    self.sc.remove(&session);
+                }
+                Out::Scaled(outcome) => {
+                    if let Some(done) = self.scales.remove(&outcome.scale_id) {
+                        let _ = done.send(Ok(outcome));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Hand `msg` to the master (`now_us` on FM's clock) and answer it if it is a query.
+fn dispatch(m: &mut Master, links: &mut Links, msg: MasterIn, now_us: u64) {
+    let now_ms = now_us / 1000;
+    match msg {
+        MasterIn::PpOpen { open, tx } => {
+            links.pp.insert(open.session, tx);
+            m.on_pp_open(open, now_us);
+        }
+        MasterIn::PpRequests { session, requests } => m.on_pp_requests(session, requests, now_us),
+        MasterIn::PpEvents { events } => m.on_pp_events(events),
+        MasterIn::ScOpen { open, tx } => {
+            links.sc.insert(open.session, tx);
+            m.on_sc_open(open, now_us);
+        }
+        MasterIn::ScResults { session, results } => m.on_sc_results(session, results, now_us),
+        MasterIn::ScFin { fin } => m.on_sc_fin(fin, now_us),
+        MasterIn::ScHosted {
+            session,
+            node,
+            groups,
+        } => m.on_sc_hosted(session, &node, groups, now_us),
+        MasterIn::Heartbeat {
+            session,
+            node,
+            load,
+        } => m.on_heartbeat(session, &node, load),
+        MasterIn::Closed { session, node } => m.on_closed(session, &node, now_us),
+        MasterIn::Scale(req, done) => match m.scale(req, now_us) {
+            Ok(id) => {
+                links.scales.insert(id, done);
+            }
+            Err(e) => {
+                let _ = done.send(Err(e));
+            }
+        },
+        MasterIn::SetDesired {
+            chains,
+            partitions,
+            shards,
+            done,
+        } => {
+            let _ = done.send(m.set_desired(chains, partitions, shards, now_us));
+        }
+        MasterIn::Members(tx) => {
+            let _ = tx.send(m.members_view(now_ms));
+        }
+        MasterIn::Map(tx) => {
+            let _ = tx.send(m.partition_map());
+        }
+        MasterIn::Stats(tx) => {
+            let _ = tx.send(m.stats());
+        }
+        MasterIn::Metrics(tx) => {
+            let _ = tx.send(m.metrics());
+        }
+        MasterIn::Flows(req, tx) => {
+            let _ = tx.send(m.flows(&req, now_ms));
+        }
+        MasterIn::ClearCache(tx) => {
+            let _ = tx.send(m.clear_cache());
+        }
+        MasterIn::Events(req, tx) => {
+            let _ = tx.send(m.events_reply(&req));
+        }
+        MasterIn::RecordEvent(req, tx) => {
+            let _ = tx.send(m.record_external(req));
+        }
+        MasterIn::Load(tx) => {
+            let _ = tx.send(m.load_reply(now_ms));
+        }
+        MasterIn::VipMap(tx) => {
+            let _ = tx.send(m.vip_map());
+        }
+        MasterIn::PpDrain(node, tx) => {
+            let _ = tx.send(m.pp_drain(&node).map_err(Status::failed_precondition));
+        }
+        MasterIn::VipMove(req, tx) => {
+            let _ = tx.send(m.vip_move(&req).map_err(Status::failed_precondition));
+        }
+    }
+    // Sent as the master decided, not held for the burst: only submits and PP replies
+    // wait for `flush`.
+    links.deliver(m.take_out());
+}
+
 async fn run_master(
     mut m: Master,
     mut rx: mpsc::UnboundedReceiver<MasterIn>,
     period: std::time::Duration,
+    start: Instant,
 ) {
+    let now_us = || start.elapsed().as_micros() as u64;
+    let mut links = Links::default();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             msg = rx.recv() => {
                 let Some(msg) = msg else { break };
-                m.handle(msg);
+                dispatch(&mut m, &mut links, msg, now_us());
                 // Everything already queued joins this burst: that is what batches
                 // submits to SC and replies to PP without a timer. Bounded in time, so
                 // the session readers sharing the runtime keep up.
                 let burst = std::time::Instant::now();
                 while burst.elapsed() < MAX_BURST {
                     match rx.try_recv() {
-                        Ok(msg) => m.handle(msg),
+                        Ok(msg) => dispatch(&mut m, &mut links, msg, now_us()),
                         Err(_) => break,
                     }
                 }
-                m.flush();
+                m.flush(now_us());
+                links.deliver(m.take_out());
                 tokio::task::yield_now().await;
             }
             _ = tick.tick() => {
-                m.tick();
-                m.flush();
+                m.tick(now_us());
+                m.flush(now_us());
+                links.deliver(m.take_out());
             }
         }
     }
@@ -416,12 +617,7 @@ async fn session<U, D>(
     req: Request<Streaming<U>>,
     role: v1::Role,
     register: impl Fn(U) -> Option<v1::NodeInfo>,
-    open: impl FnOnce(
-        u64,
-        v1::NodeInfo,
-        mpsc::UnboundedSender<Result<D, Status>>,
-        Arc<AtomicU64>,
-    ) -> MasterIn,
+    open: impl FnOnce(Opened, mpsc::UnboundedSender<Result<D, Status>>) -> MasterIn,
     up: impl Fn(U, u64, &str) -> Option<MasterIn> + Send + 'static,
 ) -> Result<Response<UnboundedReceiverStream<Result<D, Status>>>, Status>
 where
@@ -440,7 +636,14 @@ where
     shared.mark_seen(&seen);
     shared
         .tx
-        .send(open(session, info, tx, seen.clone()))
+        .send(open(
+            Opened {
+                session,
+                info,
+                seen: seen.clone(),
+            },
+            tx,
+        ))
         .map_err(|_| stopped())?;
     let s = shared.clone();
     shared.spawn(async move {
@@ -486,12 +689,7 @@ impl FabricMaster for FmService {
                 Some(pp_up::Msg::Register(i)) => Some(i),
                 _ => None,
             },
-            |session, info, tx, seen| MasterIn::PpOpen {
-                session,
-                info,
-                tx,
-                seen,
-            },
+            |open, tx| MasterIn::PpOpen { open, tx },
             |m, session, node| {
                 Some(match m.msg? {
                     pp_up::Msg::Requests(b) => MasterIn::PpRequests {
@@ -523,12 +721,7 @@ impl FabricMaster for FmService {
                 Some(sc_up::Msg::Register(i)) => Some(i),
                 _ => None,
             },
-            |session, info, tx, seen| MasterIn::ScOpen {
-                session,
-                info,
-                tx,
-                seen,
-            },
+            |open, tx| MasterIn::ScOpen { open, tx },
             |m, session, node| {
                 Some(match m.msg? {
                     sc_up::Msg::Results(results) => MasterIn::ScResults { session, results },

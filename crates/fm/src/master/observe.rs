@@ -13,7 +13,7 @@ impl Master {
     }
 
     /// An event from outside FM (`RecordEvent`).
-    pub(super) fn record_external(&mut self, req: v1::RecordEventRequest) -> Result<u64, String> {
+    pub(crate) fn record_external(&mut self, req: v1::RecordEventRequest) -> Result<u64, String> {
         let kind =
             EventKind::parse(&req.kind).ok_or_else(|| format!("unknown kind {:?}", req.kind))?;
         if !kind.recordable() {
@@ -30,7 +30,7 @@ impl Master {
     }
 
     /// Requests dispatched per serving group (cumulative) and live nodes' heartbeat load.
-    pub(super) fn load_reply(&self) -> v1::LoadReply {
+    pub(crate) fn load_reply(&self, now_ms: u64) -> v1::LoadReply {
         let groups = self
             .map
             .to_proto()
@@ -55,7 +55,7 @@ impl Master {
             })
             .collect();
         v1::LoadReply {
-            fm_ms: self.now_ms(),
+            fm_ms: now_ms,
             groups,
             nodes,
         }

@@ -58,14 +58,13 @@ impl Master {
                 // nothing), or a group a scale-in retired (it handed everything over):
                 // nothing to keep. The scale that made it is not resumed.
                 info!(group = gid, %node, "reported group serves no range; told to leave");
-                if let Some(s) = self.sc.get(&session) {
-                    let _ = s.tx.send(Ok(v1::ScDown {
-                        msg: Some(sc_down::Msg::Leave(v1::LeaveGroup {
-                            group: gid,
-                            epoch: g.epoch,
-                        })),
-                    }));
-                }
+                self.send_sc(
+                    node,
+                    sc_down::Msg::Leave(v1::LeaveGroup {
+                        group: gid,
+                        epoch: g.epoch,
+                    }),
+                );
                 continue;
             }
             if !self
@@ -138,19 +137,14 @@ impl Master {
                 group = gid,
                 scale, "aborting a scale the previous FM left under way"
             );
-            if let Some(s) = self
-                .sc_by_node
-                .get(&head.node_id)
-                .and_then(|s| self.sc.get(s))
-            {
-                let _ = s.tx.send(Ok(v1::ScDown {
-                    msg: Some(sc_down::Msg::End(v1::ScaleEnd {
-                        scale_id: scale,
-                        group: gid,
-                        abort: true,
-                    })),
-                }));
-            }
+            self.send_sc(
+                &head.node_id,
+                sc_down::Msg::End(v1::ScaleEnd {
+                    scale_id: scale,
+                    group: gid,
+                    abort: true,
+                }),
+            );
         }
         info!(
             groups = self.map.groups().count(),

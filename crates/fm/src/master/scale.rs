@@ -27,10 +27,9 @@ use std::time::Duration;
 use pipeline::FlowKey;
 use proto::v1::{self, sc_down};
 use serde_json::json;
-use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use super::{CacheKey, Master};
+use super::{CacheKey, Master, Out};
 use crate::events::EventKind;
 
 /// Re-send a step whose outcome FM has not heard within this (a lost head, a slow
@@ -89,8 +88,6 @@ impl ScaleOutcome {
     }
 }
 
-pub(crate) type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     /// st sent to the old owner; waiting for its part.
@@ -114,11 +111,11 @@ impl Phase {
 
 pub(super) struct ScaleJob {
     id: u64,
-    kind: v1::ScaleKind,
-    tenant: u32,
-    chain: u32,
-    from: u64,
-    to: u64,
+    pub(super) kind: v1::ScaleKind,
+    pub(super) tenant: u32,
+    pub(super) chain: u32,
+    pub(super) from: u64,
+    pub(super) to: u64,
     moved: (u64, u64),
     /// The old owner's and the new owner's ranges after the switch.
     from_after: Option<(u64, u64)>,
@@ -131,7 +128,8 @@ pub(super) struct ScaleJob {
     fin_us: Option<u64>,
     started_ms: u64,
     sent_ms: u64,
-    done: Option<ScaleDone>,
+    /// Its requester has been told how it ended (see `Master::answer_scale`).
+    answered: bool,
     aborted: Option<String>,
 }
 
@@ -217,7 +215,8 @@ impl Master {
         self.event(kind, message, detail);
     }
 
-    pub(super) fn scale_request(&mut self, req: ScaleRequest, done: ScaleDone) {
+    /// Start the scale `req` asks for: its id, or why FM refused.
+    pub(super) fn scale_request(&mut self, req: ScaleRequest) -> Result<u64, String> {
         let r = match req {
             ScaleRequest::Out {
                 tenant,
@@ -230,33 +229,33 @@ impl Master {
                 group,
             } => self.start_in(tenant, chain, group),
         };
-        match r {
-            Ok(id) => {
-                if let Some(j) = self.scales.get_mut(&id) {
-                    j.done = Some(done);
-                }
-            }
-            Err(e) => {
-                warn!(error = %e, "scale refused");
-                let (kind, tenant, chain, group) = match req {
-                    ScaleRequest::Out {
-                        tenant,
-                        chain,
-                        group,
-                    } => ("out", tenant, chain, group),
-                    ScaleRequest::In {
-                        tenant,
-                        chain,
-                        group,
-                    } => ("in", tenant, chain, group),
-                };
-                self.event(
-                    EventKind::ScaleRefused,
-                    format!("scale-{kind} of tenant {tenant} chain {chain} refused: {e}"),
-                    json!({"kind": kind, "tenant": tenant, "chain": chain, "group": group, "reason": e}),
-                );
-                let _ = done.send(Err(e));
-            }
+        if let Err(e) = &r {
+            warn!(error = %e, "scale refused");
+            let (kind, tenant, chain, group) = match req {
+                ScaleRequest::Out {
+                    tenant,
+                    chain,
+                    group,
+                } => ("out", tenant, chain, group),
+                ScaleRequest::In {
+                    tenant,
+                    chain,
+                    group,
+                } => ("in", tenant, chain, group),
+            };
+            self.event(
+                EventKind::ScaleRefused,
+                format!("scale-{kind} of tenant {tenant} chain {chain} refused: {e}"),
+                json!({"kind": kind, "tenant": tenant, "chain": chain, "group": group, "reason": e}),
+            );
+        }
+        r
+    }
+
+    /// Tell scale `j`'s requester how it ended, once.
+    fn answer_scale(&mut self, j: &mut ScaleJob, now_us: u64) {
+        if !std::mem::replace(&mut j.answered, true) {
+            self.out.push(Out::Scaled(j.outcome(now_us)));
         }
     }
 
@@ -379,7 +378,7 @@ impl Master {
                 fin_us: None,
                 started_ms: now,
                 sent_ms: now,
-                done: None,
+                answered: false,
                 aborted: None,
             },
         );
@@ -458,7 +457,7 @@ impl Master {
                 fin_us: None,
                 started_ms: now,
                 sent_ms: now,
-                done: None,
+                answered: false,
                 aborted: None,
             },
         );
@@ -495,17 +494,11 @@ impl Master {
         self.send_to_head(gid, msg);
     }
 
-    fn send_to_head(&self, gid: u64, msg: sc_down::Msg) -> bool {
-        let Some(tx) = self
-            .map
-            .group(gid)
-            .and_then(|g| g.head())
-            .and_then(|h| self.sc_by_node.get(&h.node_id))
-            .and_then(|s| self.sc.get(s))
-        else {
-            return false;
-        };
-        tx.tx.send(Ok(v1::ScDown { msg: Some(msg) })).is_ok()
+    fn send_to_head(&mut self, gid: u64, msg: sc_down::Msg) {
+        if let Some(head) = self.map.group(gid).and_then(|g| g.head()) {
+            let node = head.node_id.clone();
+            self.send_sc(&node, msg);
+        }
     }
 
     /// Group `gid`'s head may have changed: repeat the steps it owes (they are
@@ -738,7 +731,8 @@ impl Master {
         };
         // The new owner has everything the old one decided: cache entries may go.
         self.unpin(j.tenant, j.chain, j.moved);
-        let out = j.outcome(self.now_us());
+        let now_us = self.now_us();
+        let out = j.outcome(now_us);
         info!(scale = id, kind = ?j.kind, from = j.from, to = j.to,
               st_to_fin_us = out.st_to_fin.as_micros() as u64, "scale finished");
         let kind = if j.kind == v1::ScaleKind::Out {
@@ -760,9 +754,7 @@ impl Master {
                 json!({"st_to_fin_us": out.st_to_fin.as_micros() as u64, "total_ms": total_ms}),
             ),
         );
-        if let Some(d) = j.done.take() {
-            let _ = d.send(Ok(out));
-        }
+        self.answer_scale(&mut j, now_us);
         self.unpark();
     }
 
@@ -780,16 +772,16 @@ impl Master {
         self.stats.scale_aborts += 1;
         j.phase = Phase::Aborting;
         j.aborted = Some(reason.clone());
+        let answered = std::mem::replace(&mut j.answered, true);
         let out = j.outcome(now_us);
-        let done = j.done.take();
         let (tenant, chain, moved) = (j.tenant, j.chain, j.moved);
         self.scale_event(id, EventKind::ScaleAborted, format!("aborted: {reason}"));
         // Sent before any request `flush` sends the old owner afterwards, the parked
         // ones included: those it refused as moved it decides again once the part is
         // back, with the state that was there.
         self.send_step(id);
-        if let Some(d) = done {
-            let _ = d.send(Ok(out));
+        if !answered {
+            self.out.push(Out::Scaled(out));
         }
         self.unpin(tenant, chain, moved);
         self.unpark();
@@ -829,9 +821,7 @@ impl Master {
                     format!("scale {id} aborted: chain reconfigured"),
                     job_detail(&j, json!({"reason": "chain reconfigured"})),
                 );
-                if let Some(d) = j.done.take() {
-                    let _ = d.send(Ok(j.outcome(now_us)));
-                }
+                self.answer_scale(&mut j, now_us);
             }
         }
     }
@@ -840,14 +830,13 @@ impl Master {
     pub(super) fn dissolve(&mut self, gid: u64) {
         if let Some(g) = self.map.remove(gid) {
             for r in &g.group.replicas {
-                if let Some(s) = self.sc_by_node.get(&r.node_id).and_then(|s| self.sc.get(s)) {
-                    let _ = s.tx.send(Ok(v1::ScDown {
-                        msg: Some(sc_down::Msg::Leave(v1::LeaveGroup {
-                            group: gid,
-                            epoch: g.group.epoch,
-                        })),
-                    }));
-                }
+                self.send_sc(
+                    &r.node_id,
+                    sc_down::Msg::Leave(v1::LeaveGroup {
+                        group: gid,
+                        epoch: g.group.epoch,
+                    }),
+                );
             }
         }
         self.to_submit.remove(&gid);
