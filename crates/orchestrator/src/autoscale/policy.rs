@@ -290,6 +290,11 @@ pub(super) mod tests {
         }
     }
 
+    /// `feed`'s answer as (sample, (acted, action)).
+    fn actions(d: &[(u64, Decision)]) -> Vec<(u64, Option<(bool, Action)>)> {
+        d.iter().map(|(s, d)| (*s, action(d))).collect()
+    }
+
     #[test]
     fn config_is_validated() {
         assert!(Policy::new(cfg()).is_ok());
@@ -373,10 +378,8 @@ pub(super) mod tests {
         let mut samples: Vec<&[f64]> = vec![hot, hot, hot];
         samples.extend(std::iter::repeat_n(cold, 12));
         let d = feed(&mut p, 0, 1, &samples);
-        let acts: Vec<(u64, Option<(bool, Action)>)> =
-            d.iter().map(|(s, d)| (*s, action(d))).collect();
         assert_eq!(
-            acts,
+            actions(&d),
             vec![
                 (3, Some((true, Action::ScaleOut))),
                 (13, Some((true, Action::ScaleIn)))
@@ -423,11 +426,9 @@ pub(super) mod tests {
         let mut p = Policy::new(cfg()).unwrap();
         let three_hot: &[f64] = &[1.0, 0.9, 1.2];
         let d = feed(&mut p, 0, 1, &[three_hot; 15]);
-        let acts: Vec<(u64, Option<(bool, Action)>)> =
-            d.iter().map(|(s, d)| (*s, action(d))).collect();
         // Refused at sample 3 (t = 2 s), then again once the cooldown is over (t = 12 s).
         assert_eq!(
-            acts,
+            actions(&d),
             vec![
                 (3, Some((false, Action::ScaleOut))),
                 (13, Some((false, Action::ScaleOut)))
