@@ -430,10 +430,16 @@ impl LoadBalancer {
 
     /// Forget flows whose backend may no longer keep them; sorted keys.
     fn prune(&mut self) -> Vec<FlowKey> {
+        self.remove_where(|lb, k, f| !lb.keeps(k, &f.backend))
+    }
+
+    /// Remove the flows `doomed` picks; their keys, sorted so every replica removes (and
+    /// reports) them in the same order.
+    fn remove_where(&mut self, doomed: impl Fn(&Self, &FlowKey, &LbFlow) -> bool) -> Vec<FlowKey> {
         let mut gone: Vec<FlowKey> = self
             .flows
             .iter()
-            .filter(|(k, f)| !self.keeps(k, &f.backend))
+            .filter(|(k, f)| doomed(self, k, f))
             .map(|(k, _)| *k)
             .collect();
         sort_keys(&mut gone);
@@ -581,17 +587,7 @@ impl NetworkFunction for LoadBalancer {
 
     fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
         let now = env.now_ms;
-        let mut gone: Vec<FlowKey> = self
-            .flows
-            .iter()
-            .filter(|(_, f)| f.deadline_ms <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        sort_keys(&mut gone);
-        for k in &gone {
-            self.remove(k);
-        }
-        gone
+        self.remove_where(|_, _, f| f.deadline_ms <= now)
     }
 
     fn snapshot(&self) -> Result<Vec<u8>, NfError> {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::problem::{PlaceError, Resources};
+use crate::problem::{check_unit_interval, PlaceError, Resources};
 use crate::sim::Reserve;
 
 /// Parameters of the forecaster.
@@ -56,19 +56,12 @@ impl ForecastConfig {
         if self.period == 0 {
             return Err(PlaceError::invalid("period", "must be ≥ 1"));
         }
-        for (name, v) in [
+        check_unit_interval(&[
             ("alpha", self.alpha),
             ("beta", self.beta),
             ("gamma", self.gamma),
             ("fleet_rate", self.fleet_rate),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(PlaceError::invalid(
-                    name,
-                    format!("must be in [0, 1], got {v}"),
-                ));
-            }
-        }
+        ])?;
         if !self.margin.is_finite() || self.margin < 0.0 {
             return Err(PlaceError::invalid(
                 "margin",

@@ -988,12 +988,7 @@ mod tests {
             tenant: t.into(),
             demand: Resources::new(d, d, d),
         };
-        let limits = Limits {
-            threshold: 0.8,
-            g_min: 2,
-            g_max: 2,
-            overlap: 0,
-        };
+        let limits = Limits::checked(0.8, 2, 2, 0).unwrap();
         // One tenant too big for any two nodes: named.
         let inst = Instance {
             nodes: (0..3).map(node).collect(),

@@ -40,7 +40,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
-use crate::problem::PlaceError;
+use crate::problem::{unique_id, PlaceError};
 
 /// Slack on utilisation comparisons: loads are sums of floating-point shares.
 const EPS: f64 = 1e-9;
@@ -428,33 +428,21 @@ fn validate(clusters: &[MipCluster], cfg: &SchedulerConfig) -> Result<(), PlaceE
     let mut cluster_ids = HashSet::new();
     let mut node_ids = HashSet::new();
     for (ci, c) in clusters.iter().enumerate() {
-        if c.id.is_empty() {
-            return Err(PlaceError::invalid(
-                format!("clusters[{ci}].id"),
-                "must not be empty",
-            ));
-        }
-        if !cluster_ids.insert(c.id.as_str()) {
-            return Err(PlaceError::invalid(
-                format!("clusters[{ci}].id"),
-                format!("duplicate cluster id {:?}", c.id),
-            ));
-        }
+        unique_id(
+            &mut cluster_ids,
+            &c.id,
+            format!("clusters[{ci}].id"),
+            || format!("duplicate cluster id {:?}", c.id),
+        )?;
         let mut vip_ids = HashSet::new();
         for (ni, n) in c.nodes.iter().enumerate() {
             let f = format!("clusters[{ci}].nodes[{ni}]");
-            if n.id.is_empty() {
-                return Err(PlaceError::invalid(format!("{f}.id"), "must not be empty"));
-            }
-            if !node_ids.insert(n.id.as_str()) {
-                return Err(PlaceError::invalid(
-                    format!("{f}.id"),
-                    format!(
-                        "duplicate node id {:?} (node ids are unique across clusters)",
-                        n.id
-                    ),
-                ));
-            }
+            unique_id(&mut node_ids, &n.id, format!("{f}.id"), || {
+                format!(
+                    "duplicate node id {:?} (node ids are unique across clusters)",
+                    n.id
+                )
+            })?;
             if !n.load.is_finite() || n.load < 0.0 {
                 return Err(PlaceError::invalid(
                     format!("{f}.load"),
@@ -468,18 +456,9 @@ fn validate(clusters: &[MipCluster], cfg: &SchedulerConfig) -> Result<(), PlaceE
                 ));
             }
             for (vi, v) in n.vips.iter().enumerate() {
-                if v.id.is_empty() {
-                    return Err(PlaceError::invalid(
-                        format!("{f}.vips[{vi}].id"),
-                        "must not be empty",
-                    ));
-                }
-                if !vip_ids.insert(v.id.as_str()) {
-                    return Err(PlaceError::invalid(
-                        format!("{f}.vips[{vi}].id"),
-                        format!("vIP {:?} has two owners in cluster {:?}", v.id, c.id),
-                    ));
-                }
+                unique_id(&mut vip_ids, &v.id, format!("{f}.vips[{vi}].id"), || {
+                    format!("vIP {:?} has two owners in cluster {:?}", v.id, c.id)
+                })?;
                 if let Some(l) = v.load {
                     if !l.is_finite() || l < 0.0 {
                         return Err(PlaceError::invalid(

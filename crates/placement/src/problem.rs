@@ -6,7 +6,7 @@
 //! nodes; U is the utilisation threshold of Eq. 2–4 (the paper's UB_e = U·B_e, and so
 //! on); G_min ≤ G^i ≤ G_max is Eq. 5; two tenants share at most O nodes (Eq. 6).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -244,41 +244,56 @@ impl Instance {
     pub fn validate(&self) -> Result<(), PlaceError> {
         self.limits.validate()?;
         validate_nodes(&self.nodes, &self.limits)?;
-        let mut seen = HashMap::new();
+        let mut seen = HashSet::new();
         for (i, r) in self.requests.iter().enumerate() {
-            if r.tenant.is_empty() {
-                return Err(PlaceError::invalid(
-                    format!("requests[{i}].tenant"),
-                    "must not be empty",
-                ));
-            }
-            if seen.insert(r.tenant.as_str(), i).is_some() {
-                return Err(PlaceError::invalid(
-                    format!("requests[{i}].tenant"),
-                    format!("tenant {:?} is requested twice", r.tenant),
-                ));
-            }
+            unique_id(
+                &mut seen,
+                &r.tenant,
+                format!("requests[{i}].tenant"),
+                || format!("tenant {:?} is requested twice", r.tenant),
+            )?;
             r.demand.validate(&format!("requests[{i}].demand"))?;
         }
         Ok(())
     }
 }
 
+/// Each `(field, value)` must lie in [0, 1].
+pub(crate) fn check_unit_interval(fields: &[(&str, f64)]) -> Result<(), PlaceError> {
+    for &(field, v) in fields {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(PlaceError::invalid(
+                field,
+                format!("must be in [0, 1], got {v}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Record `id` in `seen`. An empty id, or one `seen` already holds (`duplicate` says
+/// how), is invalid at `field`.
+pub(crate) fn unique_id<'a>(
+    seen: &mut HashSet<&'a str>,
+    id: &'a str,
+    field: String,
+    duplicate: impl FnOnce() -> String,
+) -> Result<(), PlaceError> {
+    if id.is_empty() {
+        return Err(PlaceError::invalid(field, "must not be empty"));
+    }
+    if !seen.insert(id) {
+        return Err(PlaceError::invalid(field, duplicate()));
+    }
+    Ok(())
+}
+
 pub(crate) fn validate_nodes(nodes: &[Node], limits: &Limits) -> Result<(), PlaceError> {
-    let mut seen = HashMap::new();
+    let mut seen = HashSet::new();
     for (i, n) in nodes.iter().enumerate() {
-        if n.id.is_empty() {
-            return Err(PlaceError::invalid(
-                format!("nodes[{i}].id"),
-                "must not be empty",
-            ));
-        }
-        if seen.insert(n.id.as_str(), i).is_some() {
-            return Err(PlaceError::invalid(
-                format!("nodes[{i}].id"),
-                format!("node {:?} is listed twice", n.id),
-            ));
-        }
+        unique_id(&mut seen, &n.id, format!("nodes[{i}].id"), || {
+            format!("node {:?} is listed twice", n.id)
+        })?;
         n.capacity.validate(&format!("nodes[{i}].capacity"))?;
         if !n.price.is_finite() || n.price < 0.0 {
             return Err(PlaceError::invalid(

@@ -33,7 +33,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
-use crate::problem::PlaceError;
+use crate::problem::{unique_id, PlaceError};
 
 /// Tolerance for comparing loads and LP values (the LP solver works to ~1e-9).
 const EPS: f64 = 1e-7;
@@ -126,18 +126,9 @@ impl GcmInstance {
         validate_clusters(&self.clusters)?;
         let mut tenant_ids = HashSet::new();
         for (ti, t) in self.tenants.iter().enumerate() {
-            if t.id.is_empty() {
-                return Err(PlaceError::invalid(
-                    format!("tenants[{ti}].id"),
-                    "must not be empty",
-                ));
-            }
-            if !tenant_ids.insert(t.id.as_str()) {
-                return Err(PlaceError::invalid(
-                    format!("tenants[{ti}].id"),
-                    format!("duplicate tenant id {:?}", t.id),
-                ));
-            }
+            unique_id(&mut tenant_ids, &t.id, format!("tenants[{ti}].id"), || {
+                format!("duplicate tenant id {:?}", t.id)
+            })?;
             validate_vpcs(&t.vpcs, &format!("tenants[{ti}].vpcs"))?;
         }
         Ok(())
@@ -185,18 +176,9 @@ impl GcmInstance {
 fn validate_clusters(clusters: &[GcmCluster]) -> Result<(), PlaceError> {
     let mut ids = HashSet::new();
     for (ci, c) in clusters.iter().enumerate() {
-        if c.id.is_empty() {
-            return Err(PlaceError::invalid(
-                format!("clusters[{ci}].id"),
-                "must not be empty",
-            ));
-        }
-        if !ids.insert(c.id.as_str()) {
-            return Err(PlaceError::invalid(
-                format!("clusters[{ci}].id"),
-                format!("duplicate cluster id {:?}", c.id),
-            ));
-        }
+        unique_id(&mut ids, &c.id, format!("clusters[{ci}].id"), || {
+            format!("duplicate cluster id {:?}", c.id)
+        })?;
         if !c.capacity.is_finite() || c.capacity <= 0.0 {
             return Err(PlaceError::invalid(
                 format!("clusters[{ci}].capacity"),
@@ -210,18 +192,9 @@ fn validate_clusters(clusters: &[GcmCluster]) -> Result<(), PlaceError> {
 fn validate_vpcs(vpcs: &[GcmVpc], field: &str) -> Result<(), PlaceError> {
     let mut ids = HashSet::new();
     for (vi, v) in vpcs.iter().enumerate() {
-        if v.id.is_empty() {
-            return Err(PlaceError::invalid(
-                format!("{field}[{vi}].id"),
-                "must not be empty",
-            ));
-        }
-        if !ids.insert(v.id.as_str()) {
-            return Err(PlaceError::invalid(
-                format!("{field}[{vi}].id"),
-                format!("duplicate VPC id {:?} in one tenant", v.id),
-            ));
-        }
+        unique_id(&mut ids, &v.id, format!("{field}[{vi}].id"), || {
+            format!("duplicate VPC id {:?} in one tenant", v.id)
+        })?;
         if !v.demand.is_finite() || v.demand < 0.0 {
             return Err(PlaceError::invalid(
                 format!("{field}[{vi}].demand"),

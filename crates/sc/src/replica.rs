@@ -1197,16 +1197,32 @@ mod tests {
     use crate::testing::TestNfs;
 
     fn config(epoch: u64, members: &[&str], joining: &[&str]) -> v1::GroupConfig {
+        let nf = serde_json::json!({
+            "kind": "test-snat", "addrs": ["198.19.255.1"], "ports": [1024, 1100]
+        });
+        group_config(nf, 7, epoch, members, (0, u64::MAX), joining, 0)
+    }
+
+    /// Group `gid` of tenant 1's chain 1: the one NF `nf`, between fixed encaps.
+    fn group_config(
+        nf: serde_json::Value,
+        gid: u64,
+        epoch: u64,
+        members: &[&str],
+        range: (u64, u64),
+        joining: &[&str],
+        awaiting: u64,
+    ) -> v1::GroupConfig {
         let def: proto::ChainDef = serde_json::from_value(serde_json::json!({
             "tenant": 1, "chain": 1,
-            "nfs": [{"kind": "test-snat", "addrs": ["198.19.255.1"], "ports": [1024, 1100]}],
+            "nfs": [nf],
             "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
             "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
         }))
         .unwrap();
         v1::GroupConfig {
             group: Some(v1::ScGroup {
-                id: 7,
+                id: gid,
                 epoch,
                 replicas: members
                     .iter()
@@ -1219,13 +1235,13 @@ mod tests {
             partition: Some(v1::Partition {
                 tenant: 1,
                 chain: 1,
-                hash_lo: 0,
-                hash_hi: u64::MAX,
-                group: 7,
+                hash_lo: range.0,
+                hash_hi: range.1,
+                group: gid,
             }),
             chain: Some(def.to_proto().unwrap()),
             joining: joining.iter().map(|s| s.to_string()).collect(),
-            awaiting_scale: 0,
+            awaiting_scale: awaiting,
         }
     }
 
@@ -1304,37 +1320,9 @@ mod tests {
         range: (u64, u64),
         awaiting: u64,
     ) -> v1::GroupConfig {
-        let def: proto::ChainDef = serde_json::from_value(serde_json::json!({
-            "tenant": 1, "chain": 1,
-            "nfs": [{"kind": "snat", "pools": [
-                {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]}],
-            "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
-            "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
-        }))
-        .unwrap();
-        v1::GroupConfig {
-            group: Some(v1::ScGroup {
-                id: gid,
-                epoch: 1,
-                replicas: members
-                    .iter()
-                    .map(|m| v1::Replica {
-                        node_id: m.to_string(),
-                        addr: format!("{m}:1"),
-                    })
-                    .collect(),
-            }),
-            partition: Some(v1::Partition {
-                tenant: 1,
-                chain: 1,
-                hash_lo: range.0,
-                hash_hi: range.1,
-                group: gid,
-            }),
-            chain: Some(def.to_proto().unwrap()),
-            joining: Vec::new(),
-            awaiting_scale: awaiting,
-        }
+        let nf = serde_json::json!({"kind": "snat", "pools": [
+            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]});
+        group_config(nf, gid, 1, members, range, &[], awaiting)
     }
 
     fn replica(node: &str, cfg: v1::GroupConfig) -> ReplicaCore {

@@ -154,12 +154,17 @@ fn read_revision(txn: &WriteTransaction) -> Result<u64, StoreError> {
     let meta = txn
         .open_table(META)
         .map_err(|e| map_redb("open meta table", e))?;
-    let rev = meta
+    revision_of(&meta)
+}
+
+/// The store's revision as the meta table holds it (0 before the first write); for write
+/// and read transactions alike.
+fn revision_of(meta: &impl ReadableTable<&'static str, u64>) -> Result<u64, StoreError> {
+    Ok(meta
         .get(META_REVISION)
         .map_err(|e| map_redb("read revision", e))?
         .map(|g| g.value())
-        .unwrap_or(0);
-    Ok(rev)
+        .unwrap_or(0))
 }
 
 fn write_revision(txn: &WriteTransaction, rev: u64) -> Result<(), StoreError> {
@@ -343,12 +348,7 @@ impl Store for EmbeddedStore {
             let meta = txn
                 .open_table(META)
                 .map_err(|e| map_redb("open meta table", e))?;
-            let rev = meta
-                .get(META_REVISION)
-                .map_err(|e| map_redb("read revision", e))?
-                .map(|g| g.value())
-                .unwrap_or(0);
-            Ok(rev)
+            revision_of(&meta)
         })
         .await
     }

@@ -147,13 +147,8 @@ impl Scrape<'_> {
         help: &str,
         series: impl IntoIterator<Item = (L, u64)>,
     ) -> fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, None, MetricType::Counter)?;
-        for (labels, v) in series {
-            ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
-        }
-        Ok(())
+        let series = series.into_iter().map(|(l, v)| (l, ConstCounter::new(v)));
+        self.family(name, help, MetricType::Counter, series)
     }
 
     /// A gauge with one series per label set.
@@ -163,11 +158,20 @@ impl Scrape<'_> {
         help: &str,
         series: impl IntoIterator<Item = (L, V)>,
     ) -> fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (labels, v) in series {
-            ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+        let series = series.into_iter().map(|(l, v)| (l, ConstGauge::new(v)));
+        self.family(name, help, MetricType::Gauge, series)
+    }
+
+    fn family<L: EncodeLabelSet, M: EncodeMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        series: impl Iterator<Item = (L, M)>,
+    ) -> fmt::Result {
+        let mut m = self.enc.encode_descriptor(name, help, None, kind)?;
+        for (labels, metric) in series {
+            metric.encode(m.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -310,16 +310,7 @@ impl Resources {
         g.children.clear();
         // Processes recorded by a state file of another process, not our children.
         let rec = g.rec.clone();
-        let others: Vec<i32> = rec
-            .processes
-            .iter()
-            .filter(|p| !pids.contains(&p.pid))
-            .filter(|p| start_time(p.pid) == Some(p.start_time))
-            .map(|p| p.pid)
-            .collect();
-        terminate(&others);
-        delete_namespaces(&rec.namespaces);
-        remove_paths(&rec.paths);
+        remove_recorded(&rec, &pids);
         if let Some(f) = g.state_file.take() {
             let _ = std::fs::remove_file(&f);
         }
@@ -348,9 +339,16 @@ fn save(g: &Inner) {
 
 /// Delete what a state file of an earlier `testbed up` recorded.
 pub fn cleanup_record(rec: &Record) {
+    remove_recorded(rec, &[]);
+}
+
+/// Terminate the recorded processes but `skip` (still the same process: same start
+/// time, not a reused pid), then delete the recorded namespaces and paths.
+fn remove_recorded(rec: &Record, skip: &[i32]) {
     let pids: Vec<i32> = rec
         .processes
         .iter()
+        .filter(|p| !skip.contains(&p.pid))
         .filter(|p| start_time(p.pid) == Some(p.start_time))
         .map(|p| p.pid)
         .collect();

@@ -284,6 +284,14 @@ mod tests {
         assert!(cheap_new < 0.0 && cheap_new > dear_new && dear_new >= -1.0);
     }
 
+    fn params(k: usize, max_k: usize) -> FilterParams {
+        FilterParams {
+            k,
+            max_k,
+            budget: 1000,
+        }
+    }
+
     #[test]
     fn filter_takes_the_best_feasible_combination_in_top_k() {
         let mut s = state();
@@ -292,12 +300,15 @@ mod tests {
         // Q favours 4 and 5, but O = 1 forbids putting b on both: the answer has one
         // of them and no more new nodes than needed.
         let q = [0.0, 0.1, 0.2, 0.3, 1.0, 0.9];
-        let p = FilterParams {
-            k: 3,
-            max_k: 6,
-            budget: 1000,
-        };
-        let c = filter(&s, &pool, &req("b", 2.0), &q, &p, RewardKind::Paper).unwrap();
+        let c = filter(
+            &s,
+            &pool,
+            &req("b", 2.0),
+            &q,
+            &params(3, 6),
+            RewardKind::Paper,
+        )
+        .unwrap();
         assert!(s.feasible(&req("b", 2.0), &c.set).is_ok());
         assert_eq!(c.set.iter().filter(|&&e| e >= 4).count(), 1, "{c:?}");
         assert_eq!(c.set.len(), 2, "{c:?}");
@@ -312,11 +323,7 @@ mod tests {
             s.commit(&req(&format!("f{i}"), 15.0), pair).unwrap();
         }
         let q = [1.0, 0.9, 0.8, 0.7, 0.0, 0.1];
-        let p = FilterParams {
-            k: 2,
-            max_k: 2,
-            budget: 1000,
-        };
+        let p = params(2, 2);
         // Nodes that cannot take a share are never candidates, so the top 2 are
         // 5 and 4 and Alg. 2 answers directly.
         let c = filter(&s, &pool, &req("b", 2.0), &q, &p, RewardKind::Packing).unwrap();

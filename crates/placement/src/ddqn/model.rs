@@ -172,12 +172,7 @@ mod tests {
                 price: 1.0 + i as f64 * 0.1,
             })
             .collect();
-        let limits = Limits {
-            threshold: 0.8,
-            g_min: 2,
-            g_max: 3,
-            overlap: 1,
-        };
+        let limits = Limits::checked(0.8, 2, 3, 1).unwrap();
         let req = Request {
             tenant: "t".into(),
             demand: Resources::new(2.0, 1.0, 3.0),

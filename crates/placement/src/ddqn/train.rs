@@ -30,7 +30,7 @@ use super::model::{DdqnModel, ModelHeader, MODEL_FORMAT, MODEL_VERSION};
 use super::net::{model_err, QNet};
 use super::Ddqn;
 use crate::forecast::HoltWinters;
-use crate::problem::PlaceError;
+use crate::problem::{check_unit_interval, PlaceError};
 use crate::sim::{run, CurrentDemand, Reserve, SimOptions};
 use crate::workload::{generate, train_seed, GenSpec};
 
@@ -137,16 +137,12 @@ impl TrainConfig {
         if self.target_every == 0 {
             return bad("target_every", "must be ≥ 1".into());
         }
-        for (f, v) in [
+        check_unit_interval(&[
             ("eps_start", self.eps_start),
             ("eps_end", self.eps_end),
             ("eps_decay", self.eps_decay),
             ("forecast_share", self.forecast_share),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                return bad(f, format!("must be in [0, 1], got {v}"));
-            }
-        }
+        ])?;
         if self.filter.k < 1 || self.filter.max_k < self.filter.k {
             return bad(
                 "filter.k",
