@@ -15,9 +15,6 @@ use telemetry::MetricsServer;
 
 use crate::{FmConfig, FmError, FmHandle};
 
-/// Where the node's status lines go.
-pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
-
 /// What an FM node runs with.
 #[derive(Clone)]
 pub struct FmNodeConfig {
@@ -32,7 +29,7 @@ pub struct FmNodeConfig {
     pub metrics: Option<SocketAddr>,
     /// A status line every this often.
     pub stats_interval: Option<Duration>,
-    pub lines: Option<LineSink>,
+    pub lines: telemetry::Lines,
 }
 
 /// A running FM node.
@@ -42,17 +39,13 @@ pub struct FmNode {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     metrics: Option<MetricsServer>,
-    lines: Option<LineSink>,
+    lines: telemetry::Lines,
     started: Instant,
 }
 
 /// Start an FM node: serving once this returns.
 pub fn start(cfg: FmNodeConfig) -> Result<FmNode, FmError> {
-    let say = |l: &str| {
-        if let Some(s) = &cfg.lines {
-            s(l)
-        }
-    };
+    let say = |l: &str| cfg.lines.say(l);
     let nchains = cfg.fm.chains.len();
     let id = cfg.fm.fm_id.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -138,11 +131,7 @@ impl FmNode {
             return;
         };
         let _ = t.join();
-        let say = |l: &str| {
-            if let Some(s) = &self.lines {
-                s(l)
-            }
-        };
+        let say = |l: &str| self.lines.say(l);
         if let Some(line) = status_line(self.runtime(), &self.fm, self.started) {
             say(&line);
         }
@@ -169,7 +158,7 @@ fn control_loop(
     mut agent: Option<NodeAgent>,
     nchains: usize,
     interval: Option<Duration>,
-    lines: Option<LineSink>,
+    lines: telemetry::Lines,
     started: Instant,
 ) {
     let mut next = interval.map(|i| started + i);
@@ -190,10 +179,10 @@ fn control_loop(
                 }
             }
         }
-        if let (Some(t), Some(i), Some(l)) = (next, interval, &lines) {
+        if let (Some(t), Some(i)) = (next, interval) {
             if Instant::now() >= t {
                 if let Some(line) = status_line(&rt, &fm, started) {
-                    l(&line);
+                    lines.say(&line);
                 }
                 next = Some(t + i);
             }

@@ -65,9 +65,7 @@ fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
             },
         )],
         metrics: Some("127.0.0.1:0".parse().unwrap()),
-        lines: Some(Arc::new(move |s: &str| {
-            l.lock().unwrap().push(s.to_string())
-        })),
+        lines: telemetry::Lines::new(move |s: &str| l.lock().unwrap().push(s.to_string())),
         ..PpNodeConfig::default()
     };
     let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))

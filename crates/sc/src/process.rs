@@ -15,9 +15,6 @@ use thiserror::Error;
 
 use crate::{ChainFactory, ScHandle};
 
-/// Where the node's status lines go.
-pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
-
 #[derive(Debug, Error)]
 pub enum ScProcessError {
     #[error("{0}")]
@@ -44,7 +41,7 @@ pub struct ScProcessConfig {
     pub metrics: Option<SocketAddr>,
     /// What the node offers the orchestrator's placement.
     pub capacity: Option<v1::NodeCapacity>,
-    pub lines: Option<LineSink>,
+    pub lines: telemetry::Lines,
 }
 
 /// A running SC node.
@@ -54,7 +51,7 @@ pub struct ScProcess {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     metrics: Option<MetricsServer>,
-    lines: Option<LineSink>,
+    lines: telemetry::Lines,
 }
 
 /// Start an SC node. Without an FM it first waits for the orchestrator to name one;
@@ -63,11 +60,7 @@ pub fn start(
     a: ScProcessConfig,
     stop: Arc<AtomicBool>,
 ) -> Result<Option<ScProcess>, ScProcessError> {
-    let say = |l: &str| {
-        if let Some(s) = &a.lines {
-            s(l)
-        }
-    };
+    let say = |l: &str| a.lines.say(l);
     let agent_err = |e: proto::agent::AgentError| ScProcessError::Io(e.to_string());
     // With an FM the node starts first, so the orchestrator learns its bound address;
     // without, the orchestrator must name the FM before the node can start.
@@ -182,11 +175,7 @@ impl ScProcess {
         let Some(rt) = self.rt.take() else {
             return;
         };
-        let say = |l: &str| {
-            if let Some(s) = &self.lines {
-                s(l)
-            }
-        };
+        let say = |l: &str| self.lines.say(l);
         for (g, s) in &rt.block_on(self.node.status(false)) {
             say(&format!(
                 "sc: group {} epoch {} position {}/{} applied {} requests {}",
@@ -211,7 +200,7 @@ fn control_loop(
     node: Arc<ScHandle>,
     stop: Arc<AtomicBool>,
     mut agent: Option<NodeAgent>,
-    lines: Option<LineSink>,
+    lines: telemetry::Lines,
     id: String,
 ) {
     let mut next_report = Instant::now();
@@ -220,8 +209,8 @@ fn control_loop(
         // Tests and operators see from this line which FM the node is on (FM failover).
         let now_fm = node.current_fm();
         if now_fm != on_fm {
-            if let (Some(f), Some(l)) = (&now_fm, &lines) {
-                l(&format!("sc: node {id} on FM {f}"));
+            if let Some(f) = &now_fm {
+                lines.say(&format!("sc: node {id} on FM {f}"));
             }
             on_fm = now_fm;
         }

@@ -20,8 +20,8 @@ pub fn run(a: AutoscaleFlags) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    let lines = crate::pp_cmd::stdout_lines();
-    rt.block_on(serve(a, stop, |l| lines(l)))?;
+    let lines = telemetry::Lines::stdout();
+    rt.block_on(serve(a, stop, |l| lines.say(l)))?;
     println!("autoscale: stopped");
     Ok(())
 }

@@ -62,14 +62,9 @@ pub fn run(a: FmArgs) -> Result<()> {
         advertise: a.advertise,
         metrics: a.metrics,
         stats_interval: a.stats_interval.map(Duration::from_secs_f64),
-        lines: Some(crate::pp_cmd::stdout_lines()),
+        lines: telemetry::Lines::stdout(),
     })?;
-    crate::signals::wait(
-        a.duration.map(Duration::from_secs_f64),
-        None,
-        || false,
-        || {},
-    );
+    crate::signals::wait_secs(a.duration);
     node.stop();
     Ok(())
 }

@@ -80,7 +80,7 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     let scaler_stop = Arc::new(AtomicBool::new(false));
     let mut scaler = autoscale.map(|args| {
         let flag = scaler_stop.clone();
-        let lines = crate::pp_cmd::stdout_lines();
+        let lines = telemetry::Lines::stdout();
         rt.spawn(orchestrator::autoscaler::serve(
             args,
             async move {
@@ -88,7 +88,7 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            move |l| lines(l),
+            move |l| lines.say(l),
         ))
     });
     let start = std::time::Instant::now();

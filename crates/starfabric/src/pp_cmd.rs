@@ -1,9 +1,7 @@
 //! `starfabric pp`: run a PP node (`pp::node`) until SIGINT/SIGTERM or `--duration`.
 
-use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -159,14 +157,6 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|e| e.to_string())
 }
 
-/// Print a status line and flush: tests and scripts wait for these.
-pub fn stdout_lines() -> pp::node::LineSink {
-    Arc::new(|l: &str| {
-        println!("{l}");
-        let _ = std::io::stdout().flush();
-    })
-}
-
 pub fn run(a: PpArgs) -> Result<()> {
     let stop = crate::signals::install()?;
     let o = &a.offload;
@@ -201,7 +191,7 @@ pub fn run(a: PpArgs) -> Result<()> {
             offload_packets: o.offload_packets,
             offload_idle_ms: o.offload_idle_ms,
         },
-        lines: Some(stdout_lines()),
+        lines: telemetry::Lines::stdout(),
     };
     let Some(node) = pp::node::start(cfg, stop)? else {
         return Ok(());

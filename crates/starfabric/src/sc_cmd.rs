@@ -91,17 +91,12 @@ pub fn run(a: ScArgs) -> Result<()> {
         timer_period: Duration::from_millis(a.timer_ms),
         metrics: a.metrics,
         capacity: a.capacity,
-        lines: Some(crate::pp_cmd::stdout_lines()),
+        lines: telemetry::Lines::stdout(),
     };
     let Some(node) = sc::process::start(cfg, stop)? else {
         return Ok(());
     };
-    crate::signals::wait(
-        a.duration.map(Duration::from_secs_f64),
-        None,
-        || false,
-        || {},
-    );
+    crate::signals::wait_secs(a.duration);
     node.stop();
     Ok(())
 }

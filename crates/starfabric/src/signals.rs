@@ -65,3 +65,8 @@ pub fn wait(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Block until a signal or `secs` (if any) have passed.
+pub fn wait_secs(secs: Option<f64>) {
+    wait(secs.map(Duration::from_secs_f64), None, || false, || {});
+}

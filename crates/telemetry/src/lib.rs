@@ -341,6 +341,38 @@ impl Drop for MetricsServer {
     }
 }
 
+/// Where a node's status lines go (`pp: listening on ...`, stats lines, `fm: stopped`).
+/// The binary prints them to stdout, where tests and `starfabric up` read them; an
+/// in-process caller may collect them; the default drops them.
+#[derive(Clone, Default)]
+pub struct Lines(Option<Arc<dyn Fn(&str) + Send + Sync>>);
+
+impl Lines {
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Lines {
+        Lines(Some(Arc::new(f)))
+    }
+
+    /// Each line to stdout, flushed: readers wait for them.
+    pub fn stdout() -> Lines {
+        Lines::new(|l| {
+            use std::io::Write as _;
+            println!("{l}");
+            let _ = std::io::stdout().flush();
+        })
+    }
+
+    pub fn say(&self, line: &str) {
+        if let Some(f) = &self.0 {
+            f(line)
+        }
+    }
+
+    /// Whether anyone listens (a line not worth building otherwise).
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
 /// A snapshot mutex, poison or not: a scrape renders whatever was last published.
 pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

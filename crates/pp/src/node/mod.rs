@@ -53,9 +53,6 @@ pub enum PpNodeError {
     Panicked,
 }
 
-/// Where the node's status lines go (`pp: listening ...`, stats lines, the summary).
-pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
-
 /// What a PP node runs with; [`Default`] is `starfabric pp` with no flags.
 #[derive(Clone)]
 pub struct PpNodeConfig {
@@ -97,8 +94,8 @@ pub struct PpNodeConfig {
     /// Serve `/metrics` here.
     pub metrics: Option<SocketAddr>,
     pub offload: OffloadConfig,
-    /// Status lines; `None` drops them.
-    pub lines: Option<LineSink>,
+    /// Where status lines go.
+    pub lines: telemetry::Lines,
 }
 
 impl Default for PpNodeConfig {
@@ -124,7 +121,7 @@ impl Default for PpNodeConfig {
             vip_group: false,
             metrics: None,
             offload: OffloadConfig::default(),
-            lines: None,
+            lines: telemetry::Lines::default(),
         }
     }
 }
@@ -211,11 +208,7 @@ pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle
 type Ready = std::sync::mpsc::SyncSender<Option<(SocketAddrV4, Option<SocketAddr>)>>;
 
 fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNodeError> {
-    let say = |line: &str| {
-        if let Some(l) = &a.lines {
-            l(line)
-        }
-    };
+    let say = |l: &str| a.lines.say(l);
     let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
     let opened = io::open(&IoOptions {
         kind: a.io,
