@@ -168,23 +168,13 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
 
 /// Serve FM metrics on its runtime; each scrape asks the master task first.
 pub fn start(
-    rt: &tokio::runtime::Runtime,
+    rt: &tokio::runtime::Handle,
     addr: SocketAddr,
     fm: &crate::FmHandle,
 ) -> Result<MetricsServer, telemetry::TelemetryError> {
-    let snap = Arc::new(Mutex::new(FmSnapshot::default()));
     let obs = fm.observer();
-    let s = snap.clone();
-    let exporter = fm_exporter(snap).on_scrape(move || {
-        let (obs, s) = (obs.clone(), s.clone());
-        async move {
-            if let Some(f) = FmSnapshot::fetch(&obs).await {
-                *lock(&s) = f;
-            }
-        }
-    });
-    let _guard = rt.enter();
-    let server = MetricsServer::spawn(addr, exporter)?;
-    server.announce()?;
-    Ok(server)
+    telemetry::serve_fetched(rt, addr, fm_exporter, move || {
+        let obs = obs.clone();
+        async move { FmSnapshot::fetch(&obs).await }
+    })
 }

@@ -69,7 +69,7 @@ pub fn start(cfg: FmNodeConfig) -> Result<FmNode, FmError> {
     say(&format!("fm: listening on {}, {nchains} chains", fm.addr()));
     let metrics = cfg
         .metrics
-        .map(|addr| crate::metrics::start(&rt, addr, &fm))
+        .map(|addr| crate::metrics::start(rt.handle(), addr, &fm))
         .transpose()
         .map_err(|e| FmError::Io(format!("FM metrics endpoint: {e}")))?;
     let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());

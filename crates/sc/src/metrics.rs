@@ -163,22 +163,13 @@ fn sc_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
 
 /// Serve SC metrics on its runtime; each scrape asks the replicas first.
 pub fn start(
-    rt: &tokio::runtime::Runtime,
+    rt: &tokio::runtime::Handle,
     addr: SocketAddr,
     node: &crate::ScHandle,
 ) -> Result<MetricsServer, telemetry::TelemetryError> {
-    let snap = Arc::new(Mutex::new(ScSnapshot::default()));
     let obs = node.observer();
-    let s = snap.clone();
-    let exporter = sc_exporter(snap).on_scrape(move || {
-        let (obs, s) = (obs.clone(), s.clone());
-        async move {
-            let f = ScSnapshot::fetch(&obs).await;
-            *lock(&s) = f;
-        }
-    });
-    let _guard = rt.enter();
-    let server = MetricsServer::spawn(addr, exporter)?;
-    server.announce()?;
-    Ok(server)
+    telemetry::serve_fetched(rt, addr, sc_exporter, move || {
+        let obs = obs.clone();
+        async move { Some(ScSnapshot::fetch(&obs).await) }
+    })
 }

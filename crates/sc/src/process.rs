@@ -117,7 +117,7 @@ pub fn start(
     ));
     let metrics = a
         .metrics
-        .map(|addr| crate::metrics::start(&rt, addr, &node))
+        .map(|addr| crate::metrics::start(rt.handle(), addr, &node))
         .transpose()
         .map_err(|e| ScProcessError::Io(format!("SC metrics endpoint: {e}")))?;
     let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());

@@ -373,6 +373,36 @@ impl Lines {
     }
 }
 
+/// Serve the metrics of a node whose state lives in tasks that must be asked: each
+/// scrape first awaits `fetch` and keeps its answer (`None` keeps the last one) in the
+/// snapshot `exporter`'s collectors read; then announce the endpoint.
+pub fn serve_fetched<S, F, Fut>(
+    rt: &tokio::runtime::Handle,
+    addr: SocketAddr,
+    exporter: impl FnOnce(Arc<std::sync::Mutex<S>>) -> Exporter,
+    fetch: F,
+) -> Result<MetricsServer, TelemetryError>
+where
+    S: Default + Send + 'static,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<S>> + Send + 'static,
+{
+    let snap = Arc::new(std::sync::Mutex::new(S::default()));
+    let s = snap.clone();
+    let exporter = exporter(snap).on_scrape(move || {
+        let (s, next) = (s.clone(), fetch());
+        async move {
+            if let Some(f) = next.await {
+                *lock(&s) = f;
+            }
+        }
+    });
+    let _guard = rt.enter();
+    let server = MetricsServer::spawn(addr, exporter)?;
+    server.announce()?;
+    Ok(server)
+}
+
 /// A snapshot mutex, poison or not: a scrape renders whatever was last published.
 pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
