@@ -206,6 +206,21 @@ pub enum TenantCmd {
     },
 }
 
+/// `--tenant T`: the list of a tenant's objects.
+#[derive(Args, Debug)]
+pub struct OfTenant {
+    #[arg(long)]
+    tenant: String,
+}
+
+/// `NAME --tenant T`: one object of a tenant's.
+#[derive(Args, Debug)]
+pub struct Named {
+    name: String,
+    #[arg(long)]
+    tenant: String,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum VpcCmd {
     Create {
@@ -217,15 +232,8 @@ pub enum VpcCmd {
         #[arg(long = "cidr")]
         cidrs: Vec<String>,
     },
-    List {
-        #[arg(long)]
-        tenant: String,
-    },
-    Delete {
-        name: String,
-        #[arg(long)]
-        tenant: String,
-    },
+    List(OfTenant),
+    Delete(Named),
 }
 
 #[derive(Subcommand, Debug)]
@@ -292,15 +300,8 @@ pub enum NfKindCmd {
 pub enum NfCmd {
     #[command(subcommand)]
     Create(NfKindCmd),
-    List {
-        #[arg(long)]
-        tenant: String,
-    },
-    Delete {
-        name: String,
-        #[arg(long)]
-        tenant: String,
-    },
+    List(OfTenant),
+    Delete(Named),
 }
 
 #[derive(Subcommand, Debug)]
@@ -323,15 +324,8 @@ pub enum ChainCmd {
         #[arg(long)]
         wait: bool,
     },
-    List {
-        #[arg(long)]
-        tenant: String,
-    },
-    Delete {
-        name: String,
-        #[arg(long)]
-        tenant: String,
-    },
+    List(OfTenant),
+    Delete(Named),
 }
 
 /// `bw=1,cpu=0.5,mem=1` as the API's demand object; the API checks the values.
@@ -518,7 +512,7 @@ pub fn vpc(c: &Client, cmd: VpcCmd) -> Result<()> {
             }
             Ok(())
         }
-        VpcCmd::List { tenant } => {
+        VpcCmd::List(OfTenant { tenant }) => {
             let v = all_pages(c, &format!("/v1/tenants/{tenant}/vpcs"))?;
             c.print(
                 &v,
@@ -526,7 +520,7 @@ pub fn vpc(c: &Client, cmd: VpcCmd) -> Result<()> {
                 &[("NAME", "/name"), ("VNI", "/vni"), ("CIDRS", "/cidrs")],
             )
         }
-        VpcCmd::Delete { name, tenant } => {
+        VpcCmd::Delete(Named { name, tenant }) => {
             c.call("DELETE", &format!("/v1/tenants/{tenant}/vpcs/{name}"), None)?;
             println!("vpc/{tenant}/{name} deleted");
             Ok(())
@@ -545,7 +539,7 @@ fn port_rule(action: &str, s: &str) -> Result<Value> {
 
 pub fn nf(c: &Client, cmd: NfCmd) -> Result<()> {
     let (tenant, name, body) = match cmd {
-        NfCmd::List { tenant } => {
+        NfCmd::List(OfTenant { tenant }) => {
             let v = all_pages(c, &format!("/v1/tenants/{tenant}/nfs"))?;
             return c.print(
                 &v,
@@ -557,7 +551,7 @@ pub fn nf(c: &Client, cmd: NfCmd) -> Result<()> {
                 ],
             );
         }
-        NfCmd::Delete { name, tenant } => {
+        NfCmd::Delete(Named { name, tenant }) => {
             c.call("DELETE", &format!("/v1/tenants/{tenant}/nfs/{name}"), None)?;
             println!("nf/{tenant}/{name} deleted");
             return Ok(());
@@ -664,7 +658,7 @@ pub fn chain(c: &Client, cmd: ChainCmd) -> Result<()> {
             }
             Ok(())
         }
-        ChainCmd::List { tenant } => {
+        ChainCmd::List(OfTenant { tenant }) => {
             let v = all_pages(c, &format!("/v1/tenants/{tenant}/chains"))?;
             c.print(
                 &v,
@@ -677,7 +671,7 @@ pub fn chain(c: &Client, cmd: ChainCmd) -> Result<()> {
                 ],
             )
         }
-        ChainCmd::Delete { name, tenant } => {
+        ChainCmd::Delete(Named { name, tenant }) => {
             c.call(
                 "DELETE",
                 &format!("/v1/tenants/{tenant}/chains/{name}"),
