@@ -428,6 +428,17 @@ impl LoadBalancer {
         Some(f)
     }
 
+    /// Give a known flow its full timeout again from `now_ms`; answers the timeout.
+    fn rearm(&mut self, key: FlowKey, f: LbFlow, now_ms: u64) -> Duration {
+        let t = self.timeout(&key, f.closing);
+        let flow = LbFlow {
+            deadline_ms: now_ms.saturating_add(t.as_millis() as u64),
+            ..f
+        };
+        self.insert(key, flow);
+        t
+    }
+
     /// Forget flows whose backend may no longer keep them; sorted keys.
     fn prune(&mut self) -> Vec<FlowKey> {
         self.remove_where(|lb, k, f| !lb.keeps(k, &f.backend))
@@ -497,12 +508,7 @@ impl NetworkFunction for LoadBalancer {
         if let Some(f) = self.flows.get(&key).copied() {
             if let Some(svc) = self.service_of(&key) {
                 let (vip, port) = (svc.vip, svc.port);
-                let t = self.timeout(&key, f.closing);
-                let flow = LbFlow {
-                    deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
-                    ..f
-                };
-                self.insert(key, flow);
+                let t = self.rearm(key, f, env.now_ms);
                 return Ok(Self::forward_decision(vip, port, &f.backend, t));
             }
         }
@@ -510,12 +516,7 @@ impl NetworkFunction for LoadBalancer {
         if let Some(fwd) = self.replies.get(&key).copied() {
             if let (Some(f), Some(svc)) = (self.flows.get(&fwd).copied(), self.service_of(&fwd)) {
                 let (vip, port) = (svc.vip, svc.port);
-                let t = self.timeout(&fwd, f.closing);
-                let flow = LbFlow {
-                    deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
-                    ..f
-                };
-                self.insert(fwd, flow);
+                let t = self.rearm(fwd, f, env.now_ms);
                 return Ok(Decision {
                     forward: Rewrite::src(vip, port),
                     reverse: Rewrite::dst(f.backend.addr, f.backend.port),

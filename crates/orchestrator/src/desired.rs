@@ -196,6 +196,48 @@ impl Desired {
         }
     }
 
+    /// Item `name` of a tenant under `{kind}/{tenant}/`; `what` names the kind in the
+    /// error. The tenant is checked first, so a missing tenant is reported as such.
+    async fn tenant_item<T: DeserializeOwned + Revised>(
+        &self,
+        kind: &str,
+        what: &str,
+        tenant: &str,
+        name: &str,
+    ) -> Result<T, ApiError> {
+        self.tenant(tenant).await?;
+        self.read::<T>(&format!("{kind}/{tenant}/{name}"))
+            .await?
+            .map(|(v, _)| v)
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "{what} {name:?} of tenant {tenant:?} does not exist"
+                ))
+            })
+    }
+
+    /// A page of a tenant's items under `{kind}/{tenant}/`.
+    async fn tenant_items<T: DeserializeOwned + Revised>(
+        &self,
+        kind: &str,
+        tenant: &str,
+        page: Paging<'_>,
+    ) -> Result<Page<T>, ApiError> {
+        self.tenant(tenant).await?;
+        self.list_of(&format!("{kind}/{tenant}/"), page).await
+    }
+
+    /// The tenant an update of one of its items depends on: its key, value and revision
+    /// (the update's transaction compares it).
+    async fn tenant_for_update(&self, tenant: &str) -> Result<(String, Tenant, u64), ApiError> {
+        let tkey = format!("tenants/{tenant}");
+        let (t, trev) = self
+            .read::<Tenant>(&tkey)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        Ok((tkey, t, trev))
+    }
+
     async fn list_of<T: DeserializeOwned + Revised>(
         &self,
         prefix: &str,
@@ -492,18 +534,11 @@ impl Desired {
     // ------------------------------------------------------------------ VPCs
 
     pub async fn vpc(&self, tenant: &str, name: &str) -> Result<Vpc, ApiError> {
-        self.tenant(tenant).await?;
-        self.read::<Vpc>(&format!("vpcs/{tenant}/{name}"))
-            .await?
-            .map(|(v, _)| v)
-            .ok_or_else(|| {
-                ApiError::not_found(format!("VPC {name:?} of tenant {tenant:?} does not exist"))
-            })
+        self.tenant_item("vpcs", "VPC", tenant, name).await
     }
 
     pub async fn vpcs(&self, tenant: &str, page: Paging<'_>) -> Result<Page<Vpc>, ApiError> {
-        self.tenant(tenant).await?;
-        self.list_of(&format!("vpcs/{tenant}/"), page).await
+        self.tenant_items("vpcs", tenant, page).await
     }
 
     pub async fn put_vpc(
@@ -522,11 +557,7 @@ impl Desired {
         for c in &spec.cidrs {
             check_prefix("cidrs", c)?;
         }
-        let tkey = format!("tenants/{tenant}");
-        let (_, trev) = self
-            .read::<Tenant>(&tkey)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        let (tkey, _, trev) = self.tenant_for_update(tenant).await?;
         let key = format!("vpcs/{tenant}/{name}");
         let vni_key = format!("vnis/{:08}", spec.vni);
         let owner = format!("{tenant}/{name}");
@@ -625,18 +656,11 @@ impl Desired {
     // ------------------------------------------------------------------ NFs
 
     pub async fn nf(&self, tenant: &str, name: &str) -> Result<NfInstance, ApiError> {
-        self.tenant(tenant).await?;
-        self.read::<NfInstance>(&format!("nfs/{tenant}/{name}"))
-            .await?
-            .map(|(v, _)| v)
-            .ok_or_else(|| {
-                ApiError::not_found(format!("NF {name:?} of tenant {tenant:?} does not exist"))
-            })
+        self.tenant_item("nfs", "NF", tenant, name).await
     }
 
     pub async fn nfs(&self, tenant: &str, page: Paging<'_>) -> Result<Page<NfInstance>, ApiError> {
-        self.tenant(tenant).await?;
-        self.list_of(&format!("nfs/{tenant}/"), page).await
+        self.tenant_items("nfs", tenant, page).await
     }
 
     pub async fn put_nf(
@@ -646,11 +670,7 @@ impl Desired {
         spec: NfSpec,
     ) -> Result<(NfInstance, Put), ApiError> {
         check_name("nf", name)?;
-        let tkey = format!("tenants/{tenant}");
-        let (t, trev) = self
-            .read::<Tenant>(&tkey)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        let (tkey, t, trev) = self.tenant_for_update(tenant).await?;
         // Building the NF is the validation: exactly what SC will do with it.
         let built = nf_config(t.id, spec.kind, &spec.config)?;
         nfs::build(&built).map_err(|e| {
@@ -723,20 +743,11 @@ impl Desired {
     // ------------------------------------------------------------------ chains
 
     pub async fn chain(&self, tenant: &str, name: &str) -> Result<Chain, ApiError> {
-        self.tenant(tenant).await?;
-        self.read::<Chain>(&format!("chains/{tenant}/{name}"))
-            .await?
-            .map(|(v, _)| v)
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "chain {name:?} of tenant {tenant:?} does not exist"
-                ))
-            })
+        self.tenant_item("chains", "chain", tenant, name).await
     }
 
     pub async fn chains(&self, tenant: &str, page: Paging<'_>) -> Result<Page<Chain>, ApiError> {
-        self.tenant(tenant).await?;
-        self.list_of(&format!("chains/{tenant}/"), page).await
+        self.tenant_items("chains", tenant, page).await
     }
 
     pub async fn put_chain(
@@ -746,11 +757,7 @@ impl Desired {
         spec: ChainSpec,
     ) -> Result<(Chain, Put), ApiError> {
         check_name("chain", name)?;
-        let tkey = format!("tenants/{tenant}");
-        let (t, trev) = self
-            .read::<Tenant>(&tkey)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} does not exist")))?;
+        let (tkey, t, trev) = self.tenant_for_update(tenant).await?;
         check_name("vpc", &spec.vpc)?;
         if spec.nfs.is_empty() {
             return Err(ApiError::invalid("nfs", "a chain needs at least one NF"));

@@ -23,13 +23,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let w = generate(&spec, seed)?;
     let inst = snapshot_instance(&w, step, nodes, tenants)?;
     println!(
-        "{} nodes, {} tenants, U = {}, G in [{}, {}], O = {}",
+        "{} nodes, {} tenants, {}",
         inst.nodes.len(),
         inst.requests.len(),
-        inst.limits.threshold,
-        inst.limits.g_min,
-        inst.limits.g_max,
-        inst.limits.overlap
+        inst.limits
     );
     for (name, p) in [
         ("ff", first_fit(&inst)),

@@ -50,15 +50,7 @@ fn main() {
             g_sum += g.lambda;
             let mut r_inst = 0.0;
             for s in 0..draws {
-                let r = round(
-                    &inst,
-                    &lp,
-                    &RgcmOptions {
-                        seed: s,
-                        ..Default::default()
-                    },
-                )
-                .expect("round");
+                let r = round(&inst, &lp, &RgcmOptions::seeded(s)).expect("round");
                 r_inst += r.lambda;
                 total += 1;
                 t4 += r.bounds.tenant_bound_ok as usize;

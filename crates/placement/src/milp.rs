@@ -155,13 +155,10 @@ pub fn solve(inst: &Instance, opts: &MilpOptions) -> Result<MilpResult, PlaceErr
                 tenant: None,
                 reason: format!(
                     "no placement of the {} requests on the {} nodes satisfies Eq. 2-6 \
-                     (U = {}, G in [{}, {}], O = {}); proved by the MILP",
+                     ({}); proved by the MILP",
                     inst.requests.len(),
                     inst.nodes.len(),
-                    inst.limits.threshold,
-                    inst.limits.g_min,
-                    inst.limits.g_max,
-                    inst.limits.overlap
+                    inst.limits,
                 ),
             })
         }

@@ -179,6 +179,17 @@ impl TryFrom<RawLimits> for Limits {
     }
 }
 
+/// `U = 0.8, G in [2, 3], O = 1`, as messages name the limits.
+impl fmt::Display for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "U = {}, G in [{}, {}], O = {}",
+            self.threshold, self.g_min, self.g_max, self.overlap
+        )
+    }
+}
+
 impl Limits {
     /// Limits from signed inputs (an API body, a workload file), each field checked.
     pub fn checked(

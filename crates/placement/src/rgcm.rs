@@ -566,6 +566,16 @@ pub struct RgcmOptions {
     pub max_rounds: usize,
 }
 
+impl RgcmOptions {
+    /// The defaults with generator seed `seed`.
+    pub fn seeded(seed: u64) -> Self {
+        RgcmOptions {
+            seed,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for RgcmOptions {
     fn default() -> Self {
         RgcmOptions {
@@ -1380,15 +1390,7 @@ mod tests {
                 let i = random_instance(seed, n, d, v, 30.0, k, seed % 2 == 0);
                 let lp = solve_lp(&i).unwrap();
                 for s in 0..10 {
-                    let r = round(
-                        &i,
-                        &lp,
-                        &RgcmOptions {
-                            seed: s,
-                            ..Default::default()
-                        },
-                    )
-                    .unwrap();
+                    let r = round(&i, &lp, &RgcmOptions::seeded(s)).unwrap();
                     check_mapping(&i, &r.mapping).unwrap();
                     let named = r.mapping.named(&i).unwrap();
                     assert_eq!(named.len(), i.vpc_count());
@@ -1414,10 +1416,7 @@ mod tests {
     #[test]
     fn same_seed_same_mapping() {
         let i = random_instance(7, 5, 12, 4, 30.0, 2, false);
-        let opts = RgcmOptions {
-            seed: 42,
-            ..Default::default()
-        };
+        let opts = RgcmOptions::seeded(42);
         assert_eq!(rgcm(&i, &opts).unwrap(), rgcm(&i, &opts).unwrap());
     }
 
@@ -1451,15 +1450,7 @@ mod tests {
                 g.lambda
             );
             for s in 0..20 {
-                let r = round(
-                    &i,
-                    &lp,
-                    &RgcmOptions {
-                        seed: s,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
+                let r = round(&i, &lp, &RgcmOptions::seeded(s)).unwrap();
                 // The MILP optimum is over mappings with ≤ k clusters per tenant; a
                 // rounded mapping within k is one of them, so it cannot beat it.
                 if r.tenant_clusters.iter().all(|c| c.len() <= i.k) {
@@ -1504,15 +1495,7 @@ mod tests {
             let i = random_instance(seed, 6, 12, 4, 25.0, 2, seed % 2 == 0);
             let lp = solve_lp(&i).unwrap();
             for s in 0..50 {
-                let r = round(
-                    &i,
-                    &lp,
-                    &RgcmOptions {
-                        seed: s,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
+                let r = round(&i, &lp, &RgcmOptions::seeded(s)).unwrap();
                 total += 1;
                 if r.bound_ok() {
                     held += 1;
@@ -1530,15 +1513,7 @@ mod tests {
         let lp = solve_lp(&i).unwrap();
         let mut within_k = 0;
         for s in 0..40 {
-            let r = round(
-                &i,
-                &lp,
-                &RgcmOptions {
-                    seed: s,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let r = round(&i, &lp, &RgcmOptions::seeded(s)).unwrap();
             assert_eq!(r.bounds.probability, 0.0);
             if r.tenant_clusters[0].len() == 1 {
                 within_k += 1;

@@ -270,6 +270,16 @@ async fn delete_existed(s: Arc<dyn Store>) -> CheckResult {
     Ok(())
 }
 
+/// The list checks store each key's name below the check's `root` as its value.
+fn ensure_value_is_name(root: &str, k: &str, v: &Versioned, what: String) -> CheckResult {
+    ensure_eq!(
+        v.value,
+        k.strip_prefix(root).unwrap_or(k).as_bytes().to_vec(),
+        what
+    );
+    Ok(())
+}
+
 async fn list_prefix_isolation(s: Arc<dyn Store>) -> CheckResult {
     let p = |rest: &str| key("list-prefix-isolation", rest);
     for k in ["t/1/a", "t/1/b", "t/10/a", "t/1", "t/2/x", "t/0/z"] {
@@ -278,14 +288,7 @@ async fn list_prefix_isolation(s: Arc<dyn Store>) -> CheckResult {
     let got = s.list(&p("t/1/"), None, 0).await.ctx("list t/1/")?;
     ensure_eq!(names(&got), vec![p("t/1/a"), p("t/1/b")], "list t/1/");
     for (k, v) in &got {
-        ensure_eq!(
-            v.value,
-            k.strip_prefix(p("").as_str())
-                .unwrap_or(k)
-                .as_bytes()
-                .to_vec(),
-            format!("value of {k}")
-        );
+        ensure_value_is_name(&p(""), k, v, format!("value of {k}"))?;
     }
     let got = s.list(&p("t/10/"), None, 0).await.ctx("list t/10/")?;
     ensure_eq!(names(&got), vec![p("t/10/a")], "list t/10/");
@@ -321,14 +324,7 @@ async fn list_ordering(s: Arc<dyn Store>) -> CheckResult {
     for (k, v) in &got {
         let rev = revs.iter().find(|(rk, _)| rk == k).map(|(_, r)| *r);
         ensure_eq!(Some(v.mod_rev), rev, format!("listed mod_rev of {k}"));
-        ensure_eq!(
-            v.value,
-            k.strip_prefix(p("").as_str())
-                .unwrap_or(k)
-                .as_bytes()
-                .to_vec(),
-            format!("listed value of {k}")
-        );
+        ensure_value_is_name(&p(""), k, v, format!("listed value of {k}"))?;
     }
     Ok(())
 }
@@ -397,29 +393,30 @@ async fn pagination(s: Arc<dyn Store>) -> CheckResult {
 
     let everything = s.list(&prefix, None, 0).await.ctx("list all")?;
     ensure_eq!(everything.len(), N, "limit 0 lists everything");
-    // start_after needs not be an existing key.
-    let mid = s
-        .list(&prefix, Some(&format!("{prefix}0099x")), 2)
-        .await
-        .ctx("list after a missing key")?;
+    // Listing after `start` (which needs not be an existing key) with `limit`.
+    let after = |start: String, limit: usize, what: &'static str| {
+        let s = s.clone();
+        let prefix = prefix.clone();
+        async move { s.list(&prefix, Some(&start), limit).await.ctx(what) }
+    };
+    let mid = after(format!("{prefix}0099x"), 2, "list after a missing key").await?;
     ensure_eq!(
         names(&mid),
         vec![all[100].as_str(), all[101].as_str()],
         "page after 0099x"
     );
-    let before = s
-        .list(&prefix, Some(&key("pagination", "a")), 1)
-        .await
-        .ctx("list after a key before the prefix")?;
+    let before = after(
+        key("pagination", "a"),
+        1,
+        "list after a key before the prefix",
+    )
+    .await?;
     ensure_eq!(
         names(&before),
         vec![all[0].as_str()],
         "start_after before the prefix"
     );
-    let past = s
-        .list(&prefix, Some(&key("pagination", "items~")), 0)
-        .await
-        .ctx("list past the prefix")?;
+    let past = after(key("pagination", "items~"), 0, "list past the prefix").await?;
     ensure!(
         past.is_empty(),
         "start_after past the prefix returned {:?}",
@@ -436,15 +433,19 @@ async fn txn_all_or_nothing(s: Arc<dyn Store>) -> CheckResult {
     let k2 = must_get(&*s, &p("k2")).await?;
     let rev = s.revision().await.ctx("revision")?;
 
+    // The same ops, first under compares that fail, then under compares that hold.
+    let ops = || {
+        vec![
+            TxnOp::Put(p("k1"), b"changed".to_vec()),
+            TxnOp::Put(p("k3"), b"new".to_vec()),
+            TxnOp::Delete(p("k2")),
+        ]
+    };
     // The first compare holds, the second does not.
     let r = s
         .txn(
             vec![Compare::ModRev(p("k1"), r1), Compare::Absent(p("k2"))],
-            vec![
-                TxnOp::Put(p("k1"), b"changed".to_vec()),
-                TxnOp::Put(p("k3"), b"new".to_vec()),
-                TxnOp::Delete(p("k2")),
-            ],
+            ops(),
         )
         .await;
     expect_conflict(r, &p("k2"), "txn with a failing second compare")?;
@@ -478,11 +479,7 @@ async fn txn_all_or_nothing(s: Arc<dyn Store>) -> CheckResult {
     let r = s
         .txn(
             vec![Compare::ModRev(p("k1"), r1), Compare::Present(p("k2"))],
-            vec![
-                TxnOp::Put(p("k1"), b"changed".to_vec()),
-                TxnOp::Put(p("k3"), b"new".to_vec()),
-                TxnOp::Delete(p("k2")),
-            ],
+            ops(),
         )
         .await
         .ctx("txn whose compares hold")?;

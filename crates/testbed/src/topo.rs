@@ -30,6 +30,7 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
+use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -421,29 +422,18 @@ impl Testbed {
         // The internet gateway and host.
         let igw = self.ns(Node::Igw);
         let inet = self.ns(Node::Inet);
-        let s = format!(
-            "link add vx0 address {} type vxlan id {} local {} remote {} dstport 4789 dev up0\n\
-             addr add {}/24 dev vx0\n\
-             link set vx0 up\n\
-             neigh add {} lladdr {} dev vx0 nud permanent\n\
-             link add inet0 type veth peer name eth0 netns {inet}\n\
-             addr add {}/24 dev inet0\n\
-             link set inet0 up\n\
-             route add {} via {} dev vx0\n\
-             route add {} via {} dev vx0\n",
-            mac::IGW,
-            vni::INTERNET,
-            addr::IGW,
-            addr::PP,
-            addr::IGW_VX,
-            addr::PP_IGW_VX,
-            mac::PP_IGW,
-            addr::INET_GW,
-            addr::PUBLIC,
-            addr::PP_IGW_VX,
-            addr::PRIVATE,
-            addr::PP_IGW_VX,
-        );
+        let s = GatewaySide {
+            mac: mac::IGW,
+            vni: vni::INTERNET,
+            local: addr::IGW,
+            vx: addr::IGW_VX,
+            pp_vx: addr::PP_IGW_VX,
+            pp_mac: mac::PP_IGW,
+            inner: format!("link add inet0 type veth peer name eth0 netns {inet}\n"),
+            dev: "inet0",
+            gw: addr::INET_GW,
+        }
+        .script();
         cmd::ip_batch(&igw, &s)?;
         vxlan_tx_off(&igw)?;
         let s = format!(
@@ -457,29 +447,18 @@ impl Testbed {
         // The service gateway and its nginx backends on a bridge.
         if self.spec.backends > 0 {
             let svc = self.ns(Node::Svc);
-            let mut s = format!(
-                "link add vx0 address {} type vxlan id {} local {} remote {} dstport 4789 dev up0\n\
-                 addr add {}/24 dev vx0\n\
-                 link set vx0 up\n\
-                 neigh add {} lladdr {} dev vx0 nud permanent\n\
-                 link add br0 type bridge\n\
-                 addr add {}/24 dev br0\n\
-                 link set br0 up\n\
-                 route add {} via {} dev vx0\n\
-                 route add {} via {} dev vx0\n",
-                mac::SVC,
-                vni::SERVICES,
-                addr::SVC,
-                addr::PP,
-                addr::SVC_VX,
-                addr::PP_SVC_VX,
-                mac::PP_SVC,
-                addr::SVC_GW,
-                addr::PUBLIC,
-                addr::PP_SVC_VX,
-                addr::PRIVATE,
-                addr::PP_SVC_VX,
-            );
+            let mut s = GatewaySide {
+                mac: mac::SVC,
+                vni: vni::SERVICES,
+                local: addr::SVC,
+                vx: addr::SVC_VX,
+                pp_vx: addr::PP_SVC_VX,
+                pp_mac: mac::PP_SVC,
+                inner: "link add br0 type bridge\n".to_string(),
+                dev: "br0",
+                gw: addr::SVC_GW,
+            }
+            .script();
             for k in 0..self.spec.backends {
                 let _ = writeln!(
                     s,
@@ -725,6 +704,51 @@ pub fn parse_net_dev(text: &str, dev: &str, counter: &str) -> Result<u64> {
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A gateway namespace's side of its VXLAN link to PP: the tunnel, PP's neighbour entry,
+/// the inner device (`inner` creates it) holding the gateway address, and the routes to
+/// the public and private ranges through PP. The internet and service gateways differ
+/// only in these values.
+struct GatewaySide {
+    mac: &'static str,
+    vni: u32,
+    local: Ipv4Addr,
+    vx: Ipv4Addr,
+    pp_vx: Ipv4Addr,
+    pp_mac: &'static str,
+    inner: String,
+    dev: &'static str,
+    gw: Ipv4Addr,
+}
+
+impl GatewaySide {
+    /// The `ip -batch` lines.
+    fn script(&self) -> String {
+        let GatewaySide {
+            mac,
+            vni,
+            local,
+            vx,
+            pp_vx,
+            pp_mac,
+            inner,
+            dev,
+            gw,
+        } = self;
+        let (pp, public, private) = (addr::PP, addr::PUBLIC, addr::PRIVATE);
+        format!(
+            "link add vx0 address {mac} type vxlan id {vni} local {local} remote {pp} dstport 4789 dev up0\n\
+             addr add {vx}/24 dev vx0\n\
+             link set vx0 up\n\
+             neigh add {pp_vx} lladdr {pp_mac} dev vx0 nud permanent\n\
+             {inner}\
+             addr add {gw}/24 dev {dev}\n\
+             link set {dev} up\n\
+             route add {public} via {pp_vx} dev vx0\n\
+             route add {private} via {pp_vx} dev vx0\n"
+        )
+    }
 }
 
 /// Linux hands CHECKSUM_PARTIAL inner packets to a VXLAN device, and a PP node reading

@@ -12,60 +12,60 @@ use super::table::{
     FULL_WEIGHT,
 };
 
-pub(super) const SNAPSHOT_VERSION: u32 = 1;
+const SNAPSHOT_VERSION: u32 = 1;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Snapshot {
-    pub(super) version: u32,
-    pub(super) port_pool: Vec<FreePorts>,
-    pub(super) mappings: Vec<MappingSnap>,
-    pub(super) pairings: Vec<PairingSnap>,
-    pub(super) flows: Vec<FlowSnap>,
-    pub(super) stats: SnatStats,
+    version: u32,
+    port_pool: Vec<FreePorts>,
+    mappings: Vec<MappingSnap>,
+    pairings: Vec<PairingSnap>,
+    flows: Vec<FlowSnap>,
+    stats: SnatStats,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct FreePorts {
-    pub(super) addr: IpAddr,
-    pub(super) proto: u8,
+struct FreePorts {
+    addr: IpAddr,
+    proto: u8,
     /// Inclusive ranges.
-    pub(super) free: Vec<[u16; 2]>,
+    free: Vec<[u16; 2]>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct MappingSnap {
-    pub(super) external: ExternalEndpoint,
-    pub(super) key: MappingKey,
-    pub(super) weight: u64,
+struct MappingSnap {
+    external: ExternalEndpoint,
+    key: MappingKey,
+    weight: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct PairingSnap {
-    pub(super) vni: u32,
-    pub(super) internal: IpAddr,
-    pub(super) external: IpAddr,
+struct PairingSnap {
+    vni: u32,
+    internal: IpAddr,
+    external: IpAddr,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct FlowSnap {
+struct FlowSnap {
     /// `FlowKey`'s text form in JSON, its bytes in the binary form.
-    pub(super) key: SnapKey,
-    pub(super) own: ExternalEndpoint,
-    pub(super) peer: Option<ExternalEndpoint>,
-    pub(super) forward: Rewrite,
-    pub(super) reverse: Rewrite,
-    pub(super) state: FlowState,
-    pub(super) deadline_ms: u64,
+    key: SnapKey,
+    own: ExternalEndpoint,
+    peer: Option<ExternalEndpoint>,
+    forward: Rewrite,
+    reverse: Rewrite,
+    state: FlowState,
+    deadline_ms: u64,
 }
 
 /// A flow key in a snapshot: text in JSON (as older builds wrote it), bytes in binary.
 #[derive(Debug)]
-pub(super) struct SnapKey(pub(super) FlowKey);
+struct SnapKey(FlowKey);
 
 impl Serialize for SnapKey {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

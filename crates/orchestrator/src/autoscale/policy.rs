@@ -170,26 +170,16 @@ impl Policy {
             let crossed = format!(
                 "{out_name} utilisation {out_u:.2} above the high mark {high:.2} for {samples} samples"
             );
-            if n >= self.cfg.max {
-                return Decision::Refused(
-                    Action::ScaleOut,
-                    reason(
-                        samples,
-                        out_u,
-                        high,
-                        format!("{crossed}, but at the maximum of {} units", self.cfg.max),
-                    ),
-                );
-            }
-            return Decision::Act(
-                Action::ScaleOut,
-                reason(
-                    samples,
-                    out_u,
-                    high,
-                    format!("{crossed}; {n} -> {} units", n + 1),
-                ),
-            );
+            let (acted, text) = if n >= self.cfg.max {
+                let max = self.cfg.max;
+                (
+                    false,
+                    format!("{crossed}, but at the maximum of {max} units"),
+                )
+            } else {
+                (true, format!("{crossed}; {n} -> {} units", n + 1))
+            };
+            return decided(acted, Action::ScaleOut, reason(samples, out_u, high, text));
         }
         if self.under >= self.cfg.sustain {
             let samples = self.under;
@@ -206,35 +196,32 @@ impl Policy {
             // The load of n units on n-1: never scale in to where the next sample would
             // scale out again.
             let projected = sum / (n - 1) as f64;
-            if projected >= high {
-                return Decision::Refused(
-                    Action::ScaleIn,
-                    reason(
-                        samples,
-                        mean,
-                        low,
-                        format!(
-                            "{crossed}, but {} units would be at {projected:.2}, not below the \
-                             high mark {high:.2}",
-                            n - 1
-                        ),
-                    ),
+            let (acted, text) = if projected >= high {
+                let text = format!(
+                    "{crossed}, but {} units would be at {projected:.2}, not below the \
+                     high mark {high:.2}",
+                    n - 1
                 );
-            }
-            return Decision::Act(
-                Action::ScaleIn,
-                reason(
-                    samples,
-                    mean,
-                    low,
-                    format!(
-                        "{crossed}; {n} -> {} units (projected {projected:.2})",
-                        n - 1
-                    ),
-                ),
-            );
+                (false, text)
+            } else {
+                let text = format!(
+                    "{crossed}; {n} -> {} units (projected {projected:.2})",
+                    n - 1
+                );
+                (true, text)
+            };
+            return decided(acted, Action::ScaleIn, reason(samples, mean, low, text));
         }
         Decision::None
+    }
+}
+
+/// `Act` when the policy acts, `Refused` when a limit stops it.
+fn decided(acted: bool, action: Action, reason: Reason) -> Decision {
+    if acted {
+        Decision::Act(action, reason)
+    } else {
+        Decision::Refused(action, reason)
     }
 }
 
