@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orchestrator::agent::{Agent, AgentConfig};
 use proto::v1;
@@ -12,15 +12,9 @@ use serde_json::{json, Value};
 
 const ADMIN: &str = "sfa_placement_test";
 
-fn wait<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// testkit's `wait_until`, polling every 20 ms.
+fn wait<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    testkit::wait_until_every(limit, Duration::from_millis(20), what, f)
 }
 
 fn agent(control: &str, id: &str, role: v1::Role, capacity: Option<v1::NodeCapacity>) -> Agent {

@@ -1,23 +1,14 @@
 //! The pipeline's observability counters: rule setup latency (on a [`ManualClock`], so
 //! every observation is exact) and per-tenant packets, bytes, drops and flow setups.
 
-use std::net::Ipv4Addr;
-
 use packet::build::{ip_frame, vxlan_wrap, L4Spec};
 use packet::rewrite::Addr;
 use pipeline::{
-    parse_actions, DropReason, FlowKey, LatencyHistogram, ManualClock, MemRing, NodeAddr,
-    PendingConfig, Pipeline, PipelineConfig, Rule, RuleReply, RuleRequest, RuleSource,
-    TenantCounters, VecSource, VpcBinding, Worker, LATENCY_BOUNDS_US,
+    parse_actions, DropReason, FlowKey, LatencyHistogram, ManualClock, MemRing, PendingConfig,
+    Pipeline, PipelineConfig, Rule, RuleReply, RuleSource, TenantCounters, VecSource, VpcBinding,
+    LATENCY_BOUNDS_US,
 };
-
-fn node() -> NodeAddr {
-    NodeAddr {
-        ip: Ipv4Addr::new(198, 18, 0, 1),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    }
-}
+use testkit::rig::{node, Rig};
 
 /// A tenant UDP packet on `vni` from 198.18.10.2:`sport` to 198.19.0.9:53 with
 /// `payload` bytes of payload.
@@ -44,16 +35,7 @@ fn rule(vni: u32, sport: u16) -> Rule {
     )
 }
 
-struct Rig {
-    worker: Worker<MemRing<VecSource>>,
-    requests: crossbeam_channel::Receiver<RuleRequest>,
-    replies: crossbeam_channel::Sender<RuleReply>,
-    clock: ManualClock,
-}
-
 fn rig(bindings: &[(u32, u32)], default: Option<u32>) -> Rig {
-    let (req_tx, req_rx) = crossbeam_channel::bounded(64);
-    let (rep_tx, rep_rx) = crossbeam_channel::unbounded();
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 1024;
     cfg.pending = PendingConfig {
@@ -61,43 +43,24 @@ fn rig(bindings: &[(u32, u32)], default: Option<u32>) -> Rig {
         global: 256,
         timeout_ms: 100,
     };
-    let mut p = Pipeline::new(
-        cfg,
-        RuleSource::Channel {
-            requests: req_tx,
-            replies: rep_rx,
-        },
-    )
-    .unwrap();
-    for &(vni, tenant) in bindings {
-        p.bind_vpc(vni, VpcBinding { tenant, chain: 1 });
-    }
-    p.set_default_binding(default.map(|tenant| VpcBinding { tenant, chain: 1 }));
     let clock = ManualClock::default();
     clock.set(1_000);
-    Rig {
-        worker: Worker::new(
-            p,
-            MemRing::new(VecSource::default(), 64),
-            64,
-            Box::new(clock.clone()),
-        ),
-        requests: req_rx,
-        replies: rep_tx,
-        clock,
-    }
+    Rig::new(cfg, 64, clock, |p| {
+        for &(vni, tenant) in bindings {
+            p.bind_vpc(vni, VpcBinding { tenant, chain: 1 });
+        }
+        p.set_default_binding(default.map(|tenant| VpcBinding { tenant, chain: 1 }));
+    })
 }
 
-impl Rig {
-    fn send(&mut self, frames: impl IntoIterator<Item = Vec<u8>>) {
-        for f in frames {
-            self.worker.io.source.push(f, 0);
-        }
-        while !self.worker.io.source.frames.is_empty() {
-            self.worker.run_once().unwrap();
-        }
-    }
+/// What these tests do with a rig besides sending frames.
+trait MetricsRig {
+    fn answer(&mut self, fail: &[FlowKey]);
+    fn tenant(&self, t: u32) -> TenantCounters;
+    fn latency(&self) -> LatencyHistogram;
+}
 
+impl MetricsRig for Rig {
     /// Answer every outstanding request with its rule (or an error for `fail` keys),
     /// then run one round so the replies are installed.
     fn answer(&mut self, fail: &[FlowKey]) {

@@ -1,25 +1,17 @@
 //! Behaviour of the pipeline around its tables: miss path, pending limits, timeouts,
 //! eviction, policing, replacement, and robustness against arbitrary bytes.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use packet::build::{ip_frame, vxlan_wrap, L4Spec};
 use packet::rewrite::Addr;
 use pipeline::{
-    parse_actions, DropReason, FlowKey, ManualClock, MemRing, NodeAddr, PacketIo, PendingConfig,
-    Pipeline, PipelineConfig, Policer, Rule, RuleReply, RuleRequest, RuleSource, VecSource,
-    Verdict, VpcBinding, Worker,
+    parse_actions, DropReason, FlowKey, ManualClock, MemRing, PacketIo, PendingConfig, Pipeline,
+    PipelineConfig, Policer, Rule, RuleReply, RuleSource, VecSource, Verdict, VpcBinding,
 };
 use proptest::prelude::*;
-
-fn node() -> NodeAddr {
-    NodeAddr {
-        ip: Ipv4Addr::new(198, 18, 0, 1),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    }
-}
+use testkit::rig::{node, Rig};
 
 /// A tenant UDP packet from 198.18.10.2:`sport` to 198.19.0.9:53 on VNI 100, with a
 /// sequence number in the payload.
@@ -47,61 +39,21 @@ fn snat_rule(sport: u16) -> Rule {
     )
 }
 
-struct Rig {
-    worker: Worker<MemRing<VecSource>>,
-    requests: crossbeam_channel::Receiver<RuleRequest>,
-    replies: crossbeam_channel::Sender<RuleReply>,
-    clock: ManualClock,
-}
-
 fn rig(pending: PendingConfig, channel_cap: usize) -> Rig {
-    let (req_tx, req_rx) = crossbeam_channel::bounded(channel_cap);
-    let (rep_tx, rep_rx) = crossbeam_channel::unbounded();
     let mut cfg = PipelineConfig::new(node());
     cfg.pending = pending;
     cfg.flow_capacity = 1024;
-    let mut p = Pipeline::new(
-        cfg,
-        RuleSource::Channel {
-            requests: req_tx,
-            replies: rep_rx,
-        },
-    )
-    .unwrap();
-    p.bind_vpc(
-        100,
-        VpcBinding {
-            tenant: 7,
-            chain: 3,
-        },
-    );
-    let mut io = MemRing::new(VecSource::default(), 64);
-    io.sink.capture = true;
-    let clock = ManualClock::default();
-    Rig {
-        worker: Worker::new(p, io, 64, Box::new(clock.clone())),
-        requests: req_rx,
-        replies: rep_tx,
-        clock,
-    }
-}
-
-impl Rig {
-    fn send(&mut self, frames: impl IntoIterator<Item = Vec<u8>>) {
-        for f in frames {
-            self.worker.io.source.push(f, 0);
-        }
-        while !self.worker.io.source.frames.is_empty() {
-            self.worker.run_once().unwrap();
-        }
-    }
-
-    fn out(&mut self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut self.worker.io.sink.captured)
-            .into_iter()
-            .map(|(_, f)| f)
-            .collect()
-    }
+    let mut r = Rig::new(cfg, channel_cap, ManualClock::default(), |p| {
+        p.bind_vpc(
+            100,
+            VpcBinding {
+                tenant: 7,
+                chain: 3,
+            },
+        );
+    });
+    r.worker.io.sink.capture = true;
+    r
 }
 
 /// Sequence number carried in an output frame (re-encapped: outer 50 + eth 14 + ip 20 + udp 8).

@@ -8,11 +8,9 @@
 //! Needs root; without it each test prints SKIP (under CI, `CI` set, that is a failure).
 //! Each thread enters its namespace with setns(2), which affects that thread only.
 
-use std::fs::File;
 use std::net::{Ipv4Addr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,10 +19,12 @@ use packet::csum;
 use packet::rewrite::Addr;
 use packet::{parse_frame, L4};
 use pipeline::{
-    parse_actions, Desc, FlowKey, MonotonicClock, NodeAddr, PacketIo, Pipeline, PipelineConfig,
-    Rule, RuleReply, RuleRequest, RuleSource, Verdict, VpcBinding, Worker, FRAME_SIZE, HEADROOM,
+    parse_actions, Desc, FlowKey, MonotonicClock, NodeAddr, PacketIo, PipelineConfig, Rule,
+    RuleReply, Verdict, VpcBinding, Worker, FRAME_SIZE, HEADROOM,
 };
 use pp::{AfXdpConfig, AfXdpIo, XskMode};
+use testkit::netns::{enter, ip, ns_exec, root_or_skip, veth, Netns};
+use testkit::rig::channel_pipeline;
 
 const PP_IP: [u8; 4] = [198, 18, 250, 1];
 const PEER_IP: [u8; 4] = [198, 18, 250, 2];
@@ -32,89 +32,44 @@ const PP_MAC: [u8; 6] = [0x02, 0x5f, 0xfa, 0, 0, 0x01];
 const PEER_MAC: [u8; 6] = [0x02, 0x5f, 0xfa, 0, 0, 0x02];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x02];
 
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Two namespaces joined by a veth pair (`xa` on the PP side, `xb` on the peer side);
-/// deleted on drop, which destroys the veth too.
-struct Netns {
+/// deleted on drop (by testkit's guard), which destroys the veth too.
+struct Lab {
+    _ns: Netns,
     pp: String,
     peer: String,
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for ns in [&self.pp, &self.peer] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-        for ns in [&self.pp, &self.peer] {
-            assert!(
-                !std::path::Path::new(&format!("/run/netns/{ns}")).exists(),
-                "namespace {ns} left behind"
-            );
-        }
-    }
-}
-
-fn netns() -> Option<Netns> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "AF_XDP tests need root, and CI runs as root"
-        );
-        eprintln!("SKIP: AF_XDP on veth needs root (namespaces, XDP, AF_XDP)");
+fn netns() -> Option<Lab> {
+    if !root_or_skip("AF_XDP on veth (namespaces, XDP, AF_XDP)") {
         return None;
     }
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let base = format!("sfax-{}-{n}", std::process::id());
-    let ns = Netns {
-        pp: format!("{base}-pp"),
-        peer: format!("{base}-peer"),
-    };
-    // Recorded before creation: the drop deletes whatever part exists.
-    ip(&["netns", "add", &ns.pp]);
-    ip(&["netns", "add", &ns.peer]);
+    let mut guard = Netns::unique("sfax");
+    let pp = guard.add("pp");
+    let peer = guard.add("peer");
+    veth(&pp, "xa", &peer, "xb");
     for (n, dev, mac, addr) in [
-        (&ns.pp, "xa", "02:5f:fa:00:00:01", "198.18.250.1/24"),
-        (&ns.peer, "xb", "02:5f:fa:00:00:02", "198.18.250.2/24"),
+        (&pp, "xa", "02:5f:fa:00:00:01", "198.18.250.1/24"),
+        (&peer, "xb", "02:5f:fa:00:00:02", "198.18.250.2/24"),
     ] {
-        if dev == "xa" {
-            ip(&[
-                "-n", n, "link", "add", "xa", "type", "veth", "peer", "name", "xb", "netns",
-                &ns.peer,
-            ]);
-        }
         // No IPv6: its router solicitations would be extra frames on the link.
-        let out = Command::new("ip")
-            .args(["netns", "exec", n, "sysctl", "-qw"])
-            .arg(format!("net.ipv6.conf.{dev}.disable_ipv6=1"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{:?}", out);
+        ns_exec(
+            n,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{dev}.disable_ipv6=1"),
+            ],
+        );
         ip(&["-n", n, "link", "set", dev, "address", mac]);
         ip(&["-n", n, "addr", "add", addr, "dev", dev]);
         ip(&["-n", n, "link", "set", dev, "up"]);
-        ip(&["-n", n, "link", "set", "lo", "up"]);
     }
-    Some(ns)
-}
-
-/// Move the calling thread into namespace `ns`.
-fn enter(ns: &str) {
-    let f = File::open(format!("/run/netns/{ns}")).unwrap();
-    // SAFETY: a valid namespace fd; setns changes only this thread's network namespace.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+    Some(Lab {
+        _ns: guard,
+        pp,
+        peer,
+    })
 }
 
 fn node() -> NodeAddr {
@@ -328,18 +283,9 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
     let stop2 = stop.clone();
     let pp = std::thread::spawn(move || -> PpResult {
         enter(&pp_ns);
-        let (req_tx, req_rx) = crossbeam_channel::bounded::<RuleRequest>(16);
-        let (rep_tx, rep_rx) = crossbeam_channel::unbounded::<RuleReply>();
         let mut pcfg = PipelineConfig::new(node());
         pcfg.flow_capacity = 1024;
-        let mut p = Pipeline::new(
-            pcfg,
-            RuleSource::Channel {
-                requests: req_tx,
-                replies: rep_rx,
-            },
-        )
-        .unwrap();
+        let (mut p, req_rx, rep_tx) = channel_pipeline(pcfg, 16);
         p.bind_vpc(
             100,
             VpcBinding {

@@ -14,9 +14,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use proto::ChainDef;
 use serde_json::Value;
-use testbed::chains::{self, Toward};
 use testbed::elastic::{
     self, ConnLoop, Event, IperfSpec, LoadSpec, Outcome, ScenarioReport, ScenarioSpec,
 };
@@ -25,17 +23,13 @@ use testbed::services;
 use testbed::topo::{vni, Node};
 
 mod common;
-use common::Lab;
-
-fn snat_chain() -> ChainDef {
-    chains::chain(1, 1, 0, Toward::Internet, &[chains::snat(0)]).expect("SNAT chain")
-}
+use common::{snat_chain, Lab};
 
 /// One VPC with SNAT toward the internet host, its servers up, and `sc_nodes` SC nodes
 /// (3 form the group; the rest are spares).
 fn platform(lab: &Lab, sc_nodes: usize) -> Platform {
     services::start_inet(lab.tb(), false).expect("internet host servers");
-    let mut spec = PlatformSpec::new(vec![snat_chain()], vec![(vni::tenant(0), 1, 1)]);
+    let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
     spec.sc_nodes = sc_nodes;
     lab.start_spec(&spec)
 }
@@ -293,7 +287,7 @@ fn fm_failover_to_a_standby_fm_under_traffic() {
     let Some(lab) = Lab::new(1, 0) else { return };
     let tb = lab.tb();
     services::start_inet(tb, false).expect("internet host servers");
-    let mut spec = PlatformSpec::new(vec![snat_chain()], vec![(vni::tenant(0), 1, 1)]);
+    let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
     // 6 SC nodes: the scale-out first gives the FM that dies a map of two partitions,
     // which the standby must rebuild from the SC nodes' reports.
     spec.sc_nodes = 6;

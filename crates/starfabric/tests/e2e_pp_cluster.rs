@@ -8,8 +8,6 @@
 
 use std::time::Duration;
 
-use proto::ChainDef;
-use testbed::chains::{self, Toward};
 use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
 use testbed::platform::{Platform, PlatformSpec};
 use testbed::probe::ProbeSpec;
@@ -17,16 +15,12 @@ use testbed::services;
 use testbed::topo::vni;
 
 mod common;
-use common::Lab;
-
-fn snat_chain() -> ChainDef {
-    chains::chain(1, 1, 0, Toward::Internet, &[chains::snat(0)]).expect("SNAT chain")
-}
+use common::{snat_chain, Lab};
 
 /// One VPC with SNAT toward the internet host, `active` PP nodes running.
 fn platform(lab: &Lab, active: usize) -> Platform {
     services::start_inet(lab.tb(), false).expect("internet host servers");
-    let mut spec = PlatformSpec::new(vec![snat_chain()], vec![(vni::tenant(0), 1, 1)]);
+    let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
     spec.pp_active = active;
     lab.start_spec(&spec)
 }

@@ -19,7 +19,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use nfs::fw::{AclAction, AclProto};
-use proto::ChainDef;
 use testbed::chains::{self, Toward};
 use testbed::cleanup::namespaces_with_prefix;
 use testbed::measure;
@@ -29,7 +28,7 @@ use testbed::topo::{addr, Node};
 use testbed::{Resources, Testbed, TopologySpec};
 
 mod common;
-use common::{Lab, BIN, ROOT, RUN};
+use common::{snat_chain, Lab, BIN, ROOT, RUN};
 
 /// `curl` from VPC `j`'s client, bounded; its stdout (the body) or a panic.
 fn curl(tb: &Testbed, j: usize, url: &str) -> String {
@@ -58,11 +57,6 @@ fn peer(body: &str) -> (String, Ipv4Addr, u16) {
         .and_then(|s| s.split_once(':'))
         .unwrap_or_else(|| panic!("unexpected body {body:?}"));
     (name, a.parse().unwrap(), p.parse().unwrap())
-}
-
-/// The chain of VPC `j` with SNAT only.
-fn snat_chain(j: usize) -> ChainDef {
-    chains::chain(j as u32 + 1, 1, j, Toward::Internet, &[chains::snat(j)]).unwrap()
 }
 
 #[test]

@@ -10,16 +10,17 @@
 //! Every node gets `--duration` as a backstop, and the guard kills them by PID.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use packet::build::{ip_frame, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
 use packet::rewrite::Addr;
 use telemetry::scrape::{self, Sample};
+use testkit::child::{line_matching, stdout_lines};
+use testkit::{wait_until_every, ChildGuard};
 
 const VNI: u32 = 100;
 const TENANT: &str = "1";
@@ -29,18 +30,13 @@ const BACKSTOP: &str = "90";
 /// Processes this test started, killed by PID on drop, and files it wrote.
 #[derive(Default)]
 struct Guard {
-    children: Vec<Child>,
+    children: Vec<ChildGuard>,
     files: Vec<PathBuf>,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        for c in &mut self.children {
-            if let Ok(None) = c.try_wait() {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
+        self.children.clear();
         for f in &self.files {
             let _ = std::fs::remove_file(f);
         }
@@ -56,18 +52,10 @@ struct Node {
 impl Node {
     /// Wait for a stdout line starting with `prefix`; returns the rest of it.
     fn line(&self, prefix: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    if let Some(rest) = l.strip_prefix(prefix) {
-                        return rest.to_string();
-                    }
-                }
-                Err(e) => panic!("{}: no line {prefix:?}: {e}", self.name),
-            }
-        }
+        line_matching(&self.lines, Duration::from_secs(20), |l| {
+            l.strip_prefix(prefix).map(str::to_string)
+        })
+        .unwrap_or_else(|e| panic!("{}: no line {prefix:?}: {e}", self.name))
     }
 
     /// The address of its `metrics: listening on http://ADDR/metrics` line.
@@ -90,19 +78,12 @@ fn start(g: &mut Guard, name: &str, args: &[&str]) -> Node {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let out = child.stdout.take().expect("piped stdout");
-    g.children.push(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = stdout_lines(&mut child);
+    g.children
+        .push(ChildGuard::with_grace(child, Duration::ZERO));
     Node {
         name: name.to_string(),
-        lines: rx,
+        lines,
     }
 }
 
@@ -119,15 +100,15 @@ fn val(s: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
 
 /// Scrape `addr` until `ok` holds (10 s at most); returns that scrape.
 fn scrape_until(addr: SocketAddr, what: &str, ok: impl Fn(&[Sample]) -> bool) -> Vec<Sample> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = scrape_all(addr);
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_every(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        what,
+        || {
+            let s = scrape_all(addr);
+            ok(&s).then_some(s)
+        },
+    )
 }
 
 /// The VXLAN datagram (from the VXLAN header on) of tenant 1's TCP packet from client

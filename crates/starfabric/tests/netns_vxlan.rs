@@ -29,15 +29,16 @@
 //!
 //! Needs root, iproute2 and ethtool; skips with a message otherwise.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use testkit::child::{run_bounded, stdout_lines};
+use testkit::netns::{in_ns, ip, is_root, ns_exec, veth, Netns};
+use testkit::ChildGuard;
 
 const A_MAC: &str = "02:0a:00:00:00:02";
 const B_MAC: &str = "02:0b:00:00:00:09";
@@ -47,54 +48,8 @@ const SNAT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 19, 10, 50), 500
 const SERVER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 19, 10, 9), 7);
 const ROUNDS: usize = 40;
 
-/// Run a command to completion within `limit`, killing it (by PID) if it overruns.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<(ExitStatus, String), String> {
-    let desc = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{desc}: {e}"))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
-            let out = child.wait_with_output().map_err(|e| e.to_string())?;
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return Ok((st, text));
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("{desc}: timed out after {limit:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Run `ip <args>`; panic with its output on failure.
-fn ip(args: &[&str]) -> String {
-    match run_bounded(Command::new("ip").args(args), Duration::from_secs(10)) {
-        Ok((st, out)) if st.success() => out,
-        Ok((st, out)) => panic!("ip {}: {st}: {out}", args.join(" ")),
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// Run a command inside a namespace; panic on failure.
-fn ns_exec(ns: &str, cmd: &[&str]) -> String {
-    let mut args = vec!["netns", "exec", ns];
-    args.extend_from_slice(cmd);
-    ip(&args)
-}
-
 fn prerequisites() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Err("not root".into());
     }
     for (tool, arg) in [("ip", "-V"), ("ethtool", "--version")] {
@@ -110,64 +65,30 @@ fn prerequisites() -> Result<(), String> {
     Ok(())
 }
 
-/// Everything the test created; deleted on drop, also when the test panics.
+/// Everything the test created; deleted on drop, also when the test panics: first the
+/// processes (killed by PID), then the namespaces (with the devices in them).
 struct Lab {
-    namespaces: Vec<String>,
+    /// Processes this test started.
+    children: Vec<ChildGuard>,
+    ns: Netns,
     files: Vec<PathBuf>,
-    /// Processes this test started (killed by PID).
-    children: Vec<Child>,
 }
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        for c in &mut self.children {
-            if let Ok(None) = c.try_wait() {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
-        for ns in &self.namespaces {
-            // Deleting the namespace destroys the devices in it (veths, bridge, vxlan).
-            let _ = run_bounded(
-                Command::new("ip").args(["netns", "del", ns]),
-                Duration::from_secs(10),
-            );
-        }
         for f in &self.files {
             let _ = std::fs::remove_file(f);
         }
     }
 }
 
-impl Lab {
-    fn add_ns(&mut self, name: String) -> String {
-        // A namespace left by an earlier run that died with the same PID.
-        if std::path::Path::new("/run/netns").join(&name).exists() {
-            ip(&["netns", "del", &name]);
-        }
-        ip(&["netns", "add", &name]);
-        self.namespaces.push(name.clone());
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        name
-    }
-}
-
 /// A UDP socket bound to `addr` inside namespace `ns`. A socket keeps the namespace it
 /// was made in, so a short-lived thread switches namespace, binds, and hands it back.
 fn socket_in(ns: &str, addr: SocketAddrV4) -> UdpSocket {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let f = File::open(&path).map_err(|e| format!("{path}: {e}"))?;
-        // SAFETY: `f` is an open namespace file; setns only changes this thread's network
-        // namespace, and the thread ends right after binding.
-        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
-        }
-        UdpSocket::bind(addr).map_err(|e| format!("bind {addr} in {path}: {e}"))
+    let name = ns.to_string();
+    in_ns(ns, move || {
+        UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {name}: {e}"))
     })
-    .join()
-    .expect("setns thread")
-    .unwrap()
 }
 
 /// `InCsumErrors` and `InErrors` of a namespace's UDP counters.
@@ -197,13 +118,13 @@ fn vxlan_nat_round_trip_through_linux() {
     }
     let pid = std::process::id();
     let mut lab = Lab {
-        namespaces: Vec::new(),
-        files: Vec::new(),
         children: Vec::new(),
+        ns: Netns::unique("sf"),
+        files: Vec::new(),
     };
-    let pp = lab.add_ns(format!("sf-pp-{pid}"));
-    let a = lab.add_ns(format!("sf-a-{pid}"));
-    let b = lab.add_ns(format!("sf-b-{pid}"));
+    let pp = lab.ns.add("pp");
+    let a = lab.ns.add("a");
+    let b = lab.ns.add("b");
 
     // Underlay: a bridge in the PP namespace, a veth to each client. Devices are created
     // directly inside the namespaces; the host's own links and routes are never touched.
@@ -231,9 +152,7 @@ fn vxlan_nat_round_trip_through_linux() {
         ),
     ] {
         let (cl, pl) = (format!("sf{tag}{pid}"), format!("sfp{tag}{pid}"));
-        ip(&[
-            "link", "add", &cl, "netns", ns, "type", "veth", "peer", "name", &pl, "netns", &pp,
-        ]);
+        veth(ns, &cl, &pp, &pl);
         ip(&["-n", &pp, "link", "set", &pl, "master", "br0", "up"]);
         ip(&["-n", ns, "addr", "add", underlay, "dev", &cl]);
         ip(&["-n", ns, "link", "set", &cl, "up"]);
@@ -304,17 +223,9 @@ fn vxlan_nat_round_trip_through_linux() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn starfabric pp");
-    let stdout = child.stdout.take().unwrap();
-    let pp_pid = child.id();
-    lab.children.push(child);
-    let (line_tx, lines) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line_tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = stdout_lines(&mut child);
+    lab.children
+        .push(ChildGuard::with_grace(child, Duration::ZERO));
     let first = lines
         .recv_timeout(Duration::from_secs(10))
         .expect("starfabric pp did not start within 10 s");
@@ -397,22 +308,9 @@ fn vxlan_nat_round_trip_through_linux() {
     assert_eq!(udp_errors(&b).0, 0, "checksum errors in b");
 
     // SIGTERM stops the node cleanly, with a last stats line.
-    // SAFETY: kill(2) on the PID of a child this test spawned and has not reaped.
-    assert_eq!(
-        unsafe { libc::kill(pp_pid as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(st) = lab.children[0].try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "starfabric pp ignored SIGTERM for 5 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = lab.children[0]
+        .terminate(Duration::from_secs(5))
+        .expect("starfabric pp ignored SIGTERM for 5 s");
     assert!(status.success(), "starfabric pp exited with {status}");
     let out: Vec<String> = lines.iter().collect();
     assert_eq!(

@@ -7,40 +7,17 @@
 //! directory and config file (a temp dir), and is stopped by PID (SIGTERM), which tears
 //! its children down; the test checks they are gone.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use testkit::child::stdout_lines;
+use testkit::ChildGuard;
 
 const BIN: &str = env!("CARGO_BIN_EXE_starfabric");
-
-struct Up {
-    child: Child,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: kill(2) on our own child's PID, not yet reaped.
-            unsafe {
-                libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
 
 fn cli(cfg: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN)
@@ -121,8 +98,9 @@ fn vxlan_payload(vni: u32) -> Vec<u8> {
 fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.json");
-    let mut up = Up {
-        child: Command::new(BIN)
+    // Stopped by PID on drop: SIGTERM, 10 s to tear its children down, then SIGKILL.
+    let mut up = ChildGuard::new(
+        Command::new(BIN)
             .args(["up", "--dir"])
             .arg(dir.path().join("state"))
             .args([
@@ -143,14 +121,8 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
-    };
-    let stdout = up.child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    );
+    let rx = stdout_lines(&mut up);
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut seen = Vec::new();
     loop {
@@ -158,10 +130,7 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
             Ok(l) if l == "up: ready" => break,
             Ok(l) => seen.push(l),
             Err(_) => {
-                assert!(
-                    up.child.try_wait().unwrap().is_none(),
-                    "up exited: {seen:#?}"
-                );
+                assert!(up.try_wait().unwrap().is_none(), "up exited: {seen:#?}");
                 assert!(Instant::now() < deadline, "up never got ready: {seen:#?}");
             }
         }

@@ -5,69 +5,38 @@
 //! sink does not match goes on to the peer's kernel. Needs root (skipped without it,
 //! except under CI).
 
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use packet::build::{ip_frame, vxlan_wrap, L4Spec};
 use packet::rewrite::Addr;
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use testkit::netns::{in_ns, ip, ns_exec, root_or_skip, veth, Netns};
 
 /// Namespaces `a` (the generator's side, device `ga`) and `b` (the sink, `gb`);
-/// deleted on drop, with the veth.
+/// deleted on drop (by testkit's guard), with the veth.
 struct Pair {
+    _ns: Netns,
     a: String,
     b: String,
 }
 
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
 fn pair() -> Option<Pair> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
-        eprintln!("SKIP: the live-frames generator needs root");
+    if !root_or_skip("the live-frames generator") {
         return None;
     }
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let base = format!("sfgen-{}-{n}", std::process::id());
-    let p = Pair {
-        a: format!("{base}-a"),
-        b: format!("{base}-b"),
-    };
-    ip(&["netns", "add", &p.a]);
-    ip(&["netns", "add", &p.b]);
-    ip(&[
-        "-n", &p.a, "link", "add", "ga", "type", "veth", "peer", "name", "gb", "netns", &p.b,
-    ]);
-    ip(&["-n", &p.a, "link", "set", "ga", "up"]);
-    ip(&["-n", &p.b, "link", "set", "gb", "up"]);
-    let obj = std::env::temp_dir().join(format!("{base}-sink.o"));
+    let mut ns = Netns::unique("sfgen");
+    let a = ns.add("a");
+    let b = ns.add("b");
+    veth(&a, "ga", &b, "gb");
+    ip(&["-n", &a, "link", "set", "ga", "up"]);
+    ip(&["-n", &b, "link", "set", "gb", "up"]);
+    let obj = std::env::temp_dir().join(format!("{}sink.o", ns.prefix()));
     std::fs::write(&obj, xdp::XDP_SINK_OBJ).unwrap();
     let o = obj.display().to_string();
     ip(&[
-        "-n", &p.b, "link", "set", "dev", "gb", "xdpdrv", "obj", &o, "sec", "xdp",
+        "-n", &b, "link", "set", "dev", "gb", "xdpdrv", "obj", &o, "sec", "xdp",
     ]);
     let _ = std::fs::remove_file(&obj);
-    Some(p)
+    Some(Pair { _ns: ns, a, b })
 }
 
 /// A 64-byte UDP datagram to `dport`, in VXLAN: the generator's 110-byte template.
@@ -85,11 +54,7 @@ fn frame(dport: u16) -> Vec<u8> {
 }
 
 fn stat(ns: &str, dev: &str, name: &str) -> u64 {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ethtool", "-S", dev])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = ns_exec(ns, &["ethtool", "-S", dev]);
     text.lines()
         .filter_map(|l| l.split_once(':'))
         .find(|(k, _)| k.trim() == name)
@@ -98,36 +63,31 @@ fn stat(ns: &str, dev: &str, name: &str) -> u64 {
 }
 
 fn rx_packets(ns: &str, dev: &str) -> u64 {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "cat"])
-        .arg(format!("/sys/class/net/{dev}/statistics/rx_packets"))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    ns_exec(
+        ns,
+        &[
+            "cat",
+            &format!("/sys/class/net/{dev}/statistics/rx_packets"),
+        ],
+    )
+    .trim()
+    .parse()
+    .unwrap()
 }
 
 /// Run the generator for `secs` from namespace `ns` out of `dev`.
 fn generate(ns: &str, dev: &str, template: Vec<u8>, secs: f64, rate: Option<u64>) -> u64 {
-    let ns = ns.to_string();
     let dev = dev.to_string();
-    std::thread::spawn(move || {
-        use std::os::fd::AsRawFd;
-        let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-        // SAFETY: a valid namespace fd; setns changes only this thread's namespace.
-        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+    let ns2 = ns.to_string();
+    in_ns(ns, move || {
         // sysfs is the host's as mounted; ip(8) run in the namespace mounts its own.
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns, "cat"])
-            .arg(format!("/sys/class/net/{dev}/ifindex"))
-            .output()
+        let ifindex: u32 = ns_exec(&ns2, &["cat", &format!("/sys/class/net/{dev}/ifindex")])
+            .trim()
+            .parse()
             .unwrap();
-        let ifindex: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
         let gen = xdp::LiveGenerator::load(8, &template, rate).unwrap();
         gen.run_for(ifindex, Duration::from_secs_f64(secs)).unwrap()
     })
-    .join()
-    .unwrap()
 }
 
 #[test]

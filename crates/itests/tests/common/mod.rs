@@ -244,16 +244,7 @@ pub fn pp_session(cfg: FmClientConfig) -> (FmClient, WorkerLink) {
 }
 
 /// Poll `f` every 10 ms until it returns Some, or fail after `limit`.
-pub fn wait<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use testkit::wait_until as wait;
 
 /// Part `i` of a chain snapshot (length-prefixed parts, one per NF).
 pub fn nf_part(snap: &[u8], i: usize) -> Vec<u8> {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use proto::ChainDef;
+use testbed::chains::{self, Toward};
 use testbed::cleanup::namespaces_with_prefix;
 use testbed::platform::{self, Platform, PlatformSpec};
 use testbed::topo::vni;
@@ -18,6 +19,11 @@ use testbed::{Resources, Testbed, TopologySpec};
 pub const BIN: &str = env!("CARGO_BIN_EXE_starfabric");
 pub const ROOT: &str = "sft-";
 pub static RUN: AtomicUsize = AtomicUsize::new(0);
+
+/// VPC `j`'s chain: one SNAT NF toward the internet host (tenant j+1, chain 1).
+pub fn snat_chain(j: usize) -> ChainDef {
+    chains::chain(j as u32 + 1, 1, j, Toward::Internet, &[chains::snat(j)]).expect("SNAT chain")
+}
 
 /// A test's testbed; deletes it on drop and checks nothing is left.
 pub struct Lab {
