@@ -6,10 +6,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use proto::agent::NodeAgent;
+use proto::agent::{ControlLoop, NodeAgent};
 use proto::v1;
 use telemetry::MetricsServer;
 
@@ -36,8 +35,7 @@ pub struct FmNodeConfig {
 pub struct FmNode {
     rt: Option<tokio::runtime::Runtime>,
     fm: Arc<FmHandle>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    control: ControlLoop,
     metrics: Option<MetricsServer>,
     lines: telemetry::Lines,
     started: Instant,
@@ -80,22 +78,16 @@ pub fn start(cfg: FmNodeConfig) -> Result<FmNode, FmError> {
     tracing::info!(addr = %fm.addr(), chains = nchains, metrics = metrics_field, "FM running");
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-    let (h, f, s, lines) = (
-        rt.handle().clone(),
-        fm.clone(),
-        stop.clone(),
-        cfg.lines.clone(),
-    );
+    let (h, f, lines) = (rt.handle().clone(), fm.clone(), cfg.lines.clone());
     let interval = cfg.stats_interval;
-    let thread = std::thread::Builder::new()
-        .name("fm-control".into())
-        .spawn(move || control_loop(h, f, s, agent, nchains, interval, lines, started))
-        .map_err(|e| FmError::Io(e.to_string()))?;
+    let control = ControlLoop::spawn("fm-control", stop, move |s| {
+        control_loop(h, f, s, agent, nchains, interval, lines, started)
+    })
+    .map_err(|e| FmError::Io(e.to_string()))?;
     Ok(FmNode {
         rt: Some(rt),
         fm,
-        stop,
-        thread: Some(thread),
+        control,
         metrics,
         lines: cfg.lines,
         started,
@@ -126,11 +118,9 @@ impl FmNode {
     }
 
     fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let Some(t) = self.thread.take() else {
+        if !self.control.halt() {
             return;
-        };
-        let _ = t.join();
+        }
         let say = |l: &str| self.lines.say(l);
         if let Some(line) = status_line(self.runtime(), &self.fm, self.started) {
             say(&line);

@@ -301,3 +301,40 @@ impl NodeAgent {
         self.agent.set_applied(version);
     }
 }
+
+/// A node's control thread: it applies directives, refreshes the report and prints
+/// status lines until halted.
+pub struct ControlLoop {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControlLoop {
+    /// Run `f` on a thread named `name`; `f` should return once `stop` is set.
+    pub fn spawn(
+        name: &str,
+        stop: Arc<AtomicBool>,
+        f: impl FnOnce(Arc<AtomicBool>) + Send + 'static,
+    ) -> std::io::Result<ControlLoop> {
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || f(s))?;
+        Ok(ControlLoop {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stop the thread and wait for it; false if it was halted already.
+    pub fn halt(&mut self) -> bool {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take() {
+            Some(t) => {
+                let _ = t.join();
+                true
+            }
+            None => false,
+        }
+    }
+}

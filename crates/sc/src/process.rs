@@ -5,10 +5,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use proto::agent::NodeAgent;
+use proto::agent::{ControlLoop, NodeAgent};
 use proto::v1;
 use telemetry::MetricsServer;
 use thiserror::Error;
@@ -48,8 +47,7 @@ pub struct ScProcessConfig {
 pub struct ScProcess {
     rt: Option<tokio::runtime::Runtime>,
     node: Arc<ScHandle>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    control: ControlLoop,
     metrics: Option<MetricsServer>,
     lines: telemetry::Lines,
 }
@@ -127,22 +125,20 @@ pub fn start(
     let metrics_field = metrics_addr.map(tracing::field::display);
     tracing::info!(node = %a.id, addr = %node.addr(), metrics = metrics_field, "SC running");
     let node = Arc::new(node);
-    let (h, n, s, lines, id) = (
+    let (h, n, lines, id) = (
         rt.handle().clone(),
         node.clone(),
-        stop.clone(),
         a.lines.clone(),
         a.id.clone(),
     );
-    let thread = std::thread::Builder::new()
-        .name("sc-control".into())
-        .spawn(move || control_loop(h, n, s, agent, lines, id))
-        .map_err(|e| ScProcessError::Io(e.to_string()))?;
+    let control = ControlLoop::spawn("sc-control", stop, move |s| {
+        control_loop(h, n, s, agent, lines, id)
+    })
+    .map_err(|e| ScProcessError::Io(e.to_string()))?;
     Ok(Some(ScProcess {
         rt: Some(rt),
         node,
-        stop,
-        thread: Some(thread),
+        control,
         metrics,
         lines: a.lines,
     }))
@@ -167,11 +163,9 @@ impl ScProcess {
     }
 
     fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let Some(t) = self.thread.take() else {
+        if !self.control.halt() {
             return;
-        };
-        let _ = t.join();
+        }
         let Some(rt) = self.rt.take() else {
             return;
         };
