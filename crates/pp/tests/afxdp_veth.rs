@@ -14,23 +14,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use packet::build::{ip_frame, EncapV4, L4Spec, VXLAN_V4_OVERHEAD};
+use packet::build::{EncapV4, VXLAN_V4_OVERHEAD};
 use packet::csum;
-use packet::rewrite::Addr;
 use packet::{parse_frame, L4};
 use pipeline::{
-    parse_actions, Desc, FlowKey, MonotonicClock, NodeAddr, PacketIo, PipelineConfig, Rule,
-    RuleReply, Verdict, VpcBinding, Worker, FRAME_SIZE, HEADROOM,
+    Desc, MonotonicClock, NodeAddr, PacketIo, PipelineConfig, Rule, RuleReply, Verdict, VpcBinding,
+    Worker, FRAME_SIZE, HEADROOM,
 };
 use pp::{AfXdpConfig, AfXdpIo, XskMode};
 use testkit::netns::{enter, ip, ns_exec, root_or_skip, veth, Netns};
 use testkit::rig::channel_pipeline;
 
+mod common;
+use common::{check_checksums, expected_reply, request};
+
 const PP_IP: [u8; 4] = [198, 18, 250, 1];
 const PEER_IP: [u8; 4] = [198, 18, 250, 2];
 const PP_MAC: [u8; 6] = [0x02, 0x5f, 0xfa, 0, 0, 0x01];
 const PEER_MAC: [u8; 6] = [0x02, 0x5f, 0xfa, 0, 0, 0x02];
-const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x02];
 
 /// Two namespaces joined by a veth pair (`xa` on the PP side, `xb` on the peer side);
 /// deleted on drop (by testkit's guard), which destroys the veth too.
@@ -80,15 +81,6 @@ fn node() -> NodeAddr {
     }
 }
 
-fn request(sport: u16, payload: &[u8]) -> Vec<u8> {
-    ip_frame(
-        Addr::V4([198, 19, 10, 2]),
-        Addr::V4([198, 19, 10, 9]),
-        L4Spec::Udp { sport, dport: 7 },
-        payload,
-    )
-}
-
 /// What the peer puts on the wire: the request in VXLAN to the PP node.
 fn vxlan_to_pp(vni: u32, inner: &[u8]) -> Vec<u8> {
     let t = EncapV4::new(PEER_MAC, PP_MAC, PEER_IP, PP_IP, vni);
@@ -98,29 +90,8 @@ fn vxlan_to_pp(vni: u32, inner: &[u8]) -> Vec<u8> {
     f
 }
 
-fn expected_reply(sport: u16, payload: &[u8]) -> Vec<u8> {
-    let mut f = ip_frame(
-        Addr::V4([198, 19, 10, 9]),
-        Addr::V4([198, 19, 10, 2]),
-        L4Spec::Udp {
-            sport: 7,
-            dport: sport,
-        },
-        payload,
-    );
-    f[..6].copy_from_slice(&CLIENT_MAC);
-    f
-}
-
 fn reflect_rule(sport: u16) -> Rule {
-    let key: FlowKey = format!("100 udp 198.19.10.2:{sport} > 198.19.10.9:7")
-        .parse()
-        .unwrap();
-    let actions = format!(
-        "decap; set-src 198.19.10.9:7; set-dst 198.19.10.2:{sport}; \
-         encap 198.18.250.2 vni 100 dmac 02:c1:00:00:00:02; count; out 0"
-    );
-    Rule::new(key, parse_actions(&actions).unwrap())
+    common::reflect_rule(sport, "198.18.250.2", "count; ")
 }
 
 /// A raw packet socket on `dev` in the calling thread's namespace.
@@ -219,27 +190,6 @@ impl Drop for RawSock {
         // SAFETY: our fd, closed once.
         unsafe { libc::close(self.fd) };
     }
-}
-
-fn check_checksums(f: &[u8]) {
-    let p = parse_frame(f).unwrap();
-    let ip = p.ip().unwrap();
-    assert_eq!(
-        csum::checksum(0, &f[ip.off as usize..ip.l4_off()]),
-        0,
-        "inner IPv4 header checksum"
-    );
-    let L4::Udp { len, .. } = ip.l4 else {
-        panic!("not UDP")
-    };
-    let s: [u8; 4] = f[ip.src_range()].try_into().unwrap();
-    let d: [u8; 4] = f[ip.dst_range()].try_into().unwrap();
-    let udp = &f[ip.l4_off()..ip.l4_off() + len as usize];
-    assert_eq!(
-        csum::checksum(csum::pseudo_v4(&s, &d, 17, len), udp),
-        0,
-        "inner UDP checksum"
-    );
 }
 
 /// Check a frame the PP node sent: outer Ethernet node → gateway, IPv4 node → peer,

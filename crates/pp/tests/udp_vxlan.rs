@@ -9,17 +9,16 @@
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
-use packet::csum;
-use packet::rewrite::Addr;
-use packet::{parse_frame, L4};
+use packet::build::{vxlan_wrap, VXLAN_V4_OVERHEAD};
 use pipeline::{
     parse_actions, DropReason, FlowKey, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, Rule,
     RuleReply, RuleRequest, RuleSource, VpcBinding, Worker,
 };
 use pp::{UdpVxlanConfig, UdpVxlanIo, MAX_DATAGRAM};
 
-const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x02];
+mod common;
+use common::{check_checksums, expected_reply, request};
+
 const PORT: u16 = 40000;
 
 fn node() -> NodeAddr {
@@ -30,45 +29,13 @@ fn node() -> NodeAddr {
     }
 }
 
-/// The inner frame the client sends: 198.19.10.2:`sport` → 198.19.10.9:7.
-fn request(sport: u16, payload: &[u8]) -> Vec<u8> {
-    ip_frame(
-        Addr::V4([198, 19, 10, 2]),
-        Addr::V4([198, 19, 10, 9]),
-        L4Spec::Udp { sport, dport: 7 },
-        payload,
-    )
-}
-
 /// What the VXLAN datagram (from the VXLAN header on) of an inner frame looks like.
 fn datagram(vni: u32, inner: &[u8]) -> Vec<u8> {
     vxlan_wrap([127, 0, 0, 1], [127, 0, 0, 1], 1, vni, inner)[VXLAN_V4_OVERHEAD - 8..].to_vec()
 }
 
-/// The reply the reflect rule should produce, built from scratch (full checksums).
-fn expected_reply(sport: u16, payload: &[u8]) -> Vec<u8> {
-    let mut f = ip_frame(
-        Addr::V4([198, 19, 10, 9]),
-        Addr::V4([198, 19, 10, 2]),
-        L4Spec::Udp {
-            sport: 7,
-            dport: sport,
-        },
-        payload,
-    );
-    f[..6].copy_from_slice(&CLIENT_MAC);
-    f
-}
-
 fn reflect_rule(sport: u16, extra: &str) -> Rule {
-    let key: FlowKey = format!("100 udp 198.19.10.2:{sport} > 198.19.10.9:7")
-        .parse()
-        .unwrap();
-    let actions = format!(
-        "decap; set-src 198.19.10.9:7; set-dst 198.19.10.2:{sport}; \
-         encap 127.0.0.1 vni 100 dmac 02:c1:00:00:00:02; {extra}out 0"
-    );
-    Rule::new(key, parse_actions(&actions).unwrap())
+    common::reflect_rule(sport, "127.0.0.1", extra)
 }
 
 struct Rig {
@@ -151,25 +118,6 @@ fn check_vxlan(dg: &[u8], vni: u32) -> &[u8] {
     assert_eq!(dg[0], 0x08, "VXLAN I flag");
     assert_eq!(u32::from_be_bytes([0, dg[4], dg[5], dg[6]]), vni);
     &dg[8..]
-}
-
-/// Verify every checksum of an inner IPv4/UDP frame from scratch.
-fn check_checksums(f: &[u8]) {
-    let p = parse_frame(f).unwrap();
-    let ip = p.ip().unwrap();
-    let iph = &f[ip.off as usize..ip.l4_off()];
-    assert_eq!(csum::checksum(0, iph), 0, "inner IPv4 header checksum");
-    let L4::Udp { len, .. } = ip.l4 else {
-        panic!("not UDP")
-    };
-    let s: [u8; 4] = f[ip.src_range()].try_into().unwrap();
-    let d: [u8; 4] = f[ip.dst_range()].try_into().unwrap();
-    let udp = &f[ip.l4_off()..ip.l4_off() + len as usize];
-    assert_eq!(
-        csum::checksum(csum::pseudo_v4(&s, &d, 17, len), udp),
-        0,
-        "inner UDP checksum"
-    );
 }
 
 #[test]

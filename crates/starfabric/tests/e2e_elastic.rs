@@ -18,20 +18,16 @@ use serde_json::Value;
 use testbed::elastic::{
     self, ConnLoop, Event, IperfSpec, LoadSpec, Outcome, ScenarioReport, ScenarioSpec,
 };
-use testbed::platform::{Platform, PlatformSpec};
-use testbed::services;
-use testbed::topo::{vni, Node};
+use testbed::platform::Platform;
+use testbed::topo::Node;
 
 mod common;
-use common::{snat_chain, Lab};
+use common::Lab;
 
 /// One VPC with SNAT toward the internet host, its servers up, and `sc_nodes` SC nodes
 /// (3 form the group; the rest are spares).
 fn platform(lab: &Lab, sc_nodes: usize) -> Platform {
-    services::start_inet(lab.tb(), false).expect("internet host servers");
-    let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
-    spec.sc_nodes = sc_nodes;
-    lab.start_spec(&spec)
+    lab.start_snat_inet(|spec| spec.sc_nodes = sc_nodes)
 }
 
 fn ms(us: Option<u64>) -> String {
@@ -286,13 +282,12 @@ fn fm_killed_and_restarted_under_traffic_flows_survive_and_new_connections_resum
 fn fm_failover_to_a_standby_fm_under_traffic() {
     let Some(lab) = Lab::new(1, 0) else { return };
     let tb = lab.tb();
-    services::start_inet(tb, false).expect("internet host servers");
-    let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
-    // 6 SC nodes: the scale-out first gives the FM that dies a map of two partitions,
-    // which the standby must rebuild from the SC nodes' reports.
-    spec.sc_nodes = 6;
-    spec.standby_fm = true;
-    let mut p = lab.start_spec(&spec);
+    let mut p = lab.start_snat_inet(|spec| {
+        // 6 SC nodes: the scale-out first gives the FM that dies a map of two
+        // partitions, which the standby must rebuild from the SC nodes' reports.
+        spec.sc_nodes = 6;
+        spec.standby_fm = true;
+    });
     let first_fm = p.fm.clone();
     let spec = ScenarioSpec {
         name: "fm_failover".into(),

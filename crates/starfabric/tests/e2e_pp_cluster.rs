@@ -9,20 +9,15 @@
 use std::time::Duration;
 
 use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
-use testbed::platform::{Platform, PlatformSpec};
+use testbed::platform::Platform;
 use testbed::probe::ProbeSpec;
-use testbed::services;
-use testbed::topo::vni;
 
 mod common;
-use common::{snat_chain, Lab};
+use common::Lab;
 
 /// One VPC with SNAT toward the internet host, `active` PP nodes running.
 fn platform(lab: &Lab, active: usize) -> Platform {
-    services::start_inet(lab.tb(), false).expect("internet host servers");
-    let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
-    spec.pp_active = active;
-    lab.start_spec(&spec)
+    lab.start_snat_inet(|spec| spec.pp_active = active)
 }
 
 fn print(r: &ScenarioReport) {

@@ -13,6 +13,7 @@ use proto::ChainDef;
 use testbed::chains::{self, Toward};
 use testbed::cleanup::namespaces_with_prefix;
 use testbed::platform::{self, Platform, PlatformSpec};
+use testbed::services;
 use testbed::topo::vni;
 use testbed::{Resources, Testbed, TopologySpec};
 
@@ -109,6 +110,16 @@ impl Lab {
             pp_args.to_vec()
         };
         let spec = PlatformSpec::new(chains, vpcs).pp_args(&args);
+        self.start_spec(&spec)
+    }
+
+    /// The internet host's servers up, and starfabric with one VPC whose chain is SNAT
+    /// toward them ([`snat_chain`]), with `more` said about the platform (SC nodes, PP
+    /// nodes, a standby FM).
+    pub fn start_snat_inet(&self, more: impl FnOnce(&mut PlatformSpec)) -> Platform {
+        services::start_inet(self.tb(), false).expect("internet host servers");
+        let mut spec = PlatformSpec::new(vec![snat_chain(0)], vec![(vni::tenant(0), 1, 1)]);
+        more(&mut spec);
         self.start_spec(&spec)
     }
 
