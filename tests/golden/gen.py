@@ -959,14 +959,23 @@ def scapy_key(frame: bytes) -> Tuple[int, str, Ep, Ep]:
     raise ValueError("no key")
 
 
+def norm_ep(e: Ep) -> Ep:
+    """The address in its canonical text form, so v6 spellings compare equal."""
+    return Ep(str(ipaddress.ip_address(e.addr)), e.port)
+
+
+def normalised_key(frame: bytes) -> Key:
+    """The flow key scapy sees in `frame`, addresses normalised; raises as scapy_key."""
+    vni, proto, s, d = scapy_key(frame)
+    return Key(vni, proto, norm_ep(s), norm_ep(d))
+
+
 def check_key(c: Case) -> List[str]:
     try:
-        vni, proto, s, d = scapy_key(c.inp)
+        got = normalised_key(c.inp)
     except Exception as e:  # noqa: BLE001
         return [f"{c.name}: key extraction failed: {e!r}"]
-    norm = lambda e: Ep(str(ipaddress.ip_address(e.addr)), e.port)  # noqa: E731
-    got = Key(vni, proto, norm(s), norm(d))
-    want = Key(c.match.vni, c.match.proto, norm(c.match.src), norm(c.match.dst))
+    want = Key(c.match.vni, c.match.proto, norm_ep(c.match.src), norm_ep(c.match.dst))
     return [] if got == want else [f"{c.name}: match {want} but scapy sees {got}"]
 
 
@@ -1004,12 +1013,10 @@ def check_out(c: Case) -> List[str]:
     key = replace(key, vni=encap[1] if encap else 0)
     errs = []
     try:
-        vni, proto, s, d = scapy_key(c.out)
+        got = normalised_key(c.out)
     except Exception as e:  # noqa: BLE001
         return [f"{c.name}: key extraction of the output failed: {e!r}"]
-    norm = lambda e: Ep(str(ipaddress.ip_address(e.addr)), e.port)  # noqa: E731
-    got = Key(vni, proto, norm(s), norm(d))
-    want = replace(key, src=norm(key.src), dst=norm(key.dst))
+    want = replace(key, src=norm_ep(key.src), dst=norm_ep(key.dst))
     if got != want:
         errs.append(f"{c.name}: output carries {got}, rule text gives {want}")
     o = Ether(c.out)
