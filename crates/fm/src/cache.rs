@@ -520,9 +520,8 @@ mod tests {
         v1::FlowKey { raw: vec![i; 40] }
     }
 
-    #[test]
-    fn a_reply_direction_key_is_answered_with_the_forward_rule_as_companion() {
-        let mut c = RuleCache::new(100, 1000);
+    /// A reply for flow key 1 that carries the reverse direction's rule (key 2).
+    fn reply_with_reverse() -> v1::RuleReply {
         let mut r = reply(Some(500));
         r.key = Some(fk(1));
         r.also = vec![v1::Rule {
@@ -530,6 +529,13 @@ mod tests {
             actions: vec![],
             idle_timeout_ms: Some(500),
         }];
+        r
+    }
+
+    #[test]
+    fn a_reply_direction_key_is_answered_with_the_forward_rule_as_companion() {
+        let mut c = RuleCache::new(100, 1000);
+        let r = reply_with_reverse();
         c.insert(key(1), &r, 0);
         assert_eq!(c.len(), 2);
         let rev = c.get(&key(2), 10).expect("reverse key cached");
@@ -553,13 +559,7 @@ mod tests {
     #[test]
     fn a_flow_is_found_by_key_alone_under_the_chain_that_cached_it() {
         let mut c = RuleCache::new(100, 1000);
-        let mut r = reply(Some(500));
-        r.key = Some(fk(1));
-        r.also = vec![v1::Rule {
-            key: Some(fk(2)),
-            actions: vec![],
-            idle_timeout_ms: Some(500),
-        }];
+        let r = reply_with_reverse();
         c.insert((4, 2, [1; 40]), &r, 0);
         let (ck, rev) = c.get_by_flow(&[2; 40], 10).expect("reverse key by flow");
         assert_eq!(ck, (4, 2, [2; 40]));

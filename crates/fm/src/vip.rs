@@ -137,6 +137,23 @@ impl VipTable {
     /// served), then the group is balanced: unowned vIPs first, then from the nodes with
     /// the most.
     pub fn join(&mut self, node: &str, claimed: &[usize]) -> VipChange {
+        let before = self.take_claims(node, claimed);
+        self.balance();
+        self.finish(before)
+    }
+
+    /// A node (re)joined while FM is taking over from another FM: it keeps what it
+    /// claims that nobody else has, and nothing else moves until [`VipTable::rebalance`].
+    /// The nodes reconnecting one by one would otherwise each be handed the vIPs of
+    /// those not back yet, and give them back a moment later.
+    pub fn adopt(&mut self, node: &str, claimed: &[usize]) -> VipChange {
+        let before = self.take_claims(node, claimed);
+        self.finish(before)
+    }
+
+    /// Registers `node` and gives it what it claims that no other node owns; returns
+    /// the ownership as it was, for [`VipTable::finish`].
+    fn take_claims(&mut self, node: &str, claimed: &[usize]) -> BTreeMap<String, Vec<usize>> {
         let mut before = self.snapshot();
         self.nodes.insert(node.to_string(), NodeState::default());
         self.claims.insert(node.to_string(), claimed.to_vec());
@@ -149,27 +166,7 @@ impl VipTable {
         before
             .entry(node.to_string())
             .or_insert_with(|| claimed.to_vec());
-        self.balance();
-        self.finish(before)
-    }
-
-    /// A node (re)joined while FM is taking over from another FM: it keeps what it
-    /// claims that nobody else has, and nothing else moves until [`VipTable::rebalance`].
-    /// The nodes reconnecting one by one would otherwise each be handed the vIPs of
-    /// those not back yet, and give them back a moment later.
-    pub fn adopt(&mut self, node: &str, claimed: &[usize]) -> VipChange {
-        let mut before = self.snapshot();
-        self.nodes.insert(node.to_string(), NodeState::default());
-        self.claims.insert(node.to_string(), claimed.to_vec());
-        for &i in claimed {
-            if i < self.vips.len() && self.owner[i].is_none() {
-                self.owner[i] = Some(node.to_string());
-            }
-        }
         before
-            .entry(node.to_string())
-            .or_insert_with(|| claimed.to_vec());
-        self.finish(before)
     }
 
     /// Balance the group now (after a run of [`VipTable::adopt`]).

@@ -337,6 +337,20 @@ impl UdpVxlanIo {
         &self.cfg
     }
 
+    /// Sends `descs`, whose frames are in `region` (this socket's own slots when `None`).
+    #[inline]
+    fn send(&mut self, region: Option<&[u8]>, descs: &[Desc]) -> usize {
+        let region = region.unwrap_or(&self.region);
+        send_frames(
+            self.sock.as_raw_fd(),
+            self.local,
+            self.cfg.peer_port,
+            &mut self.stats,
+            region,
+            descs,
+        )
+    }
+
     /// One non-blocking `recvmmsg` of up to `want` datagrams into the slots; returns the
     /// count received.
     fn recv_batch(&mut self, want: usize, descs: &mut Vec<Desc>) -> Result<usize, IoError> {
@@ -544,27 +558,11 @@ impl PacketIo for UdpVxlanIo {
 
     fn tx(&mut self, descs: &[Desc]) -> Result<usize, IoError> {
         // Slots are reused by the next rx as they are: nothing to recycle.
-        let fd = self.sock.as_raw_fd();
-        Ok(send_frames(
-            fd,
-            self.local,
-            self.cfg.peer_port,
-            &mut self.stats,
-            &self.region,
-            descs,
-        ))
+        Ok(self.send(None, descs))
     }
 
     fn tx_from(&mut self, region: &[u8], descs: &[Desc]) -> Result<usize, IoError> {
-        let fd = self.sock.as_raw_fd();
-        Ok(send_frames(
-            fd,
-            self.local,
-            self.cfg.peer_port,
-            &mut self.stats,
-            region,
-            descs,
-        ))
+        Ok(self.send(Some(region), descs))
     }
 }
 

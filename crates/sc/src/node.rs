@@ -187,6 +187,28 @@ impl Shared {
             .cloned()
     }
 
+    /// Sends every hosted replica the request `ask` makes around a reply channel, and
+    /// collects the replies (a replica that is gone or does not answer is skipped).
+    async fn ask_replicas<T>(&self, ask: impl Fn(oneshot::Sender<T>) -> ReplicaIn) -> Vec<T> {
+        let senders: Vec<_> = self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut out = Vec::with_capacity(senders.len());
+        for tx in senders {
+            let (rtx, rrx) = oneshot::channel();
+            if tx.send(ask(rtx)).is_ok() {
+                if let Ok(r) = rrx.await {
+                    out.push(r);
+                }
+            }
+        }
+        out
+    }
+
     fn bad(&self) {
         self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
     }
@@ -319,23 +341,10 @@ impl ScObserver {
 
     /// Metrics of every hosted replica, ascending by group.
     pub async fn group_metrics(&self) -> Vec<GroupMetrics> {
-        let senders: Vec<_> = self
+        let mut out = self
             .shared
-            .groups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        let mut out = Vec::with_capacity(senders.len());
-        for tx in senders {
-            let (rtx, rrx) = oneshot::channel();
-            if tx.send(ReplicaIn::Metrics { reply: rtx }).is_ok() {
-                if let Ok(m) = rrx.await {
-                    out.push(m);
-                }
-            }
-        }
+            .ask_replicas(|reply| ReplicaIn::Metrics { reply })
+            .await;
         out.sort_by_key(|m| m.state.group);
         out
     }
@@ -348,28 +357,9 @@ impl Drop for ScHandle {
 }
 
 async fn status(shared: &Shared, snapshots: bool) -> Vec<(v1::GroupState, ReplicaStats)> {
-    let senders: Vec<_> = shared
-        .groups
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    let mut out = Vec::new();
-    for tx in senders {
-        let (rtx, rrx) = oneshot::channel();
-        if tx
-            .send(ReplicaIn::Status {
-                snapshots,
-                reply: rtx,
-            })
-            .is_ok()
-        {
-            if let Ok(s) = rrx.await {
-                out.push(s);
-            }
-        }
-    }
+    let mut out = shared
+        .ask_replicas(|reply| ReplicaIn::Status { snapshots, reply })
+        .await;
     out.sort_by_key(|(s, _)| s.group);
     out
 }
@@ -431,23 +421,12 @@ async fn fm_session_loop(shared: Arc<Shared>, mut fms: proto::FmAddrs) {
 
 /// What every replica this node hosts reports to a new FM session.
 async fn hosted_groups(shared: &Shared) -> Vec<v1::HostedGroup> {
-    let txs: Vec<_> = shared
-        .groups
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    let mut out = Vec::new();
-    for tx in txs {
-        let (rtx, rrx) = oneshot::channel();
-        if tx.send(ReplicaIn::Hosted { reply: rtx }).is_ok() {
-            if let Ok(Some(h)) = rrx.await {
-                out.push(h);
-            }
-        }
-    }
-    out
+    shared
+        .ask_replicas(|reply| ReplicaIn::Hosted { reply })
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// One session with FM `fm`. `opened` is set once FM acknowledged the registration:

@@ -358,30 +358,13 @@ impl Master {
             g.awaiting_scale = id;
         }
         self.push_config(to);
-        let now = self.now_ms();
-        self.scales.insert(
-            id,
-            ScaleJob {
-                id,
-                kind: v1::ScaleKind::Out,
-                tenant,
-                chain,
-                from,
-                to,
-                moved,
-                from_after: Some((mid, hi)),
-                to_after: moved,
-                phase: Phase::Splitting,
-                part: None,
-                delta: None,
-                started_us: self.now_us(),
-                fin_us: None,
-                started_ms: now,
-                sent_ms: now,
-                answered: false,
-                aborted: None,
-            },
-        );
+        let job = ScaleJob {
+            moved,
+            from_after: Some((mid, hi)),
+            to_after: moved,
+            ..self.new_job(id, v1::ScaleKind::Out, tenant, chain, from, to)
+        };
+        self.scales.insert(id, job);
         info!(
             scale = id,
             tenant,
@@ -395,6 +378,40 @@ impl Master {
         self.scale_event(id, EventKind::ScScaleOutStart, "st sent".into());
         self.send_step(id);
         Ok(id)
+    }
+
+    /// Job `id` moving from group `from` to group `to`, at its first step and started
+    /// now; its ranges (`moved`, `from_after`, `to_after`) are for the caller to set.
+    fn new_job(
+        &self,
+        id: u64,
+        kind: v1::ScaleKind,
+        tenant: u32,
+        chain: u32,
+        from: u64,
+        to: u64,
+    ) -> ScaleJob {
+        let now = self.now_ms();
+        ScaleJob {
+            id,
+            kind,
+            tenant,
+            chain,
+            from,
+            to,
+            moved: (0, 0),
+            from_after: None,
+            to_after: (0, 0),
+            phase: Phase::Splitting,
+            part: None,
+            delta: None,
+            started_us: self.now_us(),
+            fin_us: None,
+            started_ms: now,
+            sent_ms: now,
+            answered: false,
+            aborted: None,
+        }
     }
 
     fn start_in(&mut self, tenant: u32, chain: u32, group: Option<u64>) -> Result<u64, String> {
@@ -437,30 +454,13 @@ impl Master {
         }
         let id = self.next_scale;
         self.next_scale += 1;
-        let now = self.now_ms();
-        self.scales.insert(
-            id,
-            ScaleJob {
-                id,
-                kind: v1::ScaleKind::In,
-                tenant,
-                chain,
-                from,
-                to,
-                moved: (lo, hi),
-                from_after: None,
-                to_after: (lo.min(nlo), hi.max(nhi)),
-                phase: Phase::Splitting,
-                part: None,
-                delta: None,
-                started_us: self.now_us(),
-                fin_us: None,
-                started_ms: now,
-                sent_ms: now,
-                answered: false,
-                aborted: None,
-            },
-        );
+        let job = ScaleJob {
+            moved: (lo, hi),
+            from_after: None,
+            to_after: (lo.min(nlo), hi.max(nhi)),
+            ..self.new_job(id, v1::ScaleKind::In, tenant, chain, from, to)
+        };
+        self.scales.insert(id, job);
         info!(scale = id, tenant, chain, from, to, "scale-in: st");
         self.scale_event(id, EventKind::ScScaleInStart, "st sent".into());
         self.send_step(id);
