@@ -345,7 +345,9 @@ impl Drop for MetricsServer {
 /// The binary prints them to stdout, where tests and `starfabric up` read them; an
 /// in-process caller may collect them; the default drops them.
 #[derive(Clone, Default)]
-pub struct Lines(Option<Arc<dyn Fn(&str) + Send + Sync>>);
+pub struct Lines(Option<LineFn>);
+
+type LineFn = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl Lines {
     pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Lines {
