@@ -245,6 +245,26 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
         )
     };
     let to_inet = format!("{}:{}@{}", addr::IGW, vni::INTERNET, mac::IGW);
+    // Tenant `j`'s chain `main` on its VPC `main`: these NFs, out to `egress`, replies
+    // back to its client; the CLI waits until an SC group serves it.
+    let chain_main = |tenant: &str, j: usize, nfs: &str, egress: &str| {
+        cli.show(&[
+            "chain",
+            "create",
+            "main",
+            "--tenant",
+            tenant,
+            "--vpc",
+            "main",
+            "--nfs",
+            nfs,
+            "--egress",
+            egress,
+            "--return",
+            &to_client(j),
+            "--wait",
+        ])
+    };
     let to_svc = format!("{}:{}@{}", addr::SVC, vni::SERVICES, mac::SVC);
     let pool = addr::pool(0).to_string();
     say("acme: a stateful firewall (HTTP and iperf3 allowed, the rest denied), then SNAT");
@@ -258,22 +278,7 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
     cli.show(&[
         "nf", "create", "snat", "out", "--tenant", "acme", "--pool", &pool,
     ])?;
-    cli.show(&[
-        "chain",
-        "create",
-        "main",
-        "--tenant",
-        "acme",
-        "--vpc",
-        "main",
-        "--nfs",
-        "edge,out",
-        "--egress",
-        &to_inet,
-        "--return",
-        &to_client(0),
-        "--wait",
-    ])?;
+    chain_main("acme", 0, "edge,out", &to_inet)?;
     say("globex: a Maglev load balancer, VIP 198.19.2.100:80 over the three nginx backends");
     cli.show(&["tenant", "create", "globex"])?;
     let vni1 = vni::tenant(1).to_string();
@@ -298,22 +303,7 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
         "--backend",
         &bk[2],
     ])?;
-    cli.show(&[
-        "chain",
-        "create",
-        "main",
-        "--tenant",
-        "globex",
-        "--vpc",
-        "main",
-        "--nfs",
-        "web",
-        "--egress",
-        &to_svc,
-        "--return",
-        &to_client(1),
-        "--wait",
-    ])?;
+    chain_main("globex", 1, "web", &to_svc)?;
 
     banner(4, "First packets");
     let inet_url = format!("http://{}/", addr::INET);
