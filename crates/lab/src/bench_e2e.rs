@@ -389,25 +389,21 @@ pub fn print(r: &E2eBench) {
             cell(n.cps, 1.0, cps_decimals)
         );
     };
-    for (name, n) in [
-        ("starfabric SNAT (UDP)", &r.starfabric),
-        ("starfabric SNAT (AF_XDP)", &r.afxdp),
-        ("starfabric SNAT (XDP fp)", &r.xdp_fastpath),
-        ("kernel nft SNAT", &r.kernel),
-        ("kernel forward", &r.kernel_forward),
-        ("starfabric LB", &r.starfabric_lb),
-        ("kernel nft DNAT LB", &r.kernel_dnat_lb),
+    for (name, n, ratio) in [
+        ("starfabric SNAT (UDP)", &r.starfabric, false),
+        ("starfabric SNAT (AF_XDP)", &r.afxdp, false),
+        ("starfabric SNAT (XDP fp)", &r.xdp_fastpath, false),
+        ("kernel nft SNAT", &r.kernel, false),
+        ("kernel forward", &r.kernel_forward, false),
+        ("starfabric LB", &r.starfabric_lb, false),
+        ("kernel nft DNAT LB", &r.kernel_dnat_lb, false),
+        ("ratio SNAT (sf/kernel)", &r.ratio, true),
+        ("ratio AF_XDP (/kernel)", &r.ratio_afxdp, true),
+        ("ratio XDP fp (/kernel)", &r.ratio_xdp_fastpath, true),
+        ("XDP fp / AF_XDP", &r.fastpath_over_userspace, true),
+        ("ratio LB (sf/kernel)", &r.ratio_lb, true),
     ] {
-        row(name, n, false);
-    }
-    for (name, n) in [
-        ("ratio SNAT (sf/kernel)", &r.ratio),
-        ("ratio AF_XDP (/kernel)", &r.ratio_afxdp),
-        ("ratio XDP fp (/kernel)", &r.ratio_xdp_fastpath),
-        ("XDP fp / AF_XDP", &r.fastpath_over_userspace),
-        ("ratio LB (sf/kernel)", &r.ratio_lb),
-    ] {
-        row(name, n, true);
+        row(name, n, ratio);
     }
     for s in &r.setup.udp64 {
         println!("udp64 {s}");
