@@ -24,8 +24,6 @@ use testbed::{Resources, Testbed, TopologySpec};
 
 /// Namespace prefix of the demo (short: veth names are at most 15 characters).
 const PREFIX: &str = "sfdemo-";
-const API_PORT: u16 = 7080;
-const CONTROL_PORT: u16 = 7081;
 
 fn banner(n: u32, title: &str) {
     println!("\n\x1b[1m== {n}. {title}\x1b[0m");
@@ -192,40 +190,18 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
     banner(2, "Starting the platform: starfabric up");
     let exe = std::env::current_exe()?;
     let config = tb.path("cli.json");
-    let ctl = addr::CTL;
-    let api = format!("{ctl}:{API_PORT}");
-    let control = format!("{ctl}:{CONTROL_PORT}");
-    let fm = format!("{ctl}:{}", addr::FM_PORT);
-    let vxlan = format!("{}:4789", addr::PP);
-    let pp_ns = tb.ns(Node::Pp);
-    let dir = tb.path("up");
-    let env_cfg = format!("STARFABRIC_CONFIG={}", config.display());
-    let exe_s = exe.display().to_string();
-    let dir_s = dir.display().to_string();
-    let up_argv = [
-        "env",
-        &env_cfg,
-        &exe_s,
-        "up",
-        "--dir",
-        &dir_s,
-        "--api",
-        &api,
-        "--control",
-        &control,
-        "--fm",
-        &fm,
-        "--vxlan",
-        &vxlan,
-        "--pp-netns",
-        &pp_ns,
-    ];
     say(&format!(
-        "$ starfabric up --api {api} --fm {fm} --vxlan {vxlan} --pp-netns {pp_ns}"
+        "$ starfabric up --api {}:{} --fm {}:{} --vxlan {}:4789 --pp-netns {}",
+        addr::CTL,
+        addr::API_PORT,
+        addr::CTL,
+        addr::FM_PORT,
+        addr::PP,
+        tb.ns(Node::Pp)
     ));
     say("  orchestrator (embedded store) + fabric master + an SC group of 3 in the control");
     say("  namespace; the PP node in the PP namespace");
-    let up = tb.spawn(Node::Ctl, "starfabric up", &up_argv)?;
+    let up = tb.spawn_up(&exe, &config, &tb.path("up"), &[])?;
     tb.wait_log(&up, "up: ready", Duration::from_secs(90))
         .with_context(|| format!("starfabric up did not get ready; see {}", up.log.display()))?;
     let cli = Cli {
