@@ -422,6 +422,40 @@ fn all_pages(c: &Client, path: &str) -> Result<Value> {
     Ok(c.api.all_pages(path)?)
 }
 
+/// `PUT /v1/tenants/{tenant}/{kind}s/{name}`, reported as `{kind}/{tenant}/{name}`.
+fn put_owned(c: &Client, kind: &str, tenant: &str, name: &str, body: Value) -> Result<Value> {
+    c.put(
+        &format!("/v1/tenants/{tenant}/{kind}s/{name}"),
+        body,
+        &format!("{kind}/{tenant}/{name}"),
+    )
+}
+
+/// What a create returned, in JSON or YAML output (a table says nothing more).
+fn print_created(c: &Client, v: &Value) -> Result<()> {
+    if c.output != Output::Table {
+        c.print(v, &[], &[])?;
+    }
+    Ok(())
+}
+
+/// A tenant's `{kind}s`, every page, in these columns.
+fn list_owned(c: &Client, kind: &str, tenant: &str, cols: &[(&str, &str)]) -> Result<()> {
+    let v = all_pages(c, &format!("/v1/tenants/{tenant}/{kind}s"))?;
+    c.print(&v, v.as_array().unwrap_or(&vec![]), cols)
+}
+
+/// Deletes a tenant's `{kind}` and says so.
+fn delete_owned(c: &Client, kind: &str, Named { name, tenant }: Named) -> Result<()> {
+    c.call(
+        "DELETE",
+        &format!("/v1/tenants/{tenant}/{kind}s/{name}"),
+        None,
+    )?;
+    println!("{kind}/{tenant}/{name} deleted");
+    Ok(())
+}
+
 pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
     match cmd {
         TenantCmd::Create {
@@ -472,10 +506,7 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
                     wait_served(c, &name, "main")?;
                 }
             }
-            if c.output != Output::Table {
-                c.print(&t, &[], &[])?;
-            }
-            Ok(())
+            print_created(c, &t)
         }
         TenantCmd::List => {
             let v = all_pages(c, "/v1/tenants")?;
@@ -502,29 +533,22 @@ pub fn vpc(c: &Client, cmd: VpcCmd) -> Result<()> {
             vni,
             cidrs,
         } => {
-            let v = c.put(
-                &format!("/v1/tenants/{tenant}/vpcs/{name}"),
+            let v = put_owned(
+                c,
+                "vpc",
+                &tenant,
+                &name,
                 json!({"vni": vni, "cidrs": cidrs}),
-                &format!("vpc/{tenant}/{name}"),
             )?;
-            if c.output != Output::Table {
-                c.print(&v, &[], &[])?;
-            }
-            Ok(())
+            print_created(c, &v)
         }
-        VpcCmd::List(OfTenant { tenant }) => {
-            let v = all_pages(c, &format!("/v1/tenants/{tenant}/vpcs"))?;
-            c.print(
-                &v,
-                v.as_array().unwrap_or(&vec![]),
-                &[("NAME", "/name"), ("VNI", "/vni"), ("CIDRS", "/cidrs")],
-            )
-        }
-        VpcCmd::Delete(Named { name, tenant }) => {
-            c.call("DELETE", &format!("/v1/tenants/{tenant}/vpcs/{name}"), None)?;
-            println!("vpc/{tenant}/{name} deleted");
-            Ok(())
-        }
+        VpcCmd::List(OfTenant { tenant }) => list_owned(
+            c,
+            "vpc",
+            &tenant,
+            &[("NAME", "/name"), ("VNI", "/vni"), ("CIDRS", "/cidrs")],
+        ),
+        VpcCmd::Delete(n) => delete_owned(c, "vpc", n),
     }
 }
 
@@ -540,10 +564,10 @@ fn port_rule(action: &str, s: &str) -> Result<Value> {
 pub fn nf(c: &Client, cmd: NfCmd) -> Result<()> {
     let (tenant, name, body) = match cmd {
         NfCmd::List(OfTenant { tenant }) => {
-            let v = all_pages(c, &format!("/v1/tenants/{tenant}/nfs"))?;
-            return c.print(
-                &v,
-                v.as_array().unwrap_or(&vec![]),
+            return list_owned(
+                c,
+                "nf",
+                &tenant,
                 &[
                     ("NAME", "/name"),
                     ("KIND", "/kind"),
@@ -551,11 +575,7 @@ pub fn nf(c: &Client, cmd: NfCmd) -> Result<()> {
                 ],
             );
         }
-        NfCmd::Delete(Named { name, tenant }) => {
-            c.call("DELETE", &format!("/v1/tenants/{tenant}/nfs/{name}"), None)?;
-            println!("nf/{tenant}/{name} deleted");
-            return Ok(());
-        }
+        NfCmd::Delete(n) => return delete_owned(c, "nf", n),
         NfCmd::Create(k) => match k {
             NfKindCmd::Snat {
                 name,
@@ -623,15 +643,8 @@ pub fn nf(c: &Client, cmd: NfCmd) -> Result<()> {
             }
         },
     };
-    let v = c.put(
-        &format!("/v1/tenants/{tenant}/nfs/{name}"),
-        body,
-        &format!("nf/{tenant}/{name}"),
-    )?;
-    if c.output != Output::Table {
-        c.print(&v, &[], &[])?;
-    }
-    Ok(())
+    let v = put_owned(c, "nf", &tenant, &name, body)?;
+    print_created(c, &v)
 }
 
 pub fn chain(c: &Client, cmd: ChainCmd) -> Result<()> {
@@ -645,41 +658,30 @@ pub fn chain(c: &Client, cmd: ChainCmd) -> Result<()> {
             ret,
             wait,
         } => {
-            let v = c.put(
-                &format!("/v1/tenants/{tenant}/chains/{name}"),
+            let v = put_owned(
+                c,
+                "chain",
+                &tenant,
+                &name,
                 json!({"vpc": vpc, "nfs": nfs, "forward": egress(eg.as_deref())?, "reverse": egress(ret.as_deref())?}),
-                &format!("chain/{tenant}/{name}"),
             )?;
             if wait {
                 wait_served(c, &tenant, &name)?;
             }
-            if c.output != Output::Table {
-                c.print(&v, &[], &[])?;
-            }
-            Ok(())
+            print_created(c, &v)
         }
-        ChainCmd::List(OfTenant { tenant }) => {
-            let v = all_pages(c, &format!("/v1/tenants/{tenant}/chains"))?;
-            c.print(
-                &v,
-                v.as_array().unwrap_or(&vec![]),
-                &[
-                    ("NAME", "/name"),
-                    ("ID", "/id"),
-                    ("VPC", "/vpc"),
-                    ("NFS", "/nfs"),
-                ],
-            )
-        }
-        ChainCmd::Delete(Named { name, tenant }) => {
-            c.call(
-                "DELETE",
-                &format!("/v1/tenants/{tenant}/chains/{name}"),
-                None,
-            )?;
-            println!("chain/{tenant}/{name} deleted");
-            Ok(())
-        }
+        ChainCmd::List(OfTenant { tenant }) => list_owned(
+            c,
+            "chain",
+            &tenant,
+            &[
+                ("NAME", "/name"),
+                ("ID", "/id"),
+                ("VPC", "/vpc"),
+                ("NFS", "/nfs"),
+            ],
+        ),
+        ChainCmd::Delete(n) => delete_owned(c, "chain", n),
     }
 }
 

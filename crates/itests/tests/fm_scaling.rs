@@ -48,13 +48,7 @@ fn chain(with_fw: bool) -> ChainDef {
             {"name": "no-telnet", "action": "deny", "proto": "tcp", "dport": 23}]}]}));
     }
     nfs.push(snat_json());
-    serde_json::from_value(serde_json::json!({
-        "tenant": 1, "chain": 1,
-        "nfs": nfs,
-        "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
-        "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
-    }))
-    .unwrap()
+    common::chain(nfs.into())
 }
 
 /// Flow `i`'s key ([`common::flow`]).
@@ -206,6 +200,41 @@ fn drive(
     load
 }
 
+/// A PP session to `cluster`'s FM with [`drive`] running over it on a thread (`window`
+/// new flows outstanding), once its long-lived flows are set up and `settle` has passed:
+/// the session, the load's phase and stop flags, and the thread.
+fn start_load(
+    cluster: &Cluster,
+    window: usize,
+    settle: Duration,
+) -> (
+    FmClient,
+    Arc<AtomicU8>,
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<Load>,
+) {
+    let mut pp_cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-load");
+    pp_cfg.forget_after = Duration::from_secs(30);
+    let (client, mut links) = FmClient::start(pp_cfg).unwrap();
+    let link = links.remove(0);
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
+    let phase = Arc::new(AtomicU8::new(BEFORE));
+    let ready = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = {
+        let (phase, ready, stop) = (phase.clone(), ready.clone(), stop.clone());
+        let source = link.source;
+        std::thread::spawn(move || drive(source, window, phase, ready, stop))
+    };
+    wait(Duration::from_secs(30), "long-lived flows", || {
+        ready.load(Ordering::Relaxed).then_some(())
+    });
+    std::thread::sleep(settle);
+    (client, phase, stop, driver)
+}
+
 fn p99(v: &[u64]) -> (usize, u64) {
     let mut v = v.to_vec();
     v.sort_unstable();
@@ -316,26 +345,7 @@ fn run(with_fw: bool) {
     let cluster = Cluster::start_with(cfg, 6, Arc::new(sc::testing::TestNfs));
     let map0 = cluster.wait_groups(1, 3);
     let g1 = map0.groups[0].id;
-    let mut pp_cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-load");
-    pp_cfg.forget_after = Duration::from_secs(30);
-    let (client, mut links) = FmClient::start(pp_cfg).unwrap();
-    let link = links.remove(0);
-    wait(Duration::from_secs(5), "PP session", || {
-        client.connected().then_some(())
-    });
-
-    let phase = Arc::new(AtomicU8::new(BEFORE));
-    let ready = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = {
-        let (phase, ready, stop) = (phase.clone(), ready.clone(), stop.clone());
-        let source = link.source;
-        std::thread::spawn(move || drive(source, 256, phase, ready, stop))
-    };
-    wait(Duration::from_secs(30), "long-lived flows", || {
-        ready.load(Ordering::Relaxed).then_some(())
-    });
-    std::thread::sleep(Duration::from_millis(1500));
+    let (client, phase, stop, driver) = start_load(&cluster, 256, Duration::from_millis(1500));
 
     let scale = |req| -> ScaleOutcome { cluster.rt.block_on(cluster.fm.scale(req)).unwrap() };
     // A scale-out needs three SC nodes outside the chain's groups: asking with none
@@ -583,25 +593,7 @@ fn new_group_dies_during_scale_out() {
         .iter()
         .map(|r| r.node_id.clone())
         .collect();
-    let mut pp_cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-load");
-    pp_cfg.forget_after = Duration::from_secs(30);
-    let (client, mut links) = FmClient::start(pp_cfg).unwrap();
-    let link = links.remove(0);
-    wait(Duration::from_secs(5), "PP session", || {
-        client.connected().then_some(())
-    });
-    let phase = Arc::new(AtomicU8::new(BEFORE));
-    let ready = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = {
-        let (phase, ready, stop) = (phase.clone(), ready.clone(), stop.clone());
-        let source = link.source;
-        std::thread::spawn(move || drive(source, 64, phase, ready, stop))
-    };
-    wait(Duration::from_secs(30), "long-lived flows", || {
-        ready.load(Ordering::Relaxed).then_some(())
-    });
-    std::thread::sleep(Duration::from_millis(500));
+    let (client, _phase, stop, driver) = start_load(&cluster, 64, Duration::from_millis(500));
     // The scale-out goes through FM's gRPC API, on a thread of its own, so this thread
     // can kill the new group's nodes while it is under way.
     let (tx, rx) = std::sync::mpsc::channel();

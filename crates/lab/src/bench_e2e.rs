@@ -377,38 +377,34 @@ pub fn print(r: &E2eBench) {
         "{:<24} {:>10} {:>14} {:>16} {:>12}",
         "", "TCP Gbit/s", "UDP64 kpps", "UDP64/core kpps", "conn/s"
     );
-    let row = |name: &str, n: &Numbers| {
+    // Numbers in their units (UDP in kpps), or ratios of them to two decimals.
+    let row = |name: &str, n: &Numbers, ratio: bool| {
+        let (pps_scale, pps_decimals, cps_decimals) = if ratio { (1.0, 2, 2) } else { (1e3, 1, 0) };
         println!(
             "{:<24} {:>10} {:>14} {:>16} {:>12}",
             name,
             cell(n.tcp_gbps, 1.0, 2),
-            cell(n.udp64_pps, 1e3, 1),
-            cell(n.udp64_core_pps, 1e3, 1),
-            cell(n.cps, 1.0, 0)
+            cell(n.udp64_pps, pps_scale, pps_decimals),
+            cell(n.udp64_core_pps, pps_scale, pps_decimals),
+            cell(n.cps, 1.0, cps_decimals)
         );
     };
-    row("starfabric SNAT (UDP)", &r.starfabric);
-    row("starfabric SNAT (AF_XDP)", &r.afxdp);
-    row("starfabric SNAT (XDP fp)", &r.xdp_fastpath);
-    row("kernel nft SNAT", &r.kernel);
-    row("kernel forward", &r.kernel_forward);
-    row("starfabric LB", &r.starfabric_lb);
-    row("kernel nft DNAT LB", &r.kernel_dnat_lb);
-    let ratio = |name: &str, n: &Numbers| {
-        println!(
-            "{:<24} {:>10} {:>14} {:>16} {:>12}",
-            name,
-            cell(n.tcp_gbps, 1.0, 2),
-            cell(n.udp64_pps, 1.0, 2),
-            cell(n.udp64_core_pps, 1.0, 2),
-            cell(n.cps, 1.0, 2)
-        );
-    };
-    ratio("ratio SNAT (sf/kernel)", &r.ratio);
-    ratio("ratio AF_XDP (/kernel)", &r.ratio_afxdp);
-    ratio("ratio XDP fp (/kernel)", &r.ratio_xdp_fastpath);
-    ratio("XDP fp / AF_XDP", &r.fastpath_over_userspace);
-    ratio("ratio LB (sf/kernel)", &r.ratio_lb);
+    for (name, n, ratio) in [
+        ("starfabric SNAT (UDP)", &r.starfabric, false),
+        ("starfabric SNAT (AF_XDP)", &r.afxdp, false),
+        ("starfabric SNAT (XDP fp)", &r.xdp_fastpath, false),
+        ("kernel nft SNAT", &r.kernel, false),
+        ("kernel forward", &r.kernel_forward, false),
+        ("starfabric LB", &r.starfabric_lb, false),
+        ("kernel nft DNAT LB", &r.kernel_dnat_lb, false),
+        ("ratio SNAT (sf/kernel)", &r.ratio, true),
+        ("ratio AF_XDP (/kernel)", &r.ratio_afxdp, true),
+        ("ratio XDP fp (/kernel)", &r.ratio_xdp_fastpath, true),
+        ("XDP fp / AF_XDP", &r.fastpath_over_userspace, true),
+        ("ratio LB (sf/kernel)", &r.ratio_lb, true),
+    ] {
+        row(name, n, ratio);
+    }
     for s in &r.setup.udp64 {
         println!("udp64 {s}");
     }

@@ -24,8 +24,6 @@ use testbed::{Resources, Testbed, TopologySpec};
 
 /// Namespace prefix of the demo (short: veth names are at most 15 characters).
 const PREFIX: &str = "sfdemo-";
-const API_PORT: u16 = 7080;
-const CONTROL_PORT: u16 = 7081;
 
 fn banner(n: u32, title: &str) {
     println!("\n\x1b[1m== {n}. {title}\x1b[0m");
@@ -192,40 +190,18 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
     banner(2, "Starting the platform: starfabric up");
     let exe = std::env::current_exe()?;
     let config = tb.path("cli.json");
-    let ctl = addr::CTL;
-    let api = format!("{ctl}:{API_PORT}");
-    let control = format!("{ctl}:{CONTROL_PORT}");
-    let fm = format!("{ctl}:{}", addr::FM_PORT);
-    let vxlan = format!("{}:4789", addr::PP);
-    let pp_ns = tb.ns(Node::Pp);
-    let dir = tb.path("up");
-    let env_cfg = format!("STARFABRIC_CONFIG={}", config.display());
-    let exe_s = exe.display().to_string();
-    let dir_s = dir.display().to_string();
-    let up_argv = [
-        "env",
-        &env_cfg,
-        &exe_s,
-        "up",
-        "--dir",
-        &dir_s,
-        "--api",
-        &api,
-        "--control",
-        &control,
-        "--fm",
-        &fm,
-        "--vxlan",
-        &vxlan,
-        "--pp-netns",
-        &pp_ns,
-    ];
     say(&format!(
-        "$ starfabric up --api {api} --fm {fm} --vxlan {vxlan} --pp-netns {pp_ns}"
+        "$ starfabric up --api {}:{} --fm {}:{} --vxlan {}:4789 --pp-netns {}",
+        addr::CTL,
+        addr::API_PORT,
+        addr::CTL,
+        addr::FM_PORT,
+        addr::PP,
+        tb.ns(Node::Pp)
     ));
     say("  orchestrator (embedded store) + fabric master + an SC group of 3 in the control");
     say("  namespace; the PP node in the PP namespace");
-    let up = tb.spawn(Node::Ctl, "starfabric up", &up_argv)?;
+    let up = tb.spawn_up(&exe, &config, &tb.path("up"), &[])?;
     tb.wait_log(&up, "up: ready", Duration::from_secs(90))
         .with_context(|| format!("starfabric up did not get ready; see {}", up.log.display()))?;
     let cli = Cli {
@@ -245,6 +221,26 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
         )
     };
     let to_inet = format!("{}:{}@{}", addr::IGW, vni::INTERNET, mac::IGW);
+    // Tenant `j`'s chain `main` on its VPC `main`: these NFs, out to `egress`, replies
+    // back to its client; the CLI waits until an SC group serves it.
+    let chain_main = |tenant: &str, j: usize, nfs: &str, egress: &str| {
+        cli.show(&[
+            "chain",
+            "create",
+            "main",
+            "--tenant",
+            tenant,
+            "--vpc",
+            "main",
+            "--nfs",
+            nfs,
+            "--egress",
+            egress,
+            "--return",
+            &to_client(j),
+            "--wait",
+        ])
+    };
     let to_svc = format!("{}:{}@{}", addr::SVC, vni::SERVICES, mac::SVC);
     let pool = addr::pool(0).to_string();
     say("acme: a stateful firewall (HTTP and iperf3 allowed, the rest denied), then SNAT");
@@ -258,22 +254,7 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
     cli.show(&[
         "nf", "create", "snat", "out", "--tenant", "acme", "--pool", &pool,
     ])?;
-    cli.show(&[
-        "chain",
-        "create",
-        "main",
-        "--tenant",
-        "acme",
-        "--vpc",
-        "main",
-        "--nfs",
-        "edge,out",
-        "--egress",
-        &to_inet,
-        "--return",
-        &to_client(0),
-        "--wait",
-    ])?;
+    chain_main("acme", 0, "edge,out", &to_inet)?;
     say("globex: a Maglev load balancer, VIP 198.19.2.100:80 over the three nginx backends");
     cli.show(&["tenant", "create", "globex"])?;
     let vni1 = vni::tenant(1).to_string();
@@ -298,22 +279,7 @@ fn demo(res: &std::sync::Arc<Resources>, secs: u32) -> Result<()> {
         "--backend",
         &bk[2],
     ])?;
-    cli.show(&[
-        "chain",
-        "create",
-        "main",
-        "--tenant",
-        "globex",
-        "--vpc",
-        "main",
-        "--nfs",
-        "web",
-        "--egress",
-        &to_svc,
-        "--return",
-        &to_client(1),
-        "--wait",
-    ])?;
+    chain_main("globex", 1, "web", &to_svc)?;
 
     banner(4, "First packets");
     let inet_url = format!("http://{}/", addr::INET);

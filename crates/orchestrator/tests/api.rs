@@ -82,6 +82,13 @@ impl Api {
         r.body["store_revision"].as_u64().unwrap()
     }
 
+    /// Bad `PUT`s to `path`, each `(body, status, needle)` as in [`Api::refused`].
+    fn refused_puts(&self, path: &str, cases: &[(&str, u16, &str)]) {
+        for &(body, status, needle) in cases {
+            self.refused("PUT", path, ADMIN, Some(body), status, needle);
+        }
+    }
+
     /// A bad request: its status, a message containing `needle`, and no state change.
     fn refused(
         &self,
@@ -146,29 +153,13 @@ fn suite(api: &Api) {
     assert_eq!(r.body["pp_cluster"], "east");
 
     // ---- tenants: bad input
-    api.refused(
-        "PUT",
+    api.refused_puts(
         "/v1/tenants/x1",
-        ADMIN,
-        Some(r#"{"pp_cluster": 5}"#),
-        400,
-        "pp_cluster",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/x1",
-        ADMIN,
-        Some(r#"{"pp_clustr": "a"}"#),
-        400,
-        "unknown field",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/x1",
-        ADMIN,
-        Some("{not json"),
-        400,
-        "not JSON",
+        &[
+            (r#"{"pp_cluster": 5}"#, 400, "pp_cluster"),
+            (r#"{"pp_clustr": "a"}"#, 400, "unknown field"),
+            ("{not json", 400, "not JSON"),
+        ],
     );
     api.refused(
         "PUT",
@@ -231,53 +222,20 @@ fn suite(api: &Api) {
         .status,
         200
     );
-    api.refused(
-        "PUT",
+    api.refused_puts(
         "/v1/tenants/acme/vpcs/v2",
-        ADMIN,
-        Some("{}"),
-        400,
-        "missing field `vni`",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/vpcs/v2",
-        ADMIN,
-        Some(r#"{"vni": "100"}"#),
-        400,
-        "vni",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/vpcs/v2",
-        ADMIN,
-        Some(r#"{"vni": -1}"#),
-        400,
-        "vni",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/vpcs/v2",
-        ADMIN,
-        Some(r#"{"vni": 0}"#),
-        422,
-        "vni must be 1 to 16777215",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/vpcs/v2",
-        ADMIN,
-        Some(r#"{"vni": 16777216}"#),
-        422,
-        "24 bits",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/vpcs/v2",
-        ADMIN,
-        Some(r#"{"vni": 7, "cidrs": ["10.0.0.0/33"]}"#),
-        422,
-        "10.0.0.0/33",
+        &[
+            ("{}", 400, "missing field `vni`"),
+            (r#"{"vni": "100"}"#, 400, "vni"),
+            (r#"{"vni": -1}"#, 400, "vni"),
+            (r#"{"vni": 0}"#, 422, "vni must be 1 to 16777215"),
+            (r#"{"vni": 16777216}"#, 422, "24 bits"),
+            (
+                r#"{"vni": 7, "cidrs": ["10.0.0.0/33"]}"#,
+                422,
+                "10.0.0.0/33",
+            ),
+        ],
     );
     api.refused(
         "PUT",
@@ -338,48 +296,16 @@ fn suite(api: &Api) {
         .status,
         201
     );
-    api.refused(
-        "PUT",
+    api.refused_puts(
         "/v1/tenants/acme/nfs/x",
-        ADMIN,
-        Some(r#"{"kind": "vpn"}"#),
-        400,
-        "unknown variant `vpn`",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/nfs/x",
-        ADMIN,
-        Some(r#"{"config": {}}"#),
-        400,
-        "missing field `kind`",
-    );
-    api.refused("PUT", "/v1/tenants/acme/nfs/x", ADMIN,
-        Some(r#"{"kind": "snat", "config": {"pools": [{"addresses": ["198.18.100.1"], "ports": {"lo": 2000, "hi": 1000}}]}}"#),
-        422, "snat configuration");
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/nfs/x",
-        ADMIN,
-        Some(r#"{"kind": "snat", "config": {"pools": [{"addresses": ["not-an-ip"]}]}}"#),
-        422,
-        "snat configuration",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/nfs/x",
-        ADMIN,
-        Some(r#"{"kind": "fw", "config": {"tenant": 2, "rules": []}}"#),
-        422,
-        "own ACL",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/nfs/x",
-        ADMIN,
-        Some(r#"{"kind": "monitor", "config": []}"#),
-        422,
-        "JSON object",
+        &[
+            (r#"{"kind": "vpn"}"#, 400, "unknown variant `vpn`"),
+            (r#"{"config": {}}"#, 400, "missing field `kind`"),
+            (r#"{"kind": "snat", "config": {"pools": [{"addresses": ["198.18.100.1"], "ports": {"lo": 2000, "hi": 1000}}]}}"#, 422, "snat configuration"),
+            (r#"{"kind": "snat", "config": {"pools": [{"addresses": ["not-an-ip"]}]}}"#, 422, "snat configuration"),
+            (r#"{"kind": "fw", "config": {"tenant": 2, "rules": []}}"#, 422, "own ACL"),
+            (r#"{"kind": "monitor", "config": []}"#, 422, "JSON object"),
+        ],
     );
 
     // ---- chains
@@ -394,37 +320,18 @@ fn suite(api: &Api) {
             .status,
         200
     );
-    api.refused(
-        "PUT",
+    api.refused_puts(
         "/v1/tenants/acme/chains/c2",
-        ADMIN,
-        Some(&json!({"vpc": "main", "nfs": ["nat"]}).to_string()),
-        409,
-        "already bound to chain \"egress\"",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/chains/c2",
-        ADMIN,
-        Some(&json!({"vpc": "nope", "nfs": ["nat"]}).to_string()),
-        422,
-        "VPC \"nope\"",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/chains/c2",
-        ADMIN,
-        Some(&json!({"vpc": "main", "nfs": ["ghost"]}).to_string()),
-        422,
-        "NF \"ghost\"",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/acme/chains/c2",
-        ADMIN,
-        Some(&json!({"vpc": "main", "nfs": []}).to_string()),
-        422,
-        "at least one NF",
+        &[
+            (
+                r#"{"vpc": "main", "nfs": ["nat"]}"#,
+                409,
+                "already bound to chain \"egress\"",
+            ),
+            (r#"{"vpc": "nope", "nfs": ["nat"]}"#, 422, "VPC \"nope\""),
+            (r#"{"vpc": "main", "nfs": ["ghost"]}"#, 422, "NF \"ghost\""),
+            (r#"{"vpc": "main", "nfs": []}"#, 422, "at least one NF"),
+        ],
     );
     api.refused(
         "PUT",
@@ -503,54 +410,21 @@ fn suite(api: &Api) {
         403,
         "cannot access tenant \"globex\"",
     );
-    api.refused(
-        "GET",
-        "/v1/tenants/globex/vpcs",
-        &tok,
-        None,
-        403,
-        "\"globex\"",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/globex/vpcs/evil",
-        &tok,
-        Some(r#"{"vni": 555}"#),
-        403,
-        "\"globex\"",
-    );
-    api.refused(
-        "DELETE",
-        "/v1/tenants/globex/vpcs/main",
-        &tok,
-        None,
-        403,
-        "\"globex\"",
-    );
-    api.refused(
-        "PUT",
-        "/v1/tenants/globex/nfs/n",
-        &tok,
-        Some(&snat("198.18.100.9").to_string()),
-        403,
-        "\"globex\"",
-    );
-    api.refused(
-        "POST",
-        "/v1/tenants/globex/tokens",
-        &tok,
-        None,
-        403,
-        "\"globex\"",
-    );
-    api.refused(
-        "GET",
-        "/v1/tenants/globex/stats",
-        &tok,
-        None,
-        403,
-        "\"globex\"",
-    );
+    let nf = snat("198.18.100.9").to_string();
+    for (method, path, body) in [
+        ("GET", "/v1/tenants/globex/vpcs", None),
+        (
+            "PUT",
+            "/v1/tenants/globex/vpcs/evil",
+            Some(r#"{"vni": 555}"#),
+        ),
+        ("DELETE", "/v1/tenants/globex/vpcs/main", None),
+        ("PUT", "/v1/tenants/globex/nfs/n", Some(nf.as_str())),
+        ("POST", "/v1/tenants/globex/tokens", None),
+        ("GET", "/v1/tenants/globex/stats", None),
+    ] {
+        api.refused(method, path, &tok, body, 403, "\"globex\"");
+    }
     api.refused(
         "PUT",
         "/v1/tenants/newco",

@@ -5,16 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orchestrator::agent::{Agent, AgentConfig};
+use orchestrator::agent::Agent;
 use proto::v1;
 use serde_json::{json, Value};
 
-const ADMIN: &str = "sfa_control_test";
-
-/// testkit's `wait_until`, polling every 20 ms.
-fn wait<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
-    testkit::wait_until_every(limit, Duration::from_millis(20), what, f)
-}
+mod common;
+use common::{http, node_info, put_created, ready, wait, Orch};
 
 fn agent(
     control: &str,
@@ -24,67 +20,27 @@ fn agent(
     cluster: &str,
     report: orchestrator::agent::ReportFn,
 ) -> Agent {
-    Agent::start(
-        AgentConfig {
-            orchestrator: control.to_string(),
-            hello: v1::NodeHello {
-                node: Some(v1::NodeInfo {
-                    id: id.into(),
-                    role: role as i32,
-                    addr: addr.into(),
-                    load: None,
-                    proto_version: proto::PROTO_VERSION,
-                    incarnation: 0,
-                    ..Default::default()
-                }),
-                cluster: cluster.into(),
-                metrics_url: format!("http://{addr}/metrics"),
-                version: "test".into(),
-                capacity: None,
-            },
+    common::agent(
+        control,
+        v1::NodeHello {
+            node: Some(node_info(id, role, addr)),
+            cluster: cluster.into(),
+            metrics_url: format!("http://{addr}/metrics"),
+            version: "test".into(),
+            capacity: None,
         },
         report,
     )
-    .unwrap()
-}
-
-fn ready() -> orchestrator::agent::ReportFn {
-    Arc::new(|| v1::NodeReport {
-        ready: true,
-        ..Default::default()
-    })
 }
 
 fn latest(a: &Agent) -> Option<v1::Directive> {
     a.directives().borrow().clone()
 }
 
-fn http(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let r = orchestrator::client::Client::new(base, Some(ADMIN))
-        .exchange(method, path, body)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    (r.status, r.body)
-}
-
 #[test]
 fn directives_follow_desired_state_and_silent_nodes_go_down() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
-    cfg.report_interval = Duration::from_millis(100);
-    let orch = rt
-        .block_on(orchestrator::start(
-            cfg,
-            Arc::new(store::EmbeddedStore::in_memory().unwrap()),
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        ))
-        .unwrap();
-    let base = format!("http://{}", orch.api_addr);
-    let control = orch.control_addr.to_string();
+    let orch = Orch::start(|_| {});
+    let (base, control) = (orch.base.clone(), orch.control.clone());
 
     let mut fm = agent(
         &control,
@@ -143,73 +99,27 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
     assert_eq!(ppn["role"], "pp");
 
     // A tenant with SNAT on VNI 100 reaches FM (the chain) and PP (the binding).
-    assert_eq!(
-        http(&base, "PUT", "/v1/tenants/acme", Some(json!({}))).0,
-        201
-    );
-    assert_eq!(
-        http(
-            &base,
-            "PUT",
-            "/v1/tenants/acme/vpcs/main",
-            Some(json!({"vni": 100}))
-        )
-        .0,
-        201
-    );
-    assert_eq!(
-        http(
-            &base,
-            "PUT",
+    for (path, body) in [
+        ("/v1/tenants/acme", json!({})),
+        ("/v1/tenants/acme/vpcs/main", json!({"vni": 100})),
+        (
             "/v1/tenants/acme/nfs/nat",
-            Some(json!({"kind": "snat",
-        "config": {"pools": [{"addresses": ["198.18.100.1"]}]}}))
-        )
-        .0,
-        201
-    );
-    // A second tenant on another PP cluster: its VPC must not reach pp-1.
-    assert_eq!(
-        http(
-            &base,
-            "PUT",
-            "/v1/tenants/east",
-            Some(json!({"pp_cluster": "east"}))
-        )
-        .0,
-        201
-    );
-    assert_eq!(
-        http(
-            &base,
-            "PUT",
-            "/v1/tenants/east/vpcs/main",
-            Some(json!({"vni": 900}))
-        )
-        .0,
-        201
-    );
-    assert_eq!(
-        http(
-            &base,
-            "PUT",
+            json!({"kind": "snat", "config": {"pools": [{"addresses": ["198.18.100.1"]}]}}),
+        ),
+        // A second tenant on another PP cluster: its VPC must not reach pp-1.
+        ("/v1/tenants/east", json!({"pp_cluster": "east"})),
+        ("/v1/tenants/east/vpcs/main", json!({"vni": 900})),
+        (
             "/v1/tenants/east/nfs/nat",
-            Some(json!({"kind": "snat",
-        "config": {"pools": [{"addresses": ["198.18.100.2"]}]}}))
-        )
-        .0,
-        201
-    );
-    assert_eq!(
-        http(
-            &base,
-            "PUT",
+            json!({"kind": "snat", "config": {"pools": [{"addresses": ["198.18.100.2"]}]}}),
+        ),
+        (
             "/v1/tenants/east/chains/out",
-            Some(json!({"vpc": "main", "nfs": ["nat"]}))
-        )
-        .0,
-        201
-    );
+            json!({"vpc": "main", "nfs": ["nat"]}),
+        ),
+    ] {
+        put_created(&base, path, body);
+    }
     // VPC without a chain: not bound yet.
     std::thread::sleep(Duration::from_millis(300));
     assert!(latest(&pp).unwrap().vpcs.is_empty());
@@ -293,41 +203,18 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
 /// down after `miss_limit` report periods.
 #[test]
 fn a_node_that_stops_reporting_is_marked_down() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
-    cfg.report_interval = Duration::from_millis(100);
-    let orch = rt
-        .block_on(orchestrator::start(
-            cfg,
-            Arc::new(store::EmbeddedStore::in_memory().unwrap()),
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        ))
-        .unwrap();
-    let base = format!("http://{}", orch.api_addr);
-    let control = orch.control_addr.to_string();
+    let orch = Orch::start(|_| {});
+    let (base, control) = (orch.base.clone(), orch.control.clone());
     // Hello, then silence, with the stream held open.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tx.send(v1::NodeUp {
         msg: Some(v1::node_up::Msg::Hello(v1::NodeHello {
-            node: Some(v1::NodeInfo {
-                id: "sc-hung".into(),
-                role: v1::Role::Sc as i32,
-                addr: "127.0.0.1:1".into(),
-                load: None,
-                proto_version: proto::PROTO_VERSION,
-                incarnation: 0,
-                ..Default::default()
-            }),
+            node: Some(node_info("sc-hung", v1::Role::Sc, "127.0.0.1:1")),
             ..Default::default()
         })),
     })
     .unwrap();
-    let _stream = rt.block_on(async {
+    let _stream = orch.rt.block_on(async {
         let mut c = v1::control_client::ControlClient::connect(proto::endpoint_uri(&control))
             .await
             .unwrap();

@@ -3,50 +3,27 @@
 //! each tenant's shard set, and a node failure moves only the shards on that node.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use orchestrator::agent::{Agent, AgentConfig};
+use orchestrator::agent::Agent;
 use proto::v1;
-use serde_json::{json, Value};
+use serde_json::json;
 
-const ADMIN: &str = "sfa_placement_test";
-
-/// testkit's `wait_until`, polling every 20 ms.
-fn wait<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
-    testkit::wait_until_every(limit, Duration::from_millis(20), what, f)
-}
+mod common;
+use common::{http, node_info, ready, wait, Orch};
 
 fn agent(control: &str, id: &str, role: v1::Role, capacity: Option<v1::NodeCapacity>) -> Agent {
-    Agent::start(
-        AgentConfig {
-            orchestrator: control.to_string(),
-            hello: v1::NodeHello {
-                node: Some(v1::NodeInfo {
-                    id: id.into(),
-                    role: role as i32,
-                    addr: format!("127.0.0.1:{}", 7100 + id.len()),
-                    proto_version: proto::PROTO_VERSION,
-                    ..Default::default()
-                }),
-                version: "test".into(),
-                capacity,
-                ..Default::default()
-            },
-        },
-        Arc::new(|| v1::NodeReport {
-            ready: true,
+    let addr = format!("127.0.0.1:{}", 7100 + id.len());
+    common::agent(
+        control,
+        v1::NodeHello {
+            node: Some(node_info(id, role, &addr)),
+            version: "test".into(),
+            capacity,
             ..Default::default()
-        }),
+        },
+        ready(),
     )
-    .unwrap()
-}
-
-fn http(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let r = orchestrator::client::Client::new(base, Some(ADMIN))
-        .exchange(method, path, body)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    (r.status, r.body)
 }
 
 /// Tenant number → its SC nodes, from FM's latest directive.
@@ -69,25 +46,10 @@ fn shared(a: &[String], b: &[String]) -> usize {
 
 #[test]
 fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
-    cfg.report_interval = Duration::from_millis(100);
     // Best Fit here: the decision must not depend on which model a build ships.
-    cfg.placement.algorithm = orchestrator::placement::Algorithm::BestFit;
-    let orch = rt
-        .block_on(orchestrator::start(
-            cfg,
-            Arc::new(store::EmbeddedStore::in_memory().unwrap()),
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        ))
-        .unwrap();
-    let base = format!("http://{}", orch.api_addr);
-    let control = orch.control_addr.to_string();
+    let orch =
+        Orch::start(|cfg| cfg.placement.algorithm = orchestrator::placement::Algorithm::BestFit);
+    let (base, control) = (orch.base.clone(), orch.control.clone());
     let fm = agent(&control, "fm-1", v1::Role::Fm, None);
     let mut scs: Vec<Agent> = (1..=6)
         .map(|i| {

@@ -39,13 +39,9 @@ fn ms(us: Option<u64>) -> String {
 /// through the events without a reset or a stall longer than 1 s.
 fn assert_traffic_survived(r: &ScenarioReport, min_connections: usize) {
     println!(
-        "{}: {} connections, failed {}, reset {}, duplicate mappings {}; p99 setup before {} \
-         during {} overall {}; iperf3 {:.1} Mbit/s, longest stall {:.1} s, {} retransmits",
-        r.name,
-        r.connections,
-        r.failed_connections,
-        r.reset_connections,
-        r.duplicate_mappings,
+        "{}; p99 setup before {} during {} overall {}; iperf3 {:.1} Mbit/s, \
+         longest stall {:.1} s, {} retransmits",
+        common::scenario_counts(r),
         ms(r.p99_setup_before_us),
         ms(r.p99_setup_during_us),
         ms(r.p99_setup_us),
@@ -55,12 +51,8 @@ fn assert_traffic_survived(r: &ScenarioReport, min_connections: usize) {
     );
     for e in &r.events {
         println!(
-            "  {} at {} ms for {} ms: {} connections, {} failed, p99 setup {}",
-            e.name,
-            e.start_ms,
-            e.end_ms - e.start_ms,
-            e.connections,
-            e.failed_connections,
+            "  {}, p99 setup {}",
+            common::event_counts(e),
             ms(e.p99_setup_us)
         );
     }

@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -109,34 +110,12 @@ fn three_tenants_get_shard_sets_and_an_sc_failure_moves_only_its_shards() {
     let tb = lab.tb();
     let _inet = services::start_inet(tb, false).unwrap();
     let config = tb.path("cli.json").display().to_string();
-    let dir = tb.path("up").display().to_string();
-    let api = format!("{}:7080", addr::CTL);
-    let control = format!("{}:7081", addr::CTL);
-    let fm = format!("{}:{}", addr::CTL, addr::FM_PORT);
-    let vxlan = format!("{}:4789", addr::PP);
-    let pp_ns = tb.ns(Node::Pp);
-    let env = format!("STARFABRIC_CONFIG={config}");
     let up = tb
-        .spawn(
-            Node::Ctl,
-            "starfabric up",
+        .spawn_up(
+            Path::new(BIN),
+            Path::new(&config),
+            &tb.path("up"),
             &[
-                "env",
-                &env,
-                BIN,
-                "up",
-                "--dir",
-                &dir,
-                "--api",
-                &api,
-                "--control",
-                &control,
-                "--fm",
-                &fm,
-                "--vxlan",
-                &vxlan,
-                "--pp-netns",
-                &pp_ns,
                 "--sc",
                 "5",
                 "--shard-min",

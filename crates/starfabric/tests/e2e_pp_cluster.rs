@@ -22,27 +22,14 @@ fn platform(lab: &Lab, active: usize) -> Platform {
 
 fn print(r: &ScenarioReport) {
     println!(
-        "{}: {} connections, failed {}, reset {}, duplicate mappings {}; iperf3 {:.1} Mbit/s, \
-         longest stall {:.1} s, error {:?}",
-        r.name,
-        r.connections,
-        r.failed_connections,
-        r.reset_connections,
-        r.duplicate_mappings,
+        "{}; iperf3 {:.1} Mbit/s, longest stall {:.1} s, error {:?}",
+        common::scenario_counts(r),
         r.iperf.mean_mbps,
         r.iperf.max_stall_s,
         r.iperf.error,
     );
     for e in &r.events {
-        println!(
-            "  {} at {} ms for {} ms: {} connections, {} failed; {:?}",
-            e.name,
-            e.start_ms,
-            e.end_ms - e.start_ms,
-            e.connections,
-            e.failed_connections,
-            e.pp
-        );
+        println!("  {}; {:?}", common::event_counts(e), e.pp);
     }
     if let Some(p) = &r.probe {
         println!(

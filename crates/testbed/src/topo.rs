@@ -56,6 +56,10 @@ pub mod addr {
     /// Where FM listens.
     pub const CTL: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 2);
     pub const FM_PORT: u16 = 7000;
+    /// Where `starfabric up` ([`super::Testbed::spawn_up`]) has the orchestrator's REST
+    /// API and its control service listen, on [`CTL`].
+    pub const API_PORT: u16 = 7080;
+    pub const CONTROL_PORT: u16 = 7081;
 
     /// PP cluster mode (docs/pp-cluster.md): PP node `i`'s own underlay address. Every
     /// node also has [`PP`] (the cluster's address, every VXLAN device's remote) on its
@@ -638,6 +642,42 @@ route add {} via 198.18.1.1 src {}
     /// Run `argv` in `n`'s namespace within `limit`, whatever its exit status.
     pub fn exec_full(&self, n: Node, argv: &[&str], limit: Duration) -> Result<cmd::Output> {
         cmd::in_ns_full(&self.ns(n), argv, limit)
+    }
+
+    /// Starts `starfabric up` (the binary `exe`, with `config` as its CLI config and its
+    /// state in `dir`) in the control namespace: the orchestrator's API and control service
+    /// on [`addr::CTL`] ports [`addr::API_PORT`] and [`addr::CONTROL_PORT`], FM on
+    /// [`addr::FM_PORT`], and the PP node in the PP namespace taking VXLAN on
+    /// [`addr::PP`]:4789; `more` are further arguments.
+    pub fn spawn_up(&self, exe: &Path, config: &Path, dir: &Path, more: &[&str]) -> Result<Proc> {
+        let env = format!("STARFABRIC_CONFIG={}", config.display());
+        let exe = exe.display().to_string();
+        let dir = dir.display().to_string();
+        let api = format!("{}:{}", addr::CTL, addr::API_PORT);
+        let control = format!("{}:{}", addr::CTL, addr::CONTROL_PORT);
+        let fm = format!("{}:{}", addr::CTL, addr::FM_PORT);
+        let vxlan = format!("{}:4789", addr::PP);
+        let pp_ns = self.ns(Node::Pp);
+        let mut argv = vec![
+            "env",
+            &env,
+            &exe,
+            "up",
+            "--dir",
+            &dir,
+            "--api",
+            &api,
+            "--control",
+            &control,
+            "--fm",
+            &fm,
+            "--vxlan",
+            &vxlan,
+            "--pp-netns",
+            &pp_ns,
+        ];
+        argv.extend_from_slice(more);
+        self.spawn(Node::Ctl, "starfabric up", &argv)
     }
 
     /// A file in the run directory.

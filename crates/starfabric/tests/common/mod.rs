@@ -12,6 +12,7 @@ use std::sync::Arc;
 use proto::ChainDef;
 use testbed::chains::{self, Toward};
 use testbed::cleanup::namespaces_with_prefix;
+use testbed::elastic::{EventReport, ScenarioReport};
 use testbed::platform::{self, Platform, PlatformSpec};
 use testbed::services;
 use testbed::topo::vni;
@@ -143,4 +144,25 @@ impl Drop for Lab {
             "a device of this run is in the host namespace"
         );
     }
+}
+
+/// A scenario's connection counts: `name: N connections, failed F, reset R, duplicate
+/// mappings D`.
+pub fn scenario_counts(r: &ScenarioReport) -> String {
+    format!(
+        "{}: {} connections, failed {}, reset {}, duplicate mappings {}",
+        r.name, r.connections, r.failed_connections, r.reset_connections, r.duplicate_mappings,
+    )
+}
+
+/// An event's timing and connections: `name at T ms for D ms: N connections, F failed`.
+pub fn event_counts(e: &EventReport) -> String {
+    format!(
+        "{} at {} ms for {} ms: {} connections, {} failed",
+        e.name,
+        e.start_ms,
+        e.end_ms - e.start_ms,
+        e.connections,
+        e.failed_connections,
+    )
 }
