@@ -240,6 +240,16 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Ops per second the tenant may use until the next tick.",
         p.rates.iter().map(|r| (rl(r), r.allowance)),
     )?;
+    sc.gauge_family(
+        "tenant_rate_offered",
+        "Ops per second the tenant offered over the last tick (refused ones too).",
+        p.rates.iter().map(|r| (rl(r), r.offered_rate)),
+    )?;
+    sc.gauge_family(
+        "tenant_rate_admitted",
+        "Ops per second admitted for the tenant over the last tick.",
+        p.rates.iter().map(|r| (rl(r), r.admitted_rate)),
+    )?;
     sc.counter_family(
         "tenant_rate_limited",
         "Ops refused over the tenant's rate (dropped as rate-limited).",
