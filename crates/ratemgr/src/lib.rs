@@ -41,8 +41,9 @@
 //!     abundant ∧ credit available → `Burst`; heavy otherwise → `Base`.
 //!   - `Burst`: light ∧ intense → `Min`; light → `Base`; heavy ∧ credit exhausted →
 //!     `Min` (Fig. 10: once the credit runs out the rate falls back to base).
-//! - **Guarantee / cap**: `Base`: base / base. `Burst`: base / burst. `Min`:
-//!   `g_min = clamp(1.25·a, min, base)` / base.
+//! - **Guarantee / cap**: `Base`: base / base. `Burst`: base / burst, but no more
+//!   above base than the credit (plus usable debt) pays for in one tick, so a burst
+//!   never overspends. `Min`: `g_min = clamp(1.25·a, min, base)` / base.
 //! - **Allocation**: if `Σ guarantee > C` guarantees are scaled down proportionally (a
 //!   warning is logged once per episode). `spare = C − unmanaged − Σ guarantee` is
 //!   water-filled, weighted by base, among tenants whose demand and cap exceed their
