@@ -204,6 +204,68 @@ pub enum TenantCmd {
         #[arg(long)]
         cascade: bool,
     },
+    /// Show or set the tenant's rates at each PP node (paper 000 §7.2): per second,
+    /// `MIN/BASE/BURST[/DEBT]`. With neither --requests nor --packets (nor --clear):
+    /// show them, with each node's credit state.
+    Rates {
+        name: String,
+        /// New flows (rule requests) per second.
+        #[arg(long)]
+        requests: Option<String>,
+        /// Packets per second.
+        #[arg(long)]
+        packets: Option<String>,
+        /// Remove the tenant's rates.
+        #[arg(long, conflicts_with_all = ["requests", "packets"])]
+        clear: bool,
+    },
+}
+
+/// `MIN/BASE/BURST[/DEBT]` as the API's RateSpec (the API checks the values).
+fn rate_spec(s: &str) -> Result<Value> {
+    let v: Vec<f64> = s
+        .split('/')
+        .map(|n| {
+            n.trim()
+                .parse::<f64>()
+                .map_err(|_| anyhow::anyhow!("{s:?}: {n:?} is not a number"))
+        })
+        .collect::<Result<_>>()?;
+    let (min, base, burst, debt) = match v[..] {
+        [min, base, burst] => (min, base, burst, 0.0),
+        [min, base, burst, debt] => (min, base, burst, debt),
+        _ => anyhow::bail!("{s:?}: want MIN/BASE/BURST[/DEBT]"),
+    };
+    Ok(serde_json::json!({"min": min, "base": base, "burst": burst, "debt": debt}))
+}
+
+const RATE_COLS: &[(&str, &str)] = &[
+    ("TENANT", "/tenant"),
+    ("NODE", "/node"),
+    ("KIND", "/kind"),
+    ("STATE", "/state"),
+    ("CREDIT", "/credit"),
+    ("ALLOWANCE/S", "/allowance"),
+    ("OFFERED/S", "/offered_rate"),
+    ("ADMITTED/S", "/admitted_rate"),
+    ("RATE-LIMITED", "/refused"),
+];
+
+/// Rate status rows (rounded for the table), each with its tenant's name.
+fn rate_rows(tenant: &str, status: &[Value]) -> Vec<Value> {
+    status
+        .iter()
+        .map(|s| {
+            let mut r = s.clone();
+            r["tenant"] = Value::String(tenant.to_string());
+            for k in ["credit", "allowance", "offered_rate", "admitted_rate"] {
+                if let Some(x) = r[k].as_f64() {
+                    r[k] = serde_json::json!(x.round() as i64);
+                }
+            }
+            r
+        })
+        .collect()
 }
 
 /// `--tenant T`: the list of a tenant's objects.
@@ -522,6 +584,46 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
             println!("tenant/{name} deleted");
             Ok(())
         }
+        TenantCmd::Rates {
+            name,
+            requests,
+            packets,
+            clear,
+        } => {
+            let path = format!("/v1/tenants/{name}/rates");
+            if clear {
+                c.call("DELETE", &path, None)?;
+                println!("tenant/{name} rates cleared");
+                return Ok(());
+            }
+            let v = if requests.is_some() || packets.is_some() {
+                let mut body = serde_json::Map::new();
+                if let Some(r) = &requests {
+                    body.insert("requests".into(), rate_spec(r)?);
+                }
+                if let Some(p) = &packets {
+                    body.insert("packets".into(), rate_spec(p)?);
+                }
+                c.call("PUT", &path, Some(Value::Object(body)))?
+            } else {
+                c.call("GET", &path, None)?
+            };
+            if c.output == Output::Table {
+                for kind in ["requests", "packets"] {
+                    let r = &v["rates"][kind];
+                    if r.is_object() {
+                        println!(
+                            "{kind}: min {} base {} burst {} debt {} per second",
+                            r["min"], r["base"], r["burst"], r["debt"]
+                        );
+                    } else {
+                        println!("{kind}: not rate-managed");
+                    }
+                }
+            }
+            let rows = rate_rows(&name, v["status"].as_array().unwrap_or(&vec![]));
+            c.print(&v, &rows, RATE_COLS)
+        }
     }
 }
 
@@ -790,6 +892,24 @@ pub fn stats(
             None => c.call("GET", "/v1/stats", None)?,
         };
         c.print(&v, v.as_array().unwrap_or(&vec![]), cols)?;
+        if c.output == Output::Table {
+            // Rate-managed tenants: each PP node's credit state (paper 000 §7.2).
+            let rows: Vec<Value> = v
+                .as_array()
+                .unwrap_or(&vec![])
+                .iter()
+                .flat_map(|t| {
+                    rate_rows(
+                        t["tenant"].as_str().unwrap_or("?"),
+                        t["rates"].as_array().unwrap_or(&vec![]),
+                    )
+                })
+                .collect();
+            if !rows.is_empty() {
+                println!();
+                print_table(&rows, RATE_COLS);
+            }
+        }
         n += 1;
         match watch {
             Some(s) if count.is_none_or(|c| n < c) => {

@@ -237,6 +237,89 @@ async fn put_tenant(
     Ok(put_response(t, put))
 }
 
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/rates", tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses((status = 200, body = TenantRatesView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_tenant_rates(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> Result<Json<TenantRatesView>, ApiError> {
+    p.check_tenant(&tenant)?;
+    let t = st.desired.tenant(&tenant).await?;
+    Ok(Json(rates_view(&st, t)))
+}
+
+fn rates_view(st: &Shared, t: Tenant) -> TenantRatesView {
+    TenantRatesView {
+        status: rate_status(st, t.id),
+        tenant: t.name,
+        id: t.id,
+        rates: t.rates.unwrap_or_default(),
+    }
+}
+
+/// Each PP node's rate state for tenant `id`, from the nodes' latest reports.
+fn rate_status(st: &Shared, id: u32) -> Vec<RateStatus> {
+    let mut out = Vec::new();
+    for n in st.node_list() {
+        let Some(r) = &n.report else { continue };
+        out.extend(
+            r.rates
+                .iter()
+                .filter(|s| s.tenant == id)
+                .map(|s| RateStatus {
+                    node: n.info().id,
+                    kind: s.kind.clone(),
+                    state: s.state.clone(),
+                    credit: s.credit,
+                    allowance: s.allowance,
+                    offered_rate: s.offered_rate,
+                    admitted_rate: s.admitted_rate,
+                    refused: s.refused,
+                }),
+        );
+    }
+    out.sort_by(|a, b| (&a.node, &a.kind).cmp(&(&b.node, &b.kind)));
+    out
+}
+
+#[utoipa::path(put, path = "/v1/tenants/{tenant}/rates", tag = "tenants",
+    params(("tenant" = String, Path)),
+    request_body = TenantRatesSpec,
+    responses((status = 200, body = TenantRatesView, description = "set or unchanged"),
+              (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn put_tenant_rates(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+    Body(spec): Body<TenantRatesSpec>,
+) -> Result<Json<TenantRatesView>, ApiError> {
+    p.require_admin("setting a tenant's rates")?;
+    let (t, put) = st.desired.set_tenant_rates(&tenant, Some(spec)).await?;
+    if put != Put::Unchanged {
+        tracing::info!(tenant = %t.name, rates = ?t.rates, "tenant rates written");
+        st.bump();
+    }
+    Ok(Json(rates_view(&st, t)))
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/rates", tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn delete_tenant_rates(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    p.require_admin("clearing a tenant's rates")?;
+    let (_, put) = st.desired.set_tenant_rates(&tenant, None).await?;
+    if put != Put::Unchanged {
+        st.bump();
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}", tag = "tenants",
     params(("tenant" = String, Path), ("cascade" = Option<bool>, Query, description = "also delete its VPCs, NFs, chains and tokens")),
     responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -539,6 +622,7 @@ fn tenant_stats(st: &Shared, snap: &crate::desired::Snapshot, tenant: &Tenant) -
         }
     }
     let _ = snap;
+    s.rates = rate_status(st, tenant.id);
     s
 }
 
@@ -684,6 +768,7 @@ async fn healthz() -> &'static str {
     info(title = "starfabric orchestrator API", version = "1",
          description = "Tenants, VPCs, NF instances and chains (desired state), and the nodes, partitions, flows and counters that serve them. Authenticate with `Authorization: Bearer <token>`: the admin token, or a tenant token confined to its tenant."),
     paths(list_tenants, get_tenant, put_tenant, delete_tenant,
+          get_tenant_rates, put_tenant_rates, delete_tenant_rates,
           list_vpcs, get_vpc, put_vpc, delete_vpc,
           list_nfs, get_nf, put_nf, delete_nf,
           list_chains, get_chain, put_chain, delete_chain,
@@ -693,7 +778,8 @@ async fn healthz() -> &'static str {
     components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
                        Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail,
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
-                       VpcPlacement, PlacementView, OverlapMatrix, VpcClusters)),
+                       VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
+                       RateSpec, TenantRatesSpec, TenantRatesView, RateStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -739,6 +825,12 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/tenants/:tenant",
             get(get_tenant).put(put_tenant).delete(delete_tenant),
+        )
+        .route(
+            "/v1/tenants/:tenant/rates",
+            get(get_tenant_rates)
+                .put(put_tenant_rates)
+                .delete(delete_tenant_rates),
         )
         .route("/v1/tenants/:tenant/vpcs", get(list_vpcs))
         .route(

@@ -232,6 +232,7 @@ impl Shared {
             }
             v1::Role::Pp => {
                 for t in &snap.tenants {
+                    let bound = d.vpcs.len();
                     for v in snap.vpcs.iter().filter(|v| {
                         v.tenant == t.name
                             && crate::placement::vpc_cluster(snap, t, &v.name) == node.hello.cluster
@@ -247,6 +248,23 @@ impl Shared {
                                 chain: c.id,
                             });
                         }
+                    }
+                    // Rates apply where the tenant's traffic is: the PP nodes its VPCs
+                    // are bound on (each node enforces them locally, §7.2).
+                    if let (Some(r), true) = (&t.rates, d.vpcs.len() > bound) {
+                        let spec = |s: &Option<crate::model::RateSpec>| {
+                            s.map(|s| v1::RateSpec {
+                                min: s.min,
+                                base: s.base,
+                                burst: s.burst,
+                                debt: s.debt,
+                            })
+                        };
+                        d.rates.push(v1::TenantRate {
+                            tenant: t.id,
+                            requests: spec(&r.requests),
+                            packets: spec(&r.packets),
+                        });
                     }
                 }
                 d.vpcs.sort_by_key(|b| b.vni);

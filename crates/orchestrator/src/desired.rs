@@ -55,6 +55,23 @@ pub fn check_demand(field: &str, d: &Demand) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Rates at PP: each kind must pass the rate manager's own check (finite, >= 0,
+/// min <= base <= burst, base > 0).
+pub fn check_rates(r: &TenantRatesSpec) -> Result<(), ApiError> {
+    for (kind, spec) in [("requests", r.requests), ("packets", r.packets)] {
+        let Some(s) = spec else { continue };
+        ratemgr::TenantRates {
+            min: s.min,
+            base: s.base,
+            burst: s.burst,
+            debt: s.debt,
+        }
+        .validate()
+        .map_err(|e| ApiError::invalid(kind, format!("{kind}: {e}")))?;
+    }
+    Ok(())
+}
+
 pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
     let ok = !s.is_empty()
         && s.len() <= MAX_NAME
@@ -323,6 +340,7 @@ impl Desired {
                         labels: spec.labels.clone(),
                         demand: spec.demand.or(old.demand),
                         pinned_cluster: old.pinned_cluster || spec.pp_cluster.is_some(),
+                        rates: old.rates,
                         revision: 0,
                     };
                     if (Tenant { revision: 0, ..old }) == t {
@@ -363,6 +381,7 @@ impl Desired {
                         labels: spec.labels.clone(),
                         demand: spec.demand,
                         pinned_cluster: spec.pp_cluster.is_some(),
+                        rates: None,
                         revision: 0,
                     };
                     let id_key = format!("tenant-ids/{next:010}");
@@ -395,6 +414,55 @@ impl Desired {
                         put,
                     ))
                 }
+                Err(store::StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ApiError::conflict(format!(
+            "tenant {name:?} kept changing under this request; retry"
+        )))
+    }
+
+    /// Set (or with `None` clear) a tenant's rates at PP. Refused rates (422) change
+    /// nothing.
+    pub async fn set_tenant_rates(
+        &self,
+        name: &str,
+        rates: Option<TenantRatesSpec>,
+    ) -> Result<(Tenant, Put), ApiError> {
+        if let Some(r) = &rates {
+            check_rates(r)?;
+        }
+        let key = format!("tenants/{name}");
+        for _ in 0..TXN_RETRIES {
+            let Some((old, rev)) = self.read::<Tenant>(&key).await? else {
+                return Err(ApiError::not_found(format!("no tenant {name:?}")));
+            };
+            // An empty spec is no rates.
+            let rates = rates.filter(|r| r.requests.is_some() || r.packets.is_some());
+            if old.rates == rates {
+                return Ok((
+                    Tenant {
+                        revision: rev,
+                        ..old
+                    },
+                    Put::Unchanged,
+                ));
+            }
+            let t = Tenant {
+                rates,
+                revision: 0,
+                ..old
+            };
+            match self
+                .store
+                .txn(
+                    vec![Compare::ModRev(key.clone(), rev)],
+                    vec![TxnOp::Put(key.clone(), encode(&t))],
+                )
+                .await
+            {
+                Ok(rev) => return Ok((Tenant { revision: rev, ..t }, Put::Updated)),
                 Err(store::StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }

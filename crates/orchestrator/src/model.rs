@@ -28,9 +28,67 @@ pub struct Tenant {
     /// does not choose.
     #[serde(default)]
     pub pinned_cluster: bool,
+    /// Its rates at PP (paper 000 §7.2), set with `PUT /v1/tenants/{tenant}/rates`;
+    /// absent: not rate-managed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<TenantRatesSpec>,
     /// Store revision of the last change (read-only).
     #[serde(default)]
     pub revision: u64,
+}
+
+/// Per-second rates of one kind of op at each PP node (paper 000 §7.2, Fig. 6): the
+/// tenant is guaranteed `base`, may burst to `burst` while it has credit (earned below
+/// `base`), yields down to `min` when idle, and may run `debt` ops into negative credit
+/// while the node has spare capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    #[serde(default)]
+    pub min: f64,
+    pub base: f64,
+    pub burst: f64,
+    #[serde(default)]
+    pub debt: f64,
+}
+
+/// PUT /v1/tenants/{tenant}/rates: new flows (rule requests) per second and packets
+/// per second; an absent kind is not managed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRatesSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<RateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<RateSpec>,
+}
+
+/// One tenant's rate manager at one PP node, from its latest report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RateStatus {
+    pub node: String,
+    /// `requests` or `packets`.
+    pub kind: String,
+    /// `min`, `base` or `burst` (S_min, S_base, S_burst).
+    pub state: String,
+    pub credit: f64,
+    /// Ops per second the tenant may use until the node's next tick.
+    pub allowance: f64,
+    pub offered_rate: f64,
+    pub admitted_rate: f64,
+    /// Ops refused as `rate-limited` since the node started.
+    pub refused: u64,
+}
+
+/// GET /v1/tenants/{tenant}/rates
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantRatesView {
+    pub tenant: String,
+    pub id: u32,
+    /// What is set (empty: not rate-managed).
+    pub rates: TenantRatesSpec,
+    /// Each PP node's state for it.
+    pub status: Vec<RateStatus>,
 }
 
 /// A tenant's demand, or a node's capacity, for placement.
@@ -272,6 +330,10 @@ pub struct TenantStats {
     pub requests_applied: u64,
     /// Nodes that reported counters for it.
     pub nodes: u32,
+    /// PP: its credit state per node and kind (paper 000 §7.2); empty when it has no
+    /// rates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rates: Vec<RateStatus>,
 }
 
 /// A tenant-scoped API token. `token` is shown once, at creation.

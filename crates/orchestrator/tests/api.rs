@@ -175,6 +175,62 @@ fn suite(api: &Api) {
     api.refused("GET", "/v1/tenants?color=red", ADMIN, None, 400, "color");
     api.refused("GET", "/v1/nothing-here", ADMIN, None, 404, "openapi");
 
+    // ---- rates (paper 000 §7.2): set, read back, refuse bad ones unchanged, clear
+    let rates = json!({"requests": {"min": 100.0, "base": 1000.0, "burst": 3000.0},
+                       "packets": {"base": 1e5, "burst": 2e5, "debt": 5e4}});
+    let r = api.admin("PUT", "/v1/tenants/acme/rates", Some(rates.clone()));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["rates"]["requests"]["burst"], 3000.0);
+    assert_eq!(r.body["rates"]["packets"]["min"], 0.0, "min defaults to 0");
+    let r = api.admin("GET", "/v1/tenants/acme", None);
+    assert_eq!(r.body["rates"]["packets"]["debt"], 5e4);
+    for (body, status, says) in [
+        (r#"{"requests": {"base": -1, "burst": 5}}"#, 422, "requests"),
+        (r#"{"requests": {"base": 10, "burst": 5}}"#, 422, "burst"),
+        (
+            r#"{"packets": {"min": 20, "base": 10, "burst": 50}}"#,
+            422,
+            "min",
+        ),
+        (r#"{"packets": {"base": 0, "burst": 0}}"#, 422, "base"),
+        (r#"{"requests": {"base": 10}}"#, 400, "burst"),
+        (
+            r#"{"bytes": {"base": 10, "burst": 20}}"#,
+            400,
+            "unknown field",
+        ),
+    ] {
+        api.refused(
+            "PUT",
+            "/v1/tenants/acme/rates",
+            ADMIN,
+            Some(body),
+            status,
+            says,
+        );
+    }
+    let r = api.admin("GET", "/v1/tenants/acme/rates", None);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.body["rates"],
+        rates_after_defaults(&rates),
+        "refused PUTs changed nothing"
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/nobody/rates",
+        ADMIN,
+        Some(r#"{}"#),
+        404,
+        "nobody",
+    );
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/acme/rates", None).status,
+        204
+    );
+    let r = api.admin("GET", "/v1/tenants/acme", None);
+    assert!(r.body.get("rates").is_none(), "{}", r.body);
+
     // ---- pagination walks every tenant exactly once
     for i in 0..5 {
         assert_eq!(
@@ -505,6 +561,7 @@ fn suite(api: &Api) {
         "/v1/status",
         "/v1/tenants/{tenant}/flows",
         "/v1/tenants/{tenant}/stats",
+        "/v1/tenants/{tenant}/rates",
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }
@@ -513,6 +570,19 @@ fn suite(api: &Api) {
         .unwrap()
         .contains(&json!("vni")));
     assert!(r.body["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+/// A RateSpec body as the API stores it: `min` and `debt` default to 0.
+fn rates_after_defaults(v: &serde_json::Value) -> serde_json::Value {
+    let mut v = v.clone();
+    for kind in ["requests", "packets"] {
+        for k in ["min", "debt"] {
+            if v[kind][k].is_null() {
+                v[kind][k] = json!(0.0);
+            }
+        }
+    }
+    v
 }
 
 #[test]

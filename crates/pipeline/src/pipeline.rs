@@ -108,10 +108,30 @@ pub enum RuleSource {
     },
 }
 
-/// The per-tenant rate manager's hook (paper 000 §7.2).
+/// The per-tenant rate manager's hook (paper 000 §7.2). It is asked at the two points
+/// where a tenant uses the node: packets through the `police` action, and new flows
+/// (rule requests) at a miss.
 pub trait Policer: Send {
     /// Whether policer `class` admits a packet of `bytes` at `now_ms`.
     fn admit(&mut self, class: u16, bytes: u32, now_ms: u32) -> bool;
+
+    /// Whether `tenant`'s packet rate admits a packet of `bytes` at `now_ms`; asked for
+    /// every packet of a tenant marked with [`Pipeline::set_tenant_policed`].
+    fn admit_packet(&mut self, tenant: u32, bytes: u32, now_ms: u32) -> bool {
+        let _ = (tenant, bytes, now_ms);
+        true
+    }
+
+    /// Whether `tenant` may start a new flow (send a rule request) at `now_us`. A
+    /// refused flow's packet is dropped as `rate-limited`; the default admits all.
+    fn admit_request(&mut self, tenant: u32, now_us: u64) -> bool {
+        let _ = (tenant, now_us);
+        true
+    }
+
+    /// Hand counts kept per worker to the rate manager (before its tick), so a tenant
+    /// that went quiet is not left with uncounted ops.
+    fn flush(&mut self) {}
 }
 
 /// Wall-clock source in milliseconds (wrapping), read once per batch.
@@ -213,6 +233,8 @@ struct Tenants {
     vni_slot: Box<[u16; VNIS]>,
     counters: Vec<TenantCounters>,
     ids: Vec<u32>,
+    /// Per slot: every packet of the tenant meets its packet rate (paper 000 §7.2).
+    policed: Vec<bool>,
     /// Slot of the default binding's tenant, for VNIs with no slot of their own.
     default_slot: u16,
 }
@@ -226,6 +248,7 @@ impl Tenants {
                 .expect("VNIS entries"),
             counters: vec![TenantCounters::default()],
             ids: vec![0],
+            policed: vec![false],
             default_slot: 0,
         }
     }
@@ -241,6 +264,7 @@ impl Tenants {
         }
         self.ids.push(tenant);
         self.counters.push(TenantCounters::default());
+        self.policed.push(false);
         (self.ids.len() - 1) as u16
     }
 
@@ -397,6 +421,23 @@ impl Pipeline {
 
     pub fn set_policer(&mut self, p: Box<dyn Policer>) {
         self.policer = Some(p);
+    }
+
+    /// Meter every packet of `tenant` against its packet rate (the policer's
+    /// [`Policer::admit_packet`]), not only those whose rule has a `police` action. Its
+    /// flows are then never offloaded to the fast path, which has no policer.
+    /// See [`Policer::flush`].
+    pub fn flush_policer(&mut self) {
+        if let Some(p) = self.policer.as_mut() {
+            p.flush();
+        }
+    }
+
+    pub fn set_tenant_policed(&mut self, tenant: u32, on: bool) {
+        let slot = usize::from(self.tenants.slot_of(tenant));
+        if slot != 0 {
+            self.tenants.policed[slot] = on;
+        }
     }
 
     /// Bind a VNI to a tenant and chain; misses on unbound VNIs are dropped.
@@ -680,8 +721,11 @@ impl Pipeline {
                     } else {
                         self.stats.hits += 1;
                         self.table.touch(idx, now);
+                        // A policed tenant's flows stay here: the fast path has no policer.
                         if let Some(p) = self.cfg.elephant {
-                            self.detect_elephant(&p, idx, d.len, now);
+                            if !self.tenants.policed[self.cur_tenant] {
+                                self.detect_elephant(&p, idx, d.len, now);
+                            }
                         }
                         self.apply(region, d, &st.cls, idx, now);
                     }
@@ -797,6 +841,15 @@ impl Pipeline {
             None => return self.drop(d, DropReason::UnknownVni),
         };
         let now_us = self.latency_now_us(now);
+        // A flow already waiting for its rule has been admitted; only a new one spends
+        // the tenant's request rate, before it can take pending-queue room.
+        if let Some(p) = self.policer.as_mut() {
+            if !self.pending.is_pending(&st.key, st.hash)
+                && !p.admit_request(binding.tenant, now_us)
+            {
+                return self.drop(d, DropReason::RateLimited);
+            }
+        }
         let held = match self
             .pending
             .hold(&st.key, st.hash, d.data(region), d.port, now, now_us)
@@ -849,9 +902,14 @@ impl Pipeline {
         if f & slot_flag::SLOT_DROP != 0 {
             return self.drop(d, DropReason::Rule(rule.arg));
         }
-        if f & slot_flag::SLOT_POLICE != 0 {
+        if f & slot_flag::SLOT_POLICE != 0 || self.tenants.policed[self.cur_tenant] {
             if let Some(p) = self.policer.as_mut() {
-                if !p.admit(rule.police, d.len as u32, now) {
+                let admitted = if f & slot_flag::SLOT_POLICE != 0 {
+                    p.admit(rule.police, d.len as u32, now)
+                } else {
+                    p.admit_packet(self.tenants.ids[self.cur_tenant], d.len as u32, now)
+                };
+                if !admitted {
                     return self.drop(d, DropReason::Police);
                 }
             }

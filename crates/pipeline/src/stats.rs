@@ -22,8 +22,11 @@ pub enum DropReason {
     NoRule,
     /// The rule said drop; the reason is the rule's.
     Rule(u8),
-    /// The per-tenant policer refused it.
+    /// The `police` action's per-tenant rate manager refused the packet (paper 000 §7.2).
     Police,
+    /// A new flow over its tenant's rule-request rate (paper 000 §7.2): its first
+    /// packet is dropped without a rule request.
+    RateLimited,
     /// The flow's pending queue was full while its rule was outstanding.
     PendingFlowFull,
     /// The global pending budget was exhausted.
@@ -39,7 +42,7 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const FIXED: [DropReason; 14] = [
+    pub const FIXED: [DropReason; 15] = [
         DropReason::Truncated,
         DropReason::BadHeader,
         DropReason::V4Mapped,
@@ -48,6 +51,7 @@ impl DropReason {
         DropReason::UnknownVni,
         DropReason::NoRule,
         DropReason::Police,
+        DropReason::RateLimited,
         DropReason::PendingFlowFull,
         DropReason::PendingGlobalFull,
         DropReason::PendingTimeout,
@@ -68,7 +72,9 @@ impl DropReason {
             DropReason::UnknownVni => "unknown-vni",
             DropReason::NoRule => "no-rule",
             DropReason::Rule(_) => "rule",
-            DropReason::Police => "police",
+            // Both are traffic over a tenant's rate; the suffix says which rate.
+            DropReason::Police => "rate-limited-packets",
+            DropReason::RateLimited => "rate-limited",
             DropReason::PendingFlowFull => "pending-flow-full",
             DropReason::PendingGlobalFull => "pending-global-full",
             DropReason::PendingTimeout => "pending-timeout",

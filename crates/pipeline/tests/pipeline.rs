@@ -298,6 +298,89 @@ fn police_hook_drops_what_the_policer_refuses() {
     assert_eq!(r.worker.pipeline.stats().dropped(DropReason::Police), 2);
 }
 
+/// Admits `n` new flows of tenant 7, then refuses.
+struct NewFlows(u32);
+impl Policer for NewFlows {
+    fn admit(&mut self, _class: u16, _bytes: u32, _now: u32) -> bool {
+        true
+    }
+    fn admit_request(&mut self, tenant: u32, _now_us: u64) -> bool {
+        assert_eq!(tenant, 7);
+        if self.0 == 0 {
+            return false;
+        }
+        self.0 -= 1;
+        true
+    }
+}
+
+#[test]
+fn new_flows_over_the_request_rate_are_dropped_as_rate_limited() {
+    let mut r = rig(PendingConfig::default(), 64);
+    r.worker.pipeline.set_policer(Box::new(NewFlows(2)));
+    // Flow 1000's second packet finds it pending: it spends no second admission.
+    r.send([tenant_udp(1000, 0), tenant_udp(1000, 1)]);
+    r.send((1001..1004).map(|sport| tenant_udp(sport, 0)));
+    let mut asked = Vec::new();
+    while let Ok(req) = r.requests.try_recv() {
+        asked.push(req.key);
+    }
+    assert_eq!(asked, [tenant_key(1000), tenant_key(1001)]);
+    let s = r.worker.pipeline.stats();
+    assert_eq!(s.dropped(DropReason::RateLimited), 2);
+    assert_eq!(s.rule_requests, 2);
+    assert_eq!(
+        r.worker.pipeline.pending().held(),
+        3,
+        "refused flows hold nothing"
+    );
+    assert_eq!(
+        r.worker.pipeline.drop_name(DropReason::RateLimited),
+        "rate-limited"
+    );
+}
+
+/// Admits `n` packets of tenant 7 through `admit_packet`.
+struct TenantPackets(u32);
+impl Policer for TenantPackets {
+    fn admit(&mut self, _class: u16, _bytes: u32, _now: u32) -> bool {
+        panic!("no rule here has a police action")
+    }
+    fn admit_packet(&mut self, tenant: u32, _bytes: u32, _now: u32) -> bool {
+        assert_eq!(tenant, 7);
+        if self.0 == 0 {
+            return false;
+        }
+        self.0 -= 1;
+        true
+    }
+}
+
+#[test]
+fn a_policed_tenant_meets_its_packet_rate_without_a_police_action() {
+    let mut r = rig(PendingConfig::default(), 16);
+    r.worker.pipeline.set_policer(Box::new(TenantPackets(3)));
+    r.worker.pipeline.install_rule(&snat_rule(30), 0).unwrap();
+    r.send((0..2).map(|i| tenant_udp(30, i)));
+    assert_eq!(
+        r.out().len(),
+        2,
+        "not policed yet: the policer is not asked"
+    );
+    r.worker.pipeline.set_tenant_policed(7, true);
+    r.send((2..7).map(|i| tenant_udp(30, i)));
+    assert_eq!(r.out().len(), 3);
+    let s = r.worker.pipeline.stats();
+    assert_eq!(s.dropped(DropReason::Police), 2);
+    assert_eq!(
+        r.worker.pipeline.drop_name(DropReason::Police),
+        "rate-limited-packets"
+    );
+    r.worker.pipeline.set_tenant_policed(7, false);
+    r.send((7..10).map(|i| tenant_udp(30, i)));
+    assert_eq!(r.out().len(), 3);
+}
+
 #[test]
 fn ten_million_flow_capacity_is_accepted() {
     // Allocation is lazy for the arenas; the bucket array is 128 MiB.

@@ -21,6 +21,7 @@ pub mod fm_client;
 pub mod metrics;
 pub mod netif;
 pub mod node;
+pub mod rates;
 mod rules_file;
 mod udp;
 pub mod vip;

@@ -13,6 +13,7 @@ use pipeline::{DropReason, Pipeline, Stats, TenantCounters, Worker};
 use telemetry::{collector, latency, lock, tenant_label, Exporter, MetricsServer, Scrape};
 
 use crate::node::{IoStats, PpIo, PpNodeError};
+use crate::rates::RateLimits;
 use crate::{AfXdpStats, FmClientStats, UdpVxlanStats};
 
 /// How often the PP worker publishes its counters for scrapes.
@@ -33,6 +34,8 @@ pub struct PpSnapshot {
     pub io: Option<UdpVxlanStats>,
     /// The AF_XDP backend's counters, when the node runs on it.
     pub afxdp: Option<AfXdpStats>,
+    /// Each rate-managed tenant's credit state (paper 000 §7.2).
+    pub rates: Vec<proto::v1::TenantRateStatus>,
 }
 
 impl PpSnapshot {
@@ -56,6 +59,7 @@ impl PpSnapshot {
             pending_flows: p.pending().flows(),
             io,
             afxdp: None,
+            rates: Vec::new(),
         }
     }
 }
@@ -213,6 +217,46 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Flows set up through the miss path, by tenant.",
         t.iter().map(|(id, c)| (tenant_label(*id), c.flows_setup)),
     )?;
+    let rl = |r: &proto::v1::TenantRateStatus| {
+        [("tenant", r.tenant.to_string()), ("kind", r.kind.clone())]
+    };
+    sc.gauge_family(
+        "tenant_rate_state",
+        "Credit state by tenant and kind (requests, packets): 0 S_min, 1 S_base, 2 S_burst.",
+        p.rates.iter().map(|r| {
+            let v: i64 = match r.state.as_str() {
+                "min" => 0,
+                "base" => 1,
+                _ => 2,
+            };
+            (rl(r), v)
+        }),
+    )?;
+    sc.gauge_family(
+        "tenant_rate_credit",
+        "Credit, in ops, by tenant and kind.",
+        p.rates.iter().map(|r| (rl(r), r.credit)),
+    )?;
+    sc.gauge_family(
+        "tenant_rate_allowance",
+        "Ops per second the tenant may use until the next tick.",
+        p.rates.iter().map(|r| (rl(r), r.allowance)),
+    )?;
+    sc.gauge_family(
+        "tenant_rate_offered",
+        "Ops per second the tenant offered over the last tick (refused ones too).",
+        p.rates.iter().map(|r| (rl(r), r.offered_rate)),
+    )?;
+    sc.gauge_family(
+        "tenant_rate_admitted",
+        "Ops per second admitted for the tenant over the last tick.",
+        p.rates.iter().map(|r| (rl(r), r.admitted_rate)),
+    )?;
+    sc.counter_family(
+        "tenant_rate_limited",
+        "Ops refused over the tenant's rate (dropped as rate-limited).",
+        p.rates.iter().map(|r| (rl(r), r.refused)),
+    )?;
     if let Some(io) = &p.io {
         sc.counter(
             "io_rx_batches",
@@ -295,23 +339,24 @@ impl PpMetrics {
     }
 
     /// From the worker loop: publish a snapshot when the last one is old enough.
-    pub fn tick(&mut self, w: &Worker<PpIo>, now: Instant) {
+    pub fn tick(&mut self, w: &Worker<PpIo>, rates: &RateLimits, now: Instant) {
         if now < self.next {
             return;
         }
         self.next = now + PP_PUBLISH_EVERY;
-        self.publish(w);
+        self.publish(w, rates);
     }
 
     /// Publish now (built outside the lock; the lock only swaps it in).
-    pub fn publish(&self, w: &Worker<PpIo>) {
-        let s = match w.io.stats() {
+    pub fn publish(&self, w: &Worker<PpIo>, rates: &RateLimits) {
+        let mut s = match w.io.stats() {
             IoStats::Udp(u) => PpSnapshot::of(&w.pipeline, Some(u)),
             IoStats::AfXdp(x, _) => PpSnapshot {
                 afxdp: Some(x),
                 ..PpSnapshot::of(&w.pipeline, None)
             },
         };
+        s.rates = rates.status();
         *lock(&self.snap) = s;
     }
 }

@@ -118,6 +118,19 @@ pub struct PpArgs {
     metrics: Option<SocketAddr>,
     #[command(flatten)]
     offload: OffloadArgs,
+    /// A tenant's fixed rates (paper 000 §7.2), repeatable; they win over the
+    /// orchestrator's: `TENANT:requests=MIN/BASE/BURST[/DEBT],packets=MIN/BASE/BURST[/DEBT]`
+    /// (per second: new flows, packets).
+    #[arg(long = "tenant-rate", value_parser = pp::rates::parse_rate_flag)]
+    tenant_rates: Vec<(u32, pp::rates::TenantRateLimits)>,
+    /// New flows per second this node's setup path sustains: the capacity the
+    /// request-rate managers share out among tenants.
+    #[arg(long, default_value_t = pp::rates::RateCapacity::default().requests)]
+    setup_capacity: f64,
+    /// Packets per second this node forwards: the capacity the packet-rate managers
+    /// share out.
+    #[arg(long, default_value_t = pp::rates::RateCapacity::default().packets)]
+    packet_capacity: f64,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -191,6 +204,11 @@ pub fn run(a: PpArgs) -> Result<()> {
             offload_packets: o.offload_packets,
             offload_idle_ms: o.offload_idle_ms,
         },
+        rate_capacity: pp::rates::RateCapacity {
+            requests: a.setup_capacity,
+            packets: a.packet_capacity,
+        },
+        rates: a.tenant_rates.into_iter().collect(),
         lines: telemetry::Lines::stdout(),
     };
     let Some(node) = pp::node::start(cfg, stop)? else {

@@ -30,6 +30,7 @@ pub use fastpath::{FastPath, OffloadConfig};
 pub use io::{mac_str, open, IoKind, IoOptions, IoStats, OpenedIo, PpIo};
 
 use crate::metrics::PpMetrics;
+use crate::rates::RateLimits;
 use crate::{FmClient, FmClientConfig};
 
 /// Why a PP node did not start, or stopped.
@@ -94,6 +95,10 @@ pub struct PpNodeConfig {
     /// Serve `/metrics` here.
     pub metrics: Option<SocketAddr>,
     pub offload: OffloadConfig,
+    /// The capacity the rate managers share out (paper 000 §7.2).
+    pub rate_capacity: crate::rates::RateCapacity,
+    /// Fixed per-tenant rates; they win over the orchestrator's.
+    pub rates: std::collections::BTreeMap<u32, crate::rates::TenantRateLimits>,
     /// Where status lines go.
     pub lines: telemetry::Lines,
 }
@@ -121,6 +126,8 @@ impl Default for PpNodeConfig {
             vip_group: false,
             metrics: None,
             offload: OffloadConfig::default(),
+            rate_capacity: crate::rates::RateCapacity::default(),
+            rates: Default::default(),
             lines: telemetry::Lines::default(),
         }
     }
@@ -348,8 +355,12 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     for (vni, b) in &a.vpcs {
         pipeline.bind_vpc(*vni, *b);
     }
+    let mut rates = RateLimits::new(a.rate_capacity, 1, a.rates.clone())
+        .map_err(|e| PpNodeError::Config(format!("rates: {e}")))?;
+    pipeline.set_policer(Box::new(rates.policer()));
+    rates.mark_policed(&mut pipeline);
     if let (Some(d), Some(ag)) = (first_directive.take(), agent.as_ref()) {
-        apply_directive(&mut pipeline, &a.vpcs, &d);
+        apply_directive(&mut pipeline, &mut rates, &a.vpcs, &d);
         ag.set_applied(d.version);
     }
     pipeline.set_default_binding(a.default_chain);
@@ -415,17 +426,23 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                 next_stats = Some(t + i);
             }
         }
+        if rates.due(now) {
+            worker.pipeline.flush_policer();
+            rates.tick(now);
+        }
         if let Some(m) = &mut metrics {
-            m.tick(&worker, now);
+            m.tick(&worker, &rates, now);
         }
         if let Some(ag) = agent.as_mut() {
             if now >= next_report {
                 next_report = now + Duration::from_millis(250);
                 if let Some(d) = ag.new_directive() {
-                    apply_directive(&mut worker.pipeline, &a.vpcs, &d);
+                    apply_directive(&mut worker.pipeline, &mut rates, &a.vpcs, &d);
                     ag.set_applied(d.version);
                 }
-                ag.set_report(report(&worker, fm_client.as_ref()));
+                let mut r = report(&worker, fm_client.as_ref());
+                r.rates = rates.status();
+                ag.set_report(r);
             }
         }
         if let (Some(m), Some(x)) = (vip_member.as_mut(), xdp.as_mut()) {
@@ -478,8 +495,16 @@ fn install_rules_file(pipeline: &mut Pipeline, path: &PathBuf) -> Result<usize, 
     Ok(rules.len())
 }
 
-/// Bind the directive's VNIs (plus the static ones, which win).
-fn apply_directive(p: &mut Pipeline, fixed: &[(u32, VpcBinding)], d: &proto::v1::Directive) {
+/// Bind the directive's VNIs (plus the static ones, which win) and take its rates.
+fn apply_directive(
+    p: &mut Pipeline,
+    rates: &mut RateLimits,
+    fixed: &[(u32, VpcBinding)],
+    d: &proto::v1::Directive,
+) {
+    for e in rates.apply(&d.rates, p) {
+        tracing::warn!(error = %e, "rates refused; the tenant keeps its last ones");
+    }
     let bindings: Vec<(u32, VpcBinding)> = d
         .vpcs
         .iter()
@@ -497,6 +522,7 @@ fn apply_directive(p: &mut Pipeline, fixed: &[(u32, VpcBinding)], d: &proto::v1:
     tracing::info!(
         version = d.version,
         vpcs = d.vpcs.len(),
+        rates = d.rates.len(),
         "directive applied"
     );
     p.replace_vpcs(bindings);
