@@ -67,6 +67,16 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
                 drops: 1,
                 flows: 2,
             }],
+            rates: vec![v1::TenantRateStatus {
+                tenant: 1,
+                kind: "requests".into(),
+                state: "burst".into(),
+                credit: 1234.0,
+                allowance: 3000.0,
+                offered_rate: 9000.0,
+                admitted_rate: 2990.0,
+                refused: 77,
+            }],
             ..Default::default()
         }),
     );
@@ -163,6 +173,38 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
         (n["applied_version"].as_u64() == Some(v) && n["desired_version"].as_u64() == Some(v))
             .then_some(())
     });
+
+    // Rates reach the PP nodes the tenant is bound on, and only those tenants'.
+    for t in ["acme", "east"] {
+        let (s, b) = http(
+            &base,
+            "PUT",
+            &format!("/v1/tenants/{t}/rates"),
+            Some(json!({"requests": {"base": 1000.0, "burst": 3000.0}})),
+        );
+        assert_eq!(s, 200, "{b}");
+    }
+    let d = wait(Duration::from_secs(5), "the rates at PP", || {
+        latest(&pp).filter(|d| !d.rates.is_empty())
+    });
+    assert_eq!(d.rates.len(), 1, "east's VPC is on another cluster: {:?}", d.rates);
+    assert_eq!(d.rates[0].tenant, 1);
+    let r = d.rates[0].requests.clone().unwrap();
+    assert_eq!((r.min, r.base, r.burst, r.debt), (0.0, 1000.0, 3000.0, 0.0));
+    assert!(d.rates[0].packets.is_none());
+    // The node's reported credit state shows in the tenant's stats and rates.
+    wait(Duration::from_secs(5), "rate state in stats", || {
+        let (_, s) = http(&base, "GET", "/v1/tenants/acme/stats", None);
+        (s["rates"][0]["state"] == "burst"
+            && s["rates"][0]["node"] == "pp-1"
+            && s["rates"][0]["refused"] == 77)
+            .then_some(())
+    });
+    let (_, r) = http(&base, "GET", "/v1/tenants/acme/rates", None);
+    assert_eq!(r["status"][0]["credit"], 1234.0, "{r}");
+    assert_eq!(r["rates"]["requests"]["burst"], 3000.0);
+    let v = latest(&pp).unwrap().version;
+    pp.set_applied(v);
 
     // Reported counters add up per tenant.
     packets.store(7, Ordering::Relaxed);
