@@ -264,16 +264,21 @@ fn rate_status(st: &Shared, id: u32) -> Vec<RateStatus> {
     let mut out = Vec::new();
     for n in st.node_list() {
         let Some(r) = &n.report else { continue };
-        out.extend(r.rates.iter().filter(|s| s.tenant == id).map(|s| RateStatus {
-            node: n.info().id,
-            kind: s.kind.clone(),
-            state: s.state.clone(),
-            credit: s.credit,
-            allowance: s.allowance,
-            offered_rate: s.offered_rate,
-            admitted_rate: s.admitted_rate,
-            refused: s.refused,
-        }));
+        out.extend(
+            r.rates
+                .iter()
+                .filter(|s| s.tenant == id)
+                .map(|s| RateStatus {
+                    node: n.info().id,
+                    kind: s.kind.clone(),
+                    state: s.state.clone(),
+                    credit: s.credit,
+                    allowance: s.allowance,
+                    offered_rate: s.offered_rate,
+                    admitted_rate: s.admitted_rate,
+                    refused: s.refused,
+                }),
+        );
     }
     out.sort_by(|a, b| (&a.node, &a.kind).cmp(&(&b.node, &b.kind)));
     out

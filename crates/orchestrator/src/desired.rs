@@ -441,7 +441,13 @@ impl Desired {
             // An empty spec is no rates.
             let rates = rates.filter(|r| r.requests.is_some() || r.packets.is_some());
             if old.rates == rates {
-                return Ok((Tenant { revision: rev, ..old }, Put::Unchanged));
+                return Ok((
+                    Tenant {
+                        revision: rev,
+                        ..old
+                    },
+                    Put::Unchanged,
+                ));
             }
             let t = Tenant {
                 rates,

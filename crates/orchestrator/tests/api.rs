@@ -187,18 +187,47 @@ fn suite(api: &Api) {
     for (body, status, says) in [
         (r#"{"requests": {"base": -1, "burst": 5}}"#, 422, "requests"),
         (r#"{"requests": {"base": 10, "burst": 5}}"#, 422, "burst"),
-        (r#"{"packets": {"min": 20, "base": 10, "burst": 50}}"#, 422, "min"),
+        (
+            r#"{"packets": {"min": 20, "base": 10, "burst": 50}}"#,
+            422,
+            "min",
+        ),
         (r#"{"packets": {"base": 0, "burst": 0}}"#, 422, "base"),
         (r#"{"requests": {"base": 10}}"#, 400, "burst"),
-        (r#"{"bytes": {"base": 10, "burst": 20}}"#, 400, "unknown field"),
+        (
+            r#"{"bytes": {"base": 10, "burst": 20}}"#,
+            400,
+            "unknown field",
+        ),
     ] {
-        api.refused("PUT", "/v1/tenants/acme/rates", ADMIN, Some(body), status, says);
+        api.refused(
+            "PUT",
+            "/v1/tenants/acme/rates",
+            ADMIN,
+            Some(body),
+            status,
+            says,
+        );
     }
     let r = api.admin("GET", "/v1/tenants/acme/rates", None);
     assert_eq!(r.status, 200);
-    assert_eq!(r.body["rates"], rates_after_defaults(&rates), "refused PUTs changed nothing");
-    api.refused("PUT", "/v1/tenants/nobody/rates", ADMIN, Some(r#"{}"#), 404, "nobody");
-    assert_eq!(api.admin("DELETE", "/v1/tenants/acme/rates", None).status, 204);
+    assert_eq!(
+        r.body["rates"],
+        rates_after_defaults(&rates),
+        "refused PUTs changed nothing"
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/nobody/rates",
+        ADMIN,
+        Some(r#"{}"#),
+        404,
+        "nobody",
+    );
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/acme/rates", None).status,
+        204
+    );
     let r = api.admin("GET", "/v1/tenants/acme", None);
     assert!(r.body.get("rates").is_none(), "{}", r.body);
 

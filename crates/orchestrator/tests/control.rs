@@ -187,7 +187,12 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
     let d = wait(Duration::from_secs(5), "the rates at PP", || {
         latest(&pp).filter(|d| !d.rates.is_empty())
     });
-    assert_eq!(d.rates.len(), 1, "east's VPC is on another cluster: {:?}", d.rates);
+    assert_eq!(
+        d.rates.len(),
+        1,
+        "east's VPC is on another cluster: {:?}",
+        d.rates
+    );
     assert_eq!(d.rates[0].tenant, 1);
     let r = d.rates[0].requests.clone().unwrap();
     assert_eq!((r.min, r.base, r.burst, r.debt), (0.0, 1000.0, 3000.0, 0.0));

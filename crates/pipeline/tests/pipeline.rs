@@ -329,8 +329,15 @@ fn new_flows_over_the_request_rate_are_dropped_as_rate_limited() {
     let s = r.worker.pipeline.stats();
     assert_eq!(s.dropped(DropReason::RateLimited), 2);
     assert_eq!(s.rule_requests, 2);
-    assert_eq!(r.worker.pipeline.pending().held(), 3, "refused flows hold nothing");
-    assert_eq!(r.worker.pipeline.drop_name(DropReason::RateLimited), "rate-limited");
+    assert_eq!(
+        r.worker.pipeline.pending().held(),
+        3,
+        "refused flows hold nothing"
+    );
+    assert_eq!(
+        r.worker.pipeline.drop_name(DropReason::RateLimited),
+        "rate-limited"
+    );
 }
 
 /// Admits `n` packets of tenant 7 through `admit_packet`.
@@ -355,7 +362,11 @@ fn a_policed_tenant_meets_its_packet_rate_without_a_police_action() {
     r.worker.pipeline.set_policer(Box::new(TenantPackets(3)));
     r.worker.pipeline.install_rule(&snat_rule(30), 0).unwrap();
     r.send((0..2).map(|i| tenant_udp(30, i)));
-    assert_eq!(r.out().len(), 2, "not policed yet: the policer is not asked");
+    assert_eq!(
+        r.out().len(),
+        2,
+        "not policed yet: the policer is not asked"
+    );
     r.worker.pipeline.set_tenant_policed(7, true);
     r.send((2..7).map(|i| tenant_udp(30, i)));
     assert_eq!(r.out().len(), 3);

@@ -217,7 +217,9 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Flows set up through the miss path, by tenant.",
         t.iter().map(|(id, c)| (tenant_label(*id), c.flows_setup)),
     )?;
-    let rl = |r: &proto::v1::TenantRateStatus| [("tenant", r.tenant.to_string()), ("kind", r.kind.clone())];
+    let rl = |r: &proto::v1::TenantRateStatus| {
+        [("tenant", r.tenant.to_string()), ("kind", r.kind.clone())]
+    };
     sc.gauge_family(
         "tenant_rate_state",
         "Credit state by tenant and kind (requests, packets): 0 S_min, 1 S_base, 2 S_burst.",

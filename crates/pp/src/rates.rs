@@ -272,7 +272,10 @@ pub fn parse_rate_flag(s: &str) -> Result<(u32, TenantRateLimits), String> {
             .ok_or_else(|| format!("{s:?}: {part:?} wants KIND=MIN/BASE/BURST[/DEBT]"))?;
         let v: Vec<f64> = nums
             .split('/')
-            .map(|n| n.parse::<f64>().map_err(|_| format!("{s:?}: {n:?} is not a number")))
+            .map(|n| {
+                n.parse::<f64>()
+                    .map_err(|_| format!("{s:?}: {n:?} is not a number"))
+            })
             .collect::<Result<_, _>>()?;
         let r = match v[..] {
             [min, base, burst] => TenantRates {
