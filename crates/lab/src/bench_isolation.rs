@@ -82,13 +82,14 @@ fn ms(v: Option<u64>) -> String {
 pub fn print(r: &IsolationReport) {
     let p = &r.params;
     println!(
-        "parameters: setup capacity {} new flows/s; A, B, C: base {} burst {} (phase 2: debt {}); floods {}× base = {} SYN/s (hping3); victim B {} conn/s",
+        "parameters: setup capacity {} new flows/s; A, B, C: base {} burst {} (phase 2: debt {}); floods {}× base = {} SYN/s ({} hping3 each); victim B {} conn/s",
         p.setup_capacity,
         p.base,
         p.burst,
         p.debt,
         p.flood_factor,
         p.flood_factor * p.base,
+        p.flood_procs,
         p.victim_rate
     );
     let rows: Vec<(&str, String)> = vec![
@@ -107,6 +108,18 @@ pub fn print(r: &IsolationReport) {
         ("victim_p99 ms baseline", ms(r.victim_p99_us_baseline)),
         ("victim_p99 ms flood", ms(r.victim_p99_us_flood)),
         ("victim_p99_ratio", opt(r.victim_p99_ratio)),
+        (
+            "victim_p99 ms while A bursts / after",
+            format!(
+                "{} / {}",
+                ms(r.victim_p99_us_flood_burst),
+                ms(r.victim_p99_us_flood_after)
+            ),
+        ),
+        (
+            "victim max setup ms (flood)",
+            ms(Some(r.victim_max_setup_us_flood)),
+        ),
         ("victim_rate_limited", format!("{}", r.victim_rate_limited)),
         (
             "aggressor_rate_limited",

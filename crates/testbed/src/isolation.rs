@@ -73,6 +73,9 @@ pub struct IsolationSpec {
     pub debt: f64,
     /// Floods are `flood_factor × base` SYNs per second.
     pub flood_factor: f64,
+    /// hping3 processes per flood, each sending its share (one hping3 paced with
+    /// `-i u100` reaches only ~4000 SYN/s here: its sleeps overshoot).
+    pub flood_procs: usize,
     /// B's paced new TCP connections per second.
     pub victim_rate: f64,
     pub victim_workers: usize,
@@ -100,6 +103,7 @@ impl IsolationSpec {
             burst: 2000.0,
             debt: 10_000.0,
             flood_factor: 10.0,
+            flood_procs: 2,
             victim_rate: 50.0,
             victim_workers: 10,
             baseline_secs: 5.0,
@@ -115,10 +119,7 @@ impl IsolationSpec {
     /// The rates flag of `tenant` (`debt` 0: none).
     fn rate_flag(&self, tenant: u32, debt: f64) -> String {
         if debt > 0.0 {
-            format!(
-                "{tenant}:requests=0/{}/{}/{debt}",
-                self.base, self.burst
-            )
+            format!("{tenant}:requests=0/{}/{}/{debt}", self.base, self.burst)
         } else {
             format!("{tenant}:requests=0/{}/{}", self.base, self.burst)
         }
@@ -169,6 +170,12 @@ pub struct IsolationReport {
     pub victim_p99_us_flood: Option<u64>,
     /// p99 during the flood ÷ p99 of the baseline.
     pub victim_p99_ratio: Option<f64>,
+    /// B's p99 while A was in S_burst (A at up to `burst` new flows/s), and after A's
+    /// credit ran out (A held to `base`).
+    pub victim_p99_us_flood_burst: Option<u64>,
+    pub victim_p99_us_flood_after: Option<u64>,
+    /// B's slowest established connection during the flood.
+    pub victim_max_setup_us_flood: u64,
     /// B's new flows refused at PP during phase 1 (should be 0).
     pub victim_rate_limited: f64,
     /// A's new flows refused at PP during phase 1.
@@ -178,7 +185,10 @@ pub struct IsolationReport {
     /// A's offered SYNs/s (mean over the flood's samples), as PP counted them.
     pub aggressor_offered_rate: f64,
     pub flood_secs: f64,
-    /// How long A was in S_burst during the flood.
+    /// How long A was in S_burst during the flood: from its first S_burst sample to the
+    /// first sample with its credit spent (≤ 1% of base). Later S_burst samples are
+    /// flickers: a tick admitted a little under base earns a few ops of credit, which
+    /// the next tick spends (A stays held at base; they count as "after").
     pub aggressor_burst_secs: f64,
     /// Mean admitted rate of A over its S_burst samples ÷ burst.
     pub aggressor_rate_vs_burst: Option<f64>,
@@ -354,34 +364,39 @@ fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| s / n as f64)
 }
 
-/// A SYN flood from VPC `j`'s client toward nginx on the internet host at `pps`,
-/// for at most `max_secs` (its count bound); stop it with [`Testbed::stop`].
-fn start_flood(tb: &Testbed, j: usize, pps: f64, max_secs: f64) -> Result<Proc> {
-    let interval_us = (1e6 / pps).round().max(1.0) as u64;
-    let count = (pps * max_secs).ceil() as u64;
+/// A SYN flood from VPC `j`'s client toward nginx on the internet host at `pps` in
+/// all from `procs` hping3 processes, each for at most `max_secs` (its count bound);
+/// stop them with [`Testbed::stop`].
+fn start_flood(tb: &Testbed, j: usize, pps: f64, procs: usize, max_secs: f64) -> Result<Vec<Proc>> {
+    let procs = procs.max(1);
+    let each = pps / procs as f64;
+    let interval_us = (1e6 / each).round().max(1.0) as u64;
+    let count = (each * max_secs).ceil() as u64;
     let (iv, count, port, dst) = (
         format!("u{interval_us}"),
         count.to_string(),
         HTTP_PORT.to_string(),
         addr::INET.to_string(),
     );
-    info!(j, pps, interval_us, "hping3 SYN flood");
-    tb.spawn(
-        Node::Client(j),
-        &format!("hping3 c{j}"),
-        &[
-            "hping3", "-q", "-S", "-p", &port, "-i", &iv, "-c", &count, &dst,
-        ],
-    )
+    info!(j, pps, procs, interval_us, "hping3 SYN flood");
+    (0..procs)
+        .map(|k| {
+            tb.spawn(
+                Node::Client(j),
+                &format!("hping3 c{j} {k}"),
+                &[
+                    "hping3", "-q", "-S", "-p", &port, "-i", &iv, "-c", &count, &dst,
+                ],
+            )
+        })
+        .collect()
 }
 
 fn start_platform(tb: &Testbed, bin: &Path, s: &IsolationSpec, debt: f64) -> Result<Platform> {
     let chains = (0..3)
         .map(|j| chains::chain(j as u32 + 1, 1, j, Toward::Internet, &[chains::snat(j)]))
         .collect::<Result<Vec<_>>>()?;
-    let vpcs = (0..3)
-        .map(|j| (vni::tenant(j), j as u32 + 1, 1))
-        .collect();
+    let vpcs = (0..3).map(|j| (vni::tenant(j), j as u32 + 1, 1)).collect();
     let metrics = METRICS_ADDR.to_string();
     let cap = s.setup_capacity.to_string();
     let flags: Vec<String> = [TENANT_A, TENANT_B, TENANT_C]
@@ -436,34 +451,37 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
 
     info!("phase 1: A floods, B paced");
     let flood_start_ms = t0.elapsed().as_millis() as u64;
-    let flood = start_flood(tb, 0, s.flood_pps(), s.flood_max_secs + 5.0)?;
+    let flood = start_flood(tb, 0, s.flood_pps(), s.flood_procs, s.flood_max_secs + 5.0)?;
     let lp = ConnLoop::start(tb, &victim_load(s, s.flood_max_secs))?;
+    let lp_offset_ms = lp.t0().duration_since(t0).as_millis() as u64;
     let fs = Instant::now();
     let mut seen_burst = false;
-    let mut left_burst: Option<Instant> = None;
+    let mut spent: Option<Instant> = None;
     while fs.elapsed().as_secs_f64() < s.flood_max_secs {
         cmd::sleep(period)?;
-        if !tb.running(&flood) {
+        if let Some(f) = flood.iter().find(|f| !tb.running(f)) {
             return Err(Error::Setup(format!(
                 "hping3 exited: {}",
-                crate::topo::tail(&std::fs::read_to_string(&flood.log).unwrap_or_default(), 10)
+                crate::topo::tail(&std::fs::read_to_string(&f.log).unwrap_or_default(), 10)
             )));
         }
-        let st = scraper.latest(TENANT_A).map(|p| p.state).unwrap_or_default();
-        if st == "burst" {
-            seen_burst = true;
-            left_burst = None;
-        } else if seen_burst && left_burst.is_none() {
-            left_burst = Some(Instant::now());
+        let Some(a) = scraper.latest(TENANT_A) else {
+            continue;
+        };
+        seen_burst |= a.state == "burst";
+        if seen_burst && spent.is_none() && a.credit <= 0.01 * s.base {
+            spent = Some(Instant::now());
         }
-        if left_burst.is_some_and(|t| t.elapsed().as_secs_f64() >= s.after_credit_secs) {
+        if spent.is_some_and(|t| t.elapsed().as_secs_f64() >= s.after_credit_secs) {
             break;
         }
     }
     let victim = lp.stop()?;
     let flood_secs = fs.elapsed().as_secs_f64();
     let flood_end_ms = t0.elapsed().as_millis() as u64;
-    tb.stop(&flood);
+    for f in &flood {
+        tb.stop(f);
+    }
     cmd::sleep(period * 2)?;
     let (mut series, drops, mut scrape_errors) = scraper.finish()?;
     p.stop(tb);
@@ -472,30 +490,47 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
         .iter()
         .filter(|p| p.tenant == TENANT_A && p.t_ms >= flood_start_ms && p.t_ms <= flood_end_ms)
         .collect();
-    // The first sample after the flood started may still show the quiet tick.
-    let a_burst: Vec<f64> = a_flood
-        .iter()
-        .filter(|p| p.state == "burst" && p.offered > s.base)
-        .map(|p| p.admitted)
-        .collect();
-    let last_burst_ms = a_flood
-        .iter()
-        .filter(|p| p.state == "burst")
-        .map(|p| p.t_ms)
-        .max();
     let first_burst_ms = a_flood
         .iter()
         .filter(|p| p.state == "burst")
         .map(|p| p.t_ms)
         .min();
-    let a_after: Vec<f64> = match last_burst_ms {
+    // Credit spent: the first sample after the burst began with credit ≤ 1% of base.
+    let spent_ms = first_burst_ms.and_then(|f| {
+        a_flood
+            .iter()
+            .find(|p| p.t_ms > f && p.credit <= 0.01 * s.base)
+            .map(|p| p.t_ms)
+    });
+    let burst_end = spent_ms.unwrap_or(u64::MAX);
+    // The first sample after the flood started may still show the quiet tick.
+    let a_burst: Vec<f64> = a_flood
+        .iter()
+        .filter(|p| p.state == "burst" && p.offered > s.base && p.t_ms < burst_end)
+        .map(|p| p.admitted)
+        .collect();
+    let a_after: Vec<f64> = match spent_ms {
         Some(l) => a_flood
             .iter()
-            .filter(|p| p.t_ms > l + s.sample_ms)
+            .filter(|p| p.t_ms > l)
             .map(|p| p.admitted)
             .collect(),
         None => Vec::new(),
     };
+    // B's windows, in its loop's clock.
+    let to_lp = |ms: u64| ms.saturating_sub(lp_offset_ms) * 1000;
+    let (b0, b1) = (
+        to_lp(first_burst_ms.unwrap_or(flood_start_ms)),
+        to_lp(burst_end.min(flood_end_ms)),
+    );
+    let victim_p99_us_flood_burst = p99_setup_us(&victim, b0, b1);
+    let victim_p99_us_flood_after = spent_ms.and_then(|_| p99_setup_us(&victim, b1, u64::MAX));
+    let victim_max_setup_us_flood = victim
+        .iter()
+        .filter(|c| !matches!(c.outcome, Outcome::Failed(_)))
+        .map(|c| c.setup_us)
+        .max()
+        .unwrap_or(0);
     let limited_at = |tenant: u32, from: &Option<RatePoint>| {
         let end = series
             .iter()
@@ -522,12 +557,18 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
     let t0 = Instant::now();
     let scraper = Scraper::start(tb, "fair", period, t0)?;
     let total = s.fair_warmup_secs + s.fair_secs;
-    let fa = start_flood(tb, 0, s.flood_pps(), total + 5.0)?;
-    let fb = start_flood(tb, 1, s.flood_pps(), total + 5.0)?;
+    let mut floods = start_flood(tb, 0, s.flood_pps(), s.flood_procs, total + 5.0)?;
+    floods.extend(start_flood(
+        tb,
+        1,
+        s.flood_pps(),
+        s.flood_procs,
+        total + 5.0,
+    )?);
     let from_ms = t0.elapsed().as_millis() as u64 + (s.fair_warmup_secs * 1000.0) as u64;
     cmd::sleep(Duration::from_secs_f64(total))?;
     let to_ms = t0.elapsed().as_millis() as u64;
-    for f in [&fa, &fb] {
+    for f in &floods {
         if !tb.running(f) {
             return Err(Error::Setup("hping3 exited during phase 2".into()));
         }
@@ -569,13 +610,17 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
             (Some(b), Some(f)) if b > 0 => Some(f as f64 / b as f64),
             _ => None,
         },
+        victim_p99_us_flood_burst,
+        victim_p99_us_flood_after,
+        victim_max_setup_us_flood,
         victim_rate_limited,
         aggressor_rate_limited,
         rate_limited_drops: drops,
         aggressor_offered_rate,
         flood_secs,
-        aggressor_burst_secs: match (first_burst_ms, last_burst_ms) {
-            (Some(a), Some(b)) => (b - a + s.sample_ms) as f64 / 1000.0,
+        aggressor_burst_secs: match (first_burst_ms, spent_ms) {
+            (Some(a), Some(b)) => (b - a) as f64 / 1000.0,
+            (Some(a), None) => (flood_end_ms - a) as f64 / 1000.0,
             _ => 0.0,
         },
         aggressor_rate_vs_burst: mean(a_burst.iter().cloned()).map(|m| m / s.burst),
@@ -623,7 +668,8 @@ pub fn svg(r: &IsolationReport) -> String {
         p.base,
         p.burst,
         p.flood_factor,
-        r.victim_p99_ratio.map_or("n/a".into(), |v| format!("{v:.2}")),
+        r.victim_p99_ratio
+            .map_or("n/a".into(), |v| format!("{v:.2}")),
         r.victim_failed,
         r.jain,
         r.utilisation
@@ -844,6 +890,9 @@ mod tests {
             victim_p99_us_baseline: None,
             victim_p99_us_flood: None,
             victim_p99_ratio: None,
+            victim_p99_us_flood_burst: None,
+            victim_p99_us_flood_after: None,
+            victim_max_setup_us_flood: 0,
             victim_rate_limited: 0.0,
             aggressor_rate_limited: 0.0,
             rate_limited_drops: 0.0,
