@@ -194,7 +194,7 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
         d.rates
     );
     assert_eq!(d.rates[0].tenant, 1);
-    let r = d.rates[0].requests.clone().unwrap();
+    let r = d.rates[0].requests.unwrap();
     assert_eq!((r.min, r.base, r.burst, r.debt), (0.0, 1000.0, 3000.0, 0.0));
     assert!(d.rates[0].packets.is_none());
     // The node's reported credit state shows in the tenant's stats and rates.

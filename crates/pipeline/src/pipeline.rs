@@ -128,6 +128,10 @@ pub trait Policer: Send {
         let _ = (tenant, now_us);
         true
     }
+
+    /// Hand counts kept per worker to the rate manager (before its tick), so a tenant
+    /// that went quiet is not left with uncounted ops.
+    fn flush(&mut self) {}
 }
 
 /// Wall-clock source in milliseconds (wrapping), read once per batch.
@@ -422,6 +426,13 @@ impl Pipeline {
     /// Meter every packet of `tenant` against its packet rate (the policer's
     /// [`Policer::admit_packet`]), not only those whose rule has a `police` action. Its
     /// flows are then never offloaded to the fast path, which has no policer.
+    /// See [`Policer::flush`].
+    pub fn flush_policer(&mut self) {
+        if let Some(p) = self.policer.as_mut() {
+            p.flush();
+        }
+    }
+
     pub fn set_tenant_policed(&mut self, tenant: u32, on: bool) {
         let slot = usize::from(self.tenants.slot_of(tenant));
         if slot != 0 {

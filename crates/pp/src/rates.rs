@@ -204,8 +204,15 @@ impl RateLimits {
         };
         let mut errors = self.requests.apply(&pick(|l| l.requests));
         errors.extend(self.packets.apply(&pick(|l| l.packets)));
+        self.requests.limiter.publish(&self.requests.mgr);
+        self.packets.limiter.publish(&self.packets.mgr);
         self.current = merged;
         errors
+    }
+
+    /// Whether a tick is due: flush the workers' policers, then [`RateLimits::tick`].
+    pub fn due(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.last_tick) >= self.tick
     }
 
     /// Move credits, states and allowances when a tick is due.
@@ -253,6 +260,11 @@ impl Policer for PpPolicer {
 
     fn admit_request(&mut self, tenant: u32, now_us: u64) -> bool {
         self.requests.admit(tenant, now_us)
+    }
+
+    fn flush(&mut self) {
+        self.requests.flush();
+        self.packets.flush();
     }
 }
 

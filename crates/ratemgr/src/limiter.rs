@@ -84,6 +84,13 @@ impl Limiter {
         };
         let unmanaged = self.shared.unmanaged.swap(0, Relaxed);
         mgr.tick(dt_ms, &usage, unmanaged);
+        self.publish(mgr);
+    }
+
+    /// Publish `mgr`'s tenants and allowances to the workers now, without a tick: call
+    /// it after `set`/`remove`, so new rates hold from the next op rather than from the
+    /// next tick (until then a new tenant would be admitted as unmanaged).
+    pub fn publish(&self, mgr: &RateManager) {
         let status = mgr.status();
         let mut table = self.shared.table.write().unwrap_or_else(|e| e.into_inner());
         table.retain(|tenant, slot| {

@@ -426,7 +426,10 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                 next_stats = Some(t + i);
             }
         }
-        rates.tick(now);
+        if rates.due(now) {
+            worker.pipeline.flush_policer();
+            rates.tick(now);
+        }
         if let Some(m) = &mut metrics {
             m.tick(&worker, &rates, now);
         }
