@@ -17,8 +17,8 @@
 //!   the PP node's start, capped at 10 s × base).
 //! - Phase 1 (flood): hping3 sends SYNs from A's client at `flood_factor × base` per
 //!   second (every SYN has a new source port, so each is a new flow at PP) while B
-//!   repeats its paced load. The flood lasts until A has left S_burst for
-//!   [`IsolationSpec::after_credit_secs`] (its credit ran out), at most
+//!   repeats its paced load. The flood lasts until A's credit has been spent (≤ 1% of
+//!   base, after it entered S_burst) for [`IsolationSpec::after_credit_secs`], at most
 //!   [`IsolationSpec::flood_max_secs`]. Gives B's failures and p99 against the
 //!   baseline, and A's admitted rate while in S_burst ÷ burst, and after ÷ base.
 //! - Phase 2 (fairness, work conservation): a fresh platform with a debt allowance for
@@ -82,7 +82,7 @@ pub struct IsolationSpec {
     pub baseline_secs: f64,
     /// A's quiet time after the baseline, before the flood.
     pub quiet_secs: f64,
-    /// Phase 1 ends this long after A left S_burst ...
+    /// Phase 1 ends this long after A's credit was spent ...
     pub after_credit_secs: f64,
     /// ... or after this long in any case.
     pub flood_max_secs: f64,
