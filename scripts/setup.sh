@@ -26,6 +26,8 @@ APT_PACKAGES=(
     # own instances inside namespaces (see policy-rc.d below).
     iperf3 nginx-light wrk curl netcat-openbsd stun-client stun-server
     nftables netsniff-ng
+    # The isolation scenario's SYN flood (crates/testbed/src/isolation.rs).
+    hping3
 )
 
 # ---- apt packages -----------------------------------------------------------

@@ -31,6 +31,10 @@ pub enum BenchCmd {
     /// SC scale-out, scale-in and replica failover under live traffic on the netns
     /// testbed: failed/reset connections, p99 setup, per-node TX timeline (needs root).
     Scaling(crate::bench_scaling::ScalingBenchArgs),
+    /// Tenant isolation at the PP node on the netns testbed (docs/rate-isolation.md): a
+    /// SYN flood against another tenant's paced connections, burst/base holding, Jain's
+    /// index and utilisation under two floods (needs root and hping3).
+    Isolation(crate::bench_isolation::IsolationBenchArgs),
     /// Placement (docs/placement.md): FF, BF, FFD, DDQN (with and without the demand
     /// forecast) and the MILP optimum on held-out workloads; RGCM against its MILP.
     Placement(crate::bench_placement::PlacementBenchArgs),
@@ -140,6 +144,15 @@ pub fn run(c: BenchCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 crate::bench_e2e::print(&r);
+            }
+            Ok(())
+        }
+        BenchCmd::Isolation(a) => {
+            let r = crate::bench_isolation::run(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                crate::bench_isolation::print(&r);
             }
             Ok(())
         }

@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod bench_e2e;
+pub mod bench_isolation;
 pub mod bench_placement;
 pub mod bench_scaling;
 pub mod bench_setup;

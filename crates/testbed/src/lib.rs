@@ -26,6 +26,10 @@
 //!   nftables SNAT, an nftables DNAT load balancer);
 //! - [`elastic`]: SC scale-out, scale-in and replica crashes under live traffic (a
 //!   new-connection loop, iperf3 flows, a per-node timeline);
+//! - [`isolation`]: tenant isolation at the PP node (paper 000 §7.2, Fig. 10): a tenant's
+//!   hping3 SYN flood against another's paced connections, its credit states and
+//!   admitted rate from the PP node's metrics, fairness and work conservation among
+//!   flooding tenants;
 //! - [`measure`]: TCP Gbit/s (iperf3), 64-byte UDP packets/s (trafgen), new TCP
 //!   connections/s (wrk).
 
@@ -34,6 +38,7 @@ pub mod chains;
 pub mod cleanup;
 pub mod cmd;
 pub mod elastic;
+pub mod isolation;
 pub mod measure;
 pub mod platform;
 pub mod probe;
