@@ -91,6 +91,14 @@ pub struct FmConfig {
     /// move only once it is found dead (paper 003 §VIII-C.2: recovery within 50 ms
     /// including detection); SC nodes keep `heartbeat`.
     pub pp_heartbeat: Duration,
+    /// Most rule requests in flight to SC groups (summed over groups). A request above
+    /// it is answered at once with [`proto::ERR_SETUP_OVERLOAD`]: overload sheds new
+    /// flows, counted, instead of queueing them past any useful latency.
+    pub max_inflight: usize,
+    /// Most rule requests queued for the master task (read off PP sessions but not yet
+    /// taken). A PP session's reader answers the excess with
+    /// [`proto::ERR_SETUP_OVERLOAD`] itself, so the session never blocks.
+    pub max_queued: usize,
 }
 
 impl FmConfig {
@@ -125,6 +133,8 @@ impl Default for FmConfig {
             events_file: None,
             vips: Vec::new(),
             pp_heartbeat: Duration::from_millis(10),
+            max_inflight: 32 * 1024,
+            max_queued: 64 * 1024,
         }
     }
 }
@@ -170,6 +180,9 @@ pub struct FmStats {
     pub vip_moves: u64,
     /// Requests of unbound tenant (`proto::UNBOUND_TENANT`) with no cached rule.
     pub unknown_flows: u64,
+    /// Requests refused with [`proto::ERR_SETUP_OVERLOAD`]: by the master (too many in
+    /// flight to SC) and by the PP session readers (the master's queue was full).
+    pub setup_overload: u64,
     /// Groups taken over from the SC nodes' reports (after a restart or failover).
     pub groups_adopted: u64,
     pub cache: CacheStats,
@@ -952,6 +965,14 @@ impl Master {
             if let Some(f) = self.inflight.get_mut(&ck) {
                 self.stats.coalesced += 1;
                 f.waiters.push(waiter);
+                continue;
+            }
+            if self.inflight.len() >= self.cfg.max_inflight {
+                // SC is this far behind: shed the new flow, counted, rather than queue
+                // it past any useful latency (its next packet asks again).
+                self.stats.setup_overload += 1;
+                let reply = proto::error_reply(&req, proto::ERR_SETUP_OVERLOAD);
+                self.answer_pp(session, reply, arrived);
                 continue;
             }
             // Partition by the key's own hash, not the one PP sent: PP is not trusted
