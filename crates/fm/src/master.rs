@@ -1083,7 +1083,15 @@ impl Master {
     }
 
     /// Periodic work: failure detection, retries, cache sweep, group creation.
+    #[cfg(test)]
     pub(crate) fn tick(&mut self, now_us: u64) {
+        self.tick_late(now_us, 0)
+    }
+
+    /// [`Master::tick`] run `lag_ms` after it was due (this task was busy, or not
+    /// scheduled): a node's silence is judged against its limit plus that lag, since
+    /// what FM could not hear meanwhile is FM's own doing.
+    pub(crate) fn tick_late(&mut self, now_us: u64, lag_ms: u64) {
         let now = self.at(now_us);
         let period = self.cfg.heartbeat.as_millis() as u64;
         let pp_period = self.cfg.pp_heartbeat.as_millis().max(1) as u64;
@@ -1098,11 +1106,12 @@ impl Master {
             Vec::new()
         } else {
             self.members.silent(now, |role| {
-                if role == v1::Role::Sc as i32 {
-                    sc_limit
-                } else {
-                    limit
-                }
+                lag_ms
+                    + if role == v1::Role::Sc as i32 {
+                        sc_limit
+                    } else {
+                        limit
+                    }
             })
         };
         for (node, session) in silent {

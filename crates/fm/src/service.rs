@@ -441,8 +441,9 @@ async fn run_master(
         // delay neither a node's liveness nor its judgement.
         let msg = tokio::select! {
             biased;
-            _ = tick.tick() => {
-                m.tick(now_us());
+            due = tick.tick() => {
+                let lag = due.elapsed().as_millis() as u64;
+                m.tick_late(now_us(), lag);
                 m.flush(now_us());
                 links.deliver(m.take_out());
                 continue;
@@ -739,7 +740,9 @@ where
     let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
     shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
-    let down = tx.clone();
+    // Weak: the master's drop of the session's sender is what ends the down stream
+    // (and tells the node its session is gone); the reader must not keep it open.
+    let down = tx.downgrade();
     let node = info.id.clone();
     let seen = Arc::new(AtomicU64::new(0));
     shared.mark_seen(&seen);
@@ -775,7 +778,9 @@ where
                 MasterIn::PpRequests { session, requests } => match s.admit(requests) {
                     Ok(requests) => MasterIn::PpRequests { session, requests },
                     Err(replies) => {
-                        let _ = down.send(Ok(shed(replies)));
+                        if let Some(down) = down.upgrade() {
+                            let _ = down.send(Ok(shed(replies)));
+                        }
                         continue;
                     }
                 },

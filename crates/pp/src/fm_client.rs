@@ -428,7 +428,11 @@ async fn session(
                 }
                 hb_seq += 1;
                 let now = Instant::now();
-                outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+                // Forgetting is a walk over every outstanding request: done once per
+                // rate window, not per 10 ms heartbeat (forget_after is seconds).
+                if now.duration_since(hb_last.0) >= RATE_WINDOW {
+                    outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+                }
                 // The rate is taken over windows of RATE_WINDOW, not per heartbeat: a
                 // 10 ms heartbeat's own slice holds a handful of packets, too few for
                 // the vIP scheduler's or the autoscaler's water marks.

@@ -95,6 +95,11 @@ mod tests {
         assert_eq!(rx.next().await, Some(7777));
         assert_eq!(rx.next().await, Some(0));
         drop(tx);
-        assert_eq!(rx.count().await, 999);
+        let mut rest = 0;
+        while let Some(m) = rx.next().await {
+            assert_eq!(m, rest + 1);
+            rest += 1;
+        }
+        assert_eq!(rest, 999);
     }
 }
