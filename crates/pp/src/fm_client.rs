@@ -418,8 +418,9 @@ async fn session(
     let mut hb_last = (Instant::now(), cfg.rx_packets.load(Ordering::Relaxed));
     let mut packets_per_s = 0.0;
     loop {
-        // Biased, heartbeat first: a busy stream of batches and replies must not delay
-        // the heartbeat that keeps this node alive at FM.
+        // Biased: the heartbeat that keeps this node alive at FM first, then FM's
+        // replies (finishing work in flight), then new batches. A flood of new batches
+        // can then delay neither the heartbeat nor the replies.
         tokio::select! {
             biased;
             _ = hb.tick() => {
@@ -454,6 +455,23 @@ async fn session(
                     })),
                 });
             }
+            m = inbound.message() => {
+                match m.map_err(|e| e.to_string())? {
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
+                        deliver(b.replies, outs, stats, outstanding);
+                    }
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
+                        revoke(&r.keys, outs, stats);
+                    }
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Vips(a)) }) => {
+                        if let Some(tx) = &cfg.vip_tx {
+                            let _ = tx.send(a);
+                        }
+                    }
+                    Some(_) => {}
+                    None => return Err("FM closed the session".into()),
+                }
+            }
             batch = net.recv() => {
                 let Some(batch) = batch else { return Ok(()) };
                 let now = Instant::now();
@@ -473,23 +491,6 @@ async fn session(
                     msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
                 })
                 .map_err(|_| "session closed".to_string())?;
-            }
-            m = inbound.message() => {
-                match m.map_err(|e| e.to_string())? {
-                    Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
-                        deliver(b.replies, outs, stats, outstanding);
-                    }
-                    Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
-                        revoke(&r.keys, outs, stats);
-                    }
-                    Some(v1::PpDown { msg: Some(pp_down::Msg::Vips(a)) }) => {
-                        if let Some(tx) = &cfg.vip_tx {
-                            let _ = tx.send(a);
-                        }
-                    }
-                    Some(_) => {}
-                    None => return Err("FM closed the session".into()),
-                }
             }
         }
     }
