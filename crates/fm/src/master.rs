@@ -91,6 +91,14 @@ pub struct FmConfig {
     /// move only once it is found dead (paper 003 §VIII-C.2: recovery within 50 ms
     /// including detection); SC nodes keep `heartbeat`.
     pub pp_heartbeat: Duration,
+    /// Most rule requests in flight to SC groups (summed over groups). A request above
+    /// it is answered at once with [`proto::ERR_SETUP_OVERLOAD`]: overload sheds new
+    /// flows, counted, instead of queueing them past any useful latency.
+    pub max_inflight: usize,
+    /// Most rule requests queued for the master task (read off PP sessions but not yet
+    /// taken). A PP session's reader answers the excess with
+    /// [`proto::ERR_SETUP_OVERLOAD`] itself, so the session never blocks.
+    pub max_queued: usize,
 }
 
 impl FmConfig {
@@ -125,6 +133,8 @@ impl Default for FmConfig {
             events_file: None,
             vips: Vec::new(),
             pp_heartbeat: Duration::from_millis(10),
+            max_inflight: 32 * 1024,
+            max_queued: 64 * 1024,
         }
     }
 }
@@ -170,6 +180,9 @@ pub struct FmStats {
     pub vip_moves: u64,
     /// Requests of unbound tenant (`proto::UNBOUND_TENANT`) with no cached rule.
     pub unknown_flows: u64,
+    /// Requests refused with [`proto::ERR_SETUP_OVERLOAD`]: by the master (too many in
+    /// flight to SC) and by the PP session readers (the master's queue was full).
+    pub setup_overload: u64,
     /// Groups taken over from the SC nodes' reports (after a restart or failover).
     pub groups_adopted: u64,
     pub cache: CacheStats,
@@ -954,6 +967,14 @@ impl Master {
                 f.waiters.push(waiter);
                 continue;
             }
+            if self.inflight.len() >= self.cfg.max_inflight {
+                // SC is this far behind: shed the new flow, counted, rather than queue
+                // it past any useful latency (its next packet asks again).
+                self.stats.setup_overload += 1;
+                let reply = proto::error_reply(&req, proto::ERR_SETUP_OVERLOAD);
+                self.answer_pp(session, reply, arrived);
+                continue;
+            }
             // Partition by the key's own hash, not the one PP sent: PP is not trusted
             // with where state lives.
             let Some(group) = self.map.lookup(req.tenant, req.chain, key.hash()) else {
@@ -1062,7 +1083,15 @@ impl Master {
     }
 
     /// Periodic work: failure detection, retries, cache sweep, group creation.
+    #[cfg(test)]
     pub(crate) fn tick(&mut self, now_us: u64) {
+        self.tick_late(now_us, 0)
+    }
+
+    /// [`Master::tick`] run `lag_ms` after it was due (this task was busy, or not
+    /// scheduled): a node's silence is judged against its limit plus that lag, since
+    /// what FM could not hear meanwhile is FM's own doing.
+    pub(crate) fn tick_late(&mut self, now_us: u64, lag_ms: u64) {
         let now = self.at(now_us);
         let period = self.cfg.heartbeat.as_millis() as u64;
         let pp_period = self.cfg.pp_heartbeat.as_millis().max(1) as u64;
@@ -1077,11 +1106,12 @@ impl Master {
             Vec::new()
         } else {
             self.members.silent(now, |role| {
-                if role == v1::Role::Sc as i32 {
-                    sc_limit
-                } else {
-                    limit
-                }
+                lag_ms
+                    + if role == v1::Role::Sc as i32 {
+                        sc_limit
+                    } else {
+                        limit
+                    }
             })
         };
         for (node, session) in silent {

@@ -119,6 +119,11 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
     sc.counter("replies", "Replies sent to PP nodes.", s.replies_to_pp)?;
     sc.counter("timeouts", "Requests that ran out of attempts.", s.timeouts)?;
     sc.counter(
+        "setup_overload",
+        "Rule requests refused as setup-overload (FM's queue or requests in flight to SC over their bound).",
+        s.setup_overload,
+    )?;
+    sc.counter(
         "coalesced",
         "Requests joined to an identical one in flight.",
         s.coalesced,

@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
-use proto::v1::{self, pp_up, sc_up};
+use proto::v1::{self, pp_down, pp_up, sc_up};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -91,16 +91,48 @@ enum MasterIn {
     ),
 }
 
+impl MasterIn {
+    /// Whether this goes on the master's control lane, which it always serves before
+    /// the data lane: heartbeats and read-only queries. Session opens and closes stay
+    /// on the data lane, in order with the session's requests and results.
+    fn is_control(&self) -> bool {
+        matches!(
+            self,
+            MasterIn::Heartbeat { .. }
+                | MasterIn::Members(_)
+                | MasterIn::Map(_)
+                | MasterIn::Stats(_)
+                | MasterIn::Metrics(_)
+                | MasterIn::Load(_)
+                | MasterIn::Events(..)
+                | MasterIn::VipMap(_)
+                | MasterIn::Flows(..)
+        )
+    }
+}
+
 /// Counters kept outside the master task (by the stream readers).
 #[derive(Debug, Default)]
 pub struct FmWireCounters {
     /// Messages that did not decode, or broke the session protocol.
     pub bad_messages: AtomicU64,
     pub sessions: AtomicU64,
+    /// Rule requests a PP session's reader answered with
+    /// [`proto::ERR_SETUP_OVERLOAD`] because the master's queue was over
+    /// `FmConfig::max_queued` (counted into `FmStats::setup_overload` too).
+    pub setup_overload: AtomicU64,
 }
 
 struct Shared {
+    /// The master's data lane: session opens, requests, results, closes, and changes.
     tx: mpsc::UnboundedSender<MasterIn>,
+    /// The master's control lane (see [`MasterIn::is_control`]), served first: a full
+    /// data lane never delays a heartbeat's load report or a status query.
+    ctl: mpsc::UnboundedSender<MasterIn>,
+    /// Rule requests on the data lane not yet taken by the master.
+    queued: Arc<AtomicUsize>,
+    /// Bound on `queued` (`FmConfig::max_queued`).
+    max_queued: usize,
     /// Epoch of FM's millisecond clock.
     start: Instant,
     next_session: AtomicU64,
@@ -126,6 +158,37 @@ impl Shared {
         self.wire.bad_messages.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Count `requests` into the master's queue, or, if that would take it over its
+    /// bound, refuse them all: Err holds their `setup-overload` replies.
+    fn admit(
+        &self,
+        requests: Vec<v1::RuleRequest>,
+    ) -> Result<Vec<v1::RuleRequest>, Vec<v1::RuleReply>> {
+        let n = requests.len();
+        let before = self.queued.fetch_add(n, Ordering::Relaxed);
+        if before + n <= self.max_queued || before == 0 {
+            return Ok(requests);
+        }
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+        self.wire
+            .setup_overload
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Err(requests
+            .iter()
+            .map(|r| proto::error_reply(r, proto::ERR_SETUP_OVERLOAD))
+            .collect())
+    }
+
+    /// Hand the master `msg` on its lane; Err if the master is gone.
+    fn send(&self, msg: MasterIn) -> Result<(), ()> {
+        let lane = if msg.is_control() {
+            &self.ctl
+        } else {
+            &self.tx
+        };
+        lane.send(msg).map_err(|_| ())
+    }
+
     fn mark_seen(&self, seen: &AtomicU64) {
         seen.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
@@ -134,7 +197,7 @@ impl Shared {
     /// None if the master is gone.
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).ok()?;
+        self.send(make(tx)).ok()?;
         rx.await.ok()
     }
 }
@@ -162,9 +225,14 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         .local_addr()
         .map_err(|e| FmError::Io(e.to_string()))?;
     let (tx, rx) = mpsc::unbounded_channel();
+    let (ctl, ctl_rx) = mpsc::unbounded_channel();
     let start = Instant::now();
+    let queued = Arc::new(AtomicUsize::new(0));
     let shared = Arc::new(Shared {
         tx,
+        ctl,
+        queued: queued.clone(),
+        max_queued: cfg.max_queued.max(1),
         start,
         next_session: AtomicU64::new(1),
         wire: FmWireCounters::default(),
@@ -181,7 +249,12 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
     if let Some(events) = events {
         master.events = events;
     }
-    shared.spawn(run_master(master, rx, heartbeat, start));
+    let lanes = MasterLanes {
+        ctl: ctl_rx,
+        data: rx,
+        queued,
+    };
+    shared.spawn(run_master(master, lanes, heartbeat, start));
     let svc = FabricMasterServer::new(FmService {
         shared: shared.clone(),
     })
@@ -329,9 +402,32 @@ fn dispatch(m: &mut Master, links: &mut Links, msg: MasterIn, now_us: u64) {
     links.deliver(m.take_out());
 }
 
+/// What the master task reads: its two lanes, and the count of requests queued on
+/// the data lane (which it takes down as it takes them).
+struct MasterLanes {
+    ctl: mpsc::UnboundedReceiver<MasterIn>,
+    data: mpsc::UnboundedReceiver<MasterIn>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl MasterLanes {
+    /// The next queued message, control lane first, without waiting.
+    fn try_next(&mut self) -> Option<MasterIn> {
+        let m = self.ctl.try_recv().or_else(|_| self.data.try_recv()).ok()?;
+        self.taken(&m);
+        Some(m)
+    }
+
+    fn taken(&self, m: &MasterIn) {
+        if let MasterIn::PpRequests { requests, .. } = m {
+            self.queued.fetch_sub(requests.len(), Ordering::Relaxed);
+        }
+    }
+}
+
 async fn run_master(
     mut m: Master,
-    mut rx: mpsc::UnboundedReceiver<MasterIn>,
+    mut lanes: MasterLanes,
     period: std::time::Duration,
     start: Instant,
 ) {
@@ -340,30 +436,37 @@ async fn run_master(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            msg = rx.recv() => {
-                let Some(msg) = msg else { break };
-                dispatch(&mut m, &mut links, msg, now_us());
-                // Everything already queued joins this burst: that is what batches
-                // submits to SC and replies to PP without a timer. Bounded in time, so
-                // the session readers sharing the runtime keep up.
-                let burst = std::time::Instant::now();
-                while burst.elapsed() < MAX_BURST {
-                    match rx.try_recv() {
-                        Ok(msg) => dispatch(&mut m, &mut links, msg, now_us()),
-                        Err(_) => break,
-                    }
-                }
+        // Biased: the periodic work (failure detection) first, then the control lane
+        // (heartbeats, queries), then data. A deep queue of requests and results can
+        // delay neither a node's liveness nor its judgement.
+        let msg = tokio::select! {
+            biased;
+            due = tick.tick() => {
+                let lag = due.elapsed().as_millis() as u64;
+                m.tick_late(now_us(), lag);
                 m.flush(now_us());
                 links.deliver(m.take_out());
-                tokio::task::yield_now().await;
+                continue;
             }
-            _ = tick.tick() => {
-                m.tick(now_us());
-                m.flush(now_us());
-                links.deliver(m.take_out());
+            msg = lanes.ctl.recv() => msg,
+            msg = lanes.data.recv() => msg,
+        };
+        let Some(msg) = msg else { break };
+        lanes.taken(&msg);
+        dispatch(&mut m, &mut links, msg, now_us());
+        // Everything already queued joins this burst: that is what batches submits to
+        // SC and replies to PP without a timer. Bounded in time, so the session readers
+        // sharing the runtime keep up.
+        let burst = std::time::Instant::now();
+        while burst.elapsed() < MAX_BURST {
+            match lanes.try_next() {
+                Some(msg) => dispatch(&mut m, &mut links, msg, now_us()),
+                None => break,
             }
         }
+        m.flush(now_us());
+        links.deliver(m.take_out());
+        tokio::task::yield_now().await;
     }
 }
 
@@ -488,7 +591,9 @@ impl FmObserver {
     }
 
     pub async fn stats(&self) -> Option<FmStats> {
-        self.ask(MasterIn::Stats).await
+        let mut s = self.ask(MasterIn::Stats).await?;
+        s.setup_overload += self.shared.wire.setup_overload.load(Ordering::Relaxed);
+        Some(s)
     }
 
     pub async fn metrics(&self) -> Option<FmMetrics> {
@@ -611,7 +716,9 @@ fn stream_error(shared: &Shared, e: &Status) {
 /// Serve a PP or SC session: read its registration (`register` takes it from the first
 /// message), hand the master the session and its down channel (`open`), then forward
 /// what the node sends (`up` turns a message into the master's input; None breaks the
-/// protocol) until the stream ends, and tell the master it closed.
+/// protocol) until the stream ends, and tell the master it closed. Rule requests above
+/// the master's queue bound are answered here with `setup-overload` (`shed` makes the
+/// down message of those replies), so the session never waits on the master.
 async fn session<U, D>(
     shared: &Arc<Shared>,
     req: Request<Streaming<U>>,
@@ -619,9 +726,11 @@ async fn session<U, D>(
     register: impl Fn(U) -> Option<v1::NodeInfo>,
     open: impl FnOnce(Opened, mpsc::UnboundedSender<Result<D, Status>>) -> MasterIn,
     up: impl Fn(U, u64, &str) -> Option<MasterIn> + Send + 'static,
+    shed: fn(Vec<v1::RuleReply>) -> D,
 ) -> Result<Response<UnboundedReceiverStream<Result<D, Status>>>, Status>
 where
     U: prost::Message + Default + 'static,
+    D: Send + 'static,
 {
     if shared.stopped.load(Ordering::Relaxed) {
         return Err(stopped());
@@ -631,11 +740,13 @@ where
     let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
     shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
+    // Weak: the master's drop of the session's sender is what ends the down stream
+    // (and tells the node its session is gone); the reader must not keep it open.
+    let down = tx.downgrade();
     let node = info.id.clone();
     let seen = Arc::new(AtomicU64::new(0));
     shared.mark_seen(&seen);
     shared
-        .tx
         .send(open(
             Opened {
                 session,
@@ -663,11 +774,23 @@ where
                 s.bad();
                 continue;
             };
-            if s.tx.send(msg).is_err() {
+            let msg = match msg {
+                MasterIn::PpRequests { session, requests } => match s.admit(requests) {
+                    Ok(requests) => MasterIn::PpRequests { session, requests },
+                    Err(replies) => {
+                        if let Some(down) = down.upgrade() {
+                            let _ = down.send(Ok(shed(replies)));
+                        }
+                        continue;
+                    }
+                },
+                m => m,
+            };
+            if s.send(msg).is_err() {
                 break;
             }
         }
-        let _ = s.tx.send(MasterIn::Closed { session, node });
+        let _ = s.send(MasterIn::Closed { session, node });
     });
     Ok(Response::new(UnboundedReceiverStream::new(rx)))
 }
@@ -705,6 +828,9 @@ impl FabricMaster for FmService {
                     pp_up::Msg::Register(_) => return None,
                 })
             },
+            |replies| v1::PpDown {
+                msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
+            },
         )
         .await
     }
@@ -739,6 +865,8 @@ impl FabricMaster for FmService {
                     sc_up::Msg::Register(_) => return None,
                 })
             },
+            // SC sessions carry no rule requests: nothing is ever shed on them.
+            |_| v1::ScDown { msg: None },
         )
         .await
     }

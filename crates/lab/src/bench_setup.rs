@@ -49,6 +49,11 @@ pub struct SetupBenchArgs {
     /// `builtin` (nfs' firewall, SNAT and load balancer).
     #[arg(long, default_value = "test")]
     pub nfs: String,
+    /// SC groups serving the chain: its key-hash space split into this many equal
+    /// partitions, one group of 3 replicas each, all on the same 3 SC nodes (every node
+    /// hosts one replica of every group).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub groups: u32,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -75,6 +80,15 @@ pub struct SetupBench {
     pub pp_batch: f64,
     pub fm_batch: f64,
     pub seconds: f64,
+    /// SC groups (partitions) serving the chain.
+    pub groups: u32,
+    /// Nodes FM declared dead (missed heartbeats or a broken session) from the SC
+    /// groups forming to the end of the run: the PP node and the 3 SC nodes are all
+    /// live throughout, so anything but 0 is a false suspicion.
+    pub session_drops: u64,
+    /// Rule requests FM refused as `setup-overload` during the measurements (counted
+    /// in `failed` too when their flow did not complete).
+    pub setup_overload: u64,
 }
 
 const VNI: u32 = 100;
@@ -341,6 +355,7 @@ fn phase(
 
 pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let chain = chain(&a.nfs)?;
+    let proto_chain = chain.to_proto()?;
     let factory: Arc<dyn sc::ChainFactory> = match a.nfs.as_str() {
         "test" => Arc::new(sc::testing::TestNfs),
         _ => Arc::new(sc::BuiltinNfs),
@@ -356,6 +371,27 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let local = "127.0.0.1:0".parse()?;
     let fm = rt.block_on(fm::start(fm_cfg, local))?;
     let fm_addr = fm.addr().to_string();
+    let groups = a.groups.max(1);
+    if groups > 1 {
+        // N equal key-hash ranges of the chain, each its own group.
+        let step = u64::MAX / u64::from(groups);
+        let partitions = (0..u64::from(groups))
+            .map(|i| proto::v1::Partition {
+                tenant: proto_chain.tenant,
+                chain: proto_chain.chain,
+                hash_lo: i * step,
+                hash_hi: if i + 1 == u64::from(groups) {
+                    u64::MAX
+                } else {
+                    (i + 1) * step - 1
+                },
+                group: 0,
+            })
+            .collect();
+        rt.block_on(fm.set_desired(vec![proto_chain], partitions, Vec::new()))
+            .context("FM")?;
+    }
+    let d0 = rt.block_on(fm.stats()).context("FM")?.nodes_dead;
     let scs = (0..3)
         .map(|i| {
             sc::ScProcess::spawn(
@@ -367,11 +403,11 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let t = Instant::now();
     loop {
         let m = rt.block_on(fm.partition_map()).context("FM")?;
-        if m.groups.first().is_some_and(|g| g.replicas.len() == 3) {
+        if m.groups.len() == groups as usize && m.groups.iter().all(|g| g.replicas.len() == 3) {
             break;
         }
         if t.elapsed() > Duration::from_secs(10) {
-            bail!("the SC group did not form");
+            bail!("the SC groups did not form");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -428,6 +464,9 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     )?;
     let s1 = rt.block_on(fm.stats()).context("FM")?;
     let c1 = sent();
+    // Let FM judge the last heartbeat periods of the run before the count is taken.
+    std::thread::sleep(Duration::from_millis(100));
+    let dead = rt.block_on(fm.stats()).context("FM")?.nodes_dead;
     drop(client);
     fm.stop();
     drop(scs);
@@ -450,12 +489,18 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         pp_batch: (c1.0 - c0.0) as f64 / ((c1.1 - c0.1).max(1)) as f64,
         fm_batch: (s1.submitted - s0.submitted) as f64 / ((s1.submits - s0.submits).max(1)) as f64,
         seconds: a.seconds,
+        groups,
+        session_drops: dead - d0,
+        setup_overload: s1.setup_overload - s0.setup_overload,
     })
 }
 
 pub fn print(r: &SetupBench) {
     println!("starfabric bench setup: PP → FM → SC head → middle → tail → FM → PP, loopback gRPC");
-    println!("  chain: {}", r.chain);
+    println!(
+        "  chain: {} ({} SC group(s) on 3 SC nodes)",
+        r.chain, r.groups
+    );
     println!(
         "  saturated ({} in flight): {:.0} new flows/s   (p50 {:.0} µs, p99 {:.0} µs)",
         r.window, r.flows_per_s, r.saturated_p50_us, r.saturated_p99_us
@@ -468,5 +513,9 @@ pub fn print(r: &SetupBench) {
     println!(
         "  batching: {:.1} requests per PP → FM message, {:.1} per FM → SC submit; failed flows: {}",
         r.pp_batch, r.fm_batch, r.failed
+    );
+    println!(
+        "  session drops: {}   setup-overload refusals: {}",
+        r.session_drops, r.setup_overload
     );
 }

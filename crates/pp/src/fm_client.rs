@@ -25,7 +25,6 @@ use pipeline::{RuleReply, RuleRequest, RuleSource};
 use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
 use thiserror::Error;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{debug, info, warn};
 
 /// The span a heartbeat's `packets_per_s` is measured over.
@@ -103,6 +102,10 @@ pub struct FmClientStats {
     pub bad_replies: AtomicU64,
     /// Replies for requests not outstanding (answered twice, or after a resend).
     pub stray_replies: AtomicU64,
+    /// Requests FM refused because its setup path was over its bound
+    /// ([`proto::ERR_SETUP_OVERLOAD`]): the flow's packets are dropped as a rule error
+    /// and its next packet asks again.
+    pub setup_overload: AtomicU64,
     pub sessions: AtomicU64,
     /// Sessions that failed to open or broke (each followed by a reconnect).
     pub session_errors: AtomicU64,
@@ -365,8 +368,10 @@ async fn session(
     let mut client = FabricMasterClient::new(ch)
         .max_decoding_message_size(proto::MAX_MESSAGE)
         .max_encoding_message_size(proto::MAX_MESSAGE);
-    let (otx, orx) = mpsc::unbounded_channel::<v1::PpUp>();
-    let _ = otx.send(v1::PpUp {
+    // Two lanes: registration and heartbeats overtake queued request batches, so a
+    // backlog of requests never makes this node miss its heartbeats at FM.
+    let (otx, orx) = proto::lanes::lanes::<v1::PpUp>();
+    let _ = otx.control.send(v1::PpUp {
         msg: Some(pp_up::Msg::Register(v1::NodeInfo {
             id: cfg.node_id.clone(),
             role: v1::Role::Pp as i32,
@@ -379,7 +384,7 @@ async fn session(
         })),
     });
     let mut inbound = client
-        .pp_session(UnboundedReceiverStream::new(orx))
+        .pp_session(orx)
         .await
         .map_err(|e| e.to_string())?
         .into_inner();
@@ -403,7 +408,7 @@ async fn session(
         stats
             .resent
             .fetch_add(requests.len() as u64, Ordering::Relaxed);
-        let _ = otx.send(v1::PpUp {
+        let _ = otx.data.send(v1::PpUp {
             msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
         });
     }
@@ -413,26 +418,42 @@ async fn session(
     let mut hb_last = (Instant::now(), cfg.rx_packets.load(Ordering::Relaxed));
     let mut packets_per_s = 0.0;
     loop {
+        // Biased: the heartbeat that keeps this node alive at FM first, then FM's
+        // replies (finishing work in flight), then new batches. A flood of new batches
+        // can then delay neither the heartbeat nor the replies.
         tokio::select! {
-            batch = net.recv() => {
-                let Some(batch) = batch else { return Ok(()) };
+            biased;
+            _ = hb.tick() => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                hb_seq += 1;
                 let now = Instant::now();
-                let requests: Vec<v1::RuleRequest> = batch
-                    .iter()
-                    .map(|r| {
-                        let id = *next_id;
-                        *next_id += 1;
-                        let m = proto::request_to_proto(r, id);
-                        outstanding.insert(id, Outstanding { req: m.clone(), sent: now });
-                        m
-                    })
-                    .collect();
-                stats.requests_sent.fetch_add(requests.len() as u64, Ordering::Relaxed);
-                stats.batches_sent.fetch_add(1, Ordering::Relaxed);
-                otx.send(v1::PpUp {
-                    msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
-                })
-                .map_err(|_| "session closed".to_string())?;
+                // Forgetting is a walk over every outstanding request: done once per
+                // rate window, not per 10 ms heartbeat (forget_after is seconds).
+                if now.duration_since(hb_last.0) >= RATE_WINDOW {
+                    outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
+                }
+                // The rate is taken over windows of RATE_WINDOW, not per heartbeat: a
+                // 10 ms heartbeat's own slice holds a handful of packets, too few for
+                // the vIP scheduler's or the autoscaler's water marks.
+                let rx = cfg.rx_packets.load(Ordering::Relaxed);
+                let elapsed = now.duration_since(hb_last.0);
+                if elapsed >= RATE_WINDOW {
+                    packets_per_s = rx.saturating_sub(hb_last.1) as f64 / elapsed.as_secs_f64();
+                    hb_last = (now, rx);
+                }
+                let _ = otx.control.send(v1::PpUp {
+                    msg: Some(pp_up::Msg::Heartbeat(v1::Heartbeat {
+                        seq: hb_seq,
+                        load: Some(v1::Load {
+                            requests_per_s: 0.0,
+                            flows: outstanding.len() as u64,
+                            groups: 0,
+                            packets_per_s,
+                        }),
+                    })),
+                });
             }
             m = inbound.message() => {
                 match m.map_err(|e| e.to_string())? {
@@ -451,33 +472,25 @@ async fn session(
                     None => return Err("FM closed the session".into()),
                 }
             }
-            _ = hb.tick() => {
-                if stop.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
-                hb_seq += 1;
+            batch = net.recv() => {
+                let Some(batch) = batch else { return Ok(()) };
                 let now = Instant::now();
-                outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
-                // The rate is taken over windows of RATE_WINDOW, not per heartbeat: a
-                // 10 ms heartbeat's own slice holds a handful of packets, too few for
-                // the vIP scheduler's or the autoscaler's water marks.
-                let rx = cfg.rx_packets.load(Ordering::Relaxed);
-                let elapsed = now.duration_since(hb_last.0);
-                if elapsed >= RATE_WINDOW {
-                    packets_per_s = rx.saturating_sub(hb_last.1) as f64 / elapsed.as_secs_f64();
-                    hb_last = (now, rx);
-                }
-                let _ = otx.send(v1::PpUp {
-                    msg: Some(pp_up::Msg::Heartbeat(v1::Heartbeat {
-                        seq: hb_seq,
-                        load: Some(v1::Load {
-                            requests_per_s: 0.0,
-                            flows: outstanding.len() as u64,
-                            groups: 0,
-                            packets_per_s,
-                        }),
-                    })),
-                });
+                let requests: Vec<v1::RuleRequest> = batch
+                    .iter()
+                    .map(|r| {
+                        let id = *next_id;
+                        *next_id += 1;
+                        let m = proto::request_to_proto(r, id);
+                        outstanding.insert(id, Outstanding { req: m.clone(), sent: now });
+                        m
+                    })
+                    .collect();
+                stats.requests_sent.fetch_add(requests.len() as u64, Ordering::Relaxed);
+                stats.batches_sent.fetch_add(1, Ordering::Relaxed);
+                otx.data.send(v1::PpUp {
+                    msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
+                })
+                .map_err(|_| "session closed".to_string())?;
             }
         }
     }
@@ -523,6 +536,10 @@ fn deliver(
         if outstanding.remove(&m.id).is_none() {
             stats.stray_replies.fetch_add(1, Ordering::Relaxed);
             continue;
+        }
+        if matches!(&m.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_SETUP_OVERLOAD)
+        {
+            stats.setup_overload.fetch_add(1, Ordering::Relaxed);
         }
         let reply = match RuleReply::try_from(&m) {
             Ok(r) => r,

@@ -196,6 +196,11 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
     )?;
     sc.counter("fm_resent", "Requests resent on a new FM session.", resent)?;
     sc.gauge("fm_connected", "1 while the FM session is up.", up)?;
+    sc.counter(
+        "fm_setup_overload",
+        "Rule requests FM refused as setup-overload (the flow asks again).",
+        fm.map_or(0, |f| load(&f.setup_overload)),
+    )?;
     let t = &p.tenants;
     sc.counter_family(
         "tenant_packets",

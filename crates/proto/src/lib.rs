@@ -27,6 +27,7 @@ pub mod v1 {
 pub mod agent;
 mod fm_addrs;
 pub mod json;
+pub mod lanes;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
@@ -52,6 +53,11 @@ pub const ERR_UNKNOWN_FLOW: &str = "unknown-flow";
 
 /// Error a scale-out's new group answers before its install op: FM tries again.
 pub const ERR_NOT_READY: &str = "sc-not-ready";
+
+/// Error FM answers for a rule request it sheds because its setup path (its input
+/// queue, or the requests in flight to SC) is over its bound. The flow is refused, not
+/// the session: the PP node counts it and the flow's next packet asks again.
+pub const ERR_SETUP_OVERLOAD: &str = "setup-overload";
 
 /// Deepest chain shape accepted from the wire (guards the recursive conversion).
 pub const MAX_CHAIN_DEPTH: usize = 32;

@@ -436,8 +436,10 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
     let mut client = FabricMasterClient::new(ch)
         .max_decoding_message_size(proto::MAX_MESSAGE)
         .max_encoding_message_size(proto::MAX_MESSAGE);
-    let (otx, orx) = mpsc::unbounded_channel::<v1::ScUp>();
-    let _ = otx.send(v1::ScUp {
+    // Two lanes: registration, hosted groups and heartbeats overtake queued results, so
+    // a backlog of results never makes this node miss its heartbeats at FM.
+    let (otx, orx) = proto::lanes::lanes::<v1::ScUp>();
+    let _ = otx.control.send(v1::ScUp {
         msg: Some(sc_up::Msg::Register(v1::NodeInfo {
             id: shared.cfg.node_id.clone(),
             role: v1::Role::Sc as i32,
@@ -453,11 +455,11 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
     // failed over to) adopts them instead of forming new ones over the same state.
     let hosted = hosted_groups(shared).await;
     let nhosted = hosted.len();
-    let _ = otx.send(v1::ScUp {
+    let _ = otx.control.send(v1::ScUp {
         msg: Some(sc_up::Msg::Hosted(v1::HostedGroups { groups: hosted })),
     });
     let resp = client
-        .sc_session(UnboundedReceiverStream::new(orx))
+        .sc_session(orx)
         .await
         .map_err(|e| ScError::Io(format!("sc_session: {e}")))?;
     let mut inbound = resp.into_inner();
@@ -487,7 +489,7 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
           groups = nhosted, "registered with FM");
 
     // Tail results (from every replica) → this session.
-    let fwd_tx = otx.clone();
+    let fwd_tx = otx.data.clone();
     let s2 = shared.clone();
     let forward = shared.tasks.spawn(async move {
         let mut rx = s2.to_fm_rx.lock().await;
@@ -497,7 +499,7 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
             }
         }
     });
-    let hb_tx = otx.clone();
+    let hb_tx = otx.control.clone();
     let s3 = shared.clone();
     let period = Duration::from_millis(u64::from(ack.heartbeat_ms.max(1)));
     let heartbeat = shared.tasks.spawn(async move {

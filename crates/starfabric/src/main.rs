@@ -6,6 +6,11 @@ use clap::{Parser, Subcommand};
 /// mimalloc instead of glibc malloc: the control planes build and drop many small
 /// protobuf messages per flow, where glibc's allocator cost a third of the CPU of
 /// `bench setup`. The packet path does not allocate.
+///
+/// Built with `no_thp`: mimalloc otherwise madvises its arenas for transparent huge
+/// pages, and on a host with THP in `madvise` mode every first touch of a fresh 2 MiB
+/// region then faults in (and zeroes, and may compact for) a whole huge page. That was
+/// 45% of all CPU of `bench setup --nfs builtin` (docs/setup-path.md).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
