@@ -60,14 +60,9 @@ pub fn check_demand(field: &str, d: &Demand) -> Result<(), ApiError> {
 pub fn check_rates(r: &TenantRatesSpec) -> Result<(), ApiError> {
     for (kind, spec) in [("requests", r.requests), ("packets", r.packets)] {
         let Some(s) = spec else { continue };
-        ratemgr::TenantRates {
-            min: s.min,
-            base: s.base,
-            burst: s.burst,
-            debt: s.debt,
-        }
-        .validate()
-        .map_err(|e| ApiError::invalid(kind, format!("{kind}: {e}")))?;
+        ratemgr::TenantRates::new(s.min, s.base, s.burst, s.debt)
+            .validate()
+            .map_err(|e| ApiError::invalid(kind, format!("{kind}: {e}")))?;
     }
     Ok(())
 }

@@ -43,12 +43,8 @@ pub struct TenantRateLimits {
 impl TenantRateLimits {
     pub fn from_proto(r: &v1::TenantRate) -> TenantRateLimits {
         let spec = |s: &Option<v1::RateSpec>| {
-            s.as_ref().map(|s| TenantRates {
-                min: s.min,
-                base: s.base,
-                burst: s.burst,
-                debt: s.debt,
-            })
+            s.as_ref()
+                .map(|s| TenantRates::new(s.min, s.base, s.burst, s.debt))
         };
         TenantRateLimits {
             requests: spec(&r.requests),
@@ -290,18 +286,8 @@ pub fn parse_rate_flag(s: &str) -> Result<(u32, TenantRateLimits), String> {
             })
             .collect::<Result<_, _>>()?;
         let r = match v[..] {
-            [min, base, burst] => TenantRates {
-                min,
-                base,
-                burst,
-                debt: 0.0,
-            },
-            [min, base, burst, debt] => TenantRates {
-                min,
-                base,
-                burst,
-                debt,
-            },
+            [min, base, burst] => TenantRates::new(min, base, burst, 0.0),
+            [min, base, burst, debt] => TenantRates::new(min, base, burst, debt),
             _ => return Err(format!("{s:?}: {part:?} wants 3 or 4 numbers")),
         };
         r.validate().map_err(|e| format!("{s:?}: {e}"))?;

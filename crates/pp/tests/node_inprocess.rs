@@ -42,17 +42,10 @@ fn drops(addr: std::net::SocketAddr, reason: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-#[test]
-fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
-    let mut rules = tempfile::NamedTempFile::new().unwrap();
-    rules.write_all(RULES.as_bytes()).unwrap();
-    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
-    listener
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let l = lines.clone();
-    let cfg = PpNodeConfig {
+/// The UDP backend on 127.0.0.1 with ephemeral ports, `rules`, all output to
+/// `listener`, VNI 100 bound to tenant 1, and `/metrics` on a free port.
+fn node_config(rules: &tempfile::NamedTempFile, listener: &UdpSocket) -> PpNodeConfig {
+    PpNodeConfig {
         listen: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         io: IoKind::Udp,
         rules: Some(rules.path().to_path_buf()),
@@ -65,8 +58,23 @@ fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
             },
         )],
         metrics: Some("127.0.0.1:0".parse().unwrap()),
-        lines: telemetry::Lines::new(move |s: &str| l.lock().unwrap().push(s.to_string())),
         ..PpNodeConfig::default()
+    }
+}
+
+#[test]
+fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
+    let mut rules = tempfile::NamedTempFile::new().unwrap();
+    rules.write_all(RULES.as_bytes()).unwrap();
+    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let l = lines.clone();
+    let cfg = PpNodeConfig {
+        lines: telemetry::Lines::new(move |s: &str| l.lock().unwrap().push(s.to_string())),
+        ..node_config(&rules, &listener)
     };
     let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
         .expect("node starts")
@@ -144,21 +152,9 @@ fn a_tenants_packet_rate_is_enforced_and_exported() {
     let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
     let (t, limits) = pp::rates::parse_rate_flag("1:packets=0/200/400").unwrap();
     let cfg = PpNodeConfig {
-        listen: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
-        io: IoKind::Udp,
-        rules: Some(rules.path().to_path_buf()),
-        peer_port: Some(listener.local_addr().unwrap().port()),
-        vpcs: vec![(
-            100,
-            VpcBinding {
-                tenant: 1,
-                chain: 1,
-            },
-        )],
-        metrics: Some("127.0.0.1:0".parse().unwrap()),
         rates: [(t, limits)].into_iter().collect(),
         lines: telemetry::Lines::new(|_: &str| {}),
-        ..PpNodeConfig::default()
+        ..node_config(&rules, &listener)
     };
     let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
         .expect("node starts")

@@ -96,6 +96,16 @@ pub struct TenantRates {
 }
 
 impl TenantRates {
+    /// Rates per second, in the order the CLI and the API write them.
+    pub const fn new(min: f64, base: f64, burst: f64, debt: f64) -> TenantRates {
+        TenantRates {
+            min,
+            base,
+            burst,
+            debt,
+        }
+    }
+
     /// Checks `0 ≤ min ≤ base ≤ burst`, `base > 0`, `debt ≥ 0`, all finite.
     pub fn validate(&self) -> Result<(), RateError> {
         for (field, value) in [
@@ -241,12 +251,7 @@ mod tests {
     use super::*;
 
     fn r(min: f64, base: f64, burst: f64, debt: f64) -> TenantRates {
-        TenantRates {
-            min,
-            base,
-            burst,
-            debt,
-        }
+        TenantRates::new(min, base, burst, debt)
     }
 
     #[test]

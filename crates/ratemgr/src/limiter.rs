@@ -244,12 +244,7 @@ mod tests {
             ..RateConfig::default()
         })
         .unwrap();
-        let r = TenantRates {
-            min: 0.0,
-            base,
-            burst: base,
-            debt: 0.0,
-        };
+        let r = TenantRates::new(0.0, base, base, 0.0);
         m.set(tenant, r).unwrap();
         m
     }

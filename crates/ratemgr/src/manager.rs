@@ -355,12 +355,7 @@ mod tests {
     use super::*;
 
     fn rates(min: f64, base: f64, burst: f64, debt: f64) -> TenantRates {
-        TenantRates {
-            min,
-            base,
-            burst,
-            debt,
-        }
+        TenantRates::new(min, base, burst, debt)
     }
 
     #[test]

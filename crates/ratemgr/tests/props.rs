@@ -5,12 +5,7 @@ use ratemgr::sim::{simulate, TickRecord};
 use ratemgr::{jain, CreditState, RateConfig, RateManager, TenantRates, TenantUsage};
 
 fn rates(min: f64, base: f64, burst: f64, debt: f64) -> TenantRates {
-    TenantRates {
-        min,
-        base,
-        burst,
-        debt,
-    }
+    TenantRates::new(min, base, burst, debt)
 }
 
 fn cfg(capacity: f64) -> RateConfig {
