@@ -19,6 +19,7 @@
 
 pub mod cache;
 pub mod events;
+pub mod liveness;
 mod master;
 pub mod membership;
 pub mod metrics;

@@ -237,6 +237,8 @@ pub(crate) struct Opened {
     /// When the node was last heard from (ms), stamped by the session's reader as
     /// messages arrive (see [`crate::membership::MemberEntry::seen`]).
     pub(crate) seen: Arc<AtomicU64>,
+    /// What this session's liveness beacons carry ([`proto::liveness`]).
+    pub(crate) liveness_token: u64,
 }
 
 /// What applying a desired configuration changed.
@@ -332,6 +334,8 @@ pub(crate) struct Master {
     pins: HashMap<CacheKey, v1::RuleReply>,
     /// What happened, for operators (`Events`); see `crate::events`.
     pub(crate) events: EventLog,
+    /// FM's UDP port for liveness beacons, 0 when it has none.
+    pub(crate) liveness_port: u16,
     /// The PP cluster's Multi IPs Mapping Table (see `vip`).
     vips: VipTable,
     /// Until this time (ms) PP nodes that claim vIPs only adopt them and the table is
@@ -380,6 +384,7 @@ impl Master {
             dissolved: HashSet::new(),
             pins: HashMap::new(),
             events,
+            liveness_port: 0,
             vips: VipTable::new(cfg_vips),
             vip_settle_until: None,
             vip_joined: false,
@@ -494,7 +499,7 @@ impl Master {
         }
     }
 
-    fn register_ack(&self, role: v1::Role) -> v1::RegisterAck {
+    fn register_ack(&self, role: v1::Role, liveness_token: u64) -> v1::RegisterAck {
         let period = if role == v1::Role::Pp {
             self.cfg.pp_heartbeat
         } else {
@@ -505,12 +510,18 @@ impl Master {
             heartbeat_ms: period.as_millis().max(1) as u32,
             miss_limit: self.cfg.miss_limit,
             proto_version: proto::PROTO_VERSION,
+            liveness_port: u32::from(self.liveness_port),
+            liveness_token: if self.liveness_port == 0 {
+                0
+            } else {
+                liveness_token
+            },
         }
     }
 
     /// A PP node registered.
     pub(crate) fn on_pp_open(&mut self, open: Opened, now_us: u64) {
-        let now = self.registered(open.session, v1::Role::Pp, now_us);
+        let now = self.registered(open.session, open.liveness_token, v1::Role::Pp, now_us);
         let (session, info, seen) = (open.session, open.info, open.seen);
         info!(node = %info.id, session, vip_capable = info.vip_capable, "PP node registered");
         self.event(
@@ -549,9 +560,9 @@ impl Master {
     /// Take the clock of a registration and acknowledge it on the new session (not
     /// by node id: the node's previous session may still be the one on record).
     /// Returns the time in ms.
-    fn registered(&mut self, session: u64, role: v1::Role, now_us: u64) -> u64 {
+    fn registered(&mut self, session: u64, token: u64, role: v1::Role, now_us: u64) -> u64 {
         let now = self.at(now_us);
-        let ack = self.register_ack(role);
+        let ack = self.register_ack(role, token);
         if role == v1::Role::Pp {
             self.send_pp(session, pp_down::Msg::Registered(ack));
         } else {
@@ -604,7 +615,7 @@ impl Master {
 
     /// An SC node registered.
     pub(crate) fn on_sc_open(&mut self, open: Opened, now_us: u64) {
-        let now = self.registered(open.session, v1::Role::Sc, now_us);
+        let now = self.registered(open.session, open.liveness_token, v1::Role::Sc, now_us);
         let (session, info, seen) = (open.session, open.info, open.seen);
         info!(node = %info.id, addr = %info.addr, session, "SC node registered");
         if self.recovery == Recovery::Waiting {

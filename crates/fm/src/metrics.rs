@@ -18,6 +18,8 @@ pub struct FmSnapshot {
     pub groups: usize,
     pub bad_messages: u64,
     pub sessions: u64,
+    pub liveness_beacons: u64,
+    pub liveness_rejected: u64,
 }
 
 impl FmSnapshot {
@@ -41,6 +43,8 @@ impl FmSnapshot {
             groups: map.groups.len(),
             bad_messages: o.wire_counters().bad_messages.load(Ordering::Relaxed),
             sessions: o.wire_counters().sessions.load(Ordering::Relaxed),
+            liveness_beacons: o.liveness_counters().beacons.load(Ordering::Relaxed),
+            liveness_rejected: o.liveness_counters().rejected.load(Ordering::Relaxed),
         })
     }
 }
@@ -163,6 +167,16 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
         f.bad_messages,
     )?;
     sc.counter("sessions", "Node sessions opened.", f.sessions)?;
+    sc.counter(
+        "liveness_beacons",
+        "Liveness beacons (UDP) that stamped a node's session as heard.",
+        f.liveness_beacons,
+    )?;
+    sc.counter(
+        "liveness_rejected",
+        "Datagrams on the liveness port that were no beacon or named no open session.",
+        f.liveness_rejected,
+    )?;
     latency(
         sc,
         "request",

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::liveness::LivenessRegistry;
 use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
 use proto::v1::{self, pp_down, pp_up, sc_up};
 use tokio::sync::{mpsc, oneshot};
@@ -139,6 +140,9 @@ struct Shared {
     wire: FmWireCounters,
     stopped: AtomicBool,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// The liveness lane's sessions by token, and its thread's stop flag.
+    liveness: Arc<LivenessRegistry>,
+    liveness_stop: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -238,7 +242,11 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         wire: FmWireCounters::default(),
         stopped: AtomicBool::new(false),
         tasks: Mutex::new(Vec::new()),
+        liveness: Arc::new(LivenessRegistry::new(start)),
+        liveness_stop: Arc::new(AtomicBool::new(false)),
     });
+    let liveness_port =
+        crate::liveness::start_or_warn(addr, shared.liveness.clone(), shared.liveness_stop.clone());
     let heartbeat = cfg.tick_period();
     // Opened before anything listens, so a bad path fails the start, not a later event.
     let events = match &cfg.events_file {
@@ -249,6 +257,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
     if let Some(events) = events {
         master.events = events;
     }
+    master.liveness_port = liveness_port;
     let lanes = MasterLanes {
         ctl: ctl_rx,
         data: rx,
@@ -479,6 +488,10 @@ impl FmHandle {
         &self.shared.wire
     }
 
+    pub fn liveness_counters(&self) -> &crate::liveness::LivenessCounters {
+        &self.shared.liveness.counters
+    }
+
     pub async fn members(&self) -> Option<v1::MembershipView> {
         self.observer().members().await
     }
@@ -555,6 +568,7 @@ impl FmHandle {
 
     pub fn stop(&self) {
         self.shared.stopped.store(true, Ordering::Relaxed);
+        self.shared.liveness_stop.store(true, Ordering::Relaxed);
         for t in self
             .shared
             .tasks
@@ -576,6 +590,10 @@ pub struct FmObserver {
 impl FmObserver {
     pub fn wire_counters(&self) -> &FmWireCounters {
         &self.shared.wire
+    }
+
+    pub fn liveness_counters(&self) -> &crate::liveness::LivenessCounters {
+        &self.shared.liveness.counters
     }
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Option<T> {
@@ -746,12 +764,14 @@ where
     let node = info.id.clone();
     let seen = Arc::new(AtomicU64::new(0));
     shared.mark_seen(&seen);
+    let liveness_token = shared.liveness.add(seen.clone());
     shared
         .send(open(
             Opened {
                 session,
                 info,
                 seen: seen.clone(),
+                liveness_token,
             },
             tx,
         ))
@@ -790,6 +810,7 @@ where
                 break;
             }
         }
+        s.liveness.remove(liveness_token);
         let _ = s.send(MasterIn::Closed { session, node });
     });
     Ok(Response::new(UnboundedReceiverStream::new(rx)))

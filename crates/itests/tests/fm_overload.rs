@@ -15,8 +15,6 @@ use pipeline::RuleSource;
 use pp::FmClientConfig;
 
 #[test]
-#[ignore = "fails: FM still declares a flooded PP node dead for missed heartbeats \
-            (pp_limit_ms=30) and the session is reopened over and over; docs/setup-path.md"]
 fn a_request_flood_sheds_flows_as_setup_overload_and_drops_no_session() {
     let chain = chain(serde_json::json!([{"kind": "test-fw", "deny_dports": [23]}]));
     // Small bounds, so a flood from one PP node is far over both of them.

@@ -413,7 +413,12 @@ async fn session(
         });
     }
 
-    let mut hb = tokio::time::interval(Duration::from_millis(u64::from(ack.heartbeat_ms.max(1))));
+    let hb_period = Duration::from_millis(u64::from(ack.heartbeat_ms.max(1)));
+    let pulse = proto::liveness::Pulse::new();
+    pulse.beat();
+    // Lives as long as this session: dropped (and stopped) when this function returns.
+    let _liveness = proto::liveness::for_session(fm, &ack, hb_period, &pulse);
+    let mut hb = tokio::time::interval(hb_period);
     let mut hb_seq = 0u64;
     let mut hb_last = (Instant::now(), cfg.rx_packets.load(Ordering::Relaxed));
     let mut packets_per_s = 0.0;
@@ -428,6 +433,7 @@ async fn session(
                     return Ok(());
                 }
                 hb_seq += 1;
+                pulse.beat();
                 let now = Instant::now();
                 // Forgetting is a walk over every outstanding request: done once per
                 // rate window, not per 10 ms heartbeat (forget_after is seconds).

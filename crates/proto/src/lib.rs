@@ -28,6 +28,7 @@ pub mod agent;
 mod fm_addrs;
 pub mod json;
 pub mod lanes;
+pub mod liveness;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).

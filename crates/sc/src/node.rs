@@ -502,12 +502,17 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
     let hb_tx = otx.control.clone();
     let s3 = shared.clone();
     let period = Duration::from_millis(u64::from(ack.heartbeat_ms.max(1)));
+    let pulse = proto::liveness::Pulse::new();
+    pulse.beat();
+    // Stopped when this session ends (dropped on return).
+    let _liveness = proto::liveness::for_session(fm, &ack, period, &pulse);
     let heartbeat = shared.tasks.spawn(async move {
         let mut tick = tokio::time::interval(period);
         let mut seq = 0u64;
         let mut last = 0u64;
         loop {
             tick.tick().await;
+            pulse.beat();
             seq += 1;
             let applied = s3.requests_applied.load(Ordering::Relaxed);
             let groups = s3.groups.lock().unwrap_or_else(|e| e.into_inner()).len() as u32;

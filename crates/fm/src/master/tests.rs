@@ -189,6 +189,7 @@ impl Sim {
             session,
             info,
             seen: seen.clone(),
+            liveness_token: 0,
         };
         self.m.on_sc_open(open, self.now_us);
         // A fresh node hosts nothing; a returning one reports what FM gave it, which
@@ -221,6 +222,7 @@ impl Sim {
             session,
             info,
             seen: seen.clone(),
+            liveness_token: 0,
         };
         self.m.on_pp_open(open, self.now_us);
         self.pp = Some(session);
