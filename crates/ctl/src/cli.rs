@@ -538,36 +538,39 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
             if let Some(d) = demand {
                 spec["demand"] = demand_json(&d)?;
             }
-            let t = c.put(
-                &format!("/v1/tenants/{name}"),
-                spec,
-                &format!("tenant/{name}"),
-            )?;
+            if !snat.is_empty() && vni.is_none() {
+                bail!("--snat needs --vni (the VPC it translates)");
+            }
+            // One POST /v1/apply: the tenant, its VPC, SNAT and chain are written in one
+            // store transaction, so a refused VPC or NF leaves no tenant behind.
+            let mut items = vec![json!({"kind": "tenant", "name": name, "spec": spec})];
             if let Some(vni) = vni {
-                c.put(
-                    &format!("/v1/tenants/{name}/vpcs/main"),
-                    json!({"vni": vni}),
-                    &format!("vpc/{name}/main"),
-                )?;
+                items.push(
+                    json!({"kind": "vpc", "tenant": name, "name": "main", "spec": {"vni": vni}}),
+                );
             }
             if !snat.is_empty() {
-                if vni.is_none() {
-                    bail!("--snat needs --vni (the VPC it translates)");
-                }
-                c.put(
-                    &format!("/v1/tenants/{name}/nfs/snat"),
-                    snat_config(&snat, &pr, &[])?,
-                    &format!("nf/{name}/snat"),
-                )?;
-                c.put(
-                    &format!("/v1/tenants/{name}/chains/main"),
-                    json!({"vpc": "main", "nfs": ["snat"], "forward": egress(eg.as_deref())?, "reverse": egress(ret.as_deref())?}),
-                    &format!("chain/{name}/main"),
-                )?;
-                if wait {
-                    wait_served(c, &name, "main")?;
+                items.push(json!({"kind": "nf", "tenant": name, "name": "snat",
+                                  "spec": snat_config(&snat, &pr, &[])?}));
+                items.push(json!({"kind": "chain", "tenant": name, "name": "main",
+                                  "spec": {"vpc": "main", "nfs": ["snat"],
+                                           "forward": egress(eg.as_deref())?,
+                                           "reverse": egress(ret.as_deref())?}}));
+            }
+            let r = c.call("POST", "/v1/apply", Some(json!({ "items": items })))?;
+            if c.output == Output::Table {
+                for i in r["items"].as_array().into_iter().flatten() {
+                    println!(
+                        "{} {}",
+                        i["object"].as_str().unwrap_or("?"),
+                        i["result"].as_str().unwrap_or("?")
+                    );
                 }
             }
+            if wait && !snat.is_empty() {
+                wait_served(c, &name, "main")?;
+            }
+            let t = c.call("GET", &format!("/v1/tenants/{name}"), None)?;
             print_created(c, &t)
         }
         TenantCmd::List => {

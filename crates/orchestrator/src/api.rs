@@ -237,6 +237,38 @@ async fn put_tenant(
     Ok(put_response(t, put))
 }
 
+#[utoipa::path(post, path = "/v1/apply", tag = "tenants",
+    request_body = ApplyRequest,
+    responses((status = 200, body = ApplyResult, description = "every item written, in one store transaction"),
+              (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody, description = "an item was refused (`field` says which, as `items[i]...`); nothing was written")))]
+async fn apply(
+    State(st): State<AppState>,
+    p: Principal,
+    Body(req): Body<ApplyRequest>,
+) -> Result<Json<ApplyResult>, ApiError> {
+    // Every item's permission before anything is read.
+    for (i, item) in req.items.iter().enumerate() {
+        match item {
+            ApplyItem::Tenant { .. } => p.require_admin("creating or changing a tenant"),
+            ApplyItem::Vpc { tenant, .. }
+            | ApplyItem::Nf { tenant, .. }
+            | ApplyItem::Chain { tenant, .. } => p.check_tenant(tenant),
+        }
+        .map_err(|e| e.within(&format!("items[{i}]"), &item.path()))?;
+    }
+    let r = st.desired.apply(&req.items, &st.pp_clusters()).await?;
+    if r.items.iter().any(|i| i.result != "unchanged") {
+        tracing::info!(
+            revision = r.revision,
+            items = r.items.len(),
+            "objects applied"
+        );
+        st.bump();
+    }
+    Ok(Json(r))
+}
+
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/rates", tag = "tenants",
     params(("tenant" = String, Path)),
     responses((status = 200, body = TenantRatesView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -767,7 +799,7 @@ async fn healthz() -> &'static str {
 #[openapi(
     info(title = "starfabric orchestrator API", version = "1",
          description = "Tenants, VPCs, NF instances and chains (desired state), and the nodes, partitions, flows and counters that serve them. Authenticate with `Authorization: Bearer <token>`: the admin token, or a tenant token confined to its tenant."),
-    paths(list_tenants, get_tenant, put_tenant, delete_tenant,
+    paths(apply, list_tenants, get_tenant, put_tenant, delete_tenant,
           get_tenant_rates, put_tenant_rates, delete_tenant_rates,
           list_vpcs, get_vpc, put_vpc, delete_vpc,
           list_nfs, get_nf, put_nf, delete_nf,
@@ -779,7 +811,8 @@ async fn healthz() -> &'static str {
                        Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail,
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
                        VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
-                       RateSpec, TenantRatesSpec, TenantRatesView, RateStatus)),
+                       RateSpec, TenantRatesSpec, TenantRatesView, RateStatus,
+                       ApplyRequest, ApplyItem, ApplyResult, AppliedItem)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -821,6 +854,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/nodes/:id", get(get_node))
         .route("/v1/partitions", get(list_partitions))
         .route("/v1/stats", get(list_stats))
+        .route("/v1/apply", axum::routing::post(apply))
         .route("/v1/tenants", get(list_tenants))
         .route(
             "/v1/tenants/:tenant",

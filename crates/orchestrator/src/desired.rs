@@ -35,6 +35,8 @@ use crate::model::*;
 const MAX_NAME: usize = 63;
 /// Retries of a transaction that lost a race on a counter.
 const TXN_RETRIES: usize = 8;
+/// Items of one POST /v1/apply at most (one store txn; etcd caps a txn's ops).
+pub const MAX_APPLY_ITEMS: usize = 32;
 
 /// Object names are DNS labels: lower-case letters, digits and `-`, 1..=63 characters,
 /// starting and ending with a letter or digit. They appear in URLs and store keys.
@@ -298,6 +300,80 @@ impl Desired {
 
     pub async fn tenants(&self, page: Paging<'_>) -> Result<Page<Tenant>, ApiError> {
         self.list_of("tenants/", page).await
+    }
+
+    /// Write `items` in order as one store txn, or nothing. Each item is checked by the
+    /// code of its own PUT, run against a staged view of the store
+    /// ([`store::Staged`]) in which the items before it are already written; the
+    /// first refused item fails the whole request, its error naming `items[i]`. If
+    /// the store changed under what was read, the whole request runs again.
+    pub async fn apply(
+        &self,
+        items: &[ApplyItem],
+        clusters: &[String],
+    ) -> Result<ApplyResult, ApiError> {
+        if items.is_empty() {
+            return Err(ApiError::invalid("items", "nothing to apply"));
+        }
+        if items.len() > MAX_APPLY_ITEMS {
+            return Err(ApiError::invalid(
+                "items",
+                format!(
+                    "at most {MAX_APPLY_ITEMS} items in one apply, got {}",
+                    items.len()
+                ),
+            ));
+        }
+        for _ in 0..TXN_RETRIES {
+            let staged = Arc::new(store::Staged::new(self.store.clone()).await?);
+            let view = Desired::new(staged.clone());
+            let mut applied = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let put = match item {
+                    ApplyItem::Tenant { name, spec } => view
+                        .put_tenant(name, spec.clone(), clusters)
+                        .await
+                        .map(|r| r.1),
+                    ApplyItem::Vpc { tenant, name, spec } => {
+                        view.put_vpc(tenant, name, spec.clone()).await.map(|r| r.1)
+                    }
+                    ApplyItem::Nf { tenant, name, spec } => {
+                        view.put_nf(tenant, name, spec.clone()).await.map(|r| r.1)
+                    }
+                    ApplyItem::Chain { tenant, name, spec } => view
+                        .put_chain(tenant, name, spec.clone())
+                        .await
+                        .map(|r| r.1),
+                }
+                .map_err(|e| e.within(&format!("items[{i}]"), &item.path()))?;
+                applied.push(AppliedItem {
+                    object: item.path(),
+                    result: match put {
+                        Put::Created => "created",
+                        Put::Updated => "updated",
+                        Put::Unchanged => "unchanged",
+                    }
+                    .into(),
+                });
+            }
+            drop(view);
+            let Ok(staged) = Arc::try_unwrap(staged) else {
+                return Err(ApiError::internal("staged store still shared after apply"));
+            };
+            match staged.commit().await {
+                Ok(revision) => {
+                    return Ok(ApplyResult {
+                        revision,
+                        items: applied,
+                    })
+                }
+                Err(store::StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ApiError::conflict(
+            "the objects kept changing under this apply; retry",
+        ))
     }
 
     /// Create or update a tenant. `clusters` are the PP clusters known now, for

@@ -64,6 +64,17 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
+    /// This error as item `at` (for example `items[2]`) of a request that carried
+    /// several objects: the field path gets the prefix, the message names the object.
+    pub fn within(mut self, at: &str, object: &str) -> Self {
+        self.field = Some(match self.field.take() {
+            Some(f) if !f.is_empty() => format!("{at}.{f}"),
+            _ => at.to_string(),
+        });
+        self.message = format!("{object}: {}", self.message);
+        self
+    }
+
     pub fn at(mut self, field: &str) -> Self {
         self.field = Some(field.to_string());
         self

@@ -255,6 +255,67 @@ pub struct ChainSpec {
     pub reverse: proto::EgressDef,
 }
 
+/// POST /v1/apply: objects written all together or not at all (one store txn). Items
+/// are applied in order, so a chain may name a VPC and NFs created earlier in the list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    pub items: Vec<ApplyItem>,
+}
+
+/// One object of an [`ApplyRequest`]: the body its own PUT would take, and its path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ApplyItem {
+    Tenant {
+        name: String,
+        spec: TenantSpec,
+    },
+    Vpc {
+        tenant: String,
+        name: String,
+        spec: VpcSpec,
+    },
+    Nf {
+        tenant: String,
+        name: String,
+        spec: NfSpec,
+    },
+    Chain {
+        tenant: String,
+        name: String,
+        spec: ChainSpec,
+    },
+}
+
+impl ApplyItem {
+    /// `kind/tenant/name` (`tenant/name` for a tenant), as the CLI prints objects.
+    pub fn path(&self) -> String {
+        match self {
+            ApplyItem::Tenant { name, .. } => format!("tenant/{name}"),
+            ApplyItem::Vpc { tenant, name, .. } => format!("vpc/{tenant}/{name}"),
+            ApplyItem::Nf { tenant, name, .. } => format!("nf/{tenant}/{name}"),
+            ApplyItem::Chain { tenant, name, .. } => format!("chain/{tenant}/{name}"),
+        }
+    }
+}
+
+/// What POST /v1/apply did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ApplyResult {
+    /// The store revision of the one write (the current one if nothing changed).
+    pub revision: u64,
+    pub items: Vec<AppliedItem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AppliedItem {
+    /// `kind/tenant/name`.
+    pub object: String,
+    /// `created`, `updated` or `unchanged`.
+    pub result: String,
+}
+
 /// A node as the orchestrator sees it (observed state; nodes register themselves).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Node {

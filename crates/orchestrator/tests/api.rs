@@ -545,6 +545,130 @@ fn suite(api: &Api) {
     let r = api.admin("PUT", "/v1/tenants/acme", Some(json!({})));
     assert_ne!(r.body["id"].as_u64(), Some(acme_id));
 
+    // ---- apply: several objects in one store transaction, or none
+    let bundle = |t: &str, vni: u64| {
+        json!({"items": [
+            {"kind": "tenant", "name": t, "spec": {}},
+            {"kind": "vpc", "tenant": t, "name": "main", "spec": {"vni": vni}},
+            {"kind": "nf", "tenant": t, "name": "snat", "spec": snat("198.18.77.1")},
+            {"kind": "chain", "tenant": t, "name": "main", "spec": {"vpc": "main", "nfs": ["snat"]}},
+        ]})
+    };
+    let before = api.revision();
+    let r = api.admin("POST", "/v1/apply", Some(bundle("bundle", 3000)));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let results: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["created"; 4]);
+    assert_eq!(r.body["items"][3]["object"], "chain/bundle/main");
+    // One transaction: one revision for all four objects.
+    let rev = r.body["revision"].as_u64().unwrap();
+    assert!(rev > before);
+    for path in ["vpcs/main", "nfs/snat", "chains/main"] {
+        let o = api.admin("GET", &format!("/v1/tenants/bundle/{path}"), None);
+        assert_eq!(o.status, 200, "{path}: {}", o.body);
+        assert_eq!(o.body["revision"].as_u64(), Some(rev), "{path}");
+    }
+    // Again: nothing changes.
+    let r = api.admin("POST", "/v1/apply", Some(bundle("bundle", 3000)));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|i| i["result"] == "unchanged"));
+    assert_eq!(api.revision(), rev);
+    // A VNI already taken, or out of range, refuses the whole request: no tenant
+    // without its VPC is left behind (the store revision does not move).
+    let taken = bundle("bundle2", 3000).to_string();
+    api.refused(
+        "POST",
+        "/v1/apply",
+        ADMIN,
+        Some(&taken),
+        409,
+        "vni 3000 is already used",
+    );
+    let huge = bundle("bundle2", 99_999_999).to_string();
+    api.refused(
+        "POST",
+        "/v1/apply",
+        ADMIN,
+        Some(&huge),
+        422,
+        "vpc/bundle2/main",
+    );
+    let r = api.call("POST", "/v1/apply", Some(ADMIN), Some(&huge));
+    assert_eq!(r.body["error"]["field"], "items[1].vni", "{}", r.body);
+    assert_eq!(api.admin("GET", "/v1/tenants/bundle2", None).status, 404);
+    // Items apply in order: a chain before its NF is refused, and so is everything.
+    let backwards = json!({"items": [
+        {"kind": "tenant", "name": "bundle3", "spec": {}},
+        {"kind": "vpc", "tenant": "bundle3", "name": "main", "spec": {"vni": 3003}},
+        {"kind": "chain", "tenant": "bundle3", "name": "main", "spec": {"vpc": "main", "nfs": ["snat"]}},
+        {"kind": "nf", "tenant": "bundle3", "name": "snat", "spec": snat("198.18.77.3")},
+    ]})
+    .to_string();
+    api.refused(
+        "POST",
+        "/v1/apply",
+        ADMIN,
+        Some(&backwards),
+        422,
+        "chain/bundle3/main",
+    );
+    assert_eq!(api.admin("GET", "/v1/tenants/bundle3", None).status, 404);
+    // Empty, malformed, unknown kinds.
+    api.refused(
+        "POST",
+        "/v1/apply",
+        ADMIN,
+        Some(r#"{"items": []}"#),
+        422,
+        "nothing to apply",
+    );
+    api.refused(
+        "POST",
+        "/v1/apply",
+        ADMIN,
+        Some(r#"{"items": [{"kind": "router", "name": "x"}]}"#),
+        400,
+        "router",
+    );
+    api.refused(
+        "POST",
+        "/v1/apply",
+        ADMIN,
+        Some(r#"{"items": [{"kind": "tenant", "name": "x", "spec": {}, "extra": 1}]}"#),
+        400,
+        "extra",
+    );
+    // A tenant token may apply its own objects, never a tenant nor another's objects.
+    let tok = api.admin("POST", "/v1/tenants/bundle/tokens", None).body["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let own = json!({"items": [{"kind": "vpc", "tenant": "bundle", "name": "side", "spec": {"vni": 3010}}]});
+    let r = api.call("POST", "/v1/apply", Some(&tok), Some(&own.to_string()));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let other = json!({"items": [
+        {"kind": "vpc", "tenant": "bundle", "name": "side2", "spec": {"vni": 3011}},
+        {"kind": "vpc", "tenant": "acme", "name": "x", "spec": {"vni": 3012}},
+    ]})
+    .to_string();
+    api.refused("POST", "/v1/apply", &tok, Some(&other), 403, "");
+    let tenant_item = bundle("bundle4", 3020).to_string();
+    api.refused("POST", "/v1/apply", &tok, Some(&tenant_item), 403, "");
+    assert_eq!(
+        api.admin("GET", "/v1/tenants/bundle/vpcs/side2", None)
+            .status,
+        404
+    );
+
     // ---- the OpenAPI document covers the resources
     let r = api.call("GET", "/openapi.json", None, None);
     assert_eq!(r.status, 200);
@@ -562,6 +686,7 @@ fn suite(api: &Api) {
         "/v1/tenants/{tenant}/flows",
         "/v1/tenants/{tenant}/stats",
         "/v1/tenants/{tenant}/rates",
+        "/v1/apply",
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }

@@ -152,7 +152,28 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     );
     assert!(ok, "tenant create: {err}");
     assert!(out.contains("chain acme/main is served"), "{out}");
+    // Bad input changes nothing (one API transaction per verb): a VNI already taken,
+    // and one out of range, leave no tenant without its VPC behind.
+    for (args, needle) in [
+        (
+            ["tenant", "create", "acme2", "--vni", "100"],
+            "already used",
+        ),
+        (
+            ["tenant", "create", "bad", "--vni", "99999999"],
+            "vni must be",
+        ),
+    ] {
+        let (ok, out, err) = cli(&cfg, &args);
+        assert!(!ok, "{args:?} succeeded: {out}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(
+            !out.contains("applied") && !out.contains("created"),
+            "{args:?}: {out}"
+        );
+    }
     let tenants = cli_json(&cfg, &["tenant", "list"]);
+    assert_eq!(tenants.as_array().map(Vec::len), Some(1), "{tenants:#}");
     assert_eq!(tenants[0]["name"], "acme");
     let acme_id = tenants[0]["id"].as_u64().unwrap();
     let nfs = cli_json(&cfg, &["nf", "list", "--tenant", "acme"]);

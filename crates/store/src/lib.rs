@@ -18,12 +18,14 @@ mod error;
 mod etcd;
 
 pub mod conformance;
+pub mod staged;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use etcd::{EtcdOptions, EtcdStore};
+pub use staged::Staged;
 
 /// Open the store a spec names: `embedded:PATH` (a redb file) or
 /// `etcd:URL[,URL...]` (keys under `etcd_prefix`).
