@@ -19,7 +19,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 GOLDEN_GEN    := tests/golden/gen.py
 GOLDEN_CORPUS := tests/golden/corpus.txt
 
-.PHONY: all setup build lint test test-elastic test-isolation golden golden-check fuzz demo bench clean
+.PHONY: all setup build lint test test-elastic test-isolation golden golden-check fuzz demo bench bench-gate clean
 
 all: build
 
@@ -61,6 +61,12 @@ test-elastic:
 # as test-elastic (it times connection setup) and run here on its own.
 test-isolation:
 	$(CARGO) test --release -p starfabric --test e2e_isolation -- --ignored --test-threads=1 --nocapture
+
+# Every bench a goal in bench/goals.json names, once, then the goals table; fails when a
+# goal is missed (needs root and the testbed's tools; takes ~10 minutes; CI does not run
+# it). BENCH_GATE_ARGS: e.g. `--only setup,e2e`, `--from DIR` to check saved outputs.
+bench-gate: build
+	$(PYTHON) scripts/bench-gate.py --bin target/release/starfabric $(BENCH_GATE_ARGS)
 
 golden:
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT; \

@@ -106,7 +106,8 @@ fn pp_scale_out_takes_traffic_within_a_second_and_scale_in_drains_first() {
     let secs = out
         .seconds_to_traffic
         .expect("traffic reached the new node");
-    assert!(secs < 5.0, "{secs} s from command to traffic");
+    // The goal (docs/pp-cluster.md, bench/goals.json): traffic within a second.
+    assert!(secs < 1.0, "{secs} s from command to traffic");
     let inn = r.events[2].pp.as_ref().expect("scale-in report");
     assert!(!inn.vips_before.is_empty());
     assert!(inn.vips_after.is_empty(), "drained: {inn:?}");
@@ -164,8 +165,10 @@ fn failover(silent: bool) {
     );
     let recovery = e.recovery_ms.expect("recovery measured");
     println!("recovery {recovery:.1} ms over {flows} probe flows");
-    // Bounded generously here (a loaded 2-CPU CI machine); `bench scaling` reports it.
-    assert!(recovery < 1000.0, "recovery {recovery} ms");
+    // The goal is 50 ms (bench/goals.json). A silent node is found only after FM's
+    // PP limit (3 heartbeats of 10 ms) before its vIPs can move, so it gets that on top.
+    let bound = if silent { 50.0 + 30.0 } else { 50.0 };
+    assert!(recovery < bound, "recovery {recovery} ms, goal {bound} ms");
 }
 
 #[test]
