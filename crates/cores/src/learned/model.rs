@@ -280,6 +280,30 @@ mod tests {
     }
 
     #[test]
+    fn load_or_fallback_gives_rr_and_the_reason_on_a_bad_file() {
+        let (a, why) = crate::learned::load_or_fallback(Path::new("/nonexistent/s2c.safetensors"));
+        assert_eq!(a.name(), "rr");
+        let why = why.unwrap();
+        assert!(
+            why.contains("using RR") && why.contains("/nonexistent/s2c.safetensors"),
+            "{why}"
+        );
+        let dir = std::env::temp_dir().join(format!("cores-fallback-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.safetensors");
+        std::fs::write(&junk, b"garbage").unwrap();
+        let (a, why) = crate::learned::load_or_fallback(&junk);
+        assert_eq!(a.name(), "rr");
+        assert!(why.unwrap().contains("corrupt"));
+        let good = dir.join("good.safetensors");
+        untrained(&[4]).save(&good).unwrap();
+        let (a, why) = crate::learned::load_or_fallback(&good);
+        assert_eq!(a.name(), "s2c");
+        assert!(why.is_none());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn bad_files_are_typed_errors() {
         assert!(matches!(
             Sfc2cpuModel::load("/nonexistent/s2c.safetensors"),
