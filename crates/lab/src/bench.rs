@@ -38,6 +38,9 @@ pub enum BenchCmd {
     /// Placement (docs/placement.md): FF, BF, FFD, DDQN (with and without the demand
     /// forecast) and the MILP optimum on held-out workloads; RGCM against its MILP.
     Placement(crate::bench_placement::PlacementBenchArgs),
+    /// Core assignment (docs/cores.md): RR, LLF, FFD and the learned sfc2cpu assigner
+    /// in the CFS digital twin on held-out instances at 4, 8, 12 and 16 cores.
+    Cores(crate::bench_cores::CoresBenchArgs),
     /// The packet sender of `bench e2e`'s per-core rate (run by it inside a testbed
     /// namespace): copies of a frame out of a device from the kernel's XDP live-frames
     /// test run, on this thread's CPU.
@@ -138,6 +141,15 @@ pub fn run(c: BenchCmd) -> Result<()> {
         }
         BenchCmd::XdpGen(a) => xdp_gen(&a),
         BenchCmd::Placement(a) => crate::bench_placement::bench(&a),
+        BenchCmd::Cores(a) => {
+            let r = crate::bench_cores::run(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                crate::bench_cores::print(&r);
+            }
+            Ok(())
+        }
         BenchCmd::E2e(a) => {
             let r = crate::bench_e2e::run(a.clone())?;
             if a.json {
