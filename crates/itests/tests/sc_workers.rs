@@ -171,3 +171,49 @@ fn nf_timers_expire_conntrack_while_parked() {
     let after = mappings(&ask(&link.source, 0..20));
     assert_eq!(after, before);
 }
+
+/// NFVnice's backpressure at the node's dispatch: with every replica's queue "over" a
+/// limit of 0, each submit is refused before it reaches the worker, counted, and PP gets
+/// `setup-overload` for each flow instead of a rule (and no state was made for them).
+#[test]
+fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
+    let rt = common::runtime();
+    let cfg = fm::FmConfig {
+        chains: vec![fw_snat(600)],
+        cache_capacity: 1,
+        ..fm::FmConfig::default()
+    };
+    let fm = rt.block_on(fm::start(cfg, local())).unwrap();
+    let scs = (0..3)
+        .map(|i| {
+            let mut c = ScConfig::new(&format!("sc-{i}"), local(), &fm.addr().to_string());
+            c.queue_limit = Some(0);
+            ScProcess::spawn(c, Arc::new(sc::BuiltinNfs)).unwrap()
+        })
+        .collect();
+    let c = Cluster { rt, fm, scs };
+    c.wait_groups(1, 3);
+    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let replies = ask(&link.source, 0..10);
+    for r in &replies {
+        assert_eq!(
+            r.result.as_ref().err().map(String::as_str),
+            Some(proto::ERR_SETUP_OVERLOAD),
+            "{r:?}"
+        );
+    }
+    let shed: u64 = c
+        .scs
+        .iter()
+        .map(|s| s.observer().worker_stats().shed_queue)
+        .sum();
+    assert!(shed >= 10, "shed {shed}");
+    // Nothing reached the NFs: no replica applied a request.
+    let applied: u64 = c
+        .scs
+        .iter()
+        .flat_map(|s| c.rt.block_on(s.observer().group_metrics()))
+        .map(|g| g.stats.requests_applied)
+        .sum();
+    assert_eq!(applied, 0);
+}

@@ -1149,10 +1149,10 @@ async fn replica_task(
         run.worker
             .record(core.stats.requests_applied - before, burst.elapsed());
         if links.park_now {
-            links.park_now = false;
             match park(&run, core, links, rx) {
                 Ok(()) => return,
                 Err(p) => {
+                    // Input came in meanwhile: park after it (`park_now` stays set).
                     let Parked {
                         core: c,
                         links: l,
@@ -1197,6 +1197,7 @@ fn park(
         return Err(Box::new(Parked { core, links, rx }));
     }
     links.worker = None;
+    links.park_now = false;
     *st = SlotState::Parked(Box::new(Parked { core, links, rx }));
     drop(st);
     run.shared.pool.release(&run.worker, run.slot.gid);
