@@ -285,6 +285,11 @@ struct Shared {
     /// a new replica (`start`) and for a parked one (`wake`).
     start_hist: StartHistogram,
     wake_hist: StartHistogram,
+    /// Parts of a start: building the replica's NF chain (`ReplicaCore::new`, which
+    /// Serpens does ahead, pre-loading NFs), and from placing it on a worker to its
+    /// first decision there (the pool's own cost, Serpens Table IV's).
+    build_hist: StartHistogram,
+    place_hist: StartHistogram,
 }
 
 impl Shared {
@@ -368,6 +373,8 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         pool,
         start_hist: StartHistogram::default(),
         wake_hist: StartHistogram::default(),
+        build_hist: StartHistogram::default(),
+        place_hist: StartHistogram::default(),
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -512,6 +519,8 @@ impl ScObserver {
             parked,
             start: sh.start_hist.snapshot(),
             wake: sh.wake_hist.snapshot(),
+            build: sh.build_hist.snapshot(),
+            place: sh.place_hist.snapshot(),
             starts: c.starts.load(Ordering::Relaxed),
             parks: c.parks.load(Ordering::Relaxed),
             wakes: c.wakes.load(Ordering::Relaxed),
@@ -551,8 +560,13 @@ pub struct WorkerStats {
     pub cores: usize,
     /// Replicas parked in the state manager.
     pub parked: usize,
+    /// Configure → a new replica's first decision on a worker.
     pub start: HistInner,
+    /// Waking input → a parked replica's first decision on a worker.
     pub wake: HistInner,
+    /// The parts of `start`: building its NF chain; placing it → first decision.
+    pub build: HistInner,
+    pub place: HistInner,
     pub starts: u64,
     pub parks: u64,
     pub wakes: u64,
@@ -865,6 +879,7 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
         return;
     }
     let mut core = ReplicaCore::new(&shared.cfg.node_id, cfg.clone(), shared.factory.as_ref());
+    shared.build_hist.observe(at.elapsed());
     // Scale ops carry or produce a partition's bulk state: let the chain's replicas
     // apply them side by side (docs/scaling.md).
     core.forward_first(true);
@@ -1024,6 +1039,7 @@ fn place(
         slot: slot.clone(),
         worker: w.clone(),
         first: Some((at, wake)),
+        placed_at: Instant::now(),
     };
     w.spawn(replica_task(run, core, links, rx, backlog));
 }
@@ -1047,17 +1063,18 @@ struct Run {
     worker: Arc<Worker>,
     /// When the input that needed the worker came, and whether it woke the replica.
     first: Option<(Instant, bool)>,
+    placed_at: Instant,
 }
 
 impl Run {
     fn first_decision(&mut self) {
         if let Some((at, wake)) = self.first.take() {
-            let h = if wake {
-                &self.shared.wake_hist
+            if wake {
+                self.shared.wake_hist.observe(at.elapsed());
             } else {
-                &self.shared.start_hist
-            };
-            h.observe(at.elapsed());
+                self.shared.start_hist.observe(at.elapsed());
+                self.shared.place_hist.observe(self.placed_at.elapsed());
+            }
         }
     }
 

@@ -422,9 +422,10 @@ impl WorkerPool {
     /// NFVnice's rate-cost proportional share (paper 002 §III-B): each worker's CFS
     /// weight follows arrival rate × cost per request. CFS weights fall by ~1.25× per
     /// nice step, so a worker with a tenth of the heaviest one's demand gets nice
-    /// `log1.25(10)` ≈ 10. Workers without replicas stay at 0, so that a start is not
-    /// slowed by a low priority; workers with replicas but no measured demand get the
-    /// weakest level. Returns the nice level per worker.
+    /// `log1.25(10)` ≈ 10, the weakest level used. Workers without measured demand stay
+    /// at 0: nice levels compete with every thread on the machine, not only with the
+    /// other workers, so a new or just-woken replica must not start starved (its demand
+    /// shows in the next sample). Returns the nice level per worker.
     pub fn apply_rate_cost_share(&self, loads: &[WorkerLoad]) -> Vec<i32> {
         let demand: Vec<f64> = loads
             .iter()
@@ -480,13 +481,13 @@ impl Drop for WorkerPool {
 /// [`WorkerPool::apply_rate_cost_share`]).
 pub fn rate_cost_nice(hosts_replicas: bool, demand: f64, top: f64) -> i32 {
     const STEP: f64 = 1.25;
-    if !hosts_replicas {
+    const WEAKEST: f64 = 10.0;
+    if !(hosts_replicas && demand > 0.0 && top > 0.0) {
         return 0;
     }
-    if !(demand > 0.0 && top > 0.0) {
-        return if top > 0.0 { 19 } else { 0 };
-    }
-    ((top / demand).ln() / STEP.ln()).round().clamp(0.0, 19.0) as i32
+    ((top / demand).ln() / STEP.ln())
+        .round()
+        .clamp(0.0, WEAKEST) as i32
 }
 
 /// Cores this process may run on.
@@ -561,8 +562,8 @@ mod tests {
         assert_eq!(rate_cost_nice(true, 100.0, 100.0), 0);
         // A tenth of the demand: log1.25(10) = 10.3.
         assert_eq!(rate_cost_nice(true, 10.0, 100.0), 10);
-        assert_eq!(rate_cost_nice(true, 1e-9, 100.0), 19);
-        assert_eq!(rate_cost_nice(true, 0.0, 100.0), 19);
+        assert_eq!(rate_cost_nice(true, 1e-9, 100.0), 10);
+        assert_eq!(rate_cost_nice(true, 0.0, 100.0), 0);
         assert_eq!(rate_cost_nice(false, 0.0, 100.0), 0);
         assert_eq!(rate_cost_nice(true, 0.0, 0.0), 0);
     }
