@@ -1095,7 +1095,10 @@ async fn replica_task(
     let shared = run.shared.clone();
     let slot = run.slot.clone();
     let gid = core.group_id();
-    let mut timer = tokio::time::interval(shared.cfg.timer_period);
+    // The first tick one period from now: an interval's immediate first tick would
+    // still wait for the time driver's next millisecond, and delay the first decision.
+    let period = shared.cfg.timer_period;
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Outbox::default();
     let mut stop = false;
@@ -1112,7 +1115,6 @@ async fn replica_task(
     run.worker
         .record(core.stats.requests_applied - before, t0.elapsed());
     let mut last_active = tokio::time::Instant::now();
-    timer.tick().await;
     'run: loop {
         if stop {
             break;
