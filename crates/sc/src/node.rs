@@ -68,7 +68,7 @@ pub struct ScConfig {
     /// A replica without input for this long parks (scale to zero); None: never.
     pub idle: Option<Duration>,
     /// Backpressure at dispatch: a submit for a replica with this many inputs queued
-    /// is refused at once ([`proto::ERR_SETUP_OVERLOAD`]); None: unbounded.
+    /// is refused at once ([`proto::ERR_SETUP_OVERLOAD`]); None (the default): unbounded.
     pub queue_limit: Option<usize>,
     /// Backpressure from the chain: a head with this many ops unacknowledged by its
     /// successors refuses new requests the same way; None: unbounded.
@@ -110,7 +110,7 @@ impl ScConfig {
             reconnect: Duration::from_millis(20),
             workers: default_workers(),
             idle: None,
-            queue_limit: Some(16_384),
+            queue_limit: None,
             lag_limit: None,
             monitor_period: Duration::from_millis(500),
             rate_cost_share: true,
