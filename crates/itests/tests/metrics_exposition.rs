@@ -61,6 +61,8 @@ fn expositions() -> Vec<Vec<scrape::Sample>> {
         },
         tenant: 7,
         chain: 1,
+        parked: true,
+        worker: None,
     };
     let sc = sc_exporter(Arc::new(Mutex::new(ScSnapshot {
         groups: vec![g.clone(), g],
@@ -147,6 +149,23 @@ fn snapshots_render_the_named_series() {
             &[("tenant", "7")]
         ),
         Some(18.0)
+    );
+    // Both parked: the chain runs no replica here.
+    assert_eq!(
+        v(
+            sc,
+            "starfabric_sc_chain_replicas_running",
+            &[("tenant", "7"), ("chain", "1")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        v(sc, "starfabric_sc_replica_parked", &[("group", "3")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        v(sc, "starfabric_sc_replica_wake_seconds_count", &[]),
+        Some(0.0)
     );
 }
 

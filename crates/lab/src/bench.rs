@@ -25,6 +25,9 @@ pub enum BenchCmd {
     Pipeline(PipelineBenchArgs),
     /// New flows/s and first-packet latency through PP → FM → SC → FM → PP.
     Setup(crate::bench_setup::SetupBenchArgs),
+    /// The SC node's worker pool: replica start and scale-to-zero wake-up latency, with
+    /// the state checked after every wake (docs/workers.md).
+    Workers(crate::bench_workers::WorkersBenchArgs),
     /// starfabric next to the kernel on the netns testbed: TCP Gbit/s, 64-byte UDP
     /// packets/s, new TCP connections/s (needs root and the testbed's tools).
     E2e(crate::bench_e2e::E2eBenchArgs),
@@ -136,6 +139,15 @@ pub fn run(c: BenchCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 crate::bench_setup::print(&r);
+            }
+            Ok(())
+        }
+        BenchCmd::Workers(a) => {
+            let r = crate::bench_workers::run(a.clone())?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                crate::bench_workers::print(&r);
             }
             Ok(())
         }

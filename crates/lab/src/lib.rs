@@ -13,6 +13,7 @@ pub mod bench_isolation;
 pub mod bench_placement;
 pub mod bench_scaling;
 pub mod bench_setup;
+pub mod bench_workers;
 pub mod demo;
 mod demo_testbed;
 pub mod testbed_cmd;

@@ -43,7 +43,9 @@ pub struct AutoscaleFlags {
     /// Seconds after an action (or a refusal) before the next one.
     #[arg(long, default_value_t = 10.0)]
     pub cooldown: f64,
-    /// SC groups per chain: at least, at most.
+    /// SC groups per chain: at least, at most. `--min-groups 0`: an idle chain at one
+    /// group goes to zero running instances (its state parked on the SC nodes, which
+    /// need `--idle-ms`; the next request wakes it). docs/autoscaler.md.
     #[arg(long, default_value_t = 1)]
     pub min_groups: usize,
     #[arg(long, default_value_t = 8)]
@@ -342,6 +344,10 @@ mod tests {
         assert_eq!(pp.metric.name(), "packets_per_s");
         let c = parse(&["--pp-capacity", "50", "--pp-metric", "requests_per_s"]).unwrap();
         assert_eq!(c.pp.unwrap().metric.name(), "requests_per_s");
+        // SC chains may go to zero running instances; PP keeps a node.
+        let c = parse(&["--sc-capacity-rps", "10", "--min-groups", "0"]).unwrap();
+        assert_eq!(c.sc.unwrap().policy.min, 0);
+        assert!(parse(&["--pp-capacity", "10", "--pp-min-nodes", "0"]).is_err());
     }
 
     #[test]
@@ -373,6 +379,14 @@ mod tests {
                 "2",
             ],
             &["--sc-capacity-rps", "10", "--cooldown", "-1"],
+            &[
+                "--sc-capacity-rps",
+                "10",
+                "--min-groups",
+                "0",
+                "--max-groups",
+                "0",
+            ],
             &["--sc-capacity-rps", "ten"],
             &["--pp-capacity", "10", "--pp-metric", "bytes"],
         ] {

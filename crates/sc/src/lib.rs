@@ -21,10 +21,15 @@ pub mod process;
 pub mod replica;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod workers;
 
 pub use factory::{BuiltinNfs, ChainFactory};
-pub use node::{start, GroupMetrics, ScConfig, ScCounters, ScHandle, ScObserver, ScProcess};
+pub use node::{
+    start, Assigner, GroupMetrics, ScConfig, ScCounters, ScHandle, ScObserver, ScProcess,
+    WorkerStats,
+};
 pub use replica::{Applied, LinkChange, Outbox, ReplicaCore, ReplicaStats};
+pub use workers::{CoreAssigner, RoundRobin, WorkerLoad};
 
 use thiserror::Error;
 

@@ -16,6 +16,7 @@ pub struct ScSnapshot {
     pub unknown_group: u64,
     pub fm_sessions: u64,
     pub successor_links: u64,
+    pub workers: crate::WorkerStats,
 }
 
 impl ScSnapshot {
@@ -29,6 +30,7 @@ impl ScSnapshot {
             unknown_group: load(&c.unknown_group),
             fm_sessions: load(&c.fm_sessions),
             successor_links: load(&c.successor_links),
+            workers: o.worker_stats(),
         }
     }
 }
@@ -154,6 +156,7 @@ fn sc_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
         s.unknown_group,
     )?;
     sc.counter("fm_sessions", "FM sessions opened.", s.fm_sessions)?;
+    workers_encode(sc, s)?;
     sc.counter(
         "successor_links",
         "Successor links opened.",
@@ -172,4 +175,108 @@ pub fn start(
         let obs = obs.clone();
         async move { Some(ScSnapshot::fetch(&obs).await) }
     })
+}
+
+/// The worker pool and the state manager (docs/workers.md).
+fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
+    let w = &s.workers;
+    sc.gauge("workers", "Pre-started worker threads.", w.workers as u64)?;
+    sc.gauge(
+        "workers_busy",
+        "Workers running at least one replica.",
+        w.busy as u64,
+    )?;
+    sc.gauge(
+        "replicas_parked",
+        "Replicas parked in the state manager (scaled to zero).",
+        w.parked as u64,
+    )?;
+    // Per chain: running (not parked) replicas, the chain's busy workers on this node.
+    let mut chains: Vec<((u32, u32), u64)> = Vec::new();
+    for m in &s.groups {
+        let k = (m.tenant, m.chain);
+        let up = u64::from(!m.parked);
+        match chains.iter_mut().find(|(c, _)| *c == k) {
+            Some((_, n)) => *n += up,
+            None => chains.push((k, up)),
+        }
+    }
+    chains.sort_unstable();
+    sc.gauge_family(
+        "chain_replicas_running",
+        "Replicas of a tenant's chain on a worker (0: the chain is at zero here).",
+        chains
+            .into_iter()
+            .map(|((t, c), n)| ([("tenant", t.to_string()), ("chain", c.to_string())], n)),
+    )?;
+    sc.gauge_family(
+        "replica_parked",
+        "1 while the group's replica is parked.",
+        s.groups
+            .iter()
+            .map(|m| ([("group", m.state.group.to_string())], u64::from(m.parked))),
+    )?;
+    sc.counter(
+        "replica_starts",
+        "Replicas placed on a worker first.",
+        w.starts,
+    )?;
+    sc.counter(
+        "replica_parks",
+        "Idle replicas that gave their worker back.",
+        w.parks,
+    )?;
+    sc.counter(
+        "replica_wakes",
+        "Parked replicas woken on a worker.",
+        w.wakes,
+    )?;
+    sc.counter(
+        "parked_inputs",
+        "Inputs (acks, timer ops, queries) applied to parked replicas in place.",
+        w.parked_inputs,
+    )?;
+    sc.counter_family(
+        "shed_requests",
+        "Rule requests refused early by backpressure, by reason.",
+        [
+            ([("reason", "queue".to_string())], w.shed_queue),
+            ([("reason", "chain_lag".to_string())], w.shed_chain_lag),
+        ],
+    )?;
+    sc.gauge_family(
+        "worker_core",
+        "The core each worker is pinned to.",
+        w.placement
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ([("worker", i.to_string())], p.0 as u64)),
+    )?;
+    sc.gauge_family(
+        "worker_nice",
+        "Each worker's nice level (rate-cost share).",
+        w.placement
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ([("worker", i.to_string())], i64::from(p.1))),
+    )?;
+    sc.counter(
+        "worker_os_errors",
+        "Affinity or nice calls the kernel refused.",
+        w.os_errors,
+    )?;
+    sc.histogram_seconds(
+        "replica_start",
+        "From the input that needs a worker to a new replica's first decision on it.",
+        w.start.sum_ns as f64 / 1e9,
+        w.start.count,
+        &w.start.buckets_seconds(),
+    )?;
+    sc.histogram_seconds(
+        "replica_wake",
+        "From the input that wakes a parked replica to its first decision on a worker.",
+        w.wake.sum_ns as f64 / 1e9,
+        w.wake.count,
+        &w.wake.buckets_seconds(),
+    )
 }

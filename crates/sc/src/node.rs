@@ -1,24 +1,34 @@
 //! The SC node: replicas of SC groups, their chain links, and the session to FM.
 //!
-//! Tasks, all on the caller's tokio runtime:
+//! Tasks on the caller's tokio runtime (the node's I/O):
 //! - the `ServiceComputation` gRPC server: `Replicate` streams from predecessors,
 //!   `GroupStatus` for operators and tests;
-//! - one task per hosted replica, owning its [`ReplicaCore`] (no locks on the hot path);
-//!   it drains every input that is queued before it flushes, so a burst of requests
-//!   leaves as one batch to the successor, one ack upstream and one message to FM;
 //! - one link task per replica with a successor: a `Replicate` client stream, which
-//!   reconnects until the configuration changes;
+//!   reconnects until the configuration changes (links live here, not on the replica's
+//!   worker, so they survive the replica parking);
+//! - the state manager's timer (NF timers of parked heads) and the worker monitor
+//!   (loads, rate-cost nice levels, periodic core assignment);
 //! - the FM session: registration (with the groups it hosts, so an FM that does not
 //!   know them can adopt them), heartbeats, group configs and submits down, tail
 //!   results up. It reconnects forever, to the next of its FM addresses when one is
 //!   unreachable (FM failover, [`proto::FmAddrs`]); results produced while it is down
 //!   wait in a queue (FM ignores answers it no longer wants).
+//!
+//! Each hosted replica runs as one task on a worker of the node's pre-started pool
+//! ([`crate::workers`]), owning its [`ReplicaCore`] (no locks on the hot path); it drains
+//! every input that is queued before it flushes, so a burst of requests leaves as one
+//! batch to the successor, one ack upstream and one message to FM. Idle for
+//! `ScConfig::idle`, it parks (Serpens' scale to zero, §III-B): its core, link state and
+//! inbox move into its [`ReplicaSlot`] in the node's state manager and its worker goes
+//! back to the pool. Inputs that only maintain state (acks, timer ops from the head,
+//! status queries) are applied there in place; any other input wakes it on a worker.
+//! docs/workers.md has the whole model.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proto::v1::service_computation_server::{ServiceComputation, ServiceComputationServer};
 use proto::v1::{self, fabric_master_client::FabricMasterClient};
@@ -32,6 +42,10 @@ use tracing::{debug, info, warn};
 
 use crate::factory::ChainFactory;
 use crate::replica::{LinkChange, Outbox, ReplicaCore, ReplicaStats};
+use crate::workers::{
+    default_workers, CoreAssigner, HistInner, Placed, RoundRobin, StartHistogram, Worker,
+    WorkerLoad, WorkerPool,
+};
 use crate::ScError;
 
 /// Configuration of an SC node.
@@ -49,6 +63,40 @@ pub struct ScConfig {
     pub timer_period: Duration,
     /// Wait between reconnection attempts (to FM and to successors).
     pub reconnect: Duration,
+    /// Pre-started workers replicas run on (default: two per core).
+    pub workers: usize,
+    /// A replica without input for this long parks (scale to zero); None: never.
+    pub idle: Option<Duration>,
+    /// Backpressure at dispatch: a submit for a replica with this many inputs queued
+    /// is refused at once ([`proto::ERR_SETUP_OVERLOAD`]); None (the default): unbounded.
+    pub queue_limit: Option<usize>,
+    /// Backpressure from the chain: a head with this many ops unacknowledged by its
+    /// successors refuses new requests the same way; None: unbounded.
+    pub lag_limit: Option<usize>,
+    /// Between load samples of the workers (rate-cost nice levels, assignment input).
+    pub monitor_period: Duration,
+    /// Apply NFVnice's rate-cost share as per-worker nice levels.
+    pub rate_cost_share: bool,
+    /// Chooses a core per worker.
+    pub assigner: Assigner,
+    /// Re-run the assigner this often (None: at start and on [`ScHandle::reassign`]).
+    pub assign_period: Option<Duration>,
+}
+
+/// The node's [`CoreAssigner`] (a newtype so that the configuration stays `Debug`).
+#[derive(Clone)]
+pub struct Assigner(pub Arc<dyn CoreAssigner>);
+
+impl std::fmt::Debug for Assigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Assigner({})", self.0.name())
+    }
+}
+
+impl Default for Assigner {
+    fn default() -> Self {
+        Assigner(Arc::new(RoundRobin))
+    }
 }
 
 impl ScConfig {
@@ -60,6 +108,14 @@ impl ScConfig {
             fm: fm.to_string(),
             timer_period: Duration::from_secs(1),
             reconnect: Duration::from_millis(20),
+            workers: default_workers(),
+            idle: None,
+            queue_limit: None,
+            lag_limit: None,
+            monitor_period: Duration::from_millis(500),
+            rate_cost_share: true,
+            assigner: Assigner::default(),
+            assign_period: None,
         }
     }
 }
@@ -73,6 +129,18 @@ pub struct ScCounters {
     pub unknown_group: AtomicU64,
     pub fm_sessions: AtomicU64,
     pub successor_links: AtomicU64,
+    /// Replicas placed on a worker for the first time.
+    pub starts: AtomicU64,
+    /// Replicas that went idle and gave their worker back.
+    pub parks: AtomicU64,
+    /// Parked replicas an input put back on a worker.
+    pub wakes: AtomicU64,
+    /// Inputs the state manager applied to a parked replica without waking it.
+    pub parked_inputs: AtomicU64,
+    /// Rule requests refused early because the replica's queue was over
+    /// `queue_limit` (reason `queue`) or its chain lagged over `lag_limit` (`chain_lag`).
+    pub shed_queue: AtomicU64,
+    pub shed_chain_lag: AtomicU64,
 }
 
 enum ReplicaIn {
@@ -117,6 +185,33 @@ enum ReplicaIn {
     Hosted {
         reply: oneshot::Sender<Option<v1::HostedGroup>>,
     },
+    /// Park now if it can (as if idle): [`ScHandle::park`].
+    Park,
+}
+
+impl ReplicaIn {
+    /// Inputs that only maintain a parked replica's state: the state manager applies
+    /// them in place instead of waking it. Timer ops from a parked head are the reason:
+    /// NF timers keep expiring state at every replica while the chain is at zero.
+    fn maintenance(&self) -> bool {
+        match self {
+            ReplicaIn::SuccAck { .. }
+            | ReplicaIn::SuccGone { .. }
+            | ReplicaIn::PredGone { .. }
+            | ReplicaIn::Status { .. }
+            | ReplicaIn::Metrics { .. }
+            | ReplicaIn::Hosted { .. }
+            | ReplicaIn::Park => true,
+            ReplicaIn::PredMsg {
+                msg: replicate_down::Msg::Ops(b),
+                ..
+            } => b
+                .ops
+                .iter()
+                .all(|o| matches!(o.body, Some(v1::op::Body::Timer(_)))),
+            _ => false,
+        }
+    }
 }
 
 /// What a metrics endpoint reads of one hosted replica.
@@ -128,20 +223,28 @@ pub struct GroupMetrics {
     /// The tenant and chain of the group's partition (0 before it is configured).
     pub tenant: u32,
     pub chain: u32,
+    /// Parked in the state manager (no worker).
+    pub parked: bool,
+    /// The worker it runs on (None while parked).
+    pub worker: Option<usize>,
 }
 
 /// Abort handles of every task a node spawned, so that stopping it leaves nothing
 /// running (tests kill replicas this way).
-#[derive(Default)]
-struct TaskSet(Mutex<Vec<AbortHandle>>);
+/// They run on the node's runtime even when spawned from a replica on a worker: links
+/// must outlive the replica's stay on any one worker.
+struct TaskSet {
+    rt: tokio::runtime::Handle,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
 
 impl TaskSet {
     fn spawn<F>(&self, f: F) -> AbortHandle
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let h = tokio::spawn(f).abort_handle();
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let h = self.rt.spawn(f).abort_handle();
+        let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         if v.len() > 64 {
             v.retain(|t| !t.is_finished());
         }
@@ -150,7 +253,12 @@ impl TaskSet {
     }
 
     fn abort_all(&self) {
-        for t in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             t.abort();
         }
     }
@@ -160,7 +268,7 @@ struct Shared {
     cfg: ScConfig,
     advertise: String,
     factory: Arc<dyn ChainFactory>,
-    groups: Mutex<HashMap<u64, mpsc::UnboundedSender<ReplicaIn>>>,
+    groups: Mutex<HashMap<u64, Arc<ReplicaSlot>>>,
     to_fm: mpsc::UnboundedSender<v1::ScUp>,
     to_fm_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<v1::ScUp>>,
     next_conn: AtomicU64,
@@ -172,6 +280,16 @@ struct Shared {
     incarnation: u64,
     /// The FM this node has a session with now (empty while it has none).
     current_fm: Mutex<String>,
+    pool: WorkerPool,
+    /// From the input that needed a worker to the replica's first decision on it: for
+    /// a new replica (`start`) and for a parked one (`wake`).
+    start_hist: StartHistogram,
+    wake_hist: StartHistogram,
+    /// Parts of a start: building the replica's NF chain (`ReplicaCore::new`, which
+    /// Serpens does ahead, pre-loading NFs), and from placing it on a worker to its
+    /// first decision there (the pool's own cost, Serpens Table IV's).
+    build_hist: StartHistogram,
+    place_hist: StartHistogram,
 }
 
 impl Shared {
@@ -179,7 +297,7 @@ impl Shared {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn group(&self, id: u64) -> Option<mpsc::UnboundedSender<ReplicaIn>> {
+    fn group(&self, id: u64) -> Option<Arc<ReplicaSlot>> {
         self.groups
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -189,7 +307,10 @@ impl Shared {
 
     /// Sends every hosted replica the request `ask` makes around a reply channel, and
     /// collects the replies (a replica that is gone or does not answer is skipped).
-    async fn ask_replicas<T>(&self, ask: impl Fn(oneshot::Sender<T>) -> ReplicaIn) -> Vec<T> {
+    async fn ask_replicas<T>(
+        self: &Arc<Self>,
+        ask: impl Fn(oneshot::Sender<T>) -> ReplicaIn,
+    ) -> Vec<T> {
         let senders: Vec<_> = self
             .groups
             .lock()
@@ -200,7 +321,7 @@ impl Shared {
         let mut out = Vec::with_capacity(senders.len());
         for tx in senders {
             let (rtx, rrx) = oneshot::channel();
-            if tx.send(ask(rtx)).is_ok() {
+            if tx.send(self, ask(rtx)) {
                 if let Ok(r) = rrx.await {
                     out.push(r);
                 }
@@ -231,6 +352,7 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         .map_err(|e| ScError::Io(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
     let (to_fm, to_fm_rx) = mpsc::unbounded_channel();
+    let pool = WorkerPool::start(&cfg.node_id, cfg.workers)?;
     let shared = Arc::new(Shared {
         cfg,
         advertise,
@@ -239,12 +361,20 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         to_fm,
         to_fm_rx: tokio::sync::Mutex::new(to_fm_rx),
         next_conn: AtomicU64::new(1),
-        tasks: TaskSet::default(),
+        tasks: TaskSet {
+            rt: tokio::runtime::Handle::current(),
+            tasks: Mutex::new(Vec::new()),
+        },
         stopped: AtomicBool::new(false),
         counters: ScCounters::default(),
         requests_applied: AtomicU64::new(0),
         incarnation: rand::random(),
         current_fm: Mutex::new(String::new()),
+        pool,
+        start_hist: StartHistogram::default(),
+        wake_hist: StartHistogram::default(),
+        build_hist: StartHistogram::default(),
+        place_hist: StartHistogram::default(),
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -263,7 +393,11 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
     });
     let s = shared.clone();
     shared.tasks.spawn(fm_session_loop(s, fms));
-    info!(node = %shared.cfg.node_id, %addr, fm = %shared.cfg.fm, "SC node started");
+    shared.tasks.spawn(parked_timers(shared.clone()));
+    shared.tasks.spawn(monitor(shared.clone()));
+    info!(node = %shared.cfg.node_id, %addr, fm = %shared.cfg.fm, workers = shared.pool.len(),
+          idle_ms = shared.cfg.idle.map(|d| d.as_millis() as u64),
+          assigner = shared.cfg.assigner.0.name(), "SC node started");
     Ok(ScHandle { addr, shared })
 }
 
@@ -302,6 +436,22 @@ impl ScHandle {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.shared.tasks.abort_all();
+        self.shared.pool.shutdown();
+    }
+
+    /// Measure the workers, ask the node's assigner for a core per worker, and pin
+    /// them: the cores, one per worker.
+    pub fn reassign(&self) -> Result<Vec<usize>, ScError> {
+        let loads = self.shared.pool.sample();
+        self.shared
+            .pool
+            .reassign(self.shared.cfg.assigner.0.as_ref(), &loads)
+    }
+
+    /// Park `group`'s replica now, as if it had been idle (scale to zero on demand).
+    /// False if the node does not host it.
+    pub fn park(&self, group: u64) -> bool {
+        self.observer().park(group)
     }
 
     /// Status of every hosted replica (with state snapshots if asked).
@@ -309,16 +459,21 @@ impl ScHandle {
         status(&self.shared, snapshots).await
     }
 
-    /// A read-only view of this node that can be cloned into other tasks (a metrics
+    /// A view of this node that can be cloned into other tasks (a metrics
     /// endpoint); unlike the handle, dropping it stops nothing.
     pub fn observer(&self) -> ScObserver {
         ScObserver {
             shared: self.shared.clone(),
         }
     }
+
+    /// See [`ScObserver::worker_stats`].
+    pub fn worker_stats(&self) -> WorkerStats {
+        self.observer().worker_stats()
+    }
 }
 
-/// Queries of a running SC node, for observers: see [`ScHandle::observer`].
+/// Queries of a running SC node (and parking on demand), for observers: see [`ScHandle::observer`].
 #[derive(Clone)]
 pub struct ScObserver {
     shared: Arc<Shared>,
@@ -339,6 +494,52 @@ impl ScObserver {
         self.shared.requests_applied.load(Ordering::Relaxed)
     }
 
+    /// Park `group`'s replica now, as if it had been idle. False if it is not hosted.
+    pub fn park(&self, group: u64) -> bool {
+        self.shared
+            .group(group)
+            .is_some_and(|g| g.send(&self.shared, ReplicaIn::Park))
+    }
+
+    /// The worker pool and the state manager.
+    pub fn worker_stats(&self) -> WorkerStats {
+        let sh = &self.shared;
+        let parked = sh
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|g| g.is_parked())
+            .count();
+        let c = &sh.counters;
+        WorkerStats {
+            workers: sh.pool.len(),
+            busy: sh.pool.busy(),
+            cores: sh.pool.cores(),
+            parked,
+            start: sh.start_hist.snapshot(),
+            wake: sh.wake_hist.snapshot(),
+            build: sh.build_hist.snapshot(),
+            place: sh.place_hist.snapshot(),
+            starts: c.starts.load(Ordering::Relaxed),
+            parks: c.parks.load(Ordering::Relaxed),
+            wakes: c.wakes.load(Ordering::Relaxed),
+            parked_inputs: c.parked_inputs.load(Ordering::Relaxed),
+            shed_queue: c.shed_queue.load(Ordering::Relaxed),
+            shed_chain_lag: c.shed_chain_lag.load(Ordering::Relaxed),
+            loads: sh.pool.last_loads(),
+            placement: sh
+                .pool
+                .workers()
+                .iter()
+                .map(|w| (w.core(), w.nice(), w.replicas()))
+                .collect(),
+            os_errors: sh.pool.counters.os_errors.load(Ordering::Relaxed),
+            reassignments: sh.pool.counters.reassignments.load(Ordering::Relaxed),
+            assigner: sh.cfg.assigner.0.name().to_string(),
+        }
+    }
+
     /// Metrics of every hosted replica, ascending by group.
     pub async fn group_metrics(&self) -> Vec<GroupMetrics> {
         let mut out = self
@@ -350,13 +551,44 @@ impl ScObserver {
     }
 }
 
+/// What [`ScObserver::worker_stats`] reports.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerStats {
+    pub workers: usize,
+    /// Workers running at least one replica.
+    pub busy: usize,
+    pub cores: usize,
+    /// Replicas parked in the state manager.
+    pub parked: usize,
+    /// Configure → a new replica's first decision on a worker.
+    pub start: HistInner,
+    /// Waking input → a parked replica's first decision on a worker.
+    pub wake: HistInner,
+    /// The parts of `start`: building its NF chain; placing it → first decision.
+    pub build: HistInner,
+    pub place: HistInner,
+    pub starts: u64,
+    pub parks: u64,
+    pub wakes: u64,
+    pub parked_inputs: u64,
+    pub shed_queue: u64,
+    pub shed_chain_lag: u64,
+    /// The latest load sample.
+    pub loads: Vec<WorkerLoad>,
+    /// Per worker: (core, nice, replicas).
+    pub placement: Vec<(usize, i32, usize)>,
+    pub os_errors: u64,
+    pub reassignments: u64,
+    pub assigner: String,
+}
+
 impl Drop for ScHandle {
     fn drop(&mut self) {
         self.stop();
     }
 }
 
-async fn status(shared: &Shared, snapshots: bool) -> Vec<(v1::GroupState, ReplicaStats)> {
+async fn status(shared: &Arc<Shared>, snapshots: bool) -> Vec<(v1::GroupState, ReplicaStats)> {
     let mut out = shared
         .ask_replicas(|reply| ReplicaIn::Status { snapshots, reply })
         .await;
@@ -420,7 +652,7 @@ async fn fm_session_loop(shared: Arc<Shared>, mut fms: proto::FmAddrs) {
 }
 
 /// What every replica this node hosts reports to a new FM session.
-async fn hosted_groups(shared: &Shared) -> Vec<v1::HostedGroup> {
+async fn hosted_groups(shared: &Arc<Shared>) -> Vec<v1::HostedGroup> {
     shared
         .ask_replicas(|reply| ReplicaIn::Hosted { reply })
         .await
@@ -546,9 +778,7 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
         match m.msg {
             Some(sc_down::Msg::Configure(cfg)) => on_configure(shared, cfg),
             Some(sc_down::Msg::Submit(sub)) => match shared.group(sub.group) {
-                Some(tx) => {
-                    let _ = tx.send(ReplicaIn::Submit(sub));
-                }
+                Some(slot) => dispatch_submit(shared, &slot, sub),
                 None => {
                     shared
                         .counters
@@ -557,8 +787,8 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
                 }
             },
             Some(sc_down::Msg::Leave(l)) => {
-                if let Some(tx) = shared.group(l.group) {
-                    let _ = tx.send(ReplicaIn::Leave(l.epoch));
+                if let Some(slot) = shared.group(l.group) {
+                    slot.send(shared, ReplicaIn::Leave(l.epoch));
                 }
             }
             // Scaling steps (docs/scaling.md) go to the group's replica, whose head stamps
@@ -579,10 +809,54 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
     result
 }
 
-fn scale_step(shared: &Shared, group: u64, step: v1::scale_op::Step) {
+/// The node's dispatch is upstream of every replica's worker: a submit for a replica
+/// whose queue is over `queue_limit` is refused here, before it costs the worker
+/// anything (NFVnice's backpressure, docs/workers.md). Flow events still pass: they
+/// keep state right, and are few.
+fn dispatch_submit(shared: &Arc<Shared>, slot: &Arc<ReplicaSlot>, mut sub: v1::GroupSubmit) {
+    let over = shared
+        .cfg
+        .queue_limit
+        .is_some_and(|l| slot.queued.load(Ordering::Relaxed) >= l);
+    if over {
+        if let Some(reqs) = sub.requests.take() {
+            let n = reqs.requests.len() as u64;
+            shared.counters.shed_queue.fetch_add(n, Ordering::Relaxed);
+            let _ = shared
+                .to_fm
+                .send(overload_results(sub.group, sub.epoch, &reqs));
+        }
+        if sub.events.as_ref().is_none_or(|e| e.events.is_empty()) {
+            return;
+        }
+    }
+    slot.send(shared, ReplicaIn::Submit(sub));
+}
+
+/// Answers refusing every request of `reqs` with [`proto::ERR_SETUP_OVERLOAD`]: FM
+/// passes them to the PP node, which refuses the flow and asks again on its next packet.
+fn overload_results(group: u64, epoch: u64, reqs: &v1::RuleRequestBatch) -> v1::ScUp {
+    v1::ScUp {
+        msg: Some(sc_up::Msg::Results(v1::GroupResults {
+            group,
+            epoch,
+            results: vec![v1::OpResult {
+                seq: 0,
+                replies: reqs
+                    .requests
+                    .iter()
+                    .map(|r| proto::error_reply(r, proto::ERR_SETUP_OVERLOAD))
+                    .collect(),
+                ..Default::default()
+            }],
+        })),
+    }
+}
+
+fn scale_step(shared: &Arc<Shared>, group: u64, step: v1::scale_op::Step) {
     match shared.group(group) {
-        Some(tx) => {
-            let _ = tx.send(ReplicaIn::Scale(step));
+        Some(slot) => {
+            slot.send(shared, ReplicaIn::Scale(step));
         }
         None => {
             shared
@@ -598,10 +872,11 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
         shared.bad();
         return;
     };
+    let at = Instant::now();
     let gid = g.id;
-    let mut groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(tx) = groups.get(&gid) {
-        if tx.send(ReplicaIn::Configure(cfg.clone())).is_ok() {
+    let existing = shared.group(gid);
+    if let Some(slot) = existing {
+        if slot.send(shared, ReplicaIn::Configure(cfg.clone())) {
             return;
         }
     }
@@ -609,15 +884,41 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
         return;
     }
     let mut core = ReplicaCore::new(&shared.cfg.node_id, cfg.clone(), shared.factory.as_ref());
+    shared.build_hist.observe(at.elapsed());
     // Scale ops carry or produce a partition's bulk state: let the chain's replicas
     // apply them side by side (docs/scaling.md).
     core.forward_first(true);
     let (tx, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(ReplicaIn::Configure(cfg));
-    groups.insert(gid, tx.clone());
+    let p = cfg.partition.unwrap_or_default();
+    let slot = Arc::new(ReplicaSlot {
+        gid,
+        tenant: p.tenant,
+        chain: p.chain,
+        tx,
+        queued: Arc::new(AtomicUsize::new(0)),
+        state: Mutex::new(SlotState::Running),
+    });
+    let links = Links {
+        link: None,
+        link_epoch: Arc::new(AtomicU64::new(0)),
+        down: None,
+        up: None,
+        worker: None,
+        park_now: false,
+    };
+    let mut groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
+    if groups.get(&gid).is_some_and(|g| !g.is_stopped()) {
+        // Configured twice at once (FM resent it): the first one won.
+        return;
+    }
+    groups.insert(gid, slot.clone());
     drop(groups);
-    let s = shared.clone();
-    shared.tasks.spawn(replica_task(s, core, tx, rx));
+    shared.counters.starts.fetch_add(1, Ordering::Relaxed);
+    let st = lock(&slot.state);
+    let _ = slot.tx.send(ReplicaIn::Configure(cfg));
+    slot.queued.fetch_add(1, Ordering::Relaxed);
+    place(shared, &slot, core, links, rx, Vec::new(), at, false);
+    drop(st);
 }
 
 // ------------------------------------------------------------------ replica task
@@ -625,32 +926,205 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
 /// Longest a replica works through queued input before it flushes and yields.
 const MAX_BURST: Duration = Duration::from_millis(2);
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a replica is.
+enum SlotState {
+    /// On a worker (or being placed on one).
+    Running,
+    /// In the state manager, without a worker.
+    Parked(Box<Parked>),
+    /// Gone: inputs are refused.
+    Stopped,
+}
+
+/// What the state manager keeps of a parked replica: everything its task owned.
+struct Parked {
+    core: ReplicaCore,
+    links: Links,
+    rx: mpsc::UnboundedReceiver<ReplicaIn>,
+}
+
+/// A hosted replica as the node's dispatch sees it: its inbox, and where it is. Every
+/// input goes through [`ReplicaSlot::send`], which wakes a parked replica; parking and
+/// sending take the same lock, so an input can never be left behind in the inbox of a
+/// replica that parked without seeing it.
+pub(crate) struct ReplicaSlot {
+    gid: u64,
+    tenant: u32,
+    chain: u32,
+    tx: mpsc::UnboundedSender<ReplicaIn>,
+    /// Inputs sent and not yet taken from the inbox (the backpressure signal).
+    queued: Arc<AtomicUsize>,
+    state: Mutex<SlotState>,
+}
+
+impl ReplicaSlot {
+    fn is_parked(&self) -> bool {
+        matches!(*lock(&self.state), SlotState::Parked(_))
+    }
+
+    fn is_stopped(&self) -> bool {
+        matches!(*lock(&self.state), SlotState::Stopped)
+    }
+
+    fn placed(&self) -> Placed {
+        Placed {
+            group: self.gid,
+            tenant: self.tenant,
+            chain: self.chain,
+            queued: self.queued.clone(),
+        }
+    }
+
+    /// Queue `m` for the replica. A parked replica gets it applied in place by the
+    /// state manager if it is maintenance, or is woken on a worker. False if the
+    /// replica is gone.
+    fn send(self: &Arc<Self>, shared: &Arc<Shared>, m: ReplicaIn) -> bool {
+        let at = Instant::now();
+        let mut st = lock(&self.state);
+        if matches!(*st, SlotState::Stopped) || self.tx.send(m).is_err() {
+            return false;
+        }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        if !matches!(*st, SlotState::Parked(_)) {
+            return true;
+        }
+        let SlotState::Parked(mut p) = std::mem::replace(&mut *st, SlotState::Running) else {
+            return true;
+        };
+        // In order: maintenance up to the first input that needs the worker; that one
+        // and everything after it wait for the worker.
+        let mut backlog = Vec::new();
+        while let Ok(m) = p.rx.try_recv() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            if backlog.is_empty() && m.maintenance() {
+                let mut out = Outbox::default();
+                shared
+                    .counters
+                    .parked_inputs
+                    .fetch_add(1, Ordering::Relaxed);
+                handle(shared, &mut p.core, &mut p.links, self, m, &mut out);
+                flush(shared, &mut p.core, &mut p.links, out);
+            } else {
+                backlog.push(m);
+            }
+        }
+        if backlog.is_empty() {
+            *st = SlotState::Parked(p);
+            return true;
+        }
+        shared.counters.wakes.fetch_add(1, Ordering::Relaxed);
+        let Parked { core, links, rx } = *p;
+        place(shared, self, core, links, rx, backlog, at, true);
+        true
+    }
+}
+
+/// Put a replica on a worker from the pool. `at`: when the input that needs it came;
+/// its first decision there is measured from then. Called with the slot's lock held.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    shared: &Arc<Shared>,
+    slot: &Arc<ReplicaSlot>,
+    core: ReplicaCore,
+    mut links: Links,
+    rx: mpsc::UnboundedReceiver<ReplicaIn>,
+    backlog: Vec<ReplicaIn>,
+    at: Instant,
+    wake: bool,
+) {
+    let w = shared.pool.take(slot.placed());
+    links.worker = Some(w.id);
+    links.park_now = false;
+    let run = Run {
+        shared: shared.clone(),
+        slot: slot.clone(),
+        worker: w.clone(),
+        first: Some((at, wake)),
+        placed_at: Instant::now(),
+    };
+    w.spawn(replica_task(run, core, links, rx, backlog));
+}
+
 struct Links {
     /// Successor link task and the epoch its hellos carry.
     link: Option<AbortHandle>,
     link_epoch: Arc<AtomicU64>,
     down: Option<(u64, mpsc::UnboundedSender<v1::ReplicateDown>)>,
     up: Option<(u64, mpsc::UnboundedSender<Result<v1::ReplicateUp, Status>>)>,
+    /// The worker the replica runs on (None while parked).
+    worker: Option<usize>,
+    /// Asked to park at the end of this burst.
+    park_now: bool,
 }
 
-async fn replica_task(
+/// A replica's stay on one worker.
+struct Run {
     shared: Arc<Shared>,
+    slot: Arc<ReplicaSlot>,
+    worker: Arc<Worker>,
+    /// When the input that needed the worker came, and whether it woke the replica.
+    first: Option<(Instant, bool)>,
+    placed_at: Instant,
+}
+
+impl Run {
+    fn first_decision(&mut self) {
+        if let Some((at, wake)) = self.first.take() {
+            if wake {
+                self.shared.wake_hist.observe(at.elapsed());
+            } else {
+                self.shared.start_hist.observe(at.elapsed());
+                self.shared.place_hist.observe(self.placed_at.elapsed());
+            }
+        }
+    }
+
+    fn received(&self) {
+        self.slot.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A replica on a worker, until it stops or parks. `backlog`: inputs taken from its
+/// inbox while it was parked, handled first.
+async fn replica_task(
+    mut run: Run,
     mut core: ReplicaCore,
-    me: mpsc::UnboundedSender<ReplicaIn>,
+    mut links: Links,
     mut rx: mpsc::UnboundedReceiver<ReplicaIn>,
+    backlog: Vec<ReplicaIn>,
 ) {
+    let shared = run.shared.clone();
+    let slot = run.slot.clone();
     let gid = core.group_id();
-    let mut links = Links {
-        link: None,
-        link_epoch: Arc::new(AtomicU64::new(0)),
-        down: None,
-        up: None,
-    };
-    let mut timer = tokio::time::interval(shared.cfg.timer_period);
+    // The first tick one period from now: an interval's immediate first tick would
+    // still wait for the time driver's next millisecond, and delay the first decision.
+    let period = shared.cfg.timer_period;
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    timer.tick().await;
+    let mut out = Outbox::default();
+    let mut stop = false;
+    let t0 = Instant::now();
+    let before = core.stats.requests_applied;
+    for m in backlog {
+        if !handle(&shared, &mut core, &mut links, &slot, m, &mut out) {
+            stop = true;
+            break;
+        }
+        run.first_decision();
+    }
+    flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
+    run.worker
+        .record(core.stats.requests_applied - before, t0.elapsed());
+    let mut last_active = tokio::time::Instant::now();
     'run: loop {
-        let mut out = Outbox::default();
+        if stop {
+            break;
+        }
+        let idle_at = shared.cfg.idle.map(|d| last_active + d);
         let first = tokio::select! {
             m = rx.recv() => match m {
                 Some(m) => m,
@@ -658,34 +1132,159 @@ async fn replica_task(
             },
             _ = timer.tick() => {
                 core.timer(wall_ms(), &mut out);
-                flush(&shared, &mut core, &mut links, out);
+                flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
                 continue;
             }
+            _ = sleep_until(idle_at) => {
+                match park(&run, core, links, rx) {
+                    Ok(()) => return,
+                    Err(p) => {
+                        let Parked { core: c, links: l, rx: r } = *p;
+                        (core, links, rx) = (c, l, r);
+                        last_active = tokio::time::Instant::now();
+                        continue;
+                    }
+                }
+            }
         };
+        run.received();
         // Drain what is queued, so it leaves as one batch, but for a bounded time: the
-        // node's other tasks (heartbeats above all) share this thread.
-        let burst = std::time::Instant::now();
+        // worker's other replicas share this thread.
+        let burst = Instant::now();
+        let before = core.stats.requests_applied;
         let mut next = Some(first);
         while let Some(m) = next.take() {
-            if !handle(&shared, &mut core, &mut links, &me, m, &mut out) {
-                flush(&shared, &mut core, &mut links, out);
+            if !m.maintenance() {
+                last_active = tokio::time::Instant::now();
+            }
+            if !handle(&shared, &mut core, &mut links, &slot, m, &mut out) {
+                flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
                 break 'run;
             }
+            run.first_decision();
             if burst.elapsed() < MAX_BURST {
                 next = rx.try_recv().ok();
+                if next.is_some() {
+                    run.received();
+                }
             }
         }
-        flush(&shared, &mut core, &mut links, out);
+        flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
+        run.worker
+            .record(core.stats.requests_applied - before, burst.elapsed());
+        if links.park_now {
+            match park(&run, core, links, rx) {
+                Ok(()) => return,
+                Err(p) => {
+                    // Input came in meanwhile: park after it (`park_now` stays set).
+                    let Parked {
+                        core: c,
+                        links: l,
+                        rx: r,
+                    } = *p;
+                    (core, links, rx) = (c, l, r);
+                }
+            }
+        }
         tokio::task::yield_now().await;
     }
     if let Some(l) = links.link.take() {
         l.abort();
     }
-    let mut groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
-    if groups.get(&gid).is_some_and(|tx| tx.same_channel(&me)) {
+    *lock(&slot.state) = SlotState::Stopped;
+    let mut groups = lock(&shared.groups);
+    if groups.get(&gid).is_some_and(|g| Arc::ptr_eq(g, &slot)) {
         groups.remove(&gid);
     }
+    drop(groups);
+    shared.pool.release(&run.worker, gid);
     info!(group = gid, node = %shared.cfg.node_id, "replica stopped");
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Park the replica in its slot and give the worker back; refused (the state comes
+/// back) while input is queued or a forwarded scale op waits.
+fn park(
+    run: &Run,
+    core: ReplicaCore,
+    mut links: Links,
+    rx: mpsc::UnboundedReceiver<ReplicaIn>,
+) -> Result<(), Box<Parked>> {
+    let mut st = lock(&run.slot.state);
+    if run.slot.queued.load(Ordering::Relaxed) > 0 || core.has_pending() {
+        return Err(Box::new(Parked { core, links, rx }));
+    }
+    links.worker = None;
+    links.park_now = false;
+    *st = SlotState::Parked(Box::new(Parked { core, links, rx }));
+    drop(st);
+    run.shared.pool.release(&run.worker, run.slot.gid);
+    run.shared.counters.parks.fetch_add(1, Ordering::Relaxed);
+    debug!(
+        group = run.slot.gid,
+        worker = run.worker.id,
+        "replica parked"
+    );
+    Ok(())
+}
+
+/// The state manager's timer: a parked head still runs its NFs' timers every
+/// `timer_period` (as an op down its chain, which parked replicas apply in place), so
+/// state expires at the same times as when it runs.
+async fn parked_timers(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(shared.cfg.timer_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let slots: Vec<_> = lock(&shared.groups).values().cloned().collect();
+        for slot in slots {
+            let mut st = lock(&slot.state);
+            if let SlotState::Parked(p) = &mut *st {
+                if p.core.is_head() {
+                    let mut out = Outbox::default();
+                    p.core.timer(wall_ms(), &mut out);
+                    flush(&shared, &mut p.core, &mut p.links, out);
+                }
+            }
+        }
+    }
+}
+
+/// Sample the workers' loads; apply the rate-cost share and, if periodic, the
+/// assignment.
+async fn monitor(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(shared.cfg.monitor_period.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_assign = Instant::now();
+    let assigner = shared.cfg.assigner.0.clone();
+    if let Err(e) = shared
+        .pool
+        .reassign(assigner.as_ref(), &shared.pool.sample())
+    {
+        warn!(error = %e, "initial core assignment refused; workers stay round robin");
+    }
+    loop {
+        tick.tick().await;
+        let loads = shared.pool.sample();
+        if shared.cfg.rate_cost_share {
+            shared.pool.apply_rate_cost_share(&loads);
+        }
+        if let Some(p) = shared.cfg.assign_period {
+            if last_assign.elapsed() >= p {
+                last_assign = Instant::now();
+                if let Err(e) = shared.pool.reassign(assigner.as_ref(), &loads) {
+                    warn!(error = %e, "core assignment refused");
+                }
+            }
+        }
+    }
 }
 
 /// Handle one input. Returns false when the replica must stop.
@@ -693,7 +1292,7 @@ fn handle(
     shared: &Arc<Shared>,
     core: &mut ReplicaCore,
     links: &mut Links,
-    me: &mpsc::UnboundedSender<ReplicaIn>,
+    me: &Arc<ReplicaSlot>,
     m: ReplicaIn,
     out: &mut Outbox,
 ) -> bool {
@@ -735,7 +1334,27 @@ fn handle(
                 return false;
             }
         }
-        ReplicaIn::Submit(sub) => {
+        ReplicaIn::Submit(mut sub) => {
+            // The chain's backpressure: a head whose successors lag this far behind
+            // refuses new requests instead of queueing more ops for them.
+            let lagging = core.is_head()
+                && shared
+                    .cfg
+                    .lag_limit
+                    .is_some_and(|l| core.unacked_len() >= l);
+            if lagging {
+                if let Some(reqs) = sub.requests.take() {
+                    shared
+                        .counters
+                        .shed_chain_lag
+                        .fetch_add(reqs.requests.len() as u64, Ordering::Relaxed);
+                    if let Some(sc_up::Msg::Results(r)) =
+                        overload_results(sub.group, sub.epoch, &reqs).msg
+                    {
+                        out.results.extend(r.results);
+                    }
+                }
+            }
             let n = sub.requests.as_ref().map_or(0, |r| r.requests.len());
             if core.submit(sub, wall_ms(), out) {
                 shared
@@ -820,8 +1439,11 @@ fn handle(
                 stats: core.stats,
                 tenant: p.tenant,
                 chain: p.chain,
+                parked: links.worker.is_none(),
+                worker: links.worker,
             });
         }
+        ReplicaIn::Park => links.park_now = links.worker.is_some(),
     }
     true
 }
@@ -829,7 +1451,7 @@ fn handle(
 /// A scale op the replica forwarded before applying it (`ReplicaCore::forward_first`):
 /// send it (and everything before it) now, then apply it while the successor does too.
 fn run_pending(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     core: &mut ReplicaCore,
     links: &mut Links,
     out: &mut Outbox,
@@ -850,7 +1472,7 @@ fn heavy<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-fn flush(shared: &Shared, core: &mut ReplicaCore, links: &mut Links, out: Outbox) {
+fn flush(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: Outbox) {
     if out.snapshot.is_some() || !out.down.is_empty() {
         if let Some((conn, down)) = &links.down {
             let mut ok = true;
@@ -900,7 +1522,7 @@ async fn successor_link(
     epoch: Arc<AtomicU64>,
     node_id: String,
     addr: String,
-    replica: mpsc::UnboundedSender<ReplicaIn>,
+    replica: Arc<ReplicaSlot>,
 ) {
     let mut failures = 0u32;
     loop {
@@ -914,7 +1536,7 @@ async fn successor_link(
                 }
             }
         }
-        if replica.is_closed() {
+        if replica.is_stopped() {
             return;
         }
         tokio::time::sleep(shared.cfg.reconnect).await;
@@ -922,12 +1544,12 @@ async fn successor_link(
 }
 
 async fn link_once(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     group: u64,
     epoch: &AtomicU64,
     addr: &str,
     conn: u64,
-    replica: &mpsc::UnboundedSender<ReplicaIn>,
+    replica: &Arc<ReplicaSlot>,
 ) -> Result<(), ScError> {
     let ch = connect(addr).await?;
     let mut client = v1::service_computation_client::ServiceComputationClient::new(ch)
@@ -957,14 +1579,14 @@ async fn link_once(
         .counters
         .successor_links
         .fetch_add(1, Ordering::Relaxed);
-    if replica
-        .send(ReplicaIn::SuccUp {
+    if !replica.send(
+        shared,
+        ReplicaIn::SuccUp {
             conn,
             ack,
             down: dtx,
-        })
-        .is_err()
-    {
+        },
+    ) {
         return Ok(());
     }
     let r = loop {
@@ -972,10 +1594,7 @@ async fn link_once(
             Ok(Some(v1::ReplicateUp {
                 msg: Some(replicate_up::Msg::Ack(a)),
             })) => {
-                if replica
-                    .send(ReplicaIn::SuccAck { conn, seq: a.seq })
-                    .is_err()
-                {
+                if !replica.send(shared, ReplicaIn::SuccAck { conn, seq: a.seq }) {
                     break Ok(());
                 }
             }
@@ -984,7 +1603,7 @@ async fn link_once(
             Err(e) => break Err(ScError::Io(format!("successor: {e}"))),
         }
     };
-    let _ = replica.send(ReplicaIn::SuccGone { conn });
+    replica.send(shared, ReplicaIn::SuccGone { conn });
     r
 }
 
@@ -1028,18 +1647,22 @@ impl ServiceComputation for ScService {
         };
         let conn = shared.conn_id();
         let (utx, urx) = mpsc::unbounded_channel();
-        tx.send(ReplicaIn::PredHello {
-            conn,
-            hello,
-            up: utx,
-        })
-        .map_err(|_| Status::unavailable("replica stopped"))?;
+        if !tx.send(
+            shared,
+            ReplicaIn::PredHello {
+                conn,
+                hello,
+                up: utx,
+            },
+        ) {
+            return Err(Status::unavailable("replica stopped"));
+        }
         let s = shared.clone();
         shared.tasks.spawn(async move {
             loop {
                 match inbound.message().await {
                     Ok(Some(v1::ReplicateDown { msg: Some(msg) })) => {
-                        if tx.send(ReplicaIn::PredMsg { conn, msg }).is_err() {
+                        if !tx.send(&s, ReplicaIn::PredMsg { conn, msg }) {
                             break;
                         }
                     }
@@ -1054,7 +1677,7 @@ impl ServiceComputation for ScService {
                     }
                 }
             }
-            let _ = tx.send(ReplicaIn::PredGone { conn });
+            tx.send(&s, ReplicaIn::PredGone { conn });
         });
         Ok(Response::new(UnboundedReceiverStream::new(urx)))
     }
@@ -1079,6 +1702,7 @@ impl ServiceComputation for ScService {
 pub struct ScProcess {
     addr: SocketAddr,
     node_id: String,
+    observer: ScObserver,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -1102,7 +1726,7 @@ impl ScProcess {
                 rt.block_on(async move {
                     match start(cfg, factory).await {
                         Ok(h) => {
-                            let _ = addr_tx.send(Ok(h.addr()));
+                            let _ = addr_tx.send(Ok((h.addr(), h.observer())));
                             let _ = stop_rx.await;
                             drop(h);
                         }
@@ -1115,12 +1739,13 @@ impl ScProcess {
                 drop(rt);
             })
             .map_err(|e| ScError::Io(e.to_string()))?;
-        let addr = addr_rx
+        let (addr, observer) = addr_rx
             .recv()
             .map_err(|_| ScError::Io("SC node thread died".into()))??;
         Ok(ScProcess {
             addr,
             node_id,
+            observer,
             stop: Some(stop_tx),
             thread: Some(thread),
         })
@@ -1132,6 +1757,11 @@ impl ScProcess {
 
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// Queries of the node (they answer nothing useful once it is killed).
+    pub fn observer(&self) -> &ScObserver {
+        &self.observer
     }
 
     /// Stop the node abruptly and wait for its thread.

@@ -41,6 +41,10 @@ pub struct ScProcessConfig {
     /// What the node offers the orchestrator's placement.
     pub capacity: Option<v1::NodeCapacity>,
     pub lines: telemetry::Lines,
+    /// Pre-started workers (None: two per core).
+    pub workers: Option<usize>,
+    /// Idle time after which a replica parks (None: never).
+    pub idle: Option<Duration>,
 }
 
 /// A running SC node.
@@ -89,6 +93,15 @@ pub fn start(
     let mut cfg = crate::ScConfig::new(&a.id, a.listen, &fm);
     cfg.advertise = a.advertise.clone();
     cfg.timer_period = a.timer_period.max(Duration::from_millis(1));
+    if let Some(n) = a.workers {
+        if n == 0 {
+            return Err(ScProcessError::Config(
+                "--workers must be at least 1".into(),
+            ));
+        }
+        cfg.workers = n;
+    }
+    cfg.idle = a.idle;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -335,6 +335,12 @@ impl ReplicaCore {
         self.forward_first = on;
     }
 
+    /// Ops applied here and not yet acknowledged by the tail: how far the chain behind
+    /// this replica lags (the head's backpressure signal).
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
     /// A scale op has been forwarded and waits for [`ReplicaCore::run_pending`].
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()

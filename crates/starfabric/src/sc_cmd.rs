@@ -47,6 +47,12 @@ pub struct ScArgs {
     /// orchestrator's defaults.
     #[arg(long, value_parser = parse_capacity)]
     capacity: Option<v1::NodeCapacity>,
+    /// Pre-started worker threads replicas run on (default: two per core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Park a replica idle this long (scale to zero; docs/workers.md). Default: never.
+    #[arg(long)]
+    idle_ms: Option<u64>,
 }
 
 /// `bw=10,cpu=2,mem=4,price=1` (any subset, any order) as a node capacity.
@@ -92,6 +98,8 @@ pub fn run(a: ScArgs) -> Result<()> {
         metrics: a.metrics,
         capacity: a.capacity,
         lines: telemetry::Lines::stdout(),
+        workers: a.workers,
+        idle: a.idle_ms.map(Duration::from_millis),
     };
     let Some(node) = sc::process::start(cfg, stop)? else {
         return Ok(());

@@ -110,6 +110,11 @@ impl AutoscaleConfig {
         }
         if let Some(pp) = &self.pp {
             pp.policy.validate()?;
+            if pp.policy.min == 0 {
+                return Err(AutoscaleError::Config(
+                    "PP needs at least one node (min 1): only SC chains scale to zero".into(),
+                ));
+            }
             if !(pp.capacity > 0.0 && pp.capacity.is_finite()) {
                 return Err(AutoscaleError::Config(
                     "PP capacity must be positive".into(),
@@ -139,6 +144,16 @@ pub trait Actuator: Send + Sync {
     ) -> Result<String, AutoscaleError>;
     /// Merge a partition of the chain (FM retires the newest) into its neighbour.
     async fn sc_scale_in(&self, tenant: u32, chain: u32) -> Result<String, AutoscaleError>;
+    /// Take the chain (at one group) to zero running instances: its replicas park in
+    /// their SC nodes' state managers, and the next request wakes them. The default
+    /// relies on the nodes' own idle parking (`starfabric sc --idle-ms`): the chain is
+    /// idle, so they park it within that time. docs/autoscaler.md.
+    async fn sc_scale_to_zero(&self, tenant: u32, chain: u32) -> Result<String, AutoscaleError> {
+        Ok(format!(
+            "tenant {tenant} chain {chain}: its SC nodes park the idle group after their \
+             --idle-ms"
+        ))
+    }
     /// Start one more PP node. Without a node provider the default says so, and the
     /// driver records that as an `autoscale_failed` event.
     async fn pp_scale_out(&self) -> Result<String, AutoscaleError> {
@@ -408,6 +423,13 @@ impl<S: LoadSource, A: Actuator, E: EventSink> Autoscaler<S, A, E> {
                 (Target::Sc { tenant, chain }, Action::ScaleIn) => {
                     self.actuator.sc_scale_in(tenant, chain).await
                 }
+                (Target::Sc { tenant, chain }, Action::ScaleToZero) => {
+                    self.actuator.sc_scale_to_zero(tenant, chain).await
+                }
+                // The PP tier keeps at least one node (validated).
+                (Target::Pp, Action::ScaleToZero) => {
+                    Err(AutoscaleError::Config("PP cannot scale to zero".into()))
+                }
                 (Target::Pp, Action::ScaleOut) => self.actuator.pp_scale_out().await,
                 (Target::Pp, Action::ScaleIn) => self.actuator.pp_scale_in().await,
             };
@@ -526,6 +548,10 @@ mod tests {
         async fn sc_scale_in(&self, t: u32, c: u32) -> Result<String, AutoscaleError> {
             self.0.lock().unwrap().push(format!("in {t}/{c}"));
             Err(AutoscaleError::Refused("nothing to merge".into()))
+        }
+        async fn sc_scale_to_zero(&self, t: u32, c: u32) -> Result<String, AutoscaleError> {
+            self.0.lock().unwrap().push(format!("zero {t}/{c}"));
+            Ok("parked".into())
         }
     }
 
@@ -744,6 +770,46 @@ mod tests {
         );
         // The step after the script ran out: no sample, nothing decided, no panic.
         assert!(a.step(10_000).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_idle_chain_at_min_zero_goes_to_zero_once_and_a_request_brings_it_back() {
+        let mut cfg = driver_cfg();
+        cfg.pp = None;
+        if let Some(sc) = cfg.sc.as_mut() {
+            sc.policy.min = 0;
+            sc.policy.cooldown = Duration::ZERO;
+        }
+        let script = vec![
+            load(0, &[(1, 10)], &[]),
+            load(1000, &[(1, 10)], &[]),
+            load(2000, &[(1, 10)], &[]),
+            load(3000, &[(1, 10)], &[]),
+            load(4000, &[(1, 10)], &[]),
+            // A request: the nodes woke the group; idle again, it goes to zero again.
+            load(5000, &[(1, 11)], &[]),
+            load(6000, &[(1, 11)], &[]),
+            load(7000, &[(1, 11)], &[]),
+        ];
+        let (calls, sink) = (Calls::default(), Sink::default());
+        let mut a = Autoscaler::new(cfg, Script(script), calls.clone(), sink.clone()).unwrap();
+        for i in 0..8 {
+            a.step(1000 * i).await;
+        }
+        assert_eq!(*calls.0.lock().unwrap(), vec!["zero 1/1", "zero 1/1"]);
+        let ev = sink.0.lock().unwrap().clone();
+        assert_eq!(kinds(&ev), "autoscale_decision autoscale_decision");
+        assert_eq!(ev[0].2["action"], "scale_to_zero");
+        assert_eq!(ev[0].2["units"], 1);
+    }
+
+    #[test]
+    fn pp_cannot_go_to_zero_nodes() {
+        let mut cfg = driver_cfg();
+        if let Some(pp) = cfg.pp.as_mut() {
+            pp.policy.min = 0;
+        }
+        assert!(matches!(cfg.validate(), Err(AutoscaleError::Config(_))));
     }
 
     #[tokio::test]

@@ -32,7 +32,9 @@ pub struct PolicyConfig {
     pub sustain: u32,
     /// No action within this after the last action or refusal.
     pub cooldown: Duration,
-    /// Fewest and most units (SC groups of a chain, or PP nodes).
+    /// Fewest and most units (SC groups of a chain, or PP nodes). `min` 0 (SC only):
+    /// an idle chain at one group goes to zero running instances, its groups' state
+    /// parked on their SC nodes ([`Action::ScaleToZero`], docs/autoscaler.md).
     pub min: usize,
     pub max: usize,
     pub out_on: Aggregate,
@@ -49,9 +51,9 @@ impl PolicyConfig {
         if self.sustain == 0 {
             return Err(AutoscaleError::Config("sustain must be at least 1".into()));
         }
-        if self.min == 0 || self.max < self.min {
+        if self.max == 0 || self.max < self.min {
             return Err(AutoscaleError::Config(format!(
-                "bounds need 1 <= min <= max; got min {}, max {}",
+                "bounds need 0 <= min <= max and max >= 1; got min {}, max {}",
                 self.min, self.max
             )));
         }
@@ -63,6 +65,9 @@ impl PolicyConfig {
 pub enum Action {
     ScaleOut,
     ScaleIn,
+    /// One group → zero running instances: the chain's groups keep their key ranges,
+    /// their replicas park (Serpens' scale to zero) and the next request wakes them.
+    ScaleToZero,
 }
 
 impl Action {
@@ -70,6 +75,7 @@ impl Action {
         match self {
             Action::ScaleOut => "scale_out",
             Action::ScaleIn => "scale_in",
+            Action::ScaleToZero => "scale_to_zero",
         }
     }
 }
@@ -105,6 +111,8 @@ pub struct Policy {
     over: u32,
     under: u32,
     last_action_ms: Option<u64>,
+    /// Scaled to zero and no request since.
+    at_zero: bool,
 }
 
 impl Policy {
@@ -115,11 +123,17 @@ impl Policy {
             over: 0,
             under: 0,
             last_action_ms: None,
+            at_zero: false,
         })
     }
 
     pub fn config(&self) -> &PolicyConfig {
         &self.cfg
+    }
+
+    /// At zero running instances (scaled to zero, no request seen since).
+    pub fn at_zero(&self) -> bool {
+        self.at_zero
     }
 
     /// A sample that could not be taken breaks any streak: `sustain` means consecutive.
@@ -139,6 +153,12 @@ impl Policy {
         let sum: f64 = utils.iter().sum();
         let mean = sum / n as f64;
         let max = utils.iter().copied().fold(f64::MIN, f64::max);
+        // Any request wakes a parked chain on its SC nodes by itself: the policy only
+        // notes that it is no longer at zero.
+        if self.at_zero && sum > 0.0 {
+            self.at_zero = false;
+            self.under = 0;
+        }
         let (out_u, out_name) = match self.cfg.out_on {
             Aggregate::Max => (max, "busiest unit"),
             Aggregate::Mean => (mean, "mean"),
@@ -184,8 +204,20 @@ impl Policy {
         if self.under >= self.cfg.sustain {
             let samples = self.under;
             self.under = 0;
-            if n <= self.cfg.min {
-                // Idle at the minimum is the steady state, not news: no event.
+            if n == 1 && self.cfg.min == 0 && !self.at_zero {
+                self.over = 0;
+                self.last_action_ms = Some(now_ms);
+                self.at_zero = true;
+                let text = format!(
+                    "mean utilisation {mean:.2} below the low mark {low:.2} for {samples} \
+                     samples; 1 -> 0 running instances (the group's state stays parked on \
+                     its SC nodes; the next request wakes it)"
+                );
+                return Decision::Act(Action::ScaleToZero, reason(samples, mean, low, text));
+            }
+            if n <= self.cfg.min.max(1) {
+                // Idle at the minimum (or already at zero) is the steady state, not
+                // news: no event.
                 return Decision::None;
             }
             self.over = 0;
@@ -311,7 +343,11 @@ pub(super) mod tests {
                 sustain: 0,
                 ..cfg()
             },
-            PolicyConfig { min: 0, ..cfg() },
+            PolicyConfig {
+                min: 0,
+                max: 0,
+                ..cfg()
+            },
             PolicyConfig {
                 min: 3,
                 max: 2,
@@ -442,6 +478,52 @@ pub(super) mod tests {
             action(&feed(&mut p, 0, 1, &[skew; 5])[0].1),
             Some((true, Action::ScaleOut))
         );
+    }
+
+    #[test]
+    fn min_zero_is_accepted_and_scales_an_idle_group_to_zero_once() {
+        let mut p = Policy::new(PolicyConfig { min: 0, ..cfg() }).unwrap();
+        let idle: &[f64] = &[0.0];
+        // Sustain 3, cooldown 10 s: to zero at sample 3, then nothing while still idle.
+        let d = feed(&mut p, 0, 1, &[idle; 30]);
+        assert_eq!(actions(&d), vec![(3, Some((true, Action::ScaleToZero)))]);
+        assert!(p.at_zero());
+        let Decision::Act(_, r) = &d[0].1 else {
+            panic!()
+        };
+        assert_eq!(r.units, 1);
+        assert!(r.text.contains("1 -> 0"), "{}", r.text);
+        // A request woke it: no longer at zero, and a new streak below the low mark
+        // (this sample is its first) takes it to zero again.
+        let d = feed(&mut p, 40_000, 31, &[&[0.05]]);
+        assert!(d.is_empty());
+        assert!(!p.at_zero());
+        let d = feed(&mut p, 41_000, 32, &[idle; 3]);
+        assert_eq!(actions(&d), vec![(33, Some((true, Action::ScaleToZero)))]);
+    }
+
+    #[test]
+    fn min_zero_merges_down_to_one_group_before_zero() {
+        let mut p = Policy::new(PolicyConfig {
+            min: 0,
+            cooldown: Duration::ZERO,
+            ..cfg()
+        })
+        .unwrap();
+        let two: &[f64] = &[0.0, 0.0];
+        let one: &[f64] = &[0.0];
+        let d = feed(&mut p, 0, 1, &[two; 3]);
+        assert_eq!(actions(&d), vec![(3, Some((true, Action::ScaleIn)))]);
+        let d = feed(&mut p, 10_000, 4, &[one; 3]);
+        assert_eq!(actions(&d), vec![(6, Some((true, Action::ScaleToZero)))]);
+    }
+
+    #[test]
+    fn min_one_never_scales_to_zero() {
+        let mut p = Policy::new(cfg()).unwrap();
+        let idle: &[f64] = &[0.0];
+        assert!(feed(&mut p, 0, 1, &[idle; 30]).is_empty());
+        assert!(!p.at_zero());
     }
 
     // ------------------------------------------------------------ the driver, with fakes

@@ -1,0 +1,219 @@
+//! Scale to zero in the SC node (docs/workers.md): a chain-replicated group whose three
+//! replicas all park (zero busy workers for the chain) keeps its NF state, keeps running
+//! its NF timers at every replica while parked, and wakes on the next request with the
+//! state intact. Real gRPC on 127.0.0.1: FM, three SC nodes, a PP session.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{ask, chain, local, mapping, nf_part, pp_session, wait, Cluster};
+use pp::FmClientConfig;
+use sc::{ScConfig, ScProcess};
+
+/// FW (allow, UDP conntrack entries live `udp_s`) → SNAT, built-in NFs.
+fn fw_snat(udp_s: u64) -> proto::ChainDef {
+    chain(serde_json::json!([
+        {"kind": "fw", "default_action": "allow", "timeouts": {"udp_s": udp_s}},
+        {"kind": "snat", "pools": [
+            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 65535}}]}
+    ]))
+}
+
+/// FM and three SC nodes whose replicas park after 150 ms idle; heads run NF timers
+/// every 100 ms.
+fn cluster(udp_s: u64) -> Cluster {
+    let rt = common::runtime();
+    let cfg = fm::FmConfig {
+        chains: vec![fw_snat(udp_s)],
+        // FM must ask SC again for a flow it answered before, so the second phase reads
+        // SC's state, not FM's cache.
+        cache_capacity: 1,
+        ..fm::FmConfig::default()
+    };
+    let fm = rt.block_on(fm::start(cfg, local())).unwrap();
+    let scs = (0..3)
+        .map(|i| {
+            let mut c = ScConfig::new(&format!("sc-{i}"), local(), &fm.addr().to_string());
+            c.idle = Some(Duration::from_millis(150));
+            c.timer_period = Duration::from_millis(100);
+            c.workers = 3;
+            ScProcess::spawn(c, Arc::new(sc::BuiltinNfs)).unwrap()
+        })
+        .collect();
+    Cluster { rt, fm, scs }
+}
+
+/// Every replica of every node is parked and no worker is busy: the chain is at zero.
+fn all_parked(c: &Cluster) -> bool {
+    c.scs.iter().all(|s| {
+        let o = s.observer();
+        let groups = c.rt.block_on(o.group_metrics());
+        !groups.is_empty() && groups.iter().all(|g| g.parked) && o.worker_stats().busy == 0
+    })
+}
+
+/// (applied seq, snapshot) of the group on every node.
+fn states(c: &Cluster) -> Vec<(u64, Vec<u8>)> {
+    c.scs
+        .iter()
+        .map(|s| {
+            let g = c.group_status(s.addr(), true);
+            assert_eq!(g.len(), 1);
+            (g[0].applied, g[0].snapshot.clone())
+        })
+        .collect()
+}
+
+fn mappings(replies: &[pipeline::RuleReply]) -> HashMap<pipeline::FlowKey, (IpAddr, u16)> {
+    replies
+        .iter()
+        .map(|r| (r.key, mapping(r).expect("a SNAT mapping")))
+        .collect()
+}
+
+#[test]
+fn snat_mappings_and_conntrack_survive_zero_instances() {
+    let c = cluster(600);
+    c.wait_groups(1, 3);
+    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let before = mappings(&ask(&link.source, 0..40));
+    assert_eq!(before.len(), 40);
+
+    wait(Duration::from_secs(10), "every replica parked", || {
+        all_parked(&c).then_some(())
+    });
+    let parked = states(&c);
+    // Parked heads still run NF timers: ops keep arriving down the chain and are
+    // applied in place, with no worker woken.
+    wait(Duration::from_secs(10), "timer ops while parked", || {
+        let now = states(&c);
+        now.iter()
+            .zip(&parked)
+            .all(|(n, p)| n.0 >= p.0 + 2)
+            .then_some(now)
+    });
+    assert!(all_parked(&c), "timer ops woke a replica");
+    let still = states(&c);
+    // Identical replicas; the conntrack entries (FW part) and the mappings (SNAT part)
+    // are there, unchanged by the timers (nothing is due for 600 s).
+    for s in &still {
+        assert_eq!(s.1, still[0].1);
+    }
+    assert_eq!(nf_part(&still[0].1, 0), nf_part(&parked[0].1, 0));
+    assert_eq!(nf_part(&still[0].1, 1), nf_part(&parked[0].1, 1));
+    assert!(c.scs.iter().all(|s| s.observer().worker_stats().parks >= 1));
+    assert!(c
+        .scs
+        .iter()
+        .any(|s| s.observer().worker_stats().parked_inputs > 0));
+
+    // The same flows again: the woken head answers the same external ports.
+    let after = mappings(&ask(&link.source, 0..40));
+    assert_eq!(after, before);
+    let wakes: u64 = c
+        .scs
+        .iter()
+        .map(|s| s.observer().worker_stats().wakes)
+        .sum();
+    assert!(wakes >= 1, "the second phase woke no replica");
+    let head_wakes: u64 = c
+        .scs
+        .iter()
+        .map(|s| s.observer().worker_stats().wake.count)
+        .sum();
+    assert!(head_wakes >= 1);
+    // New flows after the wake get ports no old flow holds (the port table survived).
+    let fresh = mappings(&ask(&link.source, 40..60));
+    for m in fresh.values() {
+        assert!(
+            !before.values().any(|b| b == m),
+            "port {m:?} handed out twice"
+        );
+    }
+    // The chain is consistent after park and wake.
+    wait(Duration::from_secs(10), "replicas converge", || {
+        let s = states(&c);
+        s.iter().all(|x| x.1 == s[0].1).then_some(())
+    });
+}
+
+#[test]
+fn nf_timers_expire_conntrack_while_parked() {
+    let c = cluster(1);
+    c.wait_groups(1, 3);
+    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let before = mappings(&ask(&link.source, 0..20));
+    let full = states(&c);
+    let fw_full = nf_part(&full[0].1, 0);
+    wait(Duration::from_secs(10), "every replica parked", || {
+        all_parked(&c).then_some(())
+    });
+    // The UDP entries expire (1 s) on every replica while the chain stays at zero.
+    let expired = wait(
+        Duration::from_secs(15),
+        "conntrack expiry while parked",
+        || {
+            let s = states(&c);
+            s.iter()
+                .all(|x| nf_part(&x.1, 0).len() < fw_full.len())
+                .then_some(s)
+        },
+    );
+    assert!(all_parked(&c), "expiry woke a replica");
+    for s in &expired {
+        assert_eq!(s.1, expired[0].1);
+    }
+    // SNAT's mappings (long timeouts) are still there: same ports after the wake.
+    let after = mappings(&ask(&link.source, 0..20));
+    assert_eq!(after, before);
+}
+
+/// NFVnice's backpressure at the node's dispatch: with every replica's queue "over" a
+/// limit of 0, each submit is refused before it reaches the worker, counted, and PP gets
+/// `setup-overload` for each flow instead of a rule (and no state was made for them).
+#[test]
+fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
+    let rt = common::runtime();
+    let cfg = fm::FmConfig {
+        chains: vec![fw_snat(600)],
+        cache_capacity: 1,
+        ..fm::FmConfig::default()
+    };
+    let fm = rt.block_on(fm::start(cfg, local())).unwrap();
+    let scs = (0..3)
+        .map(|i| {
+            let mut c = ScConfig::new(&format!("sc-{i}"), local(), &fm.addr().to_string());
+            c.queue_limit = Some(0);
+            ScProcess::spawn(c, Arc::new(sc::BuiltinNfs)).unwrap()
+        })
+        .collect();
+    let c = Cluster { rt, fm, scs };
+    c.wait_groups(1, 3);
+    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let replies = ask(&link.source, 0..10);
+    for r in &replies {
+        assert_eq!(
+            r.result.as_ref().err().map(String::as_str),
+            Some(proto::ERR_SETUP_OVERLOAD),
+            "{r:?}"
+        );
+    }
+    let shed: u64 = c
+        .scs
+        .iter()
+        .map(|s| s.observer().worker_stats().shed_queue)
+        .sum();
+    assert!(shed >= 10, "shed {shed}");
+    // Nothing reached the NFs: no replica applied a request.
+    let applied: u64 = c
+        .scs
+        .iter()
+        .flat_map(|s| c.rt.block_on(s.observer().group_metrics()))
+        .map(|g| g.stats.requests_applied)
+        .sum();
+    assert_eq!(applied, 0);
+}

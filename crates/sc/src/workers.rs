@@ -1,0 +1,632 @@
+//! The SC node's worker pool (Serpens §III-A's process pool, sfc2cpu's µVNF workers):
+//! pre-started threads that partition replicas run on, each pinned to a core chosen by
+//! the node's [`CoreAssigner`], with a nice level from NFVnice's rate-cost share.
+//!
+//! A worker is an OS thread driving a current-thread tokio runtime. A plain loop would
+//! do for the NF calls, but a replica also waits on its inbox, its timer and its idle
+//! deadline at once; the runtime gives it that `select!` without a second thread, and
+//! its task queue is the worker's own queue. A replica is placed on a worker by
+//! spawning its task onto that runtime: the thread is already running and parked, so a
+//! start costs one cross-thread wake-up (Serpens' "memory map" start, Table IV), not a
+//! thread or process creation. Links and the FM session stay on the node's runtime.
+//!
+//! docs/workers.md has the model, the knobs and the metrics.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use crate::ScError;
+
+/// What the node measured of one worker since the previous sample: the input of a
+/// [`CoreAssigner`] (sfc2cpu's per-µVNF arrival rate and cost) and of the rate-cost share.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerLoad {
+    pub worker: usize,
+    /// The replica it runs (the first, if several share it; 0 when idle).
+    pub group: u64,
+    pub tenant: u32,
+    pub chain: u32,
+    /// Rule requests its replicas applied per second.
+    pub arrival_per_s: f64,
+    /// Busy time per applied request (ns); 0 without requests.
+    pub cost_ns_per_req: f64,
+    /// Inputs queued for its replicas now.
+    pub queue_len: usize,
+}
+
+/// Chooses a core for every worker. The `cores` crate's algorithms (RR, LLF, FFD, the
+/// learned assigner) plug in here.
+pub trait CoreAssigner: Send + Sync {
+    fn name(&self) -> &str;
+    /// One core (`0..cores`) per entry of `workers`, in the same order.
+    fn assign(&self, cores: usize, workers: &[WorkerLoad]) -> Vec<usize>;
+}
+
+/// Worker `i` on core `i mod cores`: the default, and sfc2cpu's fallback.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RoundRobin;
+
+impl CoreAssigner for RoundRobin {
+    fn name(&self) -> &str {
+        "rr"
+    }
+
+    fn assign(&self, cores: usize, workers: &[WorkerLoad]) -> Vec<usize> {
+        let cores = cores.max(1);
+        workers.iter().map(|w| w.worker % cores).collect()
+    }
+}
+
+/// Upper bounds (µs, inclusive) of [`StartHistogram`]'s buckets: fine below 100 µs, where
+/// the goals are (Serpens: 34 µs start), coarse up to 1 s.
+pub const START_BOUNDS_US: [u64; 22] = [
+    5, 10, 15, 20, 25, 30, 35, 40, 50, 60, 80, 100, 150, 200, 300, 500, 1_000, 2_000, 5_000,
+    10_000, 100_000, 1_000_000,
+];
+
+/// Samples kept for exact quantiles (benches read them).
+const RECENT: usize = 8192;
+
+/// Start or wake latencies: fixed buckets for `/metrics`, and the most recent samples
+/// for exact quantiles. One lock per observation: starts are rare next to requests.
+#[derive(Debug, Default)]
+pub struct StartHistogram {
+    inner: Mutex<HistInner>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HistInner {
+    /// `counts[i]`: observations in bucket `i`; the last is `+Inf`.
+    pub counts: Vec<u64>,
+    pub sum_ns: u64,
+    pub count: u64,
+    /// The most recent observations, ns.
+    pub recent: VecDeque<u64>,
+}
+
+impl StartHistogram {
+    pub fn observe(&self, d: Duration) {
+        let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let us = ns / 1000;
+        let b = START_BOUNDS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(START_BOUNDS_US.len());
+        let mut h = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if h.counts.is_empty() {
+            h.counts = vec![0; START_BOUNDS_US.len() + 1];
+        }
+        h.counts[b] += 1;
+        h.sum_ns = h.sum_ns.saturating_add(ns);
+        h.count += 1;
+        if h.recent.len() == RECENT {
+            h.recent.pop_front();
+        }
+        h.recent.push_back(ns);
+    }
+
+    pub fn snapshot(&self) -> HistInner {
+        let mut h = self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if h.counts.is_empty() {
+            h.counts = vec![0; START_BOUNDS_US.len() + 1];
+        }
+        h
+    }
+}
+
+impl HistInner {
+    /// Buckets as (upper bound in seconds, count in that bucket alone), ending with
+    /// `+Inf`.
+    pub fn buckets_seconds(&self) -> Vec<(f64, u64)> {
+        START_BOUNDS_US
+            .iter()
+            .map(|&b| b as f64 / 1e6)
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.counts.iter().copied())
+            .collect()
+    }
+
+    /// Quantile `q` of the recent samples, in µs (None without samples).
+    pub fn quantile_us(&self, q: f64) -> Option<f64> {
+        let mut v: Vec<u64> = self.recent.iter().copied().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        Some(v[i] as f64 / 1e3)
+    }
+}
+
+/// A replica placed on a worker, as the worker's load report sees it.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub group: u64,
+    pub tenant: u32,
+    pub chain: u32,
+    /// Inputs queued for it (shared with the node's dispatch).
+    pub queued: Arc<AtomicUsize>,
+}
+
+/// One pre-started worker thread.
+pub struct Worker {
+    pub id: usize,
+    rt: tokio::runtime::Handle,
+    /// Its kernel thread id, for affinity and nice (0 until the thread has started).
+    tid: AtomicI32,
+    placed: Mutex<Vec<Placed>>,
+    /// Rule requests applied by replicas on it, and the time they kept it busy.
+    requests: AtomicU64,
+    busy_ns: AtomicU64,
+    core: AtomicUsize,
+    nice: AtomicI32,
+}
+
+impl Worker {
+    /// Run `f` on this worker.
+    pub fn spawn<F>(&self, f: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        drop(self.rt.spawn(f));
+    }
+
+    /// A burst of work done here: `requests` applied in `busy`.
+    pub fn record(&self, requests: u64, busy: Duration) {
+        self.requests.fetch_add(requests, Ordering::Relaxed);
+        self.busy_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn replicas(&self) -> usize {
+        self.placed.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn core(&self) -> usize {
+        self.core.load(Ordering::Relaxed)
+    }
+
+    pub fn nice(&self) -> i32 {
+        self.nice.load(Ordering::Relaxed)
+    }
+
+    fn queue_len(&self) -> usize {
+        self.placed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|p| p.queued.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// Counters of the pool.
+#[derive(Debug, Default)]
+pub struct PoolCounters {
+    /// Affinity or nice calls the kernel refused.
+    pub os_errors: AtomicU64,
+    pub reassignments: AtomicU64,
+}
+
+struct Sample {
+    at: Instant,
+    requests: Vec<u64>,
+    busy_ns: Vec<u64>,
+}
+
+/// The pre-started workers.
+pub struct WorkerPool {
+    workers: Vec<Arc<Worker>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    cores: usize,
+    pub counters: PoolCounters,
+    last: Mutex<Option<Sample>>,
+    loads: Mutex<Vec<WorkerLoad>>,
+}
+
+impl WorkerPool {
+    /// Start `n` workers (at least one), placed on cores round robin until the first
+    /// assignment.
+    pub fn start(node: &str, n: usize) -> Result<WorkerPool, ScError> {
+        let cores = online_cores();
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for id in 0..n.max(1) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .map_err(|e| ScError::Io(format!("worker runtime: {e}")))?;
+            let w = Arc::new(Worker {
+                id,
+                rt: rt.handle().clone(),
+                tid: AtomicI32::new(0),
+                placed: Mutex::new(Vec::new()),
+                requests: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
+                core: AtomicUsize::new(id % cores),
+                nice: AtomicI32::new(0),
+            });
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let (w2, mut stop2) = (w.clone(), stop.subscribe());
+            let t = std::thread::Builder::new()
+                .name(format!("sc-w{id}-{node}"))
+                .spawn(move || {
+                    w2.tid.store(gettid(), Ordering::Relaxed);
+                    let _ = ready_tx.send(());
+                    rt.block_on(async move {
+                        // A closed channel (the pool dropped) stops it too.
+                        let _ = stop2.wait_for(|s| *s).await;
+                    });
+                    // Dropping the runtime here drops the replicas still on it.
+                    drop(rt);
+                })
+                .map_err(|e| ScError::Io(format!("worker thread: {e}")))?;
+            let _ = ready_rx.recv();
+            threads.push(t);
+            workers.push(w);
+        }
+        let pool = WorkerPool {
+            workers,
+            stop,
+            threads: Mutex::new(threads),
+            cores,
+            counters: PoolCounters::default(),
+            last: Mutex::new(None),
+            loads: Mutex::new(Vec::new()),
+        };
+        for w in &pool.workers {
+            pool.pin(w, w.core());
+        }
+        Ok(pool)
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    pub fn workers(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+
+    /// Workers running at least one replica.
+    pub fn busy(&self) -> usize {
+        self.workers.iter().filter(|w| w.replicas() > 0).count()
+    }
+
+    /// Take a worker for `p`: an idle one if there is one, else the one with the
+    /// fewest replicas (they then share its queue, as µVNFs share a core).
+    pub fn take(&self, p: Placed) -> Arc<Worker> {
+        let w = self
+            .workers
+            .iter()
+            .min_by_key(|w| (w.replicas(), w.id))
+            .cloned()
+            .expect("WorkerPool::start starts at least one worker");
+        w.placed.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        w
+    }
+
+    /// Give a replica's place on `w` back.
+    pub fn release(&self, w: &Worker, group: u64) {
+        let mut v = w.placed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = v.iter().position(|p| p.group == group) {
+            v.swap_remove(i);
+        }
+    }
+
+    /// Measure every worker since the previous call: the assigner's input.
+    pub fn sample(&self) -> Vec<WorkerLoad> {
+        let now = Instant::now();
+        let requests: Vec<u64> = self
+            .workers
+            .iter()
+            .map(|w| w.requests.load(Ordering::Relaxed))
+            .collect();
+        let busy_ns: Vec<u64> = self
+            .workers
+            .iter()
+            .map(|w| w.busy_ns.load(Ordering::Relaxed))
+            .collect();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let loads: Vec<WorkerLoad> = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let first = w
+                    .placed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .first()
+                    .cloned();
+                let (dr, db, dt) = match last.as_ref() {
+                    Some(s) => (
+                        requests[i].saturating_sub(s.requests[i]),
+                        busy_ns[i].saturating_sub(s.busy_ns[i]),
+                        now.duration_since(s.at).as_secs_f64(),
+                    ),
+                    None => (0, 0, 0.0),
+                };
+                WorkerLoad {
+                    worker: w.id,
+                    group: first.as_ref().map_or(0, |p| p.group),
+                    tenant: first.as_ref().map_or(0, |p| p.tenant),
+                    chain: first.as_ref().map_or(0, |p| p.chain),
+                    arrival_per_s: if dt > 0.0 { dr as f64 / dt } else { 0.0 },
+                    cost_ns_per_req: if dr > 0 { db as f64 / dr as f64 } else { 0.0 },
+                    queue_len: w.queue_len(),
+                }
+            })
+            .collect();
+        *last = Some(Sample {
+            at: now,
+            requests,
+            busy_ns,
+        });
+        *self.loads.lock().unwrap_or_else(|e| e.into_inner()) = loads.clone();
+        loads
+    }
+
+    /// The loads of the latest [`WorkerPool::sample`].
+    pub fn last_loads(&self) -> Vec<WorkerLoad> {
+        self.loads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Ask `assigner` for a core per worker and pin them there. An answer of the wrong
+    /// length or naming a core that does not exist is refused (the workers stay where
+    /// they are): a plug-in's bug must not take the node down.
+    pub fn reassign(
+        &self,
+        assigner: &dyn CoreAssigner,
+        loads: &[WorkerLoad],
+    ) -> Result<Vec<usize>, ScError> {
+        let cores = assigner.assign(self.cores, loads);
+        if cores.len() != self.workers.len() || cores.iter().any(|&c| c >= self.cores) {
+            return Err(ScError::Config(format!(
+                "assigner {} answered {:?} for {} workers on {} cores",
+                assigner.name(),
+                cores,
+                self.workers.len(),
+                self.cores
+            )));
+        }
+        for (w, &c) in self.workers.iter().zip(&cores) {
+            self.pin(w, c);
+        }
+        self.counters.reassignments.fetch_add(1, Ordering::Relaxed);
+        Ok(cores)
+    }
+
+    fn pin(&self, w: &Worker, core: usize) {
+        w.core.store(core, Ordering::Relaxed);
+        if let Err(e) = set_affinity(w.tid.load(Ordering::Relaxed), core) {
+            self.counters.os_errors.fetch_add(1, Ordering::Relaxed);
+            debug!(worker = w.id, core, error = %e, "sched_setaffinity");
+        }
+    }
+
+    /// NFVnice's rate-cost proportional share (paper 002 §III-B): each worker's CFS
+    /// weight follows arrival rate × cost per request. CFS weights fall by ~1.25× per
+    /// nice step, so a worker with a tenth of the heaviest one's demand gets nice
+    /// `log1.25(10)` ≈ 10, the weakest level used. Workers without measured demand stay
+    /// at 0: nice levels compete with every thread on the machine, not only with the
+    /// other workers, so a new or just-woken replica must not start starved (its demand
+    /// shows in the next sample). Returns the nice level per worker.
+    pub fn apply_rate_cost_share(&self, loads: &[WorkerLoad]) -> Vec<i32> {
+        let demand: Vec<f64> = loads
+            .iter()
+            .map(|l| l.arrival_per_s * l.cost_ns_per_req)
+            .collect();
+        let top = demand.iter().copied().fold(0.0, f64::max);
+        let levels: Vec<i32> = self
+            .workers
+            .iter()
+            .zip(&demand)
+            .map(|(w, &d)| rate_cost_nice(w.replicas() > 0, d, top))
+            .collect();
+        for (w, &n) in self.workers.iter().zip(&levels) {
+            if w.nice.swap(n, Ordering::Relaxed) != n || n != 0 {
+                if let Err(e) = set_nice(w.tid.load(Ordering::Relaxed), n) {
+                    self.counters.os_errors.fetch_add(1, Ordering::Relaxed);
+                    debug!(worker = w.id, nice = n, error = %e, "setpriority");
+                }
+            }
+        }
+        levels
+    }
+
+    /// Stop every worker (their replicas are dropped with their runtimes) and wait for
+    /// the threads, unless called on one of them.
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let me = std::thread::current().id();
+        let threads: Vec<_> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for t in threads {
+            if t.thread().id() == me {
+                continue;
+            }
+            if t.join().is_err() {
+                warn!("an SC worker thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Nice level for a worker's demand against the heaviest worker's (see
+/// [`WorkerPool::apply_rate_cost_share`]).
+pub fn rate_cost_nice(hosts_replicas: bool, demand: f64, top: f64) -> i32 {
+    const STEP: f64 = 1.25;
+    const WEAKEST: f64 = 10.0;
+    if !(hosts_replicas && demand > 0.0 && top > 0.0) {
+        return 0;
+    }
+    ((top / demand).ln() / STEP.ln())
+        .round()
+        .clamp(0.0, WEAKEST) as i32
+}
+
+/// Cores this process may run on.
+pub fn online_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The default pool size: two workers per core (≥ 6 workers on this 2-core machine
+/// takes `--workers`).
+pub fn default_workers() -> usize {
+    2 * online_cores()
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+fn set_affinity(tid: i32, core: usize) -> Result<(), String> {
+    if tid == 0 {
+        return Err("thread not started".into());
+    }
+    // SAFETY: cpu_set_t is a plain bit array; zeroed is the empty set, and CPU_SET only
+    // writes inside it (the core index is bounded by the set's size below).
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if core >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            return Err(format!("core {core} beyond the cpu set"));
+        }
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+fn set_nice(tid: i32, nice: i32) -> Result<(), String> {
+    if tid == 0 {
+        return Err("thread not started".into());
+    }
+    // SAFETY: setpriority only reads its scalar arguments; on Linux PRIO_PROCESS with a
+    // thread id sets that thread's nice value alone.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_robin_cycles_over_cores() {
+        let loads: Vec<WorkerLoad> = (0..6)
+            .map(|worker| WorkerLoad {
+                worker,
+                ..Default::default()
+            })
+            .collect();
+        assert_eq!(RoundRobin.assign(2, &loads), vec![0, 1, 0, 1, 0, 1]);
+        assert_eq!(RoundRobin.assign(0, &loads), vec![0; 6]);
+    }
+
+    #[test]
+    fn rate_cost_nice_follows_demand_ratio() {
+        assert_eq!(rate_cost_nice(true, 100.0, 100.0), 0);
+        // A tenth of the demand: log1.25(10) = 10.3.
+        assert_eq!(rate_cost_nice(true, 10.0, 100.0), 10);
+        assert_eq!(rate_cost_nice(true, 1e-9, 100.0), 10);
+        assert_eq!(rate_cost_nice(true, 0.0, 100.0), 0);
+        assert_eq!(rate_cost_nice(false, 0.0, 100.0), 0);
+        assert_eq!(rate_cost_nice(true, 0.0, 0.0), 0);
+    }
+
+    #[test]
+    fn take_prefers_idle_workers_then_the_least_shared() {
+        let pool = WorkerPool::start("t", 3).unwrap();
+        let placed = |group| Placed {
+            group,
+            tenant: 1,
+            chain: 1,
+            queued: Arc::new(AtomicUsize::new(0)),
+        };
+        let ids: Vec<usize> = (1..=4).map(|g| pool.take(placed(g)).id).collect();
+        assert_eq!(&ids[..3], &[0, 1, 2]);
+        assert_eq!(pool.busy(), 3);
+        assert_eq!(pool.workers()[ids[3]].replicas(), 2);
+        pool.release(&pool.workers()[1].clone(), 2);
+        assert_eq!(pool.busy(), 2 + usize::from(ids[3] == 1));
+        assert_eq!(pool.take(placed(5)).id, 1);
+    }
+
+    #[test]
+    fn sample_measures_rate_and_cost() {
+        let pool = WorkerPool::start("t", 2).unwrap();
+        assert!(pool.sample().iter().all(|l| l.arrival_per_s == 0.0));
+        pool.workers()[1].record(100, Duration::from_micros(500));
+        std::thread::sleep(Duration::from_millis(20));
+        let l = pool.sample();
+        assert_eq!(l[0].arrival_per_s, 0.0);
+        assert!(l[1].arrival_per_s > 0.0);
+        assert_eq!(l[1].cost_ns_per_req, 5000.0);
+    }
+
+    #[test]
+    fn a_bad_assignment_is_refused() {
+        struct Bad;
+        impl CoreAssigner for Bad {
+            fn name(&self) -> &str {
+                "bad"
+            }
+            fn assign(&self, cores: usize, _: &[WorkerLoad]) -> Vec<usize> {
+                vec![cores]
+            }
+        }
+        let pool = WorkerPool::start("t", 2).unwrap();
+        let loads = pool.sample();
+        assert!(pool.reassign(&Bad, &loads).is_err());
+        let got = pool.reassign(&RoundRobin, &loads).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(pool.workers()[1].core(), 1 % pool.cores());
+    }
+
+    #[test]
+    fn histogram_quantiles_come_from_samples() {
+        let h = StartHistogram::default();
+        for us in [10u64, 20, 30, 40, 1000] {
+            h.observe(Duration::from_micros(us));
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count, 5);
+        assert_eq!(s.quantile_us(0.5), Some(30.0));
+        assert_eq!(s.quantile_us(1.0), Some(1000.0));
+        assert_eq!(s.counts.iter().sum::<u64>(), 5);
+    }
+}
