@@ -353,13 +353,18 @@ fn phase(
     ))
 }
 
+/// The SC nodes' NFs for `--nfs test|builtin` (the benches share it).
+pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
+    match nfs {
+        "test" => Arc::new(sc::testing::TestNfs),
+        _ => Arc::new(sc::BuiltinNfs),
+    }
+}
+
 pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
-    let factory: Arc<dyn sc::ChainFactory> = match a.nfs.as_str() {
-        "test" => Arc::new(sc::testing::TestNfs),
-        _ => Arc::new(sc::BuiltinNfs),
-    };
+    let factory = chain_factory(&a.nfs);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

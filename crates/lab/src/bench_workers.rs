@@ -14,7 +14,6 @@
 //!   `state_intact` counts the rounds where it did.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -155,10 +154,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
-    let factory: Arc<dyn sc::ChainFactory> = match a.nfs.as_str() {
-        "test" => Arc::new(sc::testing::TestNfs),
-        _ => Arc::new(sc::BuiltinNfs),
-    };
+    let factory = crate::bench_setup::chain_factory(&a.nfs);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
