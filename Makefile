@@ -11,6 +11,8 @@ CARGO ?= cargo
 # Debian's python: it has python3-scapy. A pyenv/venv `python3` earlier on PATH may not.
 PYTHON ?= /usr/bin/python3
 FUZZ_SECONDS ?= 60
+# Test binaries are built with the `ci` profile (Cargo.toml: release without LTO).
+TEST_PROFILE ?= ci
 
 # rustup installs cargo here; make sure it is found even from a non-login shell.
 export PATH := $(if $(CARGO_HOME),$(CARGO_HOME),$(HOME)/.cargo)/bin:$(PATH)
@@ -38,10 +40,10 @@ lint:
 # golden corpus freshness, then a bounded fuzz run.
 test: setup
 	$(MAKE) --no-print-directory lint
-	$(CARGO) test --workspace --release
+	$(CARGO) test --workspace --profile $(TEST_PROFILE)
 	# The end-to-end suite again with the XDP fast path on: every test's flows become
 	# elephants after 50 packets in a window and run in the driver.
-	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --release -p starfabric --test e2e_testbed
+	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_testbed
 	$(MAKE) --no-print-directory test-elastic
 	$(MAKE) --no-print-directory test-isolation
 	$(MAKE) --no-print-directory golden-check
@@ -53,14 +55,14 @@ test: setup
 # measured with 0.5 ms probes. #[ignore]d in the workspace run above and run here one at a time: they look at
 # connection setup while SC groups change, which parallel testbeds on 2 cores would blur.
 test-elastic:
-	$(CARGO) test --release -p starfabric --test e2e_elastic -- --ignored --test-threads=1 --nocapture
-	$(CARGO) test --release -p starfabric --test e2e_pp_cluster -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_elastic -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_pp_cluster -- --ignored --test-threads=1 --nocapture
 
 # Tenant isolation at the PP node (docs/rate-isolation.md): a SYN flood (hping3) against
 # another tenant's paced connections; #[ignore]d in the workspace run for the same reason
 # as test-elastic (it times connection setup) and run here on its own.
 test-isolation:
-	$(CARGO) test --release -p starfabric --test e2e_isolation -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_isolation -- --ignored --test-threads=1 --nocapture
 
 # Every bench a goal in bench/goals.json names, once, then the goals table; fails when a
 # goal is missed (needs root and the testbed's tools; takes ~10 minutes; CI does not run
