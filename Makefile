@@ -41,8 +41,9 @@ lint:
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# Sequential on purpose (also under -j): setup, lint, unit/integration tests,
-# golden corpus freshness, then a bounded fuzz run.
+# Sequential on purpose (also under -j): setup, lint, unit/integration tests, the
+# Kubernetes manifests (with the binary those tests built), golden corpus freshness,
+# then a bounded fuzz run.
 test: setup
 	$(MAKE) --no-print-directory lint
 	$(CARGO) test --workspace --profile $(TEST_PROFILE)
