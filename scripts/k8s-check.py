@@ -68,8 +68,16 @@ VAR_REF = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def oid(doc):
-    md = doc.get("metadata") or {}
-    return f"{doc.get('kind')}/{md.get('name')}"
+    return f"{doc.get('kind')}/{name(doc)}"
+
+
+def name(doc):
+    return (doc.get("metadata") or {}).get("name")
+
+
+def is_starfabric_image(image):
+    """`starfabric:dev`, `registry.example.com/x/starfabric:1.0`, `...@sha256:...`."""
+    return str(image).split("@")[0].rsplit("/", 1)[-1].split(":")[0] == "starfabric"
 
 
 def load_docs(path):
@@ -153,7 +161,7 @@ def env_names(c, docs):
         ref = src.get("configMapRef")
         if ref:
             for d in docs:
-                if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == ref.get("name"):
+                if d.get("kind") == "ConfigMap" and name(d) == ref.get("name"):
                     names |= set((d.get("data") or {}).keys())
     return names
 
@@ -171,9 +179,9 @@ def check_semantics(docs):
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d.get("kind"), []).append(d)
-    cms = {d["metadata"]["name"] for d in by_kind.get("ConfigMap", [])}
-    secrets = {d["metadata"]["name"] for d in by_kind.get("Secret", [])} | EXTERNAL_SECRETS
-    namespaces = {d["metadata"]["name"] for d in by_kind.get("Namespace", [])}
+    cms = {name(d) for d in by_kind.get("ConfigMap", [])}
+    secrets = {name(d) for d in by_kind.get("Secret", [])} | EXTERNAL_SECRETS
+    namespaces = {name(d) for d in by_kind.get("Namespace", [])}
     workloads = [d for d in docs if pod_spec(d) is not None]
     seen = set()
     for d in docs:
@@ -192,7 +200,7 @@ def check_semantics(docs):
             errs.append(f"{oid(d)}: spec.selector {sel} does not select its own template's labels {labels}")
         if d.get("kind") == "StatefulSet":
             svc = d["spec"].get("serviceName")
-            match = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == svc]
+            match = [s for s in by_kind.get("Service", []) if name(s) == svc]
             if not match:
                 errs.append(f"{oid(d)}: serviceName {svc!r}: no such Service")
             elif (match[0].get("spec") or {}).get("clusterIP") != "None":
@@ -205,7 +213,7 @@ def check_semantics(docs):
                 errs.append(f"{oid(d)}: volume {v['name']}: no ConfigMap {v['configMap'].get('name')!r}")
             if "secret" in v and not v["secret"].get("optional") and v["secret"].get("secretName") not in secrets:
                 errs.append(f"{oid(d)}: volume {v['name']}: no Secret {v['secret'].get('secretName')!r} (neither in the manifests nor documented as created by hand)")
-        claims = {t["metadata"]["name"] for t in (d.get("spec") or {}).get("volumeClaimTemplates") or []}
+        claims = {name(t) for t in (d.get("spec") or {}).get("volumeClaimTemplates") or []}
         for c in containers(spec):
             cname = f"{oid(d)} container {c.get('name')}"
             ports = {p.get("name") for p in c.get("ports") or [] if p.get("name")}
@@ -284,7 +292,7 @@ def expand(words, c, workload_name, docs):
     for src in c.get("envFrom") or []:
         ref = src.get("configMapRef")
         for d in docs:
-            if ref and d.get("kind") == "ConfigMap" and d["metadata"]["name"] == ref.get("name"):
+            if ref and d.get("kind") == "ConfigMap" and name(d) == ref.get("name"):
                 values.update(d.get("data") or {})
     return [VAR_REF.sub(lambda m: values.get(m.group(1), m.group(0)), str(w)) for w in words]
 
@@ -346,7 +354,7 @@ def check_fm_config(binary, cname, words, c, spec, docs):
         if not cm:
             return []
         data = next((d.get("data") or {} for d in docs
-                     if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == cm.get("name")), {})
+                     if d.get("kind") == "ConfigMap" and name(d) == cm.get("name")), {})
         key = cfg[len(mp):]
         if key not in data:
             return [f"{cname}: --config {cfg}: ConfigMap {cm.get('name')!r} has no key {key!r}"]
@@ -370,10 +378,14 @@ def check_starfabric(docs, binary):
             continue
         for c in containers(spec):
             cmd = list(c.get("command") or [])
-            if not cmd or os.path.basename(cmd[0]) != "starfabric":
+            if cmd and os.path.basename(cmd[0]) == "starfabric":
+                line = cmd[1:] + list(c.get("args") or [])
+            elif not cmd and is_starfabric_image(c.get("image", "")):
+                line = list(c.get("args") or [])  # the image's ENTRYPOINT is starfabric
+            else:
                 continue
             cname = f"{oid(d)} container {c.get('name')}"
-            words = expand(cmd[1:] + list(c.get("args") or []), c, d["metadata"]["name"], docs)
+            words = expand(line, c, name(d), docs)
             errs += check_cli(binary, cname, words)
             checked += 1
             for i, w in enumerate(words):
