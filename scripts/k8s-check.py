@@ -28,7 +28,6 @@ Run with the tools venv's python (scripts/setup.sh makes it):
 """
 
 import argparse
-import json
 import os
 import re
 import shlex
