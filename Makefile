@@ -18,10 +18,15 @@ TEST_PROFILE ?= ci
 export PATH := $(if $(CARGO_HOME),$(CARGO_HOME),$(HOME)/.cargo)/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
+# The Kubernetes manifests' check (deploy/k8s, docs/deploy.md): the venv setup.sh makes
+# and the binary whose command lines the manifests must parse with.
+K8S_VENV ?= .venv-tools
+K8S_BIN  ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)/$(TEST_PROFILE)/starfabric
+
 GOLDEN_GEN    := tests/golden/gen.py
 GOLDEN_CORPUS := tests/golden/corpus.txt
 
-.PHONY: all setup build lint test test-elastic test-isolation golden golden-check fuzz demo bench bench-gate clean
+.PHONY: all setup build lint test test-elastic test-isolation golden golden-check k8s-check fuzz demo bench bench-gate clean
 
 all: build
 
@@ -36,11 +41,13 @@ lint:
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# Sequential on purpose (also under -j): setup, lint, unit/integration tests,
-# golden corpus freshness, then a bounded fuzz run.
+# Sequential on purpose (also under -j): setup, lint, unit/integration tests, the
+# Kubernetes manifests (with the binary those tests built), golden corpus freshness,
+# then a bounded fuzz run.
 test: setup
 	$(MAKE) --no-print-directory lint
 	$(CARGO) test --workspace --profile $(TEST_PROFILE)
+	$(MAKE) --no-print-directory k8s-check
 	# The end-to-end suite again with the XDP fast path on: every test's flows become
 	# elephants after 50 packets in a window and run in the driver.
 	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_testbed
@@ -69,6 +76,16 @@ test-isolation:
 # it). BENCH_GATE_ARGS: e.g. `--only setup,e2e`, `--from DIR` to check saved outputs.
 bench-gate: build
 	$(PYTHON) scripts/bench-gate.py --bin target/release/starfabric $(BENCH_GATE_ARGS)
+
+# deploy/k8s against the Kubernetes API's schemas (strict), what the API server would
+# refuse besides, every starfabric command line against the binary's own parser, and
+# the bad manifests of deploy/k8s/testdata (each must be rejected). A few seconds. It
+# checks the binary at K8S_BIN, which `make test` has just built; it builds one only
+# when there is none.
+k8s-check:
+	@test -x $(K8S_VENV)/bin/python || { echo "k8s-check: $(K8S_VENV) is missing: run make setup" >&2; exit 1; }
+	@test -x $(K8S_BIN) || $(CARGO) build --profile $(TEST_PROFILE) -p starfabric
+	$(K8S_VENV)/bin/python scripts/k8s-check.py --bin $(K8S_BIN)
 
 golden:
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT; \

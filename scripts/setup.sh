@@ -28,6 +28,8 @@ APT_PACKAGES=(
     nftables netsniff-ng
     # The isolation scenario's SYN flood (crates/testbed/src/isolation.rs).
     hping3
+    # `make k8s-check`: its Python tools go into a venv of Debian's python (below).
+    python3-venv
 )
 
 # ---- apt packages -----------------------------------------------------------
@@ -83,6 +85,33 @@ fi
 /usr/bin/python3 -c 'import scapy' 2>/dev/null \
     || die "/usr/bin/python3 cannot import scapy (python3-scapy broken?)"
 step "python: /usr/bin/python3 has scapy"
+
+# ---- make k8s-check's Python tools ------------------------------------------
+# kubernetes-validate (the Kubernetes API's JSON schemas) and its dependencies, pinned
+# in scripts/requirements-k8s.txt, in a venv of Debian's python under the work tree
+# (.venv-tools/, ignored by git): nothing goes into the system python. Reinstalled
+# when the requirements file changes (a copy of it in the venv is the stamp).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv-tools"
+REQ="$ROOT/scripts/requirements-k8s.txt"
+if [ -x "$VENV/bin/python" ] && cmp -s "$REQ" "$VENV/requirements-k8s.txt" \
+    && "$VENV/bin/python" -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
+    step "k8s tools: present ($VENV: $("$VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | awk '$1 == "kubernetes-validate" {print $1 " " $2}'))"
+else
+    step "k8s tools: installing into $VENV (pip install -r scripts/requirements-k8s.txt; about a minute)"
+    if ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+        rm -rf "$VENV"
+        /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv $VENV failed (python3-venv missing?)"
+    fi
+    log="$(mktemp -t starfabric-setup-pip.XXXXXX)"
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q -r "$REQ" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2; die "pip install -r $REQ failed (log: $log)"
+    fi
+    rm -f "$log"
+    "$VENV/bin/python" -c 'import kubernetes_validate, jsonschema, yaml' \
+        || die "$VENV still cannot import kubernetes_validate after the install"
+    cp "$REQ" "$VENV/requirements-k8s.txt"
+fi
 
 # ---- Rust toolchain ---------------------------------------------------------
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"

@@ -35,6 +35,10 @@ struct Cli {
     /// Log as JSON lines.
     #[arg(long, global = true)]
     log_json: bool,
+    /// Parse the command line, then exit without running anything (0: it parses). The
+    /// Kubernetes manifests' command lines are checked with it (scripts/k8s-check.py).
+    #[arg(long, global = true, hide = true)]
+    check_args: bool,
     #[command(flatten)]
     client: ctl::cli::ClientArgs,
     #[command(subcommand)]
@@ -122,6 +126,10 @@ enum Cmd {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if cli.check_args {
+        println!("starfabric: the command line parses");
+        return Ok(());
+    }
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)?;
     let sub = tracing_subscriber::fmt()
         .with_env_filter(filter)
