@@ -3,8 +3,9 @@
 //! generated instances at each core count (or a `--workload` file's problems), median
 //! throughput and latency, and `s2c_vs_rr` / `s2c_vs_best_heuristic`.
 //!
-//! The node part (≥ 6 workers on the SC node) is `report.node`, printed when present;
-//! it stays None until the SC worker pool is wired in.
+//! On this node (`bench_cores_node`): generated instances scaled to this machine run
+//! as µVNFs on the SC worker pool under each assigner; `node` has the medians, the
+//! learned assigner's ratio to RR and the twin's Spearman ρ, `node_runs` every run.
 
 use std::path::PathBuf;
 
@@ -12,6 +13,17 @@ use anyhow::{Context, Result};
 use clap::Args;
 use cores::bench::{BenchOptions, BenchReport};
 use cores::{Sfc2cpuModel, Workload};
+use serde::Serialize;
+
+use crate::bench_cores_node::{NodeDetail, NodeOptions};
+
+/// The report: the twin half (`cores::bench`'s fields) and the node's runs.
+#[derive(Debug, Serialize)]
+pub struct CoresBench {
+    #[serde(flatten)]
+    pub report: BenchReport,
+    pub node_runs: Option<NodeDetail>,
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct CoresBenchArgs {
@@ -30,9 +42,19 @@ pub struct CoresBenchArgs {
     /// The learned assigner's model (default: the one shipped with this build).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Instances run on this node's SC worker pool (0: the twin half only). With
+    /// `--workload`, its first problems, scaled to this machine.
+    #[arg(long, default_value_t = 20)]
+    pub node_instances: usize,
+    /// Requests per second over all SFCs of a node instance.
+    #[arg(long, default_value_t = 5000.0)]
+    pub node_rps: f64,
+    /// Measured time per assigner and node instance (after 300 ms warm-up).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub node_measure_ms: u64,
 }
 
-pub fn run(a: &CoresBenchArgs) -> Result<BenchReport> {
+pub fn run(a: &CoresBenchArgs) -> Result<CoresBench> {
     let workload = a
         .workload
         .as_ref()
@@ -53,6 +75,12 @@ pub fn run(a: &CoresBenchArgs) -> Result<BenchReport> {
         None => Sfc2cpuModel::shipped().context("the shipped sfc2cpu model")?,
     };
     let learned = model.assigner();
+    anyhow::ensure!(
+        a.node_rps.is_finite() && a.node_rps > 0.0 && a.node_rps <= 1e6,
+        "--node-rps must be in (0, 1e6], got {}",
+        a.node_rps
+    );
+    let node_problems = workload.as_ref().map(|w| w.problems.clone());
     let opts = BenchOptions {
         instances: a.instances,
         cores: a.cores.clone(),
@@ -60,15 +88,37 @@ pub fn run(a: &CoresBenchArgs) -> Result<BenchReport> {
         ..BenchOptions::default()
     };
     let quiet = a.json;
-    let r = cores::bench::run(&opts, Some(&learned), &mut |line| {
+    let mut r = cores::bench::run(&opts, Some(&learned), &mut |line| {
         if !quiet {
             eprintln!("  {line}");
         }
     })?;
-    Ok(r)
+    let mut node_runs = None;
+    if a.node_instances > 0 {
+        let o = NodeOptions {
+            instances: a.node_instances,
+            system_rps: a.node_rps,
+            measure: std::time::Duration::from_millis(a.node_measure_ms),
+            problems: node_problems,
+            twin: opts.twin,
+            ..NodeOptions::default()
+        };
+        let (section, detail) = crate::bench_cores_node::run(&o, Some(&learned), &mut |line| {
+            if !quiet {
+                eprintln!("  {line}");
+            }
+        })?;
+        r.node = Some(section);
+        node_runs = Some(detail);
+    }
+    Ok(CoresBench {
+        report: r,
+        node_runs,
+    })
 }
 
-pub fn print(r: &BenchReport) {
+pub fn print(b: &CoresBench) {
+    let r = &b.report;
     println!(
         "core assignment in the twin ({}; T {} ms, γ {}, {:?}, backpressure {}):",
         r.source,
@@ -126,7 +176,24 @@ pub fn print(r: &BenchReport) {
             println!("  s2c_vs_rr {x:.3}");
         }
         if let Some(x) = n.twin_spearman_rho {
-            println!("  twin vs node Spearman ρ {x:.3}");
+            println!("  twin vs node Spearman ρ (RR, LLF, FFD over all instances) {x:.3}");
+        }
+        if let Some(d) = &b.node_runs {
+            let rhos: Vec<f64> = d.instances.iter().filter_map(|i| i.rho).collect();
+            if !rhos.is_empty() {
+                println!(
+                    "  within-instance ρ: mean {:.3} over {} instances ({} tied)",
+                    rhos.iter().sum::<f64>() / rhos.len() as f64,
+                    rhos.len(),
+                    d.instances.len() - rhos.len()
+                );
+            }
+            let fb = d
+                .instances
+                .iter()
+                .filter(|i| i.fallback == Some(true))
+                .count();
+            println!("  watchdog fallbacks to RR: {fb} of {}", d.instances.len());
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod bench_cores;
+pub mod bench_cores_node;
 pub mod bench_e2e;
 pub mod bench_isolation;
 pub mod bench_placement;

@@ -14,6 +14,7 @@
 //! membership themselves; they follow FM's configuration, so there is exactly one
 //! authority for chain order.
 
+pub mod assign;
 pub mod factory;
 pub mod metrics;
 pub mod node;
@@ -23,6 +24,7 @@ pub mod replica;
 pub mod testing;
 pub mod workers;
 
+pub use assign::{assigner_by_name, Fallback, FallbackStep, Sfc2cpu, ASSIGNER_NAMES};
 pub use factory::{BuiltinNfs, ChainFactory};
 pub use node::{
     start, Assigner, GroupMetrics, ScConfig, ScCounters, ScHandle, ScObserver, ScProcess,

@@ -261,6 +261,11 @@ fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
             .map(|(i, p)| ([("worker", i.to_string())], i64::from(p.1))),
     )?;
     sc.counter(
+        "assigner_fallbacks",
+        "Learned core assignments that regressed over 5% and were replaced by round robin.",
+        w.assigner_fallbacks,
+    )?;
+    sc.counter(
         "worker_os_errors",
         "Affinity or nice calls the kernel refused.",
         w.os_errors,

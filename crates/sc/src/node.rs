@@ -40,6 +40,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::assign::{Fallback, FallbackStep};
 use crate::factory::ChainFactory;
 use crate::replica::{LinkChange, Outbox, ReplicaCore, ReplicaStats};
 use crate::workers::{
@@ -81,6 +82,9 @@ pub struct ScConfig {
     pub assigner: Assigner,
     /// Re-run the assigner this often (None: at start and on [`ScHandle::reassign`]).
     pub assign_period: Option<Duration>,
+    /// How a learned assigner is watched: RR's baseline and the learned assignment's
+    /// mean over `window` monitor samples; a drop over `tolerance` reverts to RR.
+    pub assign_watch: cores::watchdog::WatchdogConfig,
 }
 
 /// The node's [`CoreAssigner`] (a newtype so that the configuration stays `Debug`).
@@ -116,6 +120,7 @@ impl ScConfig {
             rate_cost_share: true,
             assigner: Assigner::default(),
             assign_period: None,
+            assign_watch: cores::watchdog::WatchdogConfig::default(),
         }
     }
 }
@@ -141,6 +146,9 @@ pub struct ScCounters {
     /// `queue_limit` (reason `queue`) or its chain lagged over `lag_limit` (`chain_lag`).
     pub shed_queue: AtomicU64,
     pub shed_chain_lag: AtomicU64,
+    /// Learned core assignments that regressed and were replaced by RR (paper 002
+    /// §III-A).
+    pub assigner_fallbacks: AtomicU64,
 }
 
 enum ReplicaIn {
@@ -290,6 +298,8 @@ struct Shared {
     /// first decision there (the pool's own cost, Serpens Table IV's).
     build_hist: StartHistogram,
     place_hist: StartHistogram,
+    /// The watch over a learned assigner (used when `cfg.assigner` is watched).
+    fallback: Mutex<Fallback>,
 }
 
 impl Shared {
@@ -353,6 +363,7 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
     let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
     let (to_fm, to_fm_rx) = mpsc::unbounded_channel();
     let pool = WorkerPool::start(&cfg.node_id, cfg.workers)?;
+    let cfg_watch = cfg.assign_watch;
     let shared = Arc::new(Shared {
         cfg,
         advertise,
@@ -375,6 +386,7 @@ pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHa
         wake_hist: StartHistogram::default(),
         build_hist: StartHistogram::default(),
         place_hist: StartHistogram::default(),
+        fallback: Mutex::new(Fallback::new(cfg_watch)),
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -440,12 +452,16 @@ impl ScHandle {
     }
 
     /// Measure the workers, ask the node's assigner for a core per worker, and pin
-    /// them: the cores, one per worker.
+    /// them: the cores, one per worker. A watched (learned) assigner starts over: RR
+    /// now, for a new baseline, then the learned assignment (see [`Fallback`]).
     pub fn reassign(&self) -> Result<Vec<usize>, ScError> {
         let loads = self.shared.pool.sample();
-        self.shared
-            .pool
-            .reassign(self.shared.cfg.assigner.0.as_ref(), &loads)
+        let a = self.shared.cfg.assigner.0.clone();
+        if a.watched() {
+            lock(&self.shared.fallback).restart();
+            return self.shared.pool.reassign(&RoundRobin, &loads);
+        }
+        self.shared.pool.reassign(a.as_ref(), &loads)
     }
 
     /// Park `group`'s replica now, as if it had been idle (scale to zero on demand).
@@ -536,7 +552,9 @@ impl ScObserver {
                 .collect(),
             os_errors: sh.pool.counters.os_errors.load(Ordering::Relaxed),
             reassignments: sh.pool.counters.reassignments.load(Ordering::Relaxed),
-            assigner: sh.cfg.assigner.0.name().to_string(),
+            assigner: active_assigner(sh),
+            assigner_fallbacks: c.assigner_fallbacks.load(Ordering::Relaxed),
+            assigner_fallback_reason: lock(&sh.fallback).last_reason().map(str::to_string),
         }
     }
 
@@ -579,7 +597,27 @@ pub struct WorkerStats {
     pub placement: Vec<(usize, i32, usize)>,
     pub os_errors: u64,
     pub reassignments: u64,
+    /// The assignment in force: the assigner's name, or `rr (baseline for s2c)` /
+    /// `rr (fallback from s2c)` while a learned one is measured or was reverted.
     pub assigner: String,
+    pub assigner_fallbacks: u64,
+    /// Why the latest fallback happened.
+    pub assigner_fallback_reason: Option<String>,
+}
+
+fn active_assigner(sh: &Shared) -> String {
+    let a = &sh.cfg.assigner.0;
+    if !a.watched() {
+        return a.name().to_string();
+    }
+    let f = lock(&sh.fallback);
+    if f.watched_active() {
+        a.name().to_string()
+    } else if f.fallbacks() > 0 && f.last_reason().is_some() {
+        format!("rr (fallback from {})", a.name())
+    } else {
+        format!("rr (baseline for {})", a.name())
+    }
 }
 
 impl Drop for ScHandle {
@@ -1264,10 +1302,14 @@ async fn monitor(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_assign = Instant::now();
     let assigner = shared.cfg.assigner.0.clone();
-    if let Err(e) = shared
-        .pool
-        .reassign(assigner.as_ref(), &shared.pool.sample())
-    {
+    // A watched (learned) assigner is applied only once RR's throughput is known.
+    let watched = assigner.watched();
+    let first: &dyn CoreAssigner = if watched {
+        &RoundRobin
+    } else {
+        assigner.as_ref()
+    };
+    if let Err(e) = shared.pool.reassign(first, &shared.pool.sample()) {
         warn!(error = %e, "initial core assignment refused; workers stay round robin");
     }
     loop {
@@ -1275,6 +1317,40 @@ async fn monitor(shared: Arc<Shared>) {
         let loads = shared.pool.sample();
         if shared.cfg.rate_cost_share {
             shared.pool.apply_rate_cost_share(&loads);
+        }
+        if watched {
+            let throughput: f64 = loads.iter().map(|l| l.arrival_per_s).sum();
+            let step = lock(&shared.fallback).observe(throughput);
+            match step {
+                FallbackStep::Stay => {}
+                FallbackStep::ApplyWatched { rr_throughput } => {
+                    last_assign = Instant::now();
+                    match shared.pool.reassign(assigner.as_ref(), &loads) {
+                        Ok(cores) => info!(
+                            event = "assigner_applied",
+                            assigner = assigner.name(),
+                            rr_throughput,
+                            ?cores,
+                            "learned core assignment applied; watching throughput against RR's"
+                        ),
+                        Err(e) => warn!(error = %e, "core assignment refused"),
+                    }
+                }
+                FallbackStep::RevertToRr { reason } => {
+                    shared
+                        .counters
+                        .assigner_fallbacks
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(event = "assigner_fallback", assigner = assigner.name(), %reason,
+                          "learned core assignment regressed; back to round robin");
+                    if let Err(e) = shared.pool.reassign(&RoundRobin, &loads) {
+                        warn!(error = %e, "round robin assignment refused");
+                    }
+                }
+            }
+            if !lock(&shared.fallback).watched_active() {
+                continue;
+            }
         }
         if let Some(p) = shared.cfg.assign_period {
             if last_assign.elapsed() >= p {

@@ -45,6 +45,12 @@ pub struct ScProcessConfig {
     pub workers: Option<usize>,
     /// Idle time after which a replica parks (None: never).
     pub idle: Option<Duration>,
+    /// Core assigner (one of [`crate::ASSIGNER_NAMES`]; None: RR).
+    pub assigner: Option<String>,
+    /// The learned assigner's model file (None: the one shipped in this build).
+    pub assigner_model: Option<std::path::PathBuf>,
+    /// Re-run the assigner this often (None: at start and on request).
+    pub assign_period: Option<Duration>,
 }
 
 /// A running SC node.
@@ -102,6 +108,16 @@ pub fn start(
         cfg.workers = n;
     }
     cfg.idle = a.idle;
+    if let Some(name) = &a.assigner {
+        let (assigner, why) = crate::assigner_by_name(name, a.assigner_model.as_deref())
+            .map_err(|e| ScProcessError::Config(format!("--assigner: {e}")))?;
+        if let Some(why) = why {
+            // The node runs on with RR; operators read this line and the status.
+            say(&format!("sc: {why}"));
+        }
+        cfg.assigner = crate::Assigner(assigner);
+    }
+    cfg.assign_period = a.assign_period;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -44,6 +44,11 @@ pub trait CoreAssigner: Send + Sync {
     fn name(&self) -> &str;
     /// One core (`0..cores`) per entry of `workers`, in the same order.
     fn assign(&self, cores: usize, workers: &[WorkerLoad]) -> Vec<usize>;
+    /// Whether the node must watch the throughput after applying this assigner's answer
+    /// and go back to RR on a regression (paper 002 §III-A: the learned assigner).
+    fn watched(&self) -> bool {
+        false
+    }
 }
 
 /// Worker `i` on core `i mod cores`: the default, and sfc2cpu's fallback.
@@ -258,6 +263,7 @@ impl WorkerPool {
                 .name(format!("sc-w{id}-{node}"))
                 .spawn(move || {
                     w2.tid.store(gettid(), Ordering::Relaxed);
+                    warm_up(&rt);
                     let _ = ready_tx.send(());
                     rt.block_on(async move {
                         // A closed channel (the pool dropped) stops it too.
@@ -475,6 +481,29 @@ impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Pay now what a replica's first decision on a fresh worker would otherwise pay for
+/// (measured in `bench workers`: a new replica's first decision took 100-350 µs where a
+/// woken one's takes 20 µs): the thread's malloc arena (glibc makes one on a thread's
+/// first allocation), its stack pages, and the runtime's timer and task machinery.
+fn warm_up(rt: &tokio::runtime::Runtime) {
+    let heap = vec![1u8; 256 * 1024];
+    std::hint::black_box(&heap);
+    drop(heap);
+    let mut stack = [0u8; 64 * 1024];
+    std::hint::black_box(&mut stack);
+    rt.block_on(async {
+        let t = tokio::spawn(async {
+            let mut iv = tokio::time::interval(Duration::from_micros(10));
+            iv.tick().await;
+            iv.tick().await;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+            let _ = tx.send(1);
+            rx.recv().await
+        });
+        let _ = t.await;
+    });
 }
 
 /// Nice level for a worker's demand against the heaviest worker's (see

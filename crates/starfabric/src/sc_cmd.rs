@@ -53,6 +53,17 @@ pub struct ScArgs {
     /// Park a replica idle this long (scale to zero; docs/workers.md). Default: never.
     #[arg(long)]
     idle_ms: Option<u64>,
+    /// Which core each worker is pinned to (docs/cores.md): `rr`, `llf`, `ffd` or
+    /// `s2c` (the learned sfc2cpu assigner, watched: back to RR on a > 5% regression).
+    #[arg(long, default_value = "rr", value_parser = clap::builder::PossibleValuesParser::new(sc::ASSIGNER_NAMES))]
+    assigner: String,
+    /// The `s2c` assigner's model file (default: the one shipped in this build). A
+    /// missing, corrupt or other-version file makes the node use RR and say so.
+    #[arg(long)]
+    assigner_model: Option<std::path::PathBuf>,
+    /// Re-run the assigner on the measured loads this often (default: at start only).
+    #[arg(long)]
+    assign_period_ms: Option<u64>,
 }
 
 /// `bw=10,cpu=2,mem=4,price=1` (any subset, any order) as a node capacity.
@@ -100,6 +111,9 @@ pub fn run(a: ScArgs) -> Result<()> {
         lines: telemetry::Lines::stdout(),
         workers: a.workers,
         idle: a.idle_ms.map(Duration::from_millis),
+        assigner: Some(a.assigner),
+        assigner_model: a.assigner_model,
+        assign_period: a.assign_period_ms.map(Duration::from_millis),
     };
     let Some(node) = sc::process::start(cfg, stop)? else {
         return Ok(());

@@ -22,7 +22,7 @@ use nfs::fw::{AclAction, AclProto};
 use testbed::chains::{self, Toward};
 use testbed::cleanup::namespaces_with_prefix;
 use testbed::measure;
-use testbed::platform::{self, Platform};
+use testbed::platform::{self, Platform, PlatformSpec};
 use testbed::services::{self, Nginx};
 use testbed::topo::{addr, Node};
 use testbed::{Resources, Testbed, TopologySpec};
@@ -676,4 +676,179 @@ fn demo_runs_its_tenants_through_the_cli_and_leaves_nothing_behind() {
         assert!(text.contains(needle), "demo output lacks {needle:?}");
     }
     assert!(namespaces_with_prefix("sfdemo-").is_empty());
+}
+
+/// A UDP server on the internet host: answers every datagram with the `addr:port` it
+/// came from. Bounded: it exits after 120 s.
+const UDP_PEER_SERVER: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.settimeout(0.5)
+end = time.time() + 120
+while time.time() < end:
+    try:
+        d, a = s.recvfrom(2048)
+    except socket.timeout:
+        continue
+    s.sendto(("%s:%d" % a).encode(), a)
+"#;
+
+/// A UDP client with a fixed source port: prints the server's answer (at most 5 tries).
+const UDP_PEER_CLIENT: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[3])))
+s.settimeout(1.0)
+for _ in range(5):
+    s.sendto(b"hi", (sys.argv[1], int(sys.argv[2])))
+    try:
+        d, _ = s.recvfrom(2048)
+        print(d.decode())
+        sys.exit(0)
+    except socket.timeout:
+        pass
+sys.exit("no answer")
+"#;
+
+/// What the internet host saw as the source of a datagram from VPC 0's client port
+/// `sport` to its port `dport`.
+fn udp_seen_as(tb: &Testbed, sport: u16, dport: u16) -> (Ipv4Addr, u16) {
+    let out = tb
+        .exec_full(
+            Node::Client(0),
+            &[
+                "python3",
+                "-c",
+                UDP_PEER_CLIENT,
+                &addr::INET.to_string(),
+                &dport.to_string(),
+                &sport.to_string(),
+            ],
+            Duration::from_secs(15),
+        )
+        .expect("run the UDP client");
+    assert!(
+        out.ok(),
+        "UDP {sport} → {dport}: {}: {}",
+        out.status,
+        out.stderr
+    );
+    let (a, p) = out
+        .stdout
+        .trim()
+        .split_once(':')
+        .unwrap_or_else(|| panic!("unexpected answer {:?}", out.stdout));
+    (a.parse().unwrap(), p.parse().unwrap())
+}
+
+/// The sum over SC nodes of metric `name` (no labels).
+fn sc_metric(tb: &Testbed, p: &Platform, nodes: usize, name: &str) -> Vec<f64> {
+    (0..nodes)
+        .map(|i| {
+            let body = tb
+                .exec(
+                    Node::Ctl,
+                    &[
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "2",
+                        &format!("http://{}/metrics", p.sc_metrics(i)),
+                    ],
+                    Duration::from_secs(5),
+                )
+                .unwrap_or_default();
+            body.lines()
+                .find_map(|l| {
+                    l.strip_prefix(name)
+                        .and_then(|r| r.strip_prefix(' '))
+                        .and_then(|v| v.trim().parse().ok())
+                })
+                .unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
+/// Serpens §III-B on real processes: SC nodes run with `--idle-ms`, so an idle FW → SNAT
+/// chain parks every replica (no busy worker on any node: zero instances) with its
+/// tables in the node's state manager. The next new flow from the same client socket
+/// wakes the chain, and SNAT gives it the same external address and port (an
+/// endpoint-independent mapping made before the chain went to zero). (FW conntrack
+/// entries kept and expired at zero: `cargo test -p itests --test sc_workers`.)
+#[test]
+fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping() {
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    for port in [9998u16, 9999] {
+        tb.spawn(
+            Node::Inet,
+            &format!("udp peer {port}"),
+            &[
+                "python3",
+                "-c",
+                UDP_PEER_SERVER,
+                &addr::INET.to_string(),
+                &port.to_string(),
+            ],
+        )
+        .unwrap();
+    }
+    let fw = chains::fw(
+        1,
+        vec![
+            chains::acl(AclAction::Allow, AclProto::Udp, 9998),
+            chains::acl(AclAction::Allow, AclProto::Udp, 9999),
+        ],
+        AclAction::Deny,
+    );
+    let chain = chains::chain(1, 1, 0, Toward::Internet, &[fw, chains::snat(0)]).unwrap();
+    let mut spec = PlatformSpec::new(vec![chain], vec![(testbed::topo::vni::tenant(0), 1, 1)]);
+    spec.sc_args = ["--idle-ms", "300", "--workers", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    spec.sc_metrics = true;
+    let nodes = spec.sc_nodes;
+    let p = lab.start_spec(&spec);
+
+    // The UDP servers listen before the first datagram.
+    testbed::cmd::wait_for("UDP peers listening", Duration::from_secs(5), || {
+        let ss = tb.exec(Node::Inet, &["ss", "-Hlun"], Duration::from_secs(5))?;
+        Ok((ss.contains(":9998 ") && ss.contains(":9999 ")).then_some(()))
+    })
+    .unwrap();
+    let first = udp_seen_as(tb, 40000, 9999);
+    assert_eq!(first.0, addr::pool(0), "not translated: {first:?}");
+
+    // Zero instances: every node has parked replicas and no busy worker.
+    testbed::cmd::wait_for("every SC replica parked", Duration::from_secs(15), || {
+        let parked = sc_metric(tb, &p, nodes, "starfabric_sc_replicas_parked");
+        let busy = sc_metric(tb, &p, nodes, "starfabric_sc_workers_busy");
+        Ok((parked.iter().all(|&v| v >= 1.0) && busy.iter().all(|&v| v == 0.0)).then_some(()))
+    })
+    .unwrap();
+    let wakes_before: f64 = sc_metric(tb, &p, nodes, "starfabric_sc_replica_wakes_total")
+        .iter()
+        .sum();
+
+    // A new flow (another destination port, so the PP node and FM have no rule for it)
+    // from the same client socket: the chain wakes, and SNAT's mapping is the same.
+    let second = udp_seen_as(tb, 40000, 9998);
+    assert_eq!(
+        second, first,
+        "the SNAT mapping did not survive zero instances"
+    );
+    let wakes_after: f64 = sc_metric(tb, &p, nodes, "starfabric_sc_replica_wakes_total")
+        .iter()
+        .sum();
+    assert!(
+        wakes_after > wakes_before,
+        "no replica woke for the new flow ({wakes_before} → {wakes_after})"
+    );
+    // Another client socket gets another mapping: the kept one is that socket's.
+    let other = udp_seen_as(tb, 40001, 9998);
+    assert_ne!(other.1, first.1, "two sockets share one external port");
 }

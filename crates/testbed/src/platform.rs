@@ -34,7 +34,15 @@ pub struct PlatformSpec {
     /// Also start a standby FM (same configuration, [`STANDBY_FM_PORT`]) and give the PP
     /// and SC nodes both addresses, so they fail over to it when the first FM dies.
     pub standby_fm: bool,
+    /// More arguments for every `starfabric sc`, e.g. `--idle-ms 300`.
+    pub sc_args: Vec<String>,
+    /// Give SC node `i` a metrics endpoint on [`SC_METRICS_PORT`] + `i` of the control
+    /// namespace ([`Platform::sc_metrics`]).
+    pub sc_metrics: bool,
 }
+
+/// SC node `i`'s metrics port with [`PlatformSpec::sc_metrics`]: this + `i`.
+pub const SC_METRICS_PORT: u16 = 9300;
 
 impl PlatformSpec {
     pub fn new(chains: Vec<ChainDef>, vpcs: Vec<(u32, u32, u32)>) -> Self {
@@ -46,6 +54,8 @@ impl PlatformSpec {
             pp_args: Vec::new(),
             pp_active: 1,
             standby_fm: false,
+            sc_args: Vec::new(),
+            sc_metrics: false,
         }
     }
 
@@ -81,6 +91,12 @@ pub struct Platform {
 pub const STANDBY_FM_PORT: u16 = 7001;
 
 impl Platform {
+    /// SC node `i`'s metrics address (`host:port` in the control namespace), with
+    /// [`PlatformSpec::sc_metrics`].
+    pub fn sc_metrics(&self, i: usize) -> String {
+        SocketAddrV4::new(addr::CTL, SC_METRICS_PORT + i as u16).to_string()
+    }
+
     /// The PP node's last stats line (`pp: t=.. rx=.. tx=.. hits=.. misses=.. drops=..`).
     pub fn pp_stats(&self) -> String {
         std::fs::read_to_string(&self.pp.log)
@@ -421,13 +437,15 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
     let mut scs = Vec::new();
     for i in 0..spec.sc_nodes {
         let id = format!("sc-{i}");
-        let p = tb.spawn(
-            Node::Ctl,
-            &format!("starfabric {id}"),
-            &[
-                &bin, "sc", "--fm", &fm_list, "--listen", &listen, "--id", &id,
-            ],
-        )?;
+        let metrics = SocketAddrV4::new(addr::CTL, SC_METRICS_PORT + i as u16).to_string();
+        let mut argv: Vec<&str> = vec![
+            &bin, "sc", "--fm", &fm_list, "--listen", &listen, "--id", &id,
+        ];
+        if spec.sc_metrics {
+            argv.extend(["--metrics", &metrics]);
+        }
+        argv.extend(spec.sc_args.iter().map(String::as_str));
+        let p = tb.spawn(Node::Ctl, &format!("starfabric {id}"), &argv)?;
         scs.push(p);
     }
     for p in &scs {
