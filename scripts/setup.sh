@@ -28,6 +28,9 @@ APT_PACKAGES=(
     nftables netsniff-ng
     # The isolation scenario's SYN flood (crates/testbed/src/isolation.rs).
     hping3
+    # The dashboard's browser test (crates/orchestrator/tests/ui_browser.rs): headless
+    # chromium driven over WebDriver by chromedriver.
+    chromium chromium-driver
 )
 
 # ---- apt packages -----------------------------------------------------------
