@@ -73,13 +73,20 @@ pub fn fm_event_tenant(detail: &Value, snap: &Snapshot) -> Option<String> {
     }
 }
 
-/// Only what `p` may see: everything for the admin, a tenant's own events for a tenant.
+/// Only what `p` may see: everything for the admin; for a tenant, its own events, with
+/// an FM's node id replaced by `fm` (which nodes exist is the operator's).
 pub fn visible(p: &Principal, events: Vec<Event>) -> Vec<Event> {
     match p.tenant() {
         None => events,
         Some(own) => events
             .into_iter()
             .filter(|e| e.tenant.as_deref() == Some(own))
+            .map(|mut e| {
+                if e.source != "orchestrator" {
+                    e.source = "fm".into();
+                }
+                e
+            })
             .collect(),
     }
 }
@@ -181,6 +188,7 @@ mod tests {
         let acme = visible(&Principal::Tenant("acme".into()), all.clone());
         assert_eq!(acme.len(), 1);
         assert_eq!(acme[0].tenant.as_deref(), Some("acme"));
+        assert_eq!(acme[0].source, "fm", "FM node ids are the operator's");
         assert_eq!(visible(&Principal::Admin, all).len(), 3);
     }
 

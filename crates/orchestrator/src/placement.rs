@@ -283,7 +283,7 @@ impl Engine {
                 "no placement satisfies the new limits, so they were not applied: {e}"
             )));
         }
-        let detail = serde_json::to_value(&l).unwrap_or_default();
+        let detail = serde_json::to_value(l).unwrap_or_default();
         shared
             .desired
             .write_placements(&plan.put, &plan.delete, Some(l))

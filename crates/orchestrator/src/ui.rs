@@ -719,8 +719,11 @@ fn counters(s: &TenantStats) -> Counters {
 /// viewer, so two browsers refreshing do not shorten each other's interval.
 #[derive(Default)]
 pub struct RateSampler {
-    samples: HashMap<u32, ((Instant, Counters), Option<(Instant, Counters)>)>,
+    samples: HashMap<u32, (Sample, Option<Sample>)>,
 }
+
+/// Counters and when they were read.
+type Sample = (Instant, Counters);
 
 impl RateSampler {
     pub const MIN_GAP: Duration = Duration::from_millis(900);
