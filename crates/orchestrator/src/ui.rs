@@ -495,6 +495,33 @@ fn render_topology(
         groups.entry(part.group).or_default().push(part);
     }
     let of_role = |r: v1::Role| nodes.iter().filter(move |n| n.role() == r);
+    // The vIPs each PP node owns, from FM's table (what it registered with otherwise).
+    let mut owned: HashMap<&str, Vec<&str>> = HashMap::new();
+    for o in vips
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .flat_map(|m| &m.vips)
+    {
+        if let Some(v) = &o.vip {
+            owned
+                .entry(o.node.as_str())
+                .or_default()
+                .push(v.ip.as_str());
+        }
+    }
+    let vips_of = |n: &NodeEntry| -> String {
+        let id = n.info().id;
+        match owned.get(id.as_str()) {
+            Some(v) => v.join(", "),
+            None => n
+                .info()
+                .owned_vips
+                .iter()
+                .map(|v| v.ip.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    };
     let mut clusters: BTreeMap<String, Vec<&NodeEntry>> = BTreeMap::new();
     for n in of_role(v1::Role::Pp) {
         clusters.entry(n.hello.cluster.clone()).or_default().push(n);
@@ -535,7 +562,7 @@ fn render_topology(
                             td.n { (format!("{:.0}", load.packets_per_s)) }
                             td.n { (format!("{:.0}", load.requests_per_s)) }
                             td.n { (load.flows) }
-                            td { (n.info().owned_vips.iter().map(|v| v.ip.clone()).collect::<Vec<_>>().join(", ")) }
+                            td { (vips_of(n)) }
                         }
                     }
                 }

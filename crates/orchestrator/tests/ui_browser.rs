@@ -86,7 +86,7 @@ impl Browser {
                     "--disable-gpu",
                     "--disable-dev-shm-usage",
                     "--no-first-run",
-                    "--window-size=1400,1000",
+                    "--window-size=1400,1250",
                     format!("--user-data-dir={}", self.profile.path().join("profile").display()),
                 ],
             }),
