@@ -209,7 +209,35 @@ async fn login_form(State(ui): State<UiState>, headers: HeaderMap) -> Response {
     }
 }
 
-async fn login(State(ui): State<UiState>, Form(f): Form<LoginForm>) -> Response {
+/// A form POST from another site's page (login CSRF): its `Origin` names another host
+/// than the one it was sent to. Browsers send `Origin` on every form POST.
+pub fn cross_site(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let origin_host = origin.split_once("://").map_or("", |(_, h)| h);
+    origin == "null" || origin_host != host
+}
+
+fn refuse_cross_site() -> Response {
+    error_page(
+        None,
+        &ApiError::forbidden("a form from another site cannot log in or out here"),
+    )
+}
+
+async fn login(
+    State(ui): State<UiState>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    if cross_site(&headers) {
+        return refuse_cross_site();
+    }
     let token = f.token.trim();
     if token.is_empty() {
         return html_response(StatusCode::UNAUTHORIZED, login_page(Some("Enter a token.")));
@@ -234,7 +262,10 @@ async fn login(State(ui): State<UiState>, Form(f): Form<LoginForm>) -> Response 
     }
 }
 
-async fn logout() -> Response {
+async fn logout(headers: HeaderMap) -> Response {
+    if cross_site(&headers) {
+        return refuse_cross_site();
+    }
     redirect_home(Some(set_cookie("", Some(0))))
 }
 
@@ -1089,6 +1120,21 @@ mod tests {
         assert_eq!(cookie_token(&h), Some("sft_00ff"));
         assert!(cookie_safe("sfa_0123abcd") && cookie_safe("sft_x-y"));
         assert!(!cookie_safe("a;b") && !cookie_safe("a b") && !cookie_safe(""));
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert!(!cross_site(&h), "no Origin: a non-browser client");
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        assert!(!cross_site(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        );
+        assert!(cross_site(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(cross_site(&h));
         let c = set_cookie("sft_1", None);
         let c = c.to_str().unwrap();
         assert!(c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Path=/ui"));
