@@ -25,7 +25,7 @@ use proto::v1;
 use serde::de::DeserializeOwned;
 use utoipa::OpenApi;
 
-use crate::auth::{same_secret, Principal};
+use crate::auth::{authenticate, Principal};
 use crate::control::Shared;
 use crate::desired::{Paging, Put};
 use crate::error::ApiError;
@@ -89,13 +89,9 @@ impl FromRequestParts<AppState> for Principal {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
-        if same_secret(token, &st.cfg.admin_token) {
-            return Ok(Principal::Admin);
-        }
-        match st.desired.token_tenant(token).await? {
-            Some(t) => Ok(Principal::Tenant(t)),
-            None => Err(ApiError::unauthorized("unknown or revoked token")),
-        }
+        authenticate(token, &st.cfg.admin_token, &st.desired)
+            .await?
+            .ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))
     }
 }
 
@@ -590,6 +586,11 @@ async fn list_partitions(
     State(st): State<AppState>,
     p: Principal,
 ) -> Result<Json<Vec<Partition>>, ApiError> {
+    Ok(Json(partitions(&st, &p).await?))
+}
+
+/// The partitions FMs report, those of tenants `p` may see.
+pub(crate) async fn partitions(st: &Shared, p: &Principal) -> Result<Vec<Partition>, ApiError> {
     let snap = st.snapshot().await?;
     let mut out = Vec::new();
     for n in st.node_list() {
@@ -626,10 +627,14 @@ async fn list_partitions(
             });
         }
     }
-    Ok(Json(out))
+    Ok(out)
 }
 
-fn tenant_stats(st: &Shared, snap: &crate::desired::Snapshot, tenant: &Tenant) -> TenantStats {
+pub(crate) fn tenant_stats(
+    st: &Shared,
+    snap: &crate::desired::Snapshot,
+    tenant: &Tenant,
+) -> TenantStats {
     let mut s = TenantStats {
         tenant: tenant.name.clone(),
         id: tenant.id,
@@ -791,6 +796,19 @@ async fn status(State(st): State<AppState>, p: Principal) -> Result<Json<Status>
     }))
 }
 
+#[utoipa::path(get, path = "/v1/events", tag = "nodes",
+    params(("limit" = Option<u32>, Query, description = "1..=1000, default 100")),
+    responses((status = 200, body = EventsView, description = "newest first: the orchestrator's placement decisions and every FM's event log (scales, nodes, vIPs, the autoscaler); a tenant token sees only the events about its tenant")))]
+async fn list_events(
+    State(st): State<AppState>,
+    p: Principal,
+    q: Params,
+) -> Result<Json<EventsView>, ApiError> {
+    let q = q.only(&["limit"])?;
+    let limit = q.paging()?.limit;
+    Ok(Json(crate::events::collect(&st, &p, limit).await))
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -806,9 +824,9 @@ async fn healthz() -> &'static str {
           list_chains, get_chain, put_chain, delete_chain,
           create_token, list_tokens, delete_token,
           list_nodes, get_node, list_partitions, status,
-          get_tenant_stats, list_stats, list_flows, get_placement, put_placement_limits),
+          get_tenant_stats, list_stats, list_flows, list_events, get_placement, put_placement_limits),
     components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
-                       Node, Partition, Flow, TenantStats, Token, Status, ErrorBody, ErrorDetail,
+                       Node, Partition, Flow, Event, EventsView, TenantStats, Token, Status, ErrorBody, ErrorDetail,
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
                        VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
                        RateSpec, TenantRatesSpec, TenantRatesView, RateStatus,
@@ -854,6 +872,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/nodes/:id", get(get_node))
         .route("/v1/partitions", get(list_partitions))
         .route("/v1/stats", get(list_stats))
+        .route("/v1/events", get(list_events))
         .route("/v1/apply", axum::routing::post(apply))
         .route("/v1/tenants", get(list_tenants))
         .route(
@@ -892,5 +911,6 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tenants/:tenant/stats", get(get_tenant_stats))
         .route("/v1/tenants/:tenant/flows", get(list_flows))
         .fallback(not_found)
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(crate::ui::router(state))
 }

@@ -49,6 +49,20 @@ impl Principal {
     }
 }
 
+/// Who `token` acts as: the admin token, a live tenant token, or nobody (`None`). The
+/// REST API (`Authorization: Bearer`) and the dashboard (its session cookie) both ask
+/// this, so they authorize alike.
+pub async fn authenticate(
+    token: &str,
+    admin_token: &str,
+    desired: &crate::desired::Desired,
+) -> Result<Option<Principal>, ApiError> {
+    if same_secret(token, admin_token) {
+        return Ok(Some(Principal::Admin));
+    }
+    Ok(desired.token_tenant(token).await?.map(Principal::Tenant))
+}
+
 pub fn token_hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }

@@ -111,6 +111,8 @@ pub struct Shared {
     pub started: Instant,
     /// The placement engine; one pass at a time.
     pub placement: tokio::sync::Mutex<crate::placement::Engine>,
+    /// The orchestrator's own recent events (placement decisions), for `/v1/events`.
+    pub events: crate::events::EventRing,
 }
 
 impl Shared {
@@ -125,6 +127,7 @@ impl Shared {
             snapshot: tokio::sync::Mutex::new(None),
             next_session: std::sync::atomic::AtomicU64::new(1),
             started: Instant::now(),
+            events: Default::default(),
         })
     }
 

@@ -27,9 +27,11 @@ pub mod client;
 pub mod control;
 pub mod desired;
 pub mod error;
+pub mod events;
 pub mod model;
 pub mod placement;
 pub mod provider;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -423,6 +423,34 @@ pub struct Status {
     pub nodes: Vec<Node>,
 }
 
+/// One event: the orchestrator's own (placement) or one from an FM's event log (scales,
+/// node joins and deaths, vIP moves, the autoscaler's decisions). `GET /v1/events`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    /// `orchestrator`, or the id of the FM whose log it is from.
+    pub source: String,
+    /// Increasing per source (an FM restarted starts again at 1).
+    pub seq: u64,
+    pub unix_ms: u64,
+    /// snake_case, e.g. `placement_written`, `sc_scale_out_done`, `autoscale_decision`.
+    pub kind: String,
+    /// The tenant it is about, if any: a tenant token sees only its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub message: String,
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+/// `GET /v1/events`: newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EventsView {
+    pub items: Vec<Event>,
+    /// Sources that could not be read (an FM that did not answer).
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
+
 /// A page of a list. Pass `next` as `after` to get the following page.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Page<T> {

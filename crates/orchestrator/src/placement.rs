@@ -195,6 +195,12 @@ impl Engine {
         if plan.error != self.last_error {
             if let Some(e) = &plan.error {
                 warn!(error = %e, "placement");
+                shared.events.push(
+                    "placement_failed",
+                    None,
+                    format!("placement: {e}"),
+                    serde_json::json!({ "error": e }),
+                );
             }
             self.last_error = plan.error.clone();
         }
@@ -217,6 +223,47 @@ impl Engine {
             .desired
             .write_placement_records(&plan.put, &plan.delete, None, &clusters)
             .await?;
+        for p in &plan.put {
+            let message = match &p.error {
+                None => format!(
+                    "{} placed on {} ({})",
+                    p.tenant,
+                    p.sc_nodes.join(", "),
+                    p.algorithm
+                ),
+                Some(e) => format!("{} kept on {}: {e}", p.tenant, p.sc_nodes.join(", ")),
+            };
+            shared.events.push(
+                "placement_written",
+                Some(&p.tenant),
+                message,
+                serde_json::to_value(p).unwrap_or_default(),
+            );
+        }
+        for t in &plan.delete {
+            shared.events.push(
+                "placement_deleted",
+                Some(t),
+                format!("{t}'s shard set forgotten"),
+                serde_json::json!({ "tenant": t }),
+            );
+        }
+        for c in &clusters {
+            shared.events.push(
+                "vpc_clusters_written",
+                Some(&c.tenant),
+                format!(
+                    "{}'s VPCs mapped to PP clusters: {}",
+                    c.tenant,
+                    c.vpcs
+                        .iter()
+                        .map(|(v, cl)| format!("{v} -> {cl}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                serde_json::to_value(c).unwrap_or_default(),
+            );
+        }
         Ok(true)
     }
 
@@ -236,6 +283,7 @@ impl Engine {
                 "no placement satisfies the new limits, so they were not applied: {e}"
             )));
         }
+        let detail = serde_json::to_value(l).unwrap_or_default();
         shared
             .desired
             .write_placements(&plan.put, &plan.delete, Some(l))
@@ -244,6 +292,15 @@ impl Engine {
             ?limits,
             changed = plan.put.len(),
             "placement limits changed"
+        );
+        shared.events.push(
+            "placement_limits_changed",
+            None,
+            format!(
+                "placement limits changed; {} tenants placed anew",
+                plan.put.len()
+            ),
+            detail,
         );
         shared.bump();
         let snap = shared.desired.snapshot().await?;

@@ -669,6 +669,30 @@ fn suite(api: &Api) {
         404
     );
 
+    // ---- events: the admin's, a tenant token's (only its tenant's), bad limits
+    let r = api.admin("GET", "/v1/events?limit=5", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body["items"].as_array().is_some_and(|i| i.len() <= 5));
+    let r = api.call("GET", "/v1/events", Some(&tok), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    for e in r.body["items"].as_array().unwrap() {
+        assert_eq!(
+            e["tenant"], "bundle",
+            "a tenant sees only its own events: {e}"
+        );
+    }
+    assert_eq!(api.call("GET", "/v1/events", None, None).status, 401);
+    api.refused("GET", "/v1/events?limit=0", ADMIN, None, 400, "limit");
+    api.refused("GET", "/v1/events?since=3", ADMIN, None, 400, "since");
+
+    // ---- the dashboard: the login page without a token, HTML, no external scripts
+    let r = orchestrator::client::Client::new(&api.base, None)
+        .exchange_raw("GET", "/ui", None)
+        .unwrap();
+    assert_eq!(r.status, 401);
+    let page = r.body.as_str().unwrap_or_default();
+    assert!(page.contains("Log in") && !page.contains("http"), "{page}");
+
     // ---- the OpenAPI document covers the resources
     let r = api.call("GET", "/openapi.json", None, None);
     assert_eq!(r.status, 200);
@@ -687,6 +711,7 @@ fn suite(api: &Api) {
         "/v1/tenants/{tenant}/stats",
         "/v1/tenants/{tenant}/rates",
         "/v1/apply",
+        "/v1/events",
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }

@@ -327,6 +327,7 @@ pub fn run(a: UpArgs) -> Result<()> {
     )?;
     println!("starfabric is up:");
     println!("  API           {api}   (OpenAPI: {api}/openapi.json)");
+    println!("  dashboard     {api}/ui   (log in with the admin token)");
     println!("  control       {control}");
     println!("  VXLAN (PP)    udp {}", a.vxlan);
     println!("  CLI config    {}   (admin token)", cfg_path.display());
