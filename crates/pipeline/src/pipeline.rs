@@ -964,9 +964,7 @@ impl Pipeline {
         let Some((for_seq, t0)) = t.unwatch(&reply.key) else {
             return;
         };
-        let seq = t.next_seq();
         let d = TraceDecision {
-            seq,
             ts_us: wall_us(),
             worker: self.cfg.worker,
             for_seq,

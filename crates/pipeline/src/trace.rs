@@ -396,7 +396,7 @@ pub enum Lookup {
 /// One traced packet.
 #[derive(Debug, Clone)]
 pub struct TracePacket {
-    /// Per-trace sequence number, from 1 (decisions share the numbering's space).
+    /// The packet's number in this trace, from 1.
     pub seq: u64,
     /// Wall-clock time, µs since the Unix epoch.
     pub ts_us: u64,
@@ -434,7 +434,6 @@ pub struct TracePacket {
 /// FM's answer to a traced miss's rule request, as the reply holds it.
 #[derive(Debug, Clone)]
 pub struct TraceDecision {
-    pub seq: u64,
     pub ts_us: u64,
     pub worker: u16,
     /// The traced packet whose miss asked.
@@ -705,9 +704,7 @@ mod tests {
         assert_eq!(c.tested.load(Ordering::Relaxed), 6);
         // The ring holds two; the third is lost, not waited for.
         for _ in 0..3 {
-            let seq = t.next_seq();
             t.emit(TraceRecord::Decision(Box::new(TraceDecision {
-                seq,
                 ts_us: 0,
                 worker: 0,
                 for_seq: 1,

@@ -58,13 +58,16 @@ fn a_trace_shows_the_miss_the_decision_and_the_hits() {
     // Two packets of a new flow: a miss that asks, a miss that waits.
     r.send([tenant_udp(1000, 53), tenant_udp(1000, 53)]);
     r.replies
-        .send(RuleReply::ok(Rule::new(
-            key(1000, 53),
-            parse_actions(
-                "decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; count; out 1",
-            )
-            .unwrap(),
-        )))
+        .send(RuleReply {
+            decided_by: "SC group 4".into(),
+            ..RuleReply::ok(Rule::new(
+                key(1000, 53),
+                parse_actions(
+                    "decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; count; out 1",
+                )
+                .unwrap(),
+            ))
+        })
         .unwrap();
     r.worker.run_once().unwrap();
     // Two more hits; then a rule that drops.
@@ -98,10 +101,8 @@ fn a_trace_shows_the_miss_the_decision_and_the_hits() {
             TraceRecord::Decision(d) => {
                 assert_eq!(d.key, key(1000, 53));
                 assert!(d.installed);
-                lines.push(format!(
-                    "{} decision for {}: {:?}",
-                    d.seq, d.for_seq, d.result
-                ));
+                assert_eq!(d.decided_by, "SC group 4");
+                lines.push(format!("decision for {}: {:?}", d.for_seq, d.result));
             }
         }
     }
@@ -109,11 +110,11 @@ fn a_trace_shows_the_miss_the_decision_and_the_hits() {
     let want = [
         "1 Miss { expired: false, request: true } held None released=false out=0".to_string(),
         "2 Miss { expired: false, request: false } held None released=false out=0".to_string(),
-        "3 decision for 1: Ok(\"decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; count; out 1\")".to_string(),
+        "decision for 1: Ok(\"decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; count; out 1\")".to_string(),
+        format!("3 Hit {{ entry: {0} }} tx 1 None released=true out={tx_len}", entry(&recs, 3)),
         format!("4 Hit {{ entry: {0} }} tx 1 None released=true out={tx_len}", entry(&recs, 4)),
-        format!("5 Hit {{ entry: {0} }} tx 1 None released=true out={tx_len}", entry(&recs, 5)),
-        format!("6 Hit {{ entry: {0} }} tx 1 None released=false out={tx_len}", entry(&recs, 6)),
-        format!("7 Hit {{ entry: {0} }} drop Some(\"rule:blocked\") released=false out=0", entry(&recs, 7)),
+        format!("5 Hit {{ entry: {0} }} tx 1 None released=false out={tx_len}", entry(&recs, 5)),
+        format!("6 Hit {{ entry: {0} }} drop Some(\"rule:blocked\") released=false out=0", entry(&recs, 6)),
     ];
     assert_eq!(lines, want);
     // Six packets taken: the count is used up, the tracer disarmed itself, and the
