@@ -33,6 +33,9 @@ APT_PACKAGES=(
     # The dashboard's browser test (crates/orchestrator/tests/ui_browser.rs): headless
     # chromium driven over WebDriver by chromedriver.
     chromium chromium-driver
+    # `starfabric trace --pcap`'s e2e test reads the pcapng file back with tshark
+    # (wireshark-common's debconf question is preseeded below).
+    tshark
 )
 
 # ---- apt packages -----------------------------------------------------------
@@ -70,6 +73,10 @@ else
         "${SUDO[@]}" chmod 755 "$policy"
         trap '"${SUDO[@]}" rm -f "$policy"' EXIT
     fi
+    # wireshark-common (tshark's) asks whether non-root users may capture; answer no
+    # beforehand, so the install never waits on a question.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" \
+        | "${SUDO[@]}" debconf-set-selections
     log="$(mktemp -t starfabric-setup-apt.XXXXXX)"
     if ! "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq >"$log" 2>&1; then
         tail -n 30 "$log" >&2; die "apt-get update failed (log: $log)"

@@ -10,5 +10,6 @@ pub mod cli;
 pub mod events;
 pub mod placement;
 pub mod scale;
+pub mod trace;
 
 pub use cli::{Client, ClientArgs, Output};

@@ -166,6 +166,7 @@ impl RuleCache {
                 key: a.key.clone(),
                 result: Some(v1::rule_reply::Result::Rule(a.clone())),
                 also: vec![fwd],
+                decided_by: String::new(),
             };
             self.insert_one((key.0, key.1, k), &rev, now_ms, true);
         }
@@ -213,6 +214,8 @@ impl RuleCache {
             key: reply.key.clone(),
             result: reply.result.clone(),
             also: reply.also.clone(),
+            // A cached answer is told as the cache's (master.rs stamps it).
+            decided_by: String::new(),
         };
         if stripped.encode(&mut bytes).is_err() {
             return;
@@ -434,6 +437,7 @@ mod tests {
             })),
             also: vec![],
             worker: 3,
+            decided_by: String::new(),
         }
     }
 

@@ -56,6 +56,9 @@ use crate::vip::VipTable;
 
 pub use scale::{ScaleOutcome, ScaleRequest};
 
+/// `decided_by` of a reply answered from FM's rule cache.
+const CACHE_DECIDER: &str = "FM rule cache";
+
 /// Configuration of the fabric master.
 #[derive(Debug, Clone)]
 pub struct FmConfig {
@@ -946,6 +949,7 @@ impl Master {
                     Some((_, mut r)) => {
                         r.id = req.id;
                         r.worker = req.worker;
+                        r.decided_by = CACHE_DECIDER.into();
                         r
                     }
                     None => {
@@ -964,6 +968,7 @@ impl Master {
             {
                 r.id = req.id;
                 r.worker = req.worker;
+                r.decided_by = CACHE_DECIDER.into();
                 self.answer_pp(session, r, arrived);
                 continue;
             }
@@ -1025,7 +1030,11 @@ impl Master {
 
     /// Queue `reply` for PP session `session`; `arrived_us` is when its request reached
     /// this task, for the request latency observed when the reply leaves in `flush`.
-    fn answer_pp(&mut self, session: u64, reply: v1::RuleReply, arrived_us: u64) {
+    /// A reply no one else claimed is FM's own (a refusal): `decided_by` says so.
+    fn answer_pp(&mut self, session: u64, mut reply: v1::RuleReply, arrived_us: u64) {
+        if reply.decided_by.is_empty() {
+            reply.decided_by = "FM".into();
+        }
         if let Some(s) = self.pp.get_mut(&session) {
             s.out.push(reply);
             s.out_arrived.push(arrived_us);
@@ -1058,8 +1067,9 @@ impl Master {
                     }
                 }
             }
-            for reply in r.replies {
+            for mut reply in r.replies {
                 self.stats.sc_replies += 1;
+                reply.decided_by = format!("SC group {}", results.group);
                 if let Some(v1::rule_reply::Result::Error(e)) = &reply.result {
                     if e == proto::ERR_MOVED || e == proto::ERR_NOT_READY {
                         self.redirect(reply.id, results.group, now);

@@ -179,7 +179,10 @@ impl Shared {
             .fetch_add(n as u64, Ordering::Relaxed);
         Err(requests
             .iter()
-            .map(|r| proto::error_reply(r, proto::ERR_SETUP_OVERLOAD))
+            .map(|r| v1::RuleReply {
+                decided_by: "FM".into(),
+                ..proto::error_reply(r, proto::ERR_SETUP_OVERLOAD)
+            })
             .collect())
     }
 

@@ -18,6 +18,7 @@ mod pipeline;
 mod rule;
 mod stats;
 mod table;
+pub mod trace;
 
 pub use io::{
     Desc, FrameSource, IoError, MemRing, MemSink, PacketIo, VecSource, Verdict, FRAME_SIZE,
@@ -37,4 +38,8 @@ pub use stats::{DropReason, LatencyHistogram, Stats, TenantCounters, LATENCY_BOU
 pub use table::{
     age, EvictReason, FlowEntry, FlowTable, Inserted, OffloadEvent, TableError, TableStats,
     MAX_CAPACITY,
+};
+pub use trace::{
+    Expr, FilterError, Lookup, TraceCounters, TraceDecision, TraceFilter, TracePacket, TraceRecord,
+    Tracer, DEFAULT_SNAPLEN,
 };

@@ -23,6 +23,7 @@ use crate::pending::{PendingConfig, PendingQueue};
 use crate::rule::{slot_flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
 use crate::stats::{DropReason, Stats, TenantCounters};
 use crate::table::{age, FlowTable, Inserted, Probe, TableError};
+use crate::trace::{wall_us, Lookup, TraceDecision, TracePacket, TraceRecord, Tracer};
 
 /// Largest batch processed in one pass; bigger inputs are processed in chunks.
 pub const MAX_BATCH: usize = 64;
@@ -66,6 +67,9 @@ pub struct RuleReply {
     /// Not an answer: FM withdrew `key`'s rule (its chain went or was rebuilt). The
     /// worker removes it, so the flow's next packet asks again.
     pub revoke: bool,
+    /// Who decided, as FM says (`SC group 3`, `FM rule cache`, `FM`); empty when not
+    /// said. Shown by traces only.
+    pub decided_by: String,
 }
 
 impl RuleReply {
@@ -75,6 +79,7 @@ impl RuleReply {
             result: Ok(rule),
             also: Vec::new(),
             revoke: false,
+            decided_by: String::new(),
         }
     }
 
@@ -84,6 +89,7 @@ impl RuleReply {
             result: Err(e.into()),
             also: Vec::new(),
             revoke: false,
+            decided_by: String::new(),
         }
     }
 
@@ -94,6 +100,7 @@ impl RuleReply {
             result: Err("revoked".into()),
             also: Vec::new(),
             revoke: true,
+            decided_by: String::new(),
         }
     }
 }
@@ -395,6 +402,8 @@ pub struct Pipeline {
     clock: Option<Box<dyn Clock>>,
     /// Flows that crossed the elephant threshold, for the fast path to take.
     elephants: Vec<FlowKey>,
+    /// The armed trace; `None` (off) costs the hot loop one branch per chunk.
+    trace: Option<Box<Tracer>>,
 }
 
 impl Pipeline {
@@ -415,8 +424,20 @@ impl Pipeline {
             cur_tenant: 0,
             clock: None,
             elephants: Vec::new(),
+            trace: None,
             cfg,
         })
+    }
+
+    /// Arm a trace (`Some`) or disarm it (`None`); see [`crate::trace`].
+    pub fn set_tracer(&mut self, t: Option<Tracer>) {
+        self.trace = t.map(Box::new);
+    }
+
+    /// The armed trace, if any (it disarms itself once its count is used up and no
+    /// traced miss awaits FM's answer).
+    pub fn tracer(&self) -> Option<&Tracer> {
+        self.trace.as_deref()
     }
 
     pub fn set_policer(&mut self, p: Box<dyn Policer>) {
@@ -654,6 +675,8 @@ impl Pipeline {
     ) {
         // Pass 1: parse, key, hash, prefetch buckets. Its drops belong to no tenant.
         self.cur_tenant = 0;
+        // The trace hook: one test per chunk while off.
+        let tracing = self.trace.is_some();
         for (i, d) in descs.iter_mut().enumerate() {
             if fresh {
                 self.stats.rx_packets += 1;
@@ -664,6 +687,9 @@ impl Pipeline {
                 Ok(c) => c,
                 Err(r) => {
                     self.drop(d, r);
+                    if tracing {
+                        self.trace_unkeyed(region, d, r, fresh);
+                    }
                     continue;
                 }
             };
@@ -671,6 +697,9 @@ impl Pipeline {
                 Ok(k) => k,
                 Err(KeyError::Fragment) => {
                     self.drop(d, DropReason::Fragment);
+                    if tracing {
+                        self.trace_unkeyed(region, d, DropReason::Fragment, fresh);
+                    }
                     continue;
                 }
             };
@@ -709,7 +738,14 @@ impl Pipeline {
             }
             run_packets += fresh_n;
             run_bytes += fresh_n * u64::from(d.len);
+            let traced = tracing && self.trace_wants(st);
+            let snap = if traced {
+                Some(self.trace_begin(region, d, st, fresh))
+            } else {
+                None
+            };
             let hit = self.table.confirm(&st.probe, st.cand, &st.key);
+            let mut expired = false;
             match hit {
                 Some(idx) => {
                     let timeout = self.ctx.timeout_ms(self.table.rule(idx).timeout_class);
@@ -717,6 +753,7 @@ impl Pipeline {
                         let old = self.table.expire(idx);
                         self.ctx.release(&old);
                         self.stats.expired += 1;
+                        expired = true;
                         self.miss(region, d, st, now);
                     } else {
                         self.stats.hits += 1;
@@ -732,9 +769,220 @@ impl Pipeline {
                 }
                 None => self.miss(region, d, st, now),
             }
+            if let Some(s) = snap {
+                let hit = if expired { None } else { hit };
+                self.trace_end(s, region, d, hit, expired, now);
+            }
         }
         self.tenants.add(self.cur_tenant, run_packets, run_bytes);
         self.cur_tenant = 0;
+        if tracing {
+            if let Some(t) = self.trace.as_mut() {
+                t.flush_counts();
+            }
+        }
+    }
+
+    /// Whether the trace takes this packet (armed only).
+    #[cold]
+    #[inline(never)]
+    fn trace_wants(&mut self, st: &Stage) -> bool {
+        let tenant = (self.cur_tenant != 0).then(|| self.tenants.ids[self.cur_tenant]);
+        match self.trace.as_mut() {
+            Some(t) => t.wants(tenant, st.cls.vni, Some(&st.key)),
+            None => false,
+        }
+    }
+
+    fn tenant_of_vni(&self, vni: u32) -> Option<u32> {
+        match self.tenants.slot(vni) {
+            0 => None,
+            s => Some(self.tenants.ids[s]),
+        }
+    }
+
+    /// A traced packet's record as received, before its actions rewrite it, with the
+    /// counters its outcome is read from.
+    #[cold]
+    #[inline(never)]
+    fn trace_begin(
+        &mut self,
+        region: &[u8],
+        d: &Desc,
+        st: &Stage,
+        fresh: bool,
+    ) -> (Box<TracePacket>, u64, u64) {
+        let snaplen = self.trace.as_ref().map_or(0, |t| t.snaplen);
+        let data = d.data(region);
+        let (inner, inner_len) = if st.cls.inner_off != 0 {
+            let i = &data[st.cls.inner_off as usize..st.cls.inner_end as usize];
+            (i[..i.len().min(snaplen)].to_vec(), i.len() as u32)
+        } else {
+            (Vec::new(), 0)
+        };
+        let seq = self.trace.as_mut().map_or(0, |t| t.next_seq());
+        let p = TracePacket {
+            seq,
+            ts_us: wall_us(),
+            worker: self.cfg.worker,
+            tenant: (self.cur_tenant != 0).then(|| self.tenants.ids[self.cur_tenant]),
+            vni: st.cls.vni,
+            released: !fresh,
+            key: Some(st.key),
+            tcp_flags: match st.cls.ip.l4 {
+                L4::Tcp { flags, .. } => Some(flags),
+                _ => None,
+            },
+            parse: "ok".into(),
+            lookup: Lookup::NotReached,
+            actions: None,
+            verdict: String::new(),
+            drop_reason: None,
+            offloaded: false,
+            outer: data[..data.len().min(snaplen)].to_vec(),
+            outer_len: data.len() as u32,
+            inner,
+            inner_len,
+            out: Vec::new(),
+            out_len: 0,
+        };
+        (Box::new(p), self.stats.rule_requests, self.stats.elephants)
+    }
+
+    /// Finish a traced packet's record after its lookup and actions, and emit it.
+    #[cold]
+    #[inline(never)]
+    fn trace_end(
+        &mut self,
+        (mut p, requests, elephants): (Box<TracePacket>, u64, u64),
+        region: &[u8],
+        d: &Desc,
+        hit: Option<u32>,
+        expired: bool,
+        now: u32,
+    ) {
+        let snaplen = self.trace.as_ref().map_or(0, |t| t.snaplen);
+        match hit {
+            Some(idx) => {
+                p.lookup = Lookup::Hit { entry: idx };
+                p.actions = Some(crate::format_actions(
+                    &self.ctx.decompile(self.table.rule(idx)),
+                ));
+                p.offloaded = self.stats.elephants > elephants;
+            }
+            None => {
+                let request = self.stats.rule_requests > requests;
+                p.lookup = Lookup::Miss { expired, request };
+                if d.verdict == Verdict::Held {
+                    let t_us = self.latency_now_us(now);
+                    let (key, seq) = (p.key, p.seq);
+                    if let (Some(t), Some(k)) = (self.trace.as_mut(), key) {
+                        t.watch(k, seq, t_us);
+                    }
+                }
+            }
+        }
+        self.trace_verdict(&mut p, region, d, snaplen);
+        if let Some(t) = self.trace.as_mut() {
+            t.emit(TraceRecord::Packet(p));
+        }
+    }
+
+    fn trace_verdict(&self, p: &mut TracePacket, region: &[u8], d: &Desc, snaplen: usize) {
+        match d.verdict {
+            Verdict::Tx(port) => {
+                p.verdict = format!("tx {port}");
+                let out = d.data(region);
+                p.out = out[..out.len().min(snaplen)].to_vec();
+                p.out_len = out.len() as u32;
+            }
+            Verdict::Drop(r) => {
+                p.verdict = "drop".into();
+                p.drop_reason = Some(self.drop_name(r));
+            }
+            Verdict::Held => p.verdict = "held".into(),
+            Verdict::Pending => p.verdict = "pending".into(),
+        }
+    }
+
+    /// A packet dropped before it had a flow key (a parse error, a later fragment):
+    /// traced when the filter asks for no flow fields.
+    #[cold]
+    #[inline(never)]
+    fn trace_unkeyed(&mut self, region: &[u8], d: &Desc, r: DropReason, fresh: bool) {
+        let data = d.data(region);
+        let v = packet::vxlan_fast(data, self.cfg.parse.vxlan_port);
+        let vni = v.map_or(0, |v| v.vni);
+        let tenant = self.tenant_of_vni(vni);
+        let Some(t) = self.trace.as_mut() else { return };
+        if !t.wants(tenant, vni, None) {
+            return;
+        }
+        let snaplen = t.snaplen;
+        let seq = t.next_seq();
+        let (inner, inner_len) = match v {
+            Some(v) => {
+                let i = &data[v.inner_off as usize..v.inner_end as usize];
+                (i[..i.len().min(snaplen)].to_vec(), i.len() as u32)
+            }
+            None => (Vec::new(), 0),
+        };
+        let mut p = TracePacket {
+            seq,
+            ts_us: wall_us(),
+            worker: self.cfg.worker,
+            tenant,
+            vni,
+            released: !fresh,
+            key: None,
+            tcp_flags: None,
+            parse: self.drop_name(r),
+            lookup: Lookup::NotReached,
+            actions: None,
+            verdict: String::new(),
+            drop_reason: None,
+            offloaded: false,
+            outer: data[..data.len().min(snaplen)].to_vec(),
+            outer_len: data.len() as u32,
+            inner,
+            inner_len,
+            out: Vec::new(),
+            out_len: 0,
+        };
+        self.trace_verdict(&mut p, region, d, snaplen);
+        if let Some(t) = self.trace.as_mut() {
+            t.emit(TraceRecord::Packet(Box::new(p)));
+        }
+    }
+
+    /// FM's answer to a traced miss.
+    #[cold]
+    #[inline(never)]
+    fn trace_decision(&mut self, reply: &RuleReply, installed: bool, now: u32) {
+        let now_us = self.latency_now_us(now);
+        let Some(t) = self.trace.as_mut() else { return };
+        let Some((for_seq, t0)) = t.unwatch(&reply.key) else {
+            return;
+        };
+        let d = TraceDecision {
+            ts_us: wall_us(),
+            worker: self.cfg.worker,
+            for_seq,
+            key: reply.key,
+            result: match &reply.result {
+                Ok(r) => Ok(crate::format_actions(&r.actions)),
+                Err(e) => Err(e.clone()),
+            },
+            also: reply
+                .also
+                .iter()
+                .map(|r| format!("{}: {}", r.key, crate::format_actions(&r.actions)))
+                .collect(),
+            installed,
+            decided_by: reply.decided_by.clone(),
+            after_us: now_us.saturating_sub(t0),
+        };
+        t.emit(TraceRecord::Decision(Box::new(d)));
     }
 
     /// Zeta's single read/write window count; a flow crossing the policy's threshold
@@ -1009,6 +1257,17 @@ impl Pipeline {
             self.tenants.counters[t].drops += u64::from(*n);
         }
         self.expired_keys = keys;
+        if self.trace.is_some() {
+            let now_us = self.latency_now_us(now);
+            let max_age = u64::from(self.cfg.pending.timeout_ms) * 1000 + 1_000_000;
+            if let Some(t) = self.trace.as_mut() {
+                t.expire_watch(now_us, max_age);
+                if t.done() {
+                    // Disarmed: the reader sees the channel close.
+                    self.trace = None;
+                }
+            }
+        }
         let ctx = &mut self.ctx;
         let budget = self.cfg.sweep_budget;
         let mut freed: Vec<RuleSlot> = Vec::new();
@@ -1059,6 +1318,9 @@ impl Pipeline {
                 false
             }
         };
+        if self.trace.is_some() {
+            self.trace_decision(&reply, installed, now);
+        }
         let since_us = self.pending.held_since_us(&reply.key, hash);
         let mut descs = std::mem::take(&mut self.released);
         descs.clear();

@@ -23,6 +23,7 @@ pub mod netif;
 pub mod node;
 pub mod rates;
 mod rules_file;
+pub mod trace;
 mod udp;
 pub mod vip;
 mod xdp_node;

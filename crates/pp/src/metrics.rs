@@ -325,9 +325,18 @@ pub struct PpMetrics {
 
 impl PpMetrics {
     /// Serve on `addr` (its own thread: the PP worker has no runtime) and announce it.
-    pub fn start(addr: SocketAddr, fm: Option<Arc<FmClientStats>>) -> Result<Self, PpNodeError> {
+    /// With `trace`, the endpoint also serves `/trace` (`crate::trace`).
+    pub fn start(
+        addr: SocketAddr,
+        fm: Option<Arc<FmClientStats>>,
+        trace: Option<&Arc<crate::trace::TraceControl>>,
+    ) -> Result<Self, PpNodeError> {
         let snap = Arc::new(Mutex::new(PpSnapshot::default()));
-        let server = MetricsServer::spawn_thread(addr, pp_exporter(snap.clone(), fm))
+        let mut exporter = pp_exporter(snap.clone(), fm);
+        if let Some(t) = trace {
+            exporter = exporter.routes(t.routes());
+        }
+        let server = MetricsServer::spawn_thread(addr, exporter)
             .map_err(|e| PpNodeError::Metrics(e.to_string()))?;
         server
             .announce()

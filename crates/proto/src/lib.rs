@@ -341,6 +341,7 @@ pub fn reply_to_proto(r: &RuleReply, id: u64, worker: u16) -> v1::RuleReply {
         }),
         also: r.also.iter().map(v1::Rule::from).collect(),
         worker: u32::from(worker),
+        decided_by: r.decided_by.clone(),
     }
 }
 
@@ -357,6 +358,7 @@ impl TryFrom<&v1::RuleReply> for RuleReply {
             result,
             also: r.also.iter().map(Rule::try_from).collect::<Result<_>>()?,
             revoke: false,
+            decided_by: r.decided_by.clone(),
         })
     }
 }
@@ -369,6 +371,7 @@ pub fn error_reply(req: &v1::RuleRequest, error: impl Into<String>) -> v1::RuleR
         result: Some(v1::rule_reply::Result::Error(error.into())),
         also: Vec::new(),
         worker: req.worker,
+        decided_by: String::new(),
     }
 }
 

@@ -1158,6 +1158,8 @@ impl ReplicaCore {
                 result: Some(v1::rule_reply::Result::Rule((&rules.forward).into())),
                 also: rules.reverse.iter().map(v1::Rule::from).collect(),
                 worker: m.worker,
+                // FM names the group when it forwards the reply.
+                decided_by: String::new(),
             },
             Err(e) => proto::error_reply(m, e.to_string()),
         }

@@ -122,6 +122,9 @@ enum Cmd {
     /// Tenants' shard sets and placement limits (docs/placement.md).
     #[command(subcommand)]
     Placement(ctl::placement::PlacementCmd),
+    /// Trace packets through PP nodes' pipelines, stage by stage, optionally into a
+    /// pcapng file (docs/trace.md).
+    Trace(ctl::trace::TraceArgs),
 }
 
 fn main() -> Result<()> {
@@ -176,5 +179,8 @@ fn main() -> Result<()> {
         #[cfg(feature = "lab")]
         Cmd::Testbed(c) => lab::testbed_cmd::run(c),
         Cmd::Placement(c) => ctl::placement::run(|| ctl::cli::Client::new(&cli.client), c),
+        Cmd::Trace(a) => {
+            ctl::trace::run(a, || ctl::cli::Client::new(&cli.client), cli.client.output)
+        }
     }
 }

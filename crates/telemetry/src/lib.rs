@@ -67,6 +67,8 @@ type Refresh = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send +
 pub struct Exporter {
     registry: Registry,
     refresh: Option<Refresh>,
+    /// More routes served beside `/metrics` and `/healthz` (the PP node's `/trace`).
+    routes: Option<Router>,
 }
 
 impl Exporter {
@@ -75,7 +77,17 @@ impl Exporter {
         Exporter {
             registry: Registry::with_prefix(prefix),
             refresh: None,
+            routes: None,
         }
+    }
+
+    /// Serve `routes` on the same endpoint, beside `/metrics` and `/healthz`.
+    pub fn routes(mut self, routes: Router) -> Self {
+        self.routes = Some(match self.routes.take() {
+            Some(r) => r.merge(routes),
+            None => routes,
+        });
+        self
     }
 
     /// Add a collector; it is asked for its metrics on every scrape.
@@ -237,11 +249,16 @@ fn bind(addr: SocketAddr) -> Result<(std::net::TcpListener, SocketAddr), Telemet
     Ok((l, bound))
 }
 
-fn router(exporter: Arc<Exporter>) -> Router {
-    Router::new()
+fn router(mut exporter: Exporter) -> Router {
+    let extra = exporter.routes.take();
+    let r = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(exporter)
+        .with_state(Arc::new(exporter));
+    match extra {
+        Some(e) => r.merge(e),
+        None => r,
+    }
 }
 
 async fn metrics(State(exporter): State<Arc<Exporter>>) -> Response {
@@ -262,7 +279,7 @@ async fn serve(listener: std::net::TcpListener, exporter: Exporter, stop: onesho
             return;
         }
     };
-    let app = router(Arc::new(exporter));
+    let app = router(exporter);
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = stop.await;

@@ -389,9 +389,11 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         }
     ));
     let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
+    // `starfabric trace` arms traces over the metrics endpoint.
+    let trace = Arc::new(crate::trace::TraceControl::default());
     let mut metrics = a
         .metrics
-        .map(|addr| PpMetrics::start(addr, fm_stats))
+        .map(|addr| PpMetrics::start(addr, fm_stats, Some(&trace)))
         .transpose()?;
     let metrics_addr: Option<SocketAddr> = metrics.as_ref().map(|m| m.addr());
     if let Some(ag) = agent.as_mut() {
@@ -454,6 +456,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             m.tick(&mut x.program, now);
         }
         rx_packets.store(worker.pipeline.stats().rx_packets, Ordering::Relaxed);
+        trace.poll(&mut worker.pipeline);
         worker
             .run_once()
             .map_err(|e| PpNodeError::Worker(e.to_string()))?;
