@@ -30,7 +30,7 @@ APT_PACKAGES=(
     hping3
     # `make k8s-check`: its Python tools go into a venv of Debian's python (below).
     python3-venv
-    # The dashboard's browser test (crates/orchestrator/tests/ui_browser.rs): headless
+    # The dashboard's browser test (crates/itests/tests/ui_browser.rs): headless
     # chromium driven over WebDriver by chromedriver.
     chromium chromium-driver
     # `starfabric trace --pcap`'s e2e test reads the pcapng file back with tshark

@@ -91,6 +91,7 @@ impl NodeEntry {
             ready: self.up && self.report.is_some() && r.ready,
             detail: r.detail,
             last_report_ms: now.duration_since(self.last_report).as_millis() as u64,
+            packets_per_s: load.packets_per_s,
             requests_per_s: load.requests_per_s,
             flows: load.flows,
             groups: load.groups,

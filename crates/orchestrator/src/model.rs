@@ -335,6 +335,11 @@ pub struct Node {
     pub detail: String,
     /// Milliseconds since its last report.
     pub last_report_ms: u64,
+    /// PP: packets received per second, over its last report interval.
+    #[serde(default)]
+    pub packets_per_s: f64,
+    /// PP: rule requests sent to FM per second; SC: requests applied at its groups'
+    /// tails per second.
     pub requests_per_s: f64,
     pub flows: u64,
     pub groups: u32,

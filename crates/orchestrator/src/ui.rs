@@ -626,12 +626,13 @@ fn render_topology(
             }
             h2 { "SC nodes" }
             table.sc {
-                tr { th { "SC node" } th { "address" } th { "status" } th { "groups" } th { "replicas" } th { "requests/s" } }
+                tr { th { "SC node" } th { "address" } th { "status" } th { "replicas" } th { "requests applied" } th { "requests/s (tail)" } }
                 @for n in of_role(v1::Role::Sc) {
                     @let load = n.report.as_ref().and_then(|r| r.load).unwrap_or_default();
+                    @let applied = n.report.as_ref().and_then(|r| r.counters.get("requests_applied").copied()).unwrap_or(0);
                     tr {
                         td { (n.info().id) } td { (n.info().addr) } (status_cell(n))
-                        td.n { (load.groups) } td.n { (load.flows) }
+                        td.n { (load.groups) } td.n { (applied) }
                         td.n { (format!("{:.0}", load.requests_per_s)) }
                     }
                 }
@@ -1107,6 +1108,41 @@ mod tests {
         let out = render_topology(&acme, &s, &[], &counts, &[], &vips).into_string();
         assert!(out.contains("role-counts") && out.contains("prod"));
         assert!(!out.contains("vIP table") && !out.contains("FM node"));
+    }
+
+    #[test]
+    fn topology_for_the_admin_has_the_vip_table() {
+        let s = snap();
+        let vip = |index: u32, node: &str| v1::VipOwner {
+            vip: Some(v1::Vip {
+                index,
+                ip: format!("198.18.0.{}", 100 + index),
+                mac: vec![2, 0, 0, 0, 0, index as u8],
+            }),
+            node: node.into(),
+        };
+        let map = v1::VipMapReply {
+            epoch: 3,
+            vips: vec![vip(0, "pp-1"), vip(1, "pp-2"), vip(2, "")],
+            nodes: vec!["pp-1".into(), "pp-2".into()],
+            draining: vec![],
+            moves: 2,
+        };
+        let vips = vec![
+            ("fm-1".to_string(), Ok(map)),
+            ("fm-2".to_string(), Err("unavailable".to_string())),
+        ];
+        let out =
+            render_topology(&Principal::Admin, &s, &[], &BTreeMap::new(), &[], &vips).into_string();
+        assert!(
+            out.contains("vIP table (from fm-1, epoch 3, 2 moves)"),
+            "{out}"
+        );
+        for ip in ["198.18.0.100", "198.18.0.101", "198.18.0.102"] {
+            assert!(out.contains(ip), "{ip}: {out}");
+        }
+        assert!(out.contains("<span class=\"down\">none</span>"), "{out}");
+        assert!(out.contains("vIP table of fm-2: unavailable"), "{out}");
     }
 
     #[test]

@@ -353,10 +353,21 @@ pub struct ScHandle {
 
 /// Start an SC node on the current tokio runtime: bind, serve, connect to FM.
 pub async fn start(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScHandle, ScError> {
-    let fms = proto::FmAddrs::parse(&cfg.fm).map_err(|e| ScError::Config(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| ScError::Io(format!("bind {}: {e}", cfg.listen)))?;
+    start_on(cfg, factory, listener).await
+}
+
+/// [`start`] on a listener bound already (`cfg.listen` is then unused): a node that must
+/// name its address before it can start (to the orchestrator, which names the FM)
+/// binds first.
+pub async fn start_on(
+    cfg: ScConfig,
+    factory: Arc<dyn ChainFactory>,
+    listener: tokio::net::TcpListener,
+) -> Result<ScHandle, ScError> {
+    let fms = proto::FmAddrs::parse(&cfg.fm).map_err(|e| ScError::Config(e.to_string()))?;
     let addr = listener
         .local_addr()
         .map_err(|e| ScError::Io(e.to_string()))?;

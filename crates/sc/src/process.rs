@@ -70,9 +70,16 @@ pub fn start(
 ) -> Result<Option<ScProcess>, ScProcessError> {
     let say = |l: &str| a.lines.say(l);
     let agent_err = |e: proto::agent::AgentError| ScProcessError::Io(e.to_string());
-    // With an FM the node starts first, so the orchestrator learns its bound address;
-    // without, the orchestrator must name the FM before the node can start.
-    let hello_addr = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    // The replication server's socket is bound first, so the orchestrator learns the
+    // bound address (not `--listen`'s port 0) even when it must name the FM before the
+    // node can start.
+    let listener = std::net::TcpListener::bind(a.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| ScProcessError::Io(format!("bind {}: {e}", a.listen)))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ScProcessError::Io(e.to_string()))?;
+    let hello_addr = a.advertise.clone().unwrap_or_else(|| bound.to_string());
     let mut agent = match (&a.orchestrator, &a.fm) {
         (Some(o), None) => Some(
             NodeAgent::start(o, &a.id, v1::Role::Sc, &hello_addr, "", None, a.capacity)
@@ -124,15 +131,15 @@ pub fn start(
         .build()
         .map_err(|e| ScProcessError::Io(e.to_string()))?;
     let node = rt
-        .block_on(crate::start(cfg, a.factory.clone()))
+        .block_on(async {
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| crate::ScError::Io(e.to_string()))?;
+            crate::node::start_on(cfg, a.factory.clone(), listener).await
+        })
         .map_err(|e| ScProcessError::Io(e.to_string()))?;
     if let (Some(o), None) = (&a.orchestrator, &agent) {
-        let addr = a
-            .advertise
-            .clone()
-            .unwrap_or_else(|| node.addr().to_string());
         agent = Some(
-            NodeAgent::start(o, &a.id, v1::Role::Sc, &addr, "", None, a.capacity)
+            NodeAgent::start(o, &a.id, v1::Role::Sc, &hello_addr, "", None, a.capacity)
                 .map_err(agent_err)?,
         );
     }
@@ -227,6 +234,7 @@ fn control_loop(
     id: String,
 ) {
     let mut next_report = Instant::now();
+    let mut rate = telemetry::CounterRates::<1>::default();
     let mut on_fm: Option<String> = None;
     while !stop.load(Ordering::Relaxed) {
         // Tests and operators see from this line which FM the node is on (FM failover).
@@ -244,7 +252,7 @@ fn control_loop(
             }
             if Instant::now() >= next_report {
                 next_report = Instant::now() + Duration::from_millis(250);
-                ag.set_report(report(&rt, &node));
+                ag.set_report(report(&rt, &node, &mut rate));
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -252,19 +260,41 @@ fn control_loop(
 }
 
 /// What an SC node tells the orchestrator: the groups it serves and what it applied.
-fn report(rt: &tokio::runtime::Handle, node: &ScHandle) -> v1::NodeReport {
-    let groups = rt.block_on(node.status(false));
-    let applied: u64 = groups.iter().map(|(_, s)| s.requests_applied).sum();
+/// A request is applied by every replica of its group; it counts once, at the tail
+/// (where it is committed), so the orchestrator can add up the nodes' counts per tenant.
+fn report(
+    rt: &tokio::runtime::Handle,
+    node: &ScHandle,
+    rate: &mut telemetry::CounterRates<1>,
+) -> v1::NodeReport {
+    let groups = rt.block_on(node.observer().group_metrics());
+    let applied: u64 = groups.iter().map(|g| g.stats.requests_applied).sum();
+    let mut at_tail: std::collections::BTreeMap<u32, u64> = Default::default();
+    for g in groups
+        .iter()
+        .filter(|g| g.tenant != 0 && g.state.length > 0 && g.state.position + 1 == g.state.length)
+    {
+        *at_tail.entry(g.tenant).or_default() += g.stats.requests_applied;
+    }
+    let [requests_per_s] = rate.observe(Instant::now(), [at_tail.values().sum()]);
     let sessions = node.counters().fm_sessions.load(Ordering::Relaxed);
     v1::NodeReport {
         load: Some(v1::Load {
-            requests_per_s: 0.0,
+            requests_per_s,
             flows: 0,
             groups: groups.len() as u32,
             ..Default::default()
         }),
         ready: sessions > 0,
         detail: format!("{} groups, {sessions} FM sessions opened", groups.len()),
+        tenants: at_tail
+            .into_iter()
+            .map(|(tenant, n)| v1::TenantCounters {
+                tenant,
+                flows: n,
+                ..Default::default()
+            })
+            .collect(),
         counters: [
             ("requests_applied".to_string(), applied),
             (

@@ -547,3 +547,57 @@ mod tests {
         ));
     }
 }
+
+/// Per-second rates of cumulative counters between two observations (a node's report
+/// to the orchestrator carries rates; its counters only grow). A counter that went
+/// down (a restart) gives 0, not a negative rate; the first observation gives 0.
+#[derive(Debug, Clone, Copy)]
+pub struct CounterRates<const N: usize> {
+    last: Option<(std::time::Instant, [u64; N])>,
+    per_s: [f64; N],
+}
+
+impl<const N: usize> Default for CounterRates<N> {
+    fn default() -> Self {
+        CounterRates {
+            last: None,
+            per_s: [0.0; N],
+        }
+    }
+}
+
+impl<const N: usize> CounterRates<N> {
+    pub fn observe(&mut self, now: std::time::Instant, counters: [u64; N]) -> [f64; N] {
+        if let Some((t, before)) = self.last {
+            let dt = now.saturating_duration_since(t).as_secs_f64();
+            if dt > 0.0 {
+                for i in 0..N {
+                    self.per_s[i] = counters[i].saturating_sub(before[i]) as f64 / dt;
+                }
+            }
+        }
+        self.last = Some((now, counters));
+        self.per_s
+    }
+}
+
+#[cfg(test)]
+mod counter_rates_tests {
+    use super::CounterRates;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn rates_between_observations() {
+        let mut r = CounterRates::<2>::default();
+        let t0 = Instant::now();
+        assert_eq!(r.observe(t0, [100, 7]), [0.0, 0.0]);
+        assert_eq!(
+            r.observe(t0 + Duration::from_millis(500), [300, 7]),
+            [400.0, 0.0]
+        );
+        // A restart: counters went down; no negative rate.
+        assert_eq!(r.observe(t0 + Duration::from_secs(1), [10, 9]), [0.0, 4.0]);
+        // No time passed: the last rates stand.
+        assert_eq!(r.observe(t0 + Duration::from_secs(1), [20, 9]), [0.0, 4.0]);
+    }
+}

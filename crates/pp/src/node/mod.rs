@@ -373,6 +373,8 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
 
     let start = Instant::now();
     let mut next_report = start;
+    // The report's rates: packets received and rule requests sent since the last one.
+    let mut report_rate = telemetry::CounterRates::<2>::default();
     let mut next_stats = a.stats_interval.map(|i| start + i);
     // Tests and scripts wait for this line before sending traffic.
     say(&format!(
@@ -443,6 +445,11 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                     ag.set_applied(d.version);
                 }
                 let mut r = report(&worker, fm_client.as_ref());
+                if let Some(l) = r.load.as_mut() {
+                    let st = worker.pipeline.stats();
+                    [l.packets_per_s, l.requests_per_s] =
+                        report_rate.observe(now, [st.rx_packets, st.rule_requests]);
+                }
                 r.rates = rates.status();
                 ag.set_report(r);
             }
