@@ -35,6 +35,8 @@ pub use events::{Event, EventKind, EventLog};
 pub use master::{DesiredChange, FmConfig, FmMetrics, FmStats, ScaleOutcome, ScaleRequest};
 pub use membership::Membership;
 pub use partition::PartitionMap;
+#[cfg(feature = "fuzzing")]
+pub use service::fuzzing;
 pub use service::{start, FmHandle, FmObserver, FmWireCounters};
 
 use proto::ChainDef;

@@ -22,6 +22,9 @@ use crate::master::{
 };
 use crate::FmError;
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+
 type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
 type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
 type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
@@ -696,12 +699,18 @@ where
     T: prost::Message + Default,
 {
     let first = inbound.message().await.inspect_err(|_| shared.bad())?;
-    let Some(info) = first.and_then(get) else {
-        shared.bad();
+    check_registration(first.and_then(get), role).inspect_err(|_| shared.bad())
+}
+
+/// A session's first message must register a node of the session's role, speaking
+/// FM's protocol version, with an id.
+// The Err is the tonic Status the RPC answers with.
+#[allow(clippy::result_large_err)]
+fn check_registration(info: Option<v1::NodeInfo>, role: v1::Role) -> Result<v1::NodeInfo, Status> {
+    let Some(info) = info else {
         return Err(Status::invalid_argument("a session starts with register"));
     };
     if info.role != role as i32 {
-        shared.bad();
         return Err(Status::invalid_argument(format!(
             "{} node on the {} session",
             proto::role_name(info.role),
@@ -709,7 +718,6 @@ where
         )));
     }
     if info.proto_version != proto::PROTO_VERSION {
-        shared.bad();
         return Err(Status::failed_precondition(format!(
             "protocol version {} (FM speaks {})",
             info.proto_version,
@@ -717,7 +725,6 @@ where
         )));
     }
     if info.id.is_empty() {
-        shared.bad();
         return Err(Status::invalid_argument("empty node id"));
     }
     Ok(info)
@@ -819,6 +826,43 @@ where
     Ok(Response::new(UnboundedReceiverStream::new(rx)))
 }
 
+/// What a PP session's message after its registration asks of the master (`None`: a
+/// second registration, or an empty message, which the session ignores).
+fn pp_in(m: v1::PpUp, session: u64, node: &str) -> Option<MasterIn> {
+    Some(match m.msg? {
+        pp_up::Msg::Requests(b) => MasterIn::PpRequests {
+            session,
+            requests: b.requests,
+        },
+        pp_up::Msg::Events(b) => MasterIn::PpEvents { events: b.events },
+        pp_up::Msg::Heartbeat(h) => MasterIn::Heartbeat {
+            session,
+            node: node.to_string(),
+            load: h.load,
+        },
+        pp_up::Msg::Register(_) => return None,
+    })
+}
+
+/// [`pp_in`] for an SC session.
+fn sc_in(m: v1::ScUp, session: u64, node: &str) -> Option<MasterIn> {
+    Some(match m.msg? {
+        sc_up::Msg::Results(results) => MasterIn::ScResults { session, results },
+        sc_up::Msg::Heartbeat(h) => MasterIn::Heartbeat {
+            session,
+            node: node.to_string(),
+            load: h.load,
+        },
+        sc_up::Msg::Fin(fin) => MasterIn::ScFin { fin },
+        sc_up::Msg::Hosted(h) => MasterIn::ScHosted {
+            session,
+            node: node.to_string(),
+            groups: h.groups,
+        },
+        sc_up::Msg::Register(_) => return None,
+    })
+}
+
 #[tonic::async_trait]
 impl FabricMaster for FmService {
     type PpSessionStream = UnboundedReceiverStream<Result<v1::PpDown, Status>>;
@@ -837,21 +881,7 @@ impl FabricMaster for FmService {
                 _ => None,
             },
             |open, tx| MasterIn::PpOpen { open, tx },
-            |m, session, node| {
-                Some(match m.msg? {
-                    pp_up::Msg::Requests(b) => MasterIn::PpRequests {
-                        session,
-                        requests: b.requests,
-                    },
-                    pp_up::Msg::Events(b) => MasterIn::PpEvents { events: b.events },
-                    pp_up::Msg::Heartbeat(h) => MasterIn::Heartbeat {
-                        session,
-                        node: node.to_string(),
-                        load: h.load,
-                    },
-                    pp_up::Msg::Register(_) => return None,
-                })
-            },
+            pp_in,
             |replies| v1::PpDown {
                 msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
             },
@@ -872,23 +902,7 @@ impl FabricMaster for FmService {
                 _ => None,
             },
             |open, tx| MasterIn::ScOpen { open, tx },
-            |m, session, node| {
-                Some(match m.msg? {
-                    sc_up::Msg::Results(results) => MasterIn::ScResults { session, results },
-                    sc_up::Msg::Heartbeat(h) => MasterIn::Heartbeat {
-                        session,
-                        node: node.to_string(),
-                        load: h.load,
-                    },
-                    sc_up::Msg::Fin(fin) => MasterIn::ScFin { fin },
-                    sc_up::Msg::Hosted(h) => MasterIn::ScHosted {
-                        session,
-                        node: node.to_string(),
-                        groups: h.groups,
-                    },
-                    sc_up::Msg::Register(_) => return None,
-                })
-            },
+            sc_in,
             // SC sessions carry no rule requests: nothing is ever shed on them.
             |_| v1::ScDown { msg: None },
         )
