@@ -268,12 +268,37 @@ pub struct FirstPacket {
 }
 
 /// Something that happened to a flow after its first packet, reported by PP or FM.
+///
+/// PP reports every event on the key it asked SC about (the flow's forward rule), so an
+/// NF finds the flow as it finds a replayed first packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlowEvent {
     /// PP saw TCP FIN or RST on the flow (key in the forward direction).
     TcpClosing { key: FlowKey },
     /// PP's rules for the flow idled out.
     Expired { key: FlowKey },
+    /// PP saw the flow's TCP handshake complete: the first packet in the forward
+    /// direction with ACK and without SYN, FIN or RST — the opener's third handshake
+    /// packet, sent only after the SYN-ACK came back through the reverse rule. Reported
+    /// once per flow. RFC 5382 REQ-5 and RFC 7857 §2.1: the established idle timeout
+    /// applies from here on, the transitory one before.
+    TcpEstablished { key: FlowKey },
+    /// The flow carried traffic since PP's previous activity report (reports are
+    /// periodic and batched): refresh its idle deadline. PP's rules outlive an idle NF
+    /// deadline, so without this a busy long-lived flow would lose its NF state.
+    Active { key: FlowKey },
+}
+
+impl FlowEvent {
+    /// The flow the event is about.
+    pub fn key(&self) -> &FlowKey {
+        match self {
+            FlowEvent::TcpClosing { key }
+            | FlowEvent::Expired { key }
+            | FlowEvent::TcpEstablished { key }
+            | FlowEvent::Active { key } => key,
+        }
+    }
 }
 
 /// Which half of a partition's key space a split keeps (paper 000 Fig. 3: per-flow state
