@@ -477,6 +477,9 @@ mod tests {
             key: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
                 .parse()
                 .unwrap(),
+            flow: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
+                .parse()
+                .unwrap(),
             tenant: 1,
             meta: PacketMeta {
                 len: 60,
@@ -542,6 +545,62 @@ mod tests {
             "decap; set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; encap 198.18.0.50 vni 100; count; out 1"
         );
         assert_eq!(rv.idle_timeout, Some(Duration::from_secs(240)));
+    }
+
+    /// Records the keys it is shown.
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(FlowKey, FlowKey)>>>);
+    impl NetworkFunction for Recorder {
+        fn kind(&self) -> &str {
+            "recorder"
+        }
+        fn tables(&self) -> Vec<TableSpec> {
+            vec![]
+        }
+        fn first_packet(&mut self, p: &FirstPacket, _: &mut NfEnv) -> Result<Decision, NfError> {
+            self.0.lock().unwrap().push((p.key, p.flow));
+            Ok(Decision::pass())
+        }
+        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+            Ok(Vec::new())
+        }
+        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
+            Ok(())
+        }
+        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
+            Ok(Vec::new())
+        }
+        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_later_nf_sees_the_rewritten_key_and_the_original_flow() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let nfs: Vec<Box<dyn NetworkFunction>> = vec![
+            Box::new(Recorder(seen.clone())),
+            Box::new(Fixed(
+                "snat",
+                Decision {
+                    forward: Rewrite::src(ip("198.19.255.1"), 50000),
+                    reverse: Rewrite::dst(ip("198.18.10.2"), 40000),
+                    ..Decision::pass()
+                },
+            )),
+            Box::new(Recorder(seen.clone())),
+        ];
+        let mut c = Chain::new(nfs, ChainSpec::seq(3), Egress::LOCAL, Egress::LOCAL).unwrap();
+        let p = FirstPacket::new(pkt().key, 1, pkt().meta);
+        c.decide(&p, &mut NfEnv::new(0, 1)).unwrap();
+        let seen = seen.lock().unwrap();
+        // Before SNAT both are the ingress key; after it, the key is translated and the
+        // flow is still the one PP asked about.
+        assert_eq!(seen[0], (p.key, p.key));
+        assert_eq!(
+            seen[1].0.to_string(),
+            "100 tcp 198.19.255.1:50000 > 198.19.0.100:80"
+        );
+        assert_eq!(seen[1].1, p.key);
     }
 
     #[test]

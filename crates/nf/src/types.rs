@@ -258,13 +258,31 @@ impl Decision {
     }
 }
 
-/// The first packet of a flow, as the NF sees it: the key as rewritten by the NFs before
-/// it in the chain.
+/// The first packet of a flow, as the NF sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FirstPacket {
+    /// The key as rewritten by the NFs before this one in the chain: what this NF
+    /// matches on and rewrites further.
     pub key: FlowKey,
+    /// The key as it entered the chain, before any NF rewrote it: the key PP asked
+    /// about, FM dispatches on, and PP reports [`FlowEvent`]s on. An NF after a
+    /// rewriting NF (a FW after SNAT or LB) keys its per-flow state by this to find the
+    /// flow again in events and splits ([`SplitHalf::moves`]).
+    pub flow: FlowKey,
     pub tenant: u32,
     pub meta: PacketMeta,
+}
+
+impl FirstPacket {
+    /// A packet entering the chain: `flow` and `key` are the same.
+    pub fn new(key: FlowKey, tenant: u32, meta: PacketMeta) -> Self {
+        FirstPacket {
+            key,
+            flow: key,
+            tenant,
+            meta,
+        }
+    }
 }
 
 /// Something that happened to a flow after its first packet, reported by PP or FM.

@@ -39,6 +39,7 @@ fn out_flow(i: u16) -> FlowKey {
 fn first(f: &mut Firewall, k: FlowKey, flags: u8, now_ms: u64) -> Decision {
     let p = FirstPacket {
         key: k,
+        flow: k,
         tenant: 1,
         meta: PacketMeta {
             len: 60,
@@ -254,6 +255,7 @@ fn icmp_errors_pass_for_known_flows_only() {
     first(&mut f, k, SYN, 0);
     let err = |key: FlowKey| FirstPacket {
         key,
+        flow: key,
         tenant: 1,
         meta: PacketMeta {
             len: 90,

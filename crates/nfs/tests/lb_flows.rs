@@ -56,6 +56,7 @@ fn meta(flags: u8) -> PacketMeta {
 fn pkt(key: FlowKey) -> FirstPacket {
     FirstPacket {
         key,
+        flow: key,
         tenant: 1,
         meta: meta(0x02),
     }

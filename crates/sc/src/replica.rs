@@ -1145,11 +1145,7 @@ impl ReplicaCore {
             Ok(c) => c,
             Err(e) => return proto::error_reply(m, format!("chain unavailable: {e}")),
         };
-        let pkt = FirstPacket {
-            key: req.key,
-            tenant: req.tenant,
-            meta: req.meta,
-        };
+        let pkt = FirstPacket::new(req.key, req.tenant, req.meta);
         let mut env = NfEnv::new(now_ms, seed);
         match chain.decide(&pkt, &mut env) {
             Ok(rules) => v1::RuleReply {
