@@ -403,6 +403,25 @@ pub trait NetworkFunction: Send {
         Vec::new()
     }
 
+    /// Serpens `update(table, key)` (paper 004 Fig. 8, §III-B): bring one entry of a
+    /// shared-write table up to date — for a replicated table, fold what was counted
+    /// aside into it; for a partitioned one, rebalance what this part holds. The
+    /// platform calls it after the op in which the NF asked for it (through
+    /// [`NfEnv::trigger`] or [`NetworkFunction::trigger`]), in the group's order, so every
+    /// replica runs it at the same point; it never waits for another partition. An
+    /// error is counted by the platform and changes nothing else. Default: nothing to do.
+    fn update(&mut self, _table: &str, _key: u64, _env: &mut NfEnv) -> Result<(), NfError> {
+        Ok(())
+    }
+
+    /// Serpens `trigger(table, key)` as a condition: polled by the platform after every
+    /// op it applies (requests, events, timer), it returns the table entries this NF wants
+    /// updated now (a pool below its low-water mark, a counter batch full). A handler can
+    /// also ask directly with [`NfEnv::trigger`]. Default: none.
+    fn trigger(&mut self, _env: &mut NfEnv) -> Vec<crate::Trigger> {
+        Vec::new()
+    }
+
     /// All state, for a new replica or a state transfer.
     fn snapshot(&self) -> Result<Vec<u8>, NfError>;
 
