@@ -280,15 +280,18 @@ impl RuleCache {
         n
     }
 
-    /// Forget `key` and its companions' entries (the flow's other direction).
-    pub fn invalidate(&mut self, key: &CacheKey) {
+    /// Forget `key` and its companions' entries (the flow's other direction). Returns
+    /// the companions' flow keys the cached reply named (empty when `key` was not
+    /// cached), so their rules can be withdrawn at PP too.
+    pub fn invalidate(&mut self, key: &CacheKey) -> Vec<[u8; 40]> {
+        let mut companions = Vec::new();
         let Some(e) = self.shards[shard_of(key)].map.remove(key) else {
-            return;
+            return companions;
         };
         self.len -= 1;
         self.stats.invalidated += 1;
         let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) else {
-            return;
+            return companions;
         };
         for a in &r.also {
             if let Some(Ok(b)) = a
@@ -301,8 +304,10 @@ impl RuleCache {
                     self.len -= 1;
                     self.stats.invalidated += 1;
                 }
+                companions.push(b);
             }
         }
+        companions
     }
 
     /// Forget every rule of one tenant chain (the chain was removed or rebuilt);

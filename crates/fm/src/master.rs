@@ -600,7 +600,9 @@ impl Master {
         for e in events {
             let key = match e.kind.as_ref() {
                 Some(v1::flow_event::Kind::TcpClosing(k))
-                | Some(v1::flow_event::Kind::Expired(k)) => FlowKey::try_from(k),
+                | Some(v1::flow_event::Kind::Expired(k))
+                | Some(v1::flow_event::Kind::TcpEstablished(k))
+                | Some(v1::flow_event::Kind::Active(k)) => FlowKey::try_from(k),
                 None => {
                     self.stats.bad_requests += 1;
                     continue;
@@ -1051,6 +1053,7 @@ impl Master {
         }
         self.group_progress.insert(results.group, now);
         let part = self.map.group(results.group).map(|g| g.partition);
+        let mut withdraw: Vec<[u8; 40]> = Vec::new();
         for r in results.results {
             if let Some(p) = r.part {
                 self.on_scale_part(results.group, p);
@@ -1062,7 +1065,8 @@ impl Master {
                 for k in &r.expired {
                     if let Ok(k) = FlowKey::try_from(k) {
                         let ck = (p.tenant, p.chain, *k.as_bytes());
-                        self.cache.invalidate(&ck);
+                        withdraw.extend(self.cache.invalidate(&ck));
+                        withdraw.push(*k.as_bytes());
                         self.pins.remove(&ck);
                     }
                 }
@@ -1101,6 +1105,12 @@ impl Master {
                 }
             }
         }
+        // The NF's timer forgot these flows. PP's rules may be set to outlive the NF's
+        // deadline (a TCP flow's rule gets the established timeout from its SYN on, see
+        // docs/nf-api.md "Timeouts"), so withdraw them: PP must not keep translating
+        // with state — a port, a backend — the NF has given back. A flow still busy had
+        // been refreshed by PP's `Active` reports and is not among them.
+        self.revoke_at_pp(withdraw);
     }
 
     /// Periodic work: failure detection, retries, cache sweep, group creation.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pipeline::{Action, FlowKey, Rule};
 use thiserror::Error;
 
-use crate::env::NfEnv;
+use crate::env::{NfEnv, Trigger};
 use crate::types::{
     FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfError, PreparedPart, Rewrite,
     SplitHalf, Verdict,
@@ -119,6 +119,9 @@ pub struct ComposedRules {
 /// A chain instance: its NFs (with their state) and its shape.
 pub struct Chain {
     nfs: Vec<Box<dyn NetworkFunction>>,
+    /// Updates NFs asked for through `NfEnv::trigger` since the last
+    /// [`Chain::run_triggers`], with the asking NF's index.
+    triggered: Vec<(usize, Trigger)>,
     spec: ChainSpec,
     pub forward_egress: Egress,
     pub reverse_egress: Egress,
@@ -146,6 +149,7 @@ impl Chain {
         }
         Ok(Chain {
             nfs,
+            triggered: Vec::new(),
             spec,
             forward_egress,
             reverse_egress,
@@ -253,11 +257,15 @@ impl Chain {
     ) -> Result<Option<String>, ChainError> {
         let nf = self.nfs.get_mut(i).ok_or(ChainError::NoSuchNf(i))?;
         let seen = FirstPacket { key: w.key, ..*pkt };
-        let d = nf.first_packet(&seen, env).map_err(|err| ChainError::Nf {
+        let d = nf.first_packet(&seen, env);
+        self.triggered
+            .extend(env.triggers.drain(..).map(|t| (i, t)));
+        let d = d.map_err(|err| ChainError::Nf {
             nf: i,
-            kind: nf.kind().to_string(),
+            kind: self.nfs[i].kind().to_string(),
             err,
         })?;
+        let nf = &self.nfs[i];
         w.path.push(nf.kind().to_string());
         if let Some(t) = d.idle_timeout {
             w.timeout = Some(w.timeout.map_or(t, |cur: Duration| cur.min(t)));
@@ -278,20 +286,55 @@ impl Chain {
 
     /// Pass an event to every NF.
     pub fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
-        for nf in &mut self.nfs {
+        for (i, nf) in self.nfs.iter_mut().enumerate() {
             nf.on_event(ev, env);
+            self.triggered
+                .extend(env.triggers.drain(..).map(|t| (i, t)));
         }
     }
 
-    /// Timers of every NF; returns the flows any of them forgot.
+    /// Timers of every NF; returns the flows any of them forgot. A timer is also where
+    /// an NF asks for periodic updates (Serpens: `update` "on time via a timer").
     pub fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
         let mut out = Vec::new();
-        for nf in &mut self.nfs {
+        for (i, nf) in self.nfs.iter_mut().enumerate() {
             out.extend(nf.on_timer(env));
+            self.triggered
+                .extend(env.triggers.drain(..).map(|t| (i, t)));
         }
         out.sort_by_key(|k| *k.as_bytes());
         out.dedup();
         out
+    }
+
+    /// Serpens' on-demand `update`: run it for every update an NF asked for since the
+    /// last call (through `NfEnv::trigger`) and every condition its
+    /// `NetworkFunction::trigger` reports now, on the NF that asked, in NF order. The
+    /// platform calls this after each op it applies. Returns how many updates ran and
+    /// the errors of those that failed (an NF's failed update changes nothing else).
+    pub fn run_triggers(&mut self, env: &mut NfEnv) -> (usize, Vec<ChainError>) {
+        let mut todo = std::mem::take(&mut self.triggered);
+        for (i, nf) in self.nfs.iter_mut().enumerate() {
+            todo.extend(nf.trigger(env).into_iter().map(|t| (i, t)));
+        }
+        // Stable by NF, so every replica runs them in one order.
+        todo.sort_by_key(|(i, _)| *i);
+        let mut errors = Vec::new();
+        let n = todo.len();
+        for (i, t) in todo {
+            let nf = &mut self.nfs[i];
+            if let Err(err) = nf.update(&t.table, t.key, env) {
+                errors.push(ChainError::Nf {
+                    nf: i,
+                    kind: nf.kind().to_string(),
+                    err,
+                });
+            }
+            // What an update asks for waits for the next op: no loops within one.
+            self.triggered
+                .extend(env.triggers.drain(..).map(|t| (i, t)));
+        }
+        (n, errors)
     }
 
     /// State of every NF, framed as length-prefixed parts.
@@ -477,6 +520,9 @@ mod tests {
             key: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
                 .parse()
                 .unwrap(),
+            flow: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
+                .parse()
+                .unwrap(),
             tenant: 1,
             meta: PacketMeta {
                 len: 60,
@@ -542,6 +588,184 @@ mod tests {
             "decap; set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; encap 198.18.0.50 vni 100; count; out 1"
         );
         assert_eq!(rv.idle_timeout, Some(Duration::from_secs(240)));
+    }
+
+    /// Records the keys it is shown.
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(FlowKey, FlowKey)>>>);
+    impl NetworkFunction for Recorder {
+        fn kind(&self) -> &str {
+            "recorder"
+        }
+        fn tables(&self) -> Vec<TableSpec> {
+            vec![]
+        }
+        fn first_packet(&mut self, p: &FirstPacket, _: &mut NfEnv) -> Result<Decision, NfError> {
+            self.0.lock().unwrap().push((p.key, p.flow));
+            Ok(Decision::pass())
+        }
+        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+            Ok(Vec::new())
+        }
+        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
+            Ok(())
+        }
+        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
+            Ok(Vec::new())
+        }
+        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_later_nf_sees_the_rewritten_key_and_the_original_flow() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let nfs: Vec<Box<dyn NetworkFunction>> = vec![
+            Box::new(Recorder(seen.clone())),
+            Box::new(Fixed(
+                "snat",
+                Decision {
+                    forward: Rewrite::src(ip("198.19.255.1"), 50000),
+                    reverse: Rewrite::dst(ip("198.18.10.2"), 40000),
+                    ..Decision::pass()
+                },
+            )),
+            Box::new(Recorder(seen.clone())),
+        ];
+        let mut c = Chain::new(nfs, ChainSpec::seq(3), Egress::LOCAL, Egress::LOCAL).unwrap();
+        let p = FirstPacket::new(pkt().key, 1, pkt().meta);
+        c.decide(&p, &mut NfEnv::new(0, 1)).unwrap();
+        let seen = seen.lock().unwrap();
+        // Before SNAT both are the ingress key; after it, the key is translated and the
+        // flow is still the one PP asked about.
+        assert_eq!(seen[0], (p.key, p.key));
+        assert_eq!(
+            seen[1].0.to_string(),
+            "100 tcp 198.19.255.1:50000 > 198.19.0.100:80"
+        );
+        assert_eq!(seen[1].1, p.key);
+    }
+
+    /// A port pool of `free` ports that asks for a refill (Serpens Fig. 9 line 15) when
+    /// it runs out, and counts flows aside to be folded by its own condition.
+    #[derive(Default)]
+    struct Pool {
+        free: u32,
+        updates: Vec<(String, u64)>,
+        counted_aside: u64,
+        total: u64,
+        fail_updates: bool,
+    }
+    impl NetworkFunction for Pool {
+        fn kind(&self) -> &str {
+            "pool"
+        }
+        fn tables(&self) -> Vec<TableSpec> {
+            vec![
+                TableSpec::shared_write("pool", crate::Consistency::Partitioned),
+                TableSpec::shared_write("flows", crate::Consistency::Replicated),
+            ]
+        }
+        fn first_packet(&mut self, _: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
+            self.counted_aside += 1;
+            if self.free == 0 {
+                env.trigger("pool", 7);
+                return Ok(Decision::drop("exhausted"));
+            }
+            self.free -= 1;
+            Ok(Decision::pass())
+        }
+        fn update(&mut self, table: &str, key: u64, _: &mut NfEnv) -> Result<(), NfError> {
+            if self.fail_updates {
+                return Err(NfError::Other("no".into()));
+            }
+            self.updates.push((table.to_string(), key));
+            match table {
+                "pool" => self.free += 2,
+                _ => self.total += std::mem::take(&mut self.counted_aside),
+            }
+            Ok(())
+        }
+        fn trigger(&mut self, _: &mut NfEnv) -> Vec<Trigger> {
+            if self.counted_aside >= 3 {
+                vec![Trigger {
+                    table: "flows".into(),
+                    key: 0,
+                }]
+            } else {
+                vec![]
+            }
+        }
+        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+            Ok(format!("{} {} {:?}", self.free, self.total, self.updates).into_bytes())
+        }
+        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
+            Ok(())
+        }
+        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
+            Ok(Vec::new())
+        }
+        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
+            Ok(())
+        }
+    }
+
+    fn pool_chain(p: Pool) -> Chain {
+        let nfs: Vec<Box<dyn NetworkFunction>> =
+            vec![Box::new(Fixed("fw", Decision::pass())), Box::new(p)];
+        Chain::new(nfs, ChainSpec::seq(2), Egress::LOCAL, Egress::LOCAL).unwrap()
+    }
+
+    fn pool_state(c: &Chain) -> String {
+        String::from_utf8(c.nfs()[1].snapshot().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn trigger_from_a_handler_runs_update_after_the_op() {
+        let mut c = pool_chain(Pool::default());
+        let env = &mut NfEnv::new(0, 1);
+        let r = c.decide(&pkt(), env).unwrap();
+        assert_eq!(format_actions(&r.forward.actions), "count; drop exhausted");
+        // Nothing ran inside the op: the handler did not wait.
+        assert_eq!(pool_state(&c), "0 0 []");
+        let (n, errors) = c.run_triggers(env);
+        assert_eq!((n, errors.len()), (1, 0));
+        assert_eq!(pool_state(&c), "2 0 [(\"pool\", 7)]");
+        // Refilled: the next flow passes, and nothing is left to run.
+        let r = c.decide(&pkt(), env).unwrap();
+        assert_eq!(r.path, ["fw", "pool"]);
+        assert!(r.reverse.is_some());
+        assert_eq!(c.run_triggers(env).0, 0);
+    }
+
+    #[test]
+    fn trigger_condition_is_polled_and_update_folds_counts_aside() {
+        let mut c = pool_chain(Pool {
+            free: 10,
+            ..Pool::default()
+        });
+        let env = &mut NfEnv::new(0, 1);
+        for _ in 0..2 {
+            c.decide(&pkt(), env).unwrap();
+            assert_eq!(c.run_triggers(env).0, 0, "below the condition");
+        }
+        c.decide(&pkt(), env).unwrap();
+        assert_eq!(c.run_triggers(env).0, 1);
+        assert_eq!(pool_state(&c), "7 3 [(\"flows\", 0)]");
+    }
+
+    #[test]
+    fn a_failed_update_is_reported_not_fatal() {
+        let mut c = pool_chain(Pool {
+            fail_updates: true,
+            ..Pool::default()
+        });
+        let env = &mut NfEnv::new(0, 1);
+        c.decide(&pkt(), env).unwrap();
+        let (n, errors) = c.run_triggers(env);
+        assert_eq!(n, 1);
+        assert!(matches!(errors[..], [ChainError::Nf { nf: 1, .. }]));
+        assert_eq!(pool_state(&c), "0 0 []");
     }
 
     #[test]

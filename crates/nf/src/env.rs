@@ -25,12 +25,24 @@ impl DetRng {
     }
 }
 
+/// Serpens `trigger(table, key)` (paper 004 Fig. 8): an NF asks the platform for an
+/// `update` of one entry of one of its shared-write tables, on demand (a NAT that ran out
+/// of ports), rather than waiting for its timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trigger {
+    pub table: String,
+    pub key: u64,
+}
+
 /// Environment of one NF invocation.
 #[derive(Debug)]
 pub struct NfEnv {
     /// Milliseconds on the group's clock, stamped into the request by the head replica.
     pub now_ms: u64,
     pub rng: DetRng,
+    /// Updates asked for during this invocation ([`NfEnv::trigger`]); the chain takes
+    /// them and the platform answers each with the NF's `update` after the op.
+    pub(crate) triggers: Vec<Trigger>,
 }
 
 impl NfEnv {
@@ -38,6 +50,17 @@ impl NfEnv {
         NfEnv {
             now_ms,
             rng: DetRng::new(seed),
+            triggers: Vec::new(),
         }
+    }
+
+    /// Ask for `NetworkFunction::update(table, key)` once the current op is done
+    /// (Serpens `trigger`). Non-blocking: the handler goes on at once and sees the
+    /// update's effect from its next invocation.
+    pub fn trigger(&mut self, table: &str, key: u64) {
+        self.triggers.push(Trigger {
+            table: table.to_string(),
+            key,
+        });
     }
 }

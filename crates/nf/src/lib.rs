@@ -9,6 +9,9 @@
 //! - It runs only on SC, and only for a flow's first packet: it returns a [`Decision`]
 //!   (verdict, rewrites for both directions, idle timeout). PP then applies the composed
 //!   rule to every later packet without asking.
+//! - Serpens' `update` and `trigger`: an NF asks (`NfEnv::trigger`, or its
+//!   `NetworkFunction::trigger` condition) and the platform runs
+//!   `NetworkFunction::update` after the op, in the group's order ([`Chain::run_triggers`]).
 //! - Split, merge and timer hooks are what scaling and expiry call; state moves as
 //!   opaque snapshots, so SC can ship it between groups (paper 000 §4.1, Fig. 3).
 //! - A chain ([`ChainSpec`]) is a sequence of NFs with branches on a verdict label
@@ -29,7 +32,7 @@ mod types;
 pub use chain::{
     Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
 };
-pub use env::{DetRng, NfEnv};
+pub use env::{DetRng, NfEnv, Trigger};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
     NfError, PreparedPart, Rewrite, Scope, SplitHalf, TableSpec, Verdict,

@@ -258,22 +258,65 @@ impl Decision {
     }
 }
 
-/// The first packet of a flow, as the NF sees it: the key as rewritten by the NFs before
-/// it in the chain.
+/// The first packet of a flow, as the NF sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FirstPacket {
+    /// The key as rewritten by the NFs before this one in the chain: what this NF
+    /// matches on and rewrites further.
     pub key: FlowKey,
+    /// The key as it entered the chain, before any NF rewrote it: the key PP asked
+    /// about, FM dispatches on, and PP reports [`FlowEvent`]s on. An NF after a
+    /// rewriting NF (a FW after SNAT or LB) keys its per-flow state by this to find the
+    /// flow again in events and splits ([`SplitHalf::moves`]).
+    pub flow: FlowKey,
     pub tenant: u32,
     pub meta: PacketMeta,
 }
 
+impl FirstPacket {
+    /// A packet entering the chain: `flow` and `key` are the same.
+    pub fn new(key: FlowKey, tenant: u32, meta: PacketMeta) -> Self {
+        FirstPacket {
+            key,
+            flow: key,
+            tenant,
+            meta,
+        }
+    }
+}
+
 /// Something that happened to a flow after its first packet, reported by PP or FM.
+///
+/// PP reports every event on the key it asked SC about (the flow's forward rule), so an
+/// NF finds the flow as it finds a replayed first packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlowEvent {
     /// PP saw TCP FIN or RST on the flow (key in the forward direction).
     TcpClosing { key: FlowKey },
     /// PP's rules for the flow idled out.
     Expired { key: FlowKey },
+    /// PP saw the flow's TCP handshake complete: the first packet in the forward
+    /// direction with ACK and without SYN, FIN or RST — the opener's third handshake
+    /// packet, sent only after the SYN-ACK came back through the reverse rule. Reported
+    /// once per flow. RFC 5382 REQ-5 and RFC 7857 §2.1: the established idle timeout
+    /// applies from here on, the transitory one before.
+    TcpEstablished { key: FlowKey },
+    /// The flow carried traffic since PP's previous activity report (reports are
+    /// periodic and batched): refresh its idle deadline. PP's rules outlive an idle NF
+    /// deadline, so without this a busy long-lived flow would lose its NF state.
+    Active { key: FlowKey },
+}
+
+impl FlowEvent {
+    /// The flow the event is about.
+    pub fn key(&self) -> &FlowKey {
+        match self {
+            FlowEvent::TcpClosing { key }
+            | FlowEvent::Expired { key }
+            | FlowEvent::TcpEstablished { key }
+            | FlowEvent::Active { key } => key,
+        }
+    }
 }
 
 /// Which half of a partition's key space a split keeps (paper 000 Fig. 3: per-flow state
@@ -357,6 +400,25 @@ pub trait NetworkFunction: Send {
     /// Periodic housekeeping at `env.now_ms`: expire per-flow state past its timeout, fold
     /// replicated counters. Returns the flows whose state was removed.
     fn on_timer(&mut self, _env: &mut NfEnv) -> Vec<FlowKey> {
+        Vec::new()
+    }
+
+    /// Serpens `update(table, key)` (paper 004 Fig. 8, §III-B): bring one entry of a
+    /// shared-write table up to date — for a replicated table, fold what was counted
+    /// aside into it; for a partitioned one, rebalance what this part holds. The
+    /// platform calls it after the op in which the NF asked for it (through
+    /// [`NfEnv::trigger`] or [`NetworkFunction::trigger`]), in the group's order, so every
+    /// replica runs it at the same point; it never waits for another partition. An
+    /// error is counted by the platform and changes nothing else. Default: nothing to do.
+    fn update(&mut self, _table: &str, _key: u64, _env: &mut NfEnv) -> Result<(), NfError> {
+        Ok(())
+    }
+
+    /// Serpens `trigger(table, key)` as a condition: polled by the platform after every
+    /// op it applies (requests, events, timer), it returns the table entries this NF wants
+    /// updated now (a pool below its low-water mark, a counter batch full). A handler can
+    /// also ask directly with [`NfEnv::trigger`]. Default: none.
+    fn trigger(&mut self, _env: &mut NfEnv) -> Vec<crate::Trigger> {
         Vec::new()
     }
 

@@ -20,9 +20,13 @@
 //! `icmp-unrelated`; about a known flow it passes (Linux's RELATED).
 //!
 //! Timeouts (seconds, all configurable), after Linux `nf_conntrack`:
-//! - TCP opened by SYN: `tcp_syn_sent_s` 120. SC sees no packets after the first, so it
-//!   cannot watch the handshake complete: a flow becomes established when a later first
-//!   packet of it (a re-request) carries no SYN, and then gets `tcp_established_s` 7440.
+//! - TCP opened by SYN: `tcp_syn_sent_s` 120, until PP reports the handshake complete
+//!   ([`FlowEvent::TcpEstablished`]) or a later first packet of the flow (a re-request)
+//!   carries no SYN; then `tcp_established_s` 7440. [`FlowEvent::Active`] (PP's periodic
+//!   report of flows that carried traffic) refreshes the deadline in any state.
+//! - PP's rules for a TCP flow not yet closing idle after `tcp_established_s` (see
+//!   `rule_timeout`): PP must not cut a connection conntrack may still hold as
+//!   established. The entry's deadline governs; FM withdraws PP's rules when it passes.
 //! - TCP after PP reports FIN or RST ([`FlowEvent::TcpClosing`]), or a re-request carrying
 //!   FIN or RST: `tcp_closing_s` 120 (Linux's TIME_WAIT).
 //! - UDP: `udp_s` 180, Linux's timeout for a UDP flow that saw replies. Linux gives
@@ -33,8 +37,8 @@
 //!   and `icmp-unrelated`, short because the drop rule also holds back a legitimate SYN
 //!   on the same 5-tuple until it idles out.
 //!
-//! The same timeout is the decision's idle timeout, so PP's rule and the conntrack entry
-//! age alike. [`NetworkFunction::on_timer`] forgets entries past their deadline.
+//! Otherwise the same timeout is the decision's idle timeout, so PP's rule and the
+//! conntrack entry age alike. [`NetworkFunction::on_timer`] forgets entries past their deadline.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -541,6 +545,12 @@ impl Firewall {
         self.find(key).map(|(_, _, c)| c.state)
     }
 
+    /// When conntrack forgets a flow (ms on the group clock) unless refreshed; either
+    /// direction's key.
+    pub fn conn_deadline(&self, key: &FlowKey) -> Option<u64> {
+        self.find(key).map(|(_, _, c)| c.deadline_ms)
+    }
+
     pub fn conn_count(&self) -> usize {
         self.conns.len()
     }
@@ -566,6 +576,19 @@ impl Firewall {
         })
     }
 
+    /// The idle timeout of PP's rules for a flow in state `s`: the longest conntrack may
+    /// keep it without a new first packet. A SYN-opened flow may become established, and
+    /// PP's rule cannot be lengthened later, so it gets the established timeout; the
+    /// entry's own deadline (`tcp_syn_sent_s`) governs until PP reports the handshake, and
+    /// FM withdraws PP's rules when the timer forgets the flow.
+    fn rule_timeout(&self, s: CtState) -> Duration {
+        match s {
+            CtState::TcpSynSent => self.timeout(CtState::TcpEstablished),
+            _ => self.timeout(s),
+        }
+    }
+
+    /// Track `key` in `state` from `now_ms`; returns the idle timeout for PP's rules.
     fn set(&mut self, key: FlowKey, tenant: u32, state: CtState, now_ms: u64) -> Duration {
         let t = self.timeout(state);
         self.conns.insert(
@@ -576,7 +599,7 @@ impl Firewall {
                 deadline_ms: now_ms.saturating_add(t.as_millis() as u64),
             },
         );
-        t
+        self.rule_timeout(state)
     }
 
     fn allow(t: Duration) -> Decision {
@@ -688,7 +711,7 @@ impl NetworkFunction for Firewall {
             let cur = conn.state;
             if pkt.meta.icmp_error {
                 // RELATED: let the error through without touching the flow's state.
-                return Ok(Self::allow(self.timeout(cur)));
+                return Ok(Self::allow(self.rule_timeout(cur)));
             }
             let next = if is_tcp {
                 Self::tcp_next(cur, pkt.meta.tcp_flags, dir)
@@ -730,6 +753,22 @@ impl NetworkFunction for Firewall {
                 }
                 if let Some((orig, _, c)) = self.find(key) {
                     self.set(orig, c.tenant, CtState::TcpClosing, env.now_ms);
+                }
+            }
+            FlowEvent::TcpEstablished { key } => {
+                if key.proto() != proto::TCP {
+                    return;
+                }
+                // Only SYN_SENT moves: a closing flow stays closing, whatever arrives late.
+                if let Some((orig, _, c)) = self.find(key) {
+                    if c.state == CtState::TcpSynSent {
+                        self.set(orig, c.tenant, CtState::TcpEstablished, env.now_ms);
+                    }
+                }
+            }
+            FlowEvent::Active { key } => {
+                if let Some((orig, _, c)) = self.find(key) {
+                    self.set(orig, c.tenant, c.state, env.now_ms);
                 }
             }
             // PP forgetting one direction's rule does not end the flow: the other may be

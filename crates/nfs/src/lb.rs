@@ -580,9 +580,24 @@ impl NetworkFunction for LoadBalancer {
                     f.deadline_ms = env.now_ms.saturating_add(t.as_millis() as u64);
                 }
             }
+            FlowEvent::Active { key } => {
+                let fwd = if self.flows.contains_key(key) {
+                    *key
+                } else if let Some(f) = self.replies.get(key) {
+                    *f
+                } else {
+                    return;
+                };
+                let closing = self.flows.get(&fwd).is_some_and(|f| f.closing);
+                let t = self.timeout(&fwd, closing);
+                if let Some(f) = self.flows.get_mut(&fwd) {
+                    f.deadline_ms = env.now_ms.saturating_add(t.as_millis() as u64);
+                }
+            }
             // PP forgetting one direction's rule does not end the flow (the other
-            // direction may still be busy); the entry's own deadline governs.
-            FlowEvent::Expired { .. } => {}
+            // direction may still be busy); the entry's own deadline governs. The LB
+            // times TCP alike before and after the handshake.
+            FlowEvent::Expired { .. } | FlowEvent::TcpEstablished { .. } => {}
         }
     }
 

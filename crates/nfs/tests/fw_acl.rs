@@ -14,6 +14,7 @@ fn key(s: &str) -> FlowKey {
 fn pkt(tenant: u32, k: &str) -> FirstPacket {
     FirstPacket {
         key: key(k),
+        flow: key(k),
         tenant,
         meta: PacketMeta {
             len: 60,

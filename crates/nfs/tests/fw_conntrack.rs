@@ -39,6 +39,7 @@ fn out_flow(i: u16) -> FlowKey {
 fn first(f: &mut Firewall, k: FlowKey, flags: u8, now_ms: u64) -> Decision {
     let p = FirstPacket {
         key: k,
+        flow: k,
         tenant: 1,
         meta: PacketMeta {
             len: 60,
@@ -76,7 +77,10 @@ fn event(f: &mut Firewall, ev: FlowEvent, now_ms: u64) {
 fn reply_of_an_allowed_flow_passes_unsolicited_inbound_does_not() {
     let mut f = Firewall::new(outbound_only()).unwrap();
     let k = out_flow(1);
-    assert_eq!(first(&mut f, k, SYN, 0), pass(120));
+    // PP's rule gets the established timeout (it cannot be lengthened once the
+    // handshake completes); conntrack's own deadline is syn-sent's 120 s.
+    assert_eq!(first(&mut f, k, SYN, 0), pass(7440));
+    assert_eq!(f.conn_deadline(&k), Some(120_000));
     assert_eq!(f.conn_state(&k), Some(CtState::TcpSynSent));
     // The reply direction reaches SC (its PP rule was evicted): allowed, although the
     // ACL denies everything inbound, and the handshake is evidently done.
@@ -114,7 +118,7 @@ fn non_syn_first_packet_is_refused_even_when_the_acl_allows() {
     }
     assert_eq!(f.conn_count(), 0);
     // SYN with ECN bits (ECE/CWR) is still a pure SYN.
-    assert_eq!(first(&mut f, out_flow(200), SYN | 0xc0, 0), pass(120));
+    assert_eq!(first(&mut f, out_flow(200), SYN | 0xc0, 0), pass(7440));
 }
 
 #[test]
@@ -122,7 +126,7 @@ fn syn_sent_expires_after_its_timeout() {
     let mut f = Firewall::new(outbound_only()).unwrap();
     first(&mut f, out_flow(1), SYN, 5_000);
     // SYN retransmitted at SC (PP lost the rule): still syn-sent, deadline refreshed.
-    assert_eq!(first(&mut f, out_flow(1), SYN, 10_000), pass(120));
+    assert_eq!(first(&mut f, out_flow(1), SYN, 10_000), pass(7440));
     assert_eq!(timer(&mut f, 129_999), vec![]);
     assert_eq!(timer(&mut f, 130_000), vec![out_flow(1)]);
     assert_eq!(f.conn_state(&out_flow(1)), None);
@@ -235,7 +239,8 @@ fn configured_timeouts_apply() {
     cfg.timeouts.tcp_established_s = 100;
     cfg.timeouts.udp_s = 30;
     let mut f = Firewall::new(cfg).unwrap();
-    assert_eq!(first(&mut f, out_flow(1), SYN, 0), pass(5));
+    assert_eq!(first(&mut f, out_flow(1), SYN, 0), pass(100));
+    assert_eq!(f.conn_deadline(&out_flow(1)), Some(5_000));
     assert_eq!(first(&mut f, out_flow(1), ACK, 1_000), pass(100));
     assert_eq!(
         first(&mut f, key("1 udp 198.18.0.5:5000 > 198.19.0.53:53"), 0, 0),
@@ -250,6 +255,7 @@ fn icmp_errors_pass_for_known_flows_only() {
     first(&mut f, k, SYN, 0);
     let err = |key: FlowKey| FirstPacket {
         key,
+        flow: key,
         tenant: 1,
         meta: PacketMeta {
             len: 90,
@@ -263,7 +269,7 @@ fn icmp_errors_pass_for_known_flows_only() {
     let d = f
         .first_packet(&err(k.reversed()), &mut NfEnv::new(1, 0))
         .unwrap();
-    assert_eq!(d, pass(120));
+    assert_eq!(d, pass(7440));
     assert_eq!(f.conn_state(&k), Some(CtState::TcpSynSent));
     let d = f
         .first_packet(&err(out_flow(9).reversed()), &mut NfEnv::new(1, 0))
@@ -365,4 +371,41 @@ fn tables_are_declared_honestly() {
             nf::TableSpec::per_flow("conntrack")
         ]
     );
+}
+
+#[test]
+fn handshake_reported_by_pp_moves_syn_sent_to_established() {
+    // Linux nf_conntrack: SYN_SENT (120 s) until the handshake completes (RFC 9293
+    // §3.5), then ESTABLISHED (here 7440 s, RFC 5382 REQ-5's minimum for NATs).
+    let mut f = Firewall::new(outbound_only()).unwrap();
+    let k = out_flow(1);
+    first(&mut f, k, SYN, 0);
+    event(&mut f, FlowEvent::TcpEstablished { key: k }, 1_000);
+    assert_eq!(f.conn_state(&k), Some(CtState::TcpEstablished));
+    assert_eq!(f.conn_deadline(&k), Some(1_000 + 7_440_000));
+    assert_eq!(timer(&mut f, 1_000 + 7_440_000 - 1), vec![]);
+    // FIN/RST: the closing timeout; a late establishment report does not revive it.
+    event(&mut f, FlowEvent::TcpClosing { key: k.reversed() }, 2_000);
+    event(&mut f, FlowEvent::TcpEstablished { key: k }, 3_000);
+    assert_eq!(f.conn_state(&k), Some(CtState::TcpClosing));
+    assert_eq!(f.conn_deadline(&k), Some(2_000 + 120_000));
+}
+
+#[test]
+fn activity_reported_by_pp_refreshes_the_current_state() {
+    let mut f = Firewall::new(outbound_only()).unwrap();
+    let k = out_flow(1);
+    first(&mut f, k, SYN, 0);
+    // Half-open and busy (retransmitted SYNs): refreshed, still syn-sent.
+    event(&mut f, FlowEvent::Active { key: k }, 100_000);
+    assert_eq!(f.conn_state(&k), Some(CtState::TcpSynSent));
+    assert_eq!(f.conn_deadline(&k), Some(100_000 + 120_000));
+    event(&mut f, FlowEvent::TcpEstablished { key: k }, 110_000);
+    // A long-lived flow outlives the established timeout while PP reports it.
+    event(&mut f, FlowEvent::Active { key: k.reversed() }, 7_000_000);
+    assert_eq!(timer(&mut f, 7_440_000 + 110_000), vec![]);
+    assert_eq!(f.conn_deadline(&k), Some(7_000_000 + 7_440_000));
+    // An unknown flow's report creates nothing.
+    event(&mut f, FlowEvent::Active { key: out_flow(2) }, 7_000_000);
+    assert_eq!(f.conn_count(), 1);
 }

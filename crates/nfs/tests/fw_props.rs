@@ -69,6 +69,7 @@ proptest! {
                     let known = fw.conn_state(&key).is_some();
                     let p = FirstPacket {
                         key,
+                        flow: key,
                         tenant: (x % 2) as u32 + 1,
                         meta: PacketMeta { len: 60, tcp_flags: flags, icmp_error, ingress_port: 0 },
                     };

@@ -56,6 +56,7 @@ fn meta(flags: u8) -> PacketMeta {
 fn pkt(key: FlowKey) -> FirstPacket {
     FirstPacket {
         key,
+        flow: key,
         tenant: 1,
         meta: meta(0x02),
     }
@@ -563,8 +564,9 @@ fn composes_in_a_chain_behind_a_firewall() {
     assert_eq!(r.path, ["fw", "lb"]);
     let text = pipeline::format_actions(&r.forward.actions);
     assert!(text.starts_with("set-dst 198.19.1."), "{text}");
-    // TCP SYN: the firewall's syn-sent timeout is the shorter one.
-    assert_eq!(r.forward.idle_timeout, Some(Duration::from_secs(120)));
+    // TCP SYN: the firewall gives PP's rule its established timeout (7440 s, which it
+    // cannot lengthen later), so the LB's 900 s is the shorter one.
+    assert_eq!(r.forward.idle_timeout, Some(Duration::from_secs(900)));
     let rev = r.reverse.unwrap();
     assert_eq!(
         pipeline::format_actions(&rev.actions),

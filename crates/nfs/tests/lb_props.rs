@@ -96,6 +96,7 @@ proptest! {
                     let pinned = lb.flow_backend(&key);
                     let p = FirstPacket {
                         key,
+                        flow: key,
                         tenant: 1,
                         meta: PacketMeta { len: 60, tcp_flags: flags, icmp_error, ingress_port: 0 },
                     };

@@ -14,6 +14,7 @@ fn ip(s: &str) -> IpAddr {
 fn pkt(tenant: u32, flow: &str, len: u16) -> FirstPacket {
     FirstPacket {
         key: flow.parse().expect("flow key"),
+        flow: flow.parse().expect("flow key"),
         tenant,
         meta: PacketMeta {
             len,

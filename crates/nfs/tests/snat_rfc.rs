@@ -187,18 +187,101 @@ fn rfc4787_req6_mapping_lives_while_any_flow_does() {
 }
 
 #[test]
-fn rfc5382_tcp_established_timeout_7440s() {
+fn rfc5382_req5_a_syn_opened_flow_is_transitory_until_established() {
+    // RFC 5382 REQ-5 / RFC 7857 §2.1: before the handshake completes the transitory
+    // idle timeout (>= 4 min) applies; a half-open connection must not hold its port
+    // for 2 h 4 min.
     let mut n = nat(1024, 65535);
     let flow = "100 tcp 198.18.0.2:40000 > 198.19.0.10:80";
     let d = decide_at(&mut n, &pkt(flow), 0, 1);
-    // PP carries the connection once it is up, so its rule must idle no sooner than
-    // 2 h 4 min; SC can't see the handshake finish, so it times the flow the same way.
+    // PP's rule cannot be lengthened once the handshake completes, so it gets the
+    // established timeout from the SYN on; the NF's deadline is the transitory one.
     assert_eq!(d.idle_timeout, Some(Duration::from_secs(7440)));
-    assert!(timer(&mut n, 7_440_000 - 1).is_empty());
-    assert_eq!(timer(&mut n, 7_440_000), vec![key(flow)]);
-    // A mid-stream packet (state lost elsewhere) is picked up as established too.
+    assert_eq!(n.flow_deadline(&key(flow)), Some(240_000));
+    assert!(timer(&mut n, 240_000 - 1).is_empty());
+    assert_eq!(timer(&mut n, 240_000), vec![key(flow)]);
+    assert!(n.mappings().is_empty(), "the port went back");
+}
+
+#[test]
+fn rfc5382_tcp_established_timeout_7440s() {
+    // RFC 5382 REQ-5: once established, idle for no less than 2 h 4 min.
+    let mut n = nat(1024, 65535);
+    let flow = "100 tcp 198.18.0.2:40000 > 198.19.0.10:80";
+    decide_at(&mut n, &pkt(flow), 0, 1);
+    event(&mut n, FlowEvent::TcpEstablished { key: key(flow) }, 1_000);
+    assert_eq!(n.flow_deadline(&key(flow)), Some(1_000 + 7_440_000));
+    assert!(timer(&mut n, 1_000 + 7_440_000 - 1).is_empty());
+    assert_eq!(timer(&mut n, 1_000 + 7_440_000), vec![key(flow)]);
+    // A mid-stream packet (state lost elsewhere) is picked up as established.
     let d = decide_at(&mut n, &pkt_flags(flow, ACK), 8_000_000, 2);
     assert_eq!(d.idle_timeout, Some(Duration::from_secs(7440)));
+    assert_eq!(n.flow_deadline(&key(flow)), Some(8_000_000 + 7_440_000));
+}
+
+#[test]
+fn rfc5382_req5_a_re_request_without_syn_shows_the_handshake_done() {
+    // RFC 5382 REQ-5: PP lost the rule of a half-open flow and asks again with the
+    // handshake's ACK; the NF sees it got through.
+    let mut n = nat(1024, 65535);
+    let flow = "100 tcp 198.18.0.2:40000 > 198.19.0.10:80";
+    let d1 = decide_at(&mut n, &pkt(flow), 0, 1);
+    let d2 = decide_at(&mut n, &pkt_flags(flow, ACK), 1_000, 2);
+    assert_eq!(ext(&d1), ext(&d2));
+    assert_eq!(n.flow_deadline(&key(flow)), Some(1_000 + 7_440_000));
+}
+
+#[test]
+fn rfc5382_req5_established_reported_by_either_key_and_not_after_close() {
+    let mut n = nat(1024, 65535);
+    let flow = "100 tcp 198.18.0.2:40000 > 198.19.0.10:80";
+    let d = decide_at(&mut n, &pkt(flow), 0, 1);
+    // The translated reply's key finds the flow too.
+    event(
+        &mut n,
+        FlowEvent::TcpEstablished {
+            key: reply_to(flow, &d),
+        },
+        2_000,
+    );
+    assert_eq!(n.flow_deadline(&key(flow)), Some(2_000 + 7_440_000));
+    // RFC 7857 §2.2: FIN/RST move it to transitory; a late establishment report must
+    // not move it back.
+    event(&mut n, FlowEvent::TcpClosing { key: key(flow) }, 3_000);
+    event(&mut n, FlowEvent::TcpEstablished { key: key(flow) }, 4_000);
+    assert_eq!(n.flow_deadline(&key(flow)), Some(3_000 + 240_000));
+}
+
+#[test]
+fn rfc4787_req6_rfc5382_req5_activity_refreshes_in_the_current_state() {
+    // RFC 4787 REQ-6 (outbound refresh) and RFC 5382 REQ-5: a busy flow is not idle.
+    // PP reports `Active` periodically; the deadline restarts with the state's timeout.
+    let mut n = nat(1024, 65535);
+    let tcp = "100 tcp 198.18.0.2:40000 > 198.19.0.10:80";
+    let udp = "100 udp 198.18.0.2:5000 > 198.19.0.10:53";
+    decide_at(&mut n, &pkt(tcp), 0, 1);
+    decide_at(&mut n, &pkt(udp), 0, 2);
+    // Half-open: refreshed by the transitory timeout, not promoted.
+    event(&mut n, FlowEvent::Active { key: key(tcp) }, 200_000);
+    assert_eq!(n.flow_deadline(&key(tcp)), Some(200_000 + 240_000));
+    event(&mut n, FlowEvent::TcpEstablished { key: key(tcp) }, 210_000);
+    // A long-lived established flow outlives 2 h 4 min while it keeps reporting.
+    let t = 7_000_000;
+    event(&mut n, FlowEvent::Active { key: key(tcp) }, t);
+    event(&mut n, FlowEvent::Active { key: key(udp) }, 250_000);
+    assert_eq!(n.flow_deadline(&key(tcp)), Some(t + 7_440_000));
+    assert_eq!(n.flow_deadline(&key(udp)), Some(250_000 + 300_000));
+    assert_eq!(timer(&mut n, 7_440_000 + 210_000), vec![key(udp)]);
+    assert_eq!(n.mappings().len(), 1, "the TCP mapping stays");
+    // An unknown flow's report changes nothing.
+    event(
+        &mut n,
+        FlowEvent::Active {
+            key: key("100 tcp 198.18.0.3:1 > 198.19.0.10:80"),
+        },
+        t,
+    );
+    assert_eq!(n.flow_count(), 1);
 }
 
 #[test]
@@ -206,6 +289,7 @@ fn rfc5382_tcp_transitory_timeout_240s() {
     let mut n = nat(1024, 65535);
     let flow = "100 tcp 198.18.0.2:40000 > 198.19.0.10:80";
     let d = decide_at(&mut n, &pkt(flow), 0, 1);
+    event(&mut n, FlowEvent::TcpEstablished { key: key(flow) }, 1_000);
     let t_fin = 3_600_000;
     event(&mut n, FlowEvent::TcpClosing { key: key(flow) }, t_fin);
     assert!(timer(&mut n, t_fin + 4 * MIN - 1).is_empty());
@@ -213,6 +297,7 @@ fn rfc5382_tcp_transitory_timeout_240s() {
     // The reply direction's FIN finds the flow too.
     let d2 = decide_at(&mut n, &pkt(flow), 0, 1);
     assert_eq!(ext(&d), ext(&d2));
+    event(&mut n, FlowEvent::TcpEstablished { key: key(flow) }, 1_000);
     event(
         &mut n,
         FlowEvent::TcpClosing {
@@ -235,8 +320,16 @@ fn rfc5382_syn_on_a_closing_connection_reopens_it() {
     event(&mut n, FlowEvent::TcpClosing { key: key(flow) }, MIN);
     let again = decide_at(&mut n, &pkt(flow), 2 * MIN, 2);
     assert_eq!(ext(&again), ext(&d), "same mapping");
+    // Reopened as a new handshake: PP's rule gets the established timeout, the NF the
+    // transitory one until PP reports the handshake done.
     assert_eq!(again.idle_timeout, Some(Duration::from_secs(7440)));
-    assert!(timer(&mut n, 2 * MIN + 240_000).is_empty());
+    assert_eq!(n.flow_deadline(&key(flow)), Some(2 * MIN + 240_000));
+    event(
+        &mut n,
+        FlowEvent::TcpEstablished { key: key(flow) },
+        3 * MIN,
+    );
+    assert!(timer(&mut n, 3 * MIN + 7_440_000 - 1).is_empty());
 }
 
 #[test]
@@ -439,7 +532,8 @@ fn exhaustion_drops_counts_and_recovers_after_expiry() {
         1000,
         7,
     ));
-    assert_eq!(timer(&mut n, 5 * MIN).len(), 4);
+    // The four UDP flows of 0 s, and the half-open TCP flow (transitory since 1 s).
+    assert_eq!(timer(&mut n, 5 * MIN).len(), 5);
     // Host 1 still has a flow (started at 1 s), so three ports came back.
     assert_eq!(n.free_port_count(ip(POOL_A), proto::UDP), 3);
     ext(&decide_at(

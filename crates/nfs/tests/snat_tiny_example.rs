@@ -158,6 +158,7 @@ use pipeline::{format_actions, PacketMeta};
 fn pkt(s: &str) -> FirstPacket {
     FirstPacket {
         key: s.parse().expect("key"),
+        flow: s.parse().expect("key"),
         tenant: 1,
         meta: PacketMeta {
             len: 60,

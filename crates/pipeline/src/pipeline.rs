@@ -22,7 +22,9 @@ use crate::key::{vxlan_source_port, FlowKey, KeyError};
 use crate::pending::{PendingConfig, PendingQueue};
 use crate::rule::{slot_flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
 use crate::stats::{DropReason, Stats, TenantCounters};
-use crate::table::{age, FlowTable, Inserted, Probe, TableError};
+use crate::table::{
+    age, FlowTable, Inserted, Probe, TableError, CLOSING_SEEN, ESTABLISHED_SEEN, REPORTS,
+};
 use crate::trace::{wall_us, Lookup, TraceDecision, TracePacket, TraceRecord, Tracer};
 
 /// Largest batch processed in one pass; bigger inputs are processed in chunks.
@@ -312,6 +314,56 @@ pub struct PipelineConfig {
     /// nodes see replies on the gateways' VNIs for flows they never saw start. Off: such
     /// a miss is an `unknown-vni` drop.
     pub ask_unbound: bool,
+    /// What PP tells SC about flows after their first packet ([`FlowNotice`]).
+    pub notices: NoticeConfig,
+}
+
+/// Flow notices: TCP establishment and close are noticed on the hit path (a flag test
+/// per TCP packet; the report itself is cold), activity by a periodic walk of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoticeConfig {
+    /// Report `Active` for flows seen since the previous walk, starting a walk every
+    /// this many ms; 0 reports no activity. Must stay well below the shortest NF idle
+    /// timeout (SNAT and FW time half-open TCP at 240 s and 120 s), since NFs refresh
+    /// their deadlines only on these reports.
+    pub active_period_ms: u32,
+    /// Arena slots the activity walk examines per serviced batch.
+    pub active_budget: usize,
+    /// Most notices queued between two drains; more are dropped and counted
+    /// (`Stats::notices_dropped`): a lost `Active` is made good by the next walk, a
+    /// lost `TcpEstablished` leaves the flow on the transitory timeout.
+    pub queue: usize,
+}
+
+impl Default for NoticeConfig {
+    fn default() -> Self {
+        NoticeConfig {
+            active_period_ms: 10_000,
+            active_budget: 1024,
+            queue: 4096,
+        }
+    }
+}
+
+/// What PP noticed about a flow SC decided, for the NFs (`nf::FlowEvent`). Reported
+/// on the flow's forward key, the one PP asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowNotice {
+    pub kind: NoticeKind,
+    pub key: FlowKey,
+    pub tenant: u32,
+    pub chain: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// The first forward packet with ACK and without SYN, FIN or RST: the opener's
+    /// third handshake packet (it sends one only after the SYN-ACK came back).
+    TcpEstablished,
+    /// A forward packet with FIN or RST.
+    TcpClosing,
+    /// Seen since the previous activity walk.
+    Active,
 }
 
 /// Most elephants queued for the fast path between two drains; more wait for the
@@ -355,6 +407,7 @@ impl PipelineConfig {
             worker: 0,
             elephant: None,
             ask_unbound: false,
+            notices: NoticeConfig::default(),
         }
     }
 }
@@ -404,6 +457,13 @@ pub struct Pipeline {
     elephants: Vec<FlowKey>,
     /// The armed trace; `None` (off) costs the hot loop one branch per chunk.
     trace: Option<Box<Tracer>>,
+    /// Flow notices for SC, bounded by `cfg.notices.queue`.
+    notices: Vec<FlowNotice>,
+    /// The activity walk: next slot, when the running walk started, when the one
+    /// before it started (a flow seen since then is active); `None` between walks.
+    active_walk: Option<usize>,
+    active_started: u32,
+    active_prev: Option<u32>,
 }
 
 impl Pipeline {
@@ -425,6 +485,10 @@ impl Pipeline {
             clock: None,
             elephants: Vec::new(),
             trace: None,
+            notices: Vec::new(),
+            active_walk: None,
+            active_started: 0,
+            active_prev: None,
             cfg,
         })
     }
@@ -758,6 +822,9 @@ impl Pipeline {
                     } else {
                         self.stats.hits += 1;
                         self.table.touch(idx, now);
+                        if let L4::Tcp { flags, .. } = st.cls.ip.l4 {
+                            self.watch_tcp(idx, flags);
+                        }
                         // A policed tenant's flows stay here: the fast path has no policer.
                         if let Some(p) = self.cfg.elephant {
                             if !self.tenants.policed[self.cur_tenant] {
@@ -1008,6 +1075,103 @@ impl Pipeline {
             self.stats.elephants += 1;
             self.elephants.push(self.table.entry(idx).key);
         }
+    }
+
+    /// The hit path's TCP check: one flag test unless the packet may be news (a first
+    /// pure ACK, or a first FIN/RST, on a flow's forward rule).
+    #[inline(always)]
+    fn watch_tcp(&mut self, idx: u32, tcp: u8) {
+        const FIN: u8 = 0x01;
+        const SYN: u8 = 0x02;
+        const RST: u8 = 0x04;
+        const ACK: u8 = 0x10;
+        let f = self.table.flags(idx);
+        if f & REPORTS == 0 {
+            return;
+        }
+        if tcp & (FIN | RST) != 0 {
+            if f & CLOSING_SEEN == 0 {
+                self.notice_tcp(idx, CLOSING_SEEN, NoticeKind::TcpClosing);
+            }
+        } else if tcp & (ACK | SYN) == ACK && f & ESTABLISHED_SEEN == 0 {
+            self.notice_tcp(idx, ESTABLISHED_SEEN, NoticeKind::TcpEstablished);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn notice_tcp(&mut self, idx: u32, flag: u16, kind: NoticeKind) {
+        // Marked even if the queue is full: a notice is reported once or counted lost,
+        // never retried per packet.
+        self.table.set_flags(idx, flag);
+        let key = self.table.entry(idx).key;
+        self.notice(kind, key);
+    }
+
+    fn notice(&mut self, kind: NoticeKind, key: FlowKey) {
+        let Some(b) = self.vpcs.get(&key.vni()).copied().or(self.default_binding) else {
+            self.stats.notices_unbound += 1;
+            return;
+        };
+        if self.notices.len() >= self.cfg.notices.queue {
+            self.stats.notices_dropped += 1;
+            return;
+        }
+        self.stats.notices += 1;
+        self.notices.push(FlowNotice {
+            kind,
+            key,
+            tenant: b.tenant,
+            chain: b.chain,
+        });
+    }
+
+    /// One step of the activity walk: start a walk every `active_period_ms`, and
+    /// report flows (forward rules) seen since the previous walk started.
+    fn walk_active(&mut self, now: u32) {
+        let period = self.cfg.notices.active_period_ms;
+        if period == 0 {
+            return;
+        }
+        let i = match self.active_walk {
+            Some(i) => i,
+            None => {
+                if self
+                    .active_prev
+                    .is_some_and(|p| now.wrapping_sub(p) < period)
+                {
+                    return;
+                }
+                self.active_started = now;
+                0
+            }
+        };
+        // Before the first walk, everything installed counts as seen since.
+        let since = self
+            .active_prev
+            .map_or(u32::MAX, |p| self.active_started.wrapping_sub(p));
+        let end = (i + self.cfg.notices.active_budget.max(1)).min(self.table.slots());
+        for j in i..end {
+            let e = self.table.entry(j as u32);
+            if e.is_live()
+                && self.table.flags(j as u32) & REPORTS != 0
+                && age(self.active_started, e.last_seen) <= since
+            {
+                let key = e.key;
+                self.notice(NoticeKind::Active, key);
+            }
+        }
+        if end >= self.table.slots() {
+            self.active_walk = None;
+            self.active_prev = Some(self.active_started);
+        } else {
+            self.active_walk = Some(end);
+        }
+    }
+
+    /// Flow notices since the last call, for SC (through FM).
+    pub fn take_notices(&mut self) -> Vec<FlowNotice> {
+        std::mem::take(&mut self.notices)
     }
 
     /// Flows that became elephants since the last call, marked offloaded in the table.
@@ -1281,6 +1445,7 @@ impl Pipeline {
             self.ctx.release(r);
         }
         self.stats.expired += n as u64;
+        self.walk_active(now);
         released
     }
 
@@ -1305,7 +1470,14 @@ impl Pipeline {
                     false
                 } else {
                     match self.install_rule(rule, now) {
-                        Ok(()) => true,
+                        Ok(()) => {
+                            // The rule for the key this PP asked about: the flow's events
+                            // are reported on it.
+                            if let Some(i) = self.table.lookup(&rule.key) {
+                                self.table.set_flags(i, REPORTS);
+                            }
+                            true
+                        }
                         Err(e) => {
                             tracing::warn!(key = %reply.key, error = %e, "rule does not compile");
                             false

@@ -134,6 +134,11 @@ pub struct Stats {
     /// into the rules' and tenants' counters.
     pub fastpath_packets: u64,
     pub fastpath_bytes: u64,
+    /// Flow notices queued for SC; dropped because the queue was full; not reported
+    /// because the flow's VNI has no tenant binding any more.
+    pub notices: u64,
+    pub notices_dropped: u64,
+    pub notices_unbound: u64,
     /// Rule setup latency: from a flow's first packet being held to its rule being
     /// installed (one observation per flow set up through the miss path).
     pub setup_latency: LatencyHistogram,
@@ -163,6 +168,9 @@ impl Default for Stats {
             elephants: 0,
             fastpath_packets: 0,
             fastpath_bytes: 0,
+            notices: 0,
+            notices_dropped: 0,
+            notices_unbound: 0,
             setup_latency: LatencyHistogram::default(),
         }
     }
@@ -213,6 +221,9 @@ impl Stats {
         self.expired += o.expired;
         self.offload_marked += o.offload_marked;
         self.elephants += o.elephants;
+        self.notices += o.notices;
+        self.notices_dropped += o.notices_dropped;
+        self.notices_unbound += o.notices_unbound;
         self.fastpath_packets += o.fastpath_packets;
         self.fastpath_bytes += o.fastpath_bytes;
         self.setup_latency.merge(&o.setup_latency);

@@ -42,6 +42,13 @@ const EMPTY_BUCKET: Bucket = Bucket {
 const LIVE: u16 = 1;
 /// The flow's rule also runs in the XDP fast path (see [`FlowTable::set_offloaded`]).
 const OFFLOADED: u16 = 2;
+/// The flow's forward rule, the answer to this PP's own request: the key SC decided the
+/// flow on, so PP reports the flow's events on this entry (see `Pipeline` flow notices).
+pub(crate) const REPORTS: u16 = 4;
+/// `TcpEstablished` was reported for the flow (once per entry).
+pub(crate) const ESTABLISHED_SEEN: u16 = 8;
+/// `TcpClosing` was reported for the flow (once per entry).
+pub(crate) const CLOSING_SEEN: u16 = 16;
 
 /// A flow's entry: key, last-seen time (ms, wrapping), cached encap source port and the
 /// compiled rule, in one cache line.
@@ -58,7 +65,7 @@ pub struct FlowEntry {
 const _: () = assert!(std::mem::size_of::<FlowEntry>() == 64);
 
 impl FlowEntry {
-    fn is_live(&self) -> bool {
+    pub(crate) fn is_live(&self) -> bool {
         self.flags & LIVE != 0
     }
 
@@ -366,6 +373,20 @@ impl FlowTable {
         } else {
             e.flags &= !OFFLOADED;
         }
+    }
+
+    #[inline(always)]
+    pub(crate) fn flags(&self, idx: u32) -> u16 {
+        self.entries[idx as usize].flags
+    }
+
+    pub(crate) fn set_flags(&mut self, idx: u32, f: u16) {
+        self.entries[idx as usize].flags |= f;
+    }
+
+    /// Arena slots (live or free), for a walk by index with [`FlowTable::entry`].
+    pub(crate) fn slots(&self) -> usize {
+        self.entries.len()
     }
 
     /// Take the [`OffloadEvent`]s queued since the last call.

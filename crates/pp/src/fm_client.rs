@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
-use pipeline::{RuleReply, RuleRequest, RuleSource};
+use pipeline::{FlowNotice, NoticeKind, RuleReply, RuleRequest, RuleSource};
 use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
 use thiserror::Error;
 use tokio::sync::mpsc;
@@ -117,6 +117,10 @@ pub struct FmClientStats {
     pub current_fm: Mutex<String>,
     /// Sessions opened on another FM than the one before (FM failovers).
     pub failovers: AtomicU64,
+    /// Flow notices sent to FM as `FlowEvent`s; dropped because the notice channel was
+    /// full (FM slow or unreachable).
+    pub notices_sent: AtomicU64,
+    pub notices_dropped: AtomicU64,
 }
 
 impl FmClientStats {
@@ -134,8 +138,48 @@ impl FmClientStats {
 /// A running FM client.
 pub struct FmClient {
     stats: Arc<FmClientStats>,
+    notices: NoticeSender,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// Batches of flow notices the session may hold while FM is slow or away; past that
+/// they are dropped and counted (`FmClientStats::notices_dropped`).
+const NOTICE_BATCHES: usize = 256;
+
+/// A worker's way to send flow notices to FM: never blocks; a full channel is a counted
+/// drop.
+#[derive(Clone)]
+pub struct NoticeSender {
+    tx: mpsc::Sender<Vec<FlowNotice>>,
+    stats: Arc<FmClientStats>,
+}
+
+impl NoticeSender {
+    pub fn send(&self, notices: Vec<FlowNotice>) {
+        if notices.is_empty() {
+            return;
+        }
+        let n = notices.len() as u64;
+        if self.tx.try_send(notices).is_err() {
+            self.stats.notices_dropped.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A notice as the `FlowEvent` FM routes to the group owning the flow.
+fn notice_to_proto(n: &FlowNotice) -> v1::FlowEvent {
+    let key = (&n.key).into();
+    let kind = match n.kind {
+        NoticeKind::TcpEstablished => v1::flow_event::Kind::TcpEstablished(key),
+        NoticeKind::TcpClosing => v1::flow_event::Kind::TcpClosing(key),
+        NoticeKind::Active => v1::flow_event::Kind::Active(key),
+    };
+    v1::FlowEvent {
+        tenant: n.tenant,
+        chain: n.chain,
+        kind: Some(kind),
+    }
 }
 
 struct WorkerOut {
@@ -172,6 +216,11 @@ impl FmClient {
         let stats = Arc::new(FmClientStats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let (net_tx, net_rx) = mpsc::unbounded_channel::<Vec<RuleRequest>>();
+        let (notice_tx, notice_rx) = mpsc::channel::<Vec<FlowNotice>>(NOTICE_BATCHES);
+        let notices = NoticeSender {
+            tx: notice_tx,
+            stats: stats.clone(),
+        };
 
         let c = cfg.clone();
         let st = stop.clone();
@@ -187,11 +236,12 @@ impl FmClient {
         let st = stop.clone();
         let session = std::thread::Builder::new()
             .name("pp-fm-session".into())
-            .spawn(move || rt.block_on(session_loop(cfg, fms, net_rx, outs, s, st)))
+            .spawn(move || rt.block_on(session_loop(cfg, fms, net_rx, notice_rx, outs, s, st)))
             .map_err(|e| FmClientError::Start(e.to_string()))?;
         Ok((
             FmClient {
                 stats,
+                notices,
                 stop,
                 threads: vec![collector, session],
             },
@@ -201,6 +251,11 @@ impl FmClient {
 
     pub fn stats(&self) -> &FmClientStats {
         &self.stats
+    }
+
+    /// Where workers hand their flow notices ([`pipeline::Pipeline::take_notices`]).
+    pub fn notice_sender(&self) -> NoticeSender {
+        self.notices.clone()
     }
 
     /// The counters, shared, for a reader on another thread (a metrics endpoint).
@@ -284,6 +339,7 @@ async fn session_loop(
     cfg: FmClientConfig,
     mut fms: proto::FmAddrs,
     mut net: mpsc::UnboundedReceiver<Vec<RuleRequest>>,
+    mut notices: mpsc::Receiver<Vec<FlowNotice>>,
     outs: Vec<WorkerOut>,
     stats: Arc<FmClientStats>,
     stop: Arc<AtomicBool>,
@@ -300,6 +356,7 @@ async fn session_loop(
             &fm,
             &mut opened,
             &mut net,
+            &mut notices,
             &outs,
             &stats,
             &stop,
@@ -354,6 +411,7 @@ async fn session(
     fm: &str,
     opened: &mut bool,
     net: &mut mpsc::UnboundedReceiver<Vec<RuleRequest>>,
+    notices: &mut mpsc::Receiver<Vec<FlowNotice>>,
     outs: &[WorkerOut],
     stats: &FmClientStats,
     stop: &AtomicBool,
@@ -495,6 +553,16 @@ async fn session(
                 stats.batches_sent.fetch_add(1, Ordering::Relaxed);
                 otx.data.send(v1::PpUp {
                     msg: Some(pp_up::Msg::Requests(v1::RuleRequestBatch { requests })),
+                })
+                .map_err(|_| "session closed".to_string())?;
+            }
+            // Last: rule requests hold packets, notices only refresh NF state.
+            batch = notices.recv() => {
+                let Some(batch) = batch else { continue };
+                let events: Vec<v1::FlowEvent> = batch.iter().map(notice_to_proto).collect();
+                stats.notices_sent.fetch_add(events.len() as u64, Ordering::Relaxed);
+                otx.data.send(v1::PpUp {
+                    msg: Some(pp_up::Msg::Events(v1::FlowEventBatch { events })),
                 })
                 .map_err(|_| "session closed".to_string())?;
             }

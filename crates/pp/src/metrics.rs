@@ -158,6 +158,16 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Bytes the XDP fast path forwarded for this node's flows (folded back).",
         s.fastpath_bytes,
     )?;
+    sc.counter(
+        "flow_notices",
+        "Flow notices (TCP established/closing, active) queued for SC.",
+        s.notices,
+    )?;
+    sc.counter(
+        "flow_notices_dropped",
+        "Flow notices dropped because the worker's notice queue was full.",
+        s.notices_dropped,
+    )?;
     latency(
         sc,
         "rule_setup",

@@ -386,6 +386,12 @@ pub fn event_from(e: &v1::FlowEvent) -> Result<nf::FlowEvent> {
         v1::flow_event::Kind::Expired(k) => Ok(nf::FlowEvent::Expired {
             key: FlowKey::try_from(k)?,
         }),
+        v1::flow_event::Kind::TcpEstablished(k) => Ok(nf::FlowEvent::TcpEstablished {
+            key: FlowKey::try_from(k)?,
+        }),
+        v1::flow_event::Kind::Active(k) => Ok(nf::FlowEvent::Active {
+            key: FlowKey::try_from(k)?,
+        }),
     }
 }
 
@@ -393,6 +399,8 @@ pub fn event_to_proto(tenant: u32, chain: u32, e: &nf::FlowEvent) -> v1::FlowEve
     let kind = match e {
         nf::FlowEvent::TcpClosing { key } => v1::flow_event::Kind::TcpClosing(key.into()),
         nf::FlowEvent::Expired { key } => v1::flow_event::Kind::Expired(key.into()),
+        nf::FlowEvent::TcpEstablished { key } => v1::flow_event::Kind::TcpEstablished(key.into()),
+        nf::FlowEvent::Active { key } => v1::flow_event::Kind::Active(key.into()),
     };
     v1::FlowEvent {
         tenant,
@@ -694,6 +702,23 @@ mod tests {
         "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
             .parse()
             .unwrap()
+    }
+
+    #[test]
+    fn flow_events_round_trip_through_bytes() {
+        let k = key();
+        for e in [
+            nf::FlowEvent::TcpClosing { key: k },
+            nf::FlowEvent::Expired { key: k },
+            nf::FlowEvent::TcpEstablished { key: k },
+            nf::FlowEvent::Active { key: k },
+        ] {
+            let p = event_to_proto(7, 2, &e);
+            let back = v1::FlowEvent::decode(p.encode_to_vec().as_slice()).unwrap();
+            assert_eq!((back.tenant, back.chain), (7, 2));
+            assert_eq!(event_from(&back).unwrap(), e);
+        }
+        assert!(event_from(&v1::FlowEvent::default()).is_err());
     }
 
     #[test]

@@ -128,6 +128,10 @@ pub struct ReplicaStats {
     pub moved_requests: u64,
     /// Scaling ops applied (split, install, end; repeats included).
     pub scale_ops: u64,
+    /// NF `update`s run after an op because an NF triggered them (Serpens
+    /// `update`/`trigger`); and those that failed.
+    pub nf_updates: u64,
+    pub nf_update_errors: u64,
 }
 
 /// The part a split (or retire) took out of the group, kept until the scale ends so an
@@ -791,6 +795,20 @@ impl ReplicaCore {
         }
     }
 
+    /// The NF updates the op's handlers triggered (Serpens `update`/`trigger`), run
+    /// after the op on every replica, so they are in the group's order too.
+    fn run_triggers(&mut self, op: &v1::Op) {
+        let Ok(chain) = &mut self.chain else { return };
+        // A seed of its own: the op's handlers drew from `op.seed` already.
+        let mut env = NfEnv::new(op.now_ms, op.seed ^ splitmix(u64::MAX));
+        let (n, errors) = chain.run_triggers(&mut env);
+        self.stats.nf_updates += n as u64;
+        self.stats.nf_update_errors += errors.len() as u64;
+        for e in errors {
+            warn!(seq = op.seq, error = %e, "NF update failed");
+        }
+    }
+
     /// Apply one op to the chain. Deterministic in (state, op).
     fn apply(&mut self, op: &v1::Op) -> v1::OpResult {
         self.applied = op.seq;
@@ -838,6 +856,7 @@ impl ReplicaCore {
             }
             None => {}
         }
+        self.run_triggers(op);
         result
     }
 
@@ -1145,11 +1164,7 @@ impl ReplicaCore {
             Ok(c) => c,
             Err(e) => return proto::error_reply(m, format!("chain unavailable: {e}")),
         };
-        let pkt = FirstPacket {
-            key: req.key,
-            tenant: req.tenant,
-            meta: req.meta,
-        };
+        let pkt = FirstPacket::new(req.key, req.tenant, req.meta);
         let mut env = NfEnv::new(now_ms, seed);
         match chain.decide(&pkt, &mut env) {
             Ok(rules) => v1::RuleReply {
@@ -1416,6 +1431,79 @@ mod tests {
         let decided = replies(&tail);
         assert_eq!(decided.len(), 64);
         (a, b, decided)
+    }
+
+    /// NFs that count flows aside and fold them in an `update` they trigger per flow.
+    struct TallyNfs;
+    struct Tally {
+        aside: u64,
+        tally: u64,
+    }
+    impl nf::NetworkFunction for Tally {
+        fn kind(&self) -> &str {
+            "tally"
+        }
+        fn tables(&self) -> Vec<nf::TableSpec> {
+            vec![nf::TableSpec::shared_write(
+                "tally",
+                nf::Consistency::Replicated,
+            )]
+        }
+        fn first_packet(
+            &mut self,
+            _: &nf::FirstPacket,
+            env: &mut NfEnv,
+        ) -> Result<nf::Decision, nf::NfError> {
+            self.aside += 1;
+            env.trigger("tally", 0);
+            Ok(nf::Decision::pass())
+        }
+        fn update(&mut self, table: &str, _: u64, _: &mut NfEnv) -> Result<(), nf::NfError> {
+            if table != "tally" {
+                return Err(nf::NfError::Other(format!("no table {table}")));
+            }
+            self.tally += std::mem::take(&mut self.aside);
+            Ok(())
+        }
+        fn snapshot(&self) -> Result<Vec<u8>, nf::NfError> {
+            Ok(format!("{}/{}", self.tally, self.aside).into_bytes())
+        }
+        fn restore(&mut self, _: &[u8]) -> Result<(), nf::NfError> {
+            Ok(())
+        }
+        fn split(&mut self, _: &nf::SplitHalf) -> Result<Vec<u8>, nf::NfError> {
+            Ok(Vec::new())
+        }
+        fn merge(&mut self, _: &[u8]) -> Result<(), nf::NfError> {
+            Ok(())
+        }
+    }
+    impl ChainFactory for TallyNfs {
+        fn build_nf(&self, _: &str) -> Result<Box<dyn nf::NetworkFunction>, crate::ScError> {
+            Ok(Box::new(Tally { aside: 0, tally: 0 }))
+        }
+    }
+
+    #[test]
+    fn updates_an_nf_triggers_run_after_the_op_on_the_replica() {
+        let cfg = group_config(
+            serde_json::json!({"kind": "tally"}),
+            7,
+            1,
+            &["a"],
+            (0, u64::MAX),
+            &[],
+            0,
+        );
+        let mut a = ReplicaCore::new("a", cfg.clone(), &TallyNfs);
+        let mut out = Outbox::default();
+        a.configure(cfg, &mut out);
+        submit(&mut a, (0..3).map(request).collect(), &mut out);
+        assert_eq!(replies(&out).len(), 3);
+        assert_eq!((a.stats.nf_updates, a.stats.nf_update_errors), (3, 0));
+        // Folded after the op: nothing left aside.
+        let snap = a.state(true).snapshot;
+        assert_eq!(&snap[8..], b"3/0");
     }
 
     fn is_err(r: &v1::RuleReply, e: &str) -> bool {

@@ -335,6 +335,9 @@ mod tests {
             key: format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53")
                 .parse()
                 .unwrap(),
+            flow: format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53")
+                .parse()
+                .unwrap(),
             tenant: 1,
             meta: PacketMeta {
                 len: 60,

@@ -530,6 +530,43 @@ fn cache_hit_answers_without_an_sc_submit() {
 }
 
 #[test]
+fn flows_the_nf_timer_forgot_are_withdrawn_at_pp() {
+    // PP's rule for a TCP flow outlives the NF's transitory deadline (docs/nf-api.md,
+    // "Timeouts"), so FM must withdraw it when SC reports the flow expired.
+    let mut s = cluster(2, 2);
+    let pp = s.pp.unwrap();
+    let k = key(7);
+    s.m.on_pp_requests(pp, vec![request(11, 1, 1, &k)], s.now_us);
+    s.flush();
+    s.settle();
+    assert_eq!(s.pp_replies().len(), 1);
+    let (session, sub) = s.submits[0].clone();
+    let expired = v1::GroupResults {
+        group: sub.group,
+        epoch: 0,
+        results: vec![v1::OpResult {
+            expired: vec![(&k).into()],
+            ..Default::default()
+        }],
+    };
+    s.m.on_sc_results(session, expired, s.now_us);
+    s.flush();
+    let revoked: Vec<v1::FlowKey> = std::mem::take(&mut s.to_pp)
+        .into_iter()
+        .filter_map(|m| match m {
+            pp_down::Msg::Revoked(r) => Some(r.keys),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(revoked, vec![v1::FlowKey::from(&k)]);
+    // And the cache forgot it: the next request goes to SC again.
+    s.m.on_pp_requests(pp, vec![request(12, 1, 1, &k)], s.now_us);
+    s.flush();
+    assert_eq!(s.submit_count(), 2);
+}
+
+#[test]
 fn identical_requests_in_flight_coalesce_into_one_submit() {
     let mut s = cluster(2, 2);
     let pp = s.pp.unwrap();

@@ -320,9 +320,21 @@ impl Plan {
             FlowState::Udp => t.udp_s,
             FlowState::Icmp => t.icmp_s,
             FlowState::TcpOpen => t.tcp_established_s,
-            FlowState::TcpClosing => t.tcp_transitory_s,
+            FlowState::TcpClosing | FlowState::TcpSynSent => t.tcp_transitory_s,
         };
         secs.saturating_mul(1000)
+    }
+
+    /// The idle timeout of PP's rules for a flow in state `s`: the longest the NF may keep
+    /// the flow without a new first packet. A TCP flow not yet closing may become
+    /// established, and PP's rule cannot be lengthened later, so it gets the established
+    /// timeout from its SYN on; the NF's own (shorter) deadline governs until then, and
+    /// FM withdraws PP's rules when the NF's timer forgets the flow.
+    pub(super) fn rule_timeout_ms(&self, s: FlowState) -> u64 {
+        match s {
+            FlowState::TcpSynSent => self.timeout_ms(FlowState::TcpOpen),
+            _ => self.timeout_ms(s),
+        }
     }
 
     pub(super) fn empty_pool(&self) -> PortPool {

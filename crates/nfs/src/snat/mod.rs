@@ -17,9 +17,10 @@
 //! - the **flows**: per-flow entries with the rewrites handed to PP, the TCP state and the
 //!   expiry deadline.
 //!
-//! SC only sees a flow's first packet (and FIN/RST and expiry events from PP), which
-//! shapes three choices documented in `docs/nf-api.md`: TCP flows are timed with the
-//! established timeout until PP reports FIN/RST, inbound unsolicited traffic is refused,
+//! SC only sees a flow's first packet (and the events PP reports: handshake done,
+//! FIN/RST, activity, expiry), which shapes three choices documented in
+//! `docs/nf-api.md`: a SYN-opened TCP flow is transitory until PP reports its handshake
+//! done while PP's rule gets the established timeout, inbound unsolicited traffic is refused,
 //! and a mapping copied to both sides of a split keeps its port reserved until the
 //! copies are merged again (weighted reference counting).
 

@@ -88,12 +88,15 @@ impl Snat {
             .unwrap_or_default()
     }
 
-    pub fn free_port_count(&self, addr: IpAddr, proto: u8) -> usize {
-        self.state.ports.free_count(addr, proto) as usize
+    /// When the NF forgets a flow (ms on the group clock) if nothing refreshes it; the key
+    /// may be either direction's.
+    pub fn flow_deadline(&self, key: &FlowKey) -> Option<u64> {
+        let fk = self.state.resolve(key)?;
+        self.state.flows.get(&fk).map(|f| f.deadline_ms)
     }
 
-    pub(super) fn timeout(&self, s: FlowState) -> Duration {
-        Duration::from_millis(self.plan.timeout_ms(s))
+    pub fn free_port_count(&self, addr: IpAddr, proto: u8) -> usize {
+        self.state.ports.free_count(addr, proto) as usize
     }
 
     pub(super) fn deadline(&self, now_ms: u64, s: FlowState) -> u64 {
@@ -115,9 +118,12 @@ impl Snat {
                     // What conntrack calls INVALID: the connection is ending, or it
                     // opened from outside; nothing should get a mapping for it.
                     Err(reason::TCP_INVALID)
+                } else if syn {
+                    // The handshake has only begun: transitory until PP reports it done.
+                    Ok(FlowState::TcpSynSent)
                 } else {
-                    // A SYN, or a mid-stream packet of a connection whose state was lost
-                    // (conntrack's loose pickup).
+                    // A mid-stream packet of a connection whose state was lost
+                    // (conntrack's loose pickup): it got through its handshake.
                     Ok(FlowState::TcpOpen)
                 }
             }
@@ -154,7 +160,7 @@ impl Snat {
         Decision {
             forward,
             reverse,
-            idle_timeout: Some(self.timeout(f.state)),
+            idle_timeout: Some(Duration::from_millis(self.plan.rule_timeout_ms(f.state))),
             ..Decision::pass()
         }
     }
@@ -169,6 +175,14 @@ impl Snat {
         // A fresh SYN on a closing connection reopens it (TIME_WAIT reuse), as conntrack does.
         let flags = pkt.meta.tcp_flags;
         if !reply && state == FlowState::TcpClosing && flags & TCP_SYN != 0 && flags & TCP_ACK == 0
+        {
+            state = FlowState::TcpSynSent;
+        }
+        // A re-request without SYN on a half-open flow: the handshake got through.
+        if state == FlowState::TcpSynSent
+            && pkt.key.proto() == proto::TCP
+            && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0
+            && flags & TCP_ACK != 0
         {
             state = FlowState::TcpOpen;
         }
@@ -415,11 +429,41 @@ impl NetworkFunction for Snat {
                 let Some(f) = self.state.flows.get_mut(&fk) else {
                     return;
                 };
-                if matches!(f.state, FlowState::TcpOpen | FlowState::TcpClosing) {
+                if matches!(
+                    f.state,
+                    FlowState::TcpOpen | FlowState::TcpClosing | FlowState::TcpSynSent
+                ) {
                     f.state = FlowState::TcpClosing;
                     let d = self.deadline(env.now_ms, FlowState::TcpClosing);
                     self.state.set_deadline(&fk, d);
                 }
+            }
+            FlowEvent::TcpEstablished { key } => {
+                let Some(fk) = self.state.resolve(key) else {
+                    return;
+                };
+                let Some(f) = self.state.flows.get_mut(&fk) else {
+                    return;
+                };
+                // Only a half-open flow moves: a closing one stays closing (a late or
+                // reordered report must not revive it).
+                if f.state == FlowState::TcpSynSent {
+                    f.state = FlowState::TcpOpen;
+                    let d = self.deadline(env.now_ms, FlowState::TcpOpen);
+                    self.state.set_deadline(&fk, d);
+                }
+            }
+            FlowEvent::Active { key } => {
+                let Some(fk) = self.state.resolve(key) else {
+                    return;
+                };
+                let Some(state) = self.state.flows.get(&fk).map(|f| f.state) else {
+                    return;
+                };
+                // RFC 4787 REQ-6 / RFC 5382 REQ-5: traffic refreshes the mapping, with the
+                // timeout of the state the flow is in.
+                let d = self.deadline(env.now_ms, state);
+                self.state.set_deadline(&fk, d);
             }
         }
     }

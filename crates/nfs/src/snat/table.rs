@@ -65,8 +65,12 @@ pub(super) struct Mapping {
 pub(super) enum FlowState {
     Udp,
     Icmp,
+    /// Established (or picked up mid-stream): RFC 5382's established idle timeout.
     TcpOpen,
     TcpClosing,
+    /// Opened by a SYN, the handshake not yet seen complete: the transitory timeout
+    /// until PP reports `TcpEstablished` (RFC 5382 REQ-5, RFC 7857 §2.1).
+    TcpSynSent,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,6 +40,7 @@ pub fn pkt(s: &str) -> FirstPacket {
 pub fn pkt_flags(s: &str, tcp_flags: u8) -> FirstPacket {
     FirstPacket {
         key: key(s),
+        flow: key(s),
         tenant: 1,
         meta: PacketMeta {
             len: 60,

@@ -391,6 +391,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         }
     ));
     let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
+    let notices = fm_client.as_ref().map(|c| c.notice_sender());
     // `starfabric trace` arms traces over the metrics endpoint.
     let trace = Arc::new(crate::trace::TraceControl::default());
     let mut metrics = a
@@ -467,6 +468,11 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         worker
             .run_once()
             .map_err(|e| PpNodeError::Worker(e.to_string()))?;
+        // Taken even without FM, so the queue never stays full.
+        let n = worker.pipeline.take_notices();
+        if let Some(tx) = &notices {
+            tx.send(n);
+        }
         if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
             let now_ms = worker.now_ms();
             fp.poll(&mut x.program, &mut worker.pipeline, now_ms);

@@ -1,0 +1,230 @@
+//! Flow notices: what PP tells SC after a flow's first packet. TCP establishment and
+//! close are noticed on the hit path, once per flow and only on the flow's forward rule
+//! (the key PP asked about); activity by a periodic walk. The queue is bounded, and what
+//! does not fit is counted.
+
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+use pipeline::{
+    parse_actions, FlowKey, FlowNotice, ManualClock, NoticeConfig, NoticeKind, PipelineConfig,
+    Rule, RuleReply, VpcBinding,
+};
+use testkit::rig::{node, Rig};
+
+const FIN: u8 = 0x01;
+const SYN: u8 = 0x02;
+const RST: u8 = 0x04;
+const PSH: u8 = 0x08;
+const ACK: u8 = 0x10;
+
+/// A tenant TCP segment 198.18.10.2:`sport` → 198.19.0.9:80 on VNI 100 (or its reply).
+fn tcp(sport: u16, flags: u8, reply: bool) -> Vec<u8> {
+    let (a, b) = (Addr::V4([198, 18, 10, 2]), Addr::V4([198, 19, 0, 9]));
+    let inner = if reply {
+        ip_frame(
+            b,
+            a,
+            L4Spec::Tcp {
+                sport: 80,
+                dport: sport,
+                flags,
+                seq: 1,
+            },
+            b"",
+        )
+    } else {
+        ip_frame(
+            a,
+            b,
+            L4Spec::Tcp {
+                sport,
+                dport: 80,
+                flags,
+                seq: 1,
+            },
+            b"",
+        )
+    };
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+}
+
+fn key(sport: u16) -> FlowKey {
+    format!("100 tcp 198.18.10.2:{sport} > 198.19.0.9:80")
+        .parse()
+        .unwrap()
+}
+
+fn rig(notices: NoticeConfig) -> Rig {
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = 1024;
+    cfg.notices = notices;
+    Rig::new(cfg, 64, ManualClock::default(), |p| {
+        p.bind_vpc(
+            100,
+            VpcBinding {
+                tenant: 7,
+                chain: 3,
+            },
+        );
+    })
+}
+
+fn no_walk() -> NoticeConfig {
+    NoticeConfig {
+        active_period_ms: 0,
+        ..NoticeConfig::default()
+    }
+}
+
+/// Open flow `sport` by a SYN through the miss path: its forward rule is the reply to
+/// PP's request, the reverse one a companion.
+fn open(r: &mut Rig, sport: u16) {
+    r.send([tcp(sport, SYN, false)]);
+    let req = r.requests.try_recv().expect("a request");
+    assert_eq!(req.key, key(sport));
+    let fwd = Rule::new(key(sport), parse_actions("count; out 0").unwrap());
+    let rev = Rule::new(
+        key(sport).reversed(),
+        parse_actions("count; out 0").unwrap(),
+    );
+    let mut reply = RuleReply::ok(fwd);
+    reply.also.push(rev);
+    r.replies.send(reply).unwrap();
+    r.worker.run_once().unwrap();
+}
+
+fn kinds(n: &[FlowNotice]) -> Vec<(NoticeKind, FlowKey)> {
+    n.iter().map(|n| (n.kind, n.key)).collect()
+}
+
+#[test]
+fn the_handshake_is_noticed_once_on_the_forward_key() {
+    let mut r = rig(no_walk());
+    open(&mut r, 1000);
+    // SYN (released from pending), SYN-ACK on the reverse rule: nothing yet.
+    r.send([tcp(1000, SYN | ACK, true)]);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+    // The opener's ACK completes the handshake; data and later ACKs say nothing new.
+    r.send([
+        tcp(1000, ACK, false),
+        tcp(1000, PSH | ACK, false),
+        tcp(1000, ACK, true),
+        tcp(1000, ACK, false),
+    ]);
+    let n = r.worker.pipeline.take_notices();
+    assert_eq!(kinds(&n), [(NoticeKind::TcpEstablished, key(1000))]);
+    assert_eq!((n[0].tenant, n[0].chain), (7, 3));
+    // A retransmitted SYN is not an establishment.
+    open(&mut r, 1001);
+    r.send([tcp(1001, SYN, false)]);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+    assert_eq!(r.worker.pipeline.stats().notices, 1);
+}
+
+#[test]
+fn fin_or_rst_on_the_forward_rule_is_noticed_once() {
+    let mut r = rig(no_walk());
+    open(&mut r, 1000);
+    open(&mut r, 1001);
+    r.send([
+        tcp(1000, FIN | ACK, false),
+        tcp(1000, FIN | ACK, false),
+        tcp(1001, RST, false),
+    ]);
+    assert_eq!(
+        kinds(&r.worker.pipeline.take_notices()),
+        [
+            (NoticeKind::TcpClosing, key(1000)),
+            (NoticeKind::TcpClosing, key(1001))
+        ]
+    );
+    // The reverse rule reports nothing: its key is not one SC decided on.
+    open(&mut r, 1002);
+    r.send([tcp(1002, RST | ACK, true)]);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+}
+
+#[test]
+fn rules_not_asked_for_report_nothing() {
+    // A rule installed directly (a rules file, a companion) has no SC state behind it.
+    let mut r = rig(NoticeConfig {
+        active_period_ms: 1_000,
+        ..NoticeConfig::default()
+    });
+    r.worker
+        .pipeline
+        .install_rule(
+            &Rule::new(key(1000), parse_actions("count; out 0").unwrap()),
+            0,
+        )
+        .unwrap();
+    r.send([tcp(1000, ACK, false), tcp(1000, FIN, false)]);
+    r.clock.advance(5_000);
+    r.send([tcp(1000, ACK, false)]);
+    r.worker.run_once().unwrap();
+    assert!(r.worker.pipeline.take_notices().is_empty());
+}
+
+#[test]
+fn activity_is_reported_per_walk_for_flows_seen_since_the_last() {
+    let mut r = rig(NoticeConfig {
+        active_period_ms: 10_000,
+        active_budget: 64,
+        queue: 4096,
+    });
+    // The first walk runs at the first service, before any flow.
+    open(&mut r, 1000);
+    open(&mut r, 1001);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+    // The next, a period later, reports both: seen (installed) since the first.
+    r.clock.advance(10_000);
+    r.worker.run_once().unwrap();
+    let n = r.worker.pipeline.take_notices();
+    let active: Vec<_> = kinds(&n)
+        .into_iter()
+        .filter(|(k, _)| *k == NoticeKind::Active)
+        .collect();
+    assert_eq!(
+        active,
+        [
+            (NoticeKind::Active, key(1000)),
+            (NoticeKind::Active, key(1001))
+        ]
+    );
+    // Within the period no walk starts, whatever the traffic.
+    r.clock.advance(5_000);
+    r.send([tcp(1000, ACK, false)]);
+    r.worker.pipeline.take_notices();
+    r.send([tcp(1000, PSH | ACK, false)]);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+    // After it, only the flow with traffic since the previous walk is reported.
+    r.clock.advance(6_000);
+    r.worker.run_once().unwrap();
+    assert_eq!(
+        kinds(&r.worker.pipeline.take_notices()),
+        [(NoticeKind::Active, key(1000))]
+    );
+    // Another period of silence: nothing.
+    r.clock.advance(11_000);
+    r.worker.run_once().unwrap();
+    assert!(r.worker.pipeline.take_notices().is_empty());
+}
+
+#[test]
+fn a_full_queue_drops_and_counts() {
+    let mut r = rig(NoticeConfig {
+        active_period_ms: 0,
+        active_budget: 64,
+        queue: 2,
+    });
+    for s in 0..4 {
+        open(&mut r, 2000 + s);
+    }
+    r.send((0..4).map(|s| tcp(2000 + s, ACK, false)));
+    assert_eq!(r.worker.pipeline.take_notices().len(), 2);
+    let s = r.worker.pipeline.stats();
+    assert_eq!((s.notices, s.notices_dropped), (2, 2));
+    // A dropped establishment is not retried on every packet.
+    r.send((0..4).map(|s| tcp(2000 + s, ACK, false)));
+    assert!(r.worker.pipeline.take_notices().is_empty());
+}
