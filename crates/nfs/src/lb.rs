@@ -583,6 +583,8 @@ impl NetworkFunction for LoadBalancer {
             // PP forgetting one direction's rule does not end the flow (the other
             // direction may still be busy); the entry's own deadline governs.
             FlowEvent::Expired { .. } => {}
+            // Traffic counts are the monitor's; they change no connection state.
+            FlowEvent::Counters { .. } => {}
         }
     }
 

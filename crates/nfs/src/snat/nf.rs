@@ -421,6 +421,8 @@ impl NetworkFunction for Snat {
                     self.state.set_deadline(&fk, d);
                 }
             }
+            // Traffic counts are the monitor's; a mapping's life is its own timers'.
+            FlowEvent::Counters { .. } => {}
         }
     }
 
