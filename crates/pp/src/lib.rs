@@ -32,7 +32,9 @@ pub use afxdp::{
     AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, FrameCensus, XskMode,
     AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
 };
-pub use fm_client::{FmClient, FmClientConfig, FmClientError, FmClientStats, WorkerLink};
+pub use fm_client::{
+    FmClient, FmClientConfig, FmClientError, FmClientStats, ReportSender, WorkerLink,
+};
 pub use rules_file::{parse_rules, RulesFileError, StaticRule};
 pub use udp::{
     tx_target, write_outer_header, TxTarget, UdpVxlanConfig, UdpVxlanError, UdpVxlanIo,
