@@ -697,7 +697,9 @@ async fn traffic(map: &v1::PartitionMap, tenant: u32) -> v1::TrafficReply {
                     read = true;
                     break;
                 }
-                Err(e) => reply.errors.push(format!("group {gid} at {}: {e}", r.node_id)),
+                Err(e) => reply
+                    .errors
+                    .push(format!("group {gid} at {}: {e}", r.node_id)),
             }
         }
         reply.groups_read += u32::from(read);

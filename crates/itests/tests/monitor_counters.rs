@@ -77,7 +77,8 @@ fn reply(to_port: u16, payload: usize) -> Vec<u8> {
 fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
     let cluster = Cluster::start(vec![chain()], 3, Arc::new(sc::BuiltinNfs));
     cluster.wait_groups(1, 3);
-    let (client, mut links) = FmClient::start(FmClientConfig::new(&cluster.fm_addr(), "pp-1")).unwrap();
+    let (client, mut links) =
+        FmClient::start(FmClientConfig::new(&cluster.fm_addr(), "pp-1")).unwrap();
     let link = links.remove(0);
     let mut cfg = PipelineConfig::new(node());
     cfg.counter_reports = Some(CounterReportConfig {
@@ -88,15 +89,31 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
     let mut p = Pipeline::new(cfg, link.source).unwrap();
     // Only the client's VNI is bound here: replies arrive on the egress VNI, and FM
     // tells their reports' tenant from its rule cache.
-    p.bind_vpc(VNI, VpcBinding { tenant: 1, chain: 1 });
+    p.bind_vpc(
+        VNI,
+        VpcBinding {
+            tenant: 1,
+            chain: 1,
+        },
+    );
     let clock = ManualClock::default();
-    let mut w = Worker::new(p, MemRing::new(VecSource::default(), 64), 64, Box::new(clock.clone()));
-    wait(Duration::from_secs(5), "PP session", || client.connected().then_some(()));
+    let mut w = Worker::new(
+        p,
+        MemRing::new(VecSource::default(), 64),
+        64,
+        Box::new(clock.clone()),
+    );
+    wait(Duration::from_secs(5), "PP session", || {
+        client.connected().then_some(())
+    });
     let reports = client.report_sender();
     let mut buf = Vec::new();
     let mut flush = |w: &mut Worker<MemRing<VecSource>>| {
         w.pipeline.take_counter_reports(&mut buf);
-        assert!(reports.send(std::mem::take(&mut buf)), "the report queue has room");
+        assert!(
+            reports.send(std::mem::take(&mut buf)),
+            "the report queue has room"
+        );
     };
 
     // The first packet misses and is held; the chain decides; the rules come back.
@@ -109,7 +126,9 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
         w.run_once().unwrap();
         (w.pipeline.stats().pending_released >= 1).then_some(())
     });
-    let fwd: FlowKey = format!("{VNI} udp 198.18.10.2:40000 > 198.19.0.9:53").parse().unwrap();
+    let fwd: FlowKey = format!("{VNI} udp 198.18.10.2:40000 > 198.19.0.9:53")
+        .parse()
+        .unwrap();
     let rev = w
         .pipeline
         .table()
@@ -154,7 +173,10 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
 
     let want_total = (sent.0 + back.0, sent.1 + back.1);
     let report = wait(Duration::from_secs(10), "the monitor's counts", || {
-        let r = cluster.rt.block_on(cluster.fm.observer().traffic(1)).unwrap();
+        let r = cluster
+            .rt
+            .block_on(cluster.fm.observer().traffic(1))
+            .unwrap();
         let t = r.report.as_ref()?.tenants.first()?.count?;
         ((t.packets, t.bytes) == want_total).then_some(r)
     });
@@ -169,8 +191,16 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
             .find(|(_, h, _)| *h == ip)
             .map(|(_, _, c)| (c.packets, c.bytes))
     };
-    assert_eq!(host("198.18.10.2"), Some(sent), "the client's packets and bytes");
-    assert_eq!(host("198.19.0.9"), Some(back), "the server's, counted on the reply rule");
+    assert_eq!(
+        host("198.18.10.2"),
+        Some(sent),
+        "the client's packets and bytes"
+    );
+    assert_eq!(
+        host("198.19.0.9"),
+        Some(back),
+        "the server's, counted on the reply rule"
+    );
     assert!(sent.0 as usize == N + 1);
 
     // Every replica applied the same deltas through the group's log.
@@ -188,5 +218,8 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
     }
     let fm = cluster.stats();
     assert!(fm.counter_events_routed >= 2);
-    assert_eq!(fm.counter_events_unknown_flow + fm.counter_events_no_group, 0);
+    assert_eq!(
+        fm.counter_events_unknown_flow + fm.counter_events_no_group,
+        0
+    );
 }

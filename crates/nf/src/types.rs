@@ -320,8 +320,7 @@ pub struct TrafficReport {
 impl TrafficReport {
     /// Add `o` in, tenant by tenant and host by host.
     pub fn add(&mut self, o: &TrafficReport) {
-        let mut t: std::collections::BTreeMap<u32, TrafficCount> =
-            self.tenants.drain(..).collect();
+        let mut t: std::collections::BTreeMap<u32, TrafficCount> = self.tenants.drain(..).collect();
         for (k, c) in &o.tenants {
             t.entry(*k).or_default().add(c);
         }

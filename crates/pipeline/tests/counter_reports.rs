@@ -101,7 +101,11 @@ fn every_packet_of_a_counted_rule_is_reported_once_as_deltas() {
         all.iter().filter(|x| x.key == key(1000)).count() > 1,
         "reported periodically, not once at the end"
     );
-    assert_eq!(sum(&all, &key(1001)), (0, 0), "rules without count report nothing");
+    assert_eq!(
+        sum(&all, &key(1001)),
+        (0, 0),
+        "rules without count report nothing"
+    );
     assert!(all.iter().all(|x| (x.tenant, x.chain) == (7, 3)));
     assert!(all.iter().all(|x| x.packets > 0));
     // Nothing counted twice: with nothing new, nothing more is reported.
@@ -138,7 +142,10 @@ fn a_rule_that_leaves_the_table_reports_its_last_counts() {
     for _ in 0..200 {
         r.worker.run_once().unwrap();
     }
-    assert!(r.worker.pipeline.lookup_rule(&key(1002)).is_none(), "expired");
+    assert!(
+        r.worker.pipeline.lookup_rule(&key(1002)).is_none(),
+        "expired"
+    );
     all.extend(take(&mut r));
     assert_eq!(sum(&all, &key(1002)).0, 9);
 }
@@ -174,7 +181,11 @@ fn a_full_queue_pauses_the_pass_without_loss_and_counts_lost_finals() {
     }
     r.worker.run_once().unwrap();
     let dropped = r.worker.pipeline.stats().counter_reports_dropped;
-    assert_eq!(take(&mut r).len(), 2, "the queue never holds more than its bound");
+    assert_eq!(
+        take(&mut r).len(),
+        2,
+        "the queue never holds more than its bound"
+    );
     assert_eq!(dropped, 3);
 }
 

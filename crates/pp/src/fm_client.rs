@@ -229,9 +229,7 @@ impl FmClient {
         let st = stop.clone();
         let session = std::thread::Builder::new()
             .name("pp-fm-session".into())
-            .spawn(move || {
-                rt.block_on(session_loop(cfg, fms, net_rx, report_rx, outs, s, st))
-            })
+            .spawn(move || rt.block_on(session_loop(cfg, fms, net_rx, report_rx, outs, s, st)))
             .map_err(|e| FmClientError::Start(e.to_string()))?;
         Ok((
             FmClient {

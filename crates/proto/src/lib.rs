@@ -387,7 +387,11 @@ pub fn event_from(e: &v1::FlowEvent) -> Result<nf::FlowEvent> {
             key: FlowKey::try_from(k)?,
         }),
         v1::flow_event::Kind::Counters(c) => Ok(nf::FlowEvent::Counters {
-            key: FlowKey::try_from(c.key.as_ref().ok_or(ConvertError::Missing("counters key"))?)?,
+            key: FlowKey::try_from(
+                c.key
+                    .as_ref()
+                    .ok_or(ConvertError::Missing("counters key"))?,
+            )?,
             tenant: e.tenant,
             packets: c.packets,
             bytes: c.bytes,
@@ -401,14 +405,22 @@ pub fn event_key(e: &v1::FlowEvent) -> Result<FlowKey> {
         v1::flow_event::Kind::TcpClosing(k) | v1::flow_event::Kind::Expired(k) => {
             FlowKey::try_from(k)
         }
-        v1::flow_event::Kind::Counters(c) => {
-            FlowKey::try_from(c.key.as_ref().ok_or(ConvertError::Missing("counters key"))?)
-        }
+        v1::flow_event::Kind::Counters(c) => FlowKey::try_from(
+            c.key
+                .as_ref()
+                .ok_or(ConvertError::Missing("counters key"))?,
+        ),
     }
 }
 
 /// PP's counter report for one rule, as the FlowEvent PP sends.
-pub fn counters_event(tenant: u32, chain: u32, key: &FlowKey, packets: u64, bytes: u64) -> v1::FlowEvent {
+pub fn counters_event(
+    tenant: u32,
+    chain: u32,
+    key: &FlowKey,
+    packets: u64,
+    bytes: u64,
+) -> v1::FlowEvent {
     v1::FlowEvent {
         tenant,
         chain,

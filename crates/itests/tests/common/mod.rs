@@ -116,10 +116,10 @@ impl Cluster {
                 snapshots,
                 ..Default::default()
             })
-                .await
-                .unwrap()
-                .into_inner()
-                .groups
+            .await
+            .unwrap()
+            .into_inner()
+            .groups
         })
     }
 }

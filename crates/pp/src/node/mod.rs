@@ -346,8 +346,10 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             fm_client = Some(client);
             cfg.default_idle_timeout = FM_IDLE;
             cfg.counter_reports = Some(CounterReportConfig {
-                interval_ms: a.counter_interval.as_millis().clamp(1, u128::from(u32::MAX / 2))
-                    as u32,
+                interval_ms: a
+                    .counter_interval
+                    .as_millis()
+                    .clamp(1, u128::from(u32::MAX / 2)) as u32,
                 ..Default::default()
             });
             links.remove(0).source
