@@ -192,6 +192,12 @@ impl v1::fabric_master_server::FabricMaster for FakeFm {
     ) -> Result<tonic::Response<v1::MembershipView>, tonic::Status> {
         unimplemented()
     }
+    async fn traffic(
+        &self,
+        _: tonic::Request<v1::TrafficRequest>,
+    ) -> Result<tonic::Response<v1::TrafficReply>, tonic::Status> {
+        unimplemented()
+    }
     async fn get_partition_map(
         &self,
         _: tonic::Request<v1::PartitionMapRequest>,
