@@ -925,3 +925,72 @@ pub fn stats(
         }
     }
 }
+
+/// `starfabric stats --tenant T --monitor`: what the tenant's monitor NFs counted (every
+/// packet and byte PP's counted rules matched, and the flows SC decided), in total and
+/// for the top hosts by bytes.
+pub fn monitor_stats(
+    c: &Client,
+    tenant: &str,
+    top: u32,
+    watch: Option<f64>,
+    count: Option<u64>,
+) -> Result<()> {
+    if !(1..=1000).contains(&top) {
+        bail!("--top must be 1..=1000, got {top}");
+    }
+    let mut n = 0u64;
+    loop {
+        let v = c.call(
+            "GET",
+            &format!("/v1/tenants/{tenant}/monitor?top={top}"),
+            None,
+        )?;
+        match c.output {
+            Output::Table => {
+                let mut total = v["total"].clone();
+                total["tenant"] = v["tenant"].clone();
+                total["hosts"] = v["hosts_total"].clone();
+                total["groups"] = json!(format!("{}/{}", v["groups_read"], v["groups"]));
+                print_table(
+                    &[total],
+                    &[
+                        ("TENANT", "/tenant"),
+                        ("PACKETS", "/packets"),
+                        ("BYTES", "/bytes"),
+                        ("FLOWS", "/flows"),
+                        ("HOSTS", "/hosts"),
+                        ("SC GROUPS READ", "/groups"),
+                    ],
+                );
+                let hosts = v["hosts"].as_array().cloned().unwrap_or_default();
+                if !hosts.is_empty() {
+                    println!();
+                    print_table(
+                        &hosts,
+                        &[
+                            ("HOST", "/host"),
+                            ("PACKETS", "/packets"),
+                            ("BYTES", "/bytes"),
+                            ("FLOWS", "/flows"),
+                        ],
+                    );
+                }
+                for e in v["errors"].as_array().into_iter().flatten() {
+                    eprintln!("warning: {}", e.as_str().unwrap_or("?"));
+                }
+            }
+            _ => c.print(&v, &[], &[])?,
+        }
+        n += 1;
+        match watch {
+            Some(s) if count.is_none_or(|c| n < c) => {
+                std::thread::sleep(Duration::from_secs_f64(s.max(0.1)));
+                if c.output == Output::Table {
+                    println!();
+                }
+            }
+            _ => return Ok(()),
+        }
+    }
+}

@@ -188,8 +188,22 @@ pub struct FmStats {
     pub setup_overload: u64,
     /// Groups taken over from the SC nodes' reports (after a restart or failover).
     pub groups_adopted: u64,
+    /// PP counter reports (`FlowEvent.counters`) received, and routed to an SC group.
+    pub counter_events: u64,
+    pub counter_events_routed: u64,
+    /// Counter reports dropped, by reason: unbound tenant and no cached rule to tell
+    /// it; no partition owns the key; more than [`MAX_QUEUED_EVENTS`] waiting for the
+    /// next flush.
+    pub counter_events_unknown_flow: u64,
+    pub counter_events_no_group: u64,
+    pub counter_events_queue_full: u64,
     pub cache: CacheStats,
 }
+
+/// Flow events queued for SC between two flushes, at most; more are dropped and
+/// counted. PP batches its counter reports per second, so this is far above a healthy
+/// fabric's need and bounds FM's memory against a misbehaving PP node.
+pub const MAX_QUEUED_EVENTS: usize = 1 << 18;
 
 /// Observability beyond [`FmStats`]: what needs more than a counter.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -315,6 +329,8 @@ pub(crate) struct Master {
     sc_by_node: HashMap<String, u64>,
     to_submit: HashMap<u64, Vec<v1::RuleRequest>>,
     events_to_submit: HashMap<u64, Vec<v1::FlowEvent>>,
+    /// Events in `events_to_submit` (bounded by [`MAX_QUEUED_EVENTS`]).
+    queued_events: usize,
     /// When each group's tail last answered (ms): a group that answers is making
     /// progress, and its unanswered requests are queued, not lost.
     group_progress: HashMap<u64, u64>,
@@ -375,6 +391,7 @@ impl Master {
             sc_by_node: HashMap::new(),
             to_submit: HashMap::new(),
             events_to_submit: HashMap::new(),
+            queued_events: 0,
             group_progress: HashMap::new(),
             last_tick: 0,
             stats: FmStats::default(),
@@ -595,27 +612,56 @@ impl Master {
         self.on_requests(session, requests, now);
     }
 
-    /// Flow events from a PP node, queued for the groups owning their keys.
-    pub(crate) fn on_pp_events(&mut self, events: Vec<v1::FlowEvent>) {
-        for e in events {
-            let key = match e.kind.as_ref() {
-                Some(v1::flow_event::Kind::TcpClosing(k))
-                | Some(v1::flow_event::Kind::Expired(k))
-                | Some(v1::flow_event::Kind::TcpEstablished(k))
-                | Some(v1::flow_event::Kind::Active(k)) => FlowKey::try_from(k),
-                None => {
-                    self.stats.bad_requests += 1;
-                    continue;
-                }
-            };
-            let Ok(key) = key else {
+    /// Flow events from a PP node, queued for the groups owning their keys. A counter
+    /// report of an unbound tenant (a reply rule on a VNI its PP node has no binding
+    /// for) takes its tenant and chain from the rule cache, as the request did.
+    pub(crate) fn on_pp_events(&mut self, events: Vec<v1::FlowEvent>, now_us: u64) {
+        let now = self.at(now_us);
+        for mut e in events {
+            let counters = matches!(e.kind, Some(v1::flow_event::Kind::Counters(_)));
+            let Ok(key) = proto::event_key(&e) else {
                 self.stats.bad_requests += 1;
                 continue;
             };
-            if let Some(g) = self.map.lookup(e.tenant, e.chain, key.hash()) {
-                self.events_to_submit.entry(g).or_default().push(e);
+            if counters {
+                self.stats.counter_events += 1;
+                if e.tenant == proto::UNBOUND_TENANT {
+                    match self.cache.get_by_flow(key.as_bytes(), now) {
+                        Some(((t, c, _), _)) => (e.tenant, e.chain) = (t, c),
+                        None => {
+                            self.drop_counter_event("unknown-flow");
+                            continue;
+                        }
+                    }
+                }
+            }
+            if self.queued_events >= MAX_QUEUED_EVENTS {
+                if counters {
+                    self.drop_counter_event("queue-full");
+                }
+                continue;
+            }
+            match self.map.lookup(e.tenant, e.chain, key.hash()) {
+                Some(g) => {
+                    if counters {
+                        self.stats.counter_events_routed += 1;
+                    }
+                    self.queued_events += 1;
+                    self.events_to_submit.entry(g).or_default().push(e);
+                }
+                None if counters => self.drop_counter_event("no-group"),
+                None => {}
             }
         }
+    }
+
+    fn drop_counter_event(&mut self, reason: &'static str) {
+        let c = match reason {
+            "unknown-flow" => &mut self.stats.counter_events_unknown_flow,
+            "no-group" => &mut self.stats.counter_events_no_group,
+            _ => &mut self.stats.counter_events_queue_full,
+        };
+        *c += 1;
     }
 
     /// An SC node registered.
@@ -1540,6 +1586,7 @@ impl Master {
         for gid in groups {
             let mut reqs = self.to_submit.remove(&gid).unwrap_or_default();
             let events = self.events_to_submit.remove(&gid).unwrap_or_default();
+            self.queued_events = self.queued_events.saturating_sub(events.len());
             let Some(g) = self.map.group(gid) else {
                 continue; // retried against the current map later
             };

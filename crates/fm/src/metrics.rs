@@ -68,6 +68,26 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
             .map(|(t, n)| (tenant_label(*t), *n)),
     )?;
     sc.counter(
+        "counter_events",
+        "PP rule counter reports received (monitor counters).",
+        s.counter_events,
+    )?;
+    sc.counter(
+        "counter_events_routed",
+        "PP rule counter reports sent on to the SC group owning the flow.",
+        s.counter_events_routed,
+    )?;
+    sc.counter_family(
+        "counter_events_dropped",
+        "PP rule counter reports dropped, by reason.",
+        [
+            ("unknown-flow", s.counter_events_unknown_flow),
+            ("no-group", s.counter_events_no_group),
+            ("queue-full", s.counter_events_queue_full),
+        ]
+        .map(|(r, n)| ([("reason", r)], n)),
+    )?;
+    sc.counter(
         "cache_hits",
         "Requests answered from the rule cache.",
         s.cache.hits,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::liveness::LivenessRegistry;
 use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
@@ -341,7 +341,7 @@ fn dispatch(m: &mut Master, links: &mut Links, msg: MasterIn, now_us: u64) {
             m.on_pp_open(open, now_us);
         }
         MasterIn::PpRequests { session, requests } => m.on_pp_requests(session, requests, now_us),
-        MasterIn::PpEvents { events } => m.on_pp_events(events),
+        MasterIn::PpEvents { events } => m.on_pp_events(events, now_us),
         MasterIn::ScOpen { open, tx } => {
             links.sc.insert(open.session, tx);
             m.on_sc_open(open, now_us);
@@ -633,6 +633,86 @@ impl FmObserver {
     pub async fn load(&self) -> Option<v1::LoadReply> {
         self.ask(MasterIn::Load).await
     }
+
+    /// A tenant's monitor counters: what the traffic-counting NFs of each of its SC
+    /// groups counted, read from one replica per group (the tail first: it has applied
+    /// every committed op) and summed over the groups, which are disjoint partitions.
+    pub async fn traffic(&self, tenant: u32) -> Option<v1::TrafficReply> {
+        let map = self.partition_map().await?;
+        Some(traffic(&map, tenant).await)
+    }
+}
+
+/// One SC node's answer for `groups`, within [`TRAFFIC_TIMEOUT`].
+async fn group_traffic(addr: &str, groups: Vec<u64>) -> Result<Vec<v1::GroupState>, String> {
+    let call = async {
+        let mut c = v1::service_computation_client::ServiceComputationClient::connect(
+            proto::endpoint_uri(addr),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .max_decoding_message_size(proto::MAX_MESSAGE);
+        c.group_status(v1::GroupStatusRequest {
+            snapshots: false,
+            traffic: true,
+            groups,
+        })
+        .await
+        .map(|r| r.into_inner().groups)
+        .map_err(|e| e.message().to_string())
+    };
+    tokio::time::timeout(TRAFFIC_TIMEOUT, call)
+        .await
+        .map_err(|_| format!("SC node {addr} did not answer"))?
+}
+
+/// How long one SC node may take to answer a traffic query.
+const TRAFFIC_TIMEOUT: Duration = Duration::from_secs(3);
+
+async fn traffic(map: &v1::PartitionMap, tenant: u32) -> v1::TrafficReply {
+    let mut reply = v1::TrafficReply::default();
+    let mut sum = nf::TrafficReport::default();
+    let groups: Vec<u64> = map
+        .partitions
+        .iter()
+        .filter(|p| p.tenant == tenant)
+        .map(|p| p.group)
+        .collect();
+    reply.groups = groups.len() as u32;
+    for gid in groups {
+        let Some(g) = map.groups.iter().find(|g| g.id == gid) else {
+            continue;
+        };
+        let mut read = false;
+        for r in g.replicas.iter().rev() {
+            match group_traffic(&r.addr, vec![gid]).await {
+                Ok(states) => {
+                    let Some(s) = states.into_iter().find(|s| s.group == gid && s.initialized)
+                    else {
+                        continue;
+                    };
+                    if let Some(t) = s.traffic.as_ref() {
+                        match proto::traffic_from(t) {
+                            Ok(t) => sum.add(&t),
+                            Err(e) => reply.errors.push(format!("group {gid}: {e}")),
+                        }
+                    }
+                    read = true;
+                    break;
+                }
+                Err(e) => reply
+                    .errors
+                    .push(format!("group {gid} at {}: {e}", r.node_id)),
+            }
+        }
+        reply.groups_read += u32::from(read);
+    }
+    // Only the tenant's own counters: a chain counts under the tenant of its partition,
+    // but a misrouted report must not show another tenant's hosts.
+    sum.tenants.retain(|(t, _)| *t == tenant);
+    sum.hosts.retain(|(t, _, _)| *t == tenant);
+    reply.report = Some(proto::traffic_to_proto(&sum));
+    reply
 }
 
 async fn scale(shared: &Shared, req: ScaleRequest) -> Result<ScaleOutcome, FmError> {
@@ -1016,6 +1096,15 @@ impl FabricMaster for FmService {
         _req: Request<v1::LoadRequest>,
     ) -> Result<Response<v1::LoadReply>, Status> {
         self.ask(MasterIn::Load).await.map(Response::new)
+    }
+
+    async fn traffic(
+        &self,
+        req: Request<v1::TrafficRequest>,
+    ) -> Result<Response<v1::TrafficReply>, Status> {
+        let tenant = req.into_inner().tenant;
+        let map = self.ask(MasterIn::Map).await?;
+        Ok(Response::new(traffic(&map, tenant).await))
     }
 
     async fn flows(

@@ -120,6 +120,10 @@ pub struct PipelineBenchArgs {
     /// random cache line per packet).
     #[arg(long)]
     pub count: bool,
+    /// The chain row (FW → MON → NAT, Serpens Fig. 15) from this workload file
+    /// (docs/benchmarks.md, "Chain workload"); default 1M flows, 2 s.
+    #[arg(long)]
+    pub workload: Option<std::path::PathBuf>,
 }
 
 pub fn run(c: BenchCmd) -> Result<()> {
@@ -220,10 +224,18 @@ pub struct PipelineBench {
     pub batch: usize,
     pub seconds_per_point: f64,
     pub inner_frame_bytes: usize,
+    /// FW → MON → NAT (Serpens Fig. 15) through PP: the rule the built-in NFs composed,
+    /// at `chain.flows` flows, Mpps on one core.
+    pub chain_mpps: f64,
+    /// 99th percentile of a batch's processing time, µs: every packet of a batch is done
+    /// when the batch is, so this bounds a packet's p99 latency through the pipeline.
+    pub chain_p99_us: f64,
+    /// The chain row's details (flows, batch, per-packet times, setup time, the rule).
+    pub chain: Option<crate::bench_chain::ChainResult>,
 }
 
 const VNI: u32 = 100;
-const DST: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 9);
+pub(crate) const DST: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 9);
 /// Offsets of the fields the generator varies: inner source address and port.
 const INNER_SRC: usize = 50 + 14 + 12;
 const INNER_SPORT: usize = 50 + 14 + 20;
@@ -282,7 +294,7 @@ fn snat_rule(i: u64, count: bool) -> Rule {
 }
 
 /// Frames over `flows` flows, chosen by xorshift (or sequentially new, for the miss path).
-struct Traffic {
+pub(crate) struct Traffic {
     template: Vec<u8>,
     flows: u64,
     rng: u64,
@@ -291,7 +303,7 @@ struct Traffic {
 }
 
 impl Traffic {
-    fn random(flows: u64) -> Self {
+    pub(crate) fn random(flows: u64) -> Self {
         Traffic {
             template: template(DST),
             flows,
@@ -523,6 +535,19 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         rss_per_flow = rss;
     }
     let miss_mpps = if want("miss") { miss_point(&a)? } else { 0.0 };
+    let chain = if want("chain") {
+        let mut w = match &a.workload {
+            Some(p) => crate::bench_chain::ChainWorkload::load(p)?,
+            None => crate::bench_chain::ChainWorkload::default(),
+        };
+        if a.quick && a.workload.is_none() {
+            w.flows = 100_000;
+            w.seconds = 0.2;
+        }
+        Some(crate::bench_chain::chain_point(&w)?)
+    } else {
+        None
+    };
     let big = pipeline::FlowTable::new(1_000_000, 0)?;
     let bytes_per_flow = big.bytes_at_capacity() as f64 / 1_000_000.0;
     rates.sort_by_key(|r| r.0);
@@ -543,6 +568,9 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         batch: a.batch,
         seconds_per_point: a.seconds,
         inner_frame_bytes: 60,
+        chain_mpps: chain.as_ref().map_or(0.0, |c| c.mpps),
+        chain_p99_us: chain.as_ref().map_or(0.0, |c| c.batch_p99_us),
+        chain,
     })
 }
 
@@ -588,4 +616,17 @@ pub fn print_table(r: &PipelineBench) {
         "  largest/smallest flow count rate ratio: {:.2}",
         r.large_over_small
     );
+    if let Some(c) = &r.chain {
+        println!(
+            "  {:<36} {:>10.2} Mpps  (batch p99 {:.1} µs; {:.3} µs/packet, p99 {:.3}; {} flows decided in {:.1} s)",
+            "chain: FW → MON → NAT (Serpens)",
+            c.mpps,
+            c.batch_p99_us,
+            c.per_packet_us,
+            c.per_packet_p99_us,
+            c.flows,
+            c.setup_seconds
+        );
+        println!("    rule: {}", c.rule);
+    }
 }

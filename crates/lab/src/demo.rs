@@ -236,6 +236,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         quick: false,
         only: None,
         count: false,
+        workload: None,
     })?;
     crate::bench::print_table(&r);
     println!("\n(full run with 10M flows: starfabric bench pipeline [--json])");

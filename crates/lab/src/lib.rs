@@ -7,6 +7,7 @@
 //! `anyhow` errors like the binary they are part of (docs/structure.md).
 
 pub mod bench;
+pub mod bench_chain;
 pub mod bench_cores;
 pub mod bench_cores_node;
 pub mod bench_e2e;

@@ -293,6 +293,17 @@ impl Chain {
         }
     }
 
+    /// What the chain's traffic-counting NFs counted, summed; None if none counts.
+    pub fn traffic(&self) -> Option<crate::TrafficReport> {
+        let mut out: Option<crate::TrafficReport> = None;
+        for nf in &self.nfs {
+            if let Some(r) = nf.traffic() {
+                out.get_or_insert_with(Default::default).add(&r);
+            }
+        }
+        out
+    }
+
     /// Timers of every NF; returns the flows any of them forgot. A timer is also where
     /// an NF asks for periodic updates (Serpens: `update` "on time via a timer").
     pub fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {

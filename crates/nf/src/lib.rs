@@ -35,5 +35,6 @@ pub use chain::{
 pub use env::{DetRng, NfEnv, Trigger};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
-    NfError, PreparedPart, Rewrite, Scope, SplitHalf, TableSpec, Verdict,
+    NfError, PreparedPart, Rewrite, Scope, SplitHalf, TableSpec, TrafficCount, TrafficReport,
+    Verdict,
 };

@@ -305,6 +305,17 @@ pub enum FlowEvent {
     /// periodic and batched): refresh its idle deadline. PP's rules outlive an idle NF
     /// deadline, so without this a busy long-lived flow would lose its NF state.
     Active { key: FlowKey },
+    /// PP's counters of a counted rule (`Action::Count`) since its last report: the
+    /// packets and bytes the rule matched after SC decided the flow, first packet
+    /// included. `key` is the rule's match key (either direction of the flow); `tenant`
+    /// the tenant whose chain decided it. Deltas, so replicas and parts add them up in
+    /// any order.
+    Counters {
+        key: FlowKey,
+        tenant: u32,
+        packets: u64,
+        bytes: u64,
+    },
 }
 
 impl FlowEvent {
@@ -314,8 +325,61 @@ impl FlowEvent {
             FlowEvent::TcpClosing { key }
             | FlowEvent::Expired { key }
             | FlowEvent::TcpEstablished { key }
-            | FlowEvent::Active { key } => key,
+            | FlowEvent::Active { key }
+            | FlowEvent::Counters { key, .. } => key,
         }
+    }
+}
+
+/// Packets, bytes and flows counted by an NF that watches traffic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrafficCount {
+    pub packets: u64,
+    pub bytes: u64,
+    /// Flows decided (first packets seen by SC).
+    #[serde(default)]
+    pub flows: u64,
+}
+
+impl TrafficCount {
+    pub fn add(&mut self, o: &TrafficCount) {
+        self.packets = self.packets.saturating_add(o.packets);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.flows = self.flows.saturating_add(o.flows);
+    }
+}
+
+/// What a traffic-watching NF (the monitor) has counted, for `starfabric stats`. Reports
+/// of several NFs, replicas' parts or partitions add up with [`TrafficReport::add`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrafficReport {
+    /// By tenant id, sorted.
+    pub tenants: Vec<(u32, TrafficCount)>,
+    /// By (tenant, source host), sorted.
+    pub hosts: Vec<(u32, std::net::IpAddr, TrafficCount)>,
+    /// Traffic of hosts beyond the NF's host bound.
+    pub overflow: TrafficCount,
+}
+
+impl TrafficReport {
+    /// Add `o` in, tenant by tenant and host by host.
+    pub fn add(&mut self, o: &TrafficReport) {
+        let mut t: std::collections::BTreeMap<u32, TrafficCount> = self.tenants.drain(..).collect();
+        for (k, c) in &o.tenants {
+            t.entry(*k).or_default().add(c);
+        }
+        self.tenants = t.into_iter().collect();
+        let mut h: std::collections::BTreeMap<(u32, std::net::IpAddr), TrafficCount> =
+            self.hosts.drain(..).map(|(a, b, c)| ((a, b), c)).collect();
+        for (a, b, c) in &o.hosts {
+            h.entry((*a, *b)).or_default().add(c);
+        }
+        self.hosts = h.into_iter().map(|((a, b), c)| (a, b, c)).collect();
+        self.overflow.add(&o.overflow);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tenants.is_empty() && self.hosts.is_empty() && self.overflow == TrafficCount::default()
     }
 }
 
@@ -394,8 +458,14 @@ pub trait NetworkFunction: Send {
     /// Decide a new flow. Must be deterministic in (state, packet, env).
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError>;
 
-    /// A later event on a flow this NF decided (TCP close, expiry).
+    /// A later event on a flow this NF decided (TCP close, expiry, PP's counters).
     fn on_event(&mut self, _ev: &FlowEvent, _env: &mut NfEnv) {}
+
+    /// The traffic this NF has counted, if it counts traffic (the monitor does); read by
+    /// `starfabric stats` through SC's `GroupStatus`.
+    fn traffic(&self) -> Option<TrafficReport> {
+        None
+    }
 
     /// Periodic housekeeping at `env.now_ms`: expire per-flow state past its timeout, fold
     /// replicated counters. Returns the flows whose state was removed.

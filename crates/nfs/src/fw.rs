@@ -774,6 +774,8 @@ impl NetworkFunction for Firewall {
             // PP forgetting one direction's rule does not end the flow: the other may be
             // busy, and a late reply must still find it. The deadline governs.
             FlowEvent::Expired { .. } => {}
+            // Traffic counts are the monitor's; they change no connection state.
+            FlowEvent::Counters { .. } => {}
         }
     }
 

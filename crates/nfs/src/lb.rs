@@ -598,6 +598,8 @@ impl NetworkFunction for LoadBalancer {
             // direction may still be busy); the entry's own deadline governs. The LB
             // times TCP alike before and after the handshake.
             FlowEvent::Expired { .. } | FlowEvent::TcpEstablished { .. } => {}
+            // Traffic counts are the monitor's; they change no connection state.
+            FlowEvent::Counters { .. } => {}
         }
     }
 

@@ -6,14 +6,19 @@
 //! total is the sum over parts (eventual consistency). Addition commutes, so replicas and
 //! parts agree whatever order counts arrive in.
 //!
-//! SC sees only a flow's first packet; later packets are counted by PP on the rule
-//! (`Action::Count`) and reported back through [`Monitor::record`].
+//! SC sees only a flow's first packet: there the monitor counts a *flow*. Packets and
+//! bytes are counted by PP on the flow's rules (`Action::Count`, every packet the rule
+//! matches, the held first packet included) and reported back as deltas
+//! ([`FlowEvent::Counters`], docs/metrics.md "Monitor counters"), which SC applies as an
+//! op of the group's log, so every replica adds the same deltas. The host is the rule
+//! key's source: the client for the forward rule, the server for the reply rule.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use nf::{
-    Consistency, Decision, FirstPacket, NetworkFunction, NfEnv, NfError, SplitHalf, TableSpec,
+    Consistency, Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf,
+    TableSpec, TrafficCount, TrafficReport,
 };
 use serde::{Deserialize, Serialize};
 
@@ -38,21 +43,33 @@ impl Default for MonitorConfig {
     }
 }
 
-/// Packets and bytes.
+/// Packets, bytes and flows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     pub packets: u64,
     pub bytes: u64,
+    /// Flows whose first packet the monitor saw. Absent in snapshots of older nodes.
+    #[serde(default)]
+    pub flows: u64,
 }
 
 impl Counters {
-    fn add(&mut self, packets: u64, bytes: u64) {
+    fn add(&mut self, packets: u64, bytes: u64, flows: u64) {
         self.packets = self.packets.saturating_add(packets);
         self.bytes = self.bytes.saturating_add(bytes);
+        self.flows = self.flows.saturating_add(flows);
     }
 
     fn add_all(&mut self, o: &Counters) {
-        self.add(o.packets, o.bytes);
+        self.add(o.packets, o.bytes, o.flows);
+    }
+
+    fn traffic(&self) -> TrafficCount {
+        TrafficCount {
+            packets: self.packets,
+            bytes: self.bytes,
+            flows: self.flows,
+        }
     }
 }
 
@@ -86,23 +103,28 @@ impl Monitor {
         })
     }
 
-    /// Add counts reported later (by PP's rule counters, or another replica's tally).
+    /// Add packets and bytes reported later (PP's rule counters, as
+    /// [`FlowEvent::Counters`], or another replica's tally).
     pub fn record(&mut self, tenant: u32, host: IpAddr, packets: u64, bytes: u64) {
+        self.count(tenant, host, packets, bytes, 0);
+    }
+
+    fn count(&mut self, tenant: u32, host: IpAddr, packets: u64, bytes: u64, flows: u64) {
         self.counts
             .tenants
             .entry(tenant)
             .or_default()
-            .add(packets, bytes);
+            .add(packets, bytes, flows);
         let per_tenant = self.counts.hosts.entry(tenant).or_default();
         if let Some(c) = per_tenant.get_mut(&host) {
-            c.add(packets, bytes);
+            c.add(packets, bytes, flows);
         } else if self.hosts < self.cfg.max_hosts {
             let mut c = Counters::default();
-            c.add(packets, bytes);
+            c.add(packets, bytes, flows);
             per_tenant.insert(host, c);
             self.hosts += 1;
         } else {
-            self.counts.overflow.add(packets, bytes);
+            self.counts.overflow.add(packets, bytes, flows);
         }
         if per_tenant.is_empty() {
             self.counts.hosts.remove(&tenant);
@@ -170,9 +192,43 @@ impl NetworkFunction for Monitor {
         ]
     }
 
+    /// A flow, not a packet: the first packet also runs through the flow's counted rule
+    /// at PP once the rule is installed, and arrives with PP's counters.
     fn first_packet(&mut self, pkt: &FirstPacket, _env: &mut NfEnv) -> Result<Decision, NfError> {
-        self.record(pkt.tenant, pkt.key.src(), 1, u64::from(pkt.meta.len));
+        self.count(pkt.tenant, pkt.key.src(), 0, 0, 1);
         Ok(Decision::pass())
+    }
+
+    fn on_event(&mut self, ev: &FlowEvent, _env: &mut NfEnv) {
+        if let FlowEvent::Counters {
+            key,
+            tenant,
+            packets,
+            bytes,
+        } = ev
+        {
+            if *packets != 0 || *bytes != 0 {
+                self.record(*tenant, key.src(), *packets, *bytes);
+            }
+        }
+    }
+
+    fn traffic(&self) -> Option<TrafficReport> {
+        Some(TrafficReport {
+            tenants: self
+                .counts
+                .tenants
+                .iter()
+                .map(|(t, c)| (*t, c.traffic()))
+                .collect(),
+            hosts: self
+                .counts
+                .hosts
+                .iter()
+                .flat_map(|(t, h)| h.iter().map(move |(a, c)| (*t, *a, c.traffic())))
+                .collect(),
+            overflow: self.counts.overflow.traffic(),
+        })
     }
 
     fn snapshot(&self) -> Result<Vec<u8>, NfError> {

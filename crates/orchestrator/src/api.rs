@@ -693,6 +693,91 @@ async fn list_stats(
     ))
 }
 
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/monitor", tag = "stats",
+    params(("tenant" = String, Path), ("top" = Option<u32>, Query, description = "hosts shown, by bytes: 1..=1000, default 10")),
+    responses((status = 200, body = TenantMonitor), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn get_tenant_monitor(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+    q: Params,
+) -> Result<Json<TenantMonitor>, ApiError> {
+    p.check_tenant(&tenant)?;
+    let q = q.only(&["top"])?;
+    let top = match q.0.get("top") {
+        None => 10,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => {
+                return Err(ApiError::bad_query(
+                    "top",
+                    format!("top must be 1..=1000, got {v:?}"),
+                ))
+            }
+        },
+    };
+    let t = st.desired.tenant(&tenant).await?;
+    let fms = st.fm_addrs();
+    if fms.is_empty() {
+        return Err(ApiError::unavailable("no fabric master is up"));
+    }
+    let mut sum = nf::TrafficReport::default();
+    let mut out = TenantMonitor {
+        tenant: t.name.clone(),
+        id: t.id,
+        ..Default::default()
+    };
+    for addr in fms {
+        let reply = async {
+            let mut c =
+                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .max_decoding_message_size(proto::MAX_MESSAGE);
+            c.traffic(v1::TrafficRequest { tenant: t.id })
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|e| e.message().to_string())
+        };
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(10), reply)
+            .await
+            .map_err(|_| ApiError::unavailable(format!("fabric master {addr} did not answer")))?
+            .map_err(|e| ApiError::unavailable(format!("fabric master {addr}: {e}")))?;
+        out.groups += reply.groups;
+        out.groups_read += reply.groups_read;
+        out.errors.extend(reply.errors);
+        if let Some(r) = &reply.report {
+            let r = proto::traffic_from(r)
+                .map_err(|e| ApiError::unavailable(format!("fabric master {addr}: {e}")))?;
+            sum.add(&r);
+        }
+    }
+    let count = |c: &nf::TrafficCount| TrafficCount {
+        packets: c.packets,
+        bytes: c.bytes,
+        flows: c.flows,
+    };
+    // FM answers for this tenant only; the filter keeps it so whatever FM does.
+    if let Some((_, c)) = sum.tenants.iter().find(|(id, _)| *id == t.id) {
+        out.total = count(c);
+    }
+    let mut hosts: Vec<_> = sum.hosts.iter().filter(|(id, _, _)| *id == t.id).collect();
+    out.hosts_total = hosts.len() as u64;
+    hosts.sort_by(|a, b| b.2.bytes.cmp(&a.2.bytes).then(a.1.cmp(&b.1)));
+    out.hosts = hosts
+        .into_iter()
+        .take(top)
+        .map(|(_, h, c)| HostTraffic {
+            host: h.to_string(),
+            packets: c.packets,
+            bytes: c.bytes,
+            flows: c.flows,
+        })
+        .collect();
+    out.overflow = count(&sum.overflow);
+    Ok(Json(out))
+}
+
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/flows", tag = "stats",
     params(("tenant" = String, Path), ("limit" = Option<u32>, Query, description = "1..=1000, default 100")),
     responses((status = 200, body = Page<Flow>), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
@@ -824,9 +909,9 @@ async fn healthz() -> &'static str {
           list_chains, get_chain, put_chain, delete_chain,
           create_token, list_tokens, delete_token,
           list_nodes, get_node, list_partitions, status,
-          get_tenant_stats, list_stats, list_flows, list_events, get_placement, put_placement_limits),
+          get_tenant_stats, list_stats, list_flows, get_tenant_monitor, list_events, get_placement, put_placement_limits),
     components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
-                       Node, Partition, Flow, Event, EventsView, TenantStats, Token, Status, ErrorBody, ErrorDetail,
+                       Node, Partition, Flow, Event, EventsView, TenantStats, TenantMonitor, TrafficCount, HostTraffic, Token, Status, ErrorBody, ErrorDetail,
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
                        VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
                        RateSpec, TenantRatesSpec, TenantRatesView, RateStatus,
@@ -910,6 +995,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/tenants/:tenant/stats", get(get_tenant_stats))
         .route("/v1/tenants/:tenant/flows", get(list_flows))
+        .route("/v1/tenants/:tenant/monitor", get(get_tenant_monitor))
         .fallback(not_found)
         .with_state(state.clone())
         .merge(crate::ui::router(state))

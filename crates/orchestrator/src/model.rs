@@ -402,6 +402,46 @@ pub struct TenantStats {
     pub rates: Vec<RateStatus>,
 }
 
+/// Packets, bytes and flows a monitor NF counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TrafficCount {
+    pub packets: u64,
+    pub bytes: u64,
+    /// Flows (first packets) the monitor saw.
+    pub flows: u64,
+}
+
+/// One source host's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HostTraffic {
+    pub host: String,
+    pub packets: u64,
+    pub bytes: u64,
+    pub flows: u64,
+}
+
+/// GET /v1/tenants/{tenant}/monitor: what the tenant's monitor NFs counted, summed over
+/// its SC groups: every packet and byte PP's counted rules matched (reported by PP per
+/// second and when a rule leaves), and the flows SC decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TenantMonitor {
+    pub tenant: String,
+    pub id: u32,
+    pub total: TrafficCount,
+    /// The top hosts by bytes (at most `top`), by the source address of the rule's key:
+    /// the client for requests, the server for replies.
+    pub hosts: Vec<HostTraffic>,
+    /// Hosts counted one by one, in all.
+    pub hosts_total: u64,
+    /// Traffic of hosts beyond the monitor's host bound.
+    pub overflow: TrafficCount,
+    /// SC groups of the tenant, and those whose counters were read.
+    pub groups: u32,
+    pub groups_read: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
 /// A tenant-scoped API token. `token` is shown once, at creation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Token {

@@ -27,9 +27,9 @@ pub use io::{
 pub use key::{flow_hash, flow_hash_with, vxlan_source_port, FlowKey, KeyError};
 pub use pending::{Held, PendingConfig, PendingQueue};
 pub use pipeline::{
-    Clock, ElephantPolicy, FlowNotice, ManualClock, MonotonicClock, NoticeConfig, NoticeKind,
-    PacketMeta, Pipeline, PipelineConfig, Policer, RuleReply, RuleRequest, RuleSource, VpcBinding,
-    Worker, MAX_BATCH,
+    Clock, CounterReport, CounterReportConfig, ElephantPolicy, FlowNotice, ManualClock,
+    MonotonicClock, NoticeConfig, NoticeKind, PacketMeta, Pipeline, PipelineConfig, Policer,
+    RuleReply, RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
 };
 pub use rule::{
     format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule, RuleContext,

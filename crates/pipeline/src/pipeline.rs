@@ -316,6 +316,38 @@ pub struct PipelineConfig {
     pub ask_unbound: bool,
     /// What PP tells SC about flows after their first packet ([`FlowNotice`]).
     pub notices: NoticeConfig,
+    /// Report counted rules' counters (for the monitor NF); `None` (the default):
+    /// counters stay cumulative in the table and nothing is reported.
+    pub counter_reports: Option<CounterReportConfig>,
+}
+
+/// How a worker reports its counted rules' counters (`Action::Count`) toward SC, where
+/// the monitor NF adds them up (docs/metrics.md, "Monitor counters").
+///
+/// Every `interval_ms` a report pass walks the flow table's arena, `scan_per_service`
+/// slots per [`Pipeline::service`] call (so no call stalls the data path), and queues a
+/// [`CounterReport`] for each counted rule that counted something since its last
+/// report, zeroing its counters. A rule that leaves the table (idle, evicted, revoked,
+/// replaced) has its last counts queued right away. The queue holds at most `queue`
+/// reports: a pass that finds it full stops and resumes later with the counters intact;
+/// a leaving rule's last counts that find it full are dropped and counted
+/// (`counter_reports_dropped`). The hit path pays nothing beyond the counter add it
+/// already did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterReportConfig {
+    pub interval_ms: u32,
+    pub queue: usize,
+    pub scan_per_service: usize,
+}
+
+impl Default for CounterReportConfig {
+    fn default() -> Self {
+        CounterReportConfig {
+            interval_ms: 1000,
+            queue: 1 << 16,
+            scan_per_service: 4096,
+        }
+    }
 }
 
 /// Flow notices: TCP establishment and close are noticed on the hit path (a flag test
@@ -366,6 +398,18 @@ pub enum NoticeKind {
     Active,
 }
 
+/// One counted rule's counts since its previous report. `tenant` and `chain` come from
+/// the binding of the rule key's VNI; 0 and 0 when the VNI has none (a reply rule on
+/// another tenant's gateway VNI: FM knows the flow's tenant from its rule cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterReport {
+    pub key: FlowKey,
+    pub tenant: u32,
+    pub chain: u32,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
 /// Most elephants queued for the fast path between two drains; more wait for the
 /// next packet after a drain (they stay unmarked).
 const MAX_QUEUED_ELEPHANTS: usize = 4096;
@@ -408,6 +452,7 @@ impl PipelineConfig {
             elephant: None,
             ask_unbound: false,
             notices: NoticeConfig::default(),
+            counter_reports: None,
         }
     }
 }
@@ -464,6 +509,23 @@ pub struct Pipeline {
     active_walk: Option<usize>,
     active_started: u32,
     active_prev: Option<u32>,
+    reports: Reports,
+}
+
+/// The counter report queue and pass (see [`CounterReportConfig`]).
+#[derive(Default)]
+struct Reports {
+    queue: Vec<CounterReport>,
+    /// When the running (or last) pass started, ms.
+    pass_start: u32,
+    scanning: bool,
+    started: bool,
+    finals: Vec<(FlowKey, u64, u64)>,
+    /// Counted rules that left the table while offloaded, since the fast path's last
+    /// drain and the one before: the fast path folds their last driver counts after the
+    /// entry is gone, and those are reported from here.
+    gone: Vec<FlowKey>,
+    gone_prev: Vec<FlowKey>,
 }
 
 impl Pipeline {
@@ -489,7 +551,12 @@ impl Pipeline {
             active_walk: None,
             active_started: 0,
             active_prev: None,
+            reports: Reports::default(),
             cfg,
+        })
+        .map(|mut p| {
+            p.table.set_counter_reports(p.cfg.counter_reports.is_some());
+            p
         })
     }
 
@@ -1182,7 +1249,104 @@ impl Pipeline {
 
     /// Removals and replacements of offloaded flows' rules since the last call.
     pub fn take_offload_events(&mut self) -> Vec<crate::table::OffloadEvent> {
+        self.drain_finals();
+        // The fast path follows the events it takes now before it asks again, so keys
+        // gone before the previous drain are done with.
+        self.reports.gone_prev = std::mem::take(&mut self.reports.gone);
         self.table.take_offload_events()
+    }
+
+    /// Counter reports queued since the last call (see [`CounterReportConfig`]).
+    pub fn take_counter_reports(&mut self, out: &mut Vec<CounterReport>) {
+        out.append(&mut self.reports.queue);
+    }
+
+    /// Queue every counted rule's counts now, up to the queue's room (shutdown, or a
+    /// test that will not wait for the interval). Returns whether all fit.
+    pub fn report_all_counters(&mut self) -> bool {
+        let Some(rc) = self.cfg.counter_reports else {
+            return true;
+        };
+        self.drain_finals();
+        self.reports.scanning = false;
+        let (vpcs, default, queue) = (&self.vpcs, self.default_binding, &mut self.reports.queue);
+        let mut queued = 0u64;
+        // Restart the hand so that one call covers the whole arena.
+        self.table.restart_report_pass();
+        let done = self.table.report_counters(usize::MAX, |k, p, b| {
+            if queue.len() >= rc.queue {
+                return false;
+            }
+            queue.push(report_of(vpcs, default, k, p, b));
+            queued += 1;
+            true
+        });
+        self.stats.counter_reports += queued;
+        done
+    }
+
+    fn drain_finals(&mut self) {
+        if self.cfg.counter_reports.is_none() {
+            return;
+        }
+        let mut finals = std::mem::take(&mut self.reports.finals);
+        let mut gone = std::mem::take(&mut self.reports.gone);
+        self.table.take_finals(&mut finals, &mut gone);
+        self.reports.gone = gone;
+        for (k, p, b) in finals.drain(..) {
+            self.queue_report(&k, p, b, true);
+        }
+        self.reports.finals = finals;
+    }
+
+    /// Queue a report; a full queue drops it, counted, when it is a final one.
+    fn queue_report(&mut self, key: &FlowKey, packets: u64, bytes: u64, last: bool) -> bool {
+        let Some(rc) = self.cfg.counter_reports else {
+            return false;
+        };
+        if self.reports.queue.len() >= rc.queue {
+            if last {
+                self.stats.counter_reports_dropped += 1;
+            }
+            return false;
+        }
+        let r = report_of(&self.vpcs, self.default_binding, key, packets, bytes);
+        self.reports.queue.push(r);
+        self.stats.counter_reports += 1;
+        true
+    }
+
+    /// Between batches: queue the counts of rules that left, and move the report pass on.
+    fn service_reports(&mut self, rc: CounterReportConfig, now: u32) {
+        self.drain_finals();
+        let r = &mut self.reports;
+        if !r.scanning && (!r.started || age(now, r.pass_start) >= rc.interval_ms) {
+            r.scanning = true;
+            r.started = true;
+            r.pass_start = now;
+        }
+        if !r.scanning {
+            return;
+        }
+        let (vpcs, default, queue) = (&self.vpcs, self.default_binding, &mut r.queue);
+        let mut queued = 0u64;
+        let mut full = false;
+        let done = self.table.report_counters(rc.scan_per_service, |k, p, b| {
+            if queue.len() >= rc.queue {
+                full = true;
+                return false;
+            }
+            queue.push(report_of(vpcs, default, k, p, b));
+            queued += 1;
+            true
+        });
+        self.stats.counter_reports += queued;
+        if full {
+            self.stats.counter_report_queue_full += 1;
+        }
+        if done {
+            self.reports.scanning = false;
+        }
     }
 
     /// The installed rule of `key`, rebuilt from its compiled form.
@@ -1221,6 +1385,11 @@ impl Pipeline {
         let slot = self.tenants.slot(key.vni());
         self.tenants.add(slot, packets, bytes);
         let Some(i) = self.table.lookup(key) else {
+            // A counted rule that left the table while offloaded: the driver's last
+            // counts are still the flow's, and go out as a report of their own.
+            if self.reports.gone_prev.contains(key) || self.reports.gone.contains(key) {
+                self.queue_report(key, packets, bytes, true);
+            }
             return false;
         };
         let c = self.table.counters_mut(i);
@@ -1446,6 +1615,9 @@ impl Pipeline {
         }
         self.stats.expired += n as u64;
         self.walk_active(now);
+        if let Some(rc) = self.cfg.counter_reports {
+            self.service_reports(rc, now);
+        }
         released
     }
 
@@ -1531,6 +1703,24 @@ impl Pipeline {
         self.pending.free(&descs);
         self.released = descs;
         n
+    }
+}
+
+/// A report of `key`'s counts, with the tenant and chain of its VNI's binding.
+fn report_of(
+    vpcs: &HashMap<u32, VpcBinding>,
+    default: Option<VpcBinding>,
+    key: &FlowKey,
+    packets: u64,
+    bytes: u64,
+) -> CounterReport {
+    let b = vpcs.get(&key.vni()).copied().or(default);
+    CounterReport {
+        key: *key,
+        tenant: b.map_or(0, |b| b.tenant),
+        chain: b.map_or(0, |b| b.chain),
+        packets,
+        bytes,
     }
 }
 

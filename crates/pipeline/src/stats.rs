@@ -139,6 +139,13 @@ pub struct Stats {
     pub notices: u64,
     pub notices_dropped: u64,
     pub notices_unbound: u64,
+    /// Counter reports queued for SC (the monitor NF's packet and byte counts).
+    pub counter_reports: u64,
+    /// Last counts of rules that left the table, dropped because the report queue was
+    /// full (the only counts the report path loses).
+    pub counter_reports_dropped: u64,
+    /// Report passes paused by a full queue (they resume with the counters intact).
+    pub counter_report_queue_full: u64,
     /// Rule setup latency: from a flow's first packet being held to its rule being
     /// installed (one observation per flow set up through the miss path).
     pub setup_latency: LatencyHistogram,
@@ -171,6 +178,9 @@ impl Default for Stats {
             notices: 0,
             notices_dropped: 0,
             notices_unbound: 0,
+            counter_reports: 0,
+            counter_reports_dropped: 0,
+            counter_report_queue_full: 0,
             setup_latency: LatencyHistogram::default(),
         }
     }

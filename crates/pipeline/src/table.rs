@@ -21,7 +21,7 @@
 use thiserror::Error;
 
 use crate::key::FlowKey;
-use crate::rule::{RuleCounters, RuleSlot};
+use crate::rule::{slot_flag, RuleCounters, RuleSlot};
 
 const WAYS: usize = 8;
 /// Largest supported capacity (entry indices are 32-bit).
@@ -137,6 +137,14 @@ pub struct FlowTable {
     /// Changes to offloaded entries since the fast path last drained them. Only entries
     /// marked offloaded add to it, so without a fast path it stays empty.
     offload_events: Vec<OffloadEvent>,
+    /// With [`FlowTable::set_counter_reports`]: the unreported counters of counted rules
+    /// that left the table or were replaced (key, packets, bytes), and the keys of
+    /// counted rules that left while offloaded (the fast path folds their last counts
+    /// after the entry is gone). Drained by the pipeline between batches.
+    finals: Vec<(FlowKey, u64, u64)>,
+    offloaded_gone: Vec<FlowKey>,
+    report_finals: bool,
+    report_cursor: usize,
     buckets: Vec<Bucket>,
     mask: usize,
     entries: Vec<FlowEntry>,
@@ -209,6 +217,10 @@ impl FlowTable {
         buckets.resize(nb, EMPTY_BUCKET);
         Ok(FlowTable {
             offload_events: Vec::new(),
+            finals: Vec::new(),
+            offloaded_gone: Vec::new(),
+            report_finals: false,
+            report_cursor: 0,
             buckets,
             mask: nb - 1,
             entries,
@@ -389,6 +401,78 @@ impl FlowTable {
         self.entries.len()
     }
 
+    /// Keep the unreported counters of counted rules that leave the table (see
+    /// [`FlowTable::take_finals`]); off by default, so that nothing piles up unread.
+    pub fn set_counter_reports(&mut self, on: bool) {
+        self.report_finals = on;
+        if !on {
+            self.finals.clear();
+            self.offloaded_gone.clear();
+        }
+    }
+
+    /// Counters of counted rules that left or were replaced since the last call, and
+    /// the keys of counted rules that left while offloaded.
+    pub fn take_finals(&mut self, finals: &mut Vec<(FlowKey, u64, u64)>, gone: &mut Vec<FlowKey>) {
+        finals.append(&mut self.finals);
+        gone.append(&mut self.offloaded_gone);
+    }
+
+    /// Keep the counters of entry `idx` if it is counted and has counted something.
+    fn keep_final(&mut self, idx: u32, rule: &RuleSlot) {
+        if !self.report_finals || rule.flags & slot_flag::SLOT_COUNT == 0 {
+            return;
+        }
+        let c = &self.counters[idx as usize];
+        let key = self.entries[idx as usize].key;
+        if c.packets != 0 || c.bytes != 0 {
+            self.finals.push((key, c.packets, c.bytes));
+        }
+        if self.entries[idx as usize].is_offloaded() {
+            self.offloaded_gone.push(key);
+        }
+    }
+
+    /// Start the next report pass from the arena's first slot.
+    pub fn restart_report_pass(&mut self) {
+        self.report_cursor = 0;
+    }
+
+    /// Continue the counter report pass: examine up to `budget` arena slots from the
+    /// report hand and offer every live counted rule with new counts to `report`, which
+    /// returns whether it took them (then they are zeroed: counters are deltas since
+    /// the last report). A refusal (the report queue is full) stops the pass where it
+    /// is, so nothing is lost. Returns true when the hand passed the arena's end (the
+    /// pass is complete; the next starts from slot 0).
+    pub fn report_counters(
+        &mut self,
+        budget: usize,
+        mut report: impl FnMut(&FlowKey, u64, u64) -> bool,
+    ) -> bool {
+        let n = self.entries.len();
+        let end = (self.report_cursor + budget).min(n);
+        while self.report_cursor < end {
+            let i = self.report_cursor;
+            let e = &self.entries[i];
+            if e.is_live() && e.rule.flags & slot_flag::SLOT_COUNT != 0 {
+                let c = &mut self.counters[i];
+                if c.packets != 0 || c.bytes != 0 {
+                    if !report(&e.key, c.packets, c.bytes) {
+                        return false;
+                    }
+                    c.packets = 0;
+                    c.bytes = 0;
+                }
+            }
+            self.report_cursor += 1;
+        }
+        if self.report_cursor >= n {
+            self.report_cursor = 0;
+            return true;
+        }
+        false
+    }
+
     /// Take the [`OffloadEvent`]s queued since the last call.
     pub fn take_offload_events(&mut self) -> Vec<OffloadEvent> {
         std::mem::take(&mut self.offload_events)
@@ -427,6 +511,13 @@ impl FlowTable {
     ) -> Inserted {
         let p = self.probe(self.hash(key));
         if let Some((_, _, i)) = self.find(&p, key) {
+            let old_rule = self.entries[i as usize].rule;
+            if self.report_finals && old_rule.flags & slot_flag::SLOT_COUNT != 0 {
+                let c = &self.counters[i as usize];
+                if c.packets != 0 || c.bytes != 0 {
+                    self.finals.push((*key, c.packets, c.bytes));
+                }
+            }
             let e = &mut self.entries[i as usize];
             if e.is_offloaded() {
                 self.offload_events.push(OffloadEvent::Replaced(*key));
@@ -556,6 +647,8 @@ impl FlowTable {
                 }
             }
         }
+        let rule = self.entries[idx as usize].rule;
+        self.keep_final(idx, &rule);
         if self.entries[idx as usize].is_offloaded() {
             self.offload_events.push(OffloadEvent::Gone(key));
         }

@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
-use pipeline::{FlowNotice, NoticeKind, RuleReply, RuleRequest, RuleSource};
+use pipeline::{CounterReport, FlowNotice, NoticeKind, RuleReply, RuleRequest, RuleSource};
 use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
 use thiserror::Error;
 use tokio::sync::mpsc;
@@ -64,6 +64,9 @@ pub struct FmClientConfig {
     /// Packets the node has received (its main loop keeps it current): the heartbeat's
     /// load, which FM's vIP scheduler and the autoscaler read.
     pub rx_packets: Arc<AtomicU64>,
+    /// Batches of counter reports (the monitor's counts) waiting for the session thread,
+    /// at most; a worker that finds the queue full drops its batch, counted.
+    pub report_batches: usize,
 }
 
 impl FmClientConfig {
@@ -81,6 +84,7 @@ impl FmClientConfig {
             owned_vips: Default::default(),
             vip_tx: None,
             rx_packets: Arc::new(AtomicU64::new(0)),
+            report_batches: 64,
         }
     }
 }
@@ -90,6 +94,34 @@ impl FmClientConfig {
 pub struct WorkerLink {
     pub source: RuleSource,
     pub doorbell: Receiver<()>,
+}
+
+/// A worker's way to send its counter reports to FM (as `FlowEvent.counters`), without
+/// ever blocking: the queue toward the session thread is bounded, and a batch that
+/// finds it full is dropped and counted (`counter_reports_dropped`).
+#[derive(Clone)]
+pub struct ReportSender {
+    tx: mpsc::Sender<Vec<CounterReport>>,
+    stats: Arc<FmClientStats>,
+}
+
+impl ReportSender {
+    /// Hand a batch over; returns false if it was dropped (queue full, client gone).
+    pub fn send(&self, batch: Vec<CounterReport>) -> bool {
+        if batch.is_empty() {
+            return true;
+        }
+        let n = batch.len() as u64;
+        match self.tx.try_send(batch) {
+            Ok(()) => true,
+            Err(_) => {
+                self.stats
+                    .counter_reports_dropped
+                    .fetch_add(n, Ordering::Relaxed);
+                false
+            }
+        }
+    }
 }
 
 /// Counters of the FM client.
@@ -121,6 +153,10 @@ pub struct FmClientStats {
     /// full (FM slow or unreachable).
     pub notices_sent: AtomicU64,
     pub notices_dropped: AtomicU64,
+    /// Counter reports sent to FM, and dropped because the queue toward the session was
+    /// full (FM unreachable or slow for longer than the queue holds).
+    pub counter_reports_sent: AtomicU64,
+    pub counter_reports_dropped: AtomicU64,
 }
 
 impl FmClientStats {
@@ -141,6 +177,7 @@ pub struct FmClient {
     notices: NoticeSender,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    reports: ReportSender,
 }
 
 /// Batches of flow notices the session may hold while FM is slow or away; past that
@@ -195,6 +232,8 @@ impl FmClient {
         let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.request_capacity.max(1));
         let mut links = Vec::new();
         let mut outs = Vec::new();
+        let stats = Arc::new(FmClientStats::default());
+        let (rep_report_tx, report_rx) = mpsc::channel(cfg.report_batches.max(1));
         for _ in 0..workers {
             // Unbounded: replies are bounded by the requests a worker has outstanding,
             // and the session thread must never block on a slow worker.
@@ -213,7 +252,10 @@ impl FmClient {
             });
         }
         drop(req_tx);
-        let stats = Arc::new(FmClientStats::default());
+        let reports = ReportSender {
+            tx: rep_report_tx,
+            stats: stats.clone(),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let (net_tx, net_rx) = mpsc::unbounded_channel::<Vec<RuleRequest>>();
         let (notice_tx, notice_rx) = mpsc::channel::<Vec<FlowNotice>>(NOTICE_BATCHES);
@@ -236,7 +278,11 @@ impl FmClient {
         let st = stop.clone();
         let session = std::thread::Builder::new()
             .name("pp-fm-session".into())
-            .spawn(move || rt.block_on(session_loop(cfg, fms, net_rx, notice_rx, outs, s, st)))
+            .spawn(move || {
+                rt.block_on(session_loop(
+                    cfg, fms, net_rx, notice_rx, report_rx, outs, s, st,
+                ))
+            })
             .map_err(|e| FmClientError::Start(e.to_string()))?;
         Ok((
             FmClient {
@@ -244,6 +290,7 @@ impl FmClient {
                 notices,
                 stop,
                 threads: vec![collector, session],
+                reports,
             },
             links,
         ))
@@ -256,6 +303,11 @@ impl FmClient {
     /// Where workers hand their flow notices ([`pipeline::Pipeline::take_notices`]).
     pub fn notice_sender(&self) -> NoticeSender {
         self.notices.clone()
+    }
+
+    /// Where workers send their counter reports (clone one per worker).
+    pub fn report_sender(&self) -> ReportSender {
+        self.reports.clone()
     }
 
     /// The counters, shared, for a reader on another thread (a metrics endpoint).
@@ -335,11 +387,13 @@ struct Outstanding {
     sent: Instant,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn session_loop(
     cfg: FmClientConfig,
     mut fms: proto::FmAddrs,
     mut net: mpsc::UnboundedReceiver<Vec<RuleRequest>>,
     mut notices: mpsc::Receiver<Vec<FlowNotice>>,
+    mut reports: mpsc::Receiver<Vec<CounterReport>>,
     outs: Vec<WorkerOut>,
     stats: Arc<FmClientStats>,
     stop: Arc<AtomicBool>,
@@ -357,6 +411,7 @@ async fn session_loop(
             &mut opened,
             &mut net,
             &mut notices,
+            &mut reports,
             &outs,
             &stats,
             &stop,
@@ -412,6 +467,7 @@ async fn session(
     opened: &mut bool,
     net: &mut mpsc::UnboundedReceiver<Vec<RuleRequest>>,
     notices: &mut mpsc::Receiver<Vec<FlowNotice>>,
+    reports: &mut mpsc::Receiver<Vec<CounterReport>>,
     outs: &[WorkerOut],
     stats: &FmClientStats,
     stop: &AtomicBool,
@@ -561,6 +617,18 @@ async fn session(
                 let Some(batch) = batch else { continue };
                 let events: Vec<v1::FlowEvent> = batch.iter().map(notice_to_proto).collect();
                 stats.notices_sent.fetch_add(events.len() as u64, Ordering::Relaxed);
+                otx.data.send(v1::PpUp {
+                    msg: Some(pp_up::Msg::Events(v1::FlowEventBatch { events })),
+                })
+                .map_err(|_| "session closed".to_string())?;
+            }
+            // Last: counts can wait; new flows' setup cannot.
+            Some(batch) = reports.recv() => {
+                let events: Vec<v1::FlowEvent> = batch
+                    .iter()
+                    .map(|r| proto::counters_event(r.tenant, r.chain, &r.key, r.packets, r.bytes))
+                    .collect();
+                stats.counter_reports_sent.fetch_add(events.len() as u64, Ordering::Relaxed);
                 otx.data.send(v1::PpUp {
                     msg: Some(pp_up::Msg::Events(v1::FlowEventBatch { events })),
                 })

@@ -33,7 +33,7 @@ pub use afxdp::{
     AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
 };
 pub use fm_client::{
-    FmClient, FmClientConfig, FmClientError, FmClientStats, NoticeSender, WorkerLink,
+    FmClient, FmClientConfig, FmClientError, FmClientStats, NoticeSender, ReportSender, WorkerLink,
 };
 pub use rules_file::{parse_rules, RulesFileError, StaticRule};
 pub use udp::{

@@ -168,6 +168,26 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Flow notices dropped because the worker's notice queue was full.",
         s.notices_dropped,
     )?;
+    sc.counter(
+        "counter_reports",
+        "Counted rules' counter deltas queued for FM (the monitor NF's counts).",
+        s.counter_reports,
+    )?;
+    let fm_dropped = fm.map_or(0, |f| f.counter_reports_dropped.load(Ordering::Relaxed));
+    sc.counter_family(
+        "counter_reports_dropped",
+        "Counter reports dropped, by reason: a leaving rule's last counts found the worker's report queue full (queue-full), or a batch found the queue toward FM full (fm-queue-full).",
+        [
+            ("queue-full", s.counter_reports_dropped),
+            ("fm-queue-full", fm_dropped),
+        ]
+        .map(|(r, n)| ([("reason", r)], n)),
+    )?;
+    sc.counter(
+        "counter_reports_sent",
+        "Counter reports sent to FM.",
+        fm.map_or(0, |f| f.counter_reports_sent.load(Ordering::Relaxed)),
+    )?;
     latency(
         sc,
         "rule_setup",

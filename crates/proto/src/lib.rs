@@ -392,7 +392,119 @@ pub fn event_from(e: &v1::FlowEvent) -> Result<nf::FlowEvent> {
         v1::flow_event::Kind::Active(k) => Ok(nf::FlowEvent::Active {
             key: FlowKey::try_from(k)?,
         }),
+        v1::flow_event::Kind::Counters(c) => Ok(nf::FlowEvent::Counters {
+            key: FlowKey::try_from(
+                c.key
+                    .as_ref()
+                    .ok_or(ConvertError::Missing("counters key"))?,
+            )?,
+            tenant: e.tenant,
+            packets: c.packets,
+            bytes: c.bytes,
+        }),
     }
+}
+
+/// The flow key an event is about.
+pub fn event_key(e: &v1::FlowEvent) -> Result<FlowKey> {
+    match e.kind.as_ref().ok_or(ConvertError::Missing("event kind"))? {
+        v1::flow_event::Kind::TcpClosing(k)
+        | v1::flow_event::Kind::Expired(k)
+        | v1::flow_event::Kind::TcpEstablished(k)
+        | v1::flow_event::Kind::Active(k) => FlowKey::try_from(k),
+        v1::flow_event::Kind::Counters(c) => FlowKey::try_from(
+            c.key
+                .as_ref()
+                .ok_or(ConvertError::Missing("counters key"))?,
+        ),
+    }
+}
+
+/// PP's counter report for one rule, as the FlowEvent PP sends.
+pub fn counters_event(
+    tenant: u32,
+    chain: u32,
+    key: &FlowKey,
+    packets: u64,
+    bytes: u64,
+) -> v1::FlowEvent {
+    v1::FlowEvent {
+        tenant,
+        chain,
+        kind: Some(v1::flow_event::Kind::Counters(v1::RuleCounters {
+            key: Some(key.into()),
+            packets,
+            bytes,
+        })),
+    }
+}
+
+fn traffic_count(c: &nf::TrafficCount) -> v1::TrafficCount {
+    v1::TrafficCount {
+        packets: c.packets,
+        bytes: c.bytes,
+        flows: c.flows,
+    }
+}
+
+fn traffic_count_from(c: Option<&v1::TrafficCount>) -> nf::TrafficCount {
+    c.map(|c| nf::TrafficCount {
+        packets: c.packets,
+        bytes: c.bytes,
+        flows: c.flows,
+    })
+    .unwrap_or_default()
+}
+
+pub fn traffic_to_proto(r: &nf::TrafficReport) -> v1::TrafficReport {
+    v1::TrafficReport {
+        tenants: r
+            .tenants
+            .iter()
+            .map(|(t, c)| v1::TenantTraffic {
+                tenant: *t,
+                count: Some(traffic_count(c)),
+            })
+            .collect(),
+        hosts: r
+            .hosts
+            .iter()
+            .map(|(t, a, c)| v1::HostTraffic {
+                tenant: *t,
+                addr: match a {
+                    std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                    std::net::IpAddr::V6(a) => a.octets().to_vec(),
+                },
+                count: Some(traffic_count(c)),
+            })
+            .collect(),
+        overflow: Some(traffic_count(&r.overflow)),
+    }
+}
+
+/// A traffic report off the wire; hosts with an address of neither 4 nor 16 bytes are an
+/// error.
+pub fn traffic_from(r: &v1::TrafficReport) -> Result<nf::TrafficReport> {
+    let mut hosts = Vec::with_capacity(r.hosts.len());
+    for h in &r.hosts {
+        let addr = if let Ok(a) = <[u8; 4]>::try_from(&h.addr[..]) {
+            std::net::IpAddr::from(a)
+        } else if let Ok(a) = <[u8; 16]>::try_from(&h.addr[..]) {
+            std::net::IpAddr::from(a)
+        } else {
+            return Err(ConvertError::AddrLength(h.addr.len()));
+        };
+        hosts.push((h.tenant, addr, traffic_count_from(h.count.as_ref())));
+    }
+    Ok(nf::TrafficReport {
+        tenants: r
+            .tenants
+            .iter()
+            .map(|t| (t.tenant, traffic_count_from(t.count.as_ref())))
+            .collect(),
+        hosts,
+        overflow: traffic_count_from(r.overflow.as_ref()),
+    })
 }
 
 pub fn event_to_proto(tenant: u32, chain: u32, e: &nf::FlowEvent) -> v1::FlowEvent {
@@ -401,6 +513,14 @@ pub fn event_to_proto(tenant: u32, chain: u32, e: &nf::FlowEvent) -> v1::FlowEve
         nf::FlowEvent::Expired { key } => v1::flow_event::Kind::Expired(key.into()),
         nf::FlowEvent::TcpEstablished { key } => v1::flow_event::Kind::TcpEstablished(key.into()),
         nf::FlowEvent::Active { key } => v1::flow_event::Kind::Active(key.into()),
+        nf::FlowEvent::Counters {
+            key,
+            tenant: t,
+            packets,
+            bytes,
+        } => {
+            return counters_event(*t, chain, key, *packets, *bytes);
+        }
     };
     v1::FlowEvent {
         tenant,

@@ -183,6 +183,8 @@ enum ReplicaIn {
     },
     Status {
         snapshots: bool,
+        /// Also what the chain's traffic-counting NFs counted.
+        traffic: bool,
         reply: oneshot::Sender<(v1::GroupState, ReplicaStats)>,
     },
     Metrics {
@@ -483,7 +485,17 @@ impl ScHandle {
 
     /// Status of every hosted replica (with state snapshots if asked).
     pub async fn status(&self, snapshots: bool) -> Vec<(v1::GroupState, ReplicaStats)> {
-        status(&self.shared, snapshots).await
+        status(&self.shared, snapshots, false).await
+    }
+
+    /// Status of every hosted replica with its chain's traffic counters (the monitor's),
+    /// as `GroupStatus` with `traffic` answers.
+    pub async fn traffic(&self) -> Vec<v1::GroupState> {
+        status(&self.shared, false, true)
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect()
     }
 
     /// A view of this node that can be cloned into other tasks (a metrics
@@ -637,9 +649,17 @@ impl Drop for ScHandle {
     }
 }
 
-async fn status(shared: &Arc<Shared>, snapshots: bool) -> Vec<(v1::GroupState, ReplicaStats)> {
+async fn status(
+    shared: &Arc<Shared>,
+    snapshots: bool,
+    traffic: bool,
+) -> Vec<(v1::GroupState, ReplicaStats)> {
     let mut out = shared
-        .ask_replicas(|reply| ReplicaIn::Status { snapshots, reply })
+        .ask_replicas(|reply| ReplicaIn::Status {
+            snapshots,
+            traffic,
+            reply,
+        })
         .await;
     out.sort_by_key(|(s, _)| s.group);
     out
@@ -1512,8 +1532,15 @@ fn handle(
                 links.down = None;
             }
         }
-        ReplicaIn::Status { snapshots, reply } => {
-            let state = heavy(|| core.state(snapshots));
+        ReplicaIn::Status {
+            snapshots,
+            traffic,
+            reply,
+        } => {
+            let mut state = heavy(|| core.state(snapshots));
+            if traffic {
+                state.traffic = core.traffic();
+            }
             let _ = reply.send((state, core.stats));
         }
         ReplicaIn::Hosted { reply } => {
@@ -1773,10 +1800,15 @@ impl ServiceComputation for ScService {
         &self,
         req: Request<v1::GroupStatusRequest>,
     ) -> Result<Response<v1::GroupStatusReply>, Status> {
-        let groups = status(&self.shared, req.get_ref().snapshots).await;
+        let r = req.into_inner();
+        let groups = status(&self.shared, r.snapshots, r.traffic).await;
         Ok(Response::new(v1::GroupStatusReply {
             node_id: self.shared.cfg.node_id.clone(),
-            groups: groups.into_iter().map(|(s, _)| s).collect(),
+            groups: groups
+                .into_iter()
+                .map(|(s, _)| s)
+                .filter(|s| r.groups.is_empty() || r.groups.contains(&s.group))
+                .collect(),
         }))
     }
 }

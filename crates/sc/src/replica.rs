@@ -1180,6 +1180,13 @@ impl ReplicaCore {
         }
     }
 
+    /// What the chain's traffic-counting NFs (the monitor) counted; None for chains
+    /// without one, or a replica with no chain yet.
+    pub fn traffic(&self) -> Option<v1::TrafficReport> {
+        let c = self.chain.as_ref().ok()?;
+        c.traffic().map(|t| proto::traffic_to_proto(&t))
+    }
+
     /// Status for `GroupStatus`.
     pub fn state(&self, with_snapshot: bool) -> v1::GroupState {
         let (gid, _, members) = group_of(&self.cfg);
@@ -1196,6 +1203,7 @@ impl ReplicaCore {
                 (Ok(c), true) => c.snapshot().unwrap_or_default(),
                 _ => Vec::new(),
             },
+            traffic: None,
         }
     }
 }

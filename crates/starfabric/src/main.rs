@@ -107,6 +107,16 @@ enum Cmd {
         /// With --watch: stop after this many refreshes.
         #[arg(long)]
         count: Option<u64>,
+        /// The tenant's monitor NF counters instead (needs --tenant): every packet and
+        /// byte of its flows, in total and per source host (docs/metrics.md).
+        #[arg(long, requires = "tenant")]
+        monitor: bool,
+        /// With --monitor: how many hosts to show, by bytes.
+        #[arg(long, default_value_t = 10, requires = "monitor")]
+        top: u32,
+        /// JSON output (the same as `-o json`).
+        #[arg(long)]
+        json: bool,
     },
     /// SC scaling against a running FM: `sc-out`, `sc-in`, `map` (docs/scaling.md).
     #[command(subcommand)]
@@ -167,12 +177,19 @@ fn main() -> Result<()> {
             tenant,
             watch,
             count,
-        } => ctl::cli::stats(
-            &ctl::cli::Client::new(&cli.client)?,
-            tenant.as_deref(),
-            watch,
-            count,
-        ),
+            monitor,
+            top,
+            json,
+        } => {
+            let mut c = ctl::cli::Client::new(&cli.client)?;
+            if json {
+                c.output = ctl::cli::Output::Json;
+            }
+            match (monitor, tenant.as_deref()) {
+                (true, Some(t)) => ctl::cli::monitor_stats(&c, t, top, watch, count),
+                _ => ctl::cli::stats(&c, tenant.as_deref(), watch, count),
+            }
+        }
         Cmd::Scale(c) => ctl::scale::run(c, cli.client.output),
         Cmd::Events(a) => ctl::events::run(a, cli.client.output),
         Cmd::Autoscale(a) => autoscale_cmd::run(a),

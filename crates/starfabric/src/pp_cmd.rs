@@ -78,6 +78,10 @@ pub struct PpArgs {
     /// Print a one-line stats summary to stdout every this many seconds.
     #[arg(long, value_parser = parse_secs)]
     stats_interval: Option<Duration>,
+    /// With an FM: report counted rules' packet and byte counters (the monitor NF's
+    /// counts) every this many seconds; rules that leave the table report at once.
+    #[arg(long, value_parser = parse_secs, default_value = "1")]
+    counter_interval: Duration,
     /// Send all output to this UDP port instead of each frame's outer destination port
     /// (4789); for several VXLAN endpoints on one host.
     #[arg(long)]
@@ -187,6 +191,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         gw_mac: a.gw_mac,
         flows: a.flows,
         stats_interval: a.stats_interval,
+        counter_interval: a.counter_interval,
         peer_port: a.peer_port,
         batch: a.batch,
         fm: a.fm,

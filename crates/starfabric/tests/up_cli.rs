@@ -206,9 +206,11 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     let pp = nodes.iter().find(|n| n["role"] == "pp").unwrap();
     let pp_addr: std::net::SocketAddr = pp["addr"].as_str().unwrap().parse().unwrap();
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut sent_first = 0u64;
     let flows = (0..100)
         .find_map(|_| {
             sock.send_to(&vxlan_payload(100), pp_addr).unwrap();
+            sent_first += 1;
             std::thread::sleep(Duration::from_millis(100));
             let f = cli_json(&cfg, &["flows", "--tenant", "acme"]);
             f["items"].as_array().filter(|a| !a.is_empty()).cloned()
@@ -284,6 +286,104 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // The monitor sees traffic: with a monitor in the chain, `stats --monitor` counts
+    // every packet of the flow (PP's rule counters, reported each second), not one per
+    // flow.
+    let (ok, _, err) = cli(
+        &cfg,
+        &["nf", "create", "monitor", "mon", "--tenant", "acme"],
+    );
+    assert!(ok, "nf create monitor: {err}");
+    let (ok, _, err) = cli(
+        &cfg,
+        &[
+            "chain", "create", "main", "--tenant", "acme", "--vpc", "main", "--nfs", "mon,snat",
+            "--wait",
+        ],
+    );
+    assert!(ok, "chain create: {err}");
+    let monitor = |cfg: &Path| {
+        let (ok, out, err) = cli(
+            cfg,
+            &[
+                "stats",
+                "--tenant",
+                "acme",
+                "--monitor",
+                "--top",
+                "5",
+                "--json",
+            ],
+        );
+        assert!(ok, "stats --monitor: {err}");
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+    };
+    // The rebuilt chain's first flow: until the monitor has seen it, packets may still
+    // meet the old chain's rule at PP.
+    let mut sent_before = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        sock.send_to(&vxlan_payload(100), pp_addr).unwrap();
+        sent_before += 1;
+        std::thread::sleep(Duration::from_millis(200));
+        if monitor(&cfg)["total"]["flows"].as_u64().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the monitor never saw the flow");
+    }
+    const K: u64 = 40;
+    for _ in 0..K {
+        sock.send_to(&vxlan_payload(100), pp_addr).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let m = loop {
+        let m = monitor(&cfg);
+        if m["total"]["packets"].as_u64().unwrap_or(0) > K {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the monitor counted fewer packets than the {K} sent: {m:#}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let total = &m["total"];
+    // Never more than were sent: the old chain's rule reports its last counts when the
+    // rebuild revokes it, and they count for the tenant's chain too.
+    assert!(
+        total["packets"].as_u64().unwrap() <= K + sent_before + sent_first,
+        "{m:#}"
+    );
+    assert_eq!(total["flows"], 1, "one flow, many packets: {m:#}");
+    assert!(
+        total["bytes"].as_u64().unwrap() >= total["packets"].as_u64().unwrap() * 5,
+        "{m:#}"
+    );
+    assert_eq!(m["hosts"][0]["host"], "198.19.0.10", "{m:#}");
+    assert_eq!(m["groups"], m["groups_read"], "{m:#}");
+    // A tenant sees only its own counters.
+    let (ok, _, err) = cli(&cfg, &["tenant", "create", "other"]);
+    assert!(ok, "tenant create other: {err}");
+    let tok = cli_json(&cfg, &["token", "--tenant", "other"]);
+    let token = tok["token"].as_str().unwrap().to_string();
+    let out = Command::new(BIN)
+        .args(["stats", "--tenant", "acme", "--monitor", "--json"])
+        .env("STARFABRIC_CONFIG", &cfg)
+        .env("STARFABRIC_TOKEN", &token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "another tenant's token read acme's counters"
+    );
+    assert!(
+        err.contains("403") || err.contains("cannot access"),
+        "{err}"
+    );
 
     // Ctrl-C equivalent: everything stops.
     drop(up);

@@ -112,13 +112,36 @@ impl Cluster {
             .await
             .unwrap()
             .max_decoding_message_size(proto::MAX_MESSAGE);
-            c.group_status(v1::GroupStatusRequest { snapshots })
-                .await
-                .unwrap()
-                .into_inner()
-                .groups
+            c.group_status(v1::GroupStatusRequest {
+                snapshots,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .groups
         })
     }
+}
+
+/// Every group state of SC node `addr` with its traffic counters (the monitor's).
+pub fn group_traffic(rt: &Runtime, addr: SocketAddr) -> Vec<v1::GroupState> {
+    rt.block_on(async {
+        let mut c = v1::service_computation_client::ServiceComputationClient::connect(format!(
+            "http://{addr}"
+        ))
+        .await
+        .unwrap()
+        .max_decoding_message_size(proto::MAX_MESSAGE);
+        c.group_status(v1::GroupStatusRequest {
+            traffic: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .groups
+    })
 }
 
 /// Two FMs with the same chains, `fm-a` (active: the nodes try it first) and `fm-b`

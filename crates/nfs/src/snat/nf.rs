@@ -465,6 +465,8 @@ impl NetworkFunction for Snat {
                 let d = self.deadline(env.now_ms, state);
                 self.state.set_deadline(&fk, d);
             }
+            // Traffic counts are the monitor's; a mapping's life is its own timers'.
+            FlowEvent::Counters { .. } => {}
         }
     }
 

@@ -21,7 +21,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pipeline::{
-    DropReason, MonotonicClock, NodeAddr, Pipeline, PipelineConfig, RuleSource, VpcBinding, Worker,
+    CounterReport, CounterReportConfig, DropReason, MonotonicClock, NodeAddr, Pipeline,
+    PipelineConfig, RuleSource, VpcBinding, Worker,
 };
 use proto::agent::{AgentError, NodeAgent};
 use thiserror::Error;
@@ -74,6 +75,8 @@ pub struct PpNodeConfig {
     pub flows: usize,
     /// A stats line to `lines` every this often.
     pub stats_interval: Option<Duration>,
+    /// With an FM: how often counted rules report their counters (the monitor's data).
+    pub counter_interval: Duration,
     /// Send all output to this UDP port instead of each frame's outer destination port.
     pub peer_port: Option<u16>,
     /// Largest receive batch.
@@ -115,6 +118,7 @@ impl Default for PpNodeConfig {
             gw_mac: None,
             flows: 1 << 16,
             stats_interval: None,
+            counter_interval: Duration::from_secs(1),
             peer_port: None,
             batch: 64,
             fm: None,
@@ -326,6 +330,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             }
         };
     let mut fm_client = None;
+    let mut reports_tx = None;
     let source = match &fm_addr {
         Some(fm) => {
             let mut fcfg = FmClientConfig::new(fm, &id);
@@ -337,8 +342,16 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             }
             let (client, mut links) =
                 FmClient::start(fcfg).map_err(|e| PpNodeError::Fm(e.to_string()))?;
+            reports_tx = Some(client.report_sender());
             fm_client = Some(client);
             cfg.default_idle_timeout = FM_IDLE;
+            cfg.counter_reports = Some(CounterReportConfig {
+                interval_ms: a
+                    .counter_interval
+                    .as_millis()
+                    .clamp(1, u128::from(u32::MAX / 2)) as u32,
+                ..Default::default()
+            });
             links.remove(0).source
         }
         None => {
@@ -406,6 +419,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     tracing::info!(%local, rules = nrules, io = worker.io.name(), metrics = metrics_field, "PP worker running");
     let _ = ready.send(Some((local, metrics_addr)));
 
+    let mut report_buf = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
@@ -477,11 +491,19 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             let now_ms = worker.now_ms();
             fp.poll(&mut x.program, &mut worker.pipeline, now_ms);
         }
+        if let Some(tx) = &reports_tx {
+            send_reports(&mut worker.pipeline, tx, &mut report_buf);
+        }
     }
     if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
         let now_ms = worker.now_ms();
         fp.flush(&mut x.program, &mut worker.pipeline, now_ms);
         say(&format!("pp: fast path:{}", fp.summary()));
+    }
+    if let Some(tx) = &reports_tx {
+        // The counts since the last pass, so a stopping node loses none it could send.
+        worker.pipeline.report_all_counters();
+        send_reports(&mut worker.pipeline, tx, &mut report_buf);
     }
     say(&summary(&worker, start.elapsed()));
     drop(xdp);
@@ -493,6 +515,22 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
 }
 
 /// Install a static rules file; how many rules it held.
+/// Most counter reports in one message to FM.
+const REPORT_BATCH: usize = 4096;
+
+/// Hand the worker's queued counter reports to the FM client, in bounded batches.
+fn send_reports(p: &mut Pipeline, tx: &crate::ReportSender, buf: &mut Vec<CounterReport>) {
+    p.take_counter_reports(buf);
+    while !buf.is_empty() {
+        let rest = if buf.len() > REPORT_BATCH {
+            buf.split_off(REPORT_BATCH)
+        } else {
+            Vec::new()
+        };
+        tx.send(std::mem::replace(buf, rest));
+    }
+}
+
 fn install_rules_file(pipeline: &mut Pipeline, path: &PathBuf) -> Result<usize, PpNodeError> {
     let err = |why: String| PpNodeError::Rules {
         path: path.clone(),

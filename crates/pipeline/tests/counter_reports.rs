@@ -1,0 +1,211 @@
+//! Counter reports (the monitor's data): counted rules' counters leave the worker as
+//! deltas, periodically and when a rule leaves the table, bounded by the report queue.
+
+use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::rewrite::Addr;
+use pipeline::{
+    parse_actions, CounterReport, CounterReportConfig, FlowKey, ManualClock, PipelineConfig, Rule,
+    RuleReply, VpcBinding,
+};
+use testkit::rig::{node, Rig};
+
+fn tenant_udp(sport: u16, payload: usize) -> Vec<u8> {
+    let inner = ip_frame(
+        Addr::V4([198, 18, 10, 2]),
+        Addr::V4([198, 19, 0, 9]),
+        L4Spec::Udp { sport, dport: 53 },
+        &vec![0u8; payload],
+    );
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+}
+
+fn key(sport: u16) -> FlowKey {
+    format!("100 udp 198.18.10.2:{sport} > 198.19.0.9:53")
+        .parse()
+        .unwrap()
+}
+
+fn rule(sport: u16, count: bool) -> Rule {
+    let actions = if count {
+        "decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; count; out 1"
+    } else {
+        "decap; set-src 198.19.255.1:40000; encap 198.18.0.9 vni 200; out 1"
+    };
+    Rule::new(key(sport), parse_actions(actions).unwrap())
+}
+
+fn rig(reports: CounterReportConfig) -> Rig {
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = 1024;
+    cfg.counter_reports = Some(reports);
+    Rig::new(cfg, 64, ManualClock::default(), |p| {
+        p.bind_vpc(
+            100,
+            VpcBinding {
+                tenant: 7,
+                chain: 3,
+            },
+        );
+    })
+}
+
+fn take(r: &mut Rig) -> Vec<CounterReport> {
+    let mut v = Vec::new();
+    r.worker.pipeline.take_counter_reports(&mut v);
+    v
+}
+
+/// Sum of the reports' (packets, bytes) for `k`.
+fn sum(v: &[CounterReport], k: &FlowKey) -> (u64, u64) {
+    v.iter()
+        .filter(|r| r.key == *k)
+        .fold((0, 0), |(p, b), r| (p + r.packets, b + r.bytes))
+}
+
+/// Install `sport`'s rule through the miss path: its first packet is held, FM answers.
+fn set_up(r: &mut Rig, sport: u16, count: bool, len: usize) {
+    r.send([tenant_udp(sport, len)]);
+    r.requests.try_recv().expect("a request");
+    r.replies.send(RuleReply::ok(rule(sport, count))).unwrap();
+    r.worker.run_once().unwrap();
+}
+
+#[test]
+fn every_packet_of_a_counted_rule_is_reported_once_as_deltas() {
+    let cfg = CounterReportConfig {
+        interval_ms: 1000,
+        queue: 1024,
+        scan_per_service: 4,
+    };
+    let mut r = rig(cfg);
+    let frame_len = tenant_udp(1000, 100).len() as u64;
+    set_up(&mut r, 1000, true, 100);
+    set_up(&mut r, 1001, false, 100);
+    let mut all = take(&mut r);
+    let mut sent = 1u64;
+    for round in 0..5u32 {
+        r.send((0..7).map(|_| tenant_udp(1000, 100)));
+        r.send((0..3).map(|_| tenant_udp(1001, 100)));
+        sent += 7;
+        r.clock.advance(400 + round * 100);
+        for _ in 0..4 {
+            r.worker.run_once().unwrap();
+        }
+        all.extend(take(&mut r));
+    }
+    // Whatever is left goes out on demand.
+    assert!(r.worker.pipeline.report_all_counters());
+    all.extend(take(&mut r));
+    assert_eq!(sum(&all, &key(1000)), (sent, sent * frame_len));
+    assert!(
+        all.iter().filter(|x| x.key == key(1000)).count() > 1,
+        "reported periodically, not once at the end"
+    );
+    assert_eq!(
+        sum(&all, &key(1001)),
+        (0, 0),
+        "rules without count report nothing"
+    );
+    assert!(all.iter().all(|x| (x.tenant, x.chain) == (7, 3)));
+    assert!(all.iter().all(|x| x.packets > 0));
+    // Nothing counted twice: with nothing new, nothing more is reported.
+    r.clock.advance(5000);
+    for _ in 0..4 {
+        r.worker.run_once().unwrap();
+    }
+    assert!(r.worker.pipeline.report_all_counters());
+    assert!(take(&mut r).is_empty());
+}
+
+#[test]
+fn a_rule_that_leaves_the_table_reports_its_last_counts() {
+    let mut r = rig(CounterReportConfig {
+        interval_ms: 1_000_000,
+        queue: 1024,
+        scan_per_service: 1024,
+    });
+    set_up(&mut r, 1000, true, 10);
+    set_up(&mut r, 1002, true, 10);
+    let mut all = take(&mut r);
+    r.send((0..4).map(|_| tenant_udp(1000, 10)));
+    r.send((0..2).map(|_| tenant_udp(1002, 10)));
+    // Removed (a revoke) and replaced (an update from FM): neither loses counts.
+    assert!(r.worker.pipeline.remove_rule(&key(1000)).is_some());
+    r.replies.send(RuleReply::ok(rule(1002, true))).unwrap();
+    r.worker.run_once().unwrap();
+    all.extend(take(&mut r));
+    assert_eq!(sum(&all, &key(1000)).0, 5);
+    assert_eq!(sum(&all, &key(1002)).0, 3);
+    // Idle expiry: the sweep reaps it and its counts go out.
+    r.send((0..6).map(|_| tenant_udp(1002, 10)));
+    r.clock.advance(400_000);
+    for _ in 0..200 {
+        r.worker.run_once().unwrap();
+    }
+    assert!(
+        r.worker.pipeline.lookup_rule(&key(1002)).is_none(),
+        "expired"
+    );
+    all.extend(take(&mut r));
+    assert_eq!(sum(&all, &key(1002)).0, 9);
+}
+
+#[test]
+fn a_full_queue_pauses_the_pass_without_loss_and_counts_lost_finals() {
+    let mut r = rig(CounterReportConfig {
+        interval_ms: 10,
+        queue: 2,
+        scan_per_service: 1024,
+    });
+    for s in 0..5 {
+        set_up(&mut r, 2000 + s, true, 10);
+    }
+    // Five flows with counts, room for two: the pass pauses, and resumes once drained.
+    let mut all = Vec::new();
+    for _ in 0..10 {
+        r.clock.advance(20);
+        r.worker.run_once().unwrap();
+        all.extend(take(&mut r));
+    }
+    for s in 0..5 {
+        assert_eq!(sum(&all, &key(2000 + s)).0, 1, "flow {s}");
+    }
+    assert!(r.worker.pipeline.stats().counter_report_queue_full > 0);
+    assert_eq!(r.worker.pipeline.stats().counter_reports_dropped, 0);
+    // Rules leaving while the queue is full (nobody drains it): counted drops.
+    for s in 0..5 {
+        r.send([tenant_udp(2000 + s, 10)]);
+    }
+    for s in 0..5 {
+        r.worker.pipeline.remove_rule(&key(2000 + s));
+    }
+    r.worker.run_once().unwrap();
+    let dropped = r.worker.pipeline.stats().counter_reports_dropped;
+    assert_eq!(
+        take(&mut r).len(),
+        2,
+        "the queue never holds more than its bound"
+    );
+    assert_eq!(dropped, 3);
+}
+
+#[test]
+fn without_reports_counters_stay_cumulative() {
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = 64;
+    let mut r = Rig::new(cfg, 64, ManualClock::default(), |p| {
+        p.bind_vpc(
+            100,
+            VpcBinding {
+                tenant: 7,
+                chain: 3,
+            },
+        );
+    });
+    set_up(&mut r, 1000, true, 10);
+    r.send((0..3).map(|_| tenant_udp(1000, 10)));
+    r.clock.advance(5000);
+    r.worker.run_once().unwrap();
+    assert!(take(&mut r).is_empty());
+    assert_eq!(r.worker.pipeline.lookup_rule(&key(1000)).unwrap().1, 4);
+}
