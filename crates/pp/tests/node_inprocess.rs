@@ -203,3 +203,21 @@ fn a_tenants_packet_rate_is_enforced_and_exported() {
     assert!(rate_gauge(metrics, "starfabric_pp_tenant_rate_credit").is_some());
     node.stop().expect("clean stop");
 }
+
+#[test]
+fn an_active_interval_longer_than_the_cap_is_refused() {
+    let cfg = PpNodeConfig {
+        listen: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+        io: IoKind::Udp,
+        active_interval: pp::node::MAX_ACTIVE_INTERVAL + Duration::from_secs(1),
+        ..PpNodeConfig::default()
+    };
+    let err = match pp::node::start(cfg, Arc::new(AtomicBool::new(false))) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a PP node started with an active interval past the cap"),
+    };
+    assert!(
+        err.contains("--active-interval") && err.contains("30 s"),
+        "{err}"
+    );
+}

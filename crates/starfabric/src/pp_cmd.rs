@@ -82,6 +82,11 @@ pub struct PpArgs {
     /// counts) every this many seconds; rules that leave the table report at once.
     #[arg(long, value_parser = parse_secs, default_value = "1")]
     counter_interval: Duration,
+    /// With an FM: report flows that carried traffic as active every this many seconds
+    /// (at most 15; 0: never), so NFs refresh their idle deadlines (docs/nf-api.md,
+    /// "Timeouts").
+    #[arg(long, value_parser = parse_secs, default_value = "10")]
+    active_interval: Duration,
     /// Send all output to this UDP port instead of each frame's outer destination port
     /// (4789); for several VXLAN endpoints on one host.
     #[arg(long)]
@@ -192,6 +197,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         flows: a.flows,
         stats_interval: a.stats_interval,
         counter_interval: a.counter_interval,
+        active_interval: a.active_interval,
         peer_port: a.peer_port,
         batch: a.batch,
         fm: a.fm,

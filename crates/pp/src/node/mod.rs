@@ -77,6 +77,9 @@ pub struct PpNodeConfig {
     pub stats_interval: Option<Duration>,
     /// With an FM: how often counted rules report their counters (the monitor's data).
     pub counter_interval: Duration,
+    /// With an FM: how often flows that carried traffic are reported `Active`, so NFs
+    /// refresh their idle deadlines ([`MAX_ACTIVE_INTERVAL`] at most; zero: never).
+    pub active_interval: Duration,
     /// Send all output to this UDP port instead of each frame's outer destination port.
     pub peer_port: Option<u16>,
     /// Largest receive batch.
@@ -119,6 +122,7 @@ impl Default for PpNodeConfig {
             flows: 1 << 16,
             stats_interval: None,
             counter_interval: Duration::from_secs(1),
+            active_interval: Duration::from_secs(10),
             peer_port: None,
             batch: 64,
             fm: None,
@@ -183,12 +187,23 @@ impl Drop for PpHandle {
 
 /// Static rules never idle out.
 const STATIC_IDLE: Duration = Duration::MAX;
+/// The longest `Active` report period: half the shortest built-in NF idle timeout (the
+/// FW's 30 s for ICMP), so a busy flow is reported at least twice before a built-in NF
+/// with its default timeouts would forget it.
+pub const MAX_ACTIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// Idle timeout of FM rules that name none.
 const FM_IDLE: Duration = Duration::from_secs(300);
 
 /// Start a PP node and wait until it listens. `stop` ends it (also while it still
 /// waits for the orchestrator to name an FM, in which case this returns `Ok(None)`).
 pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle>, PpNodeError> {
+    if cfg.active_interval > MAX_ACTIVE_INTERVAL {
+        return Err(PpNodeError::Config(format!(
+            "--active-interval {:?} is longer than {:?}: NFs refresh idle deadlines only on \
+             these reports, and the FW times ICMP at 30 s",
+            cfg.active_interval, MAX_ACTIVE_INTERVAL
+        )));
+    }
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let s = stop.clone();
     // Everything is built on the worker thread: the AF_XDP socket and the XDP program
@@ -345,6 +360,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             reports_tx = Some(client.report_sender());
             fm_client = Some(client);
             cfg.default_idle_timeout = FM_IDLE;
+            cfg.notices.active_period_ms = a.active_interval.as_millis() as u32;
             cfg.counter_reports = Some(CounterReportConfig {
                 interval_ms: a
                     .counter_interval
