@@ -869,6 +869,21 @@ pub fn flows(c: &Client, tenant: &str, limit: u32) -> Result<()> {
     Ok(())
 }
 
+/// `--watch`: after `n` rounds, wait for the next one (true), or end (false) when not
+/// watching or `--count` rounds are done.
+fn watch_again(watch: Option<f64>, count: Option<u64>, n: u64, output: Output) -> bool {
+    match watch {
+        Some(s) if count.is_none_or(|c| n < c) => {
+            std::thread::sleep(Duration::from_secs_f64(s.max(0.1)));
+            if output == Output::Table {
+                println!();
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
 pub fn stats(
     c: &Client,
     tenant: Option<&str>,
@@ -914,14 +929,8 @@ pub fn stats(
             }
         }
         n += 1;
-        match watch {
-            Some(s) if count.is_none_or(|c| n < c) => {
-                std::thread::sleep(Duration::from_secs_f64(s.max(0.1)));
-                if c.output == Output::Table {
-                    println!();
-                }
-            }
-            _ => return Ok(()),
+        if !watch_again(watch, count, n, c.output) {
+            return Ok(());
         }
     }
 }
@@ -983,14 +992,8 @@ pub fn monitor_stats(
             _ => c.print(&v, &[], &[])?,
         }
         n += 1;
-        match watch {
-            Some(s) if count.is_none_or(|c| n < c) => {
-                std::thread::sleep(Duration::from_secs_f64(s.max(0.1)));
-                if c.output == Output::Table {
-                    println!();
-                }
-            }
-            _ => return Ok(()),
+        if !watch_again(watch, count, n, c.output) {
+            return Ok(());
         }
     }
 }

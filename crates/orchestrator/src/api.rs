@@ -118,19 +118,22 @@ impl Params {
         Ok(self)
     }
 
-    fn paging(&self) -> Result<Paging<'_>, ApiError> {
-        let limit = match self.0.get("limit") {
-            None => 100,
+    /// Query parameter `name`, a count from 1 to 1000; `default` when absent.
+    fn count(&self, name: &str, default: usize) -> Result<usize, ApiError> {
+        match self.0.get(name) {
+            None => Ok(default),
             Some(s) => match s.parse::<usize>() {
-                Ok(n) if (1..=1000).contains(&n) => n,
-                _ => {
-                    return Err(ApiError::bad_query(
-                        "limit",
-                        format!("limit must be a number from 1 to 1000, got {s:?}"),
-                    ))
-                }
+                Ok(n) if (1..=1000).contains(&n) => Ok(n),
+                _ => Err(ApiError::bad_query(
+                    name,
+                    format!("{name} must be a number from 1 to 1000, got {s:?}"),
+                )),
             },
-        };
+        }
+    }
+
+    fn paging(&self) -> Result<Paging<'_>, ApiError> {
+        let limit = self.count("limit", 100)?;
         Ok(Paging {
             after: self.0.get("after").map(String::as_str),
             limit,
@@ -704,18 +707,7 @@ async fn get_tenant_monitor(
 ) -> Result<Json<TenantMonitor>, ApiError> {
     p.check_tenant(&tenant)?;
     let q = q.only(&["top"])?;
-    let top = match q.0.get("top") {
-        None => 10,
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=1000).contains(&n) => n,
-            _ => {
-                return Err(ApiError::bad_query(
-                    "top",
-                    format!("top must be 1..=1000, got {v:?}"),
-                ))
-            }
-        },
-    };
+    let top = q.count("top", 10)?;
     let t = st.desired.tenant(&tenant).await?;
     let fms = st.fm_addrs();
     if fms.is_empty() {
