@@ -50,7 +50,7 @@ test: setup
 	$(MAKE) --no-print-directory k8s-check
 	# The end-to-end suite again with the XDP fast path on: every test's flows become
 	# elephants after 50 packets in a window and run in the driver.
-	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_testbed
+	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_testbed
 	$(MAKE) --no-print-directory test-elastic
 	$(MAKE) --no-print-directory test-isolation
 	$(MAKE) --no-print-directory golden-check
@@ -62,14 +62,14 @@ test: setup
 # measured with 0.5 ms probes. #[ignore]d in the workspace run above and run here one at a time: they look at
 # connection setup while SC groups change, which parallel testbeds on 2 cores would blur.
 test-elastic:
-	$(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_elastic -- --ignored --test-threads=1 --nocapture
-	$(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_pp_cluster -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_elastic -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_pp_cluster -- --ignored --test-threads=1 --nocapture
 
 # Tenant isolation at the PP node (docs/rate-isolation.md): a SYN flood (hping3) against
 # another tenant's paced connections; #[ignore]d in the workspace run for the same reason
 # as test-elastic (it times connection setup) and run here on its own.
 test-isolation:
-	$(CARGO) test --profile $(TEST_PROFILE) -p starfabric --test e2e_isolation -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_isolation -- --ignored --test-threads=1 --nocapture
 
 # Every bench a goal in bench/goals.json names, once, then the goals table; fails when a
 # goal is missed (needs root and the testbed's tools; takes ~10 minutes; CI does not run
