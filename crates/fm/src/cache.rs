@@ -13,7 +13,11 @@
 //! cache is split into shards by key hash, so growing a table rehashes 1/64 of it at a
 //! time instead of stalling every request for tens of milliseconds.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// hashbrown's default hasher (foldhash, seeded per map) rather than std's SipHash:
+// these maps are probed for every rule request and reply, with 48-byte keys.
+use hashbrown::HashMap;
 
 use prost::Message;
 use proto::v1;
@@ -37,7 +41,7 @@ pub struct CacheStats {
 }
 
 struct Entry {
-    /// The reply, encoded, with id and worker cleared.
+    /// The reply, encoded as it came (`get` clears id, worker and decided_by).
     reply: Vec<u8>,
     ttl_ms: u64,
     deadline_ms: u64,
@@ -66,6 +70,16 @@ pub struct RuleCache {
     next_gen: u64,
     sweep_at: usize,
     pub stats: CacheStats,
+}
+
+/// A cached reply as the cache tells it: id, worker and decided_by are the asker's and
+/// the master's to fill in, so they are cleared.
+fn cached_reply(bytes: &[u8]) -> Option<v1::RuleReply> {
+    let mut r = v1::RuleReply::decode(bytes).ok()?;
+    r.id = 0;
+    r.worker = 0;
+    r.decided_by.clear();
+    Some(r)
 }
 
 fn shard_of(key: &CacheKey) -> usize {
@@ -116,12 +130,12 @@ impl RuleCache {
             return None;
         }
         e.deadline_ms = now_ms.saturating_add(e.ttl_ms);
-        match v1::RuleReply::decode(e.reply.as_slice()) {
-            Ok(r) => {
+        match cached_reply(&e.reply) {
+            Some(r) => {
                 self.stats.hits += 1;
                 Some(r)
             }
-            Err(_) => {
+            None => {
                 // Cannot happen (we encoded it); treat as a miss.
                 shard.map.remove(key);
                 self.len -= 1;
@@ -207,17 +221,9 @@ impl RuleCache {
             }
             _ => return,
         };
+        // Encoded as it is, without a stripped copy: `get` clears what is the asker's.
         let mut bytes = Vec::with_capacity(reply.encoded_len());
-        let stripped = v1::RuleReply {
-            id: 0,
-            worker: 0,
-            key: reply.key.clone(),
-            result: reply.result.clone(),
-            also: reply.also.clone(),
-            // A cached answer is told as the cache's (master.rs stamps it).
-            decided_by: String::new(),
-        };
-        if stripped.encode(&mut bytes).is_err() {
+        if reply.encode(&mut bytes).is_err() {
             return;
         }
         let s = shard_of(&key);
@@ -369,7 +375,7 @@ impl RuleCache {
                 }
                 matched += 1;
                 if out.len() < limit {
-                    if let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) {
+                    if let Some(r) = cached_reply(&e.reply) {
                         out.push((*k, r, e.deadline_ms - now_ms));
                     }
                 }

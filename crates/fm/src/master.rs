@@ -36,7 +36,11 @@ mod scale;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+// hashbrown (foldhash, seeded per map) rather than std's SipHash: `inflight` and `by_id`
+// are probed for every rule request and reply.
+use hashbrown::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -511,7 +515,7 @@ impl Master {
 
     /// Send `msg` to SC node `node`, if it has a live session.
     fn send_sc(&mut self, node: &str, msg: sc_down::Msg) {
-        if let Some(&session) = self.sc_by_node.get(node).filter(|s| self.sc.contains(s)) {
+        if let Some(&session) = self.sc_by_node.get(node).filter(|s| self.sc.contains(*s)) {
             self.out.push(Out::Sc {
                 session,
                 msg: Box::new(v1::ScDown { msg: Some(msg) }),
@@ -893,7 +897,9 @@ impl Master {
                 Some(_) => {}
             }
         }
-        change.added = new.keys().filter(|k| !old.contains_key(k)).count();
+        change.added = new.keys().filter(|k| !old.contains_key(*k)).count();
+        // It borrows `chains`, which moves into `self` below.
+        drop(new);
         for (tenant, chain) in teardown {
             self.teardown_chain(tenant, chain);
         }
@@ -1593,7 +1599,7 @@ impl Master {
             let Some(session) = g
                 .head()
                 .and_then(|h| self.sc_by_node.get(&h.node_id))
-                .filter(|s| self.sc.contains(s))
+                .filter(|s| self.sc.contains(*s))
                 .copied()
             else {
                 continue;

@@ -30,10 +30,13 @@
 
 pub mod maglev;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
+
+// hashbrown's default hasher (foldhash) rather than SipHash, as in the SNAT and the FW:
+// `flows` and `replies` are probed for every first packet, at every replica.
+use hashbrown::HashMap;
 
 use nf::{
     Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, Rewrite, SplitHalf,

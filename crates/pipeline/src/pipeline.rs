@@ -10,10 +10,11 @@
 //! [`Pipeline::service`] installs the rules that came back and releases the held packets
 //! in order, before the next batch.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+// foldhash rather than SipHash: `vpcs` is looked up for every packet.
+use hashbrown::HashMap;
 use packet::rewrite::{rewrite_endpoint, rewrite_icmp_error, Side};
 use packet::{parse_frame_with, Frame, Ip, ParseOptions, L3, L4};
 

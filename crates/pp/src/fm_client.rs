@@ -14,13 +14,14 @@
 //! fails over: a broken session is retried once on the same FM, a failed connect
 //! moves on to the next address ([`proto::FmAddrs`] has the policy and why).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+// foldhash rather than SipHash: `outstanding` is probed for every request and reply.
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use hashbrown::HashMap;
 use pipeline::{CounterReport, FlowNotice, NoticeKind, RuleReply, RuleRequest, RuleSource};
 use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
 use thiserror::Error;

@@ -30,7 +30,7 @@ pub use node::{
     start, Assigner, GroupMetrics, ScConfig, ScCounters, ScHandle, ScObserver, ScProcess,
     WorkerStats,
 };
-pub use replica::{Applied, LinkChange, Outbox, ReplicaCore, ReplicaStats};
+pub use replica::{Applied, LinkChange, Outbox, Outcome, ReplicaCore, ReplicaStats};
 pub use workers::{CoreAssigner, RoundRobin, WorkerLoad};
 
 use thiserror::Error;

@@ -45,7 +45,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use nf::{Chain, FirstPacket, NfEnv, SplitHalf};
+use nf::{Chain, ComposedRules, FirstPacket, NfEnv, SplitHalf};
 use pipeline::RuleRequest;
 use proto::{v1, ChainParts};
 use tracing::{debug, info, warn};
@@ -56,7 +56,66 @@ use crate::factory::ChainFactory;
 #[derive(Debug, Clone)]
 pub struct Applied {
     pub op: v1::Op,
-    pub result: v1::OpResult,
+    pub result: Outcome,
+}
+
+/// What an applied op produced. The chain's decisions stay native until a result is
+/// sent: only the tail answers FM, so building proto replies at the head and the
+/// middle (then holding them until the tail's ack) was a third of each replica's
+/// allocation on the setup path. A replica turns its unacked outcomes into proto
+/// results only when it becomes tail or hands them to a joiner in a snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Everything but the decisions' replies (for an outcome restored from a
+    /// snapshot, the replies too).
+    pub rest: v1::OpResult,
+    /// One per request of the op, in the op's order.
+    pub decisions: Vec<Result<ComposedRules, String>>,
+}
+
+impl Outcome {
+    fn restored(rest: v1::OpResult) -> Self {
+        Outcome {
+            rest,
+            decisions: Vec::new(),
+        }
+    }
+
+    /// Whether the tail must send this to FM.
+    fn worth_sending(&self) -> bool {
+        !self.decisions.is_empty() || worth_sending(&self.rest)
+    }
+
+    /// The proto result of `op`, whose requests the decisions answer in order.
+    fn to_proto(&self, op: &v1::Op) -> v1::OpResult {
+        self.clone().into_proto(op)
+    }
+
+    fn into_proto(self, op: &v1::Op) -> v1::OpResult {
+        let mut r = self.rest;
+        if self.decisions.is_empty() {
+            return r;
+        }
+        let Some(v1::op::Body::Requests(b)) = &op.body else {
+            return r;
+        };
+        r.replies.reserve(self.decisions.len());
+        for (m, d) in b.requests.iter().zip(self.decisions) {
+            r.replies.push(match d {
+                Ok(rules) => v1::RuleReply {
+                    id: m.id,
+                    key: m.key.clone(),
+                    result: Some(v1::rule_reply::Result::Rule((&rules.forward).into())),
+                    also: rules.reverse.iter().map(v1::Rule::from).collect(),
+                    worker: m.worker,
+                    // FM names the group when it forwards the reply.
+                    decided_by: String::new(),
+                },
+                Err(e) => proto::error_reply(m, e),
+            });
+        }
+        r
+    }
 }
 
 /// Where this replica sends what it produced. The caller flushes it after each input
@@ -503,8 +562,8 @@ impl ReplicaCore {
 
     fn become_tail(&mut self, out: &mut Outbox) {
         for a in self.unacked.drain(..) {
-            if worth_sending(&a.result) {
-                out.results.push(a.result);
+            if a.result.worth_sending() {
+                out.results.push(a.result.into_proto(&a.op));
             }
         }
         self.acked = self.applied;
@@ -547,7 +606,11 @@ impl ReplicaCore {
                 seq: self.applied,
                 state,
                 pending: self.unacked.iter().map(|a| a.op.clone()).collect(),
-                pending_results: self.unacked.iter().map(|a| a.result.clone()).collect(),
+                pending_results: self
+                    .unacked
+                    .iter()
+                    .map(|a| a.result.to_proto(&a.op))
+                    .collect(),
                 scale: Some(self.scale.to_proto()),
             });
             self.stats.snapshots_sent += 1;
@@ -663,7 +726,10 @@ impl ReplicaCore {
             .pending
             .into_iter()
             .zip(snap.pending_results)
-            .map(|(op, result)| Applied { op, result })
+            .map(|(op, result)| Applied {
+                op,
+                result: Outcome::restored(result),
+            })
             .collect();
         if self.is_tail() {
             self.become_tail(out);
@@ -778,10 +844,10 @@ impl ReplicaCore {
         self.route(op, result, out);
     }
 
-    fn route(&mut self, op: v1::Op, result: v1::OpResult, out: &mut Outbox) {
+    fn route(&mut self, op: v1::Op, result: Outcome, out: &mut Outbox) {
         if self.is_tail() {
-            if worth_sending(&result) {
-                out.results.push(result);
+            if result.worth_sending() {
+                out.results.push(result.into_proto(&op));
             }
             self.acked = self.applied;
             if self.pos != Some(0) {
@@ -810,7 +876,7 @@ impl ReplicaCore {
     }
 
     /// Apply one op to the chain. Deterministic in (state, op).
-    fn apply(&mut self, op: &v1::Op) -> v1::OpResult {
+    fn apply(&mut self, op: &v1::Op) -> Outcome {
         self.applied = op.seq;
         self.last_now = self.last_now.max(op.now_ms);
         self.stats.ops_applied += 1;
@@ -818,15 +884,15 @@ impl ReplicaCore {
             seq: op.seq,
             ..Default::default()
         };
+        let mut decisions = Vec::new();
         let partition = self.cfg.partition.unwrap_or_default();
         match &op.body {
             Some(v1::op::Body::Requests(b)) => {
-                result.replies.reserve(b.requests.len());
+                decisions.reserve(b.requests.len());
                 for (i, m) in b.requests.iter().enumerate() {
                     self.stats.requests_applied += 1;
                     let seed = op.seed ^ splitmix(i as u64);
-                    let reply = self.decide(m, &partition, op.now_ms, seed);
-                    result.replies.push(reply);
+                    decisions.push(self.decide(m, &partition, op.now_ms, seed));
                 }
             }
             Some(v1::op::Body::Events(b)) => {
@@ -857,7 +923,10 @@ impl ReplicaCore {
             None => {}
         }
         self.run_triggers(op);
-        result
+        Outcome {
+            rest: result,
+            decisions,
+        }
     }
 
     /// Apply a scaling step. Deterministic in (state, step) like every op, and
@@ -1134,50 +1203,39 @@ impl ReplicaCore {
         partition: &v1::Partition,
         now_ms: u64,
         seed: u64,
-    ) -> v1::RuleReply {
+    ) -> Result<ComposedRules, String> {
         let req = match RuleRequest::try_from(m) {
             Ok(r) => r,
             Err(e) => {
                 self.stats.bad_requests += 1;
-                return proto::error_reply(m, format!("bad request: {e}"));
+                return Err(format!("bad request: {e}"));
             }
         };
         if req.tenant != partition.tenant || req.chain != partition.chain {
             self.stats.bad_requests += 1;
-            return proto::error_reply(m, "request for another partition");
+            return Err("request for another partition".into());
         }
         // Decided only by the group whose log says it owns the key now: after a split
         // op the moved range belongs to the new group, before its install op the new
         // group owns nothing.
         if !self.scale.ready {
             self.stats.moved_requests += 1;
-            return proto::error_reply(m, proto::ERR_NOT_READY);
+            return Err(proto::ERR_NOT_READY.into());
         }
         let h = req.key.hash();
         let serves = self.scale.range.is_some_and(|(lo, hi)| lo <= h && h <= hi)
             && self.scale.outgoing.as_ref().is_none_or(|o| o.decides(h));
         if !serves {
             self.stats.moved_requests += 1;
-            return proto::error_reply(m, proto::ERR_MOVED);
+            return Err(proto::ERR_MOVED.into());
         }
         let chain = match &mut self.chain {
             Ok(c) => c,
-            Err(e) => return proto::error_reply(m, format!("chain unavailable: {e}")),
+            Err(e) => return Err(format!("chain unavailable: {e}")),
         };
         let pkt = FirstPacket::new(req.key, req.tenant, req.meta);
         let mut env = NfEnv::new(now_ms, seed);
-        match chain.decide(&pkt, &mut env) {
-            Ok(rules) => v1::RuleReply {
-                id: m.id,
-                key: m.key.clone(),
-                result: Some(v1::rule_reply::Result::Rule((&rules.forward).into())),
-                also: rules.reverse.iter().map(v1::Rule::from).collect(),
-                worker: m.worker,
-                // FM names the group when it forwards the reply.
-                decided_by: String::new(),
-            },
-            Err(e) => proto::error_reply(m, e.to_string()),
-        }
+        chain.decide(&pkt, &mut env).map_err(|e| e.to_string())
     }
 
     /// What the chain's traffic-counting NFs (the monitor) counted; None for chains
