@@ -4,6 +4,7 @@
 //! and built from serde configuration by [`build`].
 
 mod codec;
+pub mod connlimit;
 pub mod fw;
 pub mod lb;
 pub mod monitor;
@@ -20,6 +21,8 @@ pub enum NfConfig {
     Lb(lb::LbConfig),
     Fw(fw::FwConfig),
     Monitor(monitor::MonitorConfig),
+    /// A per-host connection limiter, the NF `docs/nf-api.md` walks through writing.
+    ConnLimit(connlimit::ConnLimitConfig),
 }
 
 /// Build an NF instance (with empty state) from its configuration.
@@ -29,5 +32,6 @@ pub fn build(cfg: &NfConfig) -> Result<Box<dyn NetworkFunction>, NfError> {
         NfConfig::Lb(c) => Box::new(lb::LoadBalancer::new(c.clone())?),
         NfConfig::Fw(c) => Box::new(fw::Firewall::new(c.clone())?),
         NfConfig::Monitor(c) => Box::new(monitor::Monitor::new(c.clone())?),
+        NfConfig::ConnLimit(c) => Box::new(connlimit::ConnLimit::new(c)?),
     })
 }
