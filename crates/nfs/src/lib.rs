@@ -1,4 +1,5 @@
-//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor.
+//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor, and the
+//! per-host connection limiter that `docs/nf-api.md` writes step by step.
 //!
 //! They are written against the public `nf` API only, exactly as a tenant's NF would be,
 //! and built from serde configuration by [`build`].

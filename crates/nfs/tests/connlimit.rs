@@ -284,3 +284,28 @@ proptest! {
         prop_assert_eq!(usage(&a2, &admitted), before);
     }
 }
+
+/// Every `rust` block of the walkthrough in `docs/nf-api.md` is a verbatim excerpt of the
+/// NF or of its registration, so the document cannot drift from the code.
+#[test]
+fn the_walkthrough_quotes_the_source() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let doc = read("../../docs/nf-api.md");
+    let sources = [read("src/connlimit.rs"), read("src/lib.rs")];
+    let start = doc
+        .find("## Writing a new NF: a per-host connection limiter")
+        .expect("walkthrough section");
+    let section = &doc[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut blocks = 0;
+    for block in section.split("```rust\n").skip(1) {
+        let code = block.split("```").next().unwrap_or_default();
+        assert!(
+            sources.iter().any(|s| s.contains(code)),
+            "not in the source:\n{code}"
+        );
+        blocks += 1;
+    }
+    assert!(blocks >= 8, "only {blocks} code blocks in the walkthrough");
+}
