@@ -987,6 +987,11 @@ def snat_cases() -> None:
     s = case("hairpin-tcp", "RFC 5382 REQ-8: TCP hairpinning", hc)
     s.pkt(tcp(7, f"{IN1}:1025", f"{OUT1}:80"), "S").pkt(tcp(7, f"{IN2}:1027", f"{NAT1}:1025"), "S", t=1000)
     case("hairpin-unmapped", "inside to a pool port nobody holds", hc).pkt(u(7, f"{IN2}:1026", f"{NAT1}:1030"), "-")
+    s = case("hairpin-reply-replay", "the hairpinned peer's re-request of the reply direction", hc)
+    s.pkt(u(7, f"{IN1}:1025", f"{OUT1}:53"), "-").pkt(u(7, f"{IN2}:1026", f"{NAT1}:1025"), "-", t=1000)
+    s.pkt(u(7, f"{IN1}:1025", f"{NAT1}:1026"), "-", t=2000)
+    s = case("closing-event-ignored-for-udp", "TcpClosing changes nothing for a UDP flow", c)
+    s.pkt(u(7, f"{IN1}:1025", f"{OUT1}:53"), "-").event("closing", u(7, f"{IN1}:1025", f"{OUT1}:53"), 100_000)
     case("inbound-without-sources-is-outside", "without sources, a pool-address destination is refused", c).pkt(
         u(7, f"{IN2}:1026", f"{NAT1}:1030"), "-"
     )
@@ -1067,6 +1072,10 @@ def fw_cases() -> None:
     s.pkt(k80, "S").event("established", k80, 500).event("closing", k80, 1000)
     s = case("closing-by-fin-rerequest", "a re-request carrying FIN closes", c)
     s.pkt(k80, "S").pkt(k80, "FA", t=800)
+    s = case("reply-syn-on-closing-stays-closing", "a SYN in the reply direction does not reopen a closing flow", c)
+    s.pkt(k80, "S").event("closing", k80, 500).pkt(k80.reversed(), "S", t=600)
+    s = case("closing-event-ignored-for-udp", "TcpClosing is TCP's only", c)
+    s.pkt(u(7, f"{IN1}:5000", f"{OUT1}:53"), "-").event("closing", u(7, f"{IN1}:5000", f"{OUT1}:53"), 1000)
     s = case("established-after-close-stays-closing", "a late TcpEstablished leaves a closing flow", c)
     s.pkt(k80, "S").event("closing", k80, 500).event("established", k80, 600)
     s = case("syn-on-closing-rejudged", "a fresh SYN on a closing 5-tuple is judged anew by the ACL now", c)
@@ -1196,6 +1205,14 @@ def lb_cases() -> None:
     two = lb_cfg([svc(), svc(port=443, backends=BACKENDS[2:5], bport=8443)])
     s = case("two-services", "each service balances over its own table", two)
     s.pkt(tcp(7, f"{IN1}:48000", f"{VIP}:80"), "S").pkt(tcp(7, f"{IN1}:48000", f"{VIP}:443"), "S")
+    s = case("closing-by-reply-key", "an event on the reply key finds the flow", base)
+    s.pkt(k, "S")
+    b = s.model.flows[k]["backend"]
+    s.event("closing", K(7, TCP, b[0], b[1], IN1, 44000), 1000).timer(121_000)
+    shared = lb_cfg([svc(backends=BACKENDS[:1]), svc(port=443, backends=BACKENDS[:1])])
+    s = case("shared-backend-reply-key", "two VIPs sharing a backend, one client port: the smaller forward key owns the reply key", shared)
+    s.pkt(tcp(7, f"{IN1}:49000", f"{VIP}:443"), "S").pkt(tcp(7, f"{IN1}:49000", f"{VIP}:80"), "S")
+    s.pkt(tcp(7, f"{BACKENDS[0]}:8080", f"{IN1}:49000"), "SA", t=100)
     s = case("custom-timeouts", "configured timeouts", lb_cfg([svc()], timeouts={"tcp_s": 60, "tcp_fin_s": 5, "udp_s": 30}))
     s.pkt(k, "S").event("closing", k, 1000).timer(6000)
 
