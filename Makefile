@@ -25,6 +25,8 @@ K8S_BIN  ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)/$(TEST_PROFILE)
 
 GOLDEN_GEN    := tests/golden/gen.py
 GOLDEN_CORPUS := tests/golden/corpus.txt
+NF_GOLDEN_GEN    := tests/golden/nf_gen.py
+NF_GOLDEN_CORPUS := tests/golden/nf_corpus.txt
 
 .PHONY: all setup build lint test test-elastic test-isolation golden golden-check k8s-check fuzz demo bench bench-gate clean
 
@@ -93,7 +95,9 @@ golden:
 	cp "$$tmp" $(GOLDEN_CORPUS); \
 	$(PYTHON) $(GOLDEN_GEN) --hash-vectors > "$$tmp"; \
 	cp "$$tmp" tests/golden/hash_vectors.txt; \
-	echo "wrote $(GOLDEN_CORPUS) ($$(wc -l < $(GOLDEN_CORPUS)) lines) and tests/golden/hash_vectors.txt"
+	$(PYTHON) $(NF_GOLDEN_GEN) > "$$tmp"; \
+	cp "$$tmp" $(NF_GOLDEN_CORPUS); \
+	echo "wrote $(GOLDEN_CORPUS) ($$(wc -l < $(GOLDEN_CORPUS)) lines), tests/golden/hash_vectors.txt and $(NF_GOLDEN_CORPUS)"
 
 golden-check:
 	@test -f $(GOLDEN_CORPUS) || { echo "$(GOLDEN_CORPUS) is missing: run make golden" >&2; exit 1; }
@@ -105,6 +109,10 @@ golden-check:
 	$(PYTHON) $(GOLDEN_GEN) --hash-vectors > "$$tmp"; \
 	if ! diff -u tests/golden/hash_vectors.txt "$$tmp"; then \
 		echo "hash vectors are stale: run make golden" >&2; exit 1; \
+	fi; \
+	$(PYTHON) $(NF_GOLDEN_GEN) > "$$tmp"; \
+	if ! diff -u $(NF_GOLDEN_CORPUS) "$$tmp"; then \
+		echo "NF decision corpus is stale: run make golden" >&2; exit 1; \
 	fi; \
 	echo "golden corpus is up to date"
 

@@ -1,9 +1,11 @@
-//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor.
+//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor, and the
+//! per-host connection limiter that `docs/nf-api.md` writes step by step.
 //!
 //! They are written against the public `nf` API only, exactly as a tenant's NF would be,
 //! and built from serde configuration by [`build`].
 
 mod codec;
+pub mod connlimit;
 pub mod fw;
 pub mod lb;
 pub mod monitor;
@@ -20,6 +22,8 @@ pub enum NfConfig {
     Lb(lb::LbConfig),
     Fw(fw::FwConfig),
     Monitor(monitor::MonitorConfig),
+    /// A per-host connection limiter, the NF `docs/nf-api.md` walks through writing.
+    ConnLimit(connlimit::ConnLimitConfig),
 }
 
 /// Build an NF instance (with empty state) from its configuration.
@@ -29,5 +33,6 @@ pub fn build(cfg: &NfConfig) -> Result<Box<dyn NetworkFunction>, NfError> {
         NfConfig::Lb(c) => Box::new(lb::LoadBalancer::new(c.clone())?),
         NfConfig::Fw(c) => Box::new(fw::Firewall::new(c.clone())?),
         NfConfig::Monitor(c) => Box::new(monitor::Monitor::new(c.clone())?),
+        NfConfig::ConnLimit(c) => Box::new(connlimit::ConnLimit::new(c)?),
     })
 }

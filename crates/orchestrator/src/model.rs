@@ -163,6 +163,8 @@ pub enum NfKind {
     Lb,
     Fw,
     Monitor,
+    /// The per-host connection limiter (`nfs::connlimit`).
+    ConnLimit,
 }
 
 impl NfKind {
@@ -172,6 +174,7 @@ impl NfKind {
             NfKind::Lb => "lb",
             NfKind::Fw => "fw",
             NfKind::Monitor => "monitor",
+            NfKind::ConnLimit => "connlimit",
         }
     }
 }
@@ -199,6 +202,7 @@ pub struct NfInstance {
 /// - `fw`: the tenant's own ACL, `{"rules": [{"action": "deny", "proto": "tcp",
 ///   "dport": 23}], "default_action": "allow", "timeouts": {...}}`
 /// - `monitor`: `{"max_hosts": 65536}`
+/// - `connlimit`: `{"limit": 64, "idle_timeout_s": 300}`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NfSpec {

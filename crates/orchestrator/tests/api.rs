@@ -352,6 +352,13 @@ fn suite(api: &Api) {
         .status,
         201
     );
+    let r = api.admin(
+        "PUT",
+        "/v1/tenants/acme/nfs/limit",
+        Some(json!({"kind": "connlimit", "config": {"limit": 64}})),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["kind"], "connlimit");
     api.refused_puts(
         "/v1/tenants/acme/nfs/x",
         &[
@@ -361,6 +368,8 @@ fn suite(api: &Api) {
             (r#"{"kind": "snat", "config": {"pools": [{"addresses": ["not-an-ip"]}]}}"#, 422, "snat configuration"),
             (r#"{"kind": "fw", "config": {"tenant": 2, "rules": []}}"#, 422, "own ACL"),
             (r#"{"kind": "monitor", "config": []}"#, 422, "JSON object"),
+            (r#"{"kind": "connlimit", "config": {"limit": 0}}"#, 422, "connlimit configuration"),
+            (r#"{"kind": "connlimit", "config": {"limit": 2, "burst": 1}}"#, 422, "connlimit configuration"),
         ],
     );
 
