@@ -1213,6 +1213,11 @@ def lb_cases() -> None:
     s = case("shared-backend-reply-key", "two VIPs sharing a backend, one client port: the smaller forward key owns the reply key", shared)
     s.pkt(tcp(7, f"{IN1}:49000", f"{VIP}:443"), "S").pkt(tcp(7, f"{IN1}:49000", f"{VIP}:80"), "S")
     s.pkt(tcp(7, f"{BACKENDS[0]}:8080", f"{IN1}:49000"), "SA", t=100)
+    for gone, stays in ((80, 443), (443, 80)):
+        s = case(f"shared-reply-key-survivor-{stays}", f"the flow to VIP:{gone} goes; the reply key is VIP:{stays}'s now", shared)
+        s.pkt(tcp(7, f"{IN1}:49000", f"{VIP}:443"), "S").pkt(tcp(7, f"{IN1}:49000", f"{VIP}:80"), "S")
+        s.event("closing", tcp(7, f"{IN1}:49000", f"{VIP}:{gone}"), 1000).timer(121_000)
+        s.pkt(tcp(7, f"{BACKENDS[0]}:8080", f"{IN1}:49000"), "SA", t=122_000)
     s = case("custom-timeouts", "configured timeouts", lb_cfg([svc()], timeouts={"tcp_s": 60, "tcp_fin_s": 5, "udp_s": 30}))
     s.pkt(k, "S").event("closing", k, 1000).timer(6000)
 

@@ -251,6 +251,11 @@ pub struct LoadBalancer {
     /// Reply key (backend → client) → forward key; derived from `flows`, never
     /// snapshotted.
     replies: HashMap<FlowKey, FlowKey>,
+    /// The other forward keys of reply keys two or more flows share (one client port
+    /// reaching two VIPs with a common backend), so that when `replies`' owner goes the
+    /// next one takes over, as a replica rebuilt from a snapshot would resolve it.
+    /// Empty in the common case; kept off the first-packet path.
+    shared_replies: HashMap<FlowKey, Vec<FlowKey>>,
 }
 
 fn compile(cfg: &LbConfig) -> Result<HashMap<ServiceKey, Service>, NfError> {
@@ -335,6 +340,7 @@ impl LoadBalancer {
             services,
             flows: HashMap::new(),
             replies: HashMap::new(),
+            shared_replies: HashMap::new(),
         })
     }
 
@@ -413,15 +419,42 @@ impl LoadBalancer {
         // key so every replica, and a restored one, resolves it alike.
         let rk = Self::reply_key(&key, &flow.backend);
         let slot = self.replies.entry(rk).or_insert(key);
-        if key.as_bytes() < slot.as_bytes() {
-            *slot = key;
+        if *slot == key {
+            return;
+        }
+        // The smaller key owns the slot; the other waits in `shared_replies`.
+        let waiting = if key.as_bytes() < slot.as_bytes() {
+            std::mem::replace(slot, key)
+        } else {
+            key
+        };
+        let others = self.shared_replies.entry(rk).or_default();
+        if let Err(i) = others.binary_search_by(|k| k.as_bytes().cmp(waiting.as_bytes())) {
+            others.insert(i, waiting);
         }
     }
 
     fn unindex(&mut self, key: &FlowKey, backend: &BackendId) {
         let rk = Self::reply_key(key, backend);
         if self.replies.get(&rk) == Some(key) {
-            self.replies.remove(&rk);
+            // The next smallest sharer (if any) owns the reply key now.
+            match self.shared_replies.get_mut(&rk) {
+                Some(others) if !others.is_empty() => {
+                    let next = others.remove(0);
+                    if others.is_empty() {
+                        self.shared_replies.remove(&rk);
+                    }
+                    self.replies.insert(rk, next);
+                }
+                _ => {
+                    self.replies.remove(&rk);
+                }
+            }
+        } else if let Some(others) = self.shared_replies.get_mut(&rk) {
+            others.retain(|k| k != key);
+            if others.is_empty() {
+                self.shared_replies.remove(&rk);
+            }
         }
     }
 
@@ -624,6 +657,7 @@ impl NetworkFunction for LoadBalancer {
         self.services = services;
         self.flows.clear();
         self.replies.clear();
+        self.shared_replies.clear();
         for f in snap.flows {
             self.insert(f.key.0, f.flow());
         }
