@@ -1499,6 +1499,40 @@ mod tests {
         (a, b, decided)
     }
 
+    #[test]
+    fn a_head_promoted_to_tail_answers_its_unacked_decisions_as_the_tail_did() {
+        // The head keeps its decisions native until it must answer: promoted to tail
+        // before the old tail's ack came, it answers each one as the old tail did.
+        let (mut a, _b, decided) = chain_of_two();
+        assert_eq!(a.unacked_len(), 1, "the head still holds the op unacked");
+        let mut out = Outbox::default();
+        let mut cfg = snat_config(7, &["a"], (0, u64::MAX), 0);
+        cfg.group.as_mut().unwrap().epoch = 2;
+        a.configure(cfg, &mut out);
+        assert!(a.is_tail());
+        assert_eq!(replies(&out), decided);
+    }
+
+    #[test]
+    fn a_joiners_snapshot_carries_the_unacked_decisions_as_proto_replies() {
+        let (mut a, _b, decided) = chain_of_two();
+        let mut out = Outbox::default();
+        // A successor with no state: it gets a snapshot with the unacked op's result.
+        a.successor_lost(1);
+        a.successor_ready(
+            2,
+            &v1::ReplicaHelloAck {
+                applied: 0,
+                initialized: false,
+            },
+            &mut out,
+        );
+        let snap = out.snapshot.expect("a snapshot for the joiner");
+        assert_eq!(snap.pending.len(), 1);
+        assert_eq!(snap.pending_results.len(), 1);
+        assert_eq!(snap.pending_results[0].replies, decided);
+    }
+
     /// NFs that count flows aside and fold them in an `update` they trigger per flow.
     struct TallyNfs;
     struct Tally {
