@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{nf_part, wait, Cluster};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{tcp_v4, vxlan_wrap};
+use packet::tcp_flags::SYN;
 use pipeline::{
     format_actions, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, VecSource,
     VpcBinding, Worker,
@@ -62,15 +62,13 @@ fn node() -> NodeAddr {
 /// A TCP packet of client port `sport` to the VIP (or to `dport`), carrying `seq` in its
 /// payload so the test can tell the packets apart after every rewrite.
 fn packet(sport: u16, dport: u16, seq: u8) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 100]),
-        L4Spec::Tcp {
-            sport,
-            dport,
-            flags: 0x02,
-            seq: 1,
-        },
+    let inner = tcp_v4(
+        [198, 18, 10, 2],
+        sport,
+        [198, 19, 0, 100],
+        dport,
+        SYN,
+        1,
         &[seq; 16],
     );
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{group_traffic, wait, Cluster};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     CounterReportConfig, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig,
     VecSource, VpcBinding, Worker,
@@ -47,13 +46,11 @@ fn node() -> NodeAddr {
 
 /// A UDP packet of the client 198.18.10.2:40000 to 198.19.0.9:53, `payload` bytes long.
 fn request(payload: usize) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp {
-            sport: 40000,
-            dport: 53,
-        },
+    let inner = udp_v4(
+        [198, 18, 10, 2],
+        40000,
+        [198, 19, 0, 9],
+        53,
         &vec![7u8; payload],
     );
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)
@@ -61,13 +58,11 @@ fn request(payload: usize) -> Vec<u8> {
 
 /// The server's reply to the translated address, on the egress VNI.
 fn reply(to_port: u16, payload: usize) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 19, 0, 9]),
-        Addr::V4([198, 19, 255, 1]),
-        L4Spec::Udp {
-            sport: 53,
-            dport: to_port,
-        },
+    let inner = udp_v4(
+        [198, 19, 0, 9],
+        53,
+        [198, 19, 255, 1],
+        to_port,
         &vec![9u8; payload],
     );
     vxlan_wrap([198, 18, 0, 9], [198, 18, 0, 1], 52000, EGRESS_VNI, &inner)

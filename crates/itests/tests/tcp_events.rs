@@ -11,29 +11,16 @@ use std::time::Duration;
 use common::{nf_part, snat_chain, wait, Cluster};
 use nf::NetworkFunction;
 use nfs::snat::{Snat, SnatConfig, SnatPool};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{tcp_v4, vxlan_wrap};
+use packet::tcp_flags::{ACK, SYN};
 use pipeline::{
     FlowKey, ManualClock, MemRing, NodeAddr, NoticeKind, Pipeline, PipelineConfig, VecSource,
     VpcBinding, Worker,
 };
 use pp::{FmClient, FmClientConfig};
 
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-
 fn segment(flags: u8) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Tcp {
-            sport: 40000,
-            dport: 80,
-            flags,
-            seq: 1,
-        },
-        b"",
-    );
+    let inner = tcp_v4([198, 18, 10, 2], 40000, [198, 19, 0, 9], 80, flags, 1, b"");
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, 100, &inner)
 }
 

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     Action, FlowKey, FrameSource, MemRing, MonotonicClock, NodeAddr, PacketIo, Pipeline,
     PipelineConfig, Rule, RuleReply, RuleSource, VpcBinding, Worker, MAX_BATCH,
@@ -251,15 +250,7 @@ pub(crate) fn flow_src(i: u64) -> (Ipv4Addr, u16) {
 /// (14 + 20 + 8 + 18 bytes, so the payload ends the frame); [`stamp_flow`] makes it
 /// flow `i`'s.
 pub(crate) fn template(dst: Ipv4Addr) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 0, 0]),
-        Addr::V4(dst.octets()),
-        L4Spec::Udp {
-            sport: 1024,
-            dport: 53,
-        },
-        &[0u8; 18],
-    );
+    let inner = udp_v4([198, 18, 0, 0], 1024, dst.octets(), 53, &[0u8; 18]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner)
 }
 

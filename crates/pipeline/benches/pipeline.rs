@@ -5,20 +5,14 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     Action, FlowKey, FlowTable, MemRing, NodeAddr, PacketIo, Pipeline, PipelineConfig, Rule,
     RuleSource, TraceCounters, TraceFilter, Tracer, VecSource,
 };
 
 fn tenant_frame(sport: u16) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport, dport: 53 },
-        &[0u8; 18],
-    );
+    let inner = udp_v4([198, 18, 10, 2], sport, [198, 19, 0, 9], 53, &[0u8; 18]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
 }
 

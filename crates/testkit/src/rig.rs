@@ -6,8 +6,11 @@ use std::net::Ipv4Addr;
 use crossbeam_channel::{Receiver, Sender};
 use pipeline::{
     ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, RuleReply, RuleRequest, RuleSource,
-    VecSource, Worker,
+    VecSource, VpcBinding, Worker,
 };
+
+/// The VPC [`Rig::tenant`] binds, to tenant 7, chain 3.
+pub const TENANT_VNI: u32 = 100;
 
 /// The node the rigs' pipelines run as: 198.18.0.1, MAC 02:00:00:00:00:01, gateway MAC
 /// 02:00:00:00:00:02.
@@ -69,6 +72,20 @@ impl Rig {
             replies,
             clock,
         }
+    }
+
+    /// A rig for `cfg` on its own clock whose pipeline binds VNI [`TENANT_VNI`] to tenant
+    /// 7, chain 3: the one tenant most pipeline tests send as.
+    pub fn tenant(cfg: PipelineConfig, channel_cap: usize) -> Rig {
+        Rig::new(cfg, channel_cap, ManualClock::default(), |p| {
+            p.bind_vpc(
+                TENANT_VNI,
+                VpcBinding {
+                    tenant: 7,
+                    chain: 3,
+                },
+            )
+        })
     }
 
     /// Queue `frames` and run the worker until it has taken them all.

@@ -7,8 +7,7 @@
 
 use std::time::Duration;
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use testkit::netns::{in_ns, ip, ns_exec, root_or_skip, veth, Netns};
 
 /// Namespaces `a` (the generator's side, device `ga`) and `b` (the sink, `gb`);
@@ -41,13 +40,11 @@ fn pair() -> Option<Pair> {
 
 /// A 64-byte UDP datagram to `dport`, in VXLAN: the generator's 110-byte template.
 fn frame(dport: u16) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 19, 1, 2]),
-        Addr::V4([198, 18, 200, 10]),
-        L4Spec::Udp {
-            sport: 10000,
-            dport,
-        },
+    let inner = udp_v4(
+        [198, 19, 1, 2],
+        10000,
+        [198, 18, 200, 10],
+        dport,
         &[0x5f; 18],
     );
     vxlan_wrap([198, 18, 10, 2], [198, 18, 1, 2], 0xc000, 100, &inner)
