@@ -10,11 +10,12 @@ use common::{nf_part, wait, Cluster};
 use packet::build::{tcp_v4, vxlan_wrap};
 use packet::tcp_flags::SYN;
 use pipeline::{
-    format_actions, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, VecSource,
-    VpcBinding, Worker,
+    format_actions, FlowKey, ManualClock, MemRing, Pipeline, PipelineConfig, VecSource, VpcBinding,
+    Worker,
 };
 use pp::{FmClient, FmClientConfig};
 use proto::ChainDef;
+use testkit::rig::node;
 
 const VNI: u32 = 100;
 
@@ -49,14 +50,6 @@ fn chain(nfs: serde_json::Value) -> ChainDef {
         "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}, "output": 1}
     }))
     .unwrap()
-}
-
-fn node() -> NodeAddr {
-    NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    }
 }
 
 /// A TCP packet of client port `sport` to the VIP (or to `dport`), carrying `seq` in its

@@ -4,19 +4,15 @@ use std::sync::{Arc, Mutex};
 
 use fm::metrics::{fm_exporter, FmSnapshot};
 use pipeline::{DropReason, Pipeline};
-use pipeline::{NodeAddr, PipelineConfig, RuleSource, VpcBinding};
+use pipeline::{PipelineConfig, RuleSource, VpcBinding};
 use pp::metrics::{pp_exporter, PpSnapshot};
 use pp::UdpVxlanStats;
 use sc::metrics::{sc_exporter, ScSnapshot};
 use telemetry::scrape;
+use testkit::rig::node;
 
 fn pipeline() -> Pipeline {
-    let node = NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    };
-    let mut cfg = PipelineConfig::new(node);
+    let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 1024;
     let mut p = Pipeline::new(cfg, RuleSource::None).unwrap();
     p.bind_vpc(

@@ -12,11 +12,12 @@ use std::time::Duration;
 use common::{group_traffic, wait, Cluster};
 use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
-    CounterReportConfig, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig,
-    VecSource, VpcBinding, Worker,
+    CounterReportConfig, FlowKey, ManualClock, MemRing, Pipeline, PipelineConfig, VecSource,
+    VpcBinding, Worker,
 };
 use pp::{FmClient, FmClientConfig};
 use proto::ChainDef;
+use testkit::rig::node;
 
 const VNI: u32 = 100;
 const EGRESS_VNI: u32 = 200;
@@ -34,14 +35,6 @@ fn chain() -> ChainDef {
         "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": VNI}, "output": 1}
     }))
     .unwrap()
-}
-
-fn node() -> NodeAddr {
-    NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    }
 }
 
 /// A UDP packet of the client 198.18.10.2:40000 to 198.19.0.9:53, `payload` bytes long.

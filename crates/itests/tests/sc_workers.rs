@@ -12,7 +12,15 @@ use std::time::Duration;
 
 use common::{ask, chain, local, mapping, nf_part, pp_session, wait, Cluster};
 use pp::FmClientConfig;
-use sc::{ScConfig, ScProcess};
+use sc::{ScConfig, ScProcess, WorkerStats};
+
+/// One worker counter summed over the cluster's SC nodes.
+fn workers_sum(c: &Cluster, counter: impl Fn(&WorkerStats) -> u64) -> u64 {
+    c.scs
+        .iter()
+        .map(|s| counter(&s.observer().worker_stats()))
+        .sum()
+}
 
 /// FW (allow, UDP conntrack entries live `udp_s`) → SNAT, built-in NFs.
 fn fw_snat(udp_s: u64) -> proto::ChainDef {
@@ -114,17 +122,9 @@ fn snat_mappings_and_conntrack_survive_zero_instances() {
     // The same flows again: the woken head answers the same external ports.
     let after = mappings(&ask(&link.source, 0..40));
     assert_eq!(after, before);
-    let wakes: u64 = c
-        .scs
-        .iter()
-        .map(|s| s.observer().worker_stats().wakes)
-        .sum();
+    let wakes: u64 = workers_sum(&c, |w| w.wakes);
     assert!(wakes >= 1, "the second phase woke no replica");
-    let head_wakes: u64 = c
-        .scs
-        .iter()
-        .map(|s| s.observer().worker_stats().wake.count)
-        .sum();
+    let head_wakes: u64 = workers_sum(&c, |w| w.wake.count);
     assert!(head_wakes >= 1);
     // New flows after the wake get ports no old flow holds (the port table survived).
     let fresh = mappings(&ask(&link.source, 40..60));
@@ -202,11 +202,7 @@ fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
             "{r:?}"
         );
     }
-    let shed: u64 = c
-        .scs
-        .iter()
-        .map(|s| s.observer().worker_stats().shed_queue)
-        .sum();
+    let shed: u64 = workers_sum(&c, |w| w.shed_queue);
     assert!(shed >= 10, "shed {shed}");
     // Nothing reached the NFs: no replica applied a request.
     let applied: u64 = c

@@ -354,6 +354,24 @@ fn phase(
 }
 
 /// The SC nodes' NFs for `--nfs test|builtin` (the benches share it).
+/// `groups` equal key-hash ranges of the chain, each its own group.
+pub(crate) fn equal_partitions(tenant: u32, chain: u32, groups: u32) -> Vec<proto::v1::Partition> {
+    let step = u64::MAX / u64::from(groups);
+    (0..u64::from(groups))
+        .map(|i| proto::v1::Partition {
+            tenant,
+            chain,
+            hash_lo: i * step,
+            hash_hi: if i + 1 == u64::from(groups) {
+                u64::MAX
+            } else {
+                (i + 1) * step - 1
+            },
+            group: 0,
+        })
+        .collect()
+}
+
 pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
     match nfs {
         "test" => Arc::new(sc::testing::TestNfs),
@@ -378,21 +396,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let fm_addr = fm.addr().to_string();
     let groups = a.groups.max(1);
     if groups > 1 {
-        // N equal key-hash ranges of the chain, each its own group.
-        let step = u64::MAX / u64::from(groups);
-        let partitions = (0..u64::from(groups))
-            .map(|i| proto::v1::Partition {
-                tenant: proto_chain.tenant,
-                chain: proto_chain.chain,
-                hash_lo: i * step,
-                hash_hi: if i + 1 == u64::from(groups) {
-                    u64::MAX
-                } else {
-                    (i + 1) * step - 1
-                },
-                group: 0,
-            })
-            .collect();
+        let partitions = equal_partitions(proto_chain.tenant, proto_chain.chain, groups);
         rt.block_on(fm.set_desired(vec![proto_chain], partitions, Vec::new()))
             .context("FM")?;
     }

@@ -184,20 +184,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     })?;
     let groups = a.groups.max(1);
     if groups > 1 {
-        let step = u64::MAX / u64::from(groups);
-        let partitions = (0..u64::from(groups))
-            .map(|i| proto::v1::Partition {
-                tenant: TENANT,
-                chain: CHAIN,
-                hash_lo: i * step,
-                hash_hi: if i + 1 == u64::from(groups) {
-                    u64::MAX
-                } else {
-                    (i + 1) * step - 1
-                },
-                group: 0,
-            })
-            .collect();
+        let partitions = crate::bench_setup::equal_partitions(TENANT, CHAIN, groups);
         rt.block_on(fm.set_desired(vec![proto_chain], partitions, Vec::new()))
             .context("FM")?;
     }

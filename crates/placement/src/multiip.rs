@@ -832,6 +832,25 @@ mod tests {
         }
     }
 
+    /// Both nodes at 90% with three vIPs each: no vIP move inside the cluster helps.
+    fn hot() -> MipCluster {
+        cluster(
+            "hot",
+            vec![
+                node("h1", 0.9, &["a1", "a2", "a3"]),
+                node("h2", 0.9, &["a4", "a5", "a6"]),
+            ],
+        )
+    }
+
+    /// A scheduler that may not start nodes.
+    fn no_start() -> SchedulerConfig {
+        SchedulerConfig {
+            can_start_nodes: false,
+            ..Default::default()
+        }
+    }
+
     /// Applies a plan's actions to the input, independently of the planner, and checks
     /// at each step that the maximum never rises and every vIP has one owner. Returns
     /// the final per-node loads.
@@ -959,11 +978,7 @@ mod tests {
             "a",
             vec![node("n1", 0.9, &["v1", "v2"]), node("n2", 0.4, &["v3"])],
         )];
-        let cfg = SchedulerConfig {
-            can_start_nodes: false,
-            ..Default::default()
-        };
-        let plan = schedule(&cs, &cfg).unwrap();
+        let plan = schedule(&cs, &no_start()).unwrap();
         assert!(plan.steps.is_empty());
         assert_eq!(plan.unresolved.len(), 1);
         assert_eq!(plan.unresolved[0].node, "n1");
@@ -987,13 +1002,7 @@ mod tests {
     #[test]
     fn an_all_overloaded_cluster_borrows_a_node_from_a_light_cluster() {
         let cs = vec![
-            cluster(
-                "hot",
-                vec![
-                    node("h1", 0.9, &["a1", "a2", "a3"]),
-                    node("h2", 0.9, &["a4", "a5", "a6"]),
-                ],
-            ),
+            hot(),
             cluster(
                 "warm",
                 vec![node("w1", 0.5, &["b1", "b2"]), node("w2", 0.5, &["b3"])],
@@ -1038,13 +1047,7 @@ mod tests {
     #[test]
     fn with_no_node_to_spare_the_cluster_grows() {
         let cs = vec![
-            cluster(
-                "hot",
-                vec![
-                    node("h1", 0.9, &["a1", "a2", "a3"]),
-                    node("h2", 0.9, &["a4", "a5", "a6"]),
-                ],
-            ),
+            hot(),
             // One node: nothing to lend.
             cluster("solo", vec![node("s1", 0.1, &["b1"])]),
             // Lending would overload the rest.
@@ -1073,11 +1076,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         replay(&cs, &plan, 0.8);
-        let no_grow = SchedulerConfig {
-            can_start_nodes: false,
-            ..Default::default()
-        };
-        let plan = schedule(&cs, &no_grow).unwrap();
+        let plan = schedule(&cs, &no_start()).unwrap();
         assert!(plan.steps.is_empty());
         assert_eq!(plan.unresolved[0].cluster, "hot");
     }
@@ -1106,11 +1105,7 @@ mod tests {
         let mut d = node("n2", 0.0, &[]);
         d.draining = true;
         let cs = vec![cluster("a", vec![node("n1", 0.9, &["v1", "v2"]), d])];
-        let cfg = SchedulerConfig {
-            can_start_nodes: false,
-            ..Default::default()
-        };
-        let plan = schedule(&cs, &cfg).unwrap();
+        let plan = schedule(&cs, &no_start()).unwrap();
         assert!(plan.steps.is_empty());
     }
 

@@ -105,27 +105,25 @@ impl Cluster {
 
     /// Every group state of SC node `addr`, via its GroupStatus RPC.
     pub fn group_status(&self, addr: SocketAddr, snapshots: bool) -> Vec<v1::GroupState> {
-        self.rt.block_on(async {
-            let mut c = v1::service_computation_client::ServiceComputationClient::connect(format!(
-                "http://{addr}"
-            ))
-            .await
-            .unwrap()
-            .max_decoding_message_size(proto::MAX_MESSAGE);
-            c.group_status(v1::GroupStatusRequest {
-                snapshots,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .groups
-        })
+        let req = v1::GroupStatusRequest {
+            snapshots,
+            ..Default::default()
+        };
+        group_query(&self.rt, addr, req)
     }
 }
 
 /// Every group state of SC node `addr` with its traffic counters (the monitor's).
 pub fn group_traffic(rt: &Runtime, addr: SocketAddr) -> Vec<v1::GroupState> {
+    let req = v1::GroupStatusRequest {
+        traffic: true,
+        ..Default::default()
+    };
+    group_query(rt, addr, req)
+}
+
+/// SC node `addr`'s answer to a GroupStatus `req`.
+fn group_query(rt: &Runtime, addr: SocketAddr, req: v1::GroupStatusRequest) -> Vec<v1::GroupState> {
     rt.block_on(async {
         let mut c = v1::service_computation_client::ServiceComputationClient::connect(format!(
             "http://{addr}"
@@ -133,14 +131,7 @@ pub fn group_traffic(rt: &Runtime, addr: SocketAddr) -> Vec<v1::GroupState> {
         .await
         .unwrap()
         .max_decoding_message_size(proto::MAX_MESSAGE);
-        c.group_status(v1::GroupStatusRequest {
-            traffic: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .groups
+        c.group_status(req).await.unwrap().into_inner().groups
     })
 }
 
