@@ -52,18 +52,14 @@ fn chain(nfs: serde_json::Value) -> ChainDef {
     .unwrap()
 }
 
+/// The client, and the VIP the test chains' LB serves.
+const CLIENT: [u8; 4] = [198, 18, 10, 2];
+const VIP: [u8; 4] = [198, 19, 0, 100];
+
 /// A TCP packet of client port `sport` to the VIP (or to `dport`), carrying `seq` in its
 /// payload so the test can tell the packets apart after every rewrite.
 fn packet(sport: u16, dport: u16, seq: u8) -> Vec<u8> {
-    let inner = tcp_v4(
-        [198, 18, 10, 2],
-        sport,
-        [198, 19, 0, 100],
-        dport,
-        SYN,
-        1,
-        &[seq; 16],
-    );
+    let inner = tcp_v4(CLIENT, sport, VIP, dport, SYN, 1, &[seq; 16]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)
 }
 

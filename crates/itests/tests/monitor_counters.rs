@@ -21,6 +21,10 @@ use testkit::rig::node;
 
 const VNI: u32 = 100;
 const EGRESS_VNI: u32 = 200;
+const CLIENT: [u8; 4] = [198, 18, 10, 2];
+const SERVER: [u8; 4] = [198, 19, 0, 9];
+/// The chain's SNAT pool address.
+const SNAT_ADDR: [u8; 4] = [198, 19, 255, 1];
 
 fn chain() -> ChainDef {
     serde_json::from_value(serde_json::json!({
@@ -39,25 +43,13 @@ fn chain() -> ChainDef {
 
 /// A UDP packet of the client 198.18.10.2:40000 to 198.19.0.9:53, `payload` bytes long.
 fn request(payload: usize) -> Vec<u8> {
-    let inner = udp_v4(
-        [198, 18, 10, 2],
-        40000,
-        [198, 19, 0, 9],
-        53,
-        &vec![7u8; payload],
-    );
+    let inner = udp_v4(CLIENT, 40000, SERVER, 53, &vec![7u8; payload]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)
 }
 
 /// The server's reply to the translated address, on the egress VNI.
 fn reply(to_port: u16, payload: usize) -> Vec<u8> {
-    let inner = udp_v4(
-        [198, 19, 0, 9],
-        53,
-        [198, 19, 255, 1],
-        to_port,
-        &vec![9u8; payload],
-    );
+    let inner = udp_v4(SERVER, 53, SNAT_ADDR, to_port, &vec![9u8; payload]);
     vxlan_wrap([198, 18, 0, 9], [198, 18, 0, 1], 52000, EGRESS_VNI, &inner)
 }
 

@@ -372,6 +372,14 @@ pub(crate) fn equal_partitions(tenant: u32, chain: u32, groups: u32) -> Vec<prot
         .collect()
 }
 
+/// The runtime a bench's in-process FM runs on (two threads).
+pub(crate) fn fm_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
 pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
     match nfs {
         "test" => Arc::new(sc::testing::TestNfs),
@@ -383,10 +391,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
     let factory = chain_factory(&a.nfs);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = fm_runtime()?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
         ..fm::FmConfig::default()

@@ -155,10 +155,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
     let factory = crate::bench_setup::chain_factory(&a.nfs);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = crate::bench_setup::fm_runtime()?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
         // Every ask reaches SC: the answer shows SC's state, not FM's cache.

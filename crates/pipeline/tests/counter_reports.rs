@@ -1,21 +1,13 @@
 //! Counter reports (the monitor's data): counted rules' counters leave the worker as
 //! deltas, periodically and when a rule leaves the table, bounded by the report queue.
 
-use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     parse_actions, CounterReport, CounterReportConfig, FlowKey, PipelineConfig, Rule, RuleReply,
 };
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
 fn tenant_udp(sport: u16, payload: usize) -> Vec<u8> {
-    let inner = udp_v4(
-        [198, 18, 10, 2],
-        sport,
-        [198, 19, 0, 9],
-        53,
-        &vec![0u8; payload],
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(TENANT_VNI, sport, 53, &vec![0u8; payload])
 }
 
 fn key(sport: u16) -> FlowKey {

@@ -11,19 +11,12 @@ use pipeline::{
     Policer, Rule, RuleReply, RuleSource, VecSource, Verdict,
 };
 use proptest::prelude::*;
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
 /// A tenant UDP packet from 198.18.10.2:`sport` to 198.19.0.9:53 on VNI 100, with a
 /// sequence number in the payload.
 fn tenant_udp(sport: u16, seq: u32) -> Vec<u8> {
-    let inner = udp_v4(
-        [198, 18, 10, 2],
-        sport,
-        [198, 19, 0, 9],
-        53,
-        &seq.to_be_bytes(),
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(TENANT_VNI, sport, 53, &seq.to_be_bytes())
 }
 
 fn tenant_key(sport: u16) -> FlowKey {
@@ -260,15 +253,18 @@ fn replacing_a_rule_takes_effect_at_once() {
     );
 }
 
+/// Admits while `left` is not spent, spending one per admission.
+fn spend(left: &mut u32) -> bool {
+    let admit = *left > 0;
+    *left = left.saturating_sub(1);
+    admit
+}
+
 struct Budget(u32);
 impl Policer for Budget {
     fn admit(&mut self, class: u16, _bytes: u32, _now: u32) -> bool {
         assert_eq!(class, 4);
-        if self.0 == 0 {
-            return false;
-        }
-        self.0 -= 1;
-        true
+        spend(&mut self.0)
     }
 }
 
@@ -294,11 +290,7 @@ impl Policer for NewFlows {
     }
     fn admit_request(&mut self, tenant: u32, _now_us: u64) -> bool {
         assert_eq!(tenant, 7);
-        if self.0 == 0 {
-            return false;
-        }
-        self.0 -= 1;
-        true
+        spend(&mut self.0)
     }
 }
 
@@ -336,11 +328,7 @@ impl Policer for TenantPackets {
     }
     fn admit_packet(&mut self, tenant: u32, _bytes: u32, _now: u32) -> bool {
         assert_eq!(tenant, 7);
-        if self.0 == 0 {
-            return false;
-        }
-        self.0 -= 1;
-        true
+        spend(&mut self.0)
     }
 }
 

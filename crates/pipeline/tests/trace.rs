@@ -4,16 +4,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     parse_actions, FlowKey, Lookup, PipelineConfig, Rule, RuleReply, TraceCounters, TraceFilter,
     TraceRecord, Tracer,
 };
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
 fn tenant_udp(sport: u16, dport: u16) -> Vec<u8> {
-    let inner = udp_v4([198, 18, 10, 2], sport, [198, 19, 0, 9], dport, &[0u8; 8]);
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(TENANT_VNI, sport, dport, &[0u8; 8])
 }
 
 fn key(sport: u16, dport: u16) -> FlowKey {

@@ -4,6 +4,7 @@
 use std::net::Ipv4Addr;
 
 use crossbeam_channel::{Receiver, Sender};
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, RuleReply, RuleRequest, RuleSource,
     VecSource, VpcBinding, Worker,
@@ -20,6 +21,14 @@ pub fn node() -> NodeAddr {
         mac: [2, 0, 0, 0, 0, 1],
         gw_mac: [2, 0, 0, 0, 0, 2],
     }
+}
+
+/// A UDP datagram of the tenant's client 198.18.10.2:`sport` to 198.19.0.9:`dport`, in
+/// VXLAN on `vni` from the tenant's endpoint 198.18.0.50 to [`node`]: the frame the
+/// pipeline tests send.
+pub fn client_udp(vni: u32, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let inner = udp_v4([198, 18, 10, 2], sport, [198, 19, 0, 9], dport, payload);
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, vni, &inner)
 }
 
 /// A pipeline on `cfg` whose rule requests go to the returned receiver (bounded by
