@@ -391,16 +391,21 @@ async fn wait_text(c: &Client, what: &str, ok: impl Fn(&str) -> bool) -> String 
     }
 }
 
-async fn login(c: &Client, base: &str, token: &str, expect: &str) -> String {
-    goto(c, &format!("{base}/ui")).await;
-    let field = c.find(Locator::Id("token")).await.expect("token field");
-    field.send_keys(token).await.unwrap();
-    c.find(Locator::Id("login"))
+/// Click the element with id `id`.
+async fn click(c: &Client, id: &str) {
+    c.find(Locator::Id(id))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
+}
+
+async fn login(c: &Client, base: &str, token: &str, expect: &str) -> String {
+    goto(c, &format!("{base}/ui")).await;
+    let field = c.find(Locator::Id("token")).await.expect("token field");
+    field.send_keys(token).await.unwrap();
+    click(c, "login").await;
     wait_text(c, "the page after logging in", |t| t.contains(expect)).await
 }
 
@@ -728,12 +733,7 @@ fn dashboard_over_a_real_platform_in_headless_chromium() {
         assert_eq!(htmx, json!("object"), "htmx loaded from /ui/static");
 
         // ---- log out: the login page, and the pages are closed again
-        c.find(Locator::Id("logout"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&c, "logout").await;
         wait_text(&c, "the login page after logging out", |t| {
             t.contains("Log in")
         })

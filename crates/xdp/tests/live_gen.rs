@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use packet::build::{udp_v4, vxlan_wrap};
-use testkit::netns::{in_ns, ip, ns_exec, root_or_skip, veth, Netns};
+use testkit::netns::{in_ns, ip, ns_exec, root_or_skip, Netns};
 
 /// Namespaces `a` (the generator's side, device `ga`) and `b` (the sink, `gb`);
 /// deleted on drop (by testkit's guard), with the veth.
@@ -23,9 +23,7 @@ fn pair() -> Option<Pair> {
         return None;
     }
     let mut ns = Netns::unique("sfgen");
-    let a = ns.add("a");
-    let b = ns.add("b");
-    veth(&a, "ga", &b, "gb");
+    let (a, b) = ns.add_pair("a", "ga", "b", "gb");
     ip(&["-n", &a, "link", "set", "ga", "up"]);
     ip(&["-n", &b, "link", "set", "gb", "up"]);
     let obj = std::env::temp_dir().join(format!("{}sink.o", ns.prefix()));
