@@ -285,11 +285,8 @@ fn best_move(nodes: &[NodeSt], d: usize, mark: f64) -> Option<(usize, usize)> {
     let mut receivers: Vec<usize> = (0..nodes.len())
         .filter(|&r| r != d && !nodes[r].draining)
         .collect();
-    receivers.sort_by(|&a, &b| {
-        nodes[a]
-            .util()
-            .total_cmp(&nodes[b].util())
-            .then_with(|| nodes[a].id.cmp(&nodes[b].id))
+    rank(&mut receivers, Rank::Lowest, |i| {
+        (nodes[i].util(), nodes[i].id.as_str())
     });
     for r in receivers {
         let lr = nodes[r].load();
@@ -333,11 +330,8 @@ fn step1(
     while moves < budget {
         let cl = &clusters[c];
         let mut order: Vec<usize> = (0..cl.nodes.len()).collect();
-        order.sort_by(|&a, &b| {
-            cl.nodes[b]
-                .util()
-                .total_cmp(&cl.nodes[a].util())
-                .then_with(|| cl.nodes[a].id.cmp(&cl.nodes[b].id))
+        rank(&mut order, Rank::Highest, |i| {
+            (cl.nodes[i].util(), cl.nodes[i].id.as_str())
         });
         let found = order
             .iter()
@@ -408,6 +402,27 @@ fn redistribute(nodes: &[NodeSt], m: usize, mark: f64) -> Option<Vec<(usize, usi
         plan.push((w, r));
     }
     Some(plan)
+}
+
+/// Which end of a [`rank`] comes first.
+#[derive(Clone, Copy)]
+enum Rank {
+    Lowest,
+    Highest,
+}
+
+/// Orders the indices `idx` by the value `key` gives, `first` end first, ties by the
+/// id (ascending): every step walks its candidates in this order, so a plan does not
+/// depend on the input's order.
+fn rank<'a>(idx: &mut [usize], first: Rank, key: impl Fn(usize) -> (f64, &'a str)) {
+    idx.sort_by(|&a, &b| {
+        let ((ka, ia), (kb, ib)) = (key(a), key(b));
+        let by_key = match first {
+            Rank::Lowest => ka.total_cmp(&kb),
+            Rank::Highest => kb.total_cmp(&ka),
+        };
+        by_key.then_with(|| ia.cmp(ib))
+    });
 }
 
 fn validate(clusters: &[MipCluster], cfg: &SchedulerConfig) -> Result<(), PlaceError> {
@@ -525,11 +540,8 @@ pub fn schedule(clusters: &[MipCluster], cfg: &SchedulerConfig) -> Result<Plan, 
     let mut hot: Vec<usize> = (0..p.clusters.len())
         .filter(|&c| p.clusters[c].overloaded(mark))
         .collect();
-    hot.sort_by(|&a, &b| {
-        p.clusters[b]
-            .avg()
-            .total_cmp(&p.clusters[a].avg())
-            .then_with(|| p.clusters[a].id.cmp(&p.clusters[b].id))
+    rank(&mut hot, Rank::Highest, |i| {
+        (p.clusters[i].avg(), p.clusters[i].id.as_str())
     });
     for x in hot {
         while p.clusters[x].overloaded(mark) && p.budget_left() {
@@ -606,11 +618,8 @@ fn borrow_node(p: &mut Planner, x: usize) -> bool {
             d != x && cl.nodes.iter().filter(|n| !n.draining).count() >= 2 && !cl.overloaded(mark)
         })
         .collect();
-    donors.sort_by(|&a, &b| {
-        p.clusters[a]
-            .avg()
-            .total_cmp(&p.clusters[b].avg())
-            .then_with(|| p.clusters[a].id.cmp(&p.clusters[b].id))
+    rank(&mut donors, Rank::Lowest, |i| {
+        (p.clusters[i].avg(), p.clusters[i].id.as_str())
     });
     let x_max = p.clusters[x].max();
     // Room the moves may use: every move is one step.

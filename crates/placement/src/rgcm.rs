@@ -431,6 +431,20 @@ struct Model {
     constraints: Vec<good_lp::Constraint>,
 }
 
+/// λ, x[t][v][c] and y[t][c]: the variables a hint sets and a solution is read by.
+type Unknowns = (Variable, Vec<Vec<Vec<Variable>>>, Vec<Vec<Variable>>);
+
+impl Model {
+    /// The microlp problem of minimising λ under the model's constraints.
+    fn into_microlp(self) -> (good_lp::solvers::microlp::MicroLpProblem, Unknowns) {
+        let mut problem = self.vars.minimise(self.lambda).using(microlp);
+        for c in self.constraints {
+            problem.add_constraint(c);
+        }
+        (problem, (self.lambda, self.x, self.y))
+    }
+}
+
 fn build(inst: &GcmInstance, binary: bool) -> Model {
     let n = inst.clusters.len();
     let scale = inst.clusters.iter().map(|c| c.capacity).fold(0.0, f64::max);
@@ -505,17 +519,7 @@ fn build(inst: &GcmInstance, binary: bool) -> Model {
 /// Solves LP-GCM (the relaxation of Eq. 1) with microlp.
 pub fn solve_lp(inst: &GcmInstance) -> Result<LpGcm, PlaceError> {
     inst.validate()?;
-    let Model {
-        vars,
-        lambda,
-        x,
-        y,
-        constraints,
-    } = build(inst, false);
-    let mut model = vars.minimise(lambda).using(microlp);
-    for c in constraints {
-        model.add_constraint(c);
-    }
+    let (model, (lambda, x, y)) = build(inst, false).into_microlp();
     let sol = model.solve().map_err(|e| solver_error("LP-GCM", e))?;
     let clamp = |v: f64| {
         if v < LP_ZERO {
@@ -918,17 +922,7 @@ pub fn solve_milp(inst: &GcmInstance, opts: &MilpOptions) -> Result<GcmMilp, Pla
     } else {
         None
     };
-    let Model {
-        vars,
-        lambda,
-        x,
-        y,
-        constraints,
-    } = build(inst, true);
-    let mut model = vars.minimise(lambda).using(microlp);
-    for c in constraints {
-        model.add_constraint(c);
-    }
+    let (mut model, (lambda, x, y)) = build(inst, true).into_microlp();
     if let Some(g) = &start {
         let mut hint = vec![(lambda, g.lambda)];
         for (t, row) in g.mapping.assign.iter().enumerate() {
