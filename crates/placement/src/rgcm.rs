@@ -251,20 +251,8 @@ impl GcmMapping {
             .collect();
         let index = vpc_index(inst);
         for (i, p) in placed.iter().enumerate() {
-            let &(t, v) = index
-                .get(&(p.tenant.as_str(), p.vpc.as_str()))
-                .ok_or_else(|| {
-                    PlaceError::invalid(
-                        format!("placements[{i}]"),
-                        format!("tenant {:?} has no VPC {:?}", p.tenant, p.vpc),
-                    )
-                })?;
-            let c = inst.cluster_index(&p.cluster).ok_or_else(|| {
-                PlaceError::invalid(
-                    format!("placements[{i}].cluster"),
-                    format!("no cluster {:?}", p.cluster),
-                )
-            })?;
+            let (t, v) = placed_vpc(&index, "placements", i, p)?;
+            let c = placed_cluster(inst, "placements", i, p)?;
             if let Some(prev) = assign[t][v] {
                 return Err(PlaceError::invalid(
                     format!("placements[{i}]"),
@@ -304,6 +292,39 @@ fn vpc_index(inst: &GcmInstance) -> HashMap<(&str, &str), (usize, usize)> {
         }
     }
     index
+}
+
+/// The (tenant, VPC) indices of placement `p`, the `i`th of the input `list`.
+fn placed_vpc(
+    index: &HashMap<(&str, &str), (usize, usize)>,
+    list: &str,
+    i: usize,
+    p: &VpcPlacement,
+) -> Result<(usize, usize), PlaceError> {
+    index
+        .get(&(p.tenant.as_str(), p.vpc.as_str()))
+        .copied()
+        .ok_or_else(|| {
+            PlaceError::invalid(
+                format!("{list}[{i}]"),
+                format!("tenant {:?} has no VPC {:?}", p.tenant, p.vpc),
+            )
+        })
+}
+
+/// The index of the cluster placement `p`, the `i`th of the input `list`, names.
+fn placed_cluster(
+    inst: &GcmInstance,
+    list: &str,
+    i: usize,
+    p: &VpcPlacement,
+) -> Result<usize, PlaceError> {
+    inst.cluster_index(&p.cluster).ok_or_else(|| {
+        PlaceError::invalid(
+            format!("{list}[{i}].cluster"),
+            format!("no cluster {:?}", p.cluster),
+        )
+    })
 }
 
 /// Checks that `m` maps each VPC of `inst` to exactly one existing cluster: one row
@@ -1126,26 +1147,14 @@ pub fn place_tenant(
     let mut seen = HashSet::new();
     let mut already = Vec::new();
     for (i, p) in current.iter().enumerate() {
-        let &(pt, pv) = index
-            .get(&(p.tenant.as_str(), p.vpc.as_str()))
-            .ok_or_else(|| {
-                PlaceError::invalid(
-                    format!("current[{i}]"),
-                    format!("tenant {:?} has no VPC {:?}", p.tenant, p.vpc),
-                )
-            })?;
+        let (pt, pv) = placed_vpc(&index, "current", i, p)?;
         if !seen.insert((pt, pv)) {
             return Err(PlaceError::invalid(
                 format!("current[{i}]"),
                 format!("VPC {:?} of tenant {:?} is placed twice", p.vpc, p.tenant),
             ));
         }
-        let c = inst.cluster_index(&p.cluster).ok_or_else(|| {
-            PlaceError::invalid(
-                format!("current[{i}].cluster"),
-                format!("no cluster {:?}", p.cluster),
-            )
-        })?;
+        let c = placed_cluster(inst, "current", i, p)?;
         loads[c] += inst.tenants[pt].vpcs[pv].demand;
         if pt == t {
             placed_here[pv] = true;
