@@ -154,6 +154,16 @@ def containers(spec):
     return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
 
 
+def pod_containers(docs):
+    """(doc, pod spec, container) for every container of every document that runs pods."""
+    for d in docs:
+        spec = pod_spec(d)
+        if spec is None:
+            continue
+        for c in containers(spec):
+            yield d, spec, c
+
+
 def env_names(c, docs):
     names = {e.get("name") for e in c.get("env") or []}
     for src in c.get("envFrom") or []:
@@ -371,32 +381,28 @@ def check_fm_config(binary, cname, words, c, spec, docs):
 def check_starfabric(docs, binary):
     errs = []
     checked = 0
-    for d in docs:
-        spec = pod_spec(d)
-        if spec is None:
+    for d, spec, c in pod_containers(docs):
+        cmd = list(c.get("command") or [])
+        if cmd and os.path.basename(cmd[0]) == "starfabric":
+            line = cmd[1:] + list(c.get("args") or [])
+        elif not cmd and is_starfabric_image(c.get("image", "")):
+            line = list(c.get("args") or [])  # the image's ENTRYPOINT is starfabric
+        else:
             continue
-        for c in containers(spec):
-            cmd = list(c.get("command") or [])
-            if cmd and os.path.basename(cmd[0]) == "starfabric":
-                line = cmd[1:] + list(c.get("args") or [])
-            elif not cmd and is_starfabric_image(c.get("image", "")):
-                line = list(c.get("args") or [])  # the image's ENTRYPOINT is starfabric
-            else:
-                continue
-            cname = f"{oid(d)} container {c.get('name')}"
-            words = expand(line, c, name(d), docs)
-            errs += check_cli(binary, cname, words)
-            checked += 1
-            for i, w in enumerate(words):
-                inner = None
-                if w.startswith("--autoscale="):
-                    inner = w.split("=", 1)[1]
-                elif w == "--autoscale" and i + 1 < len(words):
-                    inner = words[i + 1]
-                if inner is not None:
-                    errs += check_cli(binary, cname + " --autoscale", ["autoscale"] + shlex.split(inner))
-            if words and words[0] == "fm":
-                errs += check_fm_config(binary, cname, words, c, spec, docs)
+        cname = f"{oid(d)} container {c.get('name')}"
+        words = expand(line, c, name(d), docs)
+        errs += check_cli(binary, cname, words)
+        checked += 1
+        for i, w in enumerate(words):
+            inner = None
+            if w.startswith("--autoscale="):
+                inner = w.split("=", 1)[1]
+            elif w == "--autoscale" and i + 1 < len(words):
+                inner = words[i + 1]
+            if inner is not None:
+                errs += check_cli(binary, cname + " --autoscale", ["autoscale"] + shlex.split(inner))
+        if words and words[0] == "fm":
+            errs += check_fm_config(binary, cname, words, c, spec, docs)
     return errs, checked
 
 
@@ -409,18 +415,14 @@ def check_etcd(docs, etcd):
     r = subprocess.run([etcd, "--help"], capture_output=True, text=True, timeout=30)
     text = r.stdout + r.stderr
     n = 0
-    for d in docs:
-        spec = pod_spec(d)
-        if spec is None:
+    for d, _, c in pod_containers(docs):
+        cmd = list(c.get("command") or [])
+        if not cmd or os.path.basename(cmd[0]) != "etcd":
             continue
-        for c in containers(spec):
-            cmd = list(c.get("command") or [])
-            if not cmd or os.path.basename(cmd[0]) != "etcd":
-                continue
-            n += 1
-            for f in flags_of(list(c.get("args") or [])):
-                if not re.search(r"(?<![\w-])" + re.escape(f) + r"(?![\w-])", text):
-                    errs.append(f"{oid(d)} container {c.get('name')}: etcd has no flag {f} (not in `{etcd} --help`)")
+        n += 1
+        for f in flags_of(list(c.get("args") or [])):
+            if not re.search(r"(?<![\w-])" + re.escape(f) + r"(?![\w-])", text):
+                errs.append(f"{oid(d)} container {c.get('name')}: etcd has no flag {f} (not in `{etcd} --help`)")
     return errs, f"{n} etcd container(s) against {etcd}"
 
 

@@ -3,17 +3,14 @@
 use cores::assign::{baselines, Assigner};
 use cores::bench::{run, BenchOptions};
 use cores::{evaluate, Sfc2cpuModel, TwinParams, Workload};
+use testkit::docs::first_json_block;
 
 const DOC: &str = include_str!("../../../docs/cores.md");
 
 #[test]
 fn the_documented_workload_parses_and_runs() {
-    let start = DOC
-        .find("```json\n")
-        .expect("docs/cores.md has a json block")
-        + 8;
-    let len = DOC[start..].find("```").expect("the json block ends");
-    let w = Workload::from_json(&DOC[start..start + len]).unwrap_or_else(|e| panic!("{e}"));
+    let json = first_json_block(DOC, "docs/cores.md");
+    let w = Workload::from_json(json).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(w.problems.len(), 1);
     let p = &w.problems[0];
     assert_eq!((p.cores, p.vnfs.len(), p.sfcs.len()), (4, 3, 2));

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{nf_part, wait, Cluster};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{tcp_v4, vxlan_wrap};
+use packet::tcp_flags::SYN;
 use pipeline::{
-    format_actions, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, VecSource,
-    VpcBinding, Worker,
+    format_actions, FlowKey, ManualClock, MemRing, Pipeline, PipelineConfig, VecSource, VpcBinding,
+    Worker,
 };
 use pp::{FmClient, FmClientConfig};
 use proto::ChainDef;
+use testkit::rig::node;
 
 const VNI: u32 = 100;
 
@@ -51,28 +52,14 @@ fn chain(nfs: serde_json::Value) -> ChainDef {
     .unwrap()
 }
 
-fn node() -> NodeAddr {
-    NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    }
-}
+/// The client, and the VIP the test chains' LB serves.
+const CLIENT: [u8; 4] = [198, 18, 10, 2];
+const VIP: [u8; 4] = [198, 19, 0, 100];
 
 /// A TCP packet of client port `sport` to the VIP (or to `dport`), carrying `seq` in its
 /// payload so the test can tell the packets apart after every rewrite.
 fn packet(sport: u16, dport: u16, seq: u8) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 100]),
-        L4Spec::Tcp {
-            sport,
-            dport,
-            flags: 0x02,
-            seq: 1,
-        },
-        &[seq; 16],
-    );
+    let inner = tcp_v4(CLIENT, sport, VIP, dport, SYN, 1, &[seq; 16]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)
 }
 

@@ -11,8 +11,16 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fm::FmConfig;
-use pipeline::RuleSource;
+use pipeline::{RuleReply, RuleSource};
 use pp::FmClientConfig;
+
+/// Whether FM refused the request as setup overload.
+fn is_shed(r: &RuleReply) -> bool {
+    r.result
+        .as_ref()
+        .err()
+        .is_some_and(|e| e.contains("setup-overload"))
+}
 
 #[test]
 fn a_request_flood_sheds_flows_as_setup_overload_and_drops_no_session() {
@@ -55,13 +63,7 @@ fn a_request_flood_sheds_flows_as_setup_overload_and_drops_no_session() {
     while t.elapsed() < Duration::from_secs(3) {
         if let Ok(r) = replies.recv_timeout(Duration::from_millis(10)) {
             got += 1;
-            if r.result
-                .as_ref()
-                .err()
-                .is_some_and(|e| e.contains("setup-overload"))
-            {
-                shed += 1;
-            }
+            shed += u64::from(is_shed(&r));
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -72,13 +74,7 @@ fn a_request_flood_sheds_flows_as_setup_overload_and_drops_no_session() {
     while got < n && Instant::now() < deadline {
         if let Ok(r) = replies.recv_timeout(Duration::from_millis(100)) {
             got += 1;
-            if r.result
-                .as_ref()
-                .err()
-                .is_some_and(|e| e.contains("setup-overload"))
-            {
-                shed += 1;
-            }
+            shed += u64::from(is_shed(&r));
         }
     }
     assert_eq!(got, n, "requests left unanswered");

@@ -4,19 +4,15 @@ use std::sync::{Arc, Mutex};
 
 use fm::metrics::{fm_exporter, FmSnapshot};
 use pipeline::{DropReason, Pipeline};
-use pipeline::{NodeAddr, PipelineConfig, RuleSource, VpcBinding};
+use pipeline::{PipelineConfig, RuleSource, VpcBinding};
 use pp::metrics::{pp_exporter, PpSnapshot};
 use pp::UdpVxlanStats;
 use sc::metrics::{sc_exporter, ScSnapshot};
 use telemetry::scrape;
+use testkit::rig::node;
 
 fn pipeline() -> Pipeline {
-    let node = NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    };
-    let mut cfg = PipelineConfig::new(node);
+    let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 1024;
     let mut p = Pipeline::new(cfg, RuleSource::None).unwrap();
     p.bind_vpc(
@@ -87,86 +83,67 @@ fn snapshots_render_the_named_series() {
             "{r:?}"
         );
     }
-    assert_eq!(
-        v(pp, "starfabric_pp_tenant_packets_total", &[("tenant", "7")]),
-        Some(0.0)
-    );
-    assert_eq!(
-        v(pp, "starfabric_pp_flow_table_capacity", &[]),
-        Some(1024.0)
-    );
-    assert_eq!(
-        v(
-            pp,
-            "starfabric_pp_rule_setup_seconds_bucket",
-            &[("le", "0.0025")]
+    // (series, labels, value) each exposition must hold.
+    type Want = (&'static str, &'static [(&'static str, &'static str)], f64);
+    let pp_wants: &[Want] = &[
+        (
+            "starfabric_pp_tenant_packets_total",
+            &[("tenant", "7")],
+            0.0,
         ),
-        Some(0.0)
-    );
-    assert_eq!(
-        v(
-            pp,
+        ("starfabric_pp_flow_table_capacity", &[], 1024.0),
+        (
             "starfabric_pp_rule_setup_seconds_bucket",
-            &[("le", "0.005")]
+            &[("le", "0.0025")],
+            0.0,
         ),
-        Some(1.0)
-    );
-    assert_eq!(v(pp, "starfabric_pp_fm_connected", &[]), Some(0.0));
-    assert_eq!(
-        v(
-            fm,
+        (
+            "starfabric_pp_rule_setup_seconds_bucket",
+            &[("le", "0.005")],
+            1.0,
+        ),
+        ("starfabric_pp_fm_connected", &[], 0.0),
+    ];
+    let fm_wants: &[Want] = &[
+        (
             "starfabric_fm_tenant_requests_total",
-            &[("tenant", "7")]
+            &[("tenant", "7")],
+            5.0,
         ),
-        Some(5.0)
-    );
-    assert_eq!(
-        v(fm, "starfabric_fm_live_nodes", &[("role", "sc")]),
-        Some(3.0)
-    );
-    assert_eq!(v(fm, "starfabric_fm_request_seconds_count", &[]), Some(1.0));
-    assert_eq!(
-        v(
-            sc,
+        ("starfabric_fm_live_nodes", &[("role", "sc")], 3.0),
+        ("starfabric_fm_request_seconds_count", &[], 1.0),
+    ];
+    let sc_wants: &[Want] = &[
+        (
             "starfabric_sc_replica_role",
-            &[("group", "3"), ("role", "tail")]
+            &[("group", "3"), ("role", "tail")],
+            1.0,
         ),
-        Some(1.0)
-    );
-    assert_eq!(
-        v(
-            sc,
+        (
             "starfabric_sc_group_requests_applied_total",
-            &[("position", "2")]
+            &[("position", "2")],
+            9.0,
         ),
-        Some(9.0)
-    );
-    // Two groups of tenant 7 on this node are summed.
-    assert_eq!(
-        v(
-            sc,
+        // Two groups of tenant 7 on this node are summed.
+        (
             "starfabric_sc_requests_applied_total",
-            &[("tenant", "7")]
+            &[("tenant", "7")],
+            18.0,
         ),
-        Some(18.0)
-    );
-    // Both parked: the chain runs no replica here.
-    assert_eq!(
-        v(
-            sc,
+        // Both parked: the chain runs no replica here.
+        (
             "starfabric_sc_chain_replicas_running",
-            &[("tenant", "7"), ("chain", "1")]
+            &[("tenant", "7"), ("chain", "1")],
+            0.0,
         ),
-        Some(0.0)
-    );
-    assert_eq!(
-        v(sc, "starfabric_sc_replica_parked", &[("group", "3")]),
-        Some(1.0)
-    );
-    assert_eq!(
-        v(sc, "starfabric_sc_replica_wake_seconds_count", &[]),
-        Some(0.0)
-    );
+        ("starfabric_sc_replica_parked", &[("group", "3")], 1.0),
+        ("starfabric_sc_replica_wake_seconds_count", &[], 0.0),
+    ];
+    for (samples, wants) in [(pp, pp_wants), (fm, fm_wants), (sc, sc_wants)] {
+        for &(name, labels, want) in wants {
+            assert_eq!(v(samples, name, labels), Some(want), "{name} {labels:?}");
+        }
+    }
 }
 
 /// Every metric a dashboard expression names is a series some node exports.

@@ -10,17 +10,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{group_traffic, wait, Cluster};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
-    CounterReportConfig, FlowKey, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig,
-    VecSource, VpcBinding, Worker,
+    CounterReportConfig, FlowKey, ManualClock, MemRing, Pipeline, PipelineConfig, VecSource,
+    VpcBinding, Worker,
 };
 use pp::{FmClient, FmClientConfig};
 use proto::ChainDef;
+use testkit::rig::node;
 
 const VNI: u32 = 100;
 const EGRESS_VNI: u32 = 200;
+const CLIENT: [u8; 4] = [198, 18, 10, 2];
+const SERVER: [u8; 4] = [198, 19, 0, 9];
+/// The chain's SNAT pool address.
+const SNAT_ADDR: [u8; 4] = [198, 19, 255, 1];
 
 fn chain() -> ChainDef {
     serde_json::from_value(serde_json::json!({
@@ -37,39 +41,15 @@ fn chain() -> ChainDef {
     .unwrap()
 }
 
-fn node() -> NodeAddr {
-    NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    }
-}
-
 /// A UDP packet of the client 198.18.10.2:40000 to 198.19.0.9:53, `payload` bytes long.
 fn request(payload: usize) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp {
-            sport: 40000,
-            dport: 53,
-        },
-        &vec![7u8; payload],
-    );
+    let inner = udp_v4(CLIENT, 40000, SERVER, 53, &vec![7u8; payload]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, VNI, &inner)
 }
 
 /// The server's reply to the translated address, on the egress VNI.
 fn reply(to_port: u16, payload: usize) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 19, 0, 9]),
-        Addr::V4([198, 19, 255, 1]),
-        L4Spec::Udp {
-            sport: 53,
-            dport: to_port,
-        },
-        &vec![9u8; payload],
-    );
+    let inner = udp_v4(SERVER, 53, SNAT_ADDR, to_port, &vec![9u8; payload]);
     vxlan_wrap([198, 18, 0, 9], [198, 18, 0, 1], 52000, EGRESS_VNI, &inner)
 }
 

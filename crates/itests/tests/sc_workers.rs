@@ -10,9 +10,17 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ask, chain, local, mapping, nf_part, pp_session, wait, Cluster};
+use common::{ask, chain, mapping, nf_part, pp_session, wait, Cluster};
 use pp::FmClientConfig;
-use sc::{ScConfig, ScProcess};
+use sc::{ScConfig, WorkerStats};
+
+/// One worker counter summed over the cluster's SC nodes.
+fn workers_sum(c: &Cluster, counter: impl Fn(&WorkerStats) -> u64) -> u64 {
+    c.scs
+        .iter()
+        .map(|s| counter(&s.observer().worker_stats()))
+        .sum()
+}
 
 /// FW (allow, UDP conntrack entries live `udp_s`) → SNAT, built-in NFs.
 fn fw_snat(udp_s: u64) -> proto::ChainDef {
@@ -23,10 +31,9 @@ fn fw_snat(udp_s: u64) -> proto::ChainDef {
     ]))
 }
 
-/// FM and three SC nodes whose replicas park after 150 ms idle; heads run NF timers
-/// every 100 ms.
-fn cluster(udp_s: u64) -> Cluster {
-    let rt = common::runtime();
+/// FM, whose cache holds one flow, and three SC nodes tuned by `tune`, on a
+/// [`fw_snat`] chain.
+fn uncached_cluster(udp_s: u64, tune: impl Fn(&mut ScConfig)) -> Cluster {
     let cfg = fm::FmConfig {
         chains: vec![fw_snat(udp_s)],
         // FM must ask SC again for a flow it answered before, so the second phase reads
@@ -34,17 +41,17 @@ fn cluster(udp_s: u64) -> Cluster {
         cache_capacity: 1,
         ..fm::FmConfig::default()
     };
-    let fm = rt.block_on(fm::start(cfg, local())).unwrap();
-    let scs = (0..3)
-        .map(|i| {
-            let mut c = ScConfig::new(&format!("sc-{i}"), local(), &fm.addr().to_string());
-            c.idle = Some(Duration::from_millis(150));
-            c.timer_period = Duration::from_millis(100);
-            c.workers = 3;
-            ScProcess::spawn(c, Arc::new(sc::BuiltinNfs)).unwrap()
-        })
-        .collect();
-    Cluster { rt, fm, scs }
+    Cluster::start_tuned(cfg, 3, Arc::new(sc::BuiltinNfs), tune)
+}
+
+/// FM and three SC nodes whose replicas park after 150 ms idle; heads run NF timers
+/// every 100 ms.
+fn cluster(udp_s: u64) -> Cluster {
+    uncached_cluster(udp_s, |c| {
+        c.idle = Some(Duration::from_millis(150));
+        c.timer_period = Duration::from_millis(100);
+        c.workers = 3;
+    })
 }
 
 /// Every replica of every node is parked and no worker is busy: the chain is at zero.
@@ -114,17 +121,9 @@ fn snat_mappings_and_conntrack_survive_zero_instances() {
     // The same flows again: the woken head answers the same external ports.
     let after = mappings(&ask(&link.source, 0..40));
     assert_eq!(after, before);
-    let wakes: u64 = c
-        .scs
-        .iter()
-        .map(|s| s.observer().worker_stats().wakes)
-        .sum();
+    let wakes: u64 = workers_sum(&c, |w| w.wakes);
     assert!(wakes >= 1, "the second phase woke no replica");
-    let head_wakes: u64 = c
-        .scs
-        .iter()
-        .map(|s| s.observer().worker_stats().wake.count)
-        .sum();
+    let head_wakes: u64 = workers_sum(&c, |w| w.wake.count);
     assert!(head_wakes >= 1);
     // New flows after the wake get ports no old flow holds (the port table survived).
     let fresh = mappings(&ask(&link.source, 40..60));
@@ -177,21 +176,7 @@ fn nf_timers_expire_conntrack_while_parked() {
 /// `setup-overload` for each flow instead of a rule (and no state was made for them).
 #[test]
 fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
-    let rt = common::runtime();
-    let cfg = fm::FmConfig {
-        chains: vec![fw_snat(600)],
-        cache_capacity: 1,
-        ..fm::FmConfig::default()
-    };
-    let fm = rt.block_on(fm::start(cfg, local())).unwrap();
-    let scs = (0..3)
-        .map(|i| {
-            let mut c = ScConfig::new(&format!("sc-{i}"), local(), &fm.addr().to_string());
-            c.queue_limit = Some(0);
-            ScProcess::spawn(c, Arc::new(sc::BuiltinNfs)).unwrap()
-        })
-        .collect();
-    let c = Cluster { rt, fm, scs };
+    let c = uncached_cluster(600, |c| c.queue_limit = Some(0));
     c.wait_groups(1, 3);
     let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
     let replies = ask(&link.source, 0..10);
@@ -202,11 +187,7 @@ fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
             "{r:?}"
         );
     }
-    let shed: u64 = c
-        .scs
-        .iter()
-        .map(|s| s.observer().worker_stats().shed_queue)
-        .sum();
+    let shed: u64 = workers_sum(&c, |w| w.shed_queue);
     assert!(shed >= 10, "shed {shed}");
     // Nothing reached the NFs: no replica applied a request.
     let applied: u64 = c

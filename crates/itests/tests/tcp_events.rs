@@ -11,29 +11,17 @@ use std::time::Duration;
 use common::{nf_part, snat_chain, wait, Cluster};
 use nf::NetworkFunction;
 use nfs::snat::{Snat, SnatConfig, SnatPool};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{tcp_v4, vxlan_wrap};
+use packet::tcp_flags::{ACK, SYN};
 use pipeline::{
-    FlowKey, ManualClock, MemRing, NodeAddr, NoticeKind, Pipeline, PipelineConfig, VecSource,
-    VpcBinding, Worker,
+    FlowKey, ManualClock, MemRing, NoticeKind, Pipeline, PipelineConfig, VecSource, VpcBinding,
+    Worker,
 };
 use pp::{FmClient, FmClientConfig};
-
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
+use testkit::rig::node;
 
 fn segment(flags: u8) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Tcp {
-            sport: 40000,
-            dport: 80,
-            flags,
-            seq: 1,
-        },
-        b"",
-    );
+    let inner = tcp_v4([198, 18, 10, 2], 40000, [198, 19, 0, 9], 80, flags, 1, b"");
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, 100, &inner)
 }
 
@@ -67,11 +55,7 @@ fn a_handshake_through_pp_moves_the_snat_mapping_to_the_established_timeout() {
     let (client, mut links) =
         FmClient::start(FmClientConfig::new(&cluster.fm_addr(), "pp-events")).unwrap();
     let link = links.remove(0);
-    let mut cfg = PipelineConfig::new(NodeAddr {
-        ip: "198.18.0.1".parse().unwrap(),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    });
+    let mut cfg = PipelineConfig::new(node());
     // Activity reports would refresh the deadline too; this test is about the handshake.
     cfg.notices.active_period_ms = 0;
     let mut p = Pipeline::new(cfg, link.source).unwrap();

@@ -26,8 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap, VXLAN_V4_OVERHEAD};
 use proto::v1;
 use serde_json::{json, Value};
 
@@ -286,12 +285,7 @@ impl Drop for Platform {
 /// One VXLAN datagram (VXLAN header and inner frame) of acme's VPC: UDP from
 /// 198.18.10.2:`sport` to 198.18.30.1:53.
 fn acme_datagram(vni: u32, sport: u16) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 18, 30, 1]),
-        L4Spec::Udp { sport, dport: 53 },
-        &[0u8; 200],
-    );
+    let inner = udp_v4([198, 18, 10, 2], sport, [198, 18, 30, 1], 53, &[0u8; 200]);
     vxlan_wrap([127, 0, 0, 1], [127, 0, 0, 1], 1, vni, &inner)[VXLAN_V4_OVERHEAD - 8..].to_vec()
 }
 
@@ -397,16 +391,21 @@ async fn wait_text(c: &Client, what: &str, ok: impl Fn(&str) -> bool) -> String 
     }
 }
 
-async fn login(c: &Client, base: &str, token: &str, expect: &str) -> String {
-    goto(c, &format!("{base}/ui")).await;
-    let field = c.find(Locator::Id("token")).await.expect("token field");
-    field.send_keys(token).await.unwrap();
-    c.find(Locator::Id("login"))
+/// Click the element with id `id`.
+async fn click(c: &Client, id: &str) {
+    c.find(Locator::Id(id))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
+}
+
+async fn login(c: &Client, base: &str, token: &str, expect: &str) -> String {
+    goto(c, &format!("{base}/ui")).await;
+    let field = c.find(Locator::Id("token")).await.expect("token field");
+    field.send_keys(token).await.unwrap();
+    click(c, "login").await;
     wait_text(c, "the page after logging in", |t| t.contains(expect)).await
 }
 
@@ -734,12 +733,7 @@ fn dashboard_over_a_real_platform_in_headless_chromium() {
         assert_eq!(htmx, json!("object"), "htmx loaded from /ui/static");
 
         // ---- log out: the login page, and the pages are closed again
-        c.find(Locator::Id("logout"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&c, "logout").await;
         wait_text(&c, "the login page after logging out", |t| {
             t.contains("Log in")
         })

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     Action, FlowKey, FrameSource, MemRing, MonotonicClock, NodeAddr, PacketIo, Pipeline,
     PipelineConfig, Rule, RuleReply, RuleSource, VpcBinding, Worker, MAX_BATCH,
@@ -127,73 +126,36 @@ pub struct PipelineBenchArgs {
 }
 
 pub fn run(c: BenchCmd) -> Result<()> {
+    use crate::{
+        bench_cores, bench_e2e, bench_isolation, bench_scaling, bench_setup, bench_workers,
+    };
     match c {
-        BenchCmd::Pipeline(a) => {
-            let r = pipeline_bench(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print_table(&r);
-            }
-            Ok(())
-        }
-        BenchCmd::Setup(a) => {
-            let r = crate::bench_setup::run(a.clone())?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                crate::bench_setup::print(&r);
-            }
-            Ok(())
-        }
-        BenchCmd::Workers(a) => {
-            let r = crate::bench_workers::run(a.clone())?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                crate::bench_workers::print(&r);
-            }
-            Ok(())
-        }
+        BenchCmd::Pipeline(a) => report(&pipeline_bench(&a)?, a.json, print_table),
+        BenchCmd::Setup(a) => report(&bench_setup::run(a.clone())?, a.json, bench_setup::print),
+        BenchCmd::Workers(a) => report(
+            &bench_workers::run(a.clone())?,
+            a.json,
+            bench_workers::print,
+        ),
         BenchCmd::XdpGen(a) => xdp_gen(&a),
         BenchCmd::Placement(a) => crate::bench_placement::bench(&a),
-        BenchCmd::Cores(a) => {
-            let r = crate::bench_cores::run(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                crate::bench_cores::print(&r);
-            }
-            Ok(())
-        }
-        BenchCmd::E2e(a) => {
-            let r = crate::bench_e2e::run(a.clone())?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                crate::bench_e2e::print(&r);
-            }
-            Ok(())
-        }
+        BenchCmd::Cores(a) => report(&bench_cores::run(&a)?, a.json, bench_cores::print),
+        BenchCmd::E2e(a) => report(&bench_e2e::run(a.clone())?, a.json, bench_e2e::print),
         BenchCmd::Isolation(a) => {
-            let r = crate::bench_isolation::run(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                crate::bench_isolation::print(&r);
-            }
-            Ok(())
+            report(&bench_isolation::run(&a)?, a.json, bench_isolation::print)
         }
-        BenchCmd::Scaling(a) => {
-            let r = crate::bench_scaling::run(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                crate::bench_scaling::print(&r);
-            }
-            Ok(())
-        }
+        BenchCmd::Scaling(a) => report(&bench_scaling::run(&a)?, a.json, bench_scaling::print),
     }
+}
+
+/// A bench's result on stdout: the JSON document with `--json`, else its table.
+fn report<R: Serialize>(r: &R, json: bool, print: fn(&R)) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        print(r);
+    }
+    Ok(())
 }
 
 /// Results; field names are the documented JSON interface.
@@ -251,15 +213,7 @@ pub(crate) fn flow_src(i: u64) -> (Ipv4Addr, u16) {
 /// (14 + 20 + 8 + 18 bytes, so the payload ends the frame); [`stamp_flow`] makes it
 /// flow `i`'s.
 pub(crate) fn template(dst: Ipv4Addr) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 0, 0]),
-        Addr::V4(dst.octets()),
-        L4Spec::Udp {
-            sport: 1024,
-            dport: 53,
-        },
-        &[0u8; 18],
-    );
+    let inner = udp_v4([198, 18, 0, 0], 1024, dst.octets(), 53, &[0u8; 18]);
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner)
 }
 

@@ -24,7 +24,7 @@ use testbed::baseline::{self, KernelMode};
 use testbed::measure::{self, Numbers};
 use testbed::platform::{self, Platform, PlatformSpec};
 use testbed::topo::{addr, vni, Node};
-use testbed::{services, Resources, Testbed, TopologySpec};
+use testbed::{services, Testbed, TopologySpec};
 
 use crate::testbed_cmd::{tenant_chain, ChainKind};
 
@@ -255,11 +255,7 @@ impl Runner<'_> {
 }
 
 pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
-    testbed::install_signal_cleanup()?;
-    testbed::check_prerequisites()?;
-    testbed::sweep_stale("sfb-");
-    let prefix = format!("sfb-{}-", std::process::id());
-    let res = Resources::new(&prefix);
+    let (prefix, res) = crate::testbed_cmd::testbed_run("sfb-")?;
     let tb = Testbed::build(
         TopologySpec::new(&prefix)
             .tenants(1)

@@ -31,7 +31,7 @@ use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, Scenari
 use testbed::platform::{self, PlatformSpec};
 use testbed::probe::ProbeSpec;
 use testbed::topo::vni;
-use testbed::{services, Resources, Testbed, TopologySpec};
+use testbed::{services, Testbed, TopologySpec};
 
 #[derive(Args, Clone, Debug)]
 pub struct ScalingBenchArgs {
@@ -105,12 +105,7 @@ pub struct FmFailoverReport {
 }
 
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
-    testbed::install_signal_cleanup()?;
-    testbed::check_prerequisites()?;
-    testbed::sweep_stale("sfs-");
-    let prefix = format!("sfs-{}-", std::process::id());
-    // Dropped at the end of this function, also on an error: deletes everything.
-    let res = Resources::new(&prefix);
+    let (prefix, res) = crate::testbed_cmd::testbed_run("sfs-")?;
     let tb = Testbed::build(
         TopologySpec::new(&prefix).tenants(1).pp_cluster(3),
         res.clone(),

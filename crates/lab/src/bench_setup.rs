@@ -378,6 +378,32 @@ fn phase(
 }
 
 /// The SC nodes' NFs for `--nfs test|builtin` (the benches share it).
+/// `groups` equal key-hash ranges of the chain, each its own group.
+pub(crate) fn equal_partitions(tenant: u32, chain: u32, groups: u32) -> Vec<proto::v1::Partition> {
+    let step = u64::MAX / u64::from(groups);
+    (0..u64::from(groups))
+        .map(|i| proto::v1::Partition {
+            tenant,
+            chain,
+            hash_lo: i * step,
+            hash_hi: if i + 1 == u64::from(groups) {
+                u64::MAX
+            } else {
+                (i + 1) * step - 1
+            },
+            group: 0,
+        })
+        .collect()
+}
+
+/// The runtime a bench's in-process FM runs on (two threads).
+pub(crate) fn fm_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
 pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
     match nfs {
         "test" => Arc::new(sc::testing::TestNfs),
@@ -389,10 +415,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
     let factory = chain_factory(&a.nfs);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = fm_runtime()?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
         ..fm::FmConfig::default()
@@ -402,21 +425,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let fm_addr = fm.addr().to_string();
     let groups = a.groups.max(1);
     if groups > 1 {
-        // N equal key-hash ranges of the chain, each its own group.
-        let step = u64::MAX / u64::from(groups);
-        let partitions = (0..u64::from(groups))
-            .map(|i| proto::v1::Partition {
-                tenant: proto_chain.tenant,
-                chain: proto_chain.chain,
-                hash_lo: i * step,
-                hash_hi: if i + 1 == u64::from(groups) {
-                    u64::MAX
-                } else {
-                    (i + 1) * step - 1
-                },
-                group: 0,
-            })
-            .collect();
+        let partitions = equal_partitions(proto_chain.tenant, proto_chain.chain, groups);
         rt.block_on(fm.set_desired(vec![proto_chain], partitions, Vec::new()))
             .context("FM")?;
     }

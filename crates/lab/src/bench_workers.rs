@@ -155,10 +155,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
     let factory = crate::bench_setup::chain_factory(&a.nfs);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = crate::bench_setup::fm_runtime()?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
         // Every ask reaches SC: the answer shows SC's state, not FM's cache.
@@ -184,20 +181,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     })?;
     let groups = a.groups.max(1);
     if groups > 1 {
-        let step = u64::MAX / u64::from(groups);
-        let partitions = (0..u64::from(groups))
-            .map(|i| proto::v1::Partition {
-                tenant: TENANT,
-                chain: CHAIN,
-                hash_lo: i * step,
-                hash_hi: if i + 1 == u64::from(groups) {
-                    u64::MAX
-                } else {
-                    (i + 1) * step - 1
-                },
-                group: 0,
-            })
-            .collect();
+        let partitions = crate::bench_setup::equal_partitions(TENANT, CHAIN, groups);
         rt.block_on(fm.set_desired(vec![proto_chain], partitions, Vec::new()))
             .context("FM")?;
     }

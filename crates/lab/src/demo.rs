@@ -9,8 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use packet::{parse_frame, L4};
 use pipeline::{
     format_actions, Action, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, Rule,
@@ -114,15 +113,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut w = Worker::new(p, io, 64, Box::new(clock.clone()));
 
     let packet = |seq: u8| {
-        let inner = ip_frame(
-            Addr::V4([198, 18, 10, 2]),
-            Addr::V4([198, 19, 0, 9]),
-            L4Spec::Udp {
-                sport: 40000,
-                dport: 53,
-            },
-            &[seq; 18],
-        );
+        let inner = udp_v4([198, 18, 10, 2], 40000, [198, 19, 0, 9], 53, &[seq; 18]);
         vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 51000, 100, &inner)
     };
 

@@ -131,6 +131,18 @@ pub fn tenant_chain(kind: ChainKind, j: usize, backends: usize) -> Result<proto:
     })
 }
 
+/// Ready this process for a bench on a testbed of its own: cleanup on signals, the
+/// tools checked, and what killed runs under `root` left swept. The run's name prefix
+/// and its resources, which delete everything when dropped (also on an error).
+pub(crate) fn testbed_run(root: &str) -> Result<(String, std::sync::Arc<Resources>)> {
+    testbed::install_signal_cleanup()?;
+    testbed::check_prerequisites()?;
+    testbed::sweep_stale(root);
+    let prefix = format!("{root}{}-", std::process::id());
+    let res = Resources::new(&prefix);
+    Ok((prefix, res))
+}
+
 fn up(a: UpArgs) -> Result<()> {
     testbed::install_signal_cleanup()?;
     testbed::check_prerequisites()?;

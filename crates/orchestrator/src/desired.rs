@@ -161,8 +161,14 @@ fn decode<T: DeserializeOwned>(key: &str, v: &Versioned) -> Result<T, ApiError> 
 }
 
 /// Set the read-only `revision` field of a decoded resource.
-trait Revised {
+trait Revised: Sized {
     fn set_revision(&mut self, r: u64);
+
+    /// This resource as the store holds it at revision `r` (0: as a PUT spells it).
+    fn at(mut self, r: u64) -> Self {
+        self.set_revision(r);
+        self
+    }
 }
 macro_rules! revised {
     ($($t:ty),*) => {$(impl Revised for $t { fn set_revision(&mut self, r: u64) { self.revision = r; } })*};
@@ -414,8 +420,8 @@ impl Desired {
                         rates: old.rates,
                         revision: 0,
                     };
-                    if (Tenant { revision: 0, ..old }) == t {
-                        return Ok((Tenant { revision: rev, ..t }, Put::Unchanged));
+                    if old.at(0) == t {
+                        return Ok((t.at(rev), Put::Unchanged));
                     }
                     (
                         t,
@@ -476,15 +482,7 @@ impl Desired {
             };
             ops.push(TxnOp::Put(key.clone(), encode(&tenant)));
             match self.store.txn(compares, ops).await {
-                Ok(rev) => {
-                    return Ok((
-                        Tenant {
-                            revision: rev,
-                            ..tenant
-                        },
-                        put,
-                    ))
-                }
+                Ok(rev) => return Ok((tenant.at(rev), put)),
                 Err(store::StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -512,13 +510,7 @@ impl Desired {
             // An empty spec is no rates.
             let rates = rates.filter(|r| r.requests.is_some() || r.packets.is_some());
             if old.rates == rates {
-                return Ok((
-                    Tenant {
-                        revision: rev,
-                        ..old
-                    },
-                    Put::Unchanged,
-                ));
+                return Ok((old.at(rev), Put::Unchanged));
             }
             let t = Tenant {
                 rates,
@@ -533,7 +525,7 @@ impl Desired {
                 )
                 .await
             {
-                Ok(rev) => return Ok((Tenant { revision: rev, ..t }, Put::Updated)),
+                Ok(rev) => return Ok((t.at(rev), Put::Updated)),
                 Err(store::StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -723,18 +715,8 @@ impl Desired {
         let mut ops = Vec::new();
         let put = match &current {
             Some((old, rev)) => {
-                if (Vpc {
-                    revision: 0,
-                    ..old.clone()
-                }) == vpc
-                {
-                    return Ok((
-                        Vpc {
-                            revision: *rev,
-                            ..vpc
-                        },
-                        Put::Unchanged,
-                    ));
+                if old.clone().at(0) == vpc {
+                    return Ok((vpc.at(*rev), Put::Unchanged));
                 }
                 compares.push(Compare::ModRev(key.clone(), *rev));
                 if old.vni != vpc.vni {
@@ -759,13 +741,7 @@ impl Desired {
             }
             e => e.into(),
         })?;
-        Ok((
-            Vpc {
-                revision: rev,
-                ..vpc
-            },
-            put,
-        ))
+        Ok((vpc.at(rev), put))
     }
 
     pub async fn delete_vpc(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
@@ -827,18 +803,8 @@ impl Desired {
         let mut compares = vec![Compare::ModRev(tkey, trev)];
         let put = match &current {
             Some((old, rev)) => {
-                if (NfInstance {
-                    revision: 0,
-                    ..old.clone()
-                }) == nf
-                {
-                    return Ok((
-                        NfInstance {
-                            revision: *rev,
-                            ..nf
-                        },
-                        Put::Unchanged,
-                    ));
+                if old.clone().at(0) == nf {
+                    return Ok((nf.at(*rev), Put::Unchanged));
                 }
                 compares.push(Compare::ModRev(key.clone(), *rev));
                 Put::Updated
@@ -852,13 +818,7 @@ impl Desired {
             .store
             .txn(compares, vec![TxnOp::Put(key, encode(&nf))])
             .await?;
-        Ok((
-            NfInstance {
-                revision: rev,
-                ..nf
-            },
-            put,
-        ))
+        Ok((nf.at(rev), put))
     }
 
     pub async fn delete_nf(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
@@ -983,18 +943,8 @@ impl Desired {
             // The whole chain as SC will build it: NF indices, egress, VNIs, MACs.
             chain_def(&t, &chain, &nf_objs)?;
             if let Some((old, rev)) = &current {
-                if (Chain {
-                    revision: 0,
-                    ..old.clone()
-                }) == chain
-                {
-                    return Ok((
-                        Chain {
-                            revision: *rev,
-                            ..chain
-                        },
-                        Put::Unchanged,
-                    ));
+                if old.clone().at(0) == chain {
+                    return Ok((chain.at(*rev), Put::Unchanged));
                 }
             }
             if current.as_ref().is_none_or(|(o, _)| o.vpc != spec.vpc) {
@@ -1003,15 +953,7 @@ impl Desired {
             ops.push(TxnOp::Put(bind.clone(), name.as_bytes().to_vec()));
             ops.push(TxnOp::Put(key.clone(), encode(&chain)));
             match self.store.txn(cmp, ops).await {
-                Ok(rev) => {
-                    return Ok((
-                        Chain {
-                            revision: rev,
-                            ..chain
-                        },
-                        put,
-                    ))
-                }
+                Ok(rev) => return Ok((chain.at(rev), put)),
                 Err(store::StoreError::Conflict { key: k }) if k.starts_with("chain-ids/") => {
                     continue
                 }

@@ -194,18 +194,8 @@ mod tests {
 
     #[test]
     fn fm_event_tenant_resolves_numbers_and_names() {
-        let t = |name: &str, id| Tenant {
-            name: name.into(),
-            id,
-            pp_cluster: "default".into(),
-            labels: Default::default(),
-            demand: None,
-            pinned_cluster: false,
-            rates: None,
-            revision: 0,
-        };
         let snap = Snapshot {
-            tenants: vec![t("acme", 1), t("globex", 2)],
+            tenants: vec![Tenant::test("acme", 1), Tenant::test("globex", 2)],
             ..Default::default()
         };
         let d = |v: Value| fm_event_tenant(&v, &snap);

@@ -78,6 +78,16 @@ impl Drop for OrchestratorHandle {
     }
 }
 
+/// A listener on `addr` for `what`, the service a bind error names.
+async fn bind(
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<tokio::net::TcpListener, OrchestratorError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| OrchestratorError::Bind { what, addr, source })
+}
+
 /// Start the API on `api` and the control service on `control` (port 0: any), on the
 /// current tokio runtime.
 pub async fn start(
@@ -87,22 +97,9 @@ pub async fn start(
     control: SocketAddr,
 ) -> Result<OrchestratorHandle, OrchestratorError> {
     let shared = Shared::new(cfg, Desired::new(store));
-    let api_listener =
-        tokio::net::TcpListener::bind(api)
-            .await
-            .map_err(|source| OrchestratorError::Bind {
-                what: "the API",
-                addr: api,
-                source,
-            })?;
+    let api_listener = bind("the API", api).await?;
     let api_addr = api_listener.local_addr()?;
-    let control_listener = tokio::net::TcpListener::bind(control)
-        .await
-        .map_err(|source| OrchestratorError::Bind {
-            what: "the control service",
-            addr: control,
-            source,
-        })?;
+    let control_listener = bind("the control service", control).await?;
     let control_addr = control_listener.local_addr()?;
     let mut tasks = Vec::new();
     let router = api::router(shared.clone());

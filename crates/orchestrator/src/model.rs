@@ -37,6 +37,24 @@ pub struct Tenant {
     pub revision: u64,
 }
 
+#[cfg(test)]
+impl Tenant {
+    /// Tenant `name` numbered `id` on the default PP cluster, with nothing else set: the
+    /// unit tests' tenant.
+    pub(crate) fn test(name: &str, id: u32) -> Tenant {
+        Tenant {
+            name: name.into(),
+            id,
+            pp_cluster: "default".into(),
+            labels: Default::default(),
+            demand: None,
+            pinned_cluster: false,
+            rates: None,
+            revision: 0,
+        }
+    }
+}
+
 /// Per-second rates of one kind of op at each PP node (paper 000 §7.2, Fig. 6): the
 /// tenant is guaranteed `base`, may burst to `burst` while it has credit (earned below
 /// `base`), yields down to `min` when idle, and may run `debt` ops into negative credit

@@ -999,25 +999,12 @@ mod tests {
     use super::*;
     use crate::model::{Chain, NfInstance, NfKind, Vpc};
 
-    fn tenant(name: &str, id: u32) -> Tenant {
-        Tenant {
-            name: name.into(),
-            id,
-            pp_cluster: "default".into(),
-            labels: Default::default(),
-            demand: None,
-            pinned_cluster: false,
-            rates: None,
-            revision: 0,
-        }
-    }
-
     fn snap() -> Snapshot {
-        let mut acme = tenant("acme", 1);
+        let mut acme = Tenant::test("acme", 1);
         acme.labels
             .insert("note".into(), "<script>alert(1)</script>".into());
         Snapshot {
-            tenants: vec![acme, tenant("globex", 2)],
+            tenants: vec![acme, Tenant::test("globex", 2)],
             vpcs: vec![Vpc {
                 tenant: "acme".into(),
                 name: "prod".into(),

@@ -141,6 +141,37 @@ pub fn ip_frame(src: Addr, dst: Addr, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
     .to_vec(payload)
 }
 
+/// [`ip_frame`] of an IPv4 UDP datagram from `src:sport` to `dst:dport`: the frame most
+/// tests and demos send.
+pub fn udp_v4(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8]) -> Vec<u8> {
+    ip_frame(
+        Addr::V4(src),
+        Addr::V4(dst),
+        L4Spec::Udp { sport, dport },
+        payload,
+    )
+}
+
+/// [`ip_frame`] of an IPv4 TCP segment from `src:sport` to `dst:dport` with `flags`
+/// ([`crate::tcp_flags`]) and sequence number `seq`.
+pub fn tcp_v4(
+    src: [u8; 4],
+    sport: u16,
+    dst: [u8; 4],
+    dport: u16,
+    flags: u8,
+    seq: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let l4 = L4Spec::Tcp {
+        sport,
+        dport,
+        flags,
+        seq,
+    };
+    ip_frame(Addr::V4(src), Addr::V4(dst), l4, payload)
+}
+
 /// Wrap `inner` in an IPv4 VXLAN outer header from `src` to `dst`.
 pub fn vxlan_wrap(src: [u8; 4], dst: [u8; 4], sport: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
     let t = EncapV4::new(DEFAULT_SRC_MAC, DEFAULT_DST_MAC, src, dst, vni);
@@ -157,15 +188,7 @@ mod tests {
 
     #[test]
     fn encap_header_checksum_is_valid() {
-        let inner = ip_frame(
-            Addr::V4([198, 18, 0, 10]),
-            Addr::V4([198, 19, 0, 1]),
-            L4Spec::Udp {
-                sport: 1000,
-                dport: 53,
-            },
-            b"hello",
-        );
+        let inner = udp_v4([198, 18, 0, 10], 1000, [198, 19, 0, 1], 53, b"hello");
         let f = vxlan_wrap([198, 18, 0, 1], [198, 18, 0, 2], 50000, 77, &inner);
         assert_eq!(crate::csum::checksum(0, &f[14..34]), 0);
         let p = parse_frame(&f).unwrap();

@@ -34,6 +34,15 @@ pub mod proto {
     pub const ICMPV6: u8 = 58;
 }
 
+/// TCP header flag bits (RFC 9293 §3.1), for the data plane and the frames tests build.
+pub mod tcp_flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const PSH: u8 = 0x08;
+    pub const ACK: u8 = 0x10;
+}
+
 /// EtherTypes used by the data plane.
 pub mod ethertype {
     pub const IPV4: u16 = 0x0800;

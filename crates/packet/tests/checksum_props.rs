@@ -3,7 +3,7 @@
 //! independent implementation, plus a from-scratch RFC 1071 sum for ICMP messages.
 
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
-use packet::build::{ip_frame, L4Spec};
+use packet::build::{ip_frame, udp_v4, L4Spec};
 use packet::csum;
 use packet::parse_frame;
 use packet::rewrite::{rewrite_endpoint, rewrite_icmp_error, Addr, Side};
@@ -265,12 +265,7 @@ fn build_error(src: Addr, dst: Addr, icmp: &[u8], v6: bool) -> Vec<u8> {
 
 #[test]
 fn rewrite_refuses_family_mismatch() {
-    let mut f = ip_frame(
-        Addr::V4([198, 18, 0, 1]),
-        Addr::V4([198, 18, 0, 2]),
-        L4Spec::Udp { sport: 1, dport: 2 },
-        b"",
-    );
+    let mut f = udp_v4([198, 18, 0, 1], 1, [198, 18, 0, 2], 2, b"");
     let p = parse_frame(&f).unwrap();
     let ip = *p.ip().unwrap();
     assert!(rewrite_endpoint(&mut f, &ip, Side::Src, Some(&Addr::V6([1; 16])), None).is_err());
@@ -286,12 +281,7 @@ proptest! {
         flips in proptest::collection::vec((0usize..60, any::<u8>()), 0..4),
         cut in 0usize..200,
     ) {
-        let inner = ip_frame(
-            Addr::V4([198, 18, 0, 2]),
-            Addr::V4([198, 19, 0, 2]),
-            L4Spec::Udp { sport: 1, dport: 2 },
-            &vec![7u8; inner_len],
-        );
+        let inner = udp_v4([198, 18, 0, 2], 1, [198, 19, 0, 2], 2, &vec![7u8; inner_len]);
         let mut f = packet::build::vxlan_wrap([198, 18, 0, 1], [198, 18, 0, 9], 49200, 42, &inner);
         for (at, x) in flips {
             if at < f.len() { f[at] ^= x; }

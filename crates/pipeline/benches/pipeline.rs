@@ -5,21 +5,26 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
 use pipeline::{
-    Action, FlowKey, FlowTable, MemRing, NodeAddr, PacketIo, Pipeline, PipelineConfig, Rule,
+    Action, Desc, FlowKey, FlowTable, MemRing, PacketIo, Pipeline, PipelineConfig, Rule,
     RuleSource, TraceCounters, TraceFilter, Tracer, VecSource,
 };
+use testkit::rig::{client_udp, node};
 
 fn tenant_frame(sport: u16) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport, dport: 53 },
-        &[0u8; 18],
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(100, sport, 53, &[0u8; 18])
+}
+
+/// 64 tenant frames of 64 flows, received: what a hit-path batch starts from.
+fn received_batch() -> (MemRing<VecSource>, Vec<Desc>) {
+    let mut src = VecSource::default();
+    for s in 0..64u16 {
+        src.push(tenant_frame(s), 0);
+    }
+    let mut io = MemRing::new(src, 64);
+    let mut d = Vec::with_capacity(64);
+    io.rx(&mut d, 64).unwrap();
+    (io, d)
 }
 
 fn key(sport: u16) -> FlowKey {
@@ -66,12 +71,7 @@ fn bench(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("pipeline");
     g.throughput(Throughput::Elements(64));
-    let node = NodeAddr {
-        ip: Ipv4Addr::new(198, 18, 0, 1),
-        mac: [2, 0, 0, 0, 0, 1],
-        gw_mac: [2, 0, 0, 0, 0, 2],
-    };
-    let mut p = Pipeline::new(PipelineConfig::new(node), RuleSource::None).unwrap();
+    let mut p = Pipeline::new(PipelineConfig::new(node()), RuleSource::None).unwrap();
     for s in 0..64u16 {
         p.install_rule(
             &Rule::new(
@@ -98,16 +98,7 @@ fn bench(c: &mut Criterion) {
     }
     g.bench_function("hit_batch_64_snat_reencap", |b| {
         b.iter_batched_ref(
-            || {
-                let mut src = VecSource::default();
-                for s in 0..64u16 {
-                    src.push(tenant_frame(s), 0);
-                }
-                let mut io = MemRing::new(src, 64);
-                let mut d = Vec::with_capacity(64);
-                io.rx(&mut d, 64).unwrap();
-                (io, d)
-            },
+            received_batch,
             |(io, d)| p.process(io.region(), d, 1),
             BatchSize::SmallInput,
         )
@@ -126,16 +117,7 @@ fn bench(c: &mut Criterion) {
     )));
     g.bench_function("hit_batch_64_snat_reencap_trace_armed_nomatch", |b| {
         b.iter_batched_ref(
-            || {
-                let mut src = VecSource::default();
-                for s in 0..64u16 {
-                    src.push(tenant_frame(s), 0);
-                }
-                let mut io = MemRing::new(src, 64);
-                let mut d = Vec::with_capacity(64);
-                io.rx(&mut d, 64).unwrap();
-                (io, d)
-            },
+            received_batch,
             |(io, d)| p.process(io.region(), d, 1),
             BatchSize::SmallInput,
         )

@@ -1,22 +1,13 @@
 //! Counter reports (the monitor's data): counted rules' counters leave the worker as
 //! deltas, periodically and when a rule leaves the table, bounded by the report queue.
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
 use pipeline::{
-    parse_actions, CounterReport, CounterReportConfig, FlowKey, ManualClock, PipelineConfig, Rule,
-    RuleReply, VpcBinding,
+    parse_actions, CounterReport, CounterReportConfig, FlowKey, PipelineConfig, Rule, RuleReply,
 };
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
 fn tenant_udp(sport: u16, payload: usize) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport, dport: 53 },
-        &vec![0u8; payload],
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(TENANT_VNI, sport, 53, &vec![0u8; payload])
 }
 
 fn key(sport: u16) -> FlowKey {
@@ -38,15 +29,7 @@ fn rig(reports: CounterReportConfig) -> Rig {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 1024;
     cfg.counter_reports = Some(reports);
-    Rig::new(cfg, 64, ManualClock::default(), |p| {
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 7,
-                chain: 3,
-            },
-        );
-    })
+    Rig::tenant(cfg, 64)
 }
 
 fn take(r: &mut Rig) -> Vec<CounterReport> {
@@ -193,15 +176,7 @@ fn a_full_queue_pauses_the_pass_without_loss_and_counts_lost_finals() {
 fn without_reports_counters_stay_cumulative() {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 64;
-    let mut r = Rig::new(cfg, 64, ManualClock::default(), |p| {
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 7,
-                chain: 3,
-            },
-        );
-    });
+    let mut r = Rig::tenant(cfg, 64);
     set_up(&mut r, 1000, true, 10);
     r.send((0..3).map(|_| tenant_udp(1000, 10)));
     r.clock.advance(5000);

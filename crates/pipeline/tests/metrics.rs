@@ -1,25 +1,17 @@
 //! The pipeline's observability counters: rule setup latency (on a [`ManualClock`], so
 //! every observation is exact) and per-tenant packets, bytes, drops and flow setups.
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
 use pipeline::{
     parse_actions, DropReason, FlowKey, LatencyHistogram, ManualClock, MemRing, PendingConfig,
     Pipeline, PipelineConfig, Rule, RuleReply, RuleSource, TenantCounters, VecSource, VpcBinding,
     LATENCY_BOUNDS_US,
 };
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig};
 
 /// A tenant UDP packet on `vni` from 198.18.10.2:`sport` to 198.19.0.9:53 with
 /// `payload` bytes of payload.
 fn frame(vni: u32, sport: u16, payload: usize) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport, dport: 53 },
-        &vec![0xab; payload],
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, vni, &inner)
+    client_udp(vni, sport, 53, &vec![0xab; payload])
 }
 
 fn key(vni: u32, sport: u16) -> FlowKey {

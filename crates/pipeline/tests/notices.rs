@@ -3,47 +3,20 @@
 //! (the key PP asked about); activity by a periodic walk. The queue is bounded, and what
 //! does not fit is counted.
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{tcp_v4, vxlan_wrap};
+use packet::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 use pipeline::{
-    parse_actions, FlowKey, FlowNotice, ManualClock, NoticeConfig, NoticeKind, PipelineConfig,
-    Rule, RuleReply, VpcBinding,
+    parse_actions, FlowKey, FlowNotice, NoticeConfig, NoticeKind, PipelineConfig, Rule, RuleReply,
 };
 use testkit::rig::{node, Rig};
 
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
-const PSH: u8 = 0x08;
-const ACK: u8 = 0x10;
-
 /// A tenant TCP segment 198.18.10.2:`sport` → 198.19.0.9:80 on VNI 100 (or its reply).
 fn tcp(sport: u16, flags: u8, reply: bool) -> Vec<u8> {
-    let (a, b) = (Addr::V4([198, 18, 10, 2]), Addr::V4([198, 19, 0, 9]));
+    let (a, b) = ([198, 18, 10, 2], [198, 19, 0, 9]);
     let inner = if reply {
-        ip_frame(
-            b,
-            a,
-            L4Spec::Tcp {
-                sport: 80,
-                dport: sport,
-                flags,
-                seq: 1,
-            },
-            b"",
-        )
+        tcp_v4(b, 80, a, sport, flags, 1, b"")
     } else {
-        ip_frame(
-            a,
-            b,
-            L4Spec::Tcp {
-                sport,
-                dport: 80,
-                flags,
-                seq: 1,
-            },
-            b"",
-        )
+        tcp_v4(a, sport, b, 80, flags, 1, b"")
     };
     vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
 }
@@ -58,15 +31,7 @@ fn rig(notices: NoticeConfig) -> Rig {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 1024;
     cfg.notices = notices;
-    Rig::new(cfg, 64, ManualClock::default(), |p| {
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 7,
-                chain: 3,
-            },
-        );
-    })
+    Rig::tenant(cfg, 64)
 }
 
 fn no_walk() -> NoticeConfig {

@@ -4,25 +4,19 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
+use packet::build::{ip_frame, udp_v4, vxlan_wrap, L4Spec};
 use packet::rewrite::Addr;
 use pipeline::{
-    parse_actions, DropReason, FlowKey, ManualClock, MemRing, PacketIo, PendingConfig, Pipeline,
-    PipelineConfig, Policer, Rule, RuleReply, RuleSource, VecSource, Verdict, VpcBinding,
+    parse_actions, DropReason, FlowKey, MemRing, PacketIo, PendingConfig, Pipeline, PipelineConfig,
+    Policer, Rule, RuleReply, RuleSource, VecSource, Verdict,
 };
 use proptest::prelude::*;
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
 /// A tenant UDP packet from 198.18.10.2:`sport` to 198.19.0.9:53 on VNI 100, with a
 /// sequence number in the payload.
 fn tenant_udp(sport: u16, seq: u32) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport, dport: 53 },
-        &seq.to_be_bytes(),
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(TENANT_VNI, sport, 53, &seq.to_be_bytes())
 }
 
 fn tenant_key(sport: u16) -> FlowKey {
@@ -43,15 +37,7 @@ fn rig(pending: PendingConfig, channel_cap: usize) -> Rig {
     let mut cfg = PipelineConfig::new(node());
     cfg.pending = pending;
     cfg.flow_capacity = 1024;
-    let mut r = Rig::new(cfg, channel_cap, ManualClock::default(), |p| {
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 7,
-                chain: 3,
-            },
-        );
-    });
+    let mut r = Rig::tenant(cfg, channel_cap);
     r.worker.io.sink.capture = true;
     r
 }
@@ -177,12 +163,7 @@ fn error_reply_drops_held_packets_with_a_reason() {
 #[test]
 fn unknown_vni_is_dropped_without_a_request() {
     let mut r = rig(PendingConfig::default(), 4);
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport: 1, dport: 2 },
-        b"x",
-    );
+    let inner = udp_v4([198, 18, 10, 2], 1, [198, 19, 0, 9], 2, b"x");
     r.send([vxlan_wrap(
         [198, 18, 0, 50],
         [198, 18, 0, 1],
@@ -272,15 +253,18 @@ fn replacing_a_rule_takes_effect_at_once() {
     );
 }
 
+/// Admits while `left` is not spent, spending one per admission.
+fn spend(left: &mut u32) -> bool {
+    let admit = *left > 0;
+    *left = left.saturating_sub(1);
+    admit
+}
+
 struct Budget(u32);
 impl Policer for Budget {
     fn admit(&mut self, class: u16, _bytes: u32, _now: u32) -> bool {
         assert_eq!(class, 4);
-        if self.0 == 0 {
-            return false;
-        }
-        self.0 -= 1;
-        true
+        spend(&mut self.0)
     }
 }
 
@@ -306,11 +290,7 @@ impl Policer for NewFlows {
     }
     fn admit_request(&mut self, tenant: u32, _now_us: u64) -> bool {
         assert_eq!(tenant, 7);
-        if self.0 == 0 {
-            return false;
-        }
-        self.0 -= 1;
-        true
+        spend(&mut self.0)
     }
 }
 
@@ -348,11 +328,7 @@ impl Policer for TenantPackets {
     }
     fn admit_packet(&mut self, tenant: u32, _bytes: u32, _now: u32) -> bool {
         assert_eq!(tenant, 7);
-        if self.0 == 0 {
-            return false;
-        }
-        self.0 -= 1;
-        true
+        spend(&mut self.0)
     }
 }
 

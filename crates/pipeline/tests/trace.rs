@@ -4,22 +4,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
 use pipeline::{
-    parse_actions, FlowKey, Lookup, ManualClock, PipelineConfig, Rule, RuleReply, TraceCounters,
-    TraceFilter, TraceRecord, Tracer, VpcBinding,
+    parse_actions, FlowKey, Lookup, PipelineConfig, Rule, RuleReply, TraceCounters, TraceFilter,
+    TraceRecord, Tracer,
 };
-use testkit::rig::{node, Rig};
+use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
 fn tenant_udp(sport: u16, dport: u16) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 9]),
-        L4Spec::Udp { sport, dport },
-        &[0u8; 8],
-    );
-    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, 100, &inner)
+    client_udp(TENANT_VNI, sport, dport, &[0u8; 8])
 }
 
 fn key(sport: u16, dport: u16) -> FlowKey {
@@ -31,15 +23,7 @@ fn key(sport: u16, dport: u16) -> FlowKey {
 fn rig() -> Rig {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = 1024;
-    let mut r = Rig::new(cfg, 16, ManualClock::default(), |p| {
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 7,
-                chain: 3,
-            },
-        );
-    });
+    let mut r = Rig::tenant(cfg, 16);
     r.worker.io.sink.capture = true;
     r
 }

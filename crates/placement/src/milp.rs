@@ -699,6 +699,50 @@ fn highs_relaxation_bound(
     }
 }
 
+/// The least `cost` of the placements `feasible` accepts, by trying every combination of
+/// node sets the limits allow: exponential, the reference the solvers are checked
+/// against on tiny instances. `None` when none is feasible.
+pub fn exhaustive_min(
+    inst: &Instance,
+    feasible: impl Fn(&Placement) -> bool,
+    cost: impl Fn(&Placement) -> f64,
+) -> Option<f64> {
+    let n = inst.nodes.len();
+    let l = &inst.limits;
+    let sets: Vec<Vec<NodeIdx>> = (1u32..(1 << n))
+        .map(|mask| (0..n).filter(|&e| mask & (1 << e) != 0).collect::<Vec<_>>())
+        .filter(|s| (l.g_min..=l.g_max).contains(&s.len()))
+        .collect();
+    if sets.is_empty() {
+        return None;
+    }
+    let m = inst.requests.len();
+    let mut idx = vec![0usize; m];
+    let mut best: Option<f64> = None;
+    loop {
+        let p = Placement {
+            sets: idx.iter().map(|&k| sets[k].clone()).collect(),
+        };
+        if feasible(&p) {
+            let c = cost(&p);
+            best = Some(best.map_or(c, |b: f64| b.min(c)));
+        }
+        // The next combination: `idx` counts like an odometer in base `sets.len()`.
+        let mut d = 0;
+        loop {
+            if d == m {
+                return best;
+            }
+            idx[d] += 1;
+            if idx[d] < sets.len() {
+                break;
+            }
+            idx[d] = 0;
+            d += 1;
+        }
+    }
+}
+
 /// A lower bound that needs no solver, for when the search stopped before its root
 /// relaxation was solved: the larger of
 /// - the G_min cheapest prices (every tenant needs G_min distinct nodes), and
@@ -788,35 +832,7 @@ mod tests {
 
     /// Every combination of node sets, the slow way.
     fn brute_force(inst: &Instance) -> Option<f64> {
-        let n = inst.nodes.len();
-        let sets: Vec<Vec<NodeIdx>> = (1u32..(1 << n))
-            .map(|mask| (0..n).filter(|&e| mask & (1 << e) != 0).collect::<Vec<_>>())
-            .filter(|s| (inst.limits.g_min..=inst.limits.g_max).contains(&s.len()))
-            .collect();
-        let m = inst.requests.len();
-        let mut idx = vec![0usize; m];
-        let mut best: Option<f64> = None;
-        loop {
-            let p = Placement {
-                sets: idx.iter().map(|&k| sets[k].clone()).collect(),
-            };
-            if check(inst, &p).is_empty() {
-                let c = cost(inst, &p);
-                best = Some(best.map_or(c, |b: f64| b.min(c)));
-            }
-            let mut d = 0;
-            loop {
-                if d == m {
-                    return best;
-                }
-                idx[d] += 1;
-                if idx[d] < sets.len() {
-                    break;
-                }
-                idx[d] = 0;
-                d += 1;
-            }
-        }
+        exhaustive_min(inst, |p| check(inst, p).is_empty(), |p| cost(inst, p))
     }
 
     #[test]

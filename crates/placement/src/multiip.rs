@@ -285,11 +285,8 @@ fn best_move(nodes: &[NodeSt], d: usize, mark: f64) -> Option<(usize, usize)> {
     let mut receivers: Vec<usize> = (0..nodes.len())
         .filter(|&r| r != d && !nodes[r].draining)
         .collect();
-    receivers.sort_by(|&a, &b| {
-        nodes[a]
-            .util()
-            .total_cmp(&nodes[b].util())
-            .then_with(|| nodes[a].id.cmp(&nodes[b].id))
+    rank(&mut receivers, Rank::Lowest, |i| {
+        (nodes[i].util(), nodes[i].id.as_str())
     });
     for r in receivers {
         let lr = nodes[r].load();
@@ -333,11 +330,8 @@ fn step1(
     while moves < budget {
         let cl = &clusters[c];
         let mut order: Vec<usize> = (0..cl.nodes.len()).collect();
-        order.sort_by(|&a, &b| {
-            cl.nodes[b]
-                .util()
-                .total_cmp(&cl.nodes[a].util())
-                .then_with(|| cl.nodes[a].id.cmp(&cl.nodes[b].id))
+        rank(&mut order, Rank::Highest, |i| {
+            (cl.nodes[i].util(), cl.nodes[i].id.as_str())
         });
         let found = order
             .iter()
@@ -408,6 +402,27 @@ fn redistribute(nodes: &[NodeSt], m: usize, mark: f64) -> Option<Vec<(usize, usi
         plan.push((w, r));
     }
     Some(plan)
+}
+
+/// Which end of a [`rank`] comes first.
+#[derive(Clone, Copy)]
+enum Rank {
+    Lowest,
+    Highest,
+}
+
+/// Orders the indices `idx` by the value `key` gives, `first` end first, ties by the
+/// id (ascending): every step walks its candidates in this order, so a plan does not
+/// depend on the input's order.
+fn rank<'a>(idx: &mut [usize], first: Rank, key: impl Fn(usize) -> (f64, &'a str)) {
+    idx.sort_by(|&a, &b| {
+        let ((ka, ia), (kb, ib)) = (key(a), key(b));
+        let by_key = match first {
+            Rank::Lowest => ka.total_cmp(&kb),
+            Rank::Highest => kb.total_cmp(&ka),
+        };
+        by_key.then_with(|| ia.cmp(ib))
+    });
 }
 
 fn validate(clusters: &[MipCluster], cfg: &SchedulerConfig) -> Result<(), PlaceError> {
@@ -525,11 +540,8 @@ pub fn schedule(clusters: &[MipCluster], cfg: &SchedulerConfig) -> Result<Plan, 
     let mut hot: Vec<usize> = (0..p.clusters.len())
         .filter(|&c| p.clusters[c].overloaded(mark))
         .collect();
-    hot.sort_by(|&a, &b| {
-        p.clusters[b]
-            .avg()
-            .total_cmp(&p.clusters[a].avg())
-            .then_with(|| p.clusters[a].id.cmp(&p.clusters[b].id))
+    rank(&mut hot, Rank::Highest, |i| {
+        (p.clusters[i].avg(), p.clusters[i].id.as_str())
     });
     for x in hot {
         while p.clusters[x].overloaded(mark) && p.budget_left() {
@@ -606,11 +618,8 @@ fn borrow_node(p: &mut Planner, x: usize) -> bool {
             d != x && cl.nodes.iter().filter(|n| !n.draining).count() >= 2 && !cl.overloaded(mark)
         })
         .collect();
-    donors.sort_by(|&a, &b| {
-        p.clusters[a]
-            .avg()
-            .total_cmp(&p.clusters[b].avg())
-            .then_with(|| p.clusters[a].id.cmp(&p.clusters[b].id))
+    rank(&mut donors, Rank::Lowest, |i| {
+        (p.clusters[i].avg(), p.clusters[i].id.as_str())
     });
     let x_max = p.clusters[x].max();
     // Room the moves may use: every move is one step.
@@ -832,6 +841,25 @@ mod tests {
         }
     }
 
+    /// Both nodes at 90% with three vIPs each: no vIP move inside the cluster helps.
+    fn hot() -> MipCluster {
+        cluster(
+            "hot",
+            vec![
+                node("h1", 0.9, &["a1", "a2", "a3"]),
+                node("h2", 0.9, &["a4", "a5", "a6"]),
+            ],
+        )
+    }
+
+    /// A scheduler that may not start nodes.
+    fn no_start() -> SchedulerConfig {
+        SchedulerConfig {
+            can_start_nodes: false,
+            ..Default::default()
+        }
+    }
+
     /// Applies a plan's actions to the input, independently of the planner, and checks
     /// at each step that the maximum never rises and every vIP has one owner. Returns
     /// the final per-node loads.
@@ -959,11 +987,7 @@ mod tests {
             "a",
             vec![node("n1", 0.9, &["v1", "v2"]), node("n2", 0.4, &["v3"])],
         )];
-        let cfg = SchedulerConfig {
-            can_start_nodes: false,
-            ..Default::default()
-        };
-        let plan = schedule(&cs, &cfg).unwrap();
+        let plan = schedule(&cs, &no_start()).unwrap();
         assert!(plan.steps.is_empty());
         assert_eq!(plan.unresolved.len(), 1);
         assert_eq!(plan.unresolved[0].node, "n1");
@@ -987,13 +1011,7 @@ mod tests {
     #[test]
     fn an_all_overloaded_cluster_borrows_a_node_from_a_light_cluster() {
         let cs = vec![
-            cluster(
-                "hot",
-                vec![
-                    node("h1", 0.9, &["a1", "a2", "a3"]),
-                    node("h2", 0.9, &["a4", "a5", "a6"]),
-                ],
-            ),
+            hot(),
             cluster(
                 "warm",
                 vec![node("w1", 0.5, &["b1", "b2"]), node("w2", 0.5, &["b3"])],
@@ -1038,13 +1056,7 @@ mod tests {
     #[test]
     fn with_no_node_to_spare_the_cluster_grows() {
         let cs = vec![
-            cluster(
-                "hot",
-                vec![
-                    node("h1", 0.9, &["a1", "a2", "a3"]),
-                    node("h2", 0.9, &["a4", "a5", "a6"]),
-                ],
-            ),
+            hot(),
             // One node: nothing to lend.
             cluster("solo", vec![node("s1", 0.1, &["b1"])]),
             // Lending would overload the rest.
@@ -1073,11 +1085,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         replay(&cs, &plan, 0.8);
-        let no_grow = SchedulerConfig {
-            can_start_nodes: false,
-            ..Default::default()
-        };
-        let plan = schedule(&cs, &no_grow).unwrap();
+        let plan = schedule(&cs, &no_start()).unwrap();
         assert!(plan.steps.is_empty());
         assert_eq!(plan.unresolved[0].cluster, "hot");
     }
@@ -1106,11 +1114,7 @@ mod tests {
         let mut d = node("n2", 0.0, &[]);
         d.draining = true;
         let cs = vec![cluster("a", vec![node("n1", 0.9, &["v1", "v2"]), d])];
-        let cfg = SchedulerConfig {
-            can_start_nodes: false,
-            ..Default::default()
-        };
-        let plan = schedule(&cs, &cfg).unwrap();
+        let plan = schedule(&cs, &no_start()).unwrap();
         assert!(plan.steps.is_empty());
     }
 

@@ -251,20 +251,8 @@ impl GcmMapping {
             .collect();
         let index = vpc_index(inst);
         for (i, p) in placed.iter().enumerate() {
-            let &(t, v) = index
-                .get(&(p.tenant.as_str(), p.vpc.as_str()))
-                .ok_or_else(|| {
-                    PlaceError::invalid(
-                        format!("placements[{i}]"),
-                        format!("tenant {:?} has no VPC {:?}", p.tenant, p.vpc),
-                    )
-                })?;
-            let c = inst.cluster_index(&p.cluster).ok_or_else(|| {
-                PlaceError::invalid(
-                    format!("placements[{i}].cluster"),
-                    format!("no cluster {:?}", p.cluster),
-                )
-            })?;
+            let (t, v) = placed_vpc(&index, "placements", i, p)?;
+            let c = placed_cluster(inst, "placements", i, p)?;
             if let Some(prev) = assign[t][v] {
                 return Err(PlaceError::invalid(
                     format!("placements[{i}]"),
@@ -304,6 +292,39 @@ fn vpc_index(inst: &GcmInstance) -> HashMap<(&str, &str), (usize, usize)> {
         }
     }
     index
+}
+
+/// The (tenant, VPC) indices of placement `p`, the `i`th of the input `list`.
+fn placed_vpc(
+    index: &HashMap<(&str, &str), (usize, usize)>,
+    list: &str,
+    i: usize,
+    p: &VpcPlacement,
+) -> Result<(usize, usize), PlaceError> {
+    index
+        .get(&(p.tenant.as_str(), p.vpc.as_str()))
+        .copied()
+        .ok_or_else(|| {
+            PlaceError::invalid(
+                format!("{list}[{i}]"),
+                format!("tenant {:?} has no VPC {:?}", p.tenant, p.vpc),
+            )
+        })
+}
+
+/// The index of the cluster placement `p`, the `i`th of the input `list`, names.
+fn placed_cluster(
+    inst: &GcmInstance,
+    list: &str,
+    i: usize,
+    p: &VpcPlacement,
+) -> Result<usize, PlaceError> {
+    inst.cluster_index(&p.cluster).ok_or_else(|| {
+        PlaceError::invalid(
+            format!("{list}[{i}].cluster"),
+            format!("no cluster {:?}", p.cluster),
+        )
+    })
 }
 
 /// Checks that `m` maps each VPC of `inst` to exactly one existing cluster: one row
@@ -431,6 +452,20 @@ struct Model {
     constraints: Vec<good_lp::Constraint>,
 }
 
+/// λ, x[t][v][c] and y[t][c]: the variables a hint sets and a solution is read by.
+type Unknowns = (Variable, Vec<Vec<Vec<Variable>>>, Vec<Vec<Variable>>);
+
+impl Model {
+    /// The microlp problem of minimising λ under the model's constraints.
+    fn into_microlp(self) -> (good_lp::solvers::microlp::MicroLpProblem, Unknowns) {
+        let mut problem = self.vars.minimise(self.lambda).using(microlp);
+        for c in self.constraints {
+            problem.add_constraint(c);
+        }
+        (problem, (self.lambda, self.x, self.y))
+    }
+}
+
 fn build(inst: &GcmInstance, binary: bool) -> Model {
     let n = inst.clusters.len();
     let scale = inst.clusters.iter().map(|c| c.capacity).fold(0.0, f64::max);
@@ -505,17 +540,7 @@ fn build(inst: &GcmInstance, binary: bool) -> Model {
 /// Solves LP-GCM (the relaxation of Eq. 1) with microlp.
 pub fn solve_lp(inst: &GcmInstance) -> Result<LpGcm, PlaceError> {
     inst.validate()?;
-    let Model {
-        vars,
-        lambda,
-        x,
-        y,
-        constraints,
-    } = build(inst, false);
-    let mut model = vars.minimise(lambda).using(microlp);
-    for c in constraints {
-        model.add_constraint(c);
-    }
+    let (model, (lambda, x, y)) = build(inst, false).into_microlp();
     let sol = model.solve().map_err(|e| solver_error("LP-GCM", e))?;
     let clamp = |v: f64| {
         if v < LP_ZERO {
@@ -918,17 +943,7 @@ pub fn solve_milp(inst: &GcmInstance, opts: &MilpOptions) -> Result<GcmMilp, Pla
     } else {
         None
     };
-    let Model {
-        vars,
-        lambda,
-        x,
-        y,
-        constraints,
-    } = build(inst, true);
-    let mut model = vars.minimise(lambda).using(microlp);
-    for c in constraints {
-        model.add_constraint(c);
-    }
+    let (mut model, (lambda, x, y)) = build(inst, true).into_microlp();
     if let Some(g) = &start {
         let mut hint = vec![(lambda, g.lambda)];
         for (t, row) in g.mapping.assign.iter().enumerate() {
@@ -1132,26 +1147,14 @@ pub fn place_tenant(
     let mut seen = HashSet::new();
     let mut already = Vec::new();
     for (i, p) in current.iter().enumerate() {
-        let &(pt, pv) = index
-            .get(&(p.tenant.as_str(), p.vpc.as_str()))
-            .ok_or_else(|| {
-                PlaceError::invalid(
-                    format!("current[{i}]"),
-                    format!("tenant {:?} has no VPC {:?}", p.tenant, p.vpc),
-                )
-            })?;
+        let (pt, pv) = placed_vpc(&index, "current", i, p)?;
         if !seen.insert((pt, pv)) {
             return Err(PlaceError::invalid(
                 format!("current[{i}]"),
                 format!("VPC {:?} of tenant {:?} is placed twice", p.vpc, p.tenant),
             ));
         }
-        let c = inst.cluster_index(&p.cluster).ok_or_else(|| {
-            PlaceError::invalid(
-                format!("current[{i}].cluster"),
-                format!("no cluster {:?}", p.cluster),
-            )
-        })?;
+        let c = placed_cluster(inst, "current", i, p)?;
         loads[c] += inst.tenants[pt].vpcs[pv].demand;
         if pt == t {
             placed_here[pv] = true;

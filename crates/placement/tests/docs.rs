@@ -3,17 +3,14 @@
 use placement::heuristics::BestFit;
 use placement::sim::{run, CurrentDemand, SimOptions};
 use placement::workload::Workload;
+use testkit::docs::first_json_block;
 
 const DOC: &str = include_str!("../../../docs/placement.md");
 
 #[test]
 fn the_documented_workload_parses_and_replays() {
-    let start = DOC
-        .find("```json\n")
-        .expect("docs/placement.md has a json block")
-        + 8;
-    let len = DOC[start..].find("```").expect("the json block ends");
-    let w = Workload::from_json(&DOC[start..start + len]).unwrap_or_else(|e| panic!("{e}"));
+    let json = first_json_block(DOC, "docs/placement.md");
+    let w = Workload::from_json(json).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(w.nodes.len(), 3);
     assert_eq!(w.tenants.len(), 3);
     let rep = run(

@@ -248,42 +248,17 @@ proptest! {
 /// The cheapest sharded placement, by trying every combination of node sets;
 /// judged by [`shuffle_sharding_breaches`], not by `check()`.
 fn brute_force(inst: &Instance) -> Option<f64> {
-    let n = inst.nodes.len();
-    let l = &inst.limits;
-    let sets: Vec<Vec<NodeIdx>> = (1u32..(1 << n))
-        .map(|mask| (0..n).filter(|&e| mask & (1 << e) != 0).collect::<Vec<_>>())
-        .filter(|s| (l.g_min..=l.g_max).contains(&s.len()))
-        .collect();
-    let m = inst.requests.len();
-    if sets.is_empty() {
-        return None;
-    }
-    let mut idx = vec![0usize; m];
-    let mut best: Option<f64> = None;
-    loop {
-        let p = Placement {
-            sets: idx.iter().map(|&k| sets[k].clone()).collect(),
-        };
-        if shuffle_sharding_breaches(inst, &p).is_empty() {
-            let c: f64 = (0..n)
-                .filter(|e| p.sets.iter().any(|s| s.contains(e)))
-                .map(|e| inst.nodes[e].price)
-                .sum();
-            best = Some(best.map_or(c, |b: f64| b.min(c)));
-        }
-        let mut d = 0;
-        loop {
-            if d == m {
-                return best;
-            }
-            idx[d] += 1;
-            if idx[d] < sets.len() {
-                break;
-            }
-            idx[d] = 0;
-            d += 1;
-        }
-    }
+    let price = |p: &Placement| -> f64 {
+        (0..inst.nodes.len())
+            .filter(|e| p.sets.iter().any(|s| s.contains(e)))
+            .map(|e| inst.nodes[e].price)
+            .sum()
+    };
+    milp::exhaustive_min(
+        inst,
+        |p| shuffle_sharding_breaches(inst, p).is_empty(),
+        price,
+    )
 }
 
 proptest! {

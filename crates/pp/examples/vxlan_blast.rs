@@ -11,8 +11,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{Desc, PacketIo, Verdict, FRAME_SIZE};
 use pp::{UdpVxlanConfig, UdpVxlanIo, MAX_IO_BATCH};
 
@@ -41,13 +40,11 @@ fn main() {
     cfg.peer_port = Some(to.port());
     let mut io = UdpVxlanIo::bind(cfg).expect("socket");
 
-    let inner = ip_frame(
-        Addr::V4(src.ip().octets()),
-        Addr::V4(dst.ip().octets()),
-        L4Spec::Udp {
-            sport: src.port(),
-            dport: dst.port(),
-        },
+    let inner = udp_v4(
+        src.ip().octets(),
+        src.port(),
+        dst.ip().octets(),
+        dst.port(),
         &vec![0x5a; len],
     );
     let frame = vxlan_wrap([0, 0, 0, 0], to.ip().octets(), 50000, vni, &inner);

@@ -569,20 +569,12 @@ impl PacketIo for UdpVxlanIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use packet::build::{ip_frame, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
+    use packet::build::{ip_frame, udp_v4, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
     use packet::csum;
     use packet::rewrite::Addr;
 
     fn inner() -> Vec<u8> {
-        ip_frame(
-            Addr::V4([198, 19, 10, 2]),
-            Addr::V4([198, 19, 10, 9]),
-            L4Spec::Udp {
-                sport: 40000,
-                dport: 7,
-            },
-            b"ping",
-        )
+        udp_v4([198, 19, 10, 2], 40000, [198, 19, 10, 9], 7, b"ping")
     }
 
     /// The VXLAN datagram (header + inner frame) a sender would put on the wire.

@@ -22,7 +22,7 @@ use pipeline::{
     Worker, FRAME_SIZE, HEADROOM,
 };
 use pp::{AfXdpConfig, AfXdpIo, XskMode};
-use testkit::netns::{enter, ip, ns_exec, root_or_skip, veth, Netns};
+use testkit::netns::{enter, ip, ns_exec, root_or_skip, Netns};
 use testkit::rig::channel_pipeline;
 
 mod common;
@@ -46,9 +46,7 @@ fn netns() -> Option<Lab> {
         return None;
     }
     let mut guard = Netns::unique("sfax");
-    let pp = guard.add("pp");
-    let peer = guard.add("peer");
-    veth(&pp, "xa", &peer, "xb");
+    let (pp, peer) = guard.add_pair("pp", "xa", "peer", "xb");
     for (n, dev, mac, addr) in [
         (&pp, "xa", "02:5f:fa:00:00:01", "198.18.250.1/24"),
         (&peer, "xb", "02:5f:fa:00:00:02", "198.18.250.2/24"),

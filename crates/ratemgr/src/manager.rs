@@ -354,6 +354,15 @@ fn water_fill(spare: f64, items: &[(f64, f64)]) -> Vec<f64> {
 mod tests {
     use super::*;
 
+    /// A manager of `capacity` ops/s, defaults otherwise.
+    fn manager(capacity: f64) -> RateManager {
+        RateManager::new(RateConfig {
+            capacity,
+            ..RateConfig::default()
+        })
+        .unwrap()
+    }
+
     fn rates(min: f64, base: f64, burst: f64, debt: f64) -> TenantRates {
         TenantRates::new(min, base, burst, debt)
     }
@@ -407,11 +416,7 @@ mod tests {
 
     #[test]
     fn oversubscribed_guarantees_scale_down() {
-        let mut m = RateManager::new(RateConfig {
-            capacity: 1000.0,
-            ..RateConfig::default()
-        })
-        .unwrap();
+        let mut m = manager(1000.0);
         m.set(1, rates(0.0, 1000.0, 1000.0, 0.0)).unwrap();
         m.set(2, rates(0.0, 1000.0, 1000.0, 0.0)).unwrap();
         let total: f64 = m.status().iter().map(|s| s.allowance).sum();
@@ -423,11 +428,7 @@ mod tests {
 
     #[test]
     fn light_tenant_yields_then_reclaims_base_under_a_flood() {
-        let mut m = RateManager::new(RateConfig {
-            capacity: 1000.0,
-            ..RateConfig::default()
-        })
-        .unwrap();
+        let mut m = manager(1000.0);
         m.set(1, rates(10.0, 400.0, 400.0, 0.0)).unwrap();
         m.set(2, rates(0.0, 600.0, 1000.0, 0.0)).unwrap();
         let u = |t, o, a| TenantUsage {

@@ -16,8 +16,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
-use packet::rewrite::Addr;
+use packet::build::{tcp_v4, vxlan_wrap, VXLAN_V4_OVERHEAD};
+use packet::tcp_flags::SYN;
 use telemetry::scrape::{self, Sample};
 use testkit::child::{line_matching, stdout_lines};
 use testkit::{wait_until_every, ChildGuard};
@@ -111,20 +111,14 @@ fn scrape_until(addr: SocketAddr, what: &str, ok: impl Fn(&[Sample]) -> bool) ->
     )
 }
 
+/// The client, and the VIP the chain's LB serves.
+const CLIENT: [u8; 4] = [198, 18, 10, 2];
+const VIP: [u8; 4] = [198, 19, 0, 100];
+
 /// The VXLAN datagram (from the VXLAN header on) of tenant 1's TCP packet from client
 /// port `sport` to the chain's VIP.
 fn datagram(sport: u16, seq: u8) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 18, 10, 2]),
-        Addr::V4([198, 19, 0, 100]),
-        L4Spec::Tcp {
-            sport,
-            dport: 80,
-            flags: 0x02,
-            seq: 1,
-        },
-        &[seq; 16],
-    );
+    let inner = tcp_v4(CLIENT, sport, VIP, 80, SYN, 1, &[seq; 16]);
     vxlan_wrap([127, 0, 0, 1], [127, 0, 0, 1], 1, VNI, &inner)[VXLAN_V4_OVERHEAD - 8..].to_vec()
 }
 

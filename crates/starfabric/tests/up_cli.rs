@@ -80,15 +80,7 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 
 /// A VXLAN (VNI `vni`) UDP datagram's payload: Ethernet + IPv4 + UDP to 198.19.200.1:53.
 fn vxlan_payload(vni: u32) -> Vec<u8> {
-    let inner = packet::build::ip_frame(
-        packet::rewrite::Addr::V4([198, 19, 0, 10]),
-        packet::rewrite::Addr::V4([198, 19, 200, 1]),
-        packet::build::L4Spec::Udp {
-            sport: 40000,
-            dport: 53,
-        },
-        b"hello",
-    );
+    let inner = packet::build::udp_v4([198, 19, 0, 10], 40000, [198, 19, 200, 1], 53, b"hello");
     let full = packet::build::vxlan_wrap([127, 0, 0, 1], [127, 0, 0, 1], 50000, vni, &inner);
     // The socket adds Ethernet/IP/UDP; VXLAN header + inner frame is the payload.
     full[14 + 20 + 8..].to_vec()

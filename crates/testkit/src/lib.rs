@@ -9,6 +9,8 @@
 //!   a bounded wait, then SIGKILL); [`child::lines`] reads its stdout lines on a thread,
 //!   [`child::line_matching`] waits for one; [`child::run_bounded`] runs a command
 //!   within a time limit.
+//! - [`docs`]: [`docs::first_json_block`] takes the example a doc page shows, for a
+//!   test that runs it.
 //! - [`wait`]: [`wait::wait_until`] polls a closure until it returns `Some`, panicking
 //!   with what it waited for on timeout.
 //! - [`rig`] (feature `rig`): a [`pipeline::Pipeline`] on in-memory I/O with its rule
@@ -18,6 +20,7 @@
 //! setup step is a failed test.
 
 pub mod child;
+pub mod docs;
 pub mod netns;
 #[cfg(feature = "rig")]
 pub mod rig;

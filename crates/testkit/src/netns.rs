@@ -107,6 +107,14 @@ impl Netns {
         ns
     }
 
+    /// Namespaces `a` and `b` ([`Netns::add`]) joined by a veth pair, `a_dev` in `a`
+    /// and `b_dev` in `b` (both down); their full names.
+    pub fn add_pair(&mut self, a: &str, a_dev: &str, b: &str, b_dev: &str) -> (String, String) {
+        let (a, b) = (self.add(a), self.add(b));
+        veth(&a, a_dev, &b, b_dev);
+        (a, b)
+    }
+
     /// The namespaces created so far, in order.
     pub fn names(&self) -> &[String] {
         &self.created
@@ -174,9 +182,7 @@ mod tests {
             return;
         }
         let mut g = Netns::unique("sfkit");
-        let a = g.add("a");
-        let b = g.add("b");
-        veth(&a, "ka", &b, "kb");
+        let (a, b) = g.add_pair("a", "ka", "b", "kb");
         ip(&["-n", &a, "addr", "add", "198.18.251.1/24", "dev", "ka"]);
         assert!(ip(&["-n", &b, "-o", "link"]).contains("kb"));
         let addr = in_ns(&a, || {

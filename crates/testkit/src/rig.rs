@@ -4,10 +4,14 @@
 use std::net::Ipv4Addr;
 
 use crossbeam_channel::{Receiver, Sender};
+use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, RuleReply, RuleRequest, RuleSource,
-    VecSource, Worker,
+    VecSource, VpcBinding, Worker,
 };
+
+/// The VPC [`Rig::tenant`] binds, to tenant 7, chain 3.
+pub const TENANT_VNI: u32 = 100;
 
 /// The node the rigs' pipelines run as: 198.18.0.1, MAC 02:00:00:00:00:01, gateway MAC
 /// 02:00:00:00:00:02.
@@ -17,6 +21,14 @@ pub fn node() -> NodeAddr {
         mac: [2, 0, 0, 0, 0, 1],
         gw_mac: [2, 0, 0, 0, 0, 2],
     }
+}
+
+/// A UDP datagram of the tenant's client 198.18.10.2:`sport` to 198.19.0.9:`dport`, in
+/// VXLAN on `vni` from the tenant's endpoint 198.18.0.50 to [`node`]: the frame the
+/// pipeline tests send.
+pub fn client_udp(vni: u32, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let inner = udp_v4([198, 18, 10, 2], sport, [198, 19, 0, 9], dport, payload);
+    vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, vni, &inner)
 }
 
 /// A pipeline on `cfg` whose rule requests go to the returned receiver (bounded by
@@ -69,6 +81,20 @@ impl Rig {
             replies,
             clock,
         }
+    }
+
+    /// A rig for `cfg` on its own clock whose pipeline binds VNI [`TENANT_VNI`] to tenant
+    /// 7, chain 3: the one tenant most pipeline tests send as.
+    pub fn tenant(cfg: PipelineConfig, channel_cap: usize) -> Rig {
+        Rig::new(cfg, channel_cap, ManualClock::default(), |p| {
+            p.bind_vpc(
+                TENANT_VNI,
+                VpcBinding {
+                    tenant: 7,
+                    chain: 3,
+                },
+            )
+        })
     }
 
     /// Queue `frames` and run the worker until it has taken them all.

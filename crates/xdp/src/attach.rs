@@ -13,7 +13,7 @@ use aya::maps::{MapData, XskMap};
 use aya::programs::xdp::XdpLinkId;
 use aya::programs::XdpMode;
 
-use crate::{XdpError, XdpProgram, XSKS_MAP};
+use crate::{ebpf_map_mut, XdpError, XdpProgram, XSKS_MAP};
 
 /// Where the program runs on an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,14 +70,7 @@ impl XdpProgram {
     }
 
     fn xsks(&mut self) -> Result<XskMap<&mut MapData>, XdpError> {
-        let map = self
-            .ebpf
-            .map_mut(XSKS_MAP)
-            .ok_or(XdpError::MissingMap(XSKS_MAP))?;
-        XskMap::try_from(map).map_err(|source| XdpError::Map {
-            name: XSKS_MAP,
-            source,
-        })
+        ebpf_map_mut(&mut self.ebpf, XSKS_MAP)
     }
 
     /// Send what the program passes up on receive queue `queue` to the AF_XDP socket
@@ -85,10 +78,7 @@ impl XdpProgram {
     pub fn register_xsk(&mut self, queue: u32, fd: &impl AsRawFd) -> Result<(), XdpError> {
         let mut xsks = self.xsks()?;
         xsks.set(queue, fd.as_raw_fd(), 0)
-            .map_err(|source| XdpError::Map {
-                name: XSKS_MAP,
-                source,
-            })?;
+            .map_err(XdpError::on_map(XSKS_MAP))?;
         tracing::debug!(queue, "AF_XDP socket registered in xsks");
         Ok(())
     }

@@ -12,7 +12,7 @@ use aya::maps::Array;
 use aya::programs::{TestRunAttrs, Xdp};
 use aya::{Ebpf, EbpfLoader, TestRun, TestRunOptions};
 
-use crate::XdpError;
+use crate::{ebpf_map_mut, XdpError};
 
 static XDP_GEN_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_gen.o"));
 const GEN_PROGRAM: &str = "xdp_gen";
@@ -58,18 +58,9 @@ impl LiveGenerator {
             .ok_or(XdpError::MissingProgram(GEN_PROGRAM))?
             .try_into()?;
         prog.load()?;
-        let mut map: Array<_, [u8; GEN_FRAME_LEN]> = Array::try_from(
-            ebpf.map_mut(TEMPLATE_MAP)
-                .ok_or(XdpError::MissingMap(TEMPLATE_MAP))?,
-        )
-        .map_err(|source| XdpError::Map {
-            name: TEMPLATE_MAP,
-            source,
-        })?;
-        map.set(0, template, 0).map_err(|source| XdpError::Map {
-            name: TEMPLATE_MAP,
-            source,
-        })?;
+        let mut map: Array<_, [u8; GEN_FRAME_LEN]> = ebpf_map_mut(&mut ebpf, TEMPLATE_MAP)?;
+        map.set(0, template, 0)
+            .map_err(XdpError::on_map(TEMPLATE_MAP))?;
         Ok(Self { ebpf, template })
     }
 

@@ -23,7 +23,7 @@ pub use offload::{monotonic_now, OffloadPolicy, OffloadStats, Offloader};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, Map, MapData, MapError};
 use aya::programs::{ProgramError, Xdp};
 use aya::{Ebpf, EbpfError, TestRun, TestRunOptions};
 use packet::proto;
@@ -122,6 +122,31 @@ pub enum XdpError {
     TestRunOverflow { got: usize, cap: usize },
     #[error("the generator takes a 110-byte frame (GEN_FRAME_LEN), not {0} bytes")]
     FrameLength(usize),
+}
+
+impl XdpError {
+    /// The error of a failed operation on map `name`, for `map_err`.
+    fn on_map(name: &'static str) -> impl FnOnce(MapError) -> XdpError {
+        move |source| XdpError::Map { name, source }
+    }
+}
+
+/// Map `name` of `ebpf` as the aya map type `T`, for writing.
+fn ebpf_map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, XdpError>
+where
+    T: TryFrom<&'a mut Map, Error = MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or(XdpError::MissingMap(name))?;
+    T::try_from(map).map_err(XdpError::on_map(name))
+}
+
+/// Map `name` of `ebpf` as the aya map type `T`, for reading.
+fn ebpf_map<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, XdpError>
+where
+    T: TryFrom<&'a Map, Error = MapError>,
+{
+    let map = ebpf.map(name).ok_or(XdpError::MissingMap(name))?;
+    T::try_from(map).map_err(XdpError::on_map(name))
 }
 
 /// The program's verdict on a frame.
@@ -301,25 +326,11 @@ impl XdpProgram {
     }
 
     fn rules_mut(&mut self) -> Result<HashMap<&mut MapData, [u8; 40], XdpRule>, XdpError> {
-        let map = self
-            .ebpf
-            .map_mut(RULES_MAP)
-            .ok_or(XdpError::MissingMap(RULES_MAP))?;
-        HashMap::try_from(map).map_err(|source| XdpError::Map {
-            name: RULES_MAP,
-            source,
-        })
+        ebpf_map_mut(&mut self.ebpf, RULES_MAP)
     }
 
     fn rules(&self) -> Result<HashMap<&MapData, [u8; 40], XdpRule>, XdpError> {
-        let map = self
-            .ebpf
-            .map(RULES_MAP)
-            .ok_or(XdpError::MissingMap(RULES_MAP))?;
-        HashMap::try_from(map).map_err(|source| XdpError::Map {
-            name: RULES_MAP,
-            source,
-        })
+        ebpf_map(&self.ebpf, RULES_MAP)
     }
 
     /// PP cluster mode: from now on take VXLAN only in frames to one of `macs`, the
@@ -328,21 +339,11 @@ impl XdpProgram {
     pub fn set_vip_macs(&mut self, macs: &[[u8; 6]]) -> Result<(), XdpError> {
         let want: std::collections::HashSet<u64> = macs.iter().map(mac_key).collect();
         {
-            let map = self
-                .ebpf
-                .map_mut(VIP_MACS_MAP)
-                .ok_or(XdpError::MissingMap(VIP_MACS_MAP))?;
             let mut h: HashMap<&mut MapData, u64, u32> =
-                HashMap::try_from(map).map_err(|source| XdpError::Map {
-                    name: VIP_MACS_MAP,
-                    source,
-                })?;
+                ebpf_map_mut(&mut self.ebpf, VIP_MACS_MAP)?;
             // Add before removing: a vMAC that stays is never missing, even for a moment.
             for k in &want {
-                h.insert(k, 1, 0).map_err(|source| XdpError::Map {
-                    name: VIP_MACS_MAP,
-                    source,
-                })?;
+                h.insert(k, 1, 0).map_err(XdpError::on_map(VIP_MACS_MAP))?;
             }
             let stale: Vec<u64> = h
                 .keys()
@@ -350,39 +351,17 @@ impl XdpProgram {
                 .filter(|k| !want.contains(k))
                 .collect();
             for k in stale {
-                h.remove(&k).map_err(|source| XdpError::Map {
-                    name: VIP_MACS_MAP,
-                    source,
-                })?;
+                h.remove(&k).map_err(XdpError::on_map(VIP_MACS_MAP))?;
             }
         }
-        let map = self
-            .ebpf
-            .map_mut(VIP_MODE_MAP)
-            .ok_or(XdpError::MissingMap(VIP_MODE_MAP))?;
-        let mut arr: Array<&mut MapData, u32> =
-            Array::try_from(map).map_err(|source| XdpError::Map {
-                name: VIP_MODE_MAP,
-                source,
-            })?;
-        arr.set(0, 1, 0).map_err(|source| XdpError::Map {
-            name: VIP_MODE_MAP,
-            source,
-        })?;
+        let mut arr: Array<&mut MapData, u32> = ebpf_map_mut(&mut self.ebpf, VIP_MODE_MAP)?;
+        arr.set(0, 1, 0).map_err(XdpError::on_map(VIP_MODE_MAP))?;
         Ok(())
     }
 
     /// The vMACs the program takes frames for (PP cluster mode), sorted.
     pub fn vip_macs(&self) -> Result<Vec<[u8; 6]>, XdpError> {
-        let map = self
-            .ebpf
-            .map(VIP_MACS_MAP)
-            .ok_or(XdpError::MissingMap(VIP_MACS_MAP))?;
-        let h: HashMap<&MapData, u64, u32> =
-            HashMap::try_from(map).map_err(|source| XdpError::Map {
-                name: VIP_MACS_MAP,
-                source,
-            })?;
+        let h: HashMap<&MapData, u64, u32> = ebpf_map(&self.ebpf, VIP_MACS_MAP)?;
         let mut v: Vec<[u8; 6]> = h
             .keys()
             .filter_map(Result::ok)
@@ -398,24 +377,13 @@ impl XdpProgram {
     /// Set the node's underlay identity: its address (VXLAN to it is considered), its MAC
     /// and its next hop's MAC (the re-encap's outer Ethernet header).
     pub fn set_node(&mut self, node: &NodeAddr) -> Result<(), XdpError> {
-        let map = self
-            .ebpf
-            .map_mut(NODE_MAP)
-            .ok_or(XdpError::MissingMap(NODE_MAP))?;
-        let mut arr: Array<&mut MapData, XdpNode> =
-            Array::try_from(map).map_err(|source| XdpError::Map {
-                name: NODE_MAP,
-                source,
-            })?;
+        let mut arr: Array<&mut MapData, XdpNode> = ebpf_map_mut(&mut self.ebpf, NODE_MAP)?;
         let v = XdpNode {
             ip: node.ip.octets(),
             mac: node.mac,
             gw_mac: node.gw_mac,
         };
-        arr.set(0, v, 0).map_err(|source| XdpError::Map {
-            name: NODE_MAP,
-            source,
-        })?;
+        arr.set(0, v, 0).map_err(XdpError::on_map(NODE_MAP))?;
         tracing::info!(ip = %node.ip, "XDP fast path node set");
         Ok(())
     }
@@ -431,10 +399,7 @@ impl XdpProgram {
         let mut map = self.rules_mut()?;
         let old = lookup(&map, key)?;
         map.insert(*key.as_bytes(), *rule, 0)
-            .map_err(|source| XdpError::Map {
-                name: RULES_MAP,
-                source,
-            })?;
+            .map_err(XdpError::on_map(RULES_MAP))?;
         tracing::debug!(%key, flags = rule.flags, "rule offloaded to XDP");
         Ok(old.as_ref().map(XdpCounters::from))
     }

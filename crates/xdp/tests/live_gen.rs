@@ -7,9 +7,8 @@
 
 use std::time::Duration;
 
-use packet::build::{ip_frame, vxlan_wrap, L4Spec};
-use packet::rewrite::Addr;
-use testkit::netns::{in_ns, ip, ns_exec, root_or_skip, veth, Netns};
+use packet::build::{udp_v4, vxlan_wrap};
+use testkit::netns::{in_ns, ip, ns_exec, root_or_skip, Netns};
 
 /// Namespaces `a` (the generator's side, device `ga`) and `b` (the sink, `gb`);
 /// deleted on drop (by testkit's guard), with the veth.
@@ -24,9 +23,7 @@ fn pair() -> Option<Pair> {
         return None;
     }
     let mut ns = Netns::unique("sfgen");
-    let a = ns.add("a");
-    let b = ns.add("b");
-    veth(&a, "ga", &b, "gb");
+    let (a, b) = ns.add_pair("a", "ga", "b", "gb");
     ip(&["-n", &a, "link", "set", "ga", "up"]);
     ip(&["-n", &b, "link", "set", "gb", "up"]);
     let obj = std::env::temp_dir().join(format!("{}sink.o", ns.prefix()));
@@ -41,13 +38,11 @@ fn pair() -> Option<Pair> {
 
 /// A 64-byte UDP datagram to `dport`, in VXLAN: the generator's 110-byte template.
 fn frame(dport: u16) -> Vec<u8> {
-    let inner = ip_frame(
-        Addr::V4([198, 19, 1, 2]),
-        Addr::V4([198, 18, 200, 10]),
-        L4Spec::Udp {
-            sport: 10000,
-            dport,
-        },
+    let inner = udp_v4(
+        [198, 19, 1, 2],
+        10000,
+        [198, 18, 200, 10],
+        dport,
         &[0x5f; 18],
     );
     vxlan_wrap([198, 18, 10, 2], [198, 18, 1, 2], 0xc000, 100, &inner)

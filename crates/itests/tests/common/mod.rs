@@ -42,13 +42,21 @@ pub fn runtime() -> Runtime {
 
 /// SC nodes `sc-0` to `sc-{n-1}`, given `fm_addrs` (one FM, or a comma-separated list).
 pub fn spawn_scs(n: usize, fm_addrs: &str, factory: Arc<dyn ChainFactory>) -> Vec<ScProcess> {
+    spawn_tuned_scs(n, fm_addrs, factory, |_| {})
+}
+
+/// [`spawn_scs`] with each node's config changed by `tune` first.
+pub fn spawn_tuned_scs(
+    n: usize,
+    fm_addrs: &str,
+    factory: Arc<dyn ChainFactory>,
+    tune: impl Fn(&mut ScConfig),
+) -> Vec<ScProcess> {
     (0..n)
         .map(|i| {
-            ScProcess::spawn(
-                ScConfig::new(&format!("sc-{i}"), local(), fm_addrs),
-                factory.clone(),
-            )
-            .unwrap()
+            let mut c = ScConfig::new(&format!("sc-{i}"), local(), fm_addrs);
+            tune(&mut c);
+            ScProcess::spawn(c, factory.clone()).unwrap()
         })
         .collect()
 }
@@ -80,9 +88,19 @@ impl Cluster {
     }
 
     pub fn start_with(cfg: FmConfig, n_sc: usize, factory: Arc<dyn ChainFactory>) -> Cluster {
+        Self::start_tuned(cfg, n_sc, factory, |_| {})
+    }
+
+    /// [`Cluster::start_with`] with each SC node's config changed by `tune` first.
+    pub fn start_tuned(
+        cfg: FmConfig,
+        n_sc: usize,
+        factory: Arc<dyn ChainFactory>,
+        tune: impl Fn(&mut ScConfig),
+    ) -> Cluster {
         let rt = runtime();
         let fm = rt.block_on(fm::start(cfg, local())).unwrap();
-        let scs = spawn_scs(n_sc, &fm.addr().to_string(), factory);
+        let scs = spawn_tuned_scs(n_sc, &fm.addr().to_string(), factory, tune);
         Cluster { rt, fm, scs }
     }
 
@@ -105,27 +123,25 @@ impl Cluster {
 
     /// Every group state of SC node `addr`, via its GroupStatus RPC.
     pub fn group_status(&self, addr: SocketAddr, snapshots: bool) -> Vec<v1::GroupState> {
-        self.rt.block_on(async {
-            let mut c = v1::service_computation_client::ServiceComputationClient::connect(format!(
-                "http://{addr}"
-            ))
-            .await
-            .unwrap()
-            .max_decoding_message_size(proto::MAX_MESSAGE);
-            c.group_status(v1::GroupStatusRequest {
-                snapshots,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .groups
-        })
+        let req = v1::GroupStatusRequest {
+            snapshots,
+            ..Default::default()
+        };
+        group_query(&self.rt, addr, req)
     }
 }
 
 /// Every group state of SC node `addr` with its traffic counters (the monitor's).
 pub fn group_traffic(rt: &Runtime, addr: SocketAddr) -> Vec<v1::GroupState> {
+    let req = v1::GroupStatusRequest {
+        traffic: true,
+        ..Default::default()
+    };
+    group_query(rt, addr, req)
+}
+
+/// SC node `addr`'s answer to a GroupStatus `req`.
+fn group_query(rt: &Runtime, addr: SocketAddr, req: v1::GroupStatusRequest) -> Vec<v1::GroupState> {
     rt.block_on(async {
         let mut c = v1::service_computation_client::ServiceComputationClient::connect(format!(
             "http://{addr}"
@@ -133,14 +149,7 @@ pub fn group_traffic(rt: &Runtime, addr: SocketAddr) -> Vec<v1::GroupState> {
         .await
         .unwrap()
         .max_decoding_message_size(proto::MAX_MESSAGE);
-        c.group_status(v1::GroupStatusRequest {
-            traffic: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .groups
+        c.group_status(req).await.unwrap().into_inner().groups
     })
 }
 

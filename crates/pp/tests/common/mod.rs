@@ -4,9 +4,8 @@
 // Each test binary that includes this module uses a different part of it.
 #![allow(dead_code)]
 
-use packet::build::{ip_frame, L4Spec};
+use packet::build::udp_v4;
 use packet::csum;
-use packet::rewrite::Addr;
 use packet::{parse_frame, L4};
 use pipeline::{parse_actions, FlowKey, Rule};
 
@@ -15,25 +14,12 @@ pub const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x02];
 
 /// The inner frame the client sends: 198.19.10.2:`sport` → 198.19.10.9:7.
 pub fn request(sport: u16, payload: &[u8]) -> Vec<u8> {
-    ip_frame(
-        Addr::V4([198, 19, 10, 2]),
-        Addr::V4([198, 19, 10, 9]),
-        L4Spec::Udp { sport, dport: 7 },
-        payload,
-    )
+    udp_v4([198, 19, 10, 2], sport, [198, 19, 10, 9], 7, payload)
 }
 
 /// The reply the reflect rule should produce, built from scratch (full checksums).
 pub fn expected_reply(sport: u16, payload: &[u8]) -> Vec<u8> {
-    let mut f = ip_frame(
-        Addr::V4([198, 19, 10, 9]),
-        Addr::V4([198, 19, 10, 2]),
-        L4Spec::Udp {
-            sport: 7,
-            dport: sport,
-        },
-        payload,
-    );
+    let mut f = udp_v4([198, 19, 10, 9], 7, [198, 19, 10, 2], sport, payload);
     f[..6].copy_from_slice(&CLIENT_MAC);
     f
 }
