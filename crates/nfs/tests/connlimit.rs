@@ -7,10 +7,9 @@ use std::collections::BTreeMap;
 use nf::{Chain, ChainSpec, Egress, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError};
 use nf::{SplitHalf, Verdict};
 use nfs::connlimit::{ConnLimit, ConnLimitConfig};
+use packet::tcp_flags::SYN;
 use pipeline::{FlowKey, PacketMeta};
 use proptest::prelude::*;
-
-const SYN: u8 = 0x02;
 
 fn key(s: &str) -> FlowKey {
     s.parse().expect("flow key")

@@ -3,9 +3,8 @@
 
 use nf::{Decision, FirstPacket, NetworkFunction, NfEnv, NfError, Verdict};
 use nfs::fw::{AclAction, AclProto, AclRule, Firewall, FwConfig, PortSpec, TenantAcl};
+use packet::tcp_flags::SYN;
 use pipeline::{FlowKey, PacketMeta};
-
-const SYN: u8 = 0x02;
 
 fn key(s: &str) -> FlowKey {
     s.parse().unwrap()

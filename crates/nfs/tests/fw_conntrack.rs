@@ -6,13 +6,8 @@ use std::time::Duration;
 
 use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf, Verdict};
 use nfs::fw::{AclAction, AclRule, CtState, Firewall, FwConfig, TenantAcl};
+use packet::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 use pipeline::{FlowKey, PacketMeta};
-
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
-const PSH: u8 = 0x08;
-const ACK: u8 = 0x10;
 
 /// Tenant 1 may open anything outbound from its VPC 198.18.0.0/16; nothing inbound.
 fn outbound_only() -> FwConfig {
