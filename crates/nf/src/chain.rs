@@ -614,18 +614,7 @@ mod tests {
             self.0.lock().unwrap().push((p.key, p.flow));
             Ok(Decision::pass())
         }
-        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
-        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
+        crate::no_flow_state!();
     }
 
     #[test]

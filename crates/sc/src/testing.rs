@@ -255,28 +255,6 @@ impl NetworkFunction for TestSnat {
     }
 }
 
-/// The state methods of a test NF that keeps no per-flow state: nothing to snapshot,
-/// split or merge, and no flows to list.
-macro_rules! no_flow_state {
-    () => {
-        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
-        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
-        fn flow_hashes(&self) -> Option<Vec<u64>> {
-            Some(Vec::new())
-        }
-    };
-}
-
 struct TestFw {
     deny: Vec<u16>,
 }
@@ -295,7 +273,7 @@ impl NetworkFunction for TestFw {
             Ok(Decision::pass())
         }
     }
-    no_flow_state!();
+    nf::no_flow_state!(holds no flows);
 }
 
 struct TestLb {
@@ -322,7 +300,7 @@ impl NetworkFunction for TestLb {
             ..Decision::pass()
         })
     }
-    no_flow_state!();
+    nf::no_flow_state!(holds no flows);
 }
 
 #[cfg(test)]
