@@ -16,16 +16,7 @@ fn key(s: &str) -> FlowKey {
 }
 
 fn pkt(s: &str) -> FirstPacket {
-    FirstPacket::new(
-        key(s),
-        1,
-        PacketMeta {
-            len: 60,
-            tcp_flags: SYN,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    )
+    FirstPacket::new(key(s), 1, PacketMeta::new(60, SYN))
 }
 
 fn limiter(limit: u32) -> ConnLimit {

@@ -11,17 +11,7 @@ fn key(s: &str) -> FlowKey {
 }
 
 fn pkt(tenant: u32, k: &str) -> FirstPacket {
-    FirstPacket {
-        key: key(k),
-        flow: key(k),
-        tenant,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: SYN,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    }
+    FirstPacket::new(key(k), tenant, PacketMeta::new(60, SYN))
 }
 
 fn rule(action: AclAction) -> AclRule {

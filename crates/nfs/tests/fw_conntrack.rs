@@ -32,17 +32,7 @@ fn out_flow(i: u16) -> FlowKey {
 }
 
 fn first(f: &mut Firewall, k: FlowKey, flags: u8, now_ms: u64) -> Decision {
-    let p = FirstPacket {
-        key: k,
-        flow: k,
-        tenant: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: flags,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    };
+    let p = FirstPacket::new(k, 1, PacketMeta::new(60, flags));
     f.first_packet(&p, &mut NfEnv::new(now_ms, 0)).unwrap()
 }
 

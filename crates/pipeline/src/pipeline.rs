@@ -48,6 +48,19 @@ pub struct PacketMeta {
     pub ingress_port: u16,
 }
 
+impl PacketMeta {
+    /// A `len`-byte packet with `tcp_flags` (0 for other protocols), not an ICMP error,
+    /// from port 0: how tests and tools write the packet an NF is shown.
+    pub fn new(len: u16, tcp_flags: u8) -> Self {
+        PacketMeta {
+            len,
+            tcp_flags,
+            icmp_error: false,
+            ingress_port: 0,
+        }
+    }
+}
+
 /// A request for the rule of a flow that missed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleRequest {

@@ -309,21 +309,8 @@ mod tests {
     use pipeline::PacketMeta;
 
     fn pkt(i: u16) -> FirstPacket {
-        FirstPacket {
-            key: format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53")
-                .parse()
-                .unwrap(),
-            flow: format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53")
-                .parse()
-                .unwrap(),
-            tenant: 1,
-            meta: PacketMeta {
-                len: 60,
-                tcp_flags: 0,
-                icmp_error: false,
-                ingress_port: 0,
-            },
-        }
+        let key = format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53");
+        FirstPacket::new(key.parse().unwrap(), 1, PacketMeta::new(60, 0))
     }
 
     #[test]

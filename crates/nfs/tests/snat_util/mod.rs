@@ -35,17 +35,7 @@ pub fn pkt(s: &str) -> FirstPacket {
 }
 
 pub fn pkt_flags(s: &str, tcp_flags: u8) -> FirstPacket {
-    FirstPacket {
-        key: key(s),
-        flow: key(s),
-        tenant: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    }
+    FirstPacket::new(key(s), 1, PacketMeta::new(60, tcp_flags))
 }
 
 pub fn icmp_error(s: &str) -> FirstPacket {
