@@ -5,22 +5,15 @@
 use std::time::Duration;
 
 use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf, Verdict};
-use nfs::fw::{AclAction, AclRule, CtState, Firewall, FwConfig, TenantAcl};
+use nfs::fw::{AclAction, CtState, Firewall, FwConfig};
 use packet::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 use pipeline::{FlowKey, PacketMeta};
 
-/// Tenant 1 may open anything outbound from its VPC 198.18.0.0/16; nothing inbound.
+mod fw_util;
+
+/// Tenant 1 may open anything outbound from its VPC (198.18.0.0/16, 2001:2::/48).
 fn outbound_only() -> FwConfig {
-    let mut out = AclRule::new(AclAction::Allow);
-    out.src = vec!["198.18.0.0/16".into(), "2001:2::/48".into()];
-    FwConfig {
-        tenants: vec![TenantAcl {
-            tenant: 1,
-            rules: vec![out],
-            default_action: AclAction::Deny,
-        }],
-        ..FwConfig::default()
-    }
+    fw_util::outbound_only("2001:2::/48")
 }
 
 fn key(s: &str) -> FlowKey {
