@@ -527,21 +527,8 @@ mod tests {
     }
 
     fn pkt() -> FirstPacket {
-        FirstPacket {
-            key: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
-                .parse()
-                .unwrap(),
-            flow: "100 tcp 198.18.10.2:40000 > 198.19.0.100:80"
-                .parse()
-                .unwrap(),
-            tenant: 1,
-            meta: PacketMeta {
-                len: 60,
-                tcp_flags: 2,
-                icmp_error: false,
-                ingress_port: 0,
-            },
-        }
+        let key = "100 tcp 198.18.10.2:40000 > 198.19.0.100:80";
+        FirstPacket::new(key.parse().unwrap(), 1, PacketMeta::new(60, 2))
     }
 
     fn fw_lb_snat() -> Vec<Box<dyn NetworkFunction>> {
@@ -614,18 +601,7 @@ mod tests {
             self.0.lock().unwrap().push((p.key, p.flow));
             Ok(Decision::pass())
         }
-        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
-        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
+        crate::no_flow_state!();
     }
 
     #[test]

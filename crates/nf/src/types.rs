@@ -537,3 +537,36 @@ pub trait NetworkFunction: Send {
         None
     }
 }
+
+/// The state methods of a [`NetworkFunction`] with no state to move (a stub or test NF):
+/// an empty snapshot and split, and a restore and merge that accept anything.
+///
+/// `no_flow_state!(holds no flows)` also answers [`NetworkFunction::flow_hashes`] with an
+/// empty list, so a scale never makes its moved flows wait; plain `no_flow_state!()`
+/// keeps the default (cannot tell).
+#[macro_export]
+macro_rules! no_flow_state {
+    () => {
+        fn snapshot(&self) -> ::std::result::Result<::std::vec::Vec<u8>, $crate::NfError> {
+            Ok(::std::vec::Vec::new())
+        }
+        fn restore(&mut self, _: &[u8]) -> ::std::result::Result<(), $crate::NfError> {
+            Ok(())
+        }
+        fn split(
+            &mut self,
+            _: &$crate::SplitHalf,
+        ) -> ::std::result::Result<::std::vec::Vec<u8>, $crate::NfError> {
+            Ok(::std::vec::Vec::new())
+        }
+        fn merge(&mut self, _: &[u8]) -> ::std::result::Result<(), $crate::NfError> {
+            Ok(())
+        }
+    };
+    (holds no flows) => {
+        $crate::no_flow_state!();
+        fn flow_hashes(&self) -> ::std::option::Option<::std::vec::Vec<u64>> {
+            Some(::std::vec::Vec::new())
+        }
+    };
+}

@@ -52,14 +52,6 @@ use tracing::{debug, info, warn};
 
 use crate::lb::{sort_keys, HexKey, MAX_TIMEOUT_S};
 
-/// TCP flag bits (RFC 9293 §3.1).
-mod tcp_flag {
-    pub const FIN: u8 = 0x01;
-    pub const SYN: u8 = 0x02;
-    pub const RST: u8 = 0x04;
-    pub const ACK: u8 = 0x10;
-}
-
 const SNAPSHOT_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -505,7 +497,7 @@ pub struct Firewall {
 }
 
 fn is_pure_syn(flags: u8) -> bool {
-    use tcp_flag::*;
+    use packet::tcp_flags::{ACK, FIN, RST, SYN};
     flags & (SYN | ACK | FIN | RST) == SYN
 }
 
@@ -619,7 +611,7 @@ impl Firewall {
     /// State of a known TCP flow after a first packet with `flags` going `dir`; `None`
     /// when the packet opens a new connection on the 5-tuple instead.
     fn tcp_next(cur: CtState, flags: u8, dir: Dir) -> Option<CtState> {
-        use tcp_flag::*;
+        use packet::tcp_flags::{FIN, RST};
         if flags & (FIN | RST) != 0 {
             return Some(CtState::TcpClosing);
         }

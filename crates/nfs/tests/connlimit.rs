@@ -7,26 +7,16 @@ use std::collections::BTreeMap;
 use nf::{Chain, ChainSpec, Egress, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError};
 use nf::{SplitHalf, Verdict};
 use nfs::connlimit::{ConnLimit, ConnLimitConfig};
+use packet::tcp_flags::SYN;
 use pipeline::{FlowKey, PacketMeta};
 use proptest::prelude::*;
-
-const SYN: u8 = 0x02;
 
 fn key(s: &str) -> FlowKey {
     s.parse().expect("flow key")
 }
 
 fn pkt(s: &str) -> FirstPacket {
-    FirstPacket::new(
-        key(s),
-        1,
-        PacketMeta {
-            len: 60,
-            tcp_flags: SYN,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    )
+    FirstPacket::new(key(s), 1, PacketMeta::new(60, SYN))
 }
 
 fn limiter(limit: u32) -> ConnLimit {

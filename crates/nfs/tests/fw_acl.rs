@@ -3,26 +3,15 @@
 
 use nf::{Decision, FirstPacket, NetworkFunction, NfEnv, NfError, Verdict};
 use nfs::fw::{AclAction, AclProto, AclRule, Firewall, FwConfig, PortSpec, TenantAcl};
+use packet::tcp_flags::SYN;
 use pipeline::{FlowKey, PacketMeta};
-
-const SYN: u8 = 0x02;
 
 fn key(s: &str) -> FlowKey {
     s.parse().unwrap()
 }
 
 fn pkt(tenant: u32, k: &str) -> FirstPacket {
-    FirstPacket {
-        key: key(k),
-        flow: key(k),
-        tenant,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: SYN,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    }
+    FirstPacket::new(key(k), tenant, PacketMeta::new(60, SYN))
 }
 
 fn rule(action: AclAction) -> AclRule {

@@ -5,27 +5,15 @@
 use std::time::Duration;
 
 use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf, Verdict};
-use nfs::fw::{AclAction, AclRule, CtState, Firewall, FwConfig, TenantAcl};
+use nfs::fw::{AclAction, CtState, Firewall, FwConfig};
+use packet::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 use pipeline::{FlowKey, PacketMeta};
 
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
-const PSH: u8 = 0x08;
-const ACK: u8 = 0x10;
+mod fw_util;
 
-/// Tenant 1 may open anything outbound from its VPC 198.18.0.0/16; nothing inbound.
+/// Tenant 1 may open anything outbound from its VPC (198.18.0.0/16, 2001:2::/48).
 fn outbound_only() -> FwConfig {
-    let mut out = AclRule::new(AclAction::Allow);
-    out.src = vec!["198.18.0.0/16".into(), "2001:2::/48".into()];
-    FwConfig {
-        tenants: vec![TenantAcl {
-            tenant: 1,
-            rules: vec![out],
-            default_action: AclAction::Deny,
-        }],
-        ..FwConfig::default()
-    }
+    fw_util::outbound_only("2001:2::/48")
 }
 
 fn key(s: &str) -> FlowKey {
@@ -37,17 +25,7 @@ fn out_flow(i: u16) -> FlowKey {
 }
 
 fn first(f: &mut Firewall, k: FlowKey, flags: u8, now_ms: u64) -> Decision {
-    let p = FirstPacket {
-        key: k,
-        flow: k,
-        tenant: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: flags,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    };
+    let p = FirstPacket::new(k, 1, PacketMeta::new(60, flags));
     f.first_packet(&p, &mut NfEnv::new(now_ms, 0)).unwrap()
 }
 

@@ -1,21 +1,14 @@
 //! Firewall under arbitrary input: no panics; conntrack answers are stable.
 
 use nf::{FirstPacket, FlowEvent, NetworkFunction, NfEnv, SplitHalf, Verdict};
-use nfs::fw::{AclAction, AclRule, Firewall, FwConfig, TenantAcl};
+use nfs::fw::{Firewall, FwConfig};
 use pipeline::{FlowKey, PacketMeta};
 use proptest::prelude::*;
 
+mod fw_util;
+
 fn config() -> FwConfig {
-    let mut out = AclRule::new(AclAction::Allow);
-    out.src = vec!["198.18.0.0/16".into(), "2001:2::/32".into()];
-    FwConfig {
-        tenants: vec![TenantAcl {
-            tenant: 1,
-            rules: vec![out],
-            default_action: AclAction::Deny,
-        }],
-        ..FwConfig::default()
-    }
+    fw_util::outbound_only("2001:2::/32")
 }
 
 fn key_strategy() -> impl Strategy<Value = FlowKey> {

@@ -45,21 +45,11 @@ fn config(n: usize) -> LbConfig {
 }
 
 fn meta(flags: u8) -> PacketMeta {
-    PacketMeta {
-        len: 60,
-        tcp_flags: flags,
-        icmp_error: false,
-        ingress_port: 0,
-    }
+    PacketMeta::new(60, flags)
 }
 
 fn pkt(key: FlowKey) -> FirstPacket {
-    FirstPacket {
-        key,
-        flow: key,
-        tenant: 1,
-        meta: meta(0x02),
-    }
+    FirstPacket::new(key, 1, meta(0x02))
 }
 
 /// Client flow number `i` to the VIP (clients in 198.18.0.0/15).

@@ -12,17 +12,11 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn pkt(tenant: u32, flow: &str, len: u16) -> FirstPacket {
-    FirstPacket {
-        key: flow.parse().expect("flow key"),
-        flow: flow.parse().expect("flow key"),
+    FirstPacket::new(
+        flow.parse().expect("flow key"),
         tenant,
-        meta: PacketMeta {
-            len,
-            tcp_flags: 2,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    }
+        PacketMeta::new(len, 2),
+    )
 }
 
 fn mon() -> Monitor {

@@ -156,17 +156,7 @@ use nf::{Chain, ChainSpec, Egress};
 use pipeline::{format_actions, PacketMeta};
 
 fn pkt(s: &str) -> FirstPacket {
-    FirstPacket {
-        key: s.parse().expect("key"),
-        flow: s.parse().expect("key"),
-        tenant: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    }
+    FirstPacket::new(s.parse().expect("key"), 1, PacketMeta::new(60, 0))
 }
 
 fn ip(s: &str) -> IpAddr {

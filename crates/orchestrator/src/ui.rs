@@ -943,26 +943,10 @@ pub fn render_events(items: &[Event], errors: &[String]) -> Markup {
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` of a Unix time in ms (proleptic Gregorian, UTC).
 pub fn utc(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        unix_ms % 1000
-    )
+    // The API's RFC 3339 time, made easier to read in a table: a space for the `T`, no `Z`.
+    let mut s = proto::json::utc(unix_ms).replacen('T', " ", 1);
+    s.pop();
+    s
 }
 
 // ---------------------------------------------------------------------- trace

@@ -48,6 +48,19 @@ pub struct PacketMeta {
     pub ingress_port: u16,
 }
 
+impl PacketMeta {
+    /// A `len`-byte packet with `tcp_flags` (0 for other protocols), not an ICMP error,
+    /// from port 0: how tests and tools write the packet an NF is shown.
+    pub fn new(len: u16, tcp_flags: u8) -> Self {
+        PacketMeta {
+            len,
+            tcp_flags,
+            icmp_error: false,
+            ingress_port: 0,
+        }
+    }
+}
+
 /// A request for the rule of a flow that missed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleRequest {
@@ -949,17 +962,10 @@ impl Pipeline {
     ) -> (Box<TracePacket>, u64, u64) {
         let snaplen = self.trace.as_ref().map_or(0, |t| t.snaplen);
         let data = d.data(region);
-        let (inner, inner_len) = if st.cls.inner_off != 0 {
-            let i = &data[st.cls.inner_off as usize..st.cls.inner_end as usize];
-            (i[..i.len().min(snaplen)].to_vec(), i.len() as u32)
-        } else {
-            (Vec::new(), 0)
-        };
+        let inner = (st.cls.inner_off != 0)
+            .then(|| &data[st.cls.inner_off as usize..st.cls.inner_end as usize]);
         let seq = self.trace.as_mut().map_or(0, |t| t.next_seq());
         let p = TracePacket {
-            seq,
-            ts_us: wall_us(),
-            worker: self.cfg.worker,
             tenant: (self.cur_tenant != 0).then(|| self.tenants.ids[self.cur_tenant]),
             vni: st.cls.vni,
             released: !fresh,
@@ -969,17 +975,7 @@ impl Pipeline {
                 _ => None,
             },
             parse: "ok".into(),
-            lookup: Lookup::NotReached,
-            actions: None,
-            verdict: String::new(),
-            drop_reason: None,
-            offloaded: false,
-            outer: data[..data.len().min(snaplen)].to_vec(),
-            outer_len: data.len() as u32,
-            inner,
-            inner_len,
-            out: Vec::new(),
-            out_len: 0,
+            ..TracePacket::received(seq, self.cfg.worker, data, inner, snaplen)
         };
         (Box::new(p), self.stats.rule_requests, self.stats.elephants)
     }
@@ -1055,34 +1051,13 @@ impl Pipeline {
         }
         let snaplen = t.snaplen;
         let seq = t.next_seq();
-        let (inner, inner_len) = match v {
-            Some(v) => {
-                let i = &data[v.inner_off as usize..v.inner_end as usize];
-                (i[..i.len().min(snaplen)].to_vec(), i.len() as u32)
-            }
-            None => (Vec::new(), 0),
-        };
+        let inner = v.map(|v| &data[v.inner_off as usize..v.inner_end as usize]);
         let mut p = TracePacket {
-            seq,
-            ts_us: wall_us(),
-            worker: self.cfg.worker,
             tenant,
             vni,
             released: !fresh,
-            key: None,
-            tcp_flags: None,
             parse: self.drop_name(r),
-            lookup: Lookup::NotReached,
-            actions: None,
-            verdict: String::new(),
-            drop_reason: None,
-            offloaded: false,
-            outer: data[..data.len().min(snaplen)].to_vec(),
-            outer_len: data.len() as u32,
-            inner,
-            inner_len,
-            out: Vec::new(),
-            out_len: 0,
+            ..TracePacket::received(seq, self.cfg.worker, data, inner, snaplen)
         };
         self.trace_verdict(&mut p, region, d, snaplen);
         if let Some(t) = self.trace.as_mut() {
@@ -1149,10 +1124,7 @@ impl Pipeline {
     /// pure ACK, or a first FIN/RST, on a flow's forward rule).
     #[inline(always)]
     fn watch_tcp(&mut self, idx: u32, tcp: u8) {
-        const FIN: u8 = 0x01;
-        const SYN: u8 = 0x02;
-        const RST: u8 = 0x04;
-        const ACK: u8 = 0x10;
+        use packet::tcp_flags::{ACK, FIN, RST, SYN};
         let f = self.table.flags(idx);
         if f & REPORTS == 0 {
             return;

@@ -431,6 +431,43 @@ pub struct TracePacket {
     pub out_len: u32,
 }
 
+impl TracePacket {
+    /// Packet `seq` as `worker` received it: the frame and its inner frame (when
+    /// encapsulated) cut at `snaplen`, now as its timestamp, and what the pipeline
+    /// learns later (tenant, key, parse, lookup, verdict) still unset.
+    pub(crate) fn received(
+        seq: u64,
+        worker: u16,
+        frame: &[u8],
+        inner: Option<&[u8]>,
+        snaplen: usize,
+    ) -> Self {
+        let inner = inner.unwrap_or_default();
+        TracePacket {
+            seq,
+            ts_us: wall_us(),
+            worker,
+            tenant: None,
+            vni: 0,
+            released: false,
+            key: None,
+            tcp_flags: None,
+            parse: String::new(),
+            lookup: Lookup::NotReached,
+            actions: None,
+            verdict: String::new(),
+            drop_reason: None,
+            offloaded: false,
+            outer: frame[..frame.len().min(snaplen)].to_vec(),
+            outer_len: frame.len() as u32,
+            inner: inner[..inner.len().min(snaplen)].to_vec(),
+            inner_len: inner.len() as u32,
+            out: Vec::new(),
+            out_len: 0,
+        }
+    }
+}
+
 /// FM's answer to a traced miss's rule request, as the reply holds it.
 #[derive(Debug, Clone)]
 pub struct TraceDecision {

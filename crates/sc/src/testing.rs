@@ -255,28 +255,6 @@ impl NetworkFunction for TestSnat {
     }
 }
 
-/// The state methods of a test NF that keeps no per-flow state: nothing to snapshot,
-/// split or merge, and no flows to list.
-macro_rules! no_flow_state {
-    () => {
-        fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn restore(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
-        fn split(&mut self, _: &SplitHalf) -> Result<Vec<u8>, NfError> {
-            Ok(Vec::new())
-        }
-        fn merge(&mut self, _: &[u8]) -> Result<(), NfError> {
-            Ok(())
-        }
-        fn flow_hashes(&self) -> Option<Vec<u64>> {
-            Some(Vec::new())
-        }
-    };
-}
-
 struct TestFw {
     deny: Vec<u16>,
 }
@@ -295,7 +273,7 @@ impl NetworkFunction for TestFw {
             Ok(Decision::pass())
         }
     }
-    no_flow_state!();
+    nf::no_flow_state!(holds no flows);
 }
 
 struct TestLb {
@@ -322,7 +300,7 @@ impl NetworkFunction for TestLb {
             ..Decision::pass()
         })
     }
-    no_flow_state!();
+    nf::no_flow_state!(holds no flows);
 }
 
 #[cfg(test)]
@@ -331,21 +309,8 @@ mod tests {
     use pipeline::PacketMeta;
 
     fn pkt(i: u16) -> FirstPacket {
-        FirstPacket {
-            key: format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53")
-                .parse()
-                .unwrap(),
-            flow: format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53")
-                .parse()
-                .unwrap(),
-            tenant: 1,
-            meta: PacketMeta {
-                len: 60,
-                tcp_flags: 0,
-                icmp_error: false,
-                ingress_port: 0,
-            },
-        }
+        let key = format!("1 udp 198.18.10.2:{i} > 198.19.0.9:53");
+        FirstPacket::new(key.parse().unwrap(), 1, PacketMeta::new(60, 0))
     }
 
     #[test]

@@ -10,6 +10,7 @@ use ::nf::{
 };
 use hashbrown::HashMap;
 use packet::proto;
+use packet::tcp_flags::{ACK, FIN, RST, SYN};
 use pipeline::FlowKey;
 use tracing::debug;
 
@@ -20,11 +21,6 @@ use super::table::{
     reply_key, timer_entry, ExternalEndpoint, FlowEntry, FlowState, Mapping, MappingInfo,
     MappingKey, Pairing, SnatPart, SnatStats, State, FULL_WEIGHT,
 };
-
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
 
 /// Source NAT. See the module docs and `docs/nf-api.md`.
 #[derive(Debug, Clone)]
@@ -112,9 +108,9 @@ impl Snat {
         };
         match key.proto() {
             proto::TCP => {
-                let syn = tcp_flags & TCP_SYN != 0;
-                let ack = tcp_flags & TCP_ACK != 0;
-                if tcp_flags & (TCP_RST | TCP_FIN) != 0 || (syn && ack) {
+                let syn = tcp_flags & SYN != 0;
+                let ack = tcp_flags & ACK != 0;
+                if tcp_flags & (RST | FIN) != 0 || (syn && ack) {
                     // What conntrack calls INVALID: the connection is ending, or it
                     // opened from outside; nothing should get a mapping for it.
                     Err(reason::TCP_INVALID)
@@ -174,15 +170,14 @@ impl Snat {
         let mut state = f.state;
         // A fresh SYN on a closing connection reopens it (TIME_WAIT reuse), as conntrack does.
         let flags = pkt.meta.tcp_flags;
-        if !reply && state == FlowState::TcpClosing && flags & TCP_SYN != 0 && flags & TCP_ACK == 0
-        {
+        if !reply && state == FlowState::TcpClosing && flags & SYN != 0 && flags & ACK == 0 {
             state = FlowState::TcpSynSent;
         }
         // A re-request without SYN on a half-open flow: the handshake got through.
         if state == FlowState::TcpSynSent
             && pkt.key.proto() == proto::TCP
-            && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0
-            && flags & TCP_ACK != 0
+            && flags & (SYN | FIN | RST) == 0
+            && flags & ACK != 0
         {
             state = FlowState::TcpOpen;
         }

@@ -1,6 +1,6 @@
 //! Helpers shared by the SNAT tests: flows written as text, a NAT on test addresses
 //! (RFC 2544's 198.18.0.0/15), and shorthands for the decision fields.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::net::IpAddr;
 
@@ -8,10 +8,7 @@ use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, Verdict};
 use nfs::snat::{Snat, SnatConfig, SnatPool};
 use pipeline::{FlowKey, PacketMeta};
 
-pub const SYN: u8 = 0x02;
-pub const ACK: u8 = 0x10;
-pub const FIN: u8 = 0x01;
-pub const RST: u8 = 0x04;
+pub use packet::tcp_flags::{ACK, FIN, RST, SYN};
 
 /// Inside hosts live in 198.18.0.0/16, servers in 198.19.0.0/24, the pool in 198.19.255.0/24.
 pub const INSIDE: &str = "198.18.0.0/16";
@@ -38,17 +35,7 @@ pub fn pkt(s: &str) -> FirstPacket {
 }
 
 pub fn pkt_flags(s: &str, tcp_flags: u8) -> FirstPacket {
-    FirstPacket {
-        key: key(s),
-        flow: key(s),
-        tenant: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-    }
+    FirstPacket::new(key(s), 1, PacketMeta::new(60, tcp_flags))
 }
 
 pub fn icmp_error(s: &str) -> FirstPacket {
