@@ -417,15 +417,24 @@ class SnatModel:
         pool = self.pool_for(k.src)
         if pool is None or k.src in self.pool_addrs:
             return passed()
+        got = self.state_and_mapping(pool, k, flags, rng)
+        if isinstance(got, str):
+            return got
+        state, own = got
+        f = SFlow(own, None, Rw(src=(own[0], own[1])), Rw(dst=(k.src, k.sport)), state, now + self.timeout_ms(state))
+        self.insert_flow(k, f)
+        return self.decision(f, False)
+
+    def state_and_mapping(self, pool, k: K, flags: int, rng: DetRng):
+        """A new flow's state and its own mapping, or the refusal (both paths of a new flow
+        share it: outbound and hairpin)."""
         state, why = self.new_state(k, flags)
         if why:
             return self.refuse(why)
         own = self.mapping_for(pool, k, rng)
         if own is None:
             return self.refuse("snat-exhausted")
-        f = SFlow(own, None, Rw(src=(own[0], own[1])), Rw(dst=(k.src, k.sport)), state, now + self.timeout_ms(state))
-        self.insert_flow(k, f)
-        return self.decision(f, False)
+        return state, own
 
     def hairpin(self, k: K, flags: int, now: int, rng: DetRng) -> str:
         target = (k.dst, k.dport, k.proto)
@@ -435,12 +444,10 @@ class SnatModel:
         pool = self.pool_for(k.src)
         if pool is None:
             return self.refuse("snat-no-mapping")
-        state, why = self.new_state(k, flags)
-        if why:
-            return self.refuse(why)
-        own = self.mapping_for(pool, k, rng)
-        if own is None:
-            return self.refuse("snat-exhausted")
+        got = self.state_and_mapping(pool, k, flags, rng)
+        if isinstance(got, str):
+            return got
+        state, own = got
         f = SFlow(
             own,
             target,
