@@ -198,3 +198,41 @@ fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
         .sum();
     assert_eq!(applied, 0);
 }
+
+/// `ScObserver::probe_starts` (the single-start figure of `bench workers`) goes through
+/// the configure path and cleans up after itself: every probe replica is counted as a
+/// start with a sample, leaves, and the groups FM made still answer afterwards.
+#[test]
+fn single_start_probes_start_and_leave_without_disturbing_the_groups() {
+    let c = uncached_cluster(600, |_| {});
+    c.wait_groups(1, 3);
+    let node = c.scs[0].observer();
+    let hosted = |c: &Cluster| c.rt.block_on(node.group_metrics()).len();
+    let before_groups = hosted(&c);
+    let before_starts = node
+        .counters()
+        .starts
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let chain = fw_snat(600).to_proto().expect("chain");
+    let part = proto::v1::Partition {
+        tenant: 1,
+        chain: 1,
+        hash_lo: 0,
+        hash_hi: u64::MAX,
+        group: 0,
+    };
+    let samples = node
+        .probe_starts(&chain, part, 8, Duration::from_secs(10))
+        .expect("probe starts");
+    assert_eq!(samples.len(), 8);
+    assert!(samples.iter().all(|d| !d.is_zero()), "{samples:?}");
+    let starts = node
+        .counters()
+        .starts
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(starts - before_starts, 8);
+    assert_eq!(hosted(&c), before_groups, "probe replicas left");
+    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let replies = ask(&link.source, 0..4);
+    assert!(replies.iter().all(|r| mapping(r).is_some()), "{replies:?}");
+}

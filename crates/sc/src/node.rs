@@ -540,6 +540,78 @@ impl ScObserver {
             .is_some_and(|g| g.send(&self.shared, ReplicaIn::Park))
     }
 
+    /// Start `n` replicas one after another, each only once the one before it has
+    /// decided and left, through the path FM's configure takes (`on_configure`: build
+    /// the chain, take a worker, first decision on it). Returns the node's own start
+    /// samples for them (configure → first decision).
+    ///
+    /// Why: FM configures a cluster's groups all at once, so the start samples of
+    /// `bench workers` also hold each start's wait behind the ones queued before it on
+    /// the same cores. This measures one start with nothing queued, which is what
+    /// Serpens Table IV's 34 µs is. Each probe replica is a one-member group with an id
+    /// from the top of the id space (FM counts up from 1), and leaves right after its
+    /// first decision.
+    #[cfg(feature = "testing")]
+    pub fn probe_starts(
+        &self,
+        chain: &v1::ChainConfig,
+        partition: v1::Partition,
+        n: usize,
+        limit: Duration,
+    ) -> Result<Vec<Duration>, ScError> {
+        let sh = &self.shared;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let gid = u64::MAX - i as u64;
+            let cfg = v1::GroupConfig {
+                group: Some(v1::ScGroup {
+                    id: gid,
+                    epoch: 1,
+                    replicas: vec![v1::Replica {
+                        node_id: sh.cfg.node_id.clone(),
+                        addr: self.shared.cfg.listen.to_string(),
+                    }],
+                }),
+                partition: Some(v1::Partition {
+                    group: gid,
+                    ..partition
+                }),
+                chain: Some(chain.clone()),
+                ..Default::default()
+            };
+            let before = sh.start_hist.snapshot().count;
+            on_configure(sh, cfg);
+            let t = Instant::now();
+            // Sleep, not spin: a spinning prober would take a core from the worker it
+            // measures.
+            let sample = loop {
+                let h = sh.start_hist.snapshot();
+                if h.count > before {
+                    break h.recent.back().copied();
+                }
+                if t.elapsed() > limit {
+                    return Err(ScError::Io(format!(
+                        "probe start {i}: no decision within {limit:?}"
+                    )));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            };
+            out.extend(sample.map(Duration::from_nanos));
+            if let Some(slot) = sh.group(gid) {
+                slot.send(sh, ReplicaIn::Leave(1));
+            }
+            while sh.group(gid).is_some() {
+                if t.elapsed() > limit {
+                    return Err(ScError::Io(format!(
+                        "probe start {i}: replica did not leave"
+                    )));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(out)
+    }
+
     /// The worker pool and the state manager.
     pub fn worker_stats(&self) -> WorkerStats {
         let sh = &self.shared;
