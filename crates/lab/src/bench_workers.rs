@@ -114,19 +114,7 @@ fn flow(i: u32) -> RuleRequest {
         "198.19.0.9".parse().expect("an address"),
         53,
     );
-    RuleRequest {
-        key,
-        hash: key.hash(),
-        tenant: TENANT,
-        chain: CHAIN,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-        worker: 0,
-    }
+    RuleRequest::new(key, TENANT, CHAIN, PacketMeta::new(60, 0))
 }
 
 fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
@@ -275,22 +263,16 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             .with_context(|| format!("single starts on {}", s.node_id()))?;
         single.extend(d.iter().map(|d| d.as_secs_f64() * 1e6));
     }
-    let mut starts: Vec<f64> = stats
-        .iter()
-        .flat_map(|s| s.start.recent.iter().map(|&ns| ns as f64 / 1e3))
-        .collect();
     let samples = |f: fn(&sc::WorkerStats) -> &sc::workers::HistInner| -> Vec<f64> {
         stats
             .iter()
             .flat_map(|s| f(s).recent.iter().map(|&ns| ns as f64 / 1e3))
             .collect()
     };
+    let mut starts = samples(|s| &s.start);
     let mut build = samples(|s| &s.build);
     let mut place = samples(|s| &s.place);
-    let mut wakes: Vec<f64> = stats
-        .iter()
-        .flat_map(|s| s.wake.recent.iter().map(|&ns| ns as f64 / 1e3))
-        .collect();
+    let mut wakes = samples(|s| &s.wake);
     drop(client);
     fm.stop();
     drop(scs);

@@ -72,6 +72,20 @@ pub struct RuleRequest {
     pub worker: u16,
 }
 
+impl RuleRequest {
+    /// A request for `key`'s rule from worker 0, with the key's own hash.
+    pub fn new(key: FlowKey, tenant: u32, chain: u32, meta: PacketMeta) -> Self {
+        RuleRequest {
+            key,
+            hash: key.hash(),
+            tenant,
+            chain,
+            meta,
+            worker: 0,
+        }
+    }
+}
+
 /// The answer to a [`RuleRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleReply {

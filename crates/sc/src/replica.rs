@@ -1429,19 +1429,7 @@ mod tests {
             "198.19.0.9".parse().unwrap(),
             53,
         );
-        let r = RuleRequest {
-            key,
-            hash: key.hash(),
-            tenant: 1,
-            chain: 1,
-            meta: pipeline::PacketMeta {
-                len: 60,
-                tcp_flags: 0,
-                icmp_error: false,
-                ingress_port: 0,
-            },
-            worker: 0,
-        };
+        let r = RuleRequest::new(key, 1, 1, pipeline::PacketMeta::new(60, 0));
         proto::request_to_proto(&r, u64::from(i))
     }
 

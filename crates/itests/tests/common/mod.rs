@@ -211,19 +211,7 @@ pub fn flow(i: u32) -> RuleRequest {
         "198.19.0.9".parse().unwrap(),
         53,
     );
-    RuleRequest {
-        key,
-        hash: key.hash(),
-        tenant: 1,
-        chain: 1,
-        meta: PacketMeta {
-            len: 60,
-            tcp_flags: 0,
-            icmp_error: false,
-            ingress_port: 0,
-        },
-        worker: 0,
-    }
+    RuleRequest::new(key, 1, 1, PacketMeta::new(60, 0))
 }
 
 /// Inverse of [`flow`].
