@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pipeline::{FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
 use pp::{FmClient, FmClientConfig};
 use serde::Serialize;
 
@@ -118,14 +118,7 @@ fn flow(i: u32) -> RuleRequest {
 }
 
 fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
-    let rule = r.result.as_ref().ok()?;
-    rule.actions.iter().find_map(|a| match a {
-        Action::SetSrc {
-            addr: Some(a),
-            port: Some(p),
-        } => Some((*a, *p)),
-        _ => None,
-    })
+    r.mapped_source()
 }
 
 fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {

@@ -103,6 +103,21 @@ pub struct RuleReply {
 }
 
 impl RuleReply {
+    /// The source address and port the answered rule rewrites to (a SNAT mapping);
+    /// None for an error or a rule that sets neither or only one of them.
+    pub fn mapped_source(&self) -> Option<(std::net::IpAddr, u16)> {
+        let rule = self.result.as_ref().ok()?;
+        rule.actions.iter().find_map(|a| match a {
+            crate::rule::Action::SetSrc {
+                addr: Some(a),
+                port: Some(p),
+            } => Some((*a, *p)),
+            _ => None,
+        })
+    }
+}
+
+impl RuleReply {
     pub fn ok(rule: Rule) -> Self {
         RuleReply {
             key: rule.key,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fm::{FmConfig, FmHandle};
-use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pipeline::{FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
 use pp::{FmClient, FmClientConfig, WorkerLink};
 use proto::{v1, ChainDef};
 use sc::{ChainFactory, ScConfig, ScProcess};
@@ -224,14 +224,7 @@ pub fn flow_index(k: &FlowKey) -> u32 {
 
 /// The source address and port a rule maps a flow to (SNAT); None for an error reply.
 pub fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
-    let rule = r.result.as_ref().ok()?;
-    rule.actions.iter().find_map(|a| match a {
-        Action::SetSrc {
-            addr: Some(a),
-            port: Some(p),
-        } => Some((*a, *p)),
-        _ => None,
-    })
+    r.mapped_source()
 }
 
 /// Ask for [`flow`]s `flows` all at once and wait (20 s at most) for every answer.
