@@ -6,11 +6,16 @@
 # SECONDS (default 60) is the fuzzing time per target; TARGETs default to every
 # target in fuzz/fuzz_targets/. Fails (exit 1) on a crash, printing the artifact path.
 #
-# How this works on stable: `cargo fuzz run --sanitizer none` builds with only stable
+# Sanitizer (FUZZ_SANITIZER=auto|address|none, default auto): with a nightly toolchain
+# installed (`rustup toolchain list` shows one), the targets build with
+# AddressSanitizer (`cargo +nightly fuzz run --sanitizer address`), so an out-of-bounds
+# read or a use-after-free in unsafe code (the AF_XDP rings, the XDP map views) or in a
+# C dependency stops the run with a report, not only a panic. Without nightly, auto
+# falls back to `--sanitizer none` on stable and says so: that build uses only stable
 # codegen flags (-Cpasses=sancov-module, -Cllvm-args=-sanitizer-coverage-*,
 # --cfg fuzzing, -Cdebug-assertions); only the sanitizers (-Zsanitizer=...) need
-# nightly. No RUSTC_BOOTSTRAP is needed (and we avoid it: it makes build scripts
-# that probe for nightly turn on unstable features).
+# nightly. No RUSTC_BOOTSTRAP is needed (and we avoid it: it makes build scripts that
+# probe for nightly turn on unstable features).
 #
 # New inputs libFuzzer finds go to fuzz/target/corpus/<target>/ (git-ignored); the
 # committed seeds in fuzz/corpus/<target>/ are read but not written.
@@ -36,6 +41,26 @@ else
 fi
 [ "${#TARGETS[@]}" -gt 0 ] || { echo "fuzz: no targets in fuzz/fuzz_targets" >&2; exit 1; }
 
+SAN="${FUZZ_SANITIZER:-auto}"
+TOOLCHAIN=()
+case "$SAN" in
+    auto)
+        if cargo +nightly --version >/dev/null 2>&1; then
+            SAN=address
+        else
+            SAN=none
+            echo "fuzz: no nightly toolchain: building without a sanitizer (stable)"
+        fi ;;
+    address|none) ;;
+    *) echo "fuzz: FUZZ_SANITIZER must be auto, address or none (got $SAN)" >&2; exit 2 ;;
+esac
+if [ "$SAN" = address ]; then
+    cargo +nightly --version >/dev/null 2>&1 \
+        || { echo "fuzz: FUZZ_SANITIZER=address needs a nightly toolchain" >&2; exit 1; }
+    TOOLCHAIN=(+nightly)
+fi
+echo "fuzz: sanitizer: $SAN (toolchain: ${TOOLCHAIN[*]:-default})"
+
 status=0
 for t in "${TARGETS[@]}"; do
     gen="fuzz/target/corpus/$t"
@@ -48,7 +73,7 @@ for t in "${TARGETS[@]}"; do
     echo "fuzz: $t: building and fuzzing for ${SECS}s (log: $log)"
     start=$SECONDS
     rc=0
-    cargo fuzz run --sanitizer none "$t" "$gen" "$seeds" -- \
+    cargo "${TOOLCHAIN[@]}" fuzz run --sanitizer "$SAN" "$t" "$gen" "$seeds" -- \
         -max_total_time="$SECS" -timeout=10 -print_final_stats=1 >"$log" 2>&1 || rc=$?
     took=$((SECONDS - start))
 
@@ -70,7 +95,7 @@ for t in "${TARGETS[@]}"; do
     if [ -n "$new" ]; then
         while IFS= read -r a; do
             echo "fuzz: $t: FAILED: crash artifact: $ROOT/$arts/$a" >&2
-            echo "fuzz:   reproduce: cargo fuzz run --sanitizer none $t $arts/$a" >&2
+            echo "fuzz:   reproduce: cargo ${TOOLCHAIN[*]} fuzz run --sanitizer $SAN $t $arts/$a" >&2
         done <<<"$new"
     else
         echo "fuzz: $t: FAILED (exit $rc) without an artifact: build error? see $log" >&2
