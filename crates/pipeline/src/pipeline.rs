@@ -24,7 +24,8 @@ use crate::pending::{PendingConfig, PendingQueue};
 use crate::rule::{slot_flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
 use crate::stats::{DropReason, Stats, TenantCounters};
 use crate::table::{
-    age, FlowTable, Inserted, Probe, TableError, CLOSING_SEEN, ESTABLISHED_SEEN, REPORTS,
+    age, newer, FlowTable, Inserted, Probe, TableError, CLOSING_SEEN, ESTABLISHED_SEEN, REPLY_OF,
+    REPORTS,
 };
 use crate::trace::{wall_us, Lookup, TraceDecision, TracePacket, TraceRecord, Tracer};
 
@@ -1150,12 +1151,19 @@ impl Pipeline {
     }
 
     /// The hit path's TCP check: one flag test unless the packet may be news (a first
-    /// pure ACK, or a first FIN/RST, on a flow's forward rule).
+    /// pure ACK, or a first FIN/RST, on a flow's forward rule; a first FIN/RST on its
+    /// linked reply rule, such as a server's RST).
     #[inline(always)]
     fn watch_tcp(&mut self, idx: u32, tcp: u8) {
         use packet::tcp_flags::{ACK, FIN, RST, SYN};
         let f = self.table.flags(idx);
-        if f & REPORTS == 0 {
+        if f & (REPORTS | REPLY_OF) == 0 {
+            return;
+        }
+        if f & REPLY_OF != 0 {
+            if tcp & (FIN | RST) != 0 {
+                self.notice_reply_closing(idx);
+            }
             return;
         }
         if tcp & (FIN | RST) != 0 {
@@ -1164,6 +1172,19 @@ impl Pipeline {
             }
         } else if tcp & (ACK | SYN) == ACK && f & ESTABLISHED_SEEN == 0 {
             self.notice_tcp(idx, ESTABLISHED_SEEN, NoticeKind::TcpEstablished);
+        }
+    }
+
+    /// A FIN or RST on a reply rule: `TcpClosing` for its flow, reported on the forward
+    /// rule's key (the one SC knows), once per flow whichever direction closes first.
+    #[cold]
+    #[inline(never)]
+    fn notice_reply_closing(&mut self, reply: u32) {
+        let Some(fwd) = self.table.companion(reply) else {
+            return;
+        };
+        if self.table.flags(fwd) & CLOSING_SEEN == 0 {
+            self.notice_tcp(fwd, CLOSING_SEEN, NoticeKind::TcpClosing);
         }
     }
 
@@ -1222,10 +1243,16 @@ impl Pipeline {
         let end = (i + self.cfg.notices.active_budget.max(1)).min(self.table.slots());
         for j in i..end {
             let e = self.table.entry(j as u32);
-            if e.is_live()
-                && self.table.flags(j as u32) & REPORTS != 0
-                && age(self.active_started, e.last_seen) <= since
-            {
+            if !e.is_live() || self.table.flags(j as u32) & REPORTS == 0 {
+                continue;
+            }
+            // Either direction keeps the flow alive: one-way inbound traffic (a download
+            // over UDP) hits only the reply rule.
+            let last_seen = match self.table.companion(j as u32) {
+                Some(r) => newer(e.last_seen, self.table.entry(r).last_seen),
+                None => e.last_seen,
+            };
+            if age(self.active_started, last_seen) <= since {
                 let key = e.key;
                 self.notice(NoticeKind::Active, key);
             }
@@ -1649,6 +1676,13 @@ impl Pipeline {
                             // are reported on it.
                             if let Some(i) = self.table.lookup(&rule.key) {
                                 self.table.set_flags(i, REPORTS);
+                                // One companion is the flow's reply rule: link it, so
+                                // FIN/RST and activity seen there reach SC too.
+                                if let [reply_rule] = reply.also.as_slice() {
+                                    if let Some(r) = self.table.lookup(&reply_rule.key) {
+                                        self.table.link(i, r);
+                                    }
+                                }
                             }
                             true
                         }

@@ -49,6 +49,12 @@ pub(crate) const REPORTS: u16 = 4;
 pub(crate) const ESTABLISHED_SEEN: u16 = 8;
 /// `TcpClosing` was reported for the flow (once per entry).
 pub(crate) const CLOSING_SEEN: u16 = 16;
+/// The reply rule of a flow whose forward rule (a [`REPORTS`] entry) is its companion
+/// (see [`FlowTable::link`]): a FIN or RST seen here is the flow's news too.
+pub(crate) const REPLY_OF: u16 = 32;
+
+/// No companion.
+const NO_COMPANION: u32 = u32::MAX;
 
 /// A flow's entry: key, last-seen time (ms, wrapping), cached encap source port and the
 /// compiled rule, in one cache line.
@@ -149,6 +155,10 @@ pub struct FlowTable {
     mask: usize,
     entries: Vec<FlowEntry>,
     counters: Vec<RuleCounters>,
+    /// Per entry, the other direction's entry of the same flow ([`FlowTable::link`]),
+    /// or `NO_COMPANION`. Apart from the entry (its line is full), and read only for
+    /// news: a FIN/RST on a reply rule, and the activity walk.
+    companion: Vec<u32>,
     free: Vec<u32>,
     capacity: usize,
     len: usize,
@@ -199,6 +209,16 @@ pub fn age(now: u32, then: u32) -> u32 {
     now.wrapping_sub(then)
 }
 
+/// The later of two wrapping timestamps (less than 2^31 ms apart).
+#[inline]
+pub(crate) fn newer(a: u32, b: u32) -> u32 {
+    if (b.wrapping_sub(a) as i32) > 0 {
+        b
+    } else {
+        a
+    }
+}
+
 impl FlowTable {
     /// A table for up to `capacity` flows with hash seed `seed`. Buckets are sized for
     /// a load of at most 80% of their slots at full capacity.
@@ -225,6 +245,7 @@ impl FlowTable {
             mask: nb - 1,
             entries,
             counters,
+            companion: Vec::new(),
             free: Vec::new(),
             capacity,
             len: 0,
@@ -396,6 +417,35 @@ impl FlowTable {
         self.entries[idx as usize].flags |= f;
     }
 
+    /// Make `fwd` (a flow's forward rule, the one that reports) and `reply` (its reply
+    /// rule) each other's companion, so news seen on the reply rule is reported on the
+    /// flow. A link ends when either entry leaves the table; linking again replaces it.
+    pub(crate) fn link(&mut self, fwd: u32, reply: u32) {
+        if fwd == reply {
+            return;
+        }
+        self.unlink(fwd);
+        self.unlink(reply);
+        self.companion[fwd as usize] = reply;
+        self.companion[reply as usize] = fwd;
+        self.entries[reply as usize].flags |= REPLY_OF;
+    }
+
+    fn unlink(&mut self, idx: u32) {
+        let c = std::mem::replace(&mut self.companion[idx as usize], NO_COMPANION);
+        if c != NO_COMPANION {
+            self.companion[c as usize] = NO_COMPANION;
+            self.entries[c as usize].flags &= !REPLY_OF;
+            self.entries[idx as usize].flags &= !REPLY_OF;
+        }
+    }
+
+    /// The other direction's entry of `idx`'s flow, if linked.
+    pub(crate) fn companion(&self, idx: u32) -> Option<u32> {
+        let c = self.companion[idx as usize];
+        (c != NO_COMPANION).then_some(c)
+    }
+
     /// Arena slots (live or free), for a walk by index with [`FlowTable::entry`].
     pub(crate) fn slots(&self) -> usize {
         self.entries.len()
@@ -549,6 +599,7 @@ impl FlowTable {
                     rule,
                 });
                 self.counters.push(RuleCounters::default());
+                self.companion.push(NO_COMPANION);
                 (self.entries.len() - 1) as u32
             }
         };
@@ -653,6 +704,7 @@ impl FlowTable {
             self.offload_events.push(OffloadEvent::Gone(key));
         }
         self.entries[idx as usize].flags = 0;
+        self.unlink(idx);
         self.free.push(idx);
         self.len -= 1;
         match reason {

@@ -1,6 +1,7 @@
 //! Flow notices: what PP tells SC after a flow's first packet. TCP establishment and
-//! close are noticed on the hit path, once per flow and only on the flow's forward rule
-//! (the key PP asked about); activity by a periodic walk. The queue is bounded, and what
+//! close are noticed on the hit path, once per flow and reported on the flow's forward
+//! rule (the key PP asked about): establishment seen there, close seen there or on its
+//! linked reply rule; activity (either direction) by a periodic walk. The queue is bounded, and what
 //! does not fit is counted.
 
 use packet::build::{tcp_v4, vxlan_wrap};
@@ -103,10 +104,49 @@ fn fin_or_rst_on_the_forward_rule_is_noticed_once() {
             (NoticeKind::TcpClosing, key(1001))
         ]
     );
-    // The reverse rule reports nothing: its key is not one SC decided on.
+}
+
+#[test]
+fn fin_or_rst_on_the_reply_rule_is_noticed_on_the_forward_key() {
+    let mut r = rig(no_walk());
+    // A server's RST alone (the client never sends FIN/RST): reported on the key SC
+    // decided the flow on, once, whichever direction closes first or again.
     open(&mut r, 1002);
-    r.send([tcp(1002, RST | ACK, true)]);
+    r.send([tcp(1002, RST | ACK, true), tcp(1002, RST, true)]);
+    r.send([tcp(1002, FIN | ACK, false)]);
+    assert_eq!(
+        kinds(&r.worker.pipeline.take_notices()),
+        [(NoticeKind::TcpClosing, key(1002))]
+    );
+    // Closed from the client first: the server's FIN that follows is not news.
+    open(&mut r, 1003);
+    r.send([tcp(1003, FIN | ACK, false), tcp(1003, FIN | ACK, true)]);
+    assert_eq!(
+        kinds(&r.worker.pipeline.take_notices()),
+        [(NoticeKind::TcpClosing, key(1003))]
+    );
+    // Data and ACKs on the reply rule say nothing.
+    open(&mut r, 1004);
+    r.send([tcp(1004, ACK, true), tcp(1004, PSH | ACK, true)]);
     assert!(r.worker.pipeline.take_notices().is_empty());
+}
+
+#[test]
+fn a_reply_rule_whose_forward_rule_left_reports_nothing() {
+    let mut r = rig(no_walk());
+    open(&mut r, 1005);
+    assert!(r.worker.pipeline.remove_rule(&key(1005)).is_some());
+    r.send([tcp(1005, RST, true)]);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+    // A new flow that takes the freed entry is not linked to the old reply rule.
+    open(&mut r, 1006);
+    r.send([tcp(1005, RST, true)]);
+    assert!(r.worker.pipeline.take_notices().is_empty());
+    r.send([tcp(1006, RST, true)]);
+    assert_eq!(
+        kinds(&r.worker.pipeline.take_notices()),
+        [(NoticeKind::TcpClosing, key(1006))]
+    );
 }
 
 #[test]
@@ -173,6 +213,15 @@ fn activity_is_reported_per_walk_for_flows_seen_since_the_last() {
     r.clock.advance(11_000);
     r.worker.run_once().unwrap();
     assert!(r.worker.pipeline.take_notices().is_empty());
+    // Traffic only toward the client (the reply rule) keeps the flow active too.
+    r.clock.advance(1_000);
+    r.send([tcp(1001, PSH | ACK, true)]);
+    r.clock.advance(10_000);
+    r.worker.run_once().unwrap();
+    assert_eq!(
+        kinds(&r.worker.pipeline.take_notices()),
+        [(NoticeKind::Active, key(1001))]
+    );
 }
 
 #[test]
