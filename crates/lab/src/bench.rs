@@ -171,7 +171,8 @@ pub struct PipelineBench {
     pub parse_mpps: f64,
     /// Receive (copy into the ring) and transmit with no pipeline work.
     pub baseline_mpps: f64,
-    /// Table bytes per flow at capacity: entry (key and rule) + counters + bucket share.
+    /// Table bytes per flow at capacity: entry (key and rule) + counters + companion
+    /// index + bucket share.
     pub bytes_per_flow: f64,
     pub key_bytes: usize,
     pub entry_bytes: usize,
@@ -179,6 +180,8 @@ pub struct PipelineBench {
     pub rule_bytes: usize,
     /// Per-rule packet/byte counters, kept beside the entry.
     pub counter_bytes: usize,
+    /// The index linking a flow's forward and reply entries, kept beside the entry.
+    pub companion_bytes: usize,
     /// Resident memory added per flow by the largest table, measured.
     pub rss_bytes_per_flow: Option<f64>,
     /// hit rate at the largest flow count over the rate at the smallest.
@@ -517,6 +520,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         entry_bytes: std::mem::size_of::<pipeline::FlowEntry>(),
         rule_bytes: std::mem::size_of::<pipeline::RuleSlot>(),
         counter_bytes: std::mem::size_of::<pipeline::RuleCounters>(),
+        companion_bytes: std::mem::size_of::<u32>(),
         rss_bytes_per_flow: rss_per_flow,
         large_over_small,
         batch: a.batch,
@@ -554,14 +558,15 @@ pub fn print_table(r: &PipelineBench) {
         "miss: hold+request+install+release", r.miss_mpps
     );
     println!(
-        "  bytes per flow: {:.1} (entry {} = key {} + meta {} + rule {}; counters {}; bucket share {:.1}){}",
+        "  bytes per flow: {:.1} (entry {} = key {} + meta {} + rule {}; counters {}; companion {}; bucket share {:.1}){}",
         r.bytes_per_flow,
         r.entry_bytes,
         r.key_bytes,
         r.entry_bytes - r.key_bytes - r.rule_bytes,
         r.rule_bytes,
         r.counter_bytes,
-        r.bytes_per_flow - (r.entry_bytes + r.counter_bytes) as f64,
+        r.companion_bytes,
+        r.bytes_per_flow - (r.entry_bytes + r.counter_bytes + r.companion_bytes) as f64,
         r.rss_bytes_per_flow
             .map(|b| format!("; measured RSS {b:.1}"))
             .unwrap_or_default()

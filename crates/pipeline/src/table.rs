@@ -267,10 +267,16 @@ impl FlowTable {
         self.len == 0
     }
 
-    /// Bytes the table holds for `capacity` flows once every arena slot is used.
+    /// Bytes the table holds for `capacity` flows once every arena slot is used: the
+    /// buckets, and per flow its entry (key and rule), its counters and its companion
+    /// index. (Until 2026-11-26 this counted a `RuleSlot`, which is inside the entry,
+    /// instead of the counters beside it: 16 bytes per flow too few.)
     pub fn bytes_at_capacity(&self) -> usize {
         self.buckets.len() * std::mem::size_of::<Bucket>()
-            + self.capacity * (std::mem::size_of::<FlowEntry>() + std::mem::size_of::<RuleSlot>())
+            + self.capacity
+                * (std::mem::size_of::<FlowEntry>()
+                    + std::mem::size_of::<RuleCounters>()
+                    + std::mem::size_of::<u32>())
     }
 
     /// The table's (seeded) hash of a key.
