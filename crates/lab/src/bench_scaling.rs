@@ -58,6 +58,14 @@ pub struct ScalingBenchArgs {
     /// The load, as JSON (docs/elastic-tests.md, "Scaling workload"); flags override it.
     #[arg(long)]
     pub workload: Option<PathBuf>,
+    /// How the SC scale-outs move the flows' state (docs/scaling.md): `bulk`, `gradual`,
+    /// or `both` (alternating, bulk first, each scale-out followed by a scale-in).
+    /// Without it: FM's default, one scale-out and one scale-in.
+    #[arg(long, value_parser = ["bulk", "gradual", "both"])]
+    pub migration: Option<String>,
+    /// With `--migration`: scale-out/scale-in pairs per mode.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
 }
 
 /// `--workload FILE`: the load every scenario runs under. Every field is optional.
@@ -156,9 +164,22 @@ pub struct ScalingBench {
     pub sc_scale_out: ScenarioReport,
     pub sc_scale_in: ScenarioReport,
     pub sc_replica_failover: ScenarioReport,
+    /// With `--migration`: every scale-out/scale-in pair, in the order run
+    /// (`sc_scale_out` and `sc_scale_in` are the first pair's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub migration_runs: Vec<MigrationRun>,
     /// The PP and FM scenarios: absent with `--sc-only`.
     #[serde(flatten)]
     pub rest: Option<RestScenarios>,
+}
+
+/// One scale-out with a given migration mode, and the scale-in after it (always bulk).
+#[derive(Debug, Serialize)]
+pub struct MigrationRun {
+    pub migration: String,
+    pub round: u32,
+    pub sc_scale_out: ScenarioReport,
+    pub sc_scale_in: ScenarioReport,
 }
 
 #[derive(Debug, Serialize)]
@@ -267,22 +288,60 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
         "sc_no_event",
         Event::Pause(Duration::from_millis(300)),
     )?;
-    let sc_scale_out = scenario(
-        &mut p,
-        "sc_scale_out",
-        Event::ScaleOut {
-            tenant: 1,
-            chain: 1,
-        },
-    )?;
-    let sc_scale_in = scenario(
-        &mut p,
-        "sc_scale_in",
-        Event::ScaleIn {
-            tenant: 1,
-            chain: 1,
-        },
-    )?;
+    let modes: Vec<&str> = match a.migration.as_deref() {
+        Some("both") => vec!["bulk", "gradual"],
+        Some(m) => vec![m],
+        None => vec![],
+    };
+    let mut migration_runs = Vec::new();
+    for round in 0..a.rounds {
+        for m in &modes {
+            let out = scenario(
+                &mut p,
+                &format!("sc_scale_out_{m}"),
+                Event::ScaleOutMigrating {
+                    tenant: 1,
+                    chain: 1,
+                    migration: m.to_string(),
+                },
+            )?;
+            let inn = scenario(
+                &mut p,
+                &format!("sc_scale_in_after_{m}"),
+                Event::ScaleIn {
+                    tenant: 1,
+                    chain: 1,
+                },
+            )?;
+            migration_runs.push(MigrationRun {
+                migration: m.to_string(),
+                round,
+                sc_scale_out: out,
+                sc_scale_in: inn,
+            });
+        }
+    }
+    let (sc_scale_out, sc_scale_in) = match migration_runs.first() {
+        Some(r) => (r.sc_scale_out.clone(), r.sc_scale_in.clone()),
+        None => (
+            scenario(
+                &mut p,
+                "sc_scale_out",
+                Event::ScaleOut {
+                    tenant: 1,
+                    chain: 1,
+                },
+            )?,
+            scenario(
+                &mut p,
+                "sc_scale_in",
+                Event::ScaleIn {
+                    tenant: 1,
+                    chain: 1,
+                },
+            )?,
+        ),
+    };
     let sc_replica_failover = scenario(
         &mut p,
         "sc_replica_failover",
@@ -303,6 +362,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
         sc_scale_out,
         sc_scale_in,
         sc_replica_failover,
+        migration_runs,
         rest,
     };
     p.stop(&tb);
@@ -471,12 +531,14 @@ pub fn print(b: &ScalingBench) {
 
 impl ScalingBench {
     fn runs(&self) -> Vec<&ScenarioReport> {
-        let mut v = vec![
-            &self.sc_no_event,
-            &self.sc_scale_out,
-            &self.sc_scale_in,
-            &self.sc_replica_failover,
-        ];
+        let mut v = vec![&self.sc_no_event];
+        if self.migration_runs.is_empty() {
+            v.extend([&self.sc_scale_out, &self.sc_scale_in]);
+        }
+        for r in &self.migration_runs {
+            v.extend([&r.sc_scale_out, &r.sc_scale_in]);
+        }
+        v.push(&self.sc_replica_failover);
         if let Some(r) = &self.rest {
             v.extend([
                 &r.pp_scale_out.report,
@@ -604,6 +666,8 @@ mod tests {
             settle: None,
             sc_only: false,
             workload,
+            migration: None,
+            rounds: 1,
         }
     }
 

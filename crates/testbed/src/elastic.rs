@@ -633,9 +633,25 @@ pub fn scale(
     tenant: u32,
     chain: u32,
 ) -> Result<ScaleResult> {
+    scale_with(tb, p, out, tenant, chain, None)
+}
+
+/// [`scale`], a scale-out with `migration` ("bulk" or "gradual"; None: FM's default).
+pub fn scale_with(
+    tb: &Testbed,
+    p: &Platform,
+    out: bool,
+    tenant: u32,
+    chain: u32,
+    migration: Option<&str>,
+) -> Result<ScaleResult> {
     let verb = if out { "sc-out" } else { "sc-in" };
     let (t, c) = (tenant.to_string(), chain.to_string());
-    let o = scale_cli(tb, p, &[verb, "--tenant", &t, "--chain", &c])?;
+    let mut args = vec![verb, "--tenant", &t, "--chain", &c];
+    if let Some(m) = migration {
+        args.extend(["--migration", m]);
+    }
+    let o = scale_cli(tb, p, &args)?;
     serde_json::from_str(&o.stdout).map_err(|_| Error::Command {
         cmd: format!("starfabric scale {verb}"),
         msg: format!("{}: {}", o.status, o.stderr.trim()),
@@ -653,6 +669,13 @@ pub enum Event {
     ScaleOut {
         tenant: u32,
         chain: u32,
+    },
+    /// A scale-out whose flows' state moves as `migration` says ("bulk" or "gradual";
+    /// docs/scaling.md).
+    ScaleOutMigrating {
+        tenant: u32,
+        chain: u32,
+        migration: String,
     },
     ScaleIn {
         tenant: u32,
@@ -838,6 +861,8 @@ const FM_COUNTERS: &[&str] = &[
     "scale_ins",
     "scale_aborts",
     "scale_redirects",
+    "scale_pulls",
+    "scale_migrating",
     "scale_last_us",
     "nodes_dead",
     "reconfigurations",
@@ -1221,6 +1246,14 @@ pub fn run_scenario_probed(
                 Event::ScaleOut { tenant, chain } => {
                     r.name = "scale_out".into();
                     r.scale = Some(scale(tb, p, true, *tenant, *chain)?);
+                }
+                Event::ScaleOutMigrating {
+                    tenant,
+                    chain,
+                    migration,
+                } => {
+                    r.name = "scale_out".into();
+                    r.scale = Some(scale_with(tb, p, true, *tenant, *chain, Some(migration))?);
                 }
                 Event::ScaleIn { tenant, chain } => {
                     r.name = "scale_in".into();
