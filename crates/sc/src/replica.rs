@@ -1112,6 +1112,16 @@ impl ReplicaCore {
                     {
                         f.delta = delta.clone();
                     }
+                    // Gradual: the flows still owed, so a repeat (its first fin lost)
+                    // still tells the new owner which flows to refuse.
+                    if let Some(m) = self
+                        .scale
+                        .migrating_out
+                        .as_ref()
+                        .filter(|m| m.scale == end.scale_id)
+                    {
+                        f.pending = m.pending.iter().copied().collect();
+                    }
                     result.fin = Some(f);
                     return;
                 };
