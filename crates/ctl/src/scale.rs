@@ -63,6 +63,10 @@ pub struct ScaleArgs {
     /// The SC group to split (sc-out) or retire (sc-in).
     #[arg(long)]
     pub group: Option<u64>,
+    /// sc-out: how the flows' state moves, `bulk` or `gradual` (docs/scaling.md);
+    /// default: FM's.
+    #[arg(long, value_parser = ["bulk", "gradual"])]
+    pub migration: Option<String>,
 }
 
 pub fn run(c: ScaleCmd, output: Output) -> Result<()> {
@@ -157,6 +161,7 @@ fn scale(rt: &tokio::runtime::Runtime, a: ScaleArgs, out: bool, output: Output) 
                 tenant: a.tenant,
                 chain: a.chain,
                 group: a.group,
+                migration: a.migration.clone().unwrap_or_default(),
             })
             .await
         } else {

@@ -32,7 +32,9 @@ use std::time::Duration;
 
 pub use cache::{CacheKey, CacheStats, RuleCache};
 pub use events::{Event, EventKind, EventLog};
-pub use master::{DesiredChange, FmConfig, FmMetrics, FmStats, ScaleOutcome, ScaleRequest};
+pub use master::{
+    DesiredChange, FmConfig, FmMetrics, FmStats, Migration, ScaleOutcome, ScaleRequest,
+};
 pub use membership::Membership;
 pub use partition::PartitionMap;
 #[cfg(feature = "fuzzing")]

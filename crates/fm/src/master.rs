@@ -106,6 +106,34 @@ pub struct FmConfig {
     /// taken). A PP session's reader answers the excess with
     /// [`proto::ERR_SETUP_OVERLOAD`] itself, so the session never blocks.
     pub max_queued: usize,
+    /// How a scale-out moves the flows' state when the request does not say
+    /// (docs/scaling.md): in bulk at st, or gradually (S6).
+    pub migration: Migration,
+}
+
+/// How a scale-out moves the flows' state (docs/scaling.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Migration {
+    /// One part at st (every moved flow and half the free shared state), a delta at
+    /// the end step.
+    #[default]
+    Bulk,
+    /// S6: half the free shared state at st; each flow's state moves on its first
+    /// access at the new owner, and a background sweep moves the rest.
+    Gradual,
+}
+
+impl std::str::FromStr for Migration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bulk" => Ok(Migration::Bulk),
+            "gradual" => Ok(Migration::Gradual),
+            _ => Err(format!(
+                "migration must be \"bulk\" or \"gradual\", not {s:?}"
+            )),
+        }
+    }
 }
 
 impl FmConfig {
@@ -142,6 +170,7 @@ impl Default for FmConfig {
             pp_heartbeat: Duration::from_millis(10),
             max_inflight: 32 * 1024,
             max_queued: 64 * 1024,
+            migration: Migration::default(),
         }
     }
 }
@@ -180,6 +209,11 @@ pub struct FmStats {
     pub scale_aborts: u64,
     /// Requests a group refused as moved (or not ready) and FM sent on to the owner.
     pub scale_redirects: u64,
+    /// Gradual scale-outs: pull steps started (each carries the keys first accessed
+    /// since the last one and a chunk of the sweep), and requests a new owner refused
+    /// because their flow's state had not moved yet.
+    pub scale_pulls: u64,
+    pub scale_migrating: u64,
     /// From st to fin of the last finished scale, and summed over all of them (µs).
     pub scale_last_us: u64,
     pub scale_total_us: u64,
@@ -1129,6 +1163,11 @@ impl Master {
                 if let Some(v1::rule_reply::Result::Error(e)) = &reply.result {
                     if e == proto::ERR_MOVED || e == proto::ERR_NOT_READY {
                         self.redirect(reply.id, results.group, now);
+                        continue;
+                    }
+                    if e == proto::ERR_MIGRATING {
+                        self.stats.scale_migrating += 1;
+                        self.migrating(reply.id, results.group, now);
                         continue;
                     }
                 }

@@ -273,7 +273,7 @@ fn status_line(rt: &tokio::runtime::Handle, fm: &FmHandle, start: Instant) -> Op
         "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
          sc_replies={} timeouts={} reconfigurations={} bad_messages={} nodes_dead={} \
          scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={} \
-         vip_moves={} cache_misses={} adopted={}",
+         vip_moves={} cache_misses={} adopted={} scale_pulls={} scale_migrating={}",
         start.elapsed().as_secs_f64(),
         alive(proto::v1::Role::Pp),
         alive(proto::v1::Role::Sc),
@@ -294,5 +294,7 @@ fn status_line(rt: &tokio::runtime::Handle, fm: &FmHandle, start: Instant) -> Op
         s.vip_moves,
         s.cache.misses,
         s.groups_adopted,
+        s.scale_pulls,
+        s.scale_migrating,
     ))
 }

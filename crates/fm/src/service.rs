@@ -1008,10 +1008,20 @@ impl FabricMaster for FmService {
         req: Request<v1::ScaleOutRequest>,
     ) -> Result<Response<v1::ScaleReply>, Status> {
         let r = req.into_inner();
+        let migration = if r.migration.is_empty() {
+            None
+        } else {
+            Some(
+                r.migration
+                    .parse::<crate::Migration>()
+                    .map_err(Status::invalid_argument)?,
+            )
+        };
         let req = ScaleRequest::Out {
             tenant: r.tenant,
             chain: r.chain,
             group: r.group,
+            migration,
         };
         scale_reply(&self.shared, req).await
     }

@@ -83,6 +83,7 @@ fn cluster_seed() -> Vec<Op> {
                 tenant: 1,
                 chain: 1,
                 group: None,
+                ..Default::default()
             }
             .encode_to_vec(),
         ),

@@ -76,6 +76,7 @@ fn fm_records_scales_refusals_deaths_and_repairs_and_reports_load_per_group() {
             tenant: 1,
             chain: 1,
             group: None,
+            migration: None,
         }))
         .unwrap();
     assert_eq!(out.aborted, None);
@@ -85,6 +86,7 @@ fn fm_records_scales_refusals_deaths_and_repairs_and_reports_load_per_group() {
         tenant: 1,
         chain: 1,
         group: None,
+        migration: None,
     }));
     assert!(refused.is_err());
 

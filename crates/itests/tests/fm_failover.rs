@@ -66,6 +66,7 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
             tenant: 1,
             chain: 1,
             group: None,
+            migration: None,
         }))
         .unwrap();
     assert_eq!(out.aborted, None);

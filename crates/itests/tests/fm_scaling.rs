@@ -335,7 +335,7 @@ fn check_nat(states: &HashMap<u64, GroupNat>) -> usize {
     total
 }
 
-fn run(with_fw: bool) {
+fn run(with_fw: bool, migration: Option<fm::Migration>) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
     let cfg = fm::FmConfig {
@@ -354,6 +354,7 @@ fn run(with_fw: bool) {
         tenant: 9,
         chain: 9,
         group: None,
+        migration: None,
     }));
     assert!(matches!(bad, Err(fm::FmError::Scale(_))), "{bad:?}");
 
@@ -362,6 +363,7 @@ fn run(with_fw: bool) {
         tenant: 1,
         chain: 1,
         group: None,
+        migration,
     });
     phase.store(BETWEEN, Ordering::Relaxed);
     assert_eq!(out.aborted, None, "scale-out aborted");
@@ -387,6 +389,7 @@ fn run(with_fw: bool) {
         tenant: 1,
         chain: 1,
         group: None,
+        migration: None,
     }));
     match none {
         Err(fm::FmError::Scale(e)) => assert!(e.contains("needs 3 live SC nodes"), "{e}"),
@@ -481,6 +484,13 @@ fn run(with_fw: bool) {
         (stats.scale_outs, stats.scale_ins, stats.scale_aborts),
         (1, 1, 0)
     );
+    // Gradual: the flows moved by pulls (the sweep's at least), none in bulk.
+    assert_eq!(
+        stats.scale_pulls > 0,
+        migration == Some(fm::Migration::Gradual),
+        "pulls {}",
+        stats.scale_pulls
+    );
     let line = |v: &[Vec<u64>; 5]| {
         format!(
             "before {:?}, during scale-out {:?}, between {:?}, during scale-in {:?}, after {:?}",
@@ -492,10 +502,10 @@ fn run(with_fw: bool) {
         )
     };
     eprintln!(
-        "scaling ({}): p99 request latency (requests, µs): all: {}; new flows only: {}; \
+        "scaling ({}, {migration:?}): p99 request latency (requests, µs): all: {}; new flows only: {}; \
          scale-out st→fin {:.1} ms ({moved_flows} of {} flows moved), \
          scale-in st→fin {:.1} ms; {} new flows, {} long-lived answers; redirects {}; \
-         {:.1}s",
+         pulls {}, refused as migrating {}; {:.1}s",
         if with_fw { "FW→SNAT" } else { "SNAT" },
         line(&load.latency),
         line(&load.latency_new),
@@ -508,6 +518,8 @@ fn run(with_fw: bool) {
         load.new.len(),
         load.long_answers,
         stats.scale_redirects,
+        stats.scale_pulls,
+        stats.scale_migrating,
         t0.elapsed().as_secs_f64()
     );
     // The goal: new-flow setup during each move within a small factor of before (it was
@@ -566,12 +578,20 @@ fn reask(fm: &str, flows: &[u32]) -> HashMap<FlowKey, (IpAddr, u16)> {
 
 #[test]
 fn snat_scale_out_then_in_under_load() {
-    run(false);
+    run(false, Some(fm::Migration::Bulk));
 }
 
 #[test]
 fn fw_snat_scale_out_then_in_under_load() {
-    run(true);
+    run(true, Some(fm::Migration::Bulk));
+}
+
+/// The same with S6's gradual migration: flows move on first access (the load re-asks
+/// long-lived flows) and by the sweep; the checks on both halves' state and on every
+/// flow's rule after the moves are the same.
+#[test]
+fn fw_snat_gradual_scale_out_then_in_under_load() {
+    run(true, Some(fm::Migration::Gradual));
 }
 
 /// The new group dies during a scale-out: the scale either finishes first (then the
@@ -610,6 +630,7 @@ fn new_group_dies_during_scale_out() {
                     tenant: 1,
                     chain: 1,
                     group: None,
+                    ..Default::default()
                 })
                 .await
             });

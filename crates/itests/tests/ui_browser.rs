@@ -329,6 +329,7 @@ fn scale_out(rt: &tokio::runtime::Runtime, fm: SocketAddr, tenant: u32, chain: u
                 tenant,
                 chain,
                 group: None,
+                ..Default::default()
             };
             match tokio::time::timeout(SETUP, c.scale_out(req))
                 .await

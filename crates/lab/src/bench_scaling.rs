@@ -17,15 +17,19 @@
 //!   which adopts the groups; `recovery_ms`).
 //!
 //! Each gives failed and reset connections and a 100 ms timeline of bytes sent per
-//! node; `--plot` draws the timelines as SVG.
+//! node; `--plot` draws the timelines as SVG. The SC scenarios also run unpaced iperf3
+//! flows beside the paced ones and give `throughput_dip` (their worst 100 ms during the
+//! event over their mean before it) and `p99_ratio` (new-flow setup p99 during over
+//! before); docs/elastic-tests.md defines both windows. `--workload FILE` sets the load
+//! ([`ScalingWorkload`]).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use testbed::chains::{self, Toward};
 use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
 use testbed::platform::{self, PlatformSpec};
@@ -41,19 +45,145 @@ pub struct ScalingBenchArgs {
     /// Write the per-node TX timelines as an SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// New TCP connections per second during each scenario.
-    #[arg(long, default_value_t = 100.0)]
+    /// New TCP connections per second during each scenario (overrides the workload's;
+    /// default 100).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Seconds of load before and after each event (overrides the workload's; default 2).
+    #[arg(long)]
+    pub settle: Option<f64>,
+    /// Only the SC scenarios (scale-out, scale-in, replica failover).
+    #[arg(long)]
+    pub sc_only: bool,
+    /// The load, as JSON (docs/elastic-tests.md, "Scaling workload"); flags override it.
+    #[arg(long)]
+    pub workload: Option<PathBuf>,
+    /// How the SC scale-outs move the flows' state (docs/scaling.md): `bulk`, `gradual`,
+    /// or `both` (alternating, bulk first, each scale-out followed by a scale-in).
+    /// Without it: FM's default, one scale-out and one scale-in.
+    #[arg(long, value_parser = ["bulk", "gradual", "both"])]
+    pub migration: Option<String>,
+    /// With `--migration`: scale-out/scale-in pairs per mode.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+}
+
+/// `--workload FILE`: the load every scenario runs under. Every field is optional.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScalingWorkload {
+    /// New TCP connections per second (SNAT, to nginx on the internet host).
     pub rate: f64,
     /// Seconds of load before and after each event.
-    #[arg(long, default_value_t = 2.0)]
     pub settle: f64,
+    /// Paced iperf3 streams and their rate (iperf3 `-b`), as before.
+    pub paced_streams: u32,
+    pub paced_bitrate: String,
+    /// Unpaced iperf3 streams in the SC scenarios (0: none, and no `throughput_dip`).
+    pub unpaced_streams: u32,
+}
+
+impl Default for ScalingWorkload {
+    fn default() -> Self {
+        ScalingWorkload {
+            rate: 100.0,
+            settle: 2.0,
+            paced_streams: 2,
+            paced_bitrate: "50M".into(),
+            unpaced_streams: 1,
+        }
+    }
+}
+
+impl ScalingWorkload {
+    pub fn load(path: &std::path::Path) -> Result<ScalingWorkload> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading workload {}", path.display()))?;
+        let w: ScalingWorkload = serde_json::from_str(&text)
+            .with_context(|| format!("workload {}: not a scaling workload", path.display()))?;
+        w.check()
+            .with_context(|| format!("workload {}", path.display()))?;
+        Ok(w)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.rate.is_finite() && self.rate > 0.0 && self.rate <= 5_000.0,
+            "rate must be in (0, 5000] connections/s, got {}",
+            self.rate
+        );
+        ensure!(
+            self.settle.is_finite() && self.settle >= 0.5 && self.settle <= 120.0,
+            "settle must be in [0.5, 120] s, got {}",
+            self.settle
+        );
+        ensure!(
+            (1..=16).contains(&self.paced_streams),
+            "paced_streams must be 1..=16, got {}",
+            self.paced_streams
+        );
+        ensure!(
+            self.unpaced_streams <= 16,
+            "unpaced_streams must be 0..=16, got {}",
+            self.unpaced_streams
+        );
+        let b = self
+            .paced_bitrate
+            .trim_end_matches(['K', 'M', 'G', 'k', 'm', 'g']);
+        ensure!(
+            !b.is_empty() && b.parse::<f64>().is_ok_and(|v| v > 0.0),
+            "paced_bitrate must be a positive iperf3 rate such as \"50M\", got {:?}",
+            self.paced_bitrate
+        );
+        Ok(())
+    }
+
+    /// The file's load with the flags over it.
+    pub fn from_args(a: &ScalingBenchArgs) -> Result<ScalingWorkload> {
+        let mut w = match &a.workload {
+            Some(p) => ScalingWorkload::load(p)?,
+            None => ScalingWorkload::default(),
+        };
+        if let Some(r) = a.rate {
+            w.rate = r;
+        }
+        if let Some(s) = a.settle {
+            w.settle = s;
+        }
+        w.check().context("--rate/--settle")?;
+        Ok(w)
+    }
 }
 
 #[derive(Debug, Serialize)]
 pub struct ScalingBench {
+    pub workload: ScalingWorkload,
+    /// The same load with no event (a 300 ms pause where the event would be): the
+    /// noise floor of `throughput_dip` on this machine.
+    pub sc_no_event: ScenarioReport,
     pub sc_scale_out: ScenarioReport,
     pub sc_scale_in: ScenarioReport,
     pub sc_replica_failover: ScenarioReport,
+    /// With `--migration`: every scale-out/scale-in pair, in the order run
+    /// (`sc_scale_out` and `sc_scale_in` are the first pair's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub migration_runs: Vec<MigrationRun>,
+    /// The PP and FM scenarios: absent with `--sc-only`.
+    #[serde(flatten)]
+    pub rest: Option<RestScenarios>,
+}
+
+/// One scale-out with a given migration mode, and the scale-in after it (always bulk).
+#[derive(Debug, Serialize)]
+pub struct MigrationRun {
+    pub migration: String,
+    pub round: u32,
+    pub sc_scale_out: ScenarioReport,
+    pub sc_scale_in: ScenarioReport,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RestScenarios {
     pub pp_scale_out: PpScenario,
     pub pp_failover: PpScenario,
     pub pp_scale_in: PpScenario,
@@ -105,12 +235,16 @@ pub struct FmFailoverReport {
 }
 
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
+    let w = ScalingWorkload::from_args(a)?;
     let (prefix, res) = crate::testbed_cmd::testbed_run("sfs-")?;
     let tb = Testbed::build(
         TopologySpec::new(&prefix).tenants(1).pp_cluster(3),
         res.clone(),
     )?;
     services::start_inet(&tb, false)?;
+    if w.unpaced_streams > 0 {
+        services::start_iperf3_unpaced(&tb)?;
+    }
     let chain = chains::chain(1, 1, 0, Toward::Internet, &[chains::snat(0)])?;
     let mut spec = PlatformSpec::new(vec![chain], vec![(vni::tenant(0), 1, 1)]);
     // 3 in the group, 3 spares for the scale-out's new group; after the scale-in they
@@ -120,20 +254,28 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     // For the last scenario: PP and SC nodes know both FMs.
     spec.standby_fm = true;
     let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
-    let settle = Duration::from_secs_f64(a.settle);
+    let settle = Duration::from_secs_f64(w.settle);
     let probes = ProbeSpec::new();
     let scenario = |p: &mut testbed::platform::Platform, name: &str, event: Event| {
         let probe = matches!(event, Event::KillPp { .. }).then_some(&probes);
         // Long enough to outlast the event: a scale here takes well under a second,
         // a repair well under one too (docs/elastic-tests.md).
-        let secs = (2.0 * a.settle + 8.0).ceil() as u32;
+        let secs = (2.0 * w.settle + 8.0).ceil() as u32;
+        // Unpaced flows only where the dip is the question (the SC events): elsewhere
+        // they would take the CPU the PP scenarios' recovery times are measured on.
+        let sc = name.starts_with("sc_");
         let spec = ScenarioSpec {
             name: name.into(),
             load: LoadSpec {
-                rate: a.rate,
+                rate: w.rate,
                 ..LoadSpec::new()
             },
-            iperf: IperfSpec::new(secs),
+            iperf: IperfSpec {
+                streams: w.paced_streams,
+                bitrate: w.paced_bitrate.clone(),
+                unpaced_streams: if sc { w.unpaced_streams } else { 0 },
+                ..IperfSpec::new(secs)
+            },
             before: settle,
             after: settle,
             events: vec![event],
@@ -141,22 +283,65 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
         elastic::run_scenario_probed(&tb, p, &spec, probe)
             .with_context(|| format!("scenario {name}"))
     };
-    let sc_scale_out = scenario(
+    let sc_no_event = scenario(
         &mut p,
-        "sc_scale_out",
-        Event::ScaleOut {
-            tenant: 1,
-            chain: 1,
-        },
+        "sc_no_event",
+        Event::Pause(Duration::from_millis(300)),
     )?;
-    let sc_scale_in = scenario(
-        &mut p,
-        "sc_scale_in",
-        Event::ScaleIn {
-            tenant: 1,
-            chain: 1,
-        },
-    )?;
+    let modes: Vec<&str> = match a.migration.as_deref() {
+        Some("both") => vec!["bulk", "gradual"],
+        Some(m) => vec![m],
+        None => vec![],
+    };
+    let mut migration_runs = Vec::new();
+    for round in 0..a.rounds {
+        for m in &modes {
+            let out = scenario(
+                &mut p,
+                &format!("sc_scale_out_{m}"),
+                Event::ScaleOutMigrating {
+                    tenant: 1,
+                    chain: 1,
+                    migration: m.to_string(),
+                },
+            )?;
+            let inn = scenario(
+                &mut p,
+                &format!("sc_scale_in_after_{m}"),
+                Event::ScaleIn {
+                    tenant: 1,
+                    chain: 1,
+                },
+            )?;
+            migration_runs.push(MigrationRun {
+                migration: m.to_string(),
+                round,
+                sc_scale_out: out,
+                sc_scale_in: inn,
+            });
+        }
+    }
+    let (sc_scale_out, sc_scale_in) = match migration_runs.first() {
+        Some(r) => (r.sc_scale_out.clone(), r.sc_scale_in.clone()),
+        None => (
+            scenario(
+                &mut p,
+                "sc_scale_out",
+                Event::ScaleOut {
+                    tenant: 1,
+                    chain: 1,
+                },
+            )?,
+            scenario(
+                &mut p,
+                "sc_scale_in",
+                Event::ScaleIn {
+                    tenant: 1,
+                    chain: 1,
+                },
+            )?,
+        ),
+    };
     let sc_replica_failover = scenario(
         &mut p,
         "sc_replica_failover",
@@ -166,66 +351,19 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
             position: 1,
         },
     )?;
-    let pp_scale_out = PpScenario::new(scenario(
-        &mut p,
-        "pp_scale_out",
-        Event::PpScaleOut { node: 2 },
-    )?);
-    let pp_failover = PpScenario::new(scenario(
-        &mut p,
-        "pp_failover",
-        Event::KillPp {
-            node: 1,
-            silent: false,
-        },
-    )?);
-    let pp_scale_in = PpScenario::new(scenario(
-        &mut p,
-        "pp_scale_in",
-        Event::PpScaleIn { node: 0 },
-    )?);
-    // Nodes 0 and 1 back (untimed), so the silent failure has survivors to move to.
-    p.start_pp(&tb, 0)?;
-    p.start_pp(&tb, 1)?;
-    testbed::cmd::wait_for(
-        "FM to spread the vIPs over 3 PP nodes",
-        Duration::from_secs(20),
-        || {
-            let m = p.vip_map(&tb)?;
-            Ok(
-                (m.all_owned() && !m.owned_by("pp-0").is_empty() && !m.owned_by("pp-1").is_empty())
-                    .then_some(()),
-            )
-        },
-    )?;
-    let pp_failover_silent = PpScenario::new(scenario(
-        &mut p,
-        "pp_failover_silent",
-        Event::KillPp {
-            node: 0,
-            silent: true,
-        },
-    )?);
-    let fm_failover = {
-        let scenario = scenario(&mut p, "fm_failover", Event::FailoverFm)?;
-        FmFailoverReport {
-            recovery_ms: scenario
-                .events
-                .first()
-                .and_then(|e| e.failover.as_ref())
-                .map(|f| f.recovery_ms),
-            scenario,
-        }
+    let rest = if a.sc_only {
+        None
+    } else {
+        Some(rest_scenarios(&tb, &mut p, &scenario)?)
     };
     let out = ScalingBench {
+        workload: w.clone(),
+        sc_no_event,
         sc_scale_out,
         sc_scale_in,
         sc_replica_failover,
-        pp_scale_out,
-        pp_failover,
-        pp_scale_in,
-        pp_failover_silent,
-        fm_failover,
+        migration_runs,
+        rest,
     };
     p.stop(&tb);
     drop(tb);
@@ -237,13 +375,74 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     Ok(out)
 }
 
+fn rest_scenarios(
+    tb: &Testbed,
+    p: &mut testbed::platform::Platform,
+    scenario: &dyn Fn(&mut testbed::platform::Platform, &str, Event) -> Result<ScenarioReport>,
+) -> Result<RestScenarios> {
+    let pp_scale_out = PpScenario::new(scenario(p, "pp_scale_out", Event::PpScaleOut { node: 2 })?);
+    let pp_failover = PpScenario::new(scenario(
+        p,
+        "pp_failover",
+        Event::KillPp {
+            node: 1,
+            silent: false,
+        },
+    )?);
+    let pp_scale_in = PpScenario::new(scenario(p, "pp_scale_in", Event::PpScaleIn { node: 0 })?);
+    // Nodes 0 and 1 back (untimed), so the silent failure has survivors to move to.
+    p.start_pp(tb, 0)?;
+    p.start_pp(tb, 1)?;
+    testbed::cmd::wait_for(
+        "FM to spread the vIPs over 3 PP nodes",
+        Duration::from_secs(20),
+        || {
+            let m = p.vip_map(tb)?;
+            Ok(
+                (m.all_owned() && !m.owned_by("pp-0").is_empty() && !m.owned_by("pp-1").is_empty())
+                    .then_some(()),
+            )
+        },
+    )?;
+    let pp_failover_silent = PpScenario::new(scenario(
+        p,
+        "pp_failover_silent",
+        Event::KillPp {
+            node: 0,
+            silent: true,
+        },
+    )?);
+    let fm_failover = {
+        let scenario = scenario(p, "fm_failover", Event::FailoverFm)?;
+        FmFailoverReport {
+            recovery_ms: scenario
+                .events
+                .first()
+                .and_then(|e| e.failover.as_ref())
+                .map(|f| f.recovery_ms),
+            scenario,
+        }
+    };
+    Ok(RestScenarios {
+        pp_scale_out,
+        pp_failover,
+        pp_scale_in,
+        pp_failover_silent,
+        fm_failover,
+    })
+}
+
+fn ratio(x: Option<f64>) -> String {
+    x.map_or("-".into(), |x| format!("{x:.2}"))
+}
+
 fn ms(us: Option<u64>) -> String {
     us.map_or("-".into(), |u| format!("{:.1}", u as f64 / 1000.0))
 }
 
 pub fn print(b: &ScalingBench) {
     println!(
-        "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8}",
+        "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>6} {:>9} {:>8} {:>8} {:>6}",
         "scenario",
         "conns",
         "failed",
@@ -252,14 +451,16 @@ pub fn print(b: &ScalingBench) {
         "p99 ms",
         "p99 before",
         "p99 event",
+        "p99x",
         "event ms",
         "stall s",
-        "Mbit/s"
+        "Mbit/s",
+        "dip"
     );
     for r in b.runs() {
         let e = r.events.first();
         println!(
-            "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>9} {:>8.1} {:>8.1}",
+            "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>6} {:>9} {:>8.1} {:>8.1} {:>6}",
             r.name,
             r.connections,
             r.failed_connections,
@@ -268,10 +469,20 @@ pub fn print(b: &ScalingBench) {
             ms(r.p99_setup_us),
             ms(r.p99_setup_before_us),
             ms(r.p99_setup_during_us),
+            ratio(r.p99_ratio),
             e.map_or(0, |e| e.end_ms - e.start_ms),
             r.iperf.max_stall_s,
             r.iperf.mean_mbps,
+            ratio(r.throughput_dip),
         );
+        if let Some(u) = &r.iperf.unpaced {
+            println!(
+                "    unpaced iperf3: {:.1} Mbit/s mean, {:.1} before the event, worst 100 ms during {:.1}",
+                u.mean_mbps,
+                r.unpaced_mbps_before.unwrap_or(0.0),
+                r.unpaced_worst_mbps_during.unwrap_or(0.0)
+            );
+        }
         if let Some(s) = e.and_then(|e| e.scale.as_ref()) {
             println!(
                 "    {} groups {} -> {}, st->fin {:.1} ms, aborted {:?}",
@@ -320,16 +531,24 @@ pub fn print(b: &ScalingBench) {
 
 impl ScalingBench {
     fn runs(&self) -> Vec<&ScenarioReport> {
-        vec![
-            &self.sc_scale_out,
-            &self.sc_scale_in,
-            &self.sc_replica_failover,
-            &self.pp_scale_out.report,
-            &self.pp_failover.report,
-            &self.pp_scale_in.report,
-            &self.pp_failover_silent.report,
-            &self.fm_failover.scenario,
-        ]
+        let mut v = vec![&self.sc_no_event];
+        if self.migration_runs.is_empty() {
+            v.extend([&self.sc_scale_out, &self.sc_scale_in]);
+        }
+        for r in &self.migration_runs {
+            v.extend([&r.sc_scale_out, &r.sc_scale_in]);
+        }
+        v.push(&self.sc_replica_failover);
+        if let Some(r) = &self.rest {
+            v.extend([
+                &r.pp_scale_out.report,
+                &r.pp_failover.report,
+                &r.pp_scale_in.report,
+                &r.pp_failover_silent.report,
+                &r.fm_failover.scenario,
+            ]);
+        }
+        v
     }
 }
 
@@ -425,5 +644,67 @@ fn human(bps: f64) -> String {
         format!("{:.1} kB/s", bps / 1e3)
     } else {
         format!("{bps:.0} B/s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("w.json");
+        std::fs::write(&p, text).unwrap();
+        (d, p)
+    }
+
+    fn args(workload: Option<PathBuf>) -> ScalingBenchArgs {
+        ScalingBenchArgs {
+            json: false,
+            plot: None,
+            rate: None,
+            settle: None,
+            sc_only: false,
+            workload,
+            migration: None,
+            rounds: 1,
+        }
+    }
+
+    #[test]
+    fn a_workload_file_sets_the_load_and_flags_override_it() {
+        let (_d, p) = write(r#"{"rate": 250, "unpaced_streams": 2}"#);
+        let w = ScalingWorkload::from_args(&args(Some(p.clone()))).unwrap();
+        assert_eq!((w.rate, w.unpaced_streams, w.settle), (250.0, 2, 2.0));
+        let mut a = args(Some(p));
+        a.rate = Some(50.0);
+        assert_eq!(ScalingWorkload::from_args(&a).unwrap().rate, 50.0);
+        assert_eq!(
+            ScalingWorkload::from_args(&args(None)).unwrap(),
+            ScalingWorkload::default()
+        );
+    }
+
+    #[test]
+    fn bad_workloads_and_flags_are_clear_errors() {
+        for (text, msg) in [
+            (r#"{"rate": 0}"#, "rate must be"),
+            (r#"{"settle": 0.1}"#, "settle must be"),
+            (r#"{"paced_streams": 0}"#, "paced_streams must be"),
+            (r#"{"unpaced_streams": 99}"#, "unpaced_streams must be"),
+            (r#"{"paced_bitrate": "fast"}"#, "paced_bitrate must be"),
+            (r#"{"rat": 10}"#, "not a scaling workload"),
+            ("not json", "not a scaling workload"),
+        ] {
+            let (_d, p) = write(text);
+            let e = ScalingWorkload::from_args(&args(Some(p))).unwrap_err();
+            assert!(format!("{e:#}").contains(msg), "{text}: {e:#}");
+        }
+        let e = ScalingWorkload::from_args(&args(Some("/nonexistent/w.json".into()))).unwrap_err();
+        assert!(format!("{e:#}").contains("reading workload"), "{e:#}");
+        let mut a = args(None);
+        a.rate = Some(-1.0);
+        let e = ScalingWorkload::from_args(&a).unwrap_err();
+        assert!(format!("{e:#}").contains("rate must be"), "{e:#}");
     }
 }

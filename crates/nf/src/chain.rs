@@ -376,6 +376,17 @@ impl Chain {
         Ok(frame_parts(&parts))
     }
 
+    /// Move out the per-flow state `half` names, every NF's (gradual migration: shared
+    /// state stays); the result merges like a split's part.
+    pub fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        let parts = self
+            .nfs
+            .iter_mut()
+            .map(|nf| nf.split_flows(half))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(frame_parts(&parts))
+    }
+
     /// Hashes of every flow some NF of the chain holds per-flow state for, sorted and
     /// deduplicated; None if any NF cannot tell (see `NetworkFunction::flow_hashes`).
     pub fn flow_hashes(&self) -> Option<Vec<u64>> {

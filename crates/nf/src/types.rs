@@ -503,6 +503,14 @@ pub trait NetworkFunction: Send {
     /// state splits; replicated state starts the new part from zero.
     fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError>;
 
+    /// Gradual migration (S6): like [`split`](Self::split), but only per-flow state
+    /// moves; shared state (a port pool, counters) stays whole here. The default is
+    /// `split`, right for NFs whose split moves per-flow state only; an NF that splits
+    /// a pool must override it, or each pull of a gradual scale-out halves its pool.
+    fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        self.split(half)
+    }
+
     /// Scale-in: take in a part another owner split off (or its whole state).
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError>;
 

@@ -55,6 +55,10 @@ pub const ERR_UNKNOWN_FLOW: &str = "unknown-flow";
 /// Error a scale-out's new group answers before its install op: FM tries again.
 pub const ERR_NOT_READY: &str = "sc-not-ready";
 
+/// A new owner's refusal during a gradual scale-out: the flow's state is still at the
+/// old owner. FM has it pulled over (ScalePull) and sends the request again after.
+pub const ERR_MIGRATING: &str = "sc-migrating";
+
 /// Error FM answers for a rule request it sheds because its setup path (its input
 /// queue, or the requests in flight to SC) is over its bound. The flow is refused, not
 /// the session: the PP node counts it and the flow's next packet asks again.

@@ -941,6 +941,7 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
                 scale_step(shared, i.group, v1::scale_op::Step::Install(i))
             }
             Some(sc_down::Msg::End(e)) => scale_step(shared, e.group, v1::scale_op::Step::End(e)),
+            Some(sc_down::Msg::Pull(p)) => scale_step(shared, p.group, v1::scale_op::Step::Pull(p)),
             Some(sc_down::Msg::Registered(_)) => {}
             None => shared.bad(),
         }

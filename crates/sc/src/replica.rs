@@ -185,8 +185,11 @@ pub struct ReplicaStats {
     /// Requests refused because a scale moved their key's range away (or the group
     /// awaits its install op).
     pub moved_requests: u64,
-    /// Scaling ops applied (split, install, end; repeats included).
+    /// Scaling ops applied (split, install, end, pull; repeats included).
     pub scale_ops: u64,
+    /// Requests a new owner refused because the flow's state was still at the old
+    /// owner (gradual migration; FM has it pulled and asks again).
+    pub migrating_requests: u64,
     /// NF `update`s run after an op because an NF triggered them (Serpens
     /// `update`/`trigger`); and those that failed.
     pub nf_updates: u64,
@@ -205,8 +208,12 @@ struct Outgoing {
     /// The moved key-hash range, inclusive.
     moved: (u64, u64),
     /// Hashes of the flows whose state left with the part, sorted; None if the chain
-    /// cannot tell (then every moved flow is refused until the end step).
+    /// cannot tell (then every moved flow is refused until the end step). Gradual: the
+    /// flows whose state stayed here.
     old: Option<Vec<u64>>,
+    /// S6's gradual migration: the part holds no flow, so this group keeps deciding
+    /// every flow of its range until the end step.
+    gradual: bool,
 }
 
 impl Outgoing {
@@ -214,12 +221,52 @@ impl Outgoing {
     /// flows of the moved range are (flows whose state is in the part are refused, so
     /// only the new owner, which has that state, ever decides them again).
     fn decides(&self, h: u64) -> bool {
-        if h < self.moved.0 || h > self.moved.1 {
+        if self.gradual || h < self.moved.0 || h > self.moved.1 {
             return true;
         }
         self.old
             .as_ref()
             .is_some_and(|old| old.binary_search(&h).is_err())
+    }
+}
+
+/// One side of a gradual scale-out's per-flow migration (S6; docs/scaling.md, "Gradual
+/// migration"). Kept after it finished (nothing pending), so repeated steps still get
+/// their answers; the next scale replaces it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Migration {
+    scale: u64,
+    /// The moved key-hash range, inclusive.
+    moved: (u64, u64),
+    /// Hashes of the moved range's flows whose state is still at the old owner: there,
+    /// those it still owes; at the new owner, those it refuses until they arrive.
+    pending: BTreeSet<u64>,
+    /// Old owner: the last pull applied and the parts it moved out (a repeat reports
+    /// them again). New owner: the last pull merged.
+    pull: u64,
+    parts: Vec<Vec<u8>>,
+}
+
+impl Migration {
+    fn to_proto(&self) -> v1::MigrationState {
+        v1::MigrationState {
+            scale_id: self.scale,
+            moved_lo: self.moved.0,
+            moved_hi: self.moved.1,
+            pending: self.pending.iter().copied().collect(),
+            pull: self.pull,
+            parts: self.parts.clone(),
+        }
+    }
+
+    fn from_proto(m: &v1::MigrationState) -> Self {
+        Migration {
+            scale: m.scale_id,
+            moved: (m.moved_lo, m.moved_hi),
+            pending: m.pending.iter().copied().collect(),
+            pull: m.pull,
+            parts: m.parts.clone(),
+        }
     }
 }
 
@@ -238,6 +285,10 @@ struct ScaleState {
     ended: Option<(u64, Vec<u8>)>,
     /// Scale ids whose delta was merged here.
     merged: BTreeSet<u64>,
+    /// Gradual migrations: flows this group still owes (old owner) and flows it waits
+    /// for (new owner).
+    migrating_out: Option<Migration>,
+    migrating_in: Option<Migration>,
 }
 
 impl ScaleState {
@@ -249,7 +300,16 @@ impl ScaleState {
             done: BTreeSet::new(),
             ended: None,
             merged: BTreeSet::new(),
+            migrating_out: None,
+            migrating_in: None,
         }
+    }
+
+    /// Whether the new owner must refuse `h` for now: its state is still at the old one.
+    fn awaits(&self, h: u64) -> bool {
+        self.migrating_in
+            .as_ref()
+            .is_some_and(|m| m.pending.contains(&h))
     }
 
     fn to_proto(&self) -> v1::ScaleState {
@@ -264,12 +324,15 @@ impl ScaleState {
             ready: self.ready,
             done: self.done.iter().copied().collect(),
             merged: self.merged.iter().copied().collect(),
+            migrating_out: self.migrating_out.as_ref().map(Migration::to_proto),
+            migrating_in: self.migrating_in.as_ref().map(Migration::to_proto),
             ..Default::default()
         };
         if let Some(o) = &self.outgoing {
             s.outgoing_scale = o.scale;
             s.outgoing_kind = o.kind as i32;
             s.outgoing_part = o.part.clone();
+            s.outgoing_gradual = o.gradual;
             if let Some((lo, hi)) = o.old_range {
                 s.outgoing_had_range = true;
                 s.outgoing_lo = lo;
@@ -302,10 +365,13 @@ impl ScaleState {
                     .then_some((s.outgoing_lo, s.outgoing_hi)),
                 moved: (s.outgoing_moved_lo, s.outgoing_moved_hi),
                 old: s.outgoing_old_known.then(|| s.outgoing_old.clone()),
+                gradual: s.outgoing_gradual,
             }),
             done: s.done.iter().copied().collect(),
             ended: (s.ended_scale != 0).then(|| (s.ended_scale, s.ended_delta.clone())),
             merged: s.merged.iter().copied().collect(),
+            migrating_out: s.migrating_out.as_ref().map(Migration::from_proto),
+            migrating_in: s.migrating_in.as_ref().map(Migration::from_proto),
         }
     }
 }
@@ -939,7 +1005,7 @@ impl ReplicaCore {
             group: gid,
             seq,
             error,
-            delta: Vec::new(),
+            ..Default::default()
         };
         match step {
             Step::Split(st) => {
@@ -956,6 +1022,7 @@ impl ReplicaCore {
                             group: gid,
                             part: o.part.clone(),
                             seq,
+                            pending: gradual_pending(o),
                         });
                     }
                     return;
@@ -964,12 +1031,18 @@ impl ReplicaCore {
                     Ok(part) => {
                         self.scale.done.insert(st.scale_id);
                         info!(group = gid, scale = st.scale_id, seq, bytes = part.len(),
-                              range = ?self.scale.range, "split applied");
+                              range = ?self.scale.range, gradual = st.gradual, "split applied");
                         result.part = Some(v1::ScalePart {
                             scale_id: st.scale_id,
                             group: gid,
                             part,
                             seq,
+                            pending: self
+                                .scale
+                                .outgoing
+                                .as_ref()
+                                .map(gradual_pending)
+                                .unwrap_or_default(),
                         });
                     }
                     Err(e) => {
@@ -978,13 +1051,24 @@ impl ReplicaCore {
                     }
                 }
             }
+            Step::Install(ins) if ins.pull > 0 => {
+                result.fin = Some(v1::ScaleFin {
+                    pull: ins.pull,
+                    ..fin(ins.scale_id, self.merge_pulled(ins))
+                });
+            }
             Step::Install(ins) if ins.delta => {
                 // The second transfer: what the old owner decided in the moved range
                 // after st. FM sends it after the switch, so requests this group
                 // decided before it are new flows the old owner never saw (the flows it
                 // did decide are answered from FM's pinned cache until this op).
+                // Gradual: no state, only the flows still at the old owner.
                 if self.scale.merged.insert(ins.scale_id) {
+                    if !ins.pending.is_empty() {
+                        self.await_flows(ins);
+                    }
                     let merged = match &mut self.chain {
+                        Ok(_) if ins.part.is_empty() => Ok(()),
                         Ok(c) => c.merge(&ins.part).map_err(|e| format!("merge delta: {e}")),
                         Err(e) => Err(e.clone()),
                     };
@@ -1028,6 +1112,16 @@ impl ReplicaCore {
                     {
                         f.delta = delta.clone();
                     }
+                    // Gradual: the flows still owed, so a repeat (its first fin lost)
+                    // still tells the new owner which flows to refuse.
+                    if let Some(m) = self
+                        .scale
+                        .migrating_out
+                        .as_ref()
+                        .filter(|m| m.scale == end.scale_id)
+                    {
+                        f.pending = m.pending.iter().copied().collect();
+                    }
                     result.fin = Some(f);
                     return;
                 };
@@ -1044,6 +1138,10 @@ impl ReplicaCore {
                     self.scale.range = o.old_range;
                     info!(group = gid, scale = end.scale_id, seq, range = ?self.scale.range,
                           "scale aborted; part taken back");
+                } else if o.gradual {
+                    f.pending = self.lend(&o);
+                    info!(group = gid, scale = end.scale_id, seq, pending = f.pending.len(),
+                          range = ?self.scale.range, "scale ended; flows move on first access");
                 } else {
                     match self.hand_over(&o) {
                         Ok(delta) => {
@@ -1060,7 +1158,169 @@ impl ReplicaCore {
                 }
                 result.fin = Some(f);
             }
+            Step::Pull(p) => {
+                let (parts, error) = self.pull(p);
+                result.fin = Some(v1::ScaleFin {
+                    pull: p.pull,
+                    parts,
+                    ..fin(p.scale_id, error)
+                });
+            }
         }
+    }
+
+    /// Gradual, at the committed end step: stop serving the moved range, and keep the
+    /// flows of it this group holds (decided before st or since) until they are pulled.
+    /// Returns their hashes, for the new owner to refuse until then.
+    fn lend(&mut self, o: &Outgoing) -> Vec<u64> {
+        let (mlo, mhi) = o.moved;
+        self.scale.range = match o.old_range {
+            Some((lo, hi)) if mlo == lo => Some((mhi + 1, hi)),
+            Some((lo, _)) => Some((lo, mlo.saturating_sub(1))),
+            None => None,
+        };
+        // The chain told at st (else st refused a gradual split), so it tells now.
+        let pending: BTreeSet<u64> = self
+            .chain
+            .as_ref()
+            .ok()
+            .and_then(Chain::flow_hashes)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| mlo <= *h && *h <= mhi)
+            .collect();
+        let out: Vec<u64> = pending.iter().copied().collect();
+        self.scale.migrating_out = Some(Migration {
+            scale: o.scale,
+            moved: o.moved,
+            pending,
+            pull: 0,
+            parts: Vec::new(),
+        });
+        out
+    }
+
+    /// A pull at the old owner: move out the state of the flows asked for (first
+    /// accesses at the new owner) and of the sweep's chunk. A repeat reports the same
+    /// parts. Returns the parts and an error ("" if none); what moved before an error
+    /// is reported with it, so no state is lost.
+    fn pull(&mut self, p: &v1::ScalePull) -> (Vec<Vec<u8>>, String) {
+        let Some(m) = self
+            .scale
+            .migrating_out
+            .as_mut()
+            .filter(|m| m.scale == p.scale_id)
+        else {
+            return (
+                Vec::new(),
+                format!("no migration of scale {} here", p.scale_id),
+            );
+        };
+        if p.pull == m.pull {
+            return (m.parts.clone(), String::new());
+        }
+        if p.pull < m.pull {
+            return (Vec::new(), format!("stale pull {} (at {})", p.pull, m.pull));
+        }
+        let chain = match &mut self.chain {
+            Ok(c) => c,
+            Err(e) => return (Vec::new(), e.clone()),
+        };
+        let mut parts = Vec::new();
+        let mut error = String::new();
+        let mut keys: Vec<u64> = p.keys.clone();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut take = |lo: u64, hi: u64, parts: &mut Vec<Vec<u8>>| {
+            // SplitHalf's upper bound is exclusive; the moved range never ends at
+            // u64::MAX (FM moves the lower end).
+            let Some(end) = hi.checked_add(1) else {
+                return;
+            };
+            match chain.split_flows(&SplitHalf {
+                moved_lo: lo,
+                moved_hi: end,
+            }) {
+                Ok(part) => parts.push(part),
+                Err(e) => error = format!("pull [{lo}, {hi}]: {e}"),
+            }
+        };
+        for h in keys {
+            if m.pending.remove(&h) {
+                take(h, h, &mut parts);
+            }
+        }
+        if p.sweep {
+            let (lo, hi) = (p.lo.max(m.moved.0), p.hi.min(m.moved.1));
+            if lo <= hi && m.pending.range(lo..=hi).next().is_some() {
+                take(lo, hi, &mut parts);
+                m.pending.retain(|h| *h < lo || *h > hi);
+            }
+        }
+        if p.last && !m.pending.is_empty() {
+            // FM's sweep covered the range; whatever is left (none expected) goes now.
+            let (lo, hi) = m.moved;
+            take(lo, hi, &mut parts);
+            m.pending.clear();
+        }
+        m.pull = p.pull;
+        m.parts = parts.clone();
+        (parts, error)
+    }
+
+    /// The new owner learns flows whose state is still at the old owner.
+    fn await_flows(&mut self, ins: &v1::ScaleInstall) {
+        let moved = self.scale.range.unwrap_or((ins.range_lo, ins.range_hi));
+        let m = self
+            .scale
+            .migrating_in
+            .get_or_insert_with(Migration::default);
+        if m.scale != ins.scale_id {
+            *m = Migration {
+                scale: ins.scale_id,
+                moved,
+                ..Migration::default()
+            };
+        }
+        m.pending.extend(ins.pending.iter().copied());
+    }
+
+    /// A pull's merge at the new owner: the pulled flows' state goes in and they are
+    /// served from now on. Idempotent by pull id. Returns an error ("" if none).
+    fn merge_pulled(&mut self, ins: &v1::ScaleInstall) -> String {
+        let m = self
+            .scale
+            .migrating_in
+            .get_or_insert_with(Migration::default);
+        if m.scale != ins.scale_id {
+            *m = Migration {
+                scale: ins.scale_id,
+                moved: (ins.range_lo, ins.range_hi),
+                ..Migration::default()
+            };
+        }
+        if ins.pull <= m.pull {
+            return String::new();
+        }
+        let mut error = String::new();
+        if let Ok(c) = &mut self.chain {
+            for part in &ins.parts {
+                if let Err(e) = c.merge(part) {
+                    error = format!("merge pulled part: {e}");
+                }
+            }
+        }
+        for h in &ins.keys {
+            m.pending.remove(h);
+        }
+        if ins.swept {
+            m.pending.retain(|h| *h < ins.swept_lo || *h > ins.swept_hi);
+        }
+        if ins.last {
+            m.pending.clear();
+        }
+        m.pull = ins.pull;
+        error
     }
 
     /// Split off the part `st` names and keep serving the group's whole range, the
@@ -1094,12 +1354,26 @@ impl ReplicaCore {
                 let Some(end) = mhi.checked_add(1) else {
                     return Err("cannot move a range ending at u64::MAX".into());
                 };
-                chain
-                    .split(&SplitHalf {
-                        moved_lo: mlo,
-                        moved_hi: end,
-                    })
-                    .map_err(|e| format!("split: {e}"))?
+                if st.gradual {
+                    // S6: no flow moves now; the part is half the free shared state
+                    // (an empty range moves no flow). The flows move on first access.
+                    if old.is_none() {
+                        return Err("gradual migration needs every NF's flow_hashes".into());
+                    }
+                    chain
+                        .split(&SplitHalf {
+                            moved_lo: 0,
+                            moved_hi: 0,
+                        })
+                        .map_err(|e| format!("split: {e}"))?
+                } else {
+                    chain
+                        .split(&SplitHalf {
+                            moved_lo: mlo,
+                            moved_hi: end,
+                        })
+                        .map_err(|e| format!("split: {e}"))?
+                }
             }
             v1::ScaleKind::In => {
                 if (mlo, mhi) != (lo, hi) {
@@ -1137,6 +1411,7 @@ impl ReplicaCore {
             old_range: self.scale.range,
             moved: (mlo, mhi),
             old,
+            gradual: st.gradual && kind == v1::ScaleKind::Out,
         });
         Ok(part)
     }
@@ -1187,6 +1462,10 @@ impl ReplicaCore {
                     .restore(&ins.part)
                     .map_err(|e| format!("restore: {e}"))?;
                 self.scale.ready = true;
+                if !ins.pending.is_empty() {
+                    self.scale.range = Some((ins.range_lo, ins.range_hi));
+                    self.await_flows(ins);
+                }
             }
             v1::ScaleKind::In => {
                 chain.merge(&ins.part).map_err(|e| format!("merge: {e}"))?;
@@ -1229,6 +1508,10 @@ impl ReplicaCore {
             self.stats.moved_requests += 1;
             return Err(proto::ERR_MOVED.into());
         }
+        if self.scale.awaits(h) {
+            self.stats.migrating_requests += 1;
+            return Err(proto::ERR_MIGRATING.into());
+        }
         let chain = match &mut self.chain {
             Ok(c) => c,
             Err(e) => return Err(format!("chain unavailable: {e}")),
@@ -1267,6 +1550,15 @@ impl ReplicaCore {
 }
 
 /// Whether the tail must send a result to FM.
+/// Gradual: the hashes of the flows whose state stayed at the old owner.
+fn gradual_pending(o: &Outgoing) -> Vec<u64> {
+    if o.gradual {
+        o.old.clone().unwrap_or_default()
+    } else {
+        Vec::new()
+    }
+}
+
 fn worth_sending(r: &v1::OpResult) -> bool {
     !r.replies.is_empty() || !r.expired.is_empty() || r.part.is_some() || r.fin.is_some()
 }
@@ -1302,9 +1594,15 @@ mod tests {
         joining: &[&str],
         awaiting: u64,
     ) -> v1::GroupConfig {
+        // One NF, or an array of them.
+        let nfs = if nf.is_array() {
+            nf
+        } else {
+            serde_json::json!([nf])
+        };
         let def: proto::ChainDef = serde_json::from_value(serde_json::json!({
             "tenant": 1, "chain": 1,
-            "nfs": [nf],
+            "nfs": nfs,
             "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}},
             "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}}
         }))
@@ -1462,12 +1760,16 @@ mod tests {
             to_group: 8,
             moved_lo: 0,
             moved_hi: MID - 1,
+            gradual: false,
         })
     }
 
     /// A head `a` and a tail `b` linked (connection 1), with 64 flows decided.
     fn chain_of_two() -> (ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
-        let cfg = snat_config(7, &["a", "b"], (0, u64::MAX), 0);
+        chain_of_two_with(snat_config(7, &["a", "b"], (0, u64::MAX), 0))
+    }
+
+    fn chain_of_two_with(cfg: v1::GroupConfig) -> (ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
         let mut a = replica("a", cfg.clone());
         let mut b = replica("b", cfg);
         let hello = v1::ReplicaHello {
@@ -1719,6 +2021,7 @@ mod tests {
                 range_lo: 0,
                 range_hi: MID - 1,
                 delta: false,
+                ..Default::default()
             }),
             4_000,
             &mut co,
@@ -1755,6 +2058,7 @@ mod tests {
                 range_lo: 0,
                 range_hi: MID - 1,
                 delta: true,
+                ..Default::default()
             }),
             6_000,
             &mut co,
@@ -1879,5 +2183,310 @@ mod tests {
         assert!(c.scale.outgoing.as_ref().is_some_and(|o| o.old.is_some()));
         assert_eq!(c.scale.outgoing, b.scale.outgoing);
         assert_eq!(c.scale.done, b.scale.done);
+    }
+
+    // ------------------------------------------------------------ gradual migration
+
+    /// FW (conntrack, outbound only) then SNAT: both keep per-flow state.
+    fn fw_snat_config(
+        gid: u64,
+        members: &[&str],
+        range: (u64, u64),
+        awaiting: u64,
+    ) -> v1::GroupConfig {
+        let nfs = serde_json::json!([
+            {"kind": "fw", "tenants": [{"tenant": 1, "default_action": "deny",
+                "rules": [{"action": "allow", "src": ["198.18.0.0/16"]}]}]},
+            {"kind": "snat", "pools": [
+                {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]}
+        ]);
+        group_config(nfs, gid, 1, members, range, &[], awaiting)
+    }
+
+    /// Run `step` through the old group `a` → `b`; the tail's fins.
+    fn old_step(
+        a: &mut ReplicaCore,
+        b: &mut ReplicaCore,
+        step: v1::scale_op::Step,
+    ) -> Vec<v1::OpResult> {
+        let mut out = Outbox::default();
+        assert!(a.scale(step, 5_000, &mut out));
+        let mut tail = Outbox::default();
+        b.on_ops(1, out.down, &mut tail).unwrap();
+        tail.results
+    }
+
+    fn new_step(c: &mut ReplicaCore, step: v1::scale_op::Step) -> v1::ScaleFin {
+        let mut co = Outbox::default();
+        assert!(c.scale(step, 5_000, &mut co));
+        co.results.iter().find_map(|r| r.fin.clone()).unwrap()
+    }
+
+    /// A gradual scale-out of the FW → SNAT group a → b (64 flows decided) to a new
+    /// one-replica group c, up to the switch: split (no flow moves), install at c, the
+    /// end step at the old group and the merge of its list of flows still there.
+    fn gradual_until_switch() -> (ReplicaCore, ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
+        let (mut a, mut b, decided) =
+            chain_of_two_with(fw_snat_config(7, &["a", "b"], (0, u64::MAX), 0));
+        let mut st = split_step(1);
+        if let v1::scale_op::Step::Split(s) = &mut st {
+            s.gradual = true;
+        }
+        let res = old_step(&mut a, &mut b, st);
+        let part = res.iter().find_map(|r| r.part.clone()).unwrap();
+        // No flow left with the part: the old group still holds all 64.
+        let held = |r: &ReplicaCore| r.chain.as_ref().unwrap().flow_hashes().unwrap();
+        let moved: Vec<u64> = (0..64)
+            .map(request)
+            .map(|r| hash_of(&r))
+            .filter(|h| *h < MID)
+            .collect::<BTreeSet<u64>>()
+            .into_iter()
+            .collect();
+        assert!(
+            !moved.is_empty() && moved.len() < 64,
+            "flows straddle the split"
+        );
+        assert_eq!(part.pending, moved, "the part names the flows that stayed");
+        assert_eq!(held(&b).len(), 64);
+        let mut c = replica("c", fw_snat_config(8, &["c"], (0, MID - 1), 1));
+        let fin = new_step(
+            &mut c,
+            v1::scale_op::Step::Install(v1::ScaleInstall {
+                scale_id: 1,
+                kind: v1::ScaleKind::Out as i32,
+                group: 8,
+                part: part.part,
+                range_lo: 0,
+                range_hi: MID - 1,
+                pending: part.pending,
+                ..Default::default()
+            }),
+        );
+        assert_eq!(fin.error, "");
+        assert!(held(&c).is_empty(), "the new group starts with no flow");
+        let res = old_step(
+            &mut a,
+            &mut b,
+            v1::scale_op::Step::End(v1::ScaleEnd {
+                scale_id: 1,
+                group: 7,
+                abort: false,
+            }),
+        );
+        let end = res.iter().find_map(|r| r.fin.clone()).unwrap();
+        assert_eq!(end.pending, moved);
+        assert!(end.delta.is_empty(), "nothing moves in bulk");
+        assert_eq!(b.serving(), Some((MID, u64::MAX)));
+        let fin = new_step(
+            &mut c,
+            v1::scale_op::Step::Install(v1::ScaleInstall {
+                scale_id: 1,
+                kind: v1::ScaleKind::Out as i32,
+                group: 8,
+                range_lo: 0,
+                range_hi: MID - 1,
+                delta: true,
+                pending: end.pending,
+                ..Default::default()
+            }),
+        );
+        assert_eq!(fin.error, "");
+        (a, b, c, decided)
+    }
+
+    fn pull(id: u64, keys: Vec<u64>, chunk: Option<(u64, u64)>, last: bool) -> v1::scale_op::Step {
+        let (lo, hi) = chunk.unwrap_or((0, 0));
+        v1::scale_op::Step::Pull(v1::ScalePull {
+            scale_id: 1,
+            group: 7,
+            pull: id,
+            keys,
+            sweep: chunk.is_some(),
+            lo,
+            hi,
+            last,
+        })
+    }
+
+    fn merge(
+        id: u64,
+        parts: Vec<Vec<u8>>,
+        keys: Vec<u64>,
+        chunk: Option<(u64, u64)>,
+        last: bool,
+    ) -> v1::scale_op::Step {
+        let (swept_lo, swept_hi) = chunk.unwrap_or((0, 0));
+        v1::scale_op::Step::Install(v1::ScaleInstall {
+            scale_id: 1,
+            kind: v1::ScaleKind::Out as i32,
+            group: 8,
+            range_lo: 0,
+            range_hi: MID - 1,
+            pull: id,
+            parts,
+            keys,
+            swept: chunk.is_some(),
+            swept_lo,
+            swept_hi,
+            last,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_flow_accessed_after_a_gradual_scale_out_moves_with_its_state_and_others_never_wait() {
+        let (mut a, mut b, mut c, decided) = gradual_until_switch();
+        let old_moved: Vec<v1::RuleRequest> =
+            (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
+        let new_moved: Vec<v1::RuleRequest> = (200..400)
+            .map(request)
+            .filter(|r| hash_of(r) < MID)
+            .take(4)
+            .collect();
+        // One batch: the old flows are refused (their state is still at the old owner),
+        // the new flows of the same range are decided at once.
+        let mut co = Outbox::default();
+        submit(
+            &mut c,
+            old_moved.iter().chain(&new_moved).cloned().collect(),
+            &mut co,
+        );
+        let first = replies(&co);
+        assert_eq!(first.len(), old_moved.len() + new_moved.len());
+        for r in &first {
+            let old = r.id < 64;
+            assert_eq!(is_err(r, proto::ERR_MIGRATING), old, "flow {}", r.id);
+            assert_eq!(port(r).is_some(), !old, "flow {} decided", r.id);
+        }
+        assert_eq!(c.stats.migrating_requests, old_moved.len() as u64);
+        // First access: FM pulls that one flow's state from the old group.
+        let k = &old_moved[0];
+        let res = old_step(&mut a, &mut b, pull(1, vec![hash_of(k)], None, false));
+        let fin = res.iter().find_map(|r| r.fin.clone()).unwrap();
+        assert_eq!((fin.pull, fin.error.as_str(), fin.parts.len()), (1, "", 1));
+        // A repeat reports the same parts and moves nothing more.
+        let again = old_step(&mut a, &mut b, pull(1, vec![hash_of(k)], None, false));
+        assert_eq!(
+            again.iter().find_map(|r| r.fin.clone()).unwrap().parts,
+            fin.parts
+        );
+        assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        let held = |r: &ReplicaCore| r.chain.as_ref().unwrap().flow_hashes().unwrap();
+        assert!(
+            !held(&b).contains(&hash_of(k)),
+            "the flow left the old group"
+        );
+        let m = new_step(
+            &mut c,
+            merge(1, fin.parts.clone(), vec![hash_of(k)], None, false),
+        );
+        assert_eq!((m.pull, m.error.as_str()), (1, ""));
+        // Merged once: a repeated merge step is a no-op.
+        let snap = c.state(true).snapshot;
+        new_step(&mut c, merge(1, fin.parts, vec![hash_of(k)], None, false));
+        assert_eq!(c.state(true).snapshot, snap);
+        // Both the FW's conntrack entry and the SNAT mapping arrived: the same rule
+        // (the same external port, the same verdict) as the old group decided.
+        assert!(held(&c).contains(&hash_of(k)));
+        let mut co = Outbox::default();
+        submit(&mut c, old_moved.clone(), &mut co);
+        for r in replies(&co) {
+            if r.id == k.id {
+                let orig = decided.iter().find(|d| d.id == k.id).unwrap();
+                assert_eq!(r.result, orig.result, "the pulled flow kept its rule");
+                assert!(port(&r).is_some());
+            } else {
+                assert!(
+                    is_err(&r, proto::ERR_MIGRATING),
+                    "flow {} not pulled yet",
+                    r.id
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_sweep_moves_flows_never_accessed_and_the_old_group_retires_only_at_its_end() {
+        let (mut a, mut b, mut c, decided) = gradual_until_switch();
+        let held = |r: &ReplicaCore| r.chain.as_ref().unwrap().flow_hashes().unwrap();
+        let in_moved = |r: &ReplicaCore| held(r).into_iter().filter(|h| *h < MID).count();
+        let total = in_moved(&b);
+        assert!(total > 0);
+        let chunks = 4u64;
+        let width = (MID - 1) / chunks;
+        for i in 0..chunks {
+            let lo = i * width;
+            let hi = if i + 1 == chunks {
+                MID - 1
+            } else {
+                lo + width - 1
+            };
+            let last = i + 1 == chunks;
+            // Not retired before the last chunk: it still owes flows (or their
+            // migration record says so).
+            let owes = a
+                .scale
+                .migrating_out
+                .as_ref()
+                .is_some_and(|m| !m.pending.is_empty());
+            assert!(owes, "chunk {i}: the old group still owes flows");
+            let res = old_step(&mut a, &mut b, pull(i + 1, vec![], Some((lo, hi)), last));
+            let fin = res.iter().find_map(|r| r.fin.clone()).unwrap();
+            assert_eq!(fin.error, "");
+            let m = new_step(
+                &mut c,
+                merge(i + 1, fin.parts, vec![], Some((lo, hi)), last),
+            );
+            assert_eq!(m.error, "");
+            // Chain replication holds on the old side: both replicas pulled alike.
+            assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        }
+        // Retired: nothing of the moved range is left at the old group, nothing is
+        // awaited at the new one, and every flow is there.
+        assert_eq!(in_moved(&b), 0);
+        assert!(b
+            .scale
+            .migrating_out
+            .as_ref()
+            .is_some_and(|m| m.pending.is_empty()));
+        assert!(c
+            .scale
+            .migrating_in
+            .as_ref()
+            .is_some_and(|m| m.pending.is_empty()));
+        assert_eq!(held(&c).len(), total);
+        let old_moved: Vec<v1::RuleRequest> =
+            (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
+        let mut co = Outbox::default();
+        submit(&mut c, old_moved.clone(), &mut co);
+        let got = replies(&co);
+        assert_eq!(got.len(), old_moved.len());
+        for r in got {
+            let orig = decided.iter().find(|d| d.id == r.id).unwrap();
+            assert_eq!(r.result, orig.result, "flow {} kept its rule", r.id);
+        }
+        // The old group refuses them now (FM sends them on to the new one).
+        let mut out = Outbox::default();
+        submit(&mut a, old_moved, &mut out);
+        let mut tail = Outbox::default();
+        b.on_ops(1, out.down, &mut tail).unwrap();
+        assert!(replies(&tail).iter().all(|r| is_err(r, proto::ERR_MOVED)));
+    }
+
+    #[test]
+    fn a_joiner_of_the_new_group_gets_the_flows_it_must_wait_for() {
+        let (_a, _b, c, _) = gradual_until_switch();
+        let snap = c.state(true);
+        let mut cfg = fw_snat_config(8, &["c", "d"], (0, MID - 1), 0);
+        cfg.group.as_mut().unwrap().epoch = 2;
+        let mut d = ReplicaCore::new("d", cfg.clone(), &TestNfs);
+        d.configure(cfg, &mut Outbox::default());
+        let s = ScaleState::from_proto(&c.scale.to_proto());
+        assert_eq!(s, c.scale, "the scaling state survives a snapshot");
+        assert!(!snap.snapshot.is_empty());
+        d.scale = s;
+        let old: Vec<v1::RuleRequest> = (0..64).map(request).filter(|r| hash_of(r) < MID).collect();
+        assert!(old.iter().all(|r| d.scale.awaits(hash_of(r))));
     }
 }

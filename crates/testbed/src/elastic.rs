@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::platform::{field, Platform};
-use crate::services::{HTTP_PORT, IPERF_PORT};
+use crate::services::{HTTP_PORT, IPERF_PORT, IPERF_UNPACED_PORT};
 use crate::topo::{addr, Node, Proc, Testbed};
 use crate::{cmd, Error, Result};
 
@@ -349,6 +349,12 @@ pub struct IperfSpec {
     /// Per-stream rate (iperf3 `-b`): paced, so the flows do not take the CPU the
     /// platform needs on a 2-core machine.
     pub bitrate: String,
+    /// Unpaced streams (iperf3 `-b 0`) run beside the paced ones, against the second
+    /// server (`services::start_iperf3_unpaced`, which the caller starts); 0: none.
+    /// They take whatever the path gives, so a dip in forwarding shows in them; the
+    /// paced ones stay under the path's capacity and hide it. They report in
+    /// [`IperfReport::unpaced`] and give [`ScenarioReport::throughput_dip`].
+    pub unpaced_streams: u32,
 }
 
 impl IperfSpec {
@@ -358,6 +364,7 @@ impl IperfSpec {
             streams: 2,
             secs,
             bitrate: "50M".into(),
+            unpaced_streams: 0,
         }
     }
 }
@@ -366,6 +373,8 @@ impl IperfSpec {
 pub struct Iperf {
     proc: Proc,
     json: PathBuf,
+    /// The unpaced client, if the spec asks for one.
+    unpaced: Option<(Proc, PathBuf)>,
     spec: IperfSpec,
     started: Instant,
 }
@@ -384,6 +393,9 @@ pub struct IperfReport {
     pub retransmits: u64,
     /// (interval end s, Mbit/s over all streams).
     pub timeline: Vec<(f64, f64)>,
+    /// The unpaced streams' run ([`IperfSpec::unpaced_streams`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpaced: Option<Box<IperfReport>>,
 }
 
 impl Iperf {
@@ -391,13 +403,38 @@ impl Iperf {
     /// iperf3 server (services::start_inet). Returns once iperf3 was spawned.
     pub fn start(tb: &Testbed, spec: &IperfSpec) -> Result<Iperf> {
         let json = tb.path("iperf3-elastic.json");
+        let proc = Self::spawn(tb, spec, IPERF_PORT, spec.streams, &spec.bitrate, &json)?;
+        let unpaced = if spec.unpaced_streams > 0 {
+            let j = tb.path("iperf3-elastic-unpaced.json");
+            let p = Self::spawn(tb, spec, IPERF_UNPACED_PORT, spec.unpaced_streams, "0", &j)?;
+            Some((p, j))
+        } else {
+            None
+        };
+        Ok(Iperf {
+            proc,
+            json,
+            unpaced,
+            spec: spec.clone(),
+            started: Instant::now(),
+        })
+    }
+
+    fn spawn(
+        tb: &Testbed,
+        spec: &IperfSpec,
+        port: u16,
+        streams: u32,
+        bitrate: &str,
+        json: &Path,
+    ) -> Result<Proc> {
         // iperf3 appends to its --logfile.
-        let _ = std::fs::remove_file(&json);
-        let (secs, streams) = (spec.secs.to_string(), spec.streams.to_string());
+        let _ = std::fs::remove_file(json);
+        let (secs, streams) = (spec.secs.to_string(), streams.to_string());
         let json_s = json.display().to_string();
         let server = addr::INET.to_string();
-        let port = IPERF_PORT.to_string();
-        let proc = tb.spawn(
+        let port = port.to_string();
+        tb.spawn(
             Node::Client(spec.client),
             "iperf3 elastic",
             &[
@@ -411,7 +448,7 @@ impl Iperf {
                 "-P",
                 &streams,
                 "-b",
-                &spec.bitrate,
+                bitrate,
                 "-i",
                 "0.1",
                 "--connect-timeout",
@@ -420,13 +457,12 @@ impl Iperf {
                 "--logfile",
                 &json_s,
             ],
-        )?;
-        Ok(Iperf {
-            proc,
-            json,
-            spec: spec.clone(),
-            started: Instant::now(),
-        })
+        )
+    }
+
+    /// When it was started (its intervals start a connect later).
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// When it will have finished.
@@ -438,11 +474,22 @@ impl Iperf {
     pub fn wait(self, tb: &Testbed) -> Result<IperfReport> {
         let limit = Duration::from_secs(u64::from(self.spec.secs) + 15);
         cmd::wait_for("iperf3 to finish", limit, || {
-            Ok((!tb.running(&self.proc)).then_some(()))
+            Ok(
+                (!tb.running(&self.proc)
+                    && self.unpaced.as_ref().is_none_or(|u| !tb.running(&u.0)))
+                .then_some(()),
+            )
         })?;
-        let text = std::fs::read_to_string(&self.json)
-            .map_err(|e| Error::io(self.json.display().to_string(), e))?;
-        parse_iperf(&text)
+        let read = |json: &Path| -> Result<IperfReport> {
+            let text = std::fs::read_to_string(json)
+                .map_err(|e| Error::io(json.display().to_string(), e))?;
+            parse_iperf(&text)
+        };
+        let mut r = read(&self.json)?;
+        if let Some((_, j)) = &self.unpaced {
+            r.unpaced = Some(Box::new(read(j)?));
+        }
+        Ok(r)
     }
 }
 
@@ -586,9 +633,25 @@ pub fn scale(
     tenant: u32,
     chain: u32,
 ) -> Result<ScaleResult> {
+    scale_with(tb, p, out, tenant, chain, None)
+}
+
+/// [`scale`], a scale-out with `migration` ("bulk" or "gradual"; None: FM's default).
+pub fn scale_with(
+    tb: &Testbed,
+    p: &Platform,
+    out: bool,
+    tenant: u32,
+    chain: u32,
+    migration: Option<&str>,
+) -> Result<ScaleResult> {
     let verb = if out { "sc-out" } else { "sc-in" };
     let (t, c) = (tenant.to_string(), chain.to_string());
-    let o = scale_cli(tb, p, &[verb, "--tenant", &t, "--chain", &c])?;
+    let mut args = vec![verb, "--tenant", &t, "--chain", &c];
+    if let Some(m) = migration {
+        args.extend(["--migration", m]);
+    }
+    let o = scale_cli(tb, p, &args)?;
     serde_json::from_str(&o.stdout).map_err(|_| Error::Command {
         cmd: format!("starfabric scale {verb}"),
         msg: format!("{}: {}", o.status, o.stderr.trim()),
@@ -606,6 +669,13 @@ pub enum Event {
     ScaleOut {
         tenant: u32,
         chain: u32,
+    },
+    /// A scale-out whose flows' state moves as `migration` says ("bulk" or "gradual";
+    /// docs/scaling.md).
+    ScaleOutMigrating {
+        tenant: u32,
+        chain: u32,
+        migration: String,
     },
     ScaleIn {
         tenant: u32,
@@ -757,6 +827,17 @@ pub struct ScenarioReport {
     pub p99_setup_before_us: Option<u64>,
     /// Over connections that started during any event (or within 1 s after it).
     pub p99_setup_during_us: Option<u64>,
+    /// `p99_setup_during_us / p99_setup_before_us`: new-flow setup p99 during the
+    /// events (from an event's command to 1 s after it returned) over p99 before the
+    /// first one.
+    pub p99_ratio: Option<f64>,
+    /// The unpaced iperf3 flows' worst 100 ms throughput during the first event (the
+    /// intervals overlapping its start to 1 s after its end) over their mean before it
+    /// (after 0.5 s of slow start); see [`throughput_dip`]. None without unpaced flows.
+    pub throughput_dip: Option<f64>,
+    /// The two sides of `throughput_dip`, Mbit/s.
+    pub unpaced_mbps_before: Option<f64>,
+    pub unpaced_worst_mbps_during: Option<f64>,
     pub events: Vec<EventReport>,
     pub iperf: IperfReport,
     /// Connections that started more than 1 s after the last event ended: the
@@ -780,6 +861,8 @@ const FM_COUNTERS: &[&str] = &[
     "scale_ins",
     "scale_aborts",
     "scale_redirects",
+    "scale_pulls",
+    "scale_migrating",
     "scale_last_us",
     "nodes_dead",
     "reconfigurations",
@@ -1164,6 +1247,14 @@ pub fn run_scenario_probed(
                     r.name = "scale_out".into();
                     r.scale = Some(scale(tb, p, true, *tenant, *chain)?);
                 }
+                Event::ScaleOutMigrating {
+                    tenant,
+                    chain,
+                    migration,
+                } => {
+                    r.name = "scale_out".into();
+                    r.scale = Some(scale_with(tb, p, true, *tenant, *chain, Some(migration))?);
+                }
                 Event::ScaleIn { tenant, chain } => {
                     r.name = "scale_in".into();
                     r.scale = Some(scale(tb, p, false, *tenant, *chain)?);
@@ -1241,6 +1332,12 @@ pub fn run_scenario_probed(
         }
     }
     let ends_at = iperf.ends_at();
+    // Negative: iperf3 started just before the load.
+    let iperf_offset_ms = if iperf.started() >= t0 {
+        iperf.started().duration_since(t0).as_secs_f64() * 1e3
+    } else {
+        -(t0.duration_since(iperf.started()).as_secs_f64() * 1e3)
+    };
     let iperf_report = iperf.wait(tb)?;
     let last_end = evs.last().map(|(_, e)| *e).unwrap_or(t0);
     let failed = |s: &&ConnSample| !matches!(s.outcome, Outcome::Ok);
@@ -1249,7 +1346,7 @@ pub fn run_scenario_probed(
         .map(|(r, _)| r.start_ms * 1000)
         .unwrap_or(u64::MAX);
     let mut during: Vec<ConnSample> = Vec::new();
-    let events = evs
+    let events: Vec<EventReport> = evs
         .into_iter()
         .map(|(mut r, _)| {
             let (from, to) = (r.start_ms * 1000, r.end_ms * 1000 + 1_000_000);
@@ -1277,6 +1374,17 @@ pub fn run_scenario_probed(
         .filter(|s| s.start_us >= after_us)
         .cloned()
         .collect();
+    let dip = match (&iperf_report.unpaced, events_first(&events)) {
+        (Some(u), Some((a, z))) => throughput_dip(
+            &u.timeline,
+            iperf_offset_ms,
+            a as f64,
+            (a as f64, z as f64 + 1000.0),
+        ),
+        _ => None,
+    };
+    let p99_before = p99_setup_us(&samples, 0, first_event_us);
+    let p99_during = p99_setup_us(&during, 0, u64::MAX);
     let fm = FM_COUNTERS
         .iter()
         .map(|k| (k.to_string(), fm_counter(p, k)))
@@ -1294,8 +1402,15 @@ pub fn run_scenario_probed(
             .count(),
         duplicate_mappings: duplicate_mappings(&samples).len(),
         p99_setup_us: p99_setup_us(&samples, 0, u64::MAX),
-        p99_setup_before_us: p99_setup_us(&samples, 0, first_event_us),
-        p99_setup_during_us: p99_setup_us(&during, 0, u64::MAX),
+        p99_setup_before_us: p99_before,
+        p99_setup_during_us: p99_during,
+        p99_ratio: match (p99_during, p99_before) {
+            (Some(d), Some(b)) if b > 0 => Some(d as f64 / b as f64),
+            _ => None,
+        },
+        throughput_dip: dip.map(|d| d.2),
+        unpaced_mbps_before: dip.map(|d| d.0),
+        unpaced_worst_mbps_during: dip.map(|d| d.1),
         events,
         connections_after_events: after.len(),
         failed_after_events: after.iter().filter(failed).count(),
@@ -1318,9 +1433,80 @@ pub fn run_scenario_probed(
     Ok(report)
 }
 
+/// The first event's (start, end) ms, if any.
+fn events_first(events: &[EventReport]) -> Option<(u64, u64)> {
+    events.first().map(|e| (e.start_ms, e.end_ms))
+}
+
+/// How long an unpaced flow's first intervals are left out of the "before" mean: TCP
+/// slow start, not the platform.
+pub const SLOW_START_MS: f64 = 500.0;
+
+/// The unpaced flows' throughput around an event (docs/elastic-tests.md, "Throughput
+/// dip"). `timeline` is iperf3's (interval end s, Mbit/s), with interval 0 starting at
+/// `offset_ms` on the scenario's clock (the load's start).
+/// - *Before*: the mean over the intervals that end after the flow's first
+///   [`SLOW_START_MS`] and no later than `before_ms` (the first event's start).
+/// - *During*: the worst interval that overlaps `during_ms` (from the event's start,
+///   when its command was issued, to 1 s after it returned: the window the new-flow p99
+///   "during" uses too).
+///
+/// Returns (mean before, worst during, worst / mean); None if either side has no
+/// interval or nothing moved before.
+pub fn throughput_dip(
+    timeline: &[(f64, f64)],
+    offset_ms: f64,
+    before_ms: f64,
+    during_ms: (f64, f64),
+) -> Option<(f64, f64, f64)> {
+    let mut prev_end = 0.0;
+    let (mut sum, mut n) = (0.0, 0usize);
+    let mut worst: Option<f64> = None;
+    for &(end_s, mbps) in timeline {
+        let (a, z) = (offset_ms + prev_end * 1000.0, offset_ms + end_s * 1000.0);
+        prev_end = end_s;
+        // iperf3's short last interval says little about a rate.
+        if z - a < 50.0 {
+            continue;
+        }
+        if z - offset_ms > SLOW_START_MS && z <= before_ms {
+            sum += mbps;
+            n += 1;
+        }
+        if z > during_ms.0 && a < during_ms.1 {
+            worst = Some(worst.map_or(mbps, |w: f64| w.min(mbps)));
+        }
+    }
+    let mean = (n > 0).then(|| sum / n as f64).filter(|m| *m > 0.0)?;
+    let worst = worst?;
+    Some((mean, worst, worst / mean))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throughput_dip_is_the_worst_interval_during_over_the_mean_before() {
+        // 100 ms intervals; the flow started 50 ms after the load.
+        let mut t: Vec<(f64, f64)> = (1..=40).map(|i| (i as f64 / 10.0, 100.0)).collect();
+        t[4].1 = 10.0; // slow start: left out of the mean
+        t[12].1 = 80.0; // before the event: in the mean
+        t[25].1 = 45.0; // in the event window: the worst
+        t[38].1 = 1.0; // after the window: ignored
+        let (before, worst, dip) = throughput_dip(&t, 50.0, 2_000.0, (2_300.0, 3_000.0)).unwrap();
+        // Intervals ending in (550, 2000] ms: t[5]..=t[18], 14 of them, one at 80.
+        assert!(
+            (before - (13.0 * 100.0 + 80.0) / 14.0).abs() < 1e-9,
+            "{before}"
+        );
+        assert_eq!(worst, 45.0);
+        assert!((dip - 45.0 / before).abs() < 1e-12);
+        // No interval before the event, or none during: no number.
+        assert!(throughput_dip(&t, 50.0, 300.0, (2_300.0, 3_000.0)).is_none());
+        assert!(throughput_dip(&t, 50.0, 2_000.0, (9_000.0, 9_500.0)).is_none());
+        assert!(throughput_dip(&[], 0.0, 2_000.0, (0.0, 1.0)).is_none());
+    }
 
     fn s(start: u64, end: u64, port: u16, ext: u16) -> ConnSample {
         ConnSample {

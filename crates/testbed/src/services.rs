@@ -14,6 +14,9 @@ use crate::{Error, Result};
 /// The UDP port the sink counts (and drops) at the internet host.
 pub const SINK_PORT: u16 = 9;
 pub const IPERF_PORT: u16 = 5201;
+/// The second iperf3 server's port, for unpaced flows beside the paced ones (one iperf3
+/// server runs one test at a time): [`start_iperf3_unpaced`].
+pub const IPERF_UNPACED_PORT: u16 = 5202;
 pub const HTTP_PORT: u16 = 80;
 pub const STUN_PORT: u16 = 3478;
 
@@ -132,8 +135,18 @@ pub fn start_backends(tb: &Testbed) -> Result<Vec<Nginx>> {
 
 /// Start `iperf3 -s` on `addr` in `n`'s namespace.
 pub fn start_iperf3(tb: &Testbed, n: Node, addr: Ipv4Addr) -> Result<Proc> {
+    start_iperf3_on(tb, n, addr, IPERF_PORT)
+}
+
+/// The internet host's second iperf3 server, on [`IPERF_UNPACED_PORT`], for the unpaced
+/// flows of `elastic::IperfSpec::unpaced_streams`.
+pub fn start_iperf3_unpaced(tb: &Testbed) -> Result<Proc> {
+    start_iperf3_on(tb, Node::Inet, addr::INET, IPERF_UNPACED_PORT)
+}
+
+fn start_iperf3_on(tb: &Testbed, n: Node, addr: Ipv4Addr, port: u16) -> Result<Proc> {
     let a = addr.to_string();
-    let port = IPERF_PORT.to_string();
+    let port = port.to_string();
     let p = tb.spawn(
         n,
         &format!("iperf3 server {a}"),

@@ -17,11 +17,21 @@
 //!   owner decided after st from pinned cache entries, so they never reach the new
 //!   owner before their state does.
 //!
+//! - **Gradual (S6).** With [`Migration::Gradual`] the part at st is only half the free
+//!   shared state, and names the flows that stayed (`pending`). After the switch and the
+//!   end step, a request for one of those reaches the new owner, which refuses it
+//!   (`sc-migrating`); FM parks it and sends a [`v1::ScalePull`] for its key to the old
+//!   owner, relays the pulled state to the new owner as a merge op, and sends the
+//!   request again once that is applied. Every pull also carries the next chunk of a
+//!   background sweep over the moved range, so flows never accessed move too; the scale
+//!   completes (and the old owner holds nothing of the range) after the last chunk.
+//!   Requests for other flows never wait on a pull.
+//!
 //! FM relays parts (rather than SC sending them SC→SC) because FM is the one place that
 //! orders them against requests: it owns both the dispatch switch and the stream to
 //! each head. The cost is one extra hop for the bytes.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use pipeline::FlowKey;
@@ -29,7 +39,7 @@ use proto::v1::{self, sc_down};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{CacheKey, Master, Out};
+use super::{CacheKey, Master, Migration, Out};
 use crate::events::EventKind;
 
 /// Re-send a step whose outcome FM has not heard within this (a lost head, a slow
@@ -37,6 +47,9 @@ use crate::events::EventKind;
 const RESEND_MS: u64 = 2_000;
 /// Abort a scale that has not reached fin within this.
 const TIMEOUT_MS: u64 = 30_000;
+/// A gradual scale-out's background sweep moves the range in this many chunks, one per
+/// pull, so no single op carries more than about this fraction of the moved flows.
+pub(super) const SWEEP_CHUNKS: u64 = 16;
 
 /// An operator's scaling request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +59,8 @@ pub enum ScaleRequest {
         tenant: u32,
         chain: u32,
         group: Option<u64>,
+        /// How the flows' state moves; None: `FmConfig::migration`.
+        migration: Option<Migration>,
     },
     /// Merge the partition `group` owns (or the newest) into an adjacent one.
     In {
@@ -100,6 +115,23 @@ pub(super) enum Phase {
     Merging,
     /// Before fin: waiting for the old owner to take its part back.
     Aborting,
+    /// Gradual, after the merge of the end step's list: flows move by pulls
+    /// ([`ScaleJob::pull`]) until the sweep's last chunk is merged.
+    Migrating,
+}
+
+/// A pull under way (gradual migration): sent to the old owner, then (once it reported
+/// the parts) relayed to the new owner as a merge op.
+#[derive(Debug, Clone)]
+struct PullJob {
+    id: u64,
+    /// Keys first accessed at the new owner.
+    keys: Vec<u64>,
+    /// The sweep's chunk, inclusive.
+    chunk: (u64, u64),
+    last: bool,
+    /// The old owner's parts, once reported: the merge step is next.
+    parts: Option<Vec<Vec<u8>>>,
 }
 
 impl Phase {
@@ -131,6 +163,18 @@ pub(super) struct ScaleJob {
     /// Its requester has been told how it ended (see `Master::answer_scale`).
     answered: bool,
     aborted: Option<String>,
+    /// S6's gradual migration (scale-out only).
+    gradual: bool,
+    /// Gradual: flows at the old owner, from its part (st) and its end step, for the
+    /// new owner to refuse until pulled.
+    pending: Vec<u64>,
+    /// Gradual: keys the new owner refused, not yet in a pull; requests parked for
+    /// them; the pull under way; the next pull's id; the sweep's next start.
+    wanted: BTreeSet<u64>,
+    waiting: Vec<CacheKey>,
+    pull: Option<PullJob>,
+    next_pull: u64,
+    sweep_from: u64,
 }
 
 impl ScaleJob {
@@ -180,7 +224,46 @@ fn install(j: &ScaleJob, part: Option<&Vec<u8>>, delta: bool) -> sc_down::Msg {
         range_lo: j.to_after.0,
         range_hi: j.to_after.1,
         delta,
+        pending: j.pending.clone(),
+        ..Default::default()
     })
+}
+
+/// Gradual: the step pull `p` is at (the old owner's pull, or the new owner's merge).
+fn pull_step(j: &ScaleJob, p: &PullJob) -> (u64, sc_down::Msg) {
+    match &p.parts {
+        None => (
+            j.from,
+            sc_down::Msg::Pull(v1::ScalePull {
+                scale_id: j.id,
+                group: j.from,
+                pull: p.id,
+                keys: p.keys.clone(),
+                sweep: true,
+                lo: p.chunk.0,
+                hi: p.chunk.1,
+                last: p.last,
+            }),
+        ),
+        Some(parts) => (
+            j.to,
+            sc_down::Msg::Install(v1::ScaleInstall {
+                scale_id: j.id,
+                kind: j.kind as i32,
+                group: j.to,
+                range_lo: j.to_after.0,
+                range_hi: j.to_after.1,
+                pull: p.id,
+                parts: parts.clone(),
+                keys: p.keys.clone(),
+                swept: true,
+                swept_lo: p.chunk.0,
+                swept_hi: p.chunk.1,
+                last: p.last,
+                ..Default::default()
+            }),
+        ),
+    }
 }
 
 /// The old group's end op: hand over (and narrow its range), or merge the part back.
@@ -222,7 +305,8 @@ impl Master {
                 tenant,
                 chain,
                 group,
-            } => self.start_out(tenant, chain, group),
+                migration,
+            } => self.start_out(tenant, chain, group, migration),
             ScaleRequest::In {
                 tenant,
                 chain,
@@ -236,6 +320,7 @@ impl Master {
                     tenant,
                     chain,
                     group,
+                    ..
                 } => ("out", tenant, chain, group),
                 ScaleRequest::In {
                     tenant,
@@ -283,7 +368,13 @@ impl Master {
         Ok(())
     }
 
-    fn start_out(&mut self, tenant: u32, chain: u32, group: Option<u64>) -> Result<u64, String> {
+    fn start_out(
+        &mut self,
+        tenant: u32,
+        chain: u32,
+        group: Option<u64>,
+        migration: Option<Migration>,
+    ) -> Result<u64, String> {
         self.check_chain(tenant, chain)?;
         let ranges = self.map.chain_ranges(tenant, chain);
         let (lo, hi, from) = match group {
@@ -362,6 +453,8 @@ impl Master {
             moved,
             from_after: Some((mid, hi)),
             to_after: moved,
+            gradual: migration.unwrap_or(self.cfg.migration) == Migration::Gradual,
+            sweep_from: moved.0,
             ..self.new_job(id, v1::ScaleKind::Out, tenant, chain, from, to)
         };
         self.scales.insert(id, job);
@@ -411,6 +504,13 @@ impl Master {
             sent_ms: now,
             answered: false,
             aborted: None,
+            gradual: false,
+            pending: Vec::new(),
+            wanted: BTreeSet::new(),
+            waiting: Vec::new(),
+            pull: None,
+            next_pull: 1,
+            sweep_from: 0,
         }
     }
 
@@ -484,12 +584,17 @@ impl Master {
                     to_group: j.to,
                     moved_lo: j.moved.0,
                     moved_hi: j.moved.1,
+                    gradual: j.gradual,
                 }),
             ),
             Phase::Installing => (j.to, install(j, j.part.as_ref(), false)),
             Phase::HandingOver => (j.from, end(j, false)),
             Phase::Merging => (j.to, install(j, j.delta.as_ref(), true)),
             Phase::Aborting => (j.from, end(j, true)),
+            Phase::Migrating => match &j.pull {
+                Some(p) => pull_step(j, p),
+                None => return,
+            },
         };
         self.send_to_head(gid, msg);
     }
@@ -510,6 +615,7 @@ impl Master {
             .filter(|j| match j.phase {
                 Phase::Splitting | Phase::HandingOver | Phase::Aborting => j.from == gid,
                 Phase::Installing | Phase::Merging => j.to == gid,
+                Phase::Migrating => j.pull.as_ref().is_some_and(|p| pull_step(j, p).0 == gid),
             })
             .map(|j| j.id)
             .collect();
@@ -592,6 +698,7 @@ impl Master {
         }
         let (id, from, to) = (j.id, j.from, j.to);
         j.part = Some(part.part);
+        j.pending = part.pending;
         j.phase = Phase::Installing;
         // Dispatch stays as it is: the old owner keeps deciding new flows of the moved
         // range with its half, so nothing waits for the install.
@@ -623,6 +730,11 @@ impl Master {
                 }
             }
             Phase::HandingOver if gid == j.from => {
+                if let Some(j) = self.scales.get_mut(&id).filter(|j| j.gradual) {
+                    // The flows still at the old owner, those it decided since st
+                    // among them: the merge step tells the new owner.
+                    j.pending = fin.pending.clone();
+                }
                 if !fin.error.is_empty() {
                     // Cannot be undone after the switch: what the old owner decided in
                     // the moved range since st stays there (its rules stay pinned
@@ -635,8 +747,13 @@ impl Master {
                 if !fin.error.is_empty() {
                     warn!(scale = id, group = gid, error = %fin.error, "delta merge failed");
                 }
-                self.complete_scale(id);
+                if j.gradual {
+                    self.start_migrating(id);
+                } else {
+                    self.complete_scale(id);
+                }
             }
+            Phase::Migrating => self.on_pull_fin(id, gid, fin),
             Phase::Aborting if gid == j.from => {
                 if !fin.error.is_empty() {
                     warn!(scale = id, group = gid, error = %fin.error, "abort step failed");
@@ -693,7 +810,8 @@ impl Master {
             return;
         };
         let (kind, from) = (j.kind, j.from);
-        let empty = delta.is_empty();
+        let empty = delta.is_empty() && j.pending.is_empty();
+        let gradual = j.gradual;
         j.delta = Some(delta);
         j.phase = Phase::Merging;
         if kind == v1::ScaleKind::In {
@@ -718,10 +836,126 @@ impl Master {
                 }
             }
         }
-        if empty {
+        if !empty {
+            self.send_step(id);
+        } else if gradual {
+            self.start_migrating(id);
+        } else {
+            self.complete_scale(id);
+        }
+    }
+
+    /// Gradual: the new owner knows every flow still at the old owner, so the pinned
+    /// rules may go (a re-asked flow is refused there and pulled). Pulls start.
+    fn start_migrating(&mut self, id: u64) {
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        j.phase = Phase::Migrating;
+        j.pending = Vec::new();
+        let (tenant, chain, moved) = (j.tenant, j.chain, j.moved);
+        info!(scale = id, "gradual migration: pulls start");
+        self.unpin(tenant, chain, moved);
+        self.next_pull(id);
+    }
+
+    /// Gradual: start the next pull if none is under way: the keys first accessed since
+    /// the last one, and the sweep's next chunk.
+    fn next_pull(&mut self, id: u64) {
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        if j.phase != Phase::Migrating || j.pull.is_some() {
+            return;
+        }
+        // Rounded up, so the range takes at most SWEEP_CHUNKS chunks.
+        let width = (j.moved.1 - j.moved.0) / SWEEP_CHUNKS + 1;
+        let lo = j.sweep_from;
+        let hi = lo.saturating_add(width - 1).min(j.moved.1);
+        let last = hi >= j.moved.1;
+        j.sweep_from = hi.saturating_add(1);
+        j.pull = Some(PullJob {
+            id: j.next_pull,
+            keys: std::mem::take(&mut j.wanted).into_iter().collect(),
+            chunk: (lo, hi),
+            last,
+            parts: None,
+        });
+        j.next_pull += 1;
+        self.stats.scale_pulls += 1;
+        self.send_step(id);
+    }
+
+    /// Gradual: a pull's result from the old owner (relay it) or its merge at the new
+    /// owner (send the requests that waited for it again, then the next pull).
+    fn on_pull_fin(&mut self, id: u64, gid: u64, fin: v1::ScaleFin) {
+        let Some(j) = self.scales.get_mut(&id) else {
+            return;
+        };
+        let Some(p) = j.pull.as_mut().filter(|p| p.id == fin.pull) else {
+            return; // a repeat, or stale
+        };
+        if !fin.error.is_empty() {
+            warn!(scale = id, group = gid, pull = p.id, error = %fin.error, "pull step");
+        }
+        if p.parts.is_none() && gid == j.from {
+            p.parts = Some(fin.parts);
+            self.send_step(id);
+            return;
+        }
+        if p.parts.is_none() || gid != j.to {
+            return;
+        }
+        let Some(p) = j.pull.take() else {
+            return;
+        };
+        let arrived: HashSet<u64> = p.keys.iter().copied().collect();
+        let (chunk, last) = (p.chunk, p.last);
+        let waiting = std::mem::take(&mut j.waiting);
+        let (back, still): (Vec<CacheKey>, Vec<CacheKey>) = waiting.into_iter().partition(|ck| {
+            let h = FlowKey::from_bytes(ck.2).hash();
+            last || arrived.contains(&h) || (chunk.0 <= h && h <= chunk.1)
+        });
+        j.waiting = still;
+        self.parked.extend(back);
+        if last {
             self.complete_scale(id);
         } else {
-            self.send_step(id);
+            self.next_pull(id);
+        }
+        self.unpark();
+    }
+
+    /// Gradual: the new owner `gid` refused request `id` because the flow's state is
+    /// still at the old owner. Park it and have the key pulled.
+    pub(super) fn migrating(&mut self, id: u64, gid: u64, now: u64) {
+        let Some(ck) = self.by_id.get(&id).copied() else {
+            return;
+        };
+        let Some(f) = self.inflight.get_mut(&ck) else {
+            return;
+        };
+        if f.group != gid {
+            return; // already sent elsewhere
+        }
+        f.sent_ms = now;
+        let h = FlowKey::from_bytes(ck.2).hash();
+        let job = self.scales.values_mut().find(|j| {
+            j.gradual
+                && j.to == gid
+                && (j.tenant, j.chain) == (ck.0, ck.1)
+                && j.moved.0 <= h
+                && h <= j.moved.1
+        });
+        match job {
+            Some(j) => {
+                j.wanted.insert(h);
+                j.waiting.push(ck);
+                let id = j.id;
+                self.next_pull(id);
+            }
+            // The migration ended meanwhile: the new owner has the flow now.
+            None => self.parked.push(ck),
         }
     }
 
@@ -729,6 +963,7 @@ impl Master {
         let Some(mut j) = self.scales.remove(&id) else {
             return;
         };
+        self.parked.append(&mut j.waiting);
         // The new owner has everything the old one decided: cache entries may go.
         self.unpin(j.tenant, j.chain, j.moved);
         let now_us = self.now_us();
@@ -813,6 +1048,7 @@ impl Master {
         let now_us = self.now_us();
         for id in ids {
             if let Some(mut j) = self.scales.remove(&id) {
+                self.parked.append(&mut j.waiting);
                 self.unpin(j.tenant, j.chain, j.moved);
                 j.aborted = Some("chain reconfigured".into());
                 self.stats.scale_aborts += 1;

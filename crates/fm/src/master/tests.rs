@@ -11,7 +11,7 @@ use pipeline::FlowKey;
 use proptest::prelude::*;
 use proto::v1::{self, pp_down, sc_down};
 
-use super::{FmConfig, Master, Opened, Out, Recovery, ScaleOutcome, ScaleRequest};
+use super::{FmConfig, Master, Migration, Opened, Out, Recovery, ScaleOutcome, ScaleRequest};
 
 const HEARTBEAT_MS: u64 = 50;
 const SC_MISS: u32 = 3;
@@ -42,6 +42,7 @@ fn scale_of(out: bool, chain: u32) -> ScaleRequest {
             tenant,
             chain,
             group,
+            migration: None,
         }
     } else {
         ScaleRequest::In {
@@ -312,11 +313,27 @@ impl Sim {
                         group: st.from_group,
                         part: vec![1, 2, 3],
                         seq: 1,
+                        pending: Vec::new(),
                     }),
                     ..Default::default()
                 },
             ),
-            sc_down::Msg::Install(i) => result(i.group, fin(i.scale_id, i.group, Vec::new())),
+            sc_down::Msg::Install(i) => {
+                let mut r = fin(i.scale_id, i.group, Vec::new());
+                if let Some(f) = r.fin.as_mut() {
+                    f.pull = i.pull;
+                }
+                result(i.group, r)
+            }
+            // A gradual migration's pull: one part per pull.
+            sc_down::Msg::Pull(p) => {
+                let mut r = fin(p.scale_id, p.group, Vec::new());
+                if let Some(f) = r.fin.as_mut() {
+                    f.pull = p.pull;
+                    f.parts = vec![vec![p.pull as u8]];
+                }
+                result(p.group, r)
+            }
             // The hand-over carries a delta (so the merge step runs); an abort none.
             sc_down::Msg::End(e) => {
                 let delta = if e.abort { Vec::new() } else { vec![9] };
@@ -704,6 +721,39 @@ fn a_scale_out_and_back_in_keep_the_map_tiled() {
     assert_eq!(s.scaled[1].aborted, None);
     assert_eq!(s.m.map.chain_ranges(1, 1).len(), 1);
     assert_eq!(s.m.stats().scale_outs + s.m.stats().scale_ins, 2);
+}
+
+#[test]
+fn a_gradual_scale_out_sweeps_the_range_before_it_completes() {
+    let mut s = cluster(4, 2);
+    let req = match scale_of(true, 1) {
+        ScaleRequest::Out {
+            tenant,
+            chain,
+            group,
+            ..
+        } => ScaleRequest::Out {
+            tenant,
+            chain,
+            group,
+            migration: Some(Migration::Gradual),
+        },
+        r => r,
+    };
+    let id = s.m.scale(req, s.now_us).unwrap();
+    s.pump();
+    s.settle();
+    s.check().unwrap();
+    assert_eq!(s.scaled.len(), 1);
+    assert_eq!(
+        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
+        (id, None)
+    );
+    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+    // Done only after the sweep's every chunk was pulled and merged.
+    assert_eq!(s.m.stats().scale_pulls, super::scale::SWEEP_CHUNKS);
+    assert!(s.m.scales.is_empty());
+    assert!(s.m.pins.is_empty(), "no rule stays pinned");
 }
 
 /// One step of the model.

@@ -171,6 +171,8 @@ impl ControlHarness {
                     tenant: r.tenant,
                     chain: r.chain,
                     group: r.group,
+                    // A bad mode is the service's to refuse; here FM's default.
+                    migration: r.migration.parse().ok(),
                 },
                 Err(_) => return Step::Undecodable,
             }

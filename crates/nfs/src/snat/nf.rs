@@ -380,6 +380,80 @@ impl Snat {
         };
         self.outbound(pkt, pool, env)
     }
+
+    /// Flows whose key `half` moves go, with the mappings they use; with `pools`, half
+    /// the free ports of every (address, protocol) too.
+    fn split_part(&mut self, half: &SplitHalf, pools: bool) -> Result<Vec<u8>, NfError> {
+        let st = &mut self.state;
+        let mut moving: Vec<FlowKey> = st.flows.keys().filter(|k| half.moves(k)).copied().collect();
+        moving.sort_by_key(|k| *k.as_bytes());
+        let mut part = State::new(self.plan.empty_pool());
+        let mut refs: HashMap<ExternalEndpoint, u32> = HashMap::new();
+        let mut moved_flows = Vec::with_capacity(moving.len());
+        for k in moving {
+            let Some(f) = st.flows.remove(&k) else {
+                continue;
+            };
+            st.timers.remove(&timer_entry(f.deadline_ms, &k));
+            let rk = reply_key(&f.forward.apply(&k));
+            if st.by_reply.get(&rk) == Some(&k) {
+                st.by_reply.remove(&rk);
+            }
+            for e in std::iter::once(f.own).chain(f.peer) {
+                *refs.entry(e).or_default() += 1;
+            }
+            moved_flows.push((k, f));
+        }
+        let mut exts: Vec<(ExternalEndpoint, u32)> = refs.into_iter().collect();
+        exts.sort();
+        for (e, r) in exts {
+            let Some(m) = st.mappings.get_mut(&e) else {
+                continue;
+            };
+            let copy = if m.flows > r {
+                let give = m.weight / 2;
+                m.weight -= give;
+                m.flows -= r;
+                Mapping {
+                    key: m.key,
+                    flows: 0,
+                    weight: give,
+                }
+            } else {
+                // Only moving flows use it: the whole mapping (and its port) goes.
+                let Some(m) = st.mappings.remove(&e) else {
+                    continue;
+                };
+                if st.by_internal.get(&m.key) == Some(&e) {
+                    st.by_internal.remove(&m.key);
+                }
+                m
+            };
+            // Pairing preferences travel with the mappings of the address.
+            if let Some(p) = st.pairings.get(&(copy.key.vni, copy.key.addr)) {
+                part.pairings.insert(
+                    (copy.key.vni, copy.key.addr),
+                    Pairing {
+                        external: p.external,
+                        mappings: 0,
+                    },
+                );
+            }
+            part.mappings.insert(e, Mapping { flows: 0, ..copy });
+        }
+        for (k, f) in moved_flows {
+            part.insert_flow(k, f);
+        }
+        if pools {
+            for (k, set) in st.ports.sets.iter_mut() {
+                part.ports.sets.insert(*k, set.split_upper_half());
+            }
+        }
+        st.recount_pairings();
+        part.recount_pairings();
+        part.reindex_internal();
+        part.encode()
+    }
 }
 
 impl NetworkFunction for Snat {
@@ -494,73 +568,12 @@ impl NetworkFunction for Snat {
     /// flows that stay is copied and its weight halved; the free ports of every (address,
     /// protocol) are halved by count. The part's counters start at zero.
     fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        let st = &mut self.state;
-        let mut moving: Vec<FlowKey> = st.flows.keys().filter(|k| half.moves(k)).copied().collect();
-        moving.sort_by_key(|k| *k.as_bytes());
-        let mut part = State::new(self.plan.empty_pool());
-        let mut refs: HashMap<ExternalEndpoint, u32> = HashMap::new();
-        let mut moved_flows = Vec::with_capacity(moving.len());
-        for k in moving {
-            let Some(f) = st.flows.remove(&k) else {
-                continue;
-            };
-            st.timers.remove(&timer_entry(f.deadline_ms, &k));
-            let rk = reply_key(&f.forward.apply(&k));
-            if st.by_reply.get(&rk) == Some(&k) {
-                st.by_reply.remove(&rk);
-            }
-            for e in std::iter::once(f.own).chain(f.peer) {
-                *refs.entry(e).or_default() += 1;
-            }
-            moved_flows.push((k, f));
-        }
-        let mut exts: Vec<(ExternalEndpoint, u32)> = refs.into_iter().collect();
-        exts.sort();
-        for (e, r) in exts {
-            let Some(m) = st.mappings.get_mut(&e) else {
-                continue;
-            };
-            let copy = if m.flows > r {
-                let give = m.weight / 2;
-                m.weight -= give;
-                m.flows -= r;
-                Mapping {
-                    key: m.key,
-                    flows: 0,
-                    weight: give,
-                }
-            } else {
-                // Only moving flows use it: the whole mapping (and its port) goes.
-                let Some(m) = st.mappings.remove(&e) else {
-                    continue;
-                };
-                if st.by_internal.get(&m.key) == Some(&e) {
-                    st.by_internal.remove(&m.key);
-                }
-                m
-            };
-            // Pairing preferences travel with the mappings of the address.
-            if let Some(p) = st.pairings.get(&(copy.key.vni, copy.key.addr)) {
-                part.pairings.insert(
-                    (copy.key.vni, copy.key.addr),
-                    Pairing {
-                        external: p.external,
-                        mappings: 0,
-                    },
-                );
-            }
-            part.mappings.insert(e, Mapping { flows: 0, ..copy });
-        }
-        for (k, f) in moved_flows {
-            part.insert_flow(k, f);
-        }
-        for (k, set) in st.ports.sets.iter_mut() {
-            part.ports.sets.insert(*k, set.split_upper_half());
-        }
-        st.recount_pairings();
-        part.recount_pairings();
-        part.reindex_internal();
-        part.encode()
+        self.split_part(half, true)
+    }
+
+    /// Flows and their mappings only: the free ports stay here.
+    fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        self.split_part(half, false)
     }
 
     /// Union with another partition's state. Checked first, applied only if sound: a port

@@ -109,6 +109,7 @@ impl FmActuator {
                     tenant,
                     chain,
                     group,
+                    ..Default::default()
                 })
                 .await
             } else {
