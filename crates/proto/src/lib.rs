@@ -9,6 +9,8 @@
 //!   never panicking. Receivers count these errors; they do not trust peers.
 //! - [`ChainDef`] is the JSON form of a tenant chain (NF configurations, shape, egress)
 //!   that configuration files use, and [`ChainParts`] what an SC node builds a chain from.
+//! - [`tls`] is plane security: the orchestrator's CA, node certificates naming role and
+//!   id, mTLS servers and clients with rotation and revocation (docs/security.md).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
@@ -29,6 +31,7 @@ mod fm_addrs;
 pub mod json;
 pub mod lanes;
 pub mod liveness;
+pub mod tls;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
