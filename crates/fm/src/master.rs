@@ -106,6 +106,9 @@ pub struct FmConfig {
     /// taken). A PP session's reader answers the excess with
     /// [`proto::ERR_SETUP_OVERLOAD`] itself, so the session never blocks.
     pub max_queued: usize,
+    /// mTLS for FM's server and its calls to SC nodes; `None` is plaintext
+    /// (`--insecure`, lab use only; docs/security.md).
+    pub tls: Option<std::sync::Arc<proto::tls::NodeTls>>,
 }
 
 impl FmConfig {
@@ -142,6 +145,7 @@ impl Default for FmConfig {
             pp_heartbeat: Duration::from_millis(10),
             max_inflight: 32 * 1024,
             max_queued: 64 * 1024,
+            tls: None,
         }
     }
 }

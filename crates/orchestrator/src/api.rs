@@ -721,11 +721,7 @@ async fn get_tenant_monitor(
     };
     for addr in fms {
         let reply = async {
-            let mut c =
-                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .max_decoding_message_size(proto::MAX_MESSAGE);
+            let mut c = st.fm_client(&addr).await?;
             c.traffic(v1::TrafficRequest { tenant: t.id })
                 .await
                 .map(|r| r.into_inner())
@@ -792,11 +788,7 @@ async fn list_flows(
     let mut matched = 0;
     for addr in fms {
         let reply = async {
-            let mut c =
-                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .max_decoding_message_size(proto::MAX_MESSAGE);
+            let mut c = st.fm_client(&addr).await?;
             c.flows(v1::FlowsRequest {
                 tenant: t.id,
                 all_tenants: false,

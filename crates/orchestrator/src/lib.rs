@@ -113,7 +113,12 @@ pub async fn start(
     })
     .max_decoding_message_size(proto::MAX_MESSAGE)
     .max_encoding_message_size(proto::MAX_MESSAGE);
-    let incoming = proto::incoming(control_listener).map_err(std::io::Error::other)?;
+    let incoming = proto::tls::incoming(
+        control_listener,
+        shared.cfg.tls.clone(),
+        &proto::tls::Role::NODES,
+    )
+    .map_err(std::io::Error::other)?;
     tasks.push(tokio::spawn(async move {
         if let Err(e) = proto::server()
             .add_service(svc)

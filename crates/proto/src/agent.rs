@@ -30,6 +30,8 @@ pub struct AgentConfig {
     /// The orchestrator's control address, `host:port`.
     pub orchestrator: String,
     pub hello: v1::NodeHello,
+    /// mTLS to the orchestrator; `None` is plaintext (`--insecure`).
+    pub tls: Option<Arc<crate::tls::NodeTls>>,
 }
 
 /// A running agent.
@@ -146,7 +148,9 @@ async fn session(
     let endpoint = crate::endpoint(&cfg.orchestrator)
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(2));
-    let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+    let channel = crate::tls::connect(endpoint, cfg.tls.as_ref(), crate::tls::Role::Orchestrator)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut client = v1::control_client::ControlClient::new(channel)
         .max_decoding_message_size(crate::MAX_MESSAGE)
         .max_encoding_message_size(crate::MAX_MESSAGE);
@@ -210,6 +214,7 @@ pub struct NodeAgent {
 }
 
 impl NodeAgent {
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         orchestrator: &str,
         id: &str,
@@ -218,6 +223,7 @@ impl NodeAgent {
         cluster: &str,
         metrics_url: Option<String>,
         capacity: Option<v1::NodeCapacity>,
+        tls: Option<Arc<crate::tls::NodeTls>>,
     ) -> Result<NodeAgent, AgentError> {
         let report = Arc::new(Mutex::new(v1::NodeReport::default()));
         let r = report.clone();
@@ -239,6 +245,7 @@ impl NodeAgent {
                     version: env!("CARGO_PKG_VERSION").to_string(),
                     capacity,
                 },
+                tls,
             },
             Arc::new(move || r.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         )?;

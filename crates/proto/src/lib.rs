@@ -806,6 +806,16 @@ pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, tonic::transpo
         .connect_timeout(std::time::Duration::from_secs(1)))
 }
 
+/// A channel to the server of role `server` at `addr` (`host:port`), configured as
+/// [`endpoint`]: over mTLS with `tls`, plaintext when `tls` is `None` (`--insecure`).
+pub async fn connect(
+    addr: &str,
+    tls: Option<&std::sync::Arc<tls::NodeTls>>,
+    server: tls::Role,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tls::connect(endpoint(addr)?, tls, server).await
+}
+
 /// `host:port` → `http://host:port`, the form tonic endpoints take.
 pub fn endpoint_uri(addr: &str) -> String {
     if addr.starts_with("http://") || addr.starts_with("https://") {
