@@ -35,9 +35,23 @@ pub struct OrchestratorConfig {
     pub store_poll: Duration,
     /// Where tenants' shards go (docs/placement.md).
     pub placement: crate::placement::PlacementConfig,
+    /// Plane security: mTLS with the CA kept in the store, or plaintext.
+    pub security: Security,
     /// The orchestrator's own certificate (role `orchestrator`) for its control server
-    /// and its calls to FMs; `None` is plaintext (`--insecure`).
+    /// and its calls to FMs; set by [`crate::start`] under [`Security::Tls`].
     pub tls: Option<Arc<proto::tls::NodeTls>>,
+    /// The CA, join tokens and revocations; set by [`crate::start`] under
+    /// [`Security::Tls`].
+    pub pki: Option<Arc<crate::pki::Pki>>,
+}
+
+/// Whether the planes speak mTLS (docs/security.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    /// Plaintext: `--insecure`, lab use only.
+    Insecure,
+    /// mTLS; node certificates live this long.
+    Tls { cert_ttl: Duration },
 }
 
 impl OrchestratorConfig {
@@ -49,7 +63,11 @@ impl OrchestratorConfig {
             admin_token: admin_token.to_string(),
             store_poll: Duration::from_secs(1),
             placement: crate::placement::PlacementConfig::default(),
+            // In-process harnesses say which they want; `starfabric orchestrator`
+            // defaults to Tls and takes --insecure.
+            security: Security::Insecure,
             tls: None,
+            pki: None,
         }
     }
 }
@@ -215,6 +233,12 @@ impl Shared {
     pub fn directive(&self, node: &NodeEntry, snap: &Snapshot) -> v1::Directive {
         let mut d = v1::Directive {
             fm_addrs: self.fm_addrs(),
+            revoked: self
+                .cfg
+                .pki
+                .as_ref()
+                .map(|p| p.revoked())
+                .unwrap_or_default(),
             ..Default::default()
         };
         match node.role() {
@@ -297,6 +321,22 @@ impl Shared {
         if was_fm {
             self.bump();
         }
+    }
+
+    /// Revokes node `id`: recorded in the store, its control session cut here at once,
+    /// and pushed with every node's next directive (FM then cuts its sessions).
+    pub async fn revoke(&self, id: &str) -> Result<(), crate::error::ApiError> {
+        let Some(pki) = &self.cfg.pki else {
+            return Err(crate::error::ApiError::unavailable(
+                "the planes run --insecure: there are no certificates to revoke",
+            ));
+        };
+        pki.revoke(id).await?;
+        if let Some(t) = &self.cfg.tls {
+            t.revoke(id);
+        }
+        self.bump();
+        Ok(())
     }
 
     /// A client of the FM at `addr` (mTLS with the orchestrator's certificate).

@@ -190,6 +190,13 @@ async fn session(
                 Some(v1::NodeDown { msg: Some(node_down::Msg::Directive(d)) }) => {
                     debug!(version = d.version, chains = d.chains.len(), vpcs = d.vpcs.len(),
                            fms = d.fm_addrs.len(), "directive received");
+                    // Revocations apply here, for every kind of node, before the node's
+                    // own loop looks at the directive: within one push of the revoke.
+                    if let Some(t) = &cfg.tls {
+                        for id in d.revoked.iter().filter(|id| !t.is_revoked(id)) {
+                            t.revoke(id);
+                        }
+                    }
                     directives.send_replace(Some(d));
                 }
                 Some(_) => debug!("ignoring an unexpected control message"),

@@ -231,6 +231,44 @@ impl Ca {
     }
 }
 
+impl Ca {
+    /// Checks that `cert_pem` is a node certificate of this CA, valid now; its identity.
+    pub fn verify(&self, cert_pem: &str) -> Result<Identity> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = RootCertStore::empty();
+        for c in pem_certs(&self.cert_pem())? {
+            roots.add(c)?;
+        }
+        let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Pem(format!("verifier: {e}")))?;
+        let chain = pem_certs(cert_pem)?;
+        v.verify_client_cert(&chain[0], &chain[1..], UnixTime::now())?;
+        Identity::from_cert(&chain[0])
+            .ok_or_else(|| TlsError::Identity("certificate names no starfabric identity".into()))
+    }
+
+    /// A renewed certificate for the holder of `cert_pem` (valid, of this CA), for the
+    /// same identity and the same key: the CSR must carry the certificate's public key.
+    /// So no proof of possession beyond the CSR's own signature is needed: whoever
+    /// sends a stolen (public) certificate gets a new one for a key they do not hold.
+    pub fn renew(&self, cert_pem: &str, csr_pem: &str, ttl: Duration) -> Result<(Identity, String)> {
+        let id = self.verify(cert_pem)?;
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)?;
+        let chain = pem_certs(cert_pem)?;
+        let (_, cert) = x509_parser::parse_x509_certificate(&chain[0])
+            .map_err(|e| TlsError::Pem(format!("certificate: {e}")))?;
+        use rcgen::PublicKeyData;
+        if cert.public_key().subject_public_key.data.as_ref() != csr.public_key.der_bytes() {
+            return Err(TlsError::Identity(
+                "a renewal keeps the key: the CSR's public key is not the certificate's".into(),
+            ));
+        }
+        let signed = self.sign_csr(csr_pem, &id, ttl)?;
+        Ok((id, signed))
+    }
+}
+
 fn node_params(
     id: &Identity,
     not_before: SystemTime,
@@ -364,11 +402,14 @@ fn pem_key(pem: &str) -> Result<PrivateKeyDer<'static>> {
         .ok_or_else(|| TlsError::Pem("no private key in PEM".into()))
 }
 
-/// Validity end of a DER certificate.
-fn not_after(der: &[u8]) -> Option<SystemTime> {
+/// Validity of a DER certificate.
+fn validity(der: &[u8]) -> Option<(SystemTime, SystemTime)> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let t = cert.validity().not_after.timestamp();
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(t).ok()?))
+    let at = |t: i64| Some(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(t).ok()?));
+    Some((
+        at(cert.validity().not_before.timestamp())?,
+        at(cert.validity().not_after.timestamp())?,
+    ))
 }
 
 // ------------------------------------------------------------------ refusals
@@ -493,10 +534,19 @@ pub struct NodeTls {
     provider: Arc<CryptoProvider>,
     roots: Arc<RootCertStore>,
     current: RwLock<Arc<CertifiedKey>>,
-    not_after: RwLock<SystemTime>,
+    /// The current certificate (PEM), its key (PEM) and validity: what renewal sends
+    /// and when it is due.
+    held: RwLock<Held>,
     revoked: RwLock<HashSet<String>>,
     refusals: Refusals,
     sessions: Mutex<HashMap<String, Vec<Weak<Cut>>>>,
+}
+
+struct Held {
+    cert_pem: String,
+    key_pem: String,
+    not_before: SystemTime,
+    not_after: SystemTime,
 }
 
 impl fmt::Debug for NodeTls {
@@ -514,13 +564,13 @@ impl NodeTls {
         for c in pem_certs(&bundle.ca_pem)? {
             roots.add(c)?;
         }
-        let (key, identity, end) = certified(&provider, bundle)?;
+        let (key, identity, held) = certified(&provider, bundle)?;
         Ok(Arc::new(NodeTls {
             identity,
             provider,
             roots: Arc::new(roots),
             current: RwLock::new(key),
-            not_after: RwLock::new(end),
+            held: RwLock::new(held),
             revoked: RwLock::new(HashSet::new()),
             refusals: Refusals::default(),
             sessions: Mutex::new(HashMap::new()),
@@ -541,7 +591,41 @@ impl NodeTls {
 
     /// When the current certificate expires.
     pub fn not_after(&self) -> SystemTime {
-        *self.not_after.read().unwrap_or_else(|e| e.into_inner())
+        self.held.read().unwrap_or_else(|e| e.into_inner()).not_after
+    }
+
+    /// When the certificate is due for renewal: at two thirds of its lifetime.
+    pub fn renew_at(&self) -> SystemTime {
+        let h = self.held.read().unwrap_or_else(|e| e.into_inner());
+        let life = h.not_after.duration_since(h.not_before).unwrap_or_default();
+        h.not_before + life * 2 / 3
+    }
+
+    /// The current certificate (PEM), which renewal presents.
+    pub fn cert_pem(&self) -> String {
+        self.held.read().unwrap_or_else(|e| e.into_inner()).cert_pem.clone()
+    }
+
+    /// A CSR for renewal: same identity, same key (see [`Ca::renew`]).
+    pub fn renewal_csr(&self) -> Result<String> {
+        let key = self.held.read().unwrap_or_else(|e| e.into_inner()).key_pem.clone();
+        NodeKey::from_pem(&key)?.csr_pem(&self.identity)
+    }
+
+    /// [`NodeTls::rotate`] to a renewed certificate for the current key.
+    pub fn rotate_cert(&self, cert_pem: &str) -> Result<()> {
+        let key = self.held.read().unwrap_or_else(|e| e.into_inner()).key_pem.clone();
+        self.rotate(cert_pem, &key)
+    }
+
+    /// The node's bundle as it stands (to write back to its `--tls-dir`).
+    pub fn bundle(&self, ca_pem: &str) -> Bundle {
+        let h = self.held.read().unwrap_or_else(|e| e.into_inner());
+        Bundle {
+            ca_pem: ca_pem.to_string(),
+            cert_pem: h.cert_pem.clone(),
+            key_pem: h.key_pem.clone(),
+        }
     }
 
     /// Installs a renewed certificate (same identity). New handshakes use it at once;
@@ -552,7 +636,7 @@ impl NodeTls {
             cert_pem: cert_pem.into(),
             key_pem: key_pem.into(),
         };
-        let (key, identity, end) = certified(&self.provider, &b)?;
+        let (key, identity, held) = certified(&self.provider, &b)?;
         if identity != self.identity {
             return Err(TlsError::Identity(format!(
                 "renewed certificate names {identity}, this node is {}",
@@ -560,7 +644,7 @@ impl NodeTls {
             )));
         }
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = key;
-        *self.not_after.write().unwrap_or_else(|e| e.into_inner()) = end;
+        *self.held.write().unwrap_or_else(|e| e.into_inner()) = held;
         Ok(())
     }
 
@@ -661,15 +745,22 @@ impl NodeTls {
 fn certified(
     provider: &CryptoProvider,
     b: &Bundle,
-) -> Result<(Arc<CertifiedKey>, Identity, SystemTime)> {
+) -> Result<(Arc<CertifiedKey>, Identity, Held)> {
     let chain = pem_certs(&b.cert_pem)?;
     let identity = Identity::from_cert(&chain[0])
         .ok_or_else(|| TlsError::Identity("certificate names no starfabric identity".into()))?;
-    let end = not_after(&chain[0]).ok_or_else(|| TlsError::Pem("unreadable validity".into()))?;
+    let (not_before, not_after) =
+        validity(&chain[0]).ok_or_else(|| TlsError::Pem("unreadable validity".into()))?;
     let key = provider
         .key_provider
         .load_private_key(pem_key(&b.key_pem)?)?;
-    Ok((Arc::new(CertifiedKey::new(chain, key)), identity, end))
+    let held = Held {
+        cert_pem: b.cert_pem.clone(),
+        key_pem: b.key_pem.clone(),
+        not_before,
+        not_after,
+    };
+    Ok((Arc::new(CertifiedKey::new(chain, key)), identity, held))
 }
 
 /// Serves (and presents) whatever certificate the node currently holds.
@@ -1381,6 +1472,32 @@ mod tests {
     }
 
     #[test]
+    fn renewal_keeps_identity_and_key_and_refuses_others() {
+        let ca = Ca::generate().unwrap();
+        let id = Identity::new(Role::Sc, "sc-4").unwrap();
+        let key = NodeKey::generate().unwrap();
+        let cert = ca.sign_csr(&key.csr_pem(&id).unwrap(), &id, HOUR).unwrap();
+        assert_eq!(ca.verify(&cert).unwrap(), id);
+        let (rid, renewed) = ca.renew(&cert, &key.csr_pem(&id).unwrap(), HOUR).unwrap();
+        assert_eq!(rid, id);
+        assert_ne!(renewed, cert);
+        assert_eq!(ca.verify(&renewed).unwrap(), id);
+        // Another key: refused (a stolen certificate buys no certificate for the thief).
+        let other = NodeKey::generate().unwrap();
+        assert!(ca.renew(&cert, &other.csr_pem(&id).unwrap(), HOUR).is_err());
+        // Another CA's certificate: refused.
+        let rogue = Ca::generate().unwrap();
+        let rc = rogue.sign_csr(&key.csr_pem(&id).unwrap(), &id, HOUR).unwrap();
+        assert!(ca.renew(&rc, &key.csr_pem(&id).unwrap(), HOUR).is_err());
+        // An expired one: refused.
+        let now = SystemTime::now();
+        let old = ca
+            .sign_csr_between(&key.csr_pem(&id).unwrap(), &id, now - 2 * HOUR, now - HOUR)
+            .unwrap();
+        assert!(ca.verify(&old).is_err());
+    }
+
+    #[test]
     fn bundles_round_trip_through_a_directory() {
         let ca = Ca::generate().unwrap();
         let id = Identity::new(Role::Pp, "pp-3").unwrap();
@@ -1391,6 +1508,9 @@ mod tests {
         assert_eq!(t.identity(), &id);
         let left = t.not_after().duration_since(SystemTime::now()).unwrap();
         assert!(left <= HOUR && left > HOUR / 2);
+        // Renewal is due at two thirds of the lifetime (which starts a minute back).
+        let due = t.renew_at().duration_since(SystemTime::now()).unwrap();
+        assert!(due < left && due > HOUR / 3, "{due:?}");
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(NodeTls::from_dir(&dir).is_err());
     }
