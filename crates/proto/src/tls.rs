@@ -124,10 +124,10 @@ impl Identity {
             && id.len() <= 64
             && id
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
         if !ok {
             return Err(TlsError::Identity(format!(
-                "node id {id:?}: 1-64 characters of [A-Za-z0-9._-]"
+                "node id {id:?}: 1-64 characters of [A-Za-z0-9._:-]"
             )));
         }
         Ok(Identity { role, id })
