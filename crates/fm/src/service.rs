@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::liveness::LivenessRegistry;
-use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
 use proto::tls::Role;
+use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
 use proto::v1::{self, pp_down, pp_up, sc_up};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -607,6 +607,11 @@ impl FmObserver {
         &self.shared.wire
     }
 
+    /// FM's TLS state (its refusal counters); `None` under --insecure.
+    pub fn tls(&self) -> Option<&Arc<proto::tls::NodeTls>> {
+        self.shared.tls.as_ref()
+    }
+
     pub fn liveness_counters(&self) -> &crate::liveness::LivenessCounters {
         &self.shared.liveness.counters
     }
@@ -1133,7 +1138,9 @@ impl FabricMaster for FmService {
     ) -> Result<Response<v1::TrafficReply>, Status> {
         let tenant = req.into_inner().tenant;
         let map = self.ask(MasterIn::Map).await?;
-        Ok(Response::new(traffic(&map, tenant, self.shared.tls.as_ref()).await))
+        Ok(Response::new(
+            traffic(&map, tenant, self.shared.tls.as_ref()).await,
+        ))
     }
 
     async fn flows(

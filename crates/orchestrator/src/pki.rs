@@ -118,7 +118,10 @@ fn tls_err(e: proto::tls::TlsError) -> ApiError {
 
 impl Pki {
     /// The CA in the store, or a new one stored now (first start).
-    pub async fn load_or_create(store: Arc<dyn Store>, cert_ttl: Duration) -> Result<Self, ApiError> {
+    pub async fn load_or_create(
+        store: Arc<dyn Store>,
+        cert_ttl: Duration,
+    ) -> Result<Self, ApiError> {
         let ca = match store.get(CA_KEY).await? {
             Some(v) => {
                 let s: StoredCa = serde_json::from_slice(&v.value)
@@ -177,7 +180,9 @@ impl Pki {
 
     /// A new one-time join token for a node of `role`, valid for `ttl`.
     pub async fn create_token(&self, role: &str, ttl: Duration) -> Result<JoinToken, ApiError> {
-        let r: Role = role.parse().map_err(|e| ApiError::invalid("role", format!("{e}")))?;
+        let r: Role = role
+            .parse()
+            .map_err(|e| ApiError::invalid("role", format!("{e}")))?;
         if r == Role::Orchestrator {
             return Err(ApiError::invalid("role", "nodes join as pp, fm or sc"));
         }
@@ -190,9 +195,16 @@ impl Pki {
             expires_unix_ms: now_ms() + ttl.as_millis() as u64,
         };
         self.store
-            .put(&join_key(&token), serde_json::to_vec(&rec).unwrap_or_default())
+            .put(
+                &join_key(&token),
+                serde_json::to_vec(&rec).unwrap_or_default(),
+            )
             .await?;
-        tracing::info!(role = r.as_str(), ttl_s = ttl.as_secs(), "join token created");
+        tracing::info!(
+            role = r.as_str(),
+            ttl_s = ttl.as_secs(),
+            "join token created"
+        );
         Ok(JoinToken {
             token,
             role: rec.role,
@@ -222,8 +234,7 @@ impl Pki {
             return Err(ApiError::unauthorized("join token expired"));
         }
         let role: Role = rec.role.parse().map_err(tls_err)?;
-        let ident =
-            Identity::new(role, id).map_err(|e| ApiError::invalid("id", e.to_string()))?;
+        let ident = Identity::new(role, id).map_err(|e| ApiError::invalid("id", e.to_string()))?;
         if self.is_revoked(id) {
             return Err(ApiError::forbidden(format!("node {id:?} is revoked")));
         }
@@ -242,7 +253,10 @@ impl Pki {
             .renew(cert, csr, self.cert_ttl)
             .map_err(|e| ApiError::unauthorized(format!("renewal refused: {e}")))?;
         if self.is_revoked(&ident.id) {
-            return Err(ApiError::forbidden(format!("node {:?} is revoked", ident.id)));
+            return Err(ApiError::forbidden(format!(
+                "node {:?} is revoked",
+                ident.id
+            )));
         }
         Ok(self.issued(&ident, signed))
     }
@@ -317,11 +331,17 @@ mod tests {
     #[tokio::test]
     async fn a_token_joins_one_node_once_in_its_role() {
         let p = pki().await;
-        let t = p.create_token("sc", Duration::from_secs(600)).await.unwrap();
+        let t = p
+            .create_token("sc", Duration::from_secs(600))
+            .await
+            .unwrap();
         assert!(well_formed(&t.token));
         let (_, c) = csr(Role::Sc, "sc-1");
         let issued = p.join(&t.token, "sc-1", &c).await.unwrap();
-        assert_eq!(p.ca().verify(&issued.cert).unwrap(), Identity::new(Role::Sc, "sc-1").unwrap());
+        assert_eq!(
+            p.ca().verify(&issued.cert).unwrap(),
+            Identity::new(Role::Sc, "sc-1").unwrap()
+        );
         assert_eq!(issued.ca, p.ca_pem());
         // Reused: refused.
         let e = p.join(&t.token, "sc-2", &c).await.unwrap_err();
@@ -333,7 +353,13 @@ mod tests {
     async fn malformed_unknown_and_expired_tokens_are_refused_clearly() {
         let p = pki().await;
         let (_, c) = csr(Role::Pp, "pp-1");
-        for bad in ["", "sfj_", "sfj_zz", "sfa_00112233445566778899aabbccddeeff", "sfj_00112233445566778899aabbccddeeff0"] {
+        for bad in [
+            "",
+            "sfj_",
+            "sfj_zz",
+            "sfa_00112233445566778899aabbccddeeff",
+            "sfj_00112233445566778899aabbccddeeff0",
+        ] {
             let e = p.join(bad, "pp-1", &c).await.unwrap_err();
             assert_eq!(e.status.as_u16(), 400, "{bad}");
             assert!(e.message.contains("malformed join token"), "{}", e.message);
@@ -345,7 +371,10 @@ mod tests {
         assert!(e.message.contains("unknown or already used"));
         // Expired: a token stored already past its time.
         let t = p.create_token("pp", Duration::from_secs(60)).await.unwrap();
-        let rec = JoinRecord { role: "pp".into(), expires_unix_ms: now_ms() - 1 };
+        let rec = JoinRecord {
+            role: "pp".into(),
+            expires_unix_ms: now_ms() - 1,
+        };
         p.store
             .put(&join_key(&t.token), serde_json::to_vec(&rec).unwrap())
             .await
@@ -354,8 +383,14 @@ mod tests {
         assert_eq!(e.status.as_u16(), 401);
         assert!(e.message.contains("expired"), "{}", e.message);
         // Bad roles and lifetimes at creation.
-        assert!(p.create_token("admin", Duration::from_secs(60)).await.is_err());
-        assert!(p.create_token("orchestrator", Duration::from_secs(60)).await.is_err());
+        assert!(p
+            .create_token("admin", Duration::from_secs(60))
+            .await
+            .is_err());
+        assert!(p
+            .create_token("orchestrator", Duration::from_secs(60))
+            .await
+            .is_err());
         assert!(p.create_token("sc", Duration::ZERO).await.is_err());
         // A bad CSR spends the token but issues nothing, with an error naming the CSR.
         let t = p.create_token("pp", Duration::from_secs(60)).await.unwrap();
@@ -366,13 +401,19 @@ mod tests {
     #[tokio::test]
     async fn the_ca_survives_a_restart_and_revocation_blocks_renewal() {
         let store: Arc<dyn Store> = Arc::new(store::EmbeddedStore::in_memory().unwrap());
-        let a = Pki::load_or_create(store.clone(), Duration::from_secs(3600)).await.unwrap();
+        let a = Pki::load_or_create(store.clone(), Duration::from_secs(3600))
+            .await
+            .unwrap();
         let t = a.create_token("fm", Duration::from_secs(60)).await.unwrap();
         let (k, c) = csr(Role::Fm, "fm-1");
         let issued = a.join(&t.token, "fm-1", &c).await.unwrap();
-        let b = Pki::load_or_create(store, Duration::from_secs(3600)).await.unwrap();
+        let b = Pki::load_or_create(store, Duration::from_secs(3600))
+            .await
+            .unwrap();
         assert_eq!(a.ca_pem(), b.ca_pem());
-        let again = k.csr_pem(&Identity::new(Role::Fm, "fm-1").unwrap()).unwrap();
+        let again = k
+            .csr_pem(&Identity::new(Role::Fm, "fm-1").unwrap())
+            .unwrap();
         let renewed = b.renew(&issued.cert, &again).await.unwrap();
         assert_eq!(renewed.id, "fm-1");
         b.revoke("fm-1").await.unwrap();

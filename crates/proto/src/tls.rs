@@ -252,7 +252,12 @@ impl Ca {
     /// same identity and the same key: the CSR must carry the certificate's public key.
     /// So no proof of possession beyond the CSR's own signature is needed: whoever
     /// sends a stolen (public) certificate gets a new one for a key they do not hold.
-    pub fn renew(&self, cert_pem: &str, csr_pem: &str, ttl: Duration) -> Result<(Identity, String)> {
+    pub fn renew(
+        &self,
+        cert_pem: &str,
+        csr_pem: &str,
+        ttl: Duration,
+    ) -> Result<(Identity, String)> {
         let id = self.verify(cert_pem)?;
         let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)?;
         let chain = pem_certs(cert_pem)?;
@@ -591,7 +596,10 @@ impl NodeTls {
 
     /// When the current certificate expires.
     pub fn not_after(&self) -> SystemTime {
-        self.held.read().unwrap_or_else(|e| e.into_inner()).not_after
+        self.held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .not_after
     }
 
     /// When the certificate is due for renewal: at two thirds of its lifetime.
@@ -603,18 +611,32 @@ impl NodeTls {
 
     /// The current certificate (PEM), which renewal presents.
     pub fn cert_pem(&self) -> String {
-        self.held.read().unwrap_or_else(|e| e.into_inner()).cert_pem.clone()
+        self.held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .cert_pem
+            .clone()
     }
 
     /// A CSR for renewal: same identity, same key (see [`Ca::renew`]).
     pub fn renewal_csr(&self) -> Result<String> {
-        let key = self.held.read().unwrap_or_else(|e| e.into_inner()).key_pem.clone();
+        let key = self
+            .held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .key_pem
+            .clone();
         NodeKey::from_pem(&key)?.csr_pem(&self.identity)
     }
 
     /// [`NodeTls::rotate`] to a renewed certificate for the current key.
     pub fn rotate_cert(&self, cert_pem: &str) -> Result<()> {
-        let key = self.held.read().unwrap_or_else(|e| e.into_inner()).key_pem.clone();
+        let key = self
+            .held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .key_pem
+            .clone();
         self.rotate(cert_pem, &key)
     }
 
@@ -742,10 +764,7 @@ impl NodeTls {
     }
 }
 
-fn certified(
-    provider: &CryptoProvider,
-    b: &Bundle,
-) -> Result<(Arc<CertifiedKey>, Identity, Held)> {
+fn certified(provider: &CryptoProvider, b: &Bundle) -> Result<(Arc<CertifiedKey>, Identity, Held)> {
     let chain = pem_certs(&b.cert_pem)?;
     let identity = Identity::from_cert(&chain[0])
         .ok_or_else(|| TlsError::Identity("certificate names no starfabric identity".into()))?;
@@ -1487,7 +1506,9 @@ mod tests {
         assert!(ca.renew(&cert, &other.csr_pem(&id).unwrap(), HOUR).is_err());
         // Another CA's certificate: refused.
         let rogue = Ca::generate().unwrap();
-        let rc = rogue.sign_csr(&key.csr_pem(&id).unwrap(), &id, HOUR).unwrap();
+        let rc = rogue
+            .sign_csr(&key.csr_pem(&id).unwrap(), &id, HOUR)
+            .unwrap();
         assert!(ca.renew(&rc, &key.csr_pem(&id).unwrap(), HOUR).is_err());
         // An expired one: refused.
         let now = SystemTime::now();

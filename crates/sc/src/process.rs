@@ -94,7 +94,7 @@ pub fn start(
                 a.capacity,
                 a.tls.clone(),
             )
-                .map_err(agent_err)?,
+            .map_err(agent_err)?,
         ),
         _ => None,
     };
@@ -161,7 +161,7 @@ pub fn start(
                 a.capacity,
                 a.tls.clone(),
             )
-                .map_err(agent_err)?,
+            .map_err(agent_err)?,
         );
     }
     // Tests and scripts wait for this line.

@@ -169,7 +169,9 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         Some((i, _)) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: u64 = n.parse().map_err(|_| format!("{s:?}: expected e.g. 90s, 10m, 2h"))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected e.g. 90s, 10m, 2h"))?;
     let mult = match unit {
         "s" => 1,
         "m" => 60,
@@ -177,7 +179,8 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         "d" => 86400,
         _ => return Err(format!("{s:?}: unit is s, m, h or d")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too long"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too long"))
 }
 
 fn node(c: &ctl::cli::Client, cmd: NodeCmd) -> Result<()> {
@@ -187,11 +190,15 @@ fn node(c: &ctl::cli::Client, cmd: NodeCmd) -> Result<()> {
             "/v1/nodes/tokens",
             Some(serde_json::json!({"role": role, "ttl_s": ttl})),
         )?,
-        NodeCmd::Revoke { id } => c.api.call("POST", &format!("/v1/nodes/{id}/revoke"), None)?,
+        NodeCmd::Revoke { id } => c
+            .api
+            .call("POST", &format!("/v1/nodes/{id}/revoke"), None)?,
     };
     match (&c.output, r["token"].as_str()) {
         (ctl::cli::Output::Table, Some(t)) => println!("{t}"),
-        (ctl::cli::Output::Table, None) => println!("revoked {}", r["revoked"].as_str().unwrap_or("")),
+        (ctl::cli::Output::Table, None) => {
+            println!("revoked {}", r["revoked"].as_str().unwrap_or(""))
+        }
         _ => println!("{}", serde_json::to_string_pretty(&r)?),
     }
     Ok(())
