@@ -109,6 +109,9 @@ pub struct FmConfig {
     /// How a scale-out moves the flows' state when the request does not say
     /// (docs/scaling.md): in bulk at st, or gradually (S6).
     pub migration: Migration,
+    /// mTLS for FM's server and its calls to SC nodes; `None` is plaintext
+    /// (`--insecure`, lab use only; docs/security.md).
+    pub tls: Option<std::sync::Arc<proto::tls::NodeTls>>,
 }
 
 /// How a scale-out moves the flows' state (docs/scaling.md).
@@ -171,6 +174,7 @@ impl Default for FmConfig {
             max_inflight: 32 * 1024,
             max_queued: 64 * 1024,
             migration: Migration::default(),
+            tls: None,
         }
     }
 }

@@ -20,6 +20,8 @@ pub struct FmSnapshot {
     pub sessions: u64,
     pub liveness_beacons: u64,
     pub liveness_rejected: u64,
+    /// Peers refused by plane security, per [`proto::tls::Refusal`] (empty: --insecure).
+    pub tls_refused: Vec<(&'static str, u64)>,
 }
 
 impl FmSnapshot {
@@ -45,6 +47,15 @@ impl FmSnapshot {
             sessions: o.wire_counters().sessions.load(Ordering::Relaxed),
             liveness_beacons: o.liveness_counters().beacons.load(Ordering::Relaxed),
             liveness_rejected: o.liveness_counters().rejected.load(Ordering::Relaxed),
+            tls_refused: o
+                .tls()
+                .map(|t| {
+                    proto::tls::Refusal::ALL
+                        .iter()
+                        .map(|r| (r.as_str(), t.refusals().get(*r)))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -59,6 +70,11 @@ pub fn fm_exporter(snap: Arc<Mutex<FmSnapshot>>) -> Exporter {
 fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
     let s = &f.stats;
     sc.counter("requests", "Rule requests from PP nodes.", s.pp_requests)?;
+    sc.counter_family(
+        "tls_refused",
+        "Peers refused by plane security (mTLS handshake or role), by reason.",
+        f.tls_refused.iter().map(|(r, n)| ([("reason", *r)], *n)),
+    )?;
     sc.counter_family(
         "tenant_requests",
         "Rule requests from PP nodes, by tenant.",

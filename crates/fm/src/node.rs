@@ -51,6 +51,7 @@ pub fn start(cfg: FmNodeConfig) -> Result<FmNode, FmError> {
         .enable_all()
         .build()
         .map_err(|e| FmError::Io(e.to_string()))?;
+    let tls = cfg.fm.tls.clone();
     let fm = Arc::new(rt.block_on(crate::start(cfg.fm, cfg.listen))?);
     let advertise = cfg
         .advertise
@@ -58,7 +59,7 @@ pub fn start(cfg: FmNodeConfig) -> Result<FmNode, FmError> {
         .unwrap_or_else(|| fm.addr().to_string());
     let mut agent = match &cfg.orchestrator {
         Some(o) => Some(
-            NodeAgent::start(o, &id, v1::Role::Fm, &advertise, "", None, None)
+            NodeAgent::start(o, &id, v1::Role::Fm, &advertise, "", None, None, tls)
                 .map_err(|e| FmError::Io(e.to_string()))?,
         ),
         None => None,

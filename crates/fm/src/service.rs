@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::liveness::LivenessRegistry;
+use proto::tls::Role;
 use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
 use proto::v1::{self, pp_down, pp_up, sc_up};
 use tokio::sync::{mpsc, oneshot};
@@ -146,6 +147,7 @@ struct Shared {
     /// The liveness lane's sessions by token, and its thread's stop flag.
     liveness: Arc<LivenessRegistry>,
     liveness_stop: Arc<AtomicBool>,
+    tls: Option<Arc<proto::tls::NodeTls>>,
 }
 
 impl Shared {
@@ -250,6 +252,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         tasks: Mutex::new(Vec::new()),
         liveness: Arc::new(LivenessRegistry::new(start)),
         liveness_stop: Arc::new(AtomicBool::new(false)),
+        tls: cfg.tls.clone(),
     });
     let liveness_port =
         crate::liveness::start_or_warn(addr, shared.liveness.clone(), shared.liveness_stop.clone());
@@ -275,7 +278,13 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
     })
     .max_decoding_message_size(proto::MAX_MESSAGE)
     .max_encoding_message_size(proto::MAX_MESSAGE);
-    let incoming = proto::incoming(listener).map_err(|e| FmError::Io(e.to_string()))?;
+    // PP and SC nodes hold sessions; the orchestrator asks for state and scales.
+    let incoming = proto::tls::incoming(
+        listener,
+        shared.tls.clone(),
+        &[Role::Pp, Role::Sc, Role::Orchestrator],
+    )
+    .map_err(|e| FmError::Io(e.to_string()))?;
     shared.spawn(async move {
         if let Err(e) = proto::server()
             .add_service(svc)
@@ -598,6 +607,11 @@ impl FmObserver {
         &self.shared.wire
     }
 
+    /// FM's TLS state (its refusal counters); `None` under --insecure.
+    pub fn tls(&self) -> Option<&Arc<proto::tls::NodeTls>> {
+        self.shared.tls.as_ref()
+    }
+
     pub fn liveness_counters(&self) -> &crate::liveness::LivenessCounters {
         &self.shared.liveness.counters
     }
@@ -639,19 +653,22 @@ impl FmObserver {
     /// every committed op) and summed over the groups, which are disjoint partitions.
     pub async fn traffic(&self, tenant: u32) -> Option<v1::TrafficReply> {
         let map = self.partition_map().await?;
-        Some(traffic(&map, tenant).await)
+        Some(traffic(&map, tenant, self.shared.tls.as_ref()).await)
     }
 }
 
 /// One SC node's answer for `groups`, within [`TRAFFIC_TIMEOUT`].
-async fn group_traffic(addr: &str, groups: Vec<u64>) -> Result<Vec<v1::GroupState>, String> {
+async fn group_traffic(
+    addr: &str,
+    groups: Vec<u64>,
+    tls: Option<&Arc<proto::tls::NodeTls>>,
+) -> Result<Vec<v1::GroupState>, String> {
     let call = async {
-        let mut c = v1::service_computation_client::ServiceComputationClient::connect(
-            proto::endpoint_uri(addr),
-        )
-        .await
-        .map_err(|e| e.to_string())?
-        .max_decoding_message_size(proto::MAX_MESSAGE);
+        let ch = proto::connect(addr, tls, Role::Sc)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut c = v1::service_computation_client::ServiceComputationClient::new(ch)
+            .max_decoding_message_size(proto::MAX_MESSAGE);
         c.group_status(v1::GroupStatusRequest {
             snapshots: false,
             traffic: true,
@@ -669,7 +686,11 @@ async fn group_traffic(addr: &str, groups: Vec<u64>) -> Result<Vec<v1::GroupStat
 /// How long one SC node may take to answer a traffic query.
 const TRAFFIC_TIMEOUT: Duration = Duration::from_secs(3);
 
-async fn traffic(map: &v1::PartitionMap, tenant: u32) -> v1::TrafficReply {
+async fn traffic(
+    map: &v1::PartitionMap,
+    tenant: u32,
+    tls: Option<&Arc<proto::tls::NodeTls>>,
+) -> v1::TrafficReply {
     let mut reply = v1::TrafficReply::default();
     let mut sum = nf::TrafficReport::default();
     let groups: Vec<u64> = map
@@ -685,7 +706,7 @@ async fn traffic(map: &v1::PartitionMap, tenant: u32) -> v1::TrafficReply {
         };
         let mut read = false;
         for r in g.replicas.iter().rev() {
-            match group_traffic(&r.addr, vec![gid]).await {
+            match group_traffic(&r.addr, vec![gid], tls).await {
                 Ok(states) => {
                     let Some(s) = states.into_iter().find(|s| s.group == gid && s.initialized)
                     else {
@@ -843,8 +864,21 @@ where
     if shared.stopped.load(Ordering::Relaxed) {
         return Err(stopped());
     }
+    let want = match role {
+        v1::Role::Pp => Role::Pp,
+        _ => Role::Sc,
+    };
+    let peer = proto::tls::authorize(&req, shared.tls.as_deref(), &[want])?;
     let mut inbound = req.into_inner();
     let info = registration(shared, &mut inbound, role, register).await?;
+    // A certificate is one node's: it cannot register under another node's id.
+    if shared.tls.is_some() && info.id != peer.id {
+        shared.bad();
+        return Err(Status::permission_denied(format!(
+            "certificate of {} cannot register node {:?}",
+            peer, info.id
+        )));
+    }
     let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
     shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
@@ -1114,7 +1148,9 @@ impl FabricMaster for FmService {
     ) -> Result<Response<v1::TrafficReply>, Status> {
         let tenant = req.into_inner().tenant;
         let map = self.ask(MasterIn::Map).await?;
-        Ok(Response::new(traffic(&map, tenant).await))
+        Ok(Response::new(
+            traffic(&map, tenant, self.shared.tls.as_ref()).await,
+        ))
     }
 
     async fn flows(

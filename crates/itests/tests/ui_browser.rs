@@ -233,6 +233,7 @@ impl Platform {
                         assigner: None,
                         assigner_model: None,
                         assign_period: None,
+                        tls: None,
                     },
                     stop.clone(),
                 )

@@ -54,6 +54,10 @@ pub struct SetupBenchArgs {
     /// hosts one replica of every group).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub groups: u32,
+    /// Run every plane link on mTLS, as production does (a CA made in-process, a
+    /// certificate per node; docs/security.md). Default: plaintext, as before.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -416,8 +420,19 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let proto_chain = chain.to_proto()?;
     let factory = chain_factory(&a.nfs);
     let rt = fm_runtime()?;
+    let ca = match a.tls {
+        true => Some(proto::tls::Ca::generate()?),
+        false => None,
+    };
+    let tls = |role, id: &str| -> Result<Option<std::sync::Arc<proto::tls::NodeTls>>> {
+        let Some(ca) = &ca else { return Ok(None) };
+        let ident = proto::tls::Identity::new(role, id)?;
+        let b = proto::tls::Bundle::issue(ca, &ident, Duration::from_secs(3600))?;
+        Ok(Some(proto::tls::NodeTls::new(&b)?))
+    };
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
+        tls: tls(proto::tls::Role::Fm, "fm-1")?,
         ..fm::FmConfig::default()
     };
     let local = "127.0.0.1:0".parse()?;
@@ -432,12 +447,12 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let d0 = rt.block_on(fm.stats()).context("FM")?.nodes_dead;
     let scs = (0..3)
         .map(|i| {
-            sc::ScProcess::spawn(
-                sc::ScConfig::new(&format!("sc-{i}"), local, &fm_addr),
-                factory.clone(),
-            )
+            let id = format!("sc-{i}");
+            let mut c = sc::ScConfig::new(&id, local, &fm_addr);
+            c.tls = tls(proto::tls::Role::Sc, &id)?;
+            Ok(sc::ScProcess::spawn(c, factory.clone())?)
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>>>()?;
     let t = Instant::now();
     loop {
         let m = rt.block_on(fm.partition_map()).context("FM")?;
@@ -454,6 +469,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     // phase's flows are new, and so is its flow table.
     let mut ccfg = FmClientConfig::new(&fm_addr, "pp-bench");
     ccfg.linger = Duration::from_micros(a.linger_us);
+    ccfg.tls = tls(proto::tls::Role::Pp, "pp-bench")?;
     let (client, links) = FmClient::start(ccfg)?;
     let t = Instant::now();
     while !client.connected() {

@@ -10,6 +10,7 @@
 //!   unknown object, 409 for a conflict (a VNI in use, an object still referenced), 401
 //!   without a valid token, 403 for a tenant token reaching outside its tenant.
 
+use crate::pki::{Issued, JoinRequest, JoinToken, JoinTokenRequest, RenewRequest, Revoked};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -721,11 +722,7 @@ async fn get_tenant_monitor(
     };
     for addr in fms {
         let reply = async {
-            let mut c =
-                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .max_decoding_message_size(proto::MAX_MESSAGE);
+            let mut c = st.fm_client(&addr).await?;
             c.traffic(v1::TrafficRequest { tenant: t.id })
                 .await
                 .map(|r| r.into_inner())
@@ -792,11 +789,7 @@ async fn list_flows(
     let mut matched = 0;
     for addr in fms {
         let reply = async {
-            let mut c =
-                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .max_decoding_message_size(proto::MAX_MESSAGE);
+            let mut c = st.fm_client(&addr).await?;
             c.flows(v1::FlowsRequest {
                 tenant: t.id,
                 all_tenants: false,
@@ -886,6 +879,60 @@ async fn list_events(
     Ok(Json(crate::events::collect(&st, &p, limit).await))
 }
 
+// ---------------------------------------------------------------------- plane security
+
+fn pki(st: &Shared) -> Result<&crate::pki::Pki, ApiError> {
+    st.cfg.pki.as_deref().ok_or_else(|| {
+        ApiError::unavailable("the planes run --insecure: no CA, no join tokens, no certificates")
+    })
+}
+
+#[utoipa::path(post, path = "/v1/nodes/tokens", tag = "security", request_body = JoinTokenRequest,
+    responses((status = 201, body = JoinToken), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn create_join_token(
+    State(st): State<AppState>,
+    p: Principal,
+    Body(req): Body<JoinTokenRequest>,
+) -> Result<Response, ApiError> {
+    p.require_admin("creating a node join token")?;
+    let ttl = std::time::Duration::from_secs(req.ttl_s.unwrap_or(600));
+    let t = pki(&st)?.create_token(&req.role, ttl).await?;
+    Ok((StatusCode::CREATED, Json(t)).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/nodes/join", tag = "security", request_body = JoinRequest,
+    security(()),
+    responses((status = 200, body = Issued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn join_node(
+    State(st): State<AppState>,
+    Body(req): Body<JoinRequest>,
+) -> Result<Json<Issued>, ApiError> {
+    Ok(Json(pki(&st)?.join(&req.token, &req.id, &req.csr).await?))
+}
+
+#[utoipa::path(post, path = "/v1/nodes/renew", tag = "security", request_body = RenewRequest,
+    security(()),
+    responses((status = 200, body = Issued), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn renew_node(
+    State(st): State<AppState>,
+    Body(req): Body<RenewRequest>,
+) -> Result<Json<Issued>, ApiError> {
+    Ok(Json(pki(&st)?.renew(&req.cert, &req.csr).await?))
+}
+
+#[utoipa::path(post, path = "/v1/nodes/{id}/revoke", tag = "security",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Revoked), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn revoke_node(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<Revoked>, ApiError> {
+    p.require_admin("revoking a node")?;
+    st.revoke(&id).await?;
+    Ok(Json(Revoked { revoked: id }))
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -901,13 +948,15 @@ async fn healthz() -> &'static str {
           list_chains, get_chain, put_chain, delete_chain,
           create_token, list_tokens, delete_token,
           list_nodes, get_node, list_partitions, status,
-          get_tenant_stats, list_stats, list_flows, get_tenant_monitor, list_events, get_placement, put_placement_limits),
+          get_tenant_stats, list_stats, list_flows, get_tenant_monitor, list_events, get_placement, put_placement_limits,
+          create_join_token, join_node, renew_node, revoke_node),
     components(schemas(Tenant, TenantSpec, Vpc, VpcSpec, NfKind, NfInstance, NfSpec, Chain, ChainSpec,
                        Node, Partition, Flow, Event, EventsView, TenantStats, TenantMonitor, TrafficCount, HostTraffic, Token, Status, ErrorBody, ErrorDetail,
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
                        VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
                        RateSpec, TenantRatesSpec, TenantRatesView, RateStatus,
-                       ApplyRequest, ApplyItem, ApplyResult, AppliedItem)),
+                       ApplyRequest, ApplyItem, ApplyResult, AppliedItem,
+                       JoinTokenRequest, JoinToken, JoinRequest, RenewRequest, Issued, Revoked)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -947,6 +996,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/:id", get(get_node))
+        .route("/v1/nodes/tokens", axum::routing::post(create_join_token))
+        .route("/v1/nodes/join", axum::routing::post(join_node))
+        .route("/v1/nodes/renew", axum::routing::post(renew_node))
+        .route("/v1/nodes/:id/revoke", axum::routing::post(revoke_node))
         .route("/v1/partitions", get(list_partitions))
         .route("/v1/stats", get(list_stats))
         .route("/v1/events", get(list_events))

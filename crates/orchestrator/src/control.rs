@@ -35,6 +35,23 @@ pub struct OrchestratorConfig {
     pub store_poll: Duration,
     /// Where tenants' shards go (docs/placement.md).
     pub placement: crate::placement::PlacementConfig,
+    /// Plane security: mTLS with the CA kept in the store, or plaintext.
+    pub security: Security,
+    /// The orchestrator's own certificate (role `orchestrator`) for its control server
+    /// and its calls to FMs; set by [`crate::start`] under [`Security::Tls`].
+    pub tls: Option<Arc<proto::tls::NodeTls>>,
+    /// The CA, join tokens and revocations; set by [`crate::start`] under
+    /// [`Security::Tls`].
+    pub pki: Option<Arc<crate::pki::Pki>>,
+}
+
+/// Whether the planes speak mTLS (docs/security.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    /// Plaintext: `--insecure`, lab use only.
+    Insecure,
+    /// mTLS; node certificates live this long.
+    Tls { cert_ttl: Duration },
 }
 
 impl OrchestratorConfig {
@@ -46,6 +63,11 @@ impl OrchestratorConfig {
             admin_token: admin_token.to_string(),
             store_poll: Duration::from_secs(1),
             placement: crate::placement::PlacementConfig::default(),
+            // In-process harnesses say which they want; `starfabric orchestrator`
+            // defaults to Tls and takes --insecure.
+            security: Security::Insecure,
+            tls: None,
+            pki: None,
         }
     }
 }
@@ -211,6 +233,12 @@ impl Shared {
     pub fn directive(&self, node: &NodeEntry, snap: &Snapshot) -> v1::Directive {
         let mut d = v1::Directive {
             fm_addrs: self.fm_addrs(),
+            revoked: self
+                .cfg
+                .pki
+                .as_ref()
+                .map(|p| p.revoked())
+                .unwrap_or_default(),
             ..Default::default()
         };
         match node.role() {
@@ -295,6 +323,35 @@ impl Shared {
         }
     }
 
+    /// Revokes node `id`: recorded in the store, its control session cut here at once,
+    /// and pushed with every node's next directive (FM then cuts its sessions).
+    pub async fn revoke(&self, id: &str) -> Result<(), crate::error::ApiError> {
+        let Some(pki) = &self.cfg.pki else {
+            return Err(crate::error::ApiError::unavailable(
+                "the planes run --insecure: there are no certificates to revoke",
+            ));
+        };
+        pki.revoke(id).await?;
+        if let Some(t) = &self.cfg.tls {
+            t.revoke(id);
+        }
+        self.bump();
+        Ok(())
+    }
+
+    /// A client of the FM at `addr` (mTLS with the orchestrator's certificate).
+    pub async fn fm_client(
+        &self,
+        addr: &str,
+    ) -> Result<v1::fabric_master_client::FabricMasterClient<tonic::transport::Channel>, String>
+    {
+        let ch = proto::connect(addr, self.cfg.tls.as_ref(), proto::tls::Role::Fm)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(v1::fabric_master_client::FabricMasterClient::new(ch)
+            .max_decoding_message_size(proto::MAX_MESSAGE))
+    }
+
     /// Background work: mark silent nodes down, and notice writes by other writers.
     pub async fn housekeeping(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.cfg.report_interval.min(self.cfg.store_poll));
@@ -376,6 +433,8 @@ impl Control for ControlService {
         req: Request<Streaming<v1::NodeUp>>,
     ) -> Result<Response<Self::NodeSessionStream>, Status> {
         let shared = self.shared.clone();
+        let tls = shared.cfg.tls.clone();
+        let peer = proto::tls::authorize(&req, tls.as_deref(), &proto::tls::Role::NODES)?;
         let mut inbound = req.into_inner();
         let hello = match inbound.message().await? {
             Some(v1::NodeUp {
@@ -384,6 +443,17 @@ impl Control for ControlService {
             _ => return Err(Status::invalid_argument("a session starts with hello")),
         };
         check_hello(&hello).map_err(|e| *e)?;
+        if tls.is_some() {
+            // The certificate names who the node is: it cannot say hello as another.
+            let n = hello.node.clone().unwrap_or_default();
+            if n.id != peer.id || proto::role_name(n.role) != peer.role.as_str() {
+                return Err(Status::permission_denied(format!(
+                    "certificate of {peer} cannot say hello as {} {:?}",
+                    proto::role_name(n.role),
+                    n.id
+                )));
+            }
+        }
         let mut hello = hello;
         if hello.cluster.is_empty()
             && hello.node.as_ref().map(|n| n.role) == Some(v1::Role::Pp as i32)

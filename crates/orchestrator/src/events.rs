@@ -104,7 +104,7 @@ pub async fn collect(st: &Shared, p: &Principal, limit: usize) -> EventsView {
         .map(|n| (n.info().id, n.info().addr))
         .collect();
     for (id, addr) in fms {
-        match tokio::time::timeout(Duration::from_secs(2), fm_tail(&addr, limit)).await {
+        match tokio::time::timeout(Duration::from_secs(2), fm_tail(st, &addr, limit)).await {
             Ok(Ok(evs)) => items.extend(evs.into_iter().map(|e| {
                 let detail: Value = serde_json::from_str(&e.detail_json).unwrap_or(Value::Null);
                 Event {
@@ -136,11 +136,8 @@ pub async fn collect(st: &Shared, p: &Principal, limit: usize) -> EventsView {
 }
 
 /// FM's newest `limit` events: ask where its log ends, then for the tail.
-async fn fm_tail(addr: &str, limit: usize) -> Result<Vec<v1::FmEvent>, String> {
-    let mut c = v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(addr))
-        .await
-        .map_err(|e| e.to_string())?
-        .max_decoding_message_size(proto::MAX_MESSAGE);
+async fn fm_tail(st: &Shared, addr: &str, limit: usize) -> Result<Vec<v1::FmEvent>, String> {
+    let mut c = st.fm_client(addr).await?;
     // A since_seq past the end answers nothing, with next_seq = where the log ends.
     let head = c
         .events(v1::EventsRequest {

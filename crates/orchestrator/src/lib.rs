@@ -29,6 +29,7 @@ pub mod desired;
 pub mod error;
 pub mod events;
 pub mod model;
+pub mod pki;
 pub mod placement;
 pub mod provider;
 pub mod ui;
@@ -54,6 +55,8 @@ pub enum OrchestratorError {
     },
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error("plane security: {0}")]
+    Pki(String),
 }
 
 /// A running orchestrator.
@@ -78,6 +81,22 @@ impl Drop for OrchestratorHandle {
     }
 }
 
+/// The orchestrator's own certificate, re-issued from its CA at two thirds of its life.
+async fn renew_own(pki: Arc<pki::Pki>, tls: Arc<proto::tls::NodeTls>) {
+    loop {
+        let wait = tls
+            .renew_at()
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::sleep(wait.max(std::time::Duration::from_secs(1))).await;
+        let b = proto::tls::Bundle::issue(pki.ca(), tls.identity(), pki.cert_ttl);
+        match b.and_then(|b| tls.rotate(&b.cert_pem, &b.key_pem)) {
+            Ok(()) => info!("orchestrator certificate renewed"),
+            Err(e) => warn!(error = %e, "orchestrator certificate renewal failed"),
+        }
+    }
+}
+
 /// A listener on `addr` for `what`, the service a bind error names.
 async fn bind(
     what: &'static str,
@@ -91,11 +110,30 @@ async fn bind(
 /// Start the API on `api` and the control service on `control` (port 0: any), on the
 /// current tokio runtime.
 pub async fn start(
-    cfg: OrchestratorConfig,
+    mut cfg: OrchestratorConfig,
     store: Arc<dyn store::Store>,
     api: SocketAddr,
     control: SocketAddr,
 ) -> Result<OrchestratorHandle, OrchestratorError> {
+    let mut renew = None;
+    if let control::Security::Tls { cert_ttl } = cfg.security {
+        let pki_err = |e: &dyn std::fmt::Display| OrchestratorError::Pki(e.to_string());
+        let pki = Arc::new(
+            pki::Pki::load_or_create(store.clone(), cert_ttl)
+                .await
+                .map_err(|e| pki_err(&e))?,
+        );
+        let me = proto::tls::Identity::new(proto::tls::Role::Orchestrator, &cfg.id)
+            .map_err(|e| pki_err(&e))?;
+        let b = proto::tls::Bundle::issue(pki.ca(), &me, cert_ttl).map_err(|e| pki_err(&e))?;
+        let tls = proto::tls::NodeTls::new(&b).map_err(|e| pki_err(&e))?;
+        for id in pki.revoked() {
+            tls.revoke(&id);
+        }
+        renew = Some((pki.clone(), tls.clone()));
+        cfg.tls = Some(tls);
+        cfg.pki = Some(pki);
+    }
     let shared = Shared::new(cfg, Desired::new(store));
     let api_listener = bind("the API", api).await?;
     let api_addr = api_listener.local_addr()?;
@@ -113,7 +151,12 @@ pub async fn start(
     })
     .max_decoding_message_size(proto::MAX_MESSAGE)
     .max_encoding_message_size(proto::MAX_MESSAGE);
-    let incoming = proto::incoming(control_listener).map_err(std::io::Error::other)?;
+    let incoming = proto::tls::incoming(
+        control_listener,
+        shared.cfg.tls.clone(),
+        &proto::tls::Role::NODES,
+    )
+    .map_err(std::io::Error::other)?;
     tasks.push(tokio::spawn(async move {
         if let Err(e) = proto::server()
             .add_service(svc)
@@ -124,6 +167,9 @@ pub async fn start(
         }
     }));
     tasks.push(tokio::spawn(shared.clone().housekeeping()));
+    if let Some((pki, tls)) = renew {
+        tasks.push(tokio::spawn(renew_own(pki, tls)));
+    }
     tasks.push(tokio::spawn(crate::placement::run(
         shared.clone(),
         shared.cfg.report_interval,

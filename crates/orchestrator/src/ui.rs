@@ -473,10 +473,7 @@ async fn vip_maps(st: &Shared) -> Vec<(String, Result<v1::VipMapReply, String>)>
     {
         let addr = n.info().addr;
         let ask = async {
-            let mut c =
-                v1::fabric_master_client::FabricMasterClient::connect(proto::endpoint_uri(&addr))
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let mut c = st.fm_client(&addr).await?;
             c.vip_map(v1::VipMapRequest {})
                 .await
                 .map(|r| r.into_inner())

@@ -68,6 +68,8 @@ pub struct FmClientConfig {
     /// Batches of counter reports (the monitor's counts) waiting for the session thread,
     /// at most; a worker that finds the queue full drops its batch, counted.
     pub report_batches: usize,
+    /// mTLS to FM; `None` is plaintext (`--insecure`).
+    pub tls: Option<Arc<proto::tls::NodeTls>>,
 }
 
 impl FmClientConfig {
@@ -86,6 +88,7 @@ impl FmClientConfig {
             vip_tx: None,
             rx_packets: Arc::new(AtomicU64::new(0)),
             report_batches: 64,
+            tls: None,
         }
     }
 }
@@ -475,9 +478,7 @@ async fn session(
     outstanding: &mut HashMap<u64, Outstanding>,
     next_id: &mut u64,
 ) -> Result<(), String> {
-    let ch = proto::endpoint(fm)
-        .map_err(|e| e.to_string())?
-        .connect()
+    let ch = proto::connect(fm, cfg.tls.as_ref(), proto::tls::Role::Fm)
         .await
         .map_err(|e| e.to_string())?;
     let mut client = FabricMasterClient::new(ch)

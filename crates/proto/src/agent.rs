@@ -30,6 +30,8 @@ pub struct AgentConfig {
     /// The orchestrator's control address, `host:port`.
     pub orchestrator: String,
     pub hello: v1::NodeHello,
+    /// mTLS to the orchestrator; `None` is plaintext (`--insecure`).
+    pub tls: Option<Arc<crate::tls::NodeTls>>,
 }
 
 /// A running agent.
@@ -146,7 +148,9 @@ async fn session(
     let endpoint = crate::endpoint(&cfg.orchestrator)
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(2));
-    let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+    let channel = crate::tls::connect(endpoint, cfg.tls.as_ref(), crate::tls::Role::Orchestrator)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut client = v1::control_client::ControlClient::new(channel)
         .max_decoding_message_size(crate::MAX_MESSAGE)
         .max_encoding_message_size(crate::MAX_MESSAGE);
@@ -186,6 +190,13 @@ async fn session(
                 Some(v1::NodeDown { msg: Some(node_down::Msg::Directive(d)) }) => {
                     debug!(version = d.version, chains = d.chains.len(), vpcs = d.vpcs.len(),
                            fms = d.fm_addrs.len(), "directive received");
+                    // Revocations apply here, for every kind of node, before the node's
+                    // own loop looks at the directive: within one push of the revoke.
+                    if let Some(t) = &cfg.tls {
+                        for id in d.revoked.iter().filter(|id| !t.is_revoked(id)) {
+                            t.revoke(id);
+                        }
+                    }
                     directives.send_replace(Some(d));
                 }
                 Some(_) => debug!("ignoring an unexpected control message"),
@@ -210,6 +221,7 @@ pub struct NodeAgent {
 }
 
 impl NodeAgent {
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         orchestrator: &str,
         id: &str,
@@ -218,6 +230,7 @@ impl NodeAgent {
         cluster: &str,
         metrics_url: Option<String>,
         capacity: Option<v1::NodeCapacity>,
+        tls: Option<Arc<crate::tls::NodeTls>>,
     ) -> Result<NodeAgent, AgentError> {
         let report = Arc::new(Mutex::new(v1::NodeReport::default()));
         let r = report.clone();
@@ -239,6 +252,7 @@ impl NodeAgent {
                     version: env!("CARGO_PKG_VERSION").to_string(),
                     capacity,
                 },
+                tls,
             },
             Arc::new(move || r.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         )?;

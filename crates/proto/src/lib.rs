@@ -9,6 +9,8 @@
 //!   never panicking. Receivers count these errors; they do not trust peers.
 //! - [`ChainDef`] is the JSON form of a tenant chain (NF configurations, shape, egress)
 //!   that configuration files use, and [`ChainParts`] what an SC node builds a chain from.
+//! - [`tls`] is plane security: the orchestrator's CA, node certificates naming role and
+//!   id, mTLS servers and clients with rotation and revocation (docs/security.md).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
@@ -29,6 +31,7 @@ mod fm_addrs;
 pub mod json;
 pub mod lanes;
 pub mod liveness;
+pub mod tls;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
@@ -805,6 +808,16 @@ pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, tonic::transpo
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .connect_timeout(std::time::Duration::from_secs(1)))
+}
+
+/// A channel to the server of role `server` at `addr` (`host:port`), configured as
+/// [`endpoint`]: over mTLS with `tls`, plaintext when `tls` is `None` (`--insecure`).
+pub async fn connect(
+    addr: &str,
+    tls: Option<&std::sync::Arc<tls::NodeTls>>,
+    server: tls::Role,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tls::connect(endpoint(addr)?, tls, server).await
 }
 
 /// `host:port` → `http://host:port`, the form tonic endpoints take.

@@ -24,6 +24,7 @@
 //! status queries) are applied there in place; any other input wakes it on a worker.
 //! docs/workers.md has the whole model.
 
+use proto::tls::Role;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -85,6 +86,9 @@ pub struct ScConfig {
     /// How a learned assigner is watched: RR's baseline and the learned assignment's
     /// mean over `window` monitor samples; a drop over `tolerance` reverts to RR.
     pub assign_watch: cores::watchdog::WatchdogConfig,
+    /// mTLS for the replication server and the node's links (FM, successors); `None`
+    /// is plaintext (`--insecure`, lab use only).
+    pub tls: Option<Arc<proto::tls::NodeTls>>,
 }
 
 /// The node's [`CoreAssigner`] (a newtype so that the configuration stays `Debug`).
@@ -121,6 +125,7 @@ impl ScConfig {
             assigner: Assigner::default(),
             assign_period: None,
             assign_watch: cores::watchdog::WatchdogConfig::default(),
+            tls: None,
         }
     }
 }
@@ -406,7 +411,9 @@ pub async fn start_on(
     })
     .max_decoding_message_size(proto::MAX_MESSAGE)
     .max_encoding_message_size(proto::MAX_MESSAGE);
-    let incoming = proto::incoming(listener).map_err(|e| ScError::Io(e.to_string()))?;
+    // Predecessors in replica chains, and FM's state queries.
+    let incoming = proto::tls::incoming(listener, shared.cfg.tls.clone(), &[Role::Sc, Role::Fm])
+        .map_err(|e| ScError::Io(e.to_string()))?;
     shared.tasks.spawn(async move {
         if let Err(e) = proto::server()
             .add_service(svc)
@@ -744,10 +751,8 @@ fn wall_ms() -> u64 {
         .unwrap_or(0)
 }
 
-async fn connect(addr: &str) -> Result<Channel, ScError> {
-    proto::endpoint(addr)
-        .map_err(|e| ScError::Io(format!("{addr}: {e}")))?
-        .connect()
+async fn connect(shared: &Shared, addr: &str, server: Role) -> Result<Channel, ScError> {
+    proto::connect(addr, shared.cfg.tls.as_ref(), server)
         .await
         .map_err(|e| ScError::Io(format!("{addr}: {e}")))
 }
@@ -805,7 +810,7 @@ async fn hosted_groups(shared: &Arc<Shared>) -> Vec<v1::HostedGroup> {
 /// One session with FM `fm`. `opened` is set once FM acknowledged the registration:
 /// a failure after that is a broken session, before it a failed connect.
 async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result<(), ScError> {
-    let ch = connect(fm).await?;
+    let ch = connect(shared, fm, Role::Fm).await?;
     let mut client = FabricMasterClient::new(ch)
         .max_decoding_message_size(proto::MAX_MESSAGE)
         .max_encoding_message_size(proto::MAX_MESSAGE);
@@ -1738,7 +1743,7 @@ async fn link_once(
     conn: u64,
     replica: &Arc<ReplicaSlot>,
 ) -> Result<(), ScError> {
-    let ch = connect(addr).await?;
+    let ch = connect(shared, addr, Role::Sc).await?;
     let mut client = v1::service_computation_client::ServiceComputationClient::new(ch)
         .max_decoding_message_size(proto::MAX_MESSAGE)
         .max_encoding_message_size(proto::MAX_MESSAGE);
@@ -1812,6 +1817,7 @@ impl ServiceComputation for ScService {
         if shared.stopped.load(Ordering::Relaxed) {
             return Err(Status::unavailable("node stopped"));
         }
+        proto::tls::authorize(&req, shared.cfg.tls.as_deref(), &[Role::Sc])?;
         let mut inbound = req.into_inner();
         let hello = match inbound.message().await {
             Ok(Some(v1::ReplicateDown {

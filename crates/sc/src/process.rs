@@ -51,6 +51,8 @@ pub struct ScProcessConfig {
     pub assigner_model: Option<std::path::PathBuf>,
     /// Re-run the assigner this often (None: at start and on request).
     pub assign_period: Option<Duration>,
+    /// mTLS on every link of the node; `None` is plaintext (`--insecure`).
+    pub tls: Option<Arc<proto::tls::NodeTls>>,
 }
 
 /// A running SC node.
@@ -82,8 +84,17 @@ pub fn start(
     let hello_addr = a.advertise.clone().unwrap_or_else(|| bound.to_string());
     let mut agent = match (&a.orchestrator, &a.fm) {
         (Some(o), None) => Some(
-            NodeAgent::start(o, &a.id, v1::Role::Sc, &hello_addr, "", None, a.capacity)
-                .map_err(agent_err)?,
+            NodeAgent::start(
+                o,
+                &a.id,
+                v1::Role::Sc,
+                &hello_addr,
+                "",
+                None,
+                a.capacity,
+                a.tls.clone(),
+            )
+            .map_err(agent_err)?,
         ),
         _ => None,
     };
@@ -125,6 +136,7 @@ pub fn start(
         cfg.assigner = crate::Assigner(assigner);
     }
     cfg.assign_period = a.assign_period;
+    cfg.tls = a.tls.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -139,8 +151,17 @@ pub fn start(
         .map_err(|e| ScProcessError::Io(e.to_string()))?;
     if let (Some(o), None) = (&a.orchestrator, &agent) {
         agent = Some(
-            NodeAgent::start(o, &a.id, v1::Role::Sc, &hello_addr, "", None, a.capacity)
-                .map_err(agent_err)?,
+            NodeAgent::start(
+                o,
+                &a.id,
+                v1::Role::Sc,
+                &hello_addr,
+                "",
+                None,
+                a.capacity,
+                a.tls.clone(),
+            )
+            .map_err(agent_err)?,
         );
     }
     // Tests and scripts wait for this line.

@@ -41,6 +41,8 @@ pub struct FmArgs {
     /// (`starfabric events` reads the in-memory log either way).
     #[arg(long)]
     events: Option<PathBuf>,
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
 }
 
 pub fn run(a: FmArgs) -> Result<()> {
@@ -54,6 +56,7 @@ pub fn run(a: FmArgs) -> Result<()> {
     };
     let mut cfg = file.to_config(&a.id)?;
     cfg.events_file = a.events.clone();
+    cfg.tls = a.tls.load(proto::tls::Role::Fm, &a.id)?;
     crate::signals::install()?;
     let node = fm::node::start(fm::node::FmNodeConfig {
         fm: cfg,

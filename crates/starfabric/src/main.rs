@@ -20,6 +20,7 @@ mod orchestrator_cmd;
 mod pp_cmd;
 mod sc_cmd;
 mod signals;
+mod tls_args;
 mod up;
 
 #[derive(Parser)]
@@ -84,6 +85,9 @@ enum Cmd {
         #[arg(long)]
         tenant: String,
     },
+    /// Node identities (docs/security.md): `node token create --role sc`, `node revoke ID`.
+    #[command(subcommand)]
+    Node(NodeCmd),
     /// The platform's nodes and their health.
     Status {
         /// Wait (with a spinner) until every node is up and ready.
@@ -137,6 +141,69 @@ enum Cmd {
     Trace(ctl::trace::TraceArgs),
 }
 
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// Join tokens.
+    #[command(subcommand)]
+    Token(NodeTokenCmd),
+    /// Revoke a node's certificate: its sessions are cut and it cannot reconnect.
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+enum NodeTokenCmd {
+    /// A one-time token a node joins with (`--join-token`).
+    Create {
+        /// The role the node gets: pp, fm or sc.
+        #[arg(long)]
+        role: String,
+        /// How long the token stays usable, e.g. `90s`, `10m`, `2h`.
+        #[arg(long, default_value = "10m", value_parser = parse_ttl)]
+        ttl: u64,
+    },
+}
+
+/// `90s`, `10m`, `2h`, `1d` or plain seconds → seconds.
+fn parse_ttl(s: &str) -> Result<u64, String> {
+    let (n, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected e.g. 90s, 10m, 2h"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("{s:?}: unit is s, m, h or d")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+fn node(c: &ctl::cli::Client, cmd: NodeCmd) -> Result<()> {
+    let r = match cmd {
+        NodeCmd::Token(NodeTokenCmd::Create { role, ttl }) => c.api.call(
+            "POST",
+            "/v1/nodes/tokens",
+            Some(serde_json::json!({"role": role, "ttl_s": ttl})),
+        )?,
+        NodeCmd::Revoke { id } => c
+            .api
+            .call("POST", &format!("/v1/nodes/{id}/revoke"), None)?,
+    };
+    match (&c.output, r["token"].as_str()) {
+        (ctl::cli::Output::Table, Some(t)) => println!("{t}"),
+        (ctl::cli::Output::Table, None) => {
+            println!("revoked {}", r["revoked"].as_str().unwrap_or(""))
+        }
+        _ => println!("{}", serde_json::to_string_pretty(&r)?),
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     if cli.check_args {
@@ -169,6 +236,7 @@ fn main() -> Result<()> {
         Cmd::Token { tenant } => {
             ctl::cli::token_create(&ctl::cli::Client::new(&cli.client)?, &tenant)
         }
+        Cmd::Node(cmd) => node(&ctl::cli::Client::new(&cli.client)?, cmd),
         Cmd::Status { wait } => ctl::cli::status(&ctl::cli::Client::new(&cli.client)?, wait),
         Cmd::Flows { tenant, limit } => {
             ctl::cli::flows(&ctl::cli::Client::new(&cli.client)?, &tenant, limit)

@@ -44,6 +44,12 @@ pub struct OrchestratorArgs {
     pub duration: Option<f64>,
     #[command(flatten)]
     pub placement: orchestrator::placement::PlacementFlags,
+    /// Plaintext plane links (lab use only): no CA, no node certificates.
+    #[arg(long, env = "STARFABRIC_INSECURE")]
+    pub insecure: bool,
+    /// Lifetime of the node certificates the CA issues, in seconds (renewed at 2/3).
+    #[arg(long, default_value_t = 86400)]
+    pub cert_ttl_s: u64,
 }
 
 pub fn run(a: OrchestratorArgs) -> Result<()> {
@@ -63,6 +69,17 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     cfg.id = a.id.clone();
     cfg.report_interval = Duration::from_millis(a.report_ms.max(10));
     cfg.placement = a.placement.config().map_err(anyhow::Error::msg)?;
+    cfg.security = if a.insecure {
+        tracing::warn!("--insecure: plane links are plaintext and unauthenticated");
+        orchestrator::control::Security::Insecure
+    } else {
+        if a.cert_ttl_s < 60 {
+            anyhow::bail!("--cert-ttl-s must be at least 60");
+        }
+        orchestrator::control::Security::Tls {
+            cert_ttl: Duration::from_secs(a.cert_ttl_s),
+        }
+    };
     let mut handle = rt.block_on(async {
         let store = store::open(&a.store, &a.etcd_prefix).await?;
         orchestrator::start(cfg, store, a.api, a.control)

@@ -140,6 +140,8 @@ pub struct PpArgs {
     /// share out.
     #[arg(long, default_value_t = pp::rates::RateCapacity::default().packets)]
     packet_capacity: f64,
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -180,6 +182,13 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 }
 
 pub fn run(a: PpArgs) -> Result<()> {
+    // A node with static rules alone has no plane links to secure.
+    let tls = if a.fm.is_some() || a.orchestrator.is_some() {
+        let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
+        a.tls.load(proto::tls::Role::Pp, &id)?
+    } else {
+        None
+    };
     let stop = crate::signals::install()?;
     let o = &a.offload;
     let cfg = PpNodeConfig {
@@ -221,6 +230,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         },
         rates: a.tenant_rates.into_iter().collect(),
         lines: telemetry::Lines::stdout(),
+        tls,
     };
     let Some(node) = pp::node::start(cfg, stop)? else {
         return Ok(());

@@ -64,6 +64,8 @@ pub struct ScArgs {
     /// Re-run the assigner on the measured loads this often (default: at start only).
     #[arg(long)]
     assign_period_ms: Option<u64>,
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
 }
 
 /// `bw=10,cpu=2,mem=4,price=1` (any subset, any order) as a node capacity.
@@ -97,6 +99,7 @@ pub fn run(a: ScArgs) -> Result<()> {
         "test" => Arc::new(sc::testing::TestNfs),
         other => anyhow::bail!("unknown --nfs {other:?} (builtin or test)"),
     };
+    let tls = a.tls.load(proto::tls::Role::Sc, &a.id)?;
     let stop = crate::signals::install()?;
     let cfg = sc::process::ScProcessConfig {
         id: a.id,
@@ -114,6 +117,7 @@ pub fn run(a: ScArgs) -> Result<()> {
         assigner: Some(a.assigner),
         assigner_model: a.assigner_model,
         assign_period: a.assign_period_ms.map(Duration::from_millis),
+        tls,
     };
     let Some(node) = sc::process::start(cfg, stop)? else {
         return Ok(());

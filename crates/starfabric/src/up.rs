@@ -52,6 +52,10 @@ pub struct UpArgs {
     pp_netns: Option<String>,
     #[command(flatten)]
     placement: orchestrator::placement::PlacementFlags,
+    /// Plaintext plane links (lab use only). By default the orchestrator makes a CA and
+    /// every node joins with a one-time token and talks mTLS (docs/security.md).
+    #[arg(long, env = "STARFABRIC_INSECURE")]
+    insecure: bool,
 }
 
 /// A child node: killed (by its PID) when dropped.
@@ -216,6 +220,7 @@ pub fn run(a: UpArgs) -> Result<()> {
                 .iter()
                 .flat_map(|m| [s(&"--placement-model"), s(&m.display())]),
         )
+        .chain(a.insecure.then(|| s(&"--insecure")))
         .collect::<Vec<_>>(),
         "orchestrator:",
     )?;
@@ -230,6 +235,32 @@ pub fn run(a: UpArgs) -> Result<()> {
         token: token.clone(),
         control: control.clone(),
     })?;
+    let client = cli::Client::new(&cli::ClientArgs {
+        server: Some(api.clone()),
+        token: Some(token),
+        output: Output::Table,
+    })?;
+    // Each node joins with its own one-time token and keeps its certificate in
+    // DIR/tls/ID, renewing it through the API.
+    let security = |id: &str, role: &str| -> Result<Vec<String>> {
+        if a.insecure {
+            return Ok(vec!["--insecure".into()]);
+        }
+        let t = client.api.call(
+            "POST",
+            "/v1/nodes/tokens",
+            Some(serde_json::json!({"role": role, "ttl_s": 120})),
+        )?;
+        let t = t["token"].as_str().context("no join token in the answer")?;
+        Ok(vec![
+            "--tls-dir".into(),
+            a.dir.join("tls").join(id).display().to_string(),
+            "--join-token".into(),
+            t.into(),
+            "--orchestrator-api".into(),
+            api.clone(),
+        ])
+    };
 
     pb.set_message("starting the fabric master");
     let (fm, line) = spawn(
@@ -245,7 +276,10 @@ pub fn run(a: UpArgs) -> Result<()> {
             s(&"fm-1"),
             s(&"--orchestrator"),
             control.clone(),
-        ],
+        ]
+        .into_iter()
+        .chain(security("fm-1", "fm")?)
+        .collect::<Vec<_>>(),
         "fm:",
     )?;
     nodes.push(fm);
@@ -268,7 +302,10 @@ pub fn run(a: UpArgs) -> Result<()> {
                 control.clone(),
                 s(&"--nfs"),
                 a.nfs.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(security(&id, "sc")?)
+            .collect::<Vec<_>>(),
             "sc:",
         )?;
         nodes.push(n);
@@ -290,17 +327,15 @@ pub fn run(a: UpArgs) -> Result<()> {
             fm_addr.clone(),
             s(&"--orchestrator"),
             control.clone(),
-        ],
+        ]
+        .into_iter()
+        .chain(security("pp-1", "pp")?)
+        .collect::<Vec<_>>(),
         "pp:",
     )?;
     nodes.push(pp);
     pb.finish_and_clear();
 
-    let client = cli::Client::new(&cli::ClientArgs {
-        server: Some(api.clone()),
-        token: Some(token),
-        output: Output::Table,
-    })?;
     let expect = 2 + a.sc;
     cli::wait_for(
         &format!("waiting for {expect} nodes to report ready"),
@@ -332,6 +367,14 @@ pub fn run(a: UpArgs) -> Result<()> {
     println!("  VXLAN (PP)    udp {}", a.vxlan);
     println!("  CLI config    {}   (admin token)", cfg_path.display());
     println!("  logs          {}", a.dir.join("logs").display());
+    if a.insecure {
+        println!("  plane links   PLAINTEXT (--insecure)");
+    } else {
+        println!(
+            "  plane links   mTLS; node certificates in {}",
+            a.dir.join("tls").display()
+        );
+    }
     println!();
     cli::status(&client, false)?;
     println!();

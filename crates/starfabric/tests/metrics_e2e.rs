@@ -149,6 +149,20 @@ fn dashboard_metrics() -> BTreeSet<String> {
 #[test]
 fn every_node_serves_metrics_for_real_traffic() {
     let mut g = Guard::default();
+    // The planes talk mTLS, as in production: a test CA and a certificate per node.
+    let tls = tempfile::tempdir().unwrap();
+    let ca = proto::tls::Ca::generate().unwrap();
+    let dir = |role, id: &str| {
+        let d = tls.path().join(id);
+        let ident = proto::tls::Identity::new(role, id).unwrap();
+        proto::tls::Bundle::issue(&ca, &ident, Duration::from_secs(3600))
+            .unwrap()
+            .write_dir(&d)
+            .unwrap();
+        d.display().to_string()
+    };
+    let fm_dir = dir(proto::tls::Role::Fm, "fm-1");
+    let pp_dir = dir(proto::tls::Role::Pp, "pp-1");
     let cfg = std::env::temp_dir().join(format!("sf-metrics-e2e-{}.json", std::process::id()));
     // The test NFs: FW → SNAT → LB; forward traffic is re-encapsulated to 127.0.0.1
     // (the test's listener, through --peer-port): loopback only.
@@ -183,6 +197,8 @@ fn every_node_serves_metrics_for_real_traffic() {
             cfg.to_str().unwrap(),
             "--metrics",
             "127.0.0.1:0",
+            "--tls-dir",
+            &fm_dir,
         ],
     );
     let fm_addr = fm
@@ -196,6 +212,7 @@ fn every_node_serves_metrics_for_real_traffic() {
     let mut sc_metrics = Vec::new();
     for i in 0..3 {
         let id = format!("sc-{i}");
+        let sc_dir = dir(proto::tls::Role::Sc, &id);
         let n = start(
             &mut g,
             &id,
@@ -209,6 +226,8 @@ fn every_node_serves_metrics_for_real_traffic() {
                 "test",
                 "--metrics",
                 "127.0.0.1:0",
+                "--tls-dir",
+                &sc_dir,
             ],
         );
         n.line("sc: node ");
@@ -240,6 +259,10 @@ fn every_node_serves_metrics_for_real_traffic() {
             &peer_port,
             "--metrics",
             "127.0.0.1:0",
+            "--id",
+            "pp-1",
+            "--tls-dir",
+            &pp_dir,
         ],
     );
     let pp_addr: SocketAddr = pp
@@ -337,6 +360,13 @@ fn every_node_serves_metrics_for_real_traffic() {
     // FM.
     let f = scrape_all(fm_metrics);
     assert!(val(&f, "starfabric_fm_requests_total", &[]) >= flows.len() as f64);
+    // Every node that joined had a valid certificate of its role: nothing refused.
+    for r in ["no_cert", "expired", "unknown_ca", "wrong_role", "revoked"] {
+        assert_eq!(
+            val(&f, "starfabric_fm_tls_refused_total", &[("reason", r)]),
+            0.0
+        );
+    }
     assert!(
         val(
             &f,

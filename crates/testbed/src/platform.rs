@@ -439,7 +439,17 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         let id = format!("sc-{i}");
         let metrics = SocketAddrV4::new(addr::CTL, SC_METRICS_PORT + i as u16).to_string();
         let mut argv: Vec<&str> = vec![
-            &bin, "sc", "--fm", &fm_list, "--listen", &listen, "--id", &id,
+            &bin,
+            "sc",
+            "--fm",
+            &fm_list,
+            "--listen",
+            &listen,
+            "--id",
+            &id,
+            // The testbed's direct-spawned platform stays plaintext for now (lab
+            // benches and e2e runs); `starfabric up` in the testbed runs mTLS.
+            "--insecure",
         ];
         if spec.sc_metrics {
             argv.extend(["--metrics", &metrics]);
@@ -464,6 +474,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         &flows,
         "--stats-interval",
         "1",
+        "--insecure",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -552,6 +563,7 @@ fn spawn_fm(tb: &Testbed, bin: &Path, fm_addr: &str, config: &Path, tag: &str) -
             &conf,
             "--stats-interval",
             "0.2",
+            "--insecure",
         ],
     )?;
     tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;
@@ -579,6 +591,7 @@ fn spawn_standby_fm(tb: &Testbed, bin: &Path, config: &Path) -> Result<(Proc, St
             "fm-standby",
             "--stats-interval",
             "0.05",
+            "--insecure",
         ],
     )?;
     tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;

@@ -85,6 +85,7 @@ pub fn agent(control: &str, hello: v1::NodeHello, report: ReportFn) -> Agent {
         AgentConfig {
             orchestrator: control.to_string(),
             hello,
+            tls: None,
         },
         report,
     )

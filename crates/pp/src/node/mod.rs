@@ -107,6 +107,8 @@ pub struct PpNodeConfig {
     pub rates: std::collections::BTreeMap<u32, crate::rates::TenantRateLimits>,
     /// Where status lines go.
     pub lines: telemetry::Lines,
+    /// mTLS to FM and the orchestrator; `None` is plaintext (`--insecure`).
+    pub tls: Option<std::sync::Arc<proto::tls::NodeTls>>,
 }
 
 impl Default for PpNodeConfig {
@@ -137,6 +139,7 @@ impl Default for PpNodeConfig {
             rate_capacity: crate::rates::RateCapacity::default(),
             rates: Default::default(),
             lines: telemetry::Lines::default(),
+            tls: None,
         }
     }
 }
@@ -299,6 +302,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             &a.cluster,
             None,
             None,
+            a.tls.clone(),
         )?),
         None => None,
     };
@@ -350,6 +354,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         Some(fm) => {
             let mut fcfg = FmClientConfig::new(fm, &id);
             fcfg.rx_packets = rx_packets.clone();
+            fcfg.tls = a.tls.clone();
             if vip_member.is_some() {
                 fcfg.vip_capable = true;
                 fcfg.owned_vips = owned_vips.clone();

@@ -1,0 +1,214 @@
+//! Plane security end to end (docs/security.md): a real `starfabric fm` with a
+//! certificate refuses rogue peers — no certificate, an expired one, one of another CA,
+//! one of the wrong role, plaintext — and counts each in its `/metrics`; a node without
+//! --tls-dir or --insecure refuses to start.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use proto::tls::{Bundle, Ca, Identity, NodeKey, NodeTls, Role};
+use telemetry::scrape;
+use testkit::child::{line_matching, stdout_lines};
+use testkit::{wait_until_every, ChildGuard};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn node_tls(ca: &Ca, role: Role, id: &str) -> Arc<NodeTls> {
+    NodeTls::new(&Bundle::issue(ca, &Identity::new(role, id).unwrap(), HOUR).unwrap()).unwrap()
+}
+
+fn refused(metrics: SocketAddr, reason: &str) -> f64 {
+    let r = scrape::get(metrics, "/metrics").unwrap();
+    scrape::value(
+        &scrape::parse(&r.body),
+        "starfabric_fm_tls_refused_total",
+        &[("reason", reason)],
+    )
+    .unwrap_or_else(|| panic!("no tls_refused series for {reason}:\n{}", r.body))
+}
+
+/// One attempt to open an SC session at FM with `tls` (None: plaintext); the error.
+async fn sc_session(fm: &str, tls: Option<&Arc<NodeTls>>) -> String {
+    let ch = match proto::connect(fm, tls, Role::Fm).await {
+        Ok(ch) => ch,
+        Err(e) => return format!("connect: {e}"),
+    };
+    let mut c = proto::v1::fabric_master_client::FabricMasterClient::new(ch);
+    let hello = proto::v1::ScUp::default();
+    match c.sc_session(tokio_stream::iter(vec![hello])).await {
+        Ok(_) => "accepted".into(),
+        Err(s) => format!("{:?}: {}", s.code(), s.message()),
+    }
+}
+
+#[test]
+fn fm_refuses_rogue_peers_and_counts_each_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate().unwrap();
+    let fm_dir = dir.path().join("fm");
+    Bundle::issue(&ca, &Identity::new(Role::Fm, "fm-1").unwrap(), HOUR)
+        .unwrap()
+        .write_dir(&fm_dir)
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_starfabric"))
+        .args(["fm", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .args(["--duration", "60", "--tls-dir"])
+        .arg(&fm_dir)
+        .env("STARFABRIC_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines = stdout_lines(&mut child);
+    let _guard = ChildGuard::with_grace(child, Duration::ZERO);
+    let fm_addr = line_matching(&lines, Duration::from_secs(20), |l| {
+        l.strip_prefix("fm: listening on ")
+            .map(|r| r.split(',').next().unwrap().to_string())
+    })
+    .unwrap();
+    let metrics: SocketAddr = line_matching(&lines, Duration::from_secs(20), |l| {
+        l.strip_prefix("metrics: listening on http://")
+            .and_then(|r| r.strip_suffix("/metrics"))
+            .map(str::to_string)
+    })
+    .unwrap()
+    .parse()
+    .unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // An expired certificate of the right CA and role.
+    let id = Identity::new(Role::Sc, "sc-old").unwrap();
+    let key = NodeKey::generate().unwrap();
+    let now = SystemTime::now();
+    let expired = NodeTls::new(&Bundle {
+        ca_pem: ca.cert_pem(),
+        cert_pem: ca
+            .sign_csr_between(&key.csr_pem(&id).unwrap(), &id, now - 2 * HOUR, now - HOUR)
+            .unwrap(),
+        key_pem: key.pem(),
+    })
+    .unwrap();
+    // A certificate of another CA that trusts ours (so only the server can refuse it).
+    let mut b = Bundle::issue(
+        &Ca::generate().unwrap(),
+        &Identity::new(Role::Sc, "sc-x").unwrap(),
+        HOUR,
+    )
+    .unwrap();
+    b.ca_pem = ca.cert_pem();
+    let rogue = NodeTls::new(&b).unwrap();
+    // A PP certificate on the SC session.
+    let pp = node_tls(&ca, Role::Pp, "pp-1");
+    // An SC certificate registering nothing valid: admitted by TLS, refused by FM's
+    // registration check (not a TLS refusal).
+    let sc = node_tls(&ca, Role::Sc, "sc-1");
+    rt.block_on(async {
+        for t in [Some(&expired), Some(&rogue), None] {
+            let r = sc_session(&fm_addr, t).await;
+            assert_ne!(r, "accepted");
+        }
+        let r = sc_session(&fm_addr, Some(&pp)).await;
+        assert!(r.starts_with("PermissionDenied"), "{r}");
+        let r = sc_session(&fm_addr, Some(&sc)).await;
+        assert!(!r.starts_with("PermissionDenied"), "{r}");
+        // No certificate at all, over TLS.
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pemfile_certs(&ca.cert_pem()) {
+            roots.add(c).unwrap();
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(&fm_addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("fm.starfabric").unwrap();
+        if let Ok(mut s) = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\n").await;
+            let _ = s.read(&mut [0u8; 16]).await;
+        }
+    });
+    for reason in [
+        "expired",
+        "unknown_ca",
+        "handshake",
+        "wrong_role",
+        "no_cert",
+    ] {
+        wait_until_every(
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            &format!("a {reason} refusal counted"),
+            || (refused(metrics, reason) >= 1.0).then_some(()),
+        );
+    }
+    assert_eq!(refused(metrics, "revoked"), 0.0);
+}
+
+fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    rustls_pemfile::certs(&mut pem.as_bytes())
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn a_node_needs_a_certificate_or_an_explicit_insecure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_starfabric"))
+        .args([
+            "sc",
+            "--fm",
+            "127.0.0.1:9",
+            "--id",
+            "sc-1",
+            "--duration",
+            "1",
+        ])
+        .env_remove("STARFABRIC_INSECURE")
+        .env_remove("STARFABRIC_TLS_DIR")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tls-dir") && err.contains("--insecure"),
+        "{err}"
+    );
+    // A directory holding another node's certificate is refused too.
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate().unwrap();
+    Bundle::issue(&ca, &Identity::new(Role::Pp, "pp-1").unwrap(), HOUR)
+        .unwrap()
+        .write_dir(dir.path())
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_starfabric"))
+        .args([
+            "sc",
+            "--fm",
+            "127.0.0.1:9",
+            "--id",
+            "sc-1",
+            "--duration",
+            "1",
+            "--tls-dir",
+        ])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pp/pp-1") && err.contains("sc/sc-1"), "{err}");
+}
