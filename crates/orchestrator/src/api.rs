@@ -888,7 +888,7 @@ fn pki(st: &Shared) -> Result<&crate::pki::Pki, ApiError> {
 }
 
 #[utoipa::path(post, path = "/v1/nodes/tokens", tag = "security", request_body = JoinTokenRequest,
-    responses((status = 201, body = JoinToken), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 201, body = JoinToken), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn create_join_token(
     State(st): State<AppState>,
     p: Principal,
@@ -902,7 +902,7 @@ async fn create_join_token(
 
 #[utoipa::path(post, path = "/v1/nodes/join", tag = "security", request_body = JoinRequest,
     security(()),
-    responses((status = 200, body = Issued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+    responses((status = 200, body = Issued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn join_node(
     State(st): State<AppState>,
     Body(req): Body<JoinRequest>,

@@ -361,7 +361,7 @@ mod tests {
             "sfj_00112233445566778899aabbccddeeff0",
         ] {
             let e = p.join(bad, "pp-1", &c).await.unwrap_err();
-            assert_eq!(e.status.as_u16(), 400, "{bad}");
+            assert_eq!(e.status.as_u16(), 422, "{bad}");
             assert!(e.message.contains("malformed join token"), "{}", e.message);
         }
         let e = p

@@ -167,6 +167,10 @@ impl fmt::Display for Identity {
 pub struct Ca {
     cert: rcgen::Certificate,
     key: rcgen::KeyPair,
+    /// The certificate as made (or as stored): re-signing on load gives the same
+    /// subject and key but another ECDSA signature, so nodes' `ca.pem` files and the
+    /// store keep these exact bytes.
+    pem: String,
 }
 
 impl Ca {
@@ -186,7 +190,8 @@ impl Ca {
         params.not_before = (now - Duration::from_secs(3600)).into();
         params.not_after = (now + Duration::from_secs(10 * 365 * 86400)).into();
         let cert = params.self_signed(&key)?;
-        Ok(Ca { cert, key })
+        let pem = cert.pem();
+        Ok(Ca { cert, key, pem })
     }
 
     /// The CA kept as PEM (certificate and key).
@@ -196,11 +201,15 @@ impl Ca {
         // rcgen signs with a `Certificate`; re-signing the same parameters with the same
         // key gives an issuer whose subject and key match the stored certificate.
         let cert = params.self_signed(&key)?;
-        Ok(Ca { cert, key })
+        Ok(Ca {
+            cert,
+            key,
+            pem: cert_pem.to_string(),
+        })
     }
 
     pub fn cert_pem(&self) -> String {
-        self.cert.pem()
+        self.pem.clone()
     }
 
     pub fn key_pem(&self) -> String {
