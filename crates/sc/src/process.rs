@@ -82,20 +82,22 @@ pub fn start(
         .local_addr()
         .map_err(|e| ScProcessError::Io(e.to_string()))?;
     let hello_addr = a.advertise.clone().unwrap_or_else(|| bound.to_string());
+    // Started before the node when the orchestrator must name the FM, else after it.
+    let start_agent = |o: &str| {
+        NodeAgent::start(
+            o,
+            &a.id,
+            v1::Role::Sc,
+            &hello_addr,
+            "",
+            None,
+            a.capacity,
+            a.tls.clone(),
+        )
+        .map_err(agent_err)
+    };
     let mut agent = match (&a.orchestrator, &a.fm) {
-        (Some(o), None) => Some(
-            NodeAgent::start(
-                o,
-                &a.id,
-                v1::Role::Sc,
-                &hello_addr,
-                "",
-                None,
-                a.capacity,
-                a.tls.clone(),
-            )
-            .map_err(agent_err)?,
-        ),
+        (Some(o), None) => Some(start_agent(o)?),
         _ => None,
     };
     let fm = match (&a.fm, agent.as_mut()) {
@@ -150,19 +152,7 @@ pub fn start(
         })
         .map_err(|e| ScProcessError::Io(e.to_string()))?;
     if let (Some(o), None) = (&a.orchestrator, &agent) {
-        agent = Some(
-            NodeAgent::start(
-                o,
-                &a.id,
-                v1::Role::Sc,
-                &hello_addr,
-                "",
-                None,
-                a.capacity,
-                a.tls.clone(),
-            )
-            .map_err(agent_err)?,
-        );
+        agent = Some(start_agent(o)?);
     }
     // Tests and scripts wait for this line.
     say(&format!(

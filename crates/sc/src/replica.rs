@@ -292,6 +292,20 @@ struct ScaleState {
 }
 
 impl ScaleState {
+    /// The new owner's record of incoming scale `scale` (moving `moved`); a record of
+    /// an earlier scale is replaced.
+    fn migrating_in_for(&mut self, scale: u64, moved: (u64, u64)) -> &mut Migration {
+        let m = self.migrating_in.get_or_insert_with(Migration::default);
+        if m.scale != scale {
+            *m = Migration {
+                scale,
+                moved,
+                ..Migration::default()
+            };
+        }
+        m
+    }
+
     fn initial(cfg: &v1::GroupConfig) -> Self {
         ScaleState {
             range: cfg.partition.map(|p| (p.hash_lo, p.hash_hi)),
@@ -1271,17 +1285,7 @@ impl ReplicaCore {
     /// The new owner learns flows whose state is still at the old owner.
     fn await_flows(&mut self, ins: &v1::ScaleInstall) {
         let moved = self.scale.range.unwrap_or((ins.range_lo, ins.range_hi));
-        let m = self
-            .scale
-            .migrating_in
-            .get_or_insert_with(Migration::default);
-        if m.scale != ins.scale_id {
-            *m = Migration {
-                scale: ins.scale_id,
-                moved,
-                ..Migration::default()
-            };
-        }
+        let m = self.scale.migrating_in_for(ins.scale_id, moved);
         m.pending.extend(ins.pending.iter().copied());
     }
 
@@ -1290,15 +1294,7 @@ impl ReplicaCore {
     fn merge_pulled(&mut self, ins: &v1::ScaleInstall) -> String {
         let m = self
             .scale
-            .migrating_in
-            .get_or_insert_with(Migration::default);
-        if m.scale != ins.scale_id {
-            *m = Migration {
-                scale: ins.scale_id,
-                moved: (ins.range_lo, ins.range_hi),
-                ..Migration::default()
-            };
-        }
+            .migrating_in_for(ins.scale_id, (ins.range_lo, ins.range_hi));
         if ins.pull <= m.pull {
             return String::new();
         }
