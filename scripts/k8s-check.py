@@ -48,7 +48,7 @@ DEFAULT_DIR = ROOT / "deploy" / "k8s"
 DEFAULT_KUBE_VERSIONS = "1.28.0,1.33.0"
 
 # Secrets the operator creates by hand (docs/deploy.md): not in the manifests on purpose.
-EXTERNAL_SECRETS = {"starfabric-admin-token"}
+EXTERNAL_SECRETS = {"starfabric-admin-token", "starfabric-join"}
 
 # Sample values for the downward API fields the manifests use, to expand $(VAR)s in
 # command lines before they are parsed.

@@ -8,9 +8,9 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use clap::Args;
-use proto::v1::{self, fabric_master_client::FabricMasterClient};
+use proto::v1;
 
 use crate::cli::Output;
 
@@ -34,6 +34,8 @@ pub struct EventsArgs {
     /// Give up on an FM call after this many seconds.
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
+    #[command(flatten)]
+    pub tls: orchestrator::fm_link::FmTlsArgs,
 }
 
 const POLL: Duration = Duration::from_millis(200);
@@ -48,13 +50,11 @@ pub fn run(a: EventsArgs, output: Output) -> Result<()> {
 
 async fn events(a: EventsArgs, output: Output) -> Result<()> {
     let timeout = Duration::from_secs_f64(a.timeout);
-    let mut c = tokio::time::timeout(
-        timeout,
-        FabricMasterClient::connect(proto::endpoint_uri(&a.fm)),
-    )
-    .await
-    .map_err(|_| anyhow!("FM at {} did not answer within {} s", a.fm, a.timeout))?
-    .with_context(|| format!("cannot reach FM at {}", a.fm))?;
+    let tls = a.tls.load().map_err(anyhow::Error::msg)?;
+    let mut c = tokio::time::timeout(timeout, orchestrator::fm_link::connect(&a.fm, tls.as_ref()))
+        .await
+        .map_err(|_| anyhow!("FM at {} did not answer within {} s", a.fm, a.timeout))?
+        .map_err(anyhow::Error::msg)?;
     let start = Instant::now();
     let mut since = a.since;
     let mut out = std::io::stdout().lock();

@@ -8,9 +8,10 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
-use proto::v1::{self, fabric_master_client::FabricMasterClient};
+use orchestrator::fm_link::{FmClient, FmTlsArgs};
+use proto::v1;
 use serde_json::{json, Value};
 
 use crate::cli::{print_table, Output};
@@ -48,6 +49,8 @@ pub struct FmAddr {
     /// Give up after this many seconds (a scale answers when it finished or aborted).
     #[arg(long, default_value_t = 60.0)]
     pub timeout: f64,
+    #[command(flatten)]
+    pub tls: FmTlsArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -78,9 +81,8 @@ pub fn run(c: ScaleCmd, output: Output) -> Result<()> {
         ScaleCmd::ScIn(a) => scale(&rt, a, false, output),
         ScaleCmd::Map(a) => map(&rt, a, output),
         ScaleCmd::Vips(a) => {
-            let fm = a.fm.clone();
-            let r = call(&rt, &a, async move {
-                let mut c = connect(&fm).await?;
+            let r = call(&rt, &a, async {
+                let mut c = connect(&a).await?;
                 c.vip_map(v1::VipMapRequest {})
                     .await
                     .map(|r| r.into_inner())
@@ -89,10 +91,9 @@ pub fn run(c: ScaleCmd, output: Output) -> Result<()> {
             print_vips(&r, output)
         }
         ScaleCmd::PpDrain(a) => {
-            let fm = a.fm.fm.clone();
             let node = a.node.clone();
-            let r = call(&rt, &a.fm, async move {
-                let mut c = connect(&fm).await?;
+            let r = call(&rt, &a.fm, async {
+                let mut c = connect(&a.fm).await?;
                 c.pp_drain(v1::PpDrainRequest { node })
                     .await
                     .map(|r| r.into_inner())
@@ -144,18 +145,18 @@ fn print_vips(r: &v1::VipMapReply, output: Output) -> Result<()> {
     Ok(())
 }
 
-async fn connect(fm: &str) -> Result<FabricMasterClient<tonic::transport::Channel>> {
-    let c = FabricMasterClient::connect(proto::endpoint_uri(fm))
+async fn connect(a: &FmAddr) -> Result<FmClient> {
+    let tls = a.tls.load().map_err(anyhow::Error::msg)?;
+    orchestrator::fm_link::connect(&a.fm, tls.as_ref())
         .await
-        .with_context(|| format!("cannot reach FM at {fm}"))?;
-    Ok(c.max_decoding_message_size(proto::MAX_MESSAGE))
+        .map_err(anyhow::Error::msg)
 }
 
 fn scale(rt: &tokio::runtime::Runtime, a: ScaleArgs, out: bool, output: Output) -> Result<()> {
     let verb = if out { "scale-out" } else { "scale-in" };
     tracing::info!(fm = %a.fm.fm, tenant = a.tenant, chain = a.chain, group = ?a.group, verb, "asking FM");
     let call = async {
-        let mut c = connect(&a.fm.fm).await?;
+        let mut c = connect(&a.fm).await?;
         let r = if out {
             c.scale_out(v1::ScaleOutRequest {
                 tenant: a.tenant,
@@ -207,7 +208,7 @@ fn map(rt: &tokio::runtime::Runtime, a: FmAddr, output: Output) -> Result<()> {
     let m = rt
         .block_on(async {
             tokio::time::timeout(Duration::from_secs_f64(a.timeout), async {
-                let mut c = connect(&a.fm).await?;
+                let mut c = connect(&a).await?;
                 c.get_partition_map(v1::PartitionMapRequest {})
                     .await
                     .map(|r| r.into_inner())

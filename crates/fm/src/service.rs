@@ -282,7 +282,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
     let incoming = proto::tls::incoming(
         listener,
         shared.tls.clone(),
-        &[Role::Pp, Role::Sc, Role::Orchestrator],
+        &[Role::Pp, Role::Sc, Role::Orchestrator, Role::Operator],
     )
     .map_err(|e| FmError::Io(e.to_string()))?;
     shared.spawn(async move {
@@ -783,6 +783,14 @@ fn limit_error(limit: u32) -> Option<Status> {
 }
 
 impl FmService {
+    /// FM's operator services (maps, scaling, vIP moves, events, load, flows, traffic)
+    /// answer orchestrator and operator certificates only: a PP or SC node's
+    /// certificate opens its own session and nothing else.
+    #[allow(clippy::result_large_err)]
+    fn operator<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        proto::tls::authorize(req, self.shared.tls.as_deref(), &Role::OPERATORS).map(drop)
+    }
+
     /// [`Shared::ask`] for an RPC: the reply, or Unavailable if the master is gone.
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> MasterIn) -> Result<T, Status> {
         self.shared.ask(make).await.ok_or_else(stopped)
@@ -1025,15 +1033,17 @@ impl FabricMaster for FmService {
 
     async fn members(
         &self,
-        _req: Request<v1::MembersRequest>,
+        req: Request<v1::MembersRequest>,
     ) -> Result<Response<v1::MembershipView>, Status> {
+        self.operator(&req)?;
         self.ask(MasterIn::Members).await.map(Response::new)
     }
 
     async fn get_partition_map(
         &self,
-        _req: Request<v1::PartitionMapRequest>,
+        req: Request<v1::PartitionMapRequest>,
     ) -> Result<Response<v1::PartitionMap>, Status> {
+        self.operator(&req)?;
         self.ask(MasterIn::Map).await.map(Response::new)
     }
 
@@ -1041,6 +1051,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::ScaleOutRequest>,
     ) -> Result<Response<v1::ScaleReply>, Status> {
+        self.operator(&req)?;
         let r = req.into_inner();
         let migration = if r.migration.is_empty() {
             None
@@ -1062,8 +1073,9 @@ impl FabricMaster for FmService {
 
     async fn vip_map(
         &self,
-        _req: Request<v1::VipMapRequest>,
+        req: Request<v1::VipMapRequest>,
     ) -> Result<Response<v1::VipMapReply>, Status> {
+        self.operator(&req)?;
         self.ask(MasterIn::VipMap).await.map(Response::new)
     }
 
@@ -1071,6 +1083,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::PpDrainRequest>,
     ) -> Result<Response<v1::VipMapReply>, Status> {
+        self.operator(&req)?;
         let node = req.into_inner().node;
         if node.is_empty() {
             return Err(Status::invalid_argument("node is required"));
@@ -1084,6 +1097,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::VipMoveRequest>,
     ) -> Result<Response<v1::VipMapReply>, Status> {
+        self.operator(&req)?;
         let r = req.into_inner();
         if r.to.is_empty() {
             return Err(Status::invalid_argument("to is required"));
@@ -1097,6 +1111,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::ScaleInRequest>,
     ) -> Result<Response<v1::ScaleReply>, Status> {
+        self.operator(&req)?;
         let r = req.into_inner();
         let req = ScaleRequest::In {
             tenant: r.tenant,
@@ -1110,6 +1125,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::EventsRequest>,
     ) -> Result<Response<v1::EventsReply>, Status> {
+        self.operator(&req)?;
         let req = req.into_inner();
         if let Some(e) = limit_error(req.limit) {
             return Err(e);
@@ -1123,6 +1139,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::RecordEventRequest>,
     ) -> Result<Response<v1::RecordEventReply>, Status> {
+        self.operator(&req)?;
         let req = req.into_inner();
         // The ring is bounded but the file is not: keep one client from filling a disk.
         if req.message.len() + req.detail_json.len() > 64 * 1024 {
@@ -1135,10 +1152,8 @@ impl FabricMaster for FmService {
         Ok(Response::new(v1::RecordEventReply { seq }))
     }
 
-    async fn load(
-        &self,
-        _req: Request<v1::LoadRequest>,
-    ) -> Result<Response<v1::LoadReply>, Status> {
+    async fn load(&self, req: Request<v1::LoadRequest>) -> Result<Response<v1::LoadReply>, Status> {
+        self.operator(&req)?;
         self.ask(MasterIn::Load).await.map(Response::new)
     }
 
@@ -1146,6 +1161,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::TrafficRequest>,
     ) -> Result<Response<v1::TrafficReply>, Status> {
+        self.operator(&req)?;
         let tenant = req.into_inner().tenant;
         let map = self.ask(MasterIn::Map).await?;
         Ok(Response::new(
@@ -1157,6 +1173,7 @@ impl FabricMaster for FmService {
         &self,
         req: Request<v1::FlowsRequest>,
     ) -> Result<Response<v1::FlowsReply>, Status> {
+        self.operator(&req)?;
         let req = req.into_inner();
         if let Some(e) = limit_error(req.limit) {
             return Err(e);

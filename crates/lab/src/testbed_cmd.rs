@@ -188,10 +188,11 @@ fn up(a: UpArgs) -> Result<()> {
                 p.pp.log.display()
             );
             println!(
-                "scale: ip netns exec {} {} scale sc-out --fm {} --tenant 1 --chain 1",
+                "scale: ip netns exec {} {} scale sc-out --fm {} {} --tenant 1 --chain 1",
                 tb.ns(Node::Ctl),
                 bin.display(),
-                p.fm_addr
+                p.fm_addr,
+                p.operator_args().join(" ")
             );
         }
         PlatformKind::KernelForward => drop(baseline::start_kernel(&tb, KernelMode::Forward)?),

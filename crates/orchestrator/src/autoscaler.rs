@@ -87,6 +87,10 @@ pub struct AutoscaleFlags {
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// How to reach FM: an operator certificate, or --insecure. Ignored under
+    /// `starfabric orchestrator --autoscale`, which presents the orchestrator's own.
+    #[command(flatten)]
+    pub tls: crate::fm_link::FmTlsArgs,
 }
 
 impl AutoscaleFlags {
@@ -176,13 +180,22 @@ pub fn parse_flags(flags: &str) -> Result<AutoscaleFlags, AutoscalerError> {
 
 /// Run the autoscaler until `stop` resolves: on its own runtime (`starfabric
 /// autoscale`) or as a task of the orchestrator's.
+///
+/// `tls` is the certificate FM is dialled with: the orchestrator's own under
+/// `--autoscale`, else `None` and the flags' (`--tls-dir` or `--insecure`) are loaded.
 pub async fn serve(
     a: AutoscaleFlags,
+    tls: Option<Arc<proto::tls::NodeTls>>,
     stop: impl std::future::Future<Output = ()>,
     say: impl Fn(&str),
 ) -> Result<(), AutoscalerError> {
     let e = |e: &dyn std::fmt::Display| AutoscalerError(e.to_string());
     let cfg = a.to_config()?;
+    let tls = match tls {
+        Some(t) => Some(t),
+        None => a.tls.load().map_err(AutoscalerError)?,
+    };
+    let tls = tls.as_ref();
     let pool = a
         .pp_pool
         .as_deref()
@@ -195,19 +208,22 @@ pub async fn serve(
         ));
     }
     let provider = match pool {
-        Some(p) => Some(Arc::new(LocalPpProvider::new(&a.fm, p).map_err(|x| e(&x))?)),
+        Some(p) => Some(Arc::new(
+            LocalPpProvider::new(&a.fm, tls, p).map_err(|x| e(&x))?,
+        )),
         None => None,
     };
     let scaler = Autoscaler::new(
         cfg.clone(),
-        FmLoad::new(&a.fm).await.map_err(|x| e(&x))?,
+        FmLoad::new(&a.fm, tls).await.map_err(|x| e(&x))?,
         FmActuator::new(
             &a.fm,
+            tls,
             provider.clone().map(|p| p as Arc<dyn PpNodeProvider>),
         )
         .await
         .map_err(|x| e(&x))?,
-        FmEvents::new(&a.fm).await.map_err(|x| e(&x))?,
+        FmEvents::new(&a.fm, tls).await.map_err(|x| e(&x))?,
     )
     .map_err(|x| e(&x))?;
     // Tests and scripts wait for this line.

@@ -43,6 +43,9 @@ pub struct OrchestratorConfig {
     /// The CA, join tokens and revocations; set by [`crate::start`] under
     /// [`Security::Tls`].
     pub pki: Option<Arc<crate::pki::Pki>>,
+    /// Reusable bootstrap tokens, by role (`--bootstrap-token ROLE=FILE`; see
+    /// [`crate::pki`]).
+    pub bootstrap_tokens: Vec<(proto::tls::Role, String)>,
 }
 
 /// Whether the planes speak mTLS (docs/security.md).
@@ -68,6 +71,7 @@ impl OrchestratorConfig {
             security: Security::Insecure,
             tls: None,
             pki: None,
+            bootstrap_tokens: Vec::new(),
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod control;
 pub mod desired;
 pub mod error;
 pub mod events;
+pub mod fm_link;
 pub mod model;
 pub mod pki;
 pub mod placement;
@@ -129,6 +130,10 @@ pub async fn start(
         let tls = proto::tls::NodeTls::new(&b).map_err(|e| pki_err(&e))?;
         for id in pki.revoked() {
             tls.revoke(&id);
+        }
+        for (role, token) in &cfg.bootstrap_tokens {
+            pki.add_bootstrap(*role, token)
+                .map_err(|e| pki_err(&e.message))?;
         }
         renew = Some((pki.clone(), tls.clone()));
         cfg.tls = Some(tls);

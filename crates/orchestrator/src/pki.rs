@@ -10,8 +10,15 @@
 //! pki/join/{sha256(token)}      JoinRecord
 //! pki/revoked/{node id}         unix ms of the revocation
 //! ```
+//!
+//! Bootstrap tokens (`starfabric orchestrator --bootstrap-token ROLE=FILE`) are the
+//! exception to "one-time": replicated workloads (a Kubernetes StatefulSet of SC nodes)
+//! cannot each be handed a token of their own, so a token from a Secret admits any
+//! number of nodes of its role, as kubeadm's bootstrap tokens do. They are held in
+//! memory only (the Secret is their store), never expire, and end when the Secret no
+//! longer names them at the orchestrator's next start.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -98,6 +105,8 @@ pub struct Pki {
     pub cert_ttl: Duration,
     store: Arc<dyn Store>,
     revoked: RwLock<BTreeSet<String>>,
+    /// Reusable bootstrap tokens by their hash (see the module doc).
+    bootstrap: RwLock<HashMap<Vec<u8>, Role>>,
 }
 
 impl std::fmt::Debug for Pki {
@@ -167,6 +176,7 @@ impl Pki {
             cert_ttl,
             store,
             revoked: RwLock::new(revoked),
+            bootstrap: RwLock::new(HashMap::new()),
         })
     }
 
@@ -184,7 +194,10 @@ impl Pki {
             .parse()
             .map_err(|e| ApiError::invalid("role", format!("{e}")))?;
         if r == Role::Orchestrator {
-            return Err(ApiError::invalid("role", "nodes join as pp, fm or sc"));
+            return Err(ApiError::invalid(
+                "role",
+                "nodes join as pp, fm or sc, people and tools as operator",
+            ));
         }
         if ttl.is_zero() || ttl > MAX_TOKEN_TTL {
             return Err(ApiError::invalid("ttl_s", "between 1 s and 7 days"));
@@ -212,13 +225,43 @@ impl Pki {
         })
     }
 
-    /// Spends `token` (once) and signs `csr` for node `id` in the token's role.
+    /// Admits `token` as a reusable bootstrap token for nodes of `role` (see the module
+    /// doc). Its form is a join token's; `orchestrator` is not a role nodes join as.
+    pub fn add_bootstrap(&self, role: Role, token: &str) -> Result<(), ApiError> {
+        if !well_formed(token) {
+            return Err(ApiError::invalid(
+                "token",
+                format!("malformed bootstrap token: expected {TOKEN_PREFIX} and 32 hex digits"),
+            ));
+        }
+        if role == Role::Orchestrator {
+            return Err(ApiError::invalid("role", "nodes join as pp, fm or sc"));
+        }
+        self.bootstrap
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(crate::auth::token_hash(token).to_vec(), role);
+        tracing::info!(role = role.as_str(), "bootstrap token admitted");
+        Ok(())
+    }
+
+    /// Spends `token` (once; a bootstrap token is not spent) and signs `csr` for node
+    /// `id` in the token's role.
     pub async fn join(&self, token: &str, id: &str, csr: &str) -> Result<Issued, ApiError> {
         if !well_formed(token) {
             return Err(ApiError::invalid(
                 "token",
                 format!("malformed join token: expected {TOKEN_PREFIX} and 32 hex digits"),
             ));
+        }
+        let boot = self
+            .bootstrap
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(crate::auth::token_hash(token).as_slice())
+            .copied();
+        if let Some(role) = boot {
+            return self.sign(role, id, csr, "bootstrap token");
         }
         let key = join_key(token);
         let Some(v) = self.store.get(&key).await? else {
@@ -234,6 +277,10 @@ impl Pki {
             return Err(ApiError::unauthorized("join token expired"));
         }
         let role: Role = rec.role.parse().map_err(tls_err)?;
+        self.sign(role, id, csr, "join token")
+    }
+
+    fn sign(&self, role: Role, id: &str, csr: &str, with: &str) -> Result<Issued, ApiError> {
         let ident = Identity::new(role, id).map_err(|e| ApiError::invalid("id", e.to_string()))?;
         if self.is_revoked(id) {
             return Err(ApiError::forbidden(format!("node {id:?} is revoked")));
@@ -242,7 +289,7 @@ impl Pki {
             .ca
             .sign_csr(csr, &ident, self.cert_ttl)
             .map_err(|e| ApiError::invalid("csr", e.to_string()))?;
-        tracing::info!(node = %ident, "node joined");
+        tracing::info!(node = %ident, with, "node joined");
         Ok(self.issued(&ident, cert))
     }
 
@@ -347,6 +394,43 @@ mod tests {
         let e = p.join(&t.token, "sc-2", &c).await.unwrap_err();
         assert_eq!(e.status.as_u16(), 401);
         assert!(e.message.contains("already used"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn a_bootstrap_token_admits_many_nodes_of_its_role_but_no_revoked_one() {
+        let p = pki().await;
+        let token = format!("{TOKEN_PREFIX}{}", "ab".repeat(16));
+        p.add_bootstrap(Role::Sc, &token).unwrap();
+        for id in ["sc-0", "sc-1", "sc-0"] {
+            let (_, c) = csr(Role::Sc, id);
+            let issued = p.join(&token, id, &c).await.unwrap();
+            assert_eq!(
+                p.ca().verify(&issued.cert).unwrap(),
+                Identity::new(Role::Sc, id).unwrap()
+            );
+        }
+        p.revoke("sc-1").await.unwrap();
+        let (_, c) = csr(Role::Sc, "sc-1");
+        assert_eq!(
+            p.join(&token, "sc-1", &c)
+                .await
+                .unwrap_err()
+                .status
+                .as_u16(),
+            403
+        );
+        // Not a one-time token in the store: another token of the same form is unknown.
+        let other = format!("{TOKEN_PREFIX}{}", "cd".repeat(16));
+        assert_eq!(
+            p.join(&other, "sc-2", &c)
+                .await
+                .unwrap_err()
+                .status
+                .as_u16(),
+            401
+        );
+        assert!(p.add_bootstrap(Role::Sc, "sfj_short").is_err());
+        assert!(p.add_bootstrap(Role::Orchestrator, &other).is_err());
     }
 
     #[tokio::test]

@@ -129,17 +129,17 @@ pub struct LocalPpProvider {
 }
 
 impl LocalPpProvider {
-    pub fn new(fm: &str, pool: PpPool) -> Result<Self, ProviderError> {
+    pub fn new(
+        fm: &str,
+        tls: Option<&std::sync::Arc<proto::tls::NodeTls>>,
+        pool: PpPool,
+    ) -> Result<Self, ProviderError> {
         pool.validate().map_err(|msg| ProviderError::Pool {
             path: "(given)".into(),
             msg,
         })?;
-        let ch = tonic::transport::Endpoint::from_shared(proto::endpoint_uri(fm))
-            .map_err(|e| ProviderError::Fm(fm.to_string(), e.to_string()))?
-            .connect_timeout(Duration::from_secs(3))
-            .connect_lazy();
         Ok(LocalPpProvider {
-            fm: FabricMasterClient::new(ch).max_decoding_message_size(proto::MAX_MESSAGE),
+            fm: crate::fm_link::lazy(fm, tls).map_err(|e| ProviderError::Fm(fm.to_string(), e))?,
             pool,
             running: Mutex::new(Vec::new()),
             ready_timeout: Duration::from_secs(20),

@@ -70,10 +70,21 @@ pub enum Role {
     Fm,
     Sc,
     Orchestrator,
+    /// A person's or a tool's client identity (`starfabric scale`, `events --fm`,
+    /// `autoscale`): it may call FM's operator services, never open a plane session.
+    Operator,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Pp, Role::Fm, Role::Sc, Role::Orchestrator];
+    pub const ALL: [Role; 5] = [
+        Role::Pp,
+        Role::Fm,
+        Role::Sc,
+        Role::Orchestrator,
+        Role::Operator,
+    ];
+    /// Who may call FM's operator services (scaling, maps, events, flows, traffic).
+    pub const OPERATORS: [Role; 2] = [Role::Orchestrator, Role::Operator];
     /// The roles that run the data and state planes and hold a control session.
     pub const NODES: [Role; 3] = [Role::Pp, Role::Fm, Role::Sc];
 
@@ -83,6 +94,7 @@ impl Role {
             Role::Fm => "fm",
             Role::Sc => "sc",
             Role::Orchestrator => "orchestrator",
+            Role::Operator => "operator",
         }
     }
 
@@ -105,7 +117,9 @@ impl std::str::FromStr for Role {
             .into_iter()
             .find(|r| r.as_str() == s)
             .ok_or_else(|| {
-                TlsError::Identity(format!("unknown role {s:?} (pp, fm, sc, orchestrator)"))
+                TlsError::Identity(format!(
+                    "unknown role {s:?} (pp, fm, sc, orchestrator, operator)"
+                ))
             })
     }
 }
@@ -1141,6 +1155,26 @@ pub async fn connect(
                 Err(_) => endpoint.connect_with_connector(FailConnector).await,
             }
         }
+    }
+}
+
+/// [`connect`] without dialling now: the channel connects on its first call and
+/// reconnects on later ones, so a server that is down at start (or restarts) is retried
+/// rather than failing the caller (the autoscaler's FM clients).
+pub fn connect_lazy(
+    endpoint: tonic::transport::Endpoint,
+    tls: Option<&Arc<NodeTls>>,
+    server: Role,
+) -> tonic::transport::Channel {
+    match tls {
+        None => endpoint.connect_lazy(),
+        Some(t) => match Connector::new(t, server) {
+            Ok(c) => endpoint.connect_with_connector_lazy(c),
+            Err(e) => {
+                warn!(error = %e, "TLS client config");
+                endpoint.connect_with_connector_lazy(FailConnector)
+            }
+        },
     }
 }
 

@@ -21,7 +21,7 @@ pub fn run(a: AutoscaleFlags) -> Result<()> {
         }
     };
     let lines = telemetry::Lines::stdout();
-    rt.block_on(serve(a, stop, |l| lines.say(l)))?;
+    rt.block_on(serve(a, None, stop, |l| lines.say(l)))?;
     println!("autoscale: stopped");
     Ok(())
 }

@@ -148,13 +148,34 @@ enum NodeCmd {
     Token(NodeTokenCmd),
     /// Revoke a node's certificate: its sessions are cut and it cannot reconnect.
     Revoke { id: String },
+    /// Join with a one-time token and keep the certificate in a directory, without
+    /// starting a node: an operator's certificate for `scale`, `events --fm` and
+    /// `autoscale` (`--tls-dir`), or a node's made ahead of its start.
+    Join {
+        /// The token (`starfabric node token create --role operator`).
+        #[arg(long, env = "STARFABRIC_JOIN_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The name the certificate carries (1-64 of [A-Za-z0-9._:-]).
+        #[arg(long)]
+        id: String,
+        /// The role the token was made for.
+        #[arg(long, default_value = "operator")]
+        role: proto::tls::Role,
+        /// Where to write `ca.pem`, `node.pem` and `node.key`.
+        #[arg(long)]
+        tls_dir: std::path::PathBuf,
+        /// The orchestrator's REST API (default: --server or the CLI config's). Joining
+        /// needs no admin token.
+        #[arg(long, env = "STARFABRIC_ORCHESTRATOR_API")]
+        orchestrator_api: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
 enum NodeTokenCmd {
-    /// A one-time token a node joins with (`--join-token`).
+    /// A one-time token a node joins with (`--join-token`), or an operator with `node join`.
     Create {
-        /// The role the node gets: pp, fm or sc.
+        /// The role the holder gets: pp, fm, sc or operator.
         #[arg(long)]
         role: String,
         /// How long the token stays usable, e.g. `90s`, `10m`, `2h`.
@@ -193,6 +214,7 @@ fn node(c: &ctl::cli::Client, cmd: NodeCmd) -> Result<()> {
         NodeCmd::Revoke { id } => c
             .api
             .call("POST", &format!("/v1/nodes/{id}/revoke"), None)?,
+        NodeCmd::Join { .. } => unreachable!("joined in main, without an admin token"),
     };
     match (&c.output, r["token"].as_str()) {
         (ctl::cli::Output::Table, Some(t)) => println!("{t}"),
@@ -235,6 +257,31 @@ fn main() -> Result<()> {
         Cmd::Chain(c) => ctl::cli::chain(&ctl::cli::Client::new(&cli.client)?, c),
         Cmd::Token { tenant } => {
             ctl::cli::token_create(&ctl::cli::Client::new(&cli.client)?, &tenant)
+        }
+        Cmd::Node(NodeCmd::Join {
+            token,
+            id,
+            role,
+            tls_dir,
+            orchestrator_api,
+        }) => {
+            let api = orchestrator_api
+                .or(cli.client.server.clone())
+                .or_else(|| {
+                    orchestrator::client::Client::from_config(None, Some(""))
+                        .ok()
+                        .map(|c| c.server().to_string())
+                })
+                .ok_or_else(|| anyhow::anyhow!("no orchestrator: pass --orchestrator-api URL"))?;
+            let me = proto::tls::Identity::new(role, id)?;
+            let got = tls_args::join(
+                &orchestrator::client::Client::new(&api, None),
+                &token,
+                &me,
+                &tls_dir,
+            )?;
+            println!("{got}: certificate written to {}", tls_dir.display());
+            Ok(())
         }
         Cmd::Node(cmd) => node(&ctl::cli::Client::new(&cli.client)?, cmd),
         Cmd::Status { wait } => ctl::cli::status(&ctl::cli::Client::new(&cli.client)?, wait),

@@ -50,6 +50,24 @@ pub struct OrchestratorArgs {
     /// Lifetime of the node certificates the CA issues, in seconds (renewed at 2/3).
     #[arg(long, default_value_t = 86400)]
     pub cert_ttl_s: u64,
+    /// A reusable join token for nodes of ROLE, read from FILE (e.g. a mounted
+    /// Kubernetes Secret): `sc=/etc/starfabric/join/sc`. Repeatable. Unlike `node token
+    /// create`'s one-time tokens it admits any number of nodes (docs/security.md).
+    #[arg(long, value_name = "ROLE=FILE")]
+    pub bootstrap_token: Vec<String>,
+}
+
+/// `ROLE=FILE` → the role and the token the file holds.
+fn bootstrap_token(spec: &str) -> Result<(proto::tls::Role, String)> {
+    let (role, file) = spec
+        .split_once('=')
+        .with_context(|| format!("--bootstrap-token {spec:?}: expected ROLE=FILE"))?;
+    let role: proto::tls::Role = role
+        .parse()
+        .with_context(|| format!("--bootstrap-token {spec:?}"))?;
+    let token = std::fs::read_to_string(file)
+        .with_context(|| format!("--bootstrap-token {spec:?}: reading {file}"))?;
+    Ok((role, token.trim().to_string()))
 }
 
 pub fn run(a: OrchestratorArgs) -> Result<()> {
@@ -69,6 +87,11 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     cfg.id = a.id.clone();
     cfg.report_interval = Duration::from_millis(a.report_ms.max(10));
     cfg.placement = a.placement.config().map_err(anyhow::Error::msg)?;
+    cfg.bootstrap_tokens = a
+        .bootstrap_token
+        .iter()
+        .map(|s| bootstrap_token(s))
+        .collect::<Result<_>>()?;
     cfg.security = if a.insecure {
         tracing::warn!("--insecure: plane links are plaintext and unauthenticated");
         orchestrator::control::Security::Insecure
@@ -95,11 +118,15 @@ pub fn run(a: OrchestratorArgs) -> Result<()> {
     );
     std::io::stdout().flush()?;
     let scaler_stop = Arc::new(AtomicBool::new(false));
-    let mut scaler = autoscale.map(|args| {
+    // The autoscaler dials FM as the orchestrator, with its (rotating) certificate.
+    let own_tls = handle.shared.cfg.tls.clone();
+    let mut scaler = autoscale.map(|mut args| {
         let flag = scaler_stop.clone();
         let lines = telemetry::Lines::stdout();
+        args.tls.insecure = own_tls.is_none();
         rt.spawn(orchestrator::autoscaler::serve(
             args,
+            own_tls.clone(),
             async move {
                 while !flag.load(Ordering::Relaxed) {
                     tokio::time::sleep(Duration::from_millis(50)).await;

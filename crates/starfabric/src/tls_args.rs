@@ -47,21 +47,13 @@ impl TlsArgs {
         let me = Identity::new(role, id)?;
         if let Some(token) = &self.join_token {
             let api = self.orchestrator_api.as_deref().unwrap_or_default();
-            let key = NodeKey::generate()?;
-            let r = orchestrator::client::Client::new(api, None)
-                .call(
-                    "POST",
-                    "/v1/nodes/join",
-                    Some(json!({"token": token, "id": id, "csr": key.csr_pem(&me)?})),
-                )
-                .context("joining with --join-token")?;
-            let field = |k: &str| r[k].as_str().map(String::from).context("bad join answer");
-            Bundle {
-                ca_pem: field("ca")?,
-                cert_pem: field("cert")?,
-                key_pem: key.pem(),
-            }
-            .write_dir(dir)?;
+            join(
+                &orchestrator::client::Client::new(api, None),
+                token,
+                &me,
+                dir,
+            )
+            .context("joining with --join-token")?;
         }
         let tls = NodeTls::from_dir(dir).with_context(|| format!("--tls-dir {}", dir.display()))?;
         if tls.identity() != &me {
@@ -74,6 +66,33 @@ impl TlsArgs {
         spawn_renewal(tls.clone(), dir.clone(), self.orchestrator_api.clone());
         Ok(Some(tls))
     }
+}
+
+/// Join with a one-time `token`: make a key here, have the orchestrator sign it for
+/// `me`, and write the bundle into `dir` (a node at its start, or `starfabric node join`
+/// for an operator's certificate). Returns the identity issued: the role is the
+/// token's, whatever the request asked for.
+pub fn join(
+    api: &orchestrator::client::Client,
+    token: &str,
+    me: &Identity,
+    dir: &std::path::Path,
+) -> Result<Identity> {
+    let key = NodeKey::generate()?;
+    let r = api.call(
+        "POST",
+        "/v1/nodes/join",
+        Some(json!({"token": token, "id": me.id, "csr": key.csr_pem(me)?})),
+    )?;
+    let field = |k: &str| r[k].as_str().map(String::from).context("bad join answer");
+    let role: Role = field("role")?.parse()?;
+    Bundle {
+        ca_pem: field("ca")?,
+        cert_pem: field("cert")?,
+        key_pem: key.pem(),
+    }
+    .write_dir(dir)?;
+    Ok(Identity::new(role, &me.id)?)
 }
 
 /// Keeps the certificate fresh without dropping sessions: with the API, renews at two

@@ -370,9 +370,25 @@ pub fn run(a: UpArgs) -> Result<()> {
     if a.insecure {
         println!("  plane links   PLAINTEXT (--insecure)");
     } else {
+        // The operator's own certificate, for the tools that call FM directly
+        // (`scale`, `events --fm`, `autoscale`), as kubeadm leaves an admin.conf.
+        let op_dir = a.dir.join("tls").join("operator");
+        let t = client.api.call(
+            "POST",
+            "/v1/nodes/tokens",
+            Some(serde_json::json!({"role": "operator", "ttl_s": 120})),
+        )?;
+        let t = t["token"].as_str().context("no join token in the answer")?;
+        let me = proto::tls::Identity::new(proto::tls::Role::Operator, "operator")?;
+        crate::tls_args::join(&client.api, t, &me, &op_dir)
+            .context("the operator's certificate")?;
         println!(
             "  plane links   mTLS; node certificates in {}",
             a.dir.join("tls").display()
+        );
+        println!(
+            "  operator cert {}   (scale, events --fm, autoscale: --tls-dir)",
+            op_dir.display()
         );
     }
     println!();

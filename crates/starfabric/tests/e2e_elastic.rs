@@ -373,13 +373,18 @@ fn wait_groups(lab: &Lab, p: &Platform, want: usize, limit: Duration) -> Duratio
 /// FM's event log through `starfabric events -o json`, one object per line.
 fn events(lab: &Lab, p: &Platform) -> Vec<Value> {
     let bin = p.bin.display().to_string();
+    let mut argv = vec![
+        bin.clone(),
+        "events".into(),
+        "--fm".into(),
+        p.fm_addr.clone(),
+    ];
+    argv.extend(p.operator_args());
+    argv.extend(["-o".into(), "json".into()]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let out = lab
         .tb()
-        .exec_full(
-            Node::Ctl,
-            &[&bin, "events", "--fm", &p.fm_addr, "-o", "json"],
-            Duration::from_secs(10),
-        )
+        .exec_full(Node::Ctl, &argv, Duration::from_secs(10))
         .expect("starfabric events");
     assert!(out.ok(), "starfabric events: {}", out.stderr);
     out.stdout
@@ -412,34 +417,40 @@ fn autoscaler_scales_sc_out_under_load_and_back_in_when_idle() {
     let before = elastic::partition_map(tb, &p).expect("partition map");
     assert_eq!(before.groups_of(1, 1).len(), 1, "{before:?}");
     let bin = p.bin.display().to_string();
+    let op = p.operator_args();
+    let op: Vec<&str> = op.iter().map(String::as_str).collect();
     let scaler = tb
         .spawn(
             Node::Ctl,
             "starfabric autoscale",
             &[
-                &bin,
-                "autoscale",
-                "--fm",
-                &p.fm_addr,
-                "--sc-capacity-rps",
-                "40",
-                "--high",
-                "0.8",
-                "--low",
-                "0.3",
-                "--interval",
-                "0.5",
-                "--sustain",
-                "3",
-                "--cooldown",
-                "3",
-                "--max-groups",
-                "2",
-                "--tenant",
-                "1",
-                "--chain",
-                "1",
-            ],
+                &[
+                    bin.as_str(),
+                    "autoscale",
+                    "--fm",
+                    p.fm_addr.as_str(),
+                    "--sc-capacity-rps",
+                    "40",
+                    "--high",
+                    "0.8",
+                    "--low",
+                    "0.3",
+                    "--interval",
+                    "0.5",
+                    "--sustain",
+                    "3",
+                    "--cooldown",
+                    "3",
+                    "--max-groups",
+                    "2",
+                    "--tenant",
+                    "1",
+                    "--chain",
+                    "1",
+                ][..],
+                &op[..],
+            ]
+            .concat(),
         )
         .expect("start the autoscaler");
     tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))

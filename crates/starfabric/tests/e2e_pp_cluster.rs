@@ -213,35 +213,41 @@ fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
     let pool_s = pool.display().to_string();
     // 2 iperf3 streams at 50 Mbit/s are some 10k packets/s through PP; the connection
     // loop alone, at 20 connections/s, is a few hundred.
+    let op = p.operator_args();
+    let op: Vec<&str> = op.iter().map(String::as_str).collect();
     let scaler = tb
         .spawn(
             Node::Ctl,
             "starfabric autoscale pp",
             &[
-                &bin,
-                "autoscale",
-                "--fm",
-                &p.fm_addr,
-                "--pp-capacity",
-                "5000",
-                "--pp-metric",
-                "packets_per_s",
-                "--high",
-                "0.8",
-                "--low",
-                "0.2",
-                "--interval",
-                "0.5",
-                "--sustain",
-                "3",
-                "--cooldown",
-                "3",
-                "--pp-max-nodes",
-                "2",
-                "--pp-pool",
-                &pool_s,
-                "--pp-stop-on-exit",
-            ],
+                &[
+                    bin.as_str(),
+                    "autoscale",
+                    "--fm",
+                    p.fm_addr.as_str(),
+                    "--pp-capacity",
+                    "5000",
+                    "--pp-metric",
+                    "packets_per_s",
+                    "--high",
+                    "0.8",
+                    "--low",
+                    "0.2",
+                    "--interval",
+                    "0.5",
+                    "--sustain",
+                    "3",
+                    "--cooldown",
+                    "3",
+                    "--pp-max-nodes",
+                    "2",
+                    "--pp-pool",
+                    pool_s.as_str(),
+                    "--pp-stop-on-exit",
+                ][..],
+                &op[..],
+            ]
+            .concat(),
         )
         .expect("start the autoscaler");
     tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))
@@ -331,7 +337,11 @@ fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
     let ev = tb
         .exec(
             Node::Ctl,
-            &[&bin, "events", "--fm", &p.fm_addr, "-o", "json"],
+            &[
+                &[bin.as_str(), "events", "--fm", &p.fm_addr, "-o", "json"][..],
+                &op[..],
+            ]
+            .concat(),
             Duration::from_secs(10),
         )
         .expect("starfabric events");

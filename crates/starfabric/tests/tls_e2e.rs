@@ -43,12 +43,11 @@ async fn sc_session(fm: &str, tls: Option<&Arc<NodeTls>>) -> String {
     }
 }
 
-#[test]
-fn fm_refuses_rogue_peers_and_counts_each_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate().unwrap();
-    let fm_dir = dir.path().join("fm");
-    Bundle::issue(&ca, &Identity::new(Role::Fm, "fm-1").unwrap(), HOUR)
+/// A real `starfabric fm` on loopback with an FM certificate of `ca` (in `dir`): its
+/// guard, gRPC address and metrics address.
+fn start_fm(ca: &Ca, dir: &std::path::Path) -> (ChildGuard, String, SocketAddr) {
+    let fm_dir = dir.join("fm");
+    Bundle::issue(ca, &Identity::new(Role::Fm, "fm-1").unwrap(), HOUR)
         .unwrap()
         .write_dir(&fm_dir)
         .unwrap();
@@ -63,7 +62,7 @@ fn fm_refuses_rogue_peers_and_counts_each_reason() {
         .spawn()
         .unwrap();
     let lines = stdout_lines(&mut child);
-    let _guard = ChildGuard::with_grace(child, Duration::ZERO);
+    let guard = ChildGuard::with_grace(child, Duration::ZERO);
     let fm_addr = line_matching(&lines, Duration::from_secs(20), |l| {
         l.strip_prefix("fm: listening on ")
             .map(|r| r.split(',').next().unwrap().to_string())
@@ -77,6 +76,14 @@ fn fm_refuses_rogue_peers_and_counts_each_reason() {
     .unwrap()
     .parse()
     .unwrap();
+    (guard, fm_addr, metrics)
+}
+
+#[test]
+fn fm_refuses_rogue_peers_and_counts_each_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate().unwrap();
+    let (_guard, fm_addr, metrics) = start_fm(&ca, dir.path());
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -155,6 +162,168 @@ fn fm_refuses_rogue_peers_and_counts_each_reason() {
         );
     }
     assert_eq!(refused(metrics, "revoked"), 0.0);
+}
+
+/// `starfabric ARGS` run to completion: success, stdout, stderr.
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_starfabric"))
+        .args(args)
+        .env("STARFABRIC_LOG", "warn")
+        .env_remove("STARFABRIC_TLS_DIR")
+        .env_remove("STARFABRIC_INSECURE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+#[test]
+fn fms_operator_services_answer_operator_certificates_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate().unwrap();
+    let (_guard, fm, metrics) = start_fm(&ca, dir.path());
+    let issue = |role, id: &str| {
+        let d = dir.path().join(id);
+        Bundle::issue(&ca, &Identity::new(role, id).unwrap(), HOUR)
+            .unwrap()
+            .write_dir(&d)
+            .unwrap();
+        d.display().to_string()
+    };
+    let op = issue(Role::Operator, "alice");
+    let pp = issue(Role::Pp, "pp-1");
+
+    // Neither flag: told what to pass, before any handshake.
+    let (ok, _, err) = cli(&["scale", "map", "--fm", &fm]);
+    assert!(
+        !ok && err.contains("--tls-dir") && err.contains("--insecure"),
+        "{err}"
+    );
+    // A node's certificate is refused by the tool itself.
+    let (ok, _, err) = cli(&["scale", "map", "--fm", &fm, "--tls-dir", &pp]);
+    assert!(!ok && err.contains("operator or orchestrator"), "{err}");
+    // Plaintext against a TLS FM fails.
+    let (ok, _, _) = cli(&["scale", "map", "--fm", &fm, "--insecure", "--timeout", "5"]);
+    assert!(!ok);
+    // The operator's certificate gets FM's answers.
+    let (ok, out, err) = cli(&["scale", "map", "--fm", &fm, "--tls-dir", &op, "-o", "json"]);
+    assert!(ok, "{err}");
+    let map: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(map.get("partitions").is_some(), "{out}");
+    let (ok, _, err) = cli(&["events", "--fm", &fm, "--tls-dir", &op, "-o", "json"]);
+    assert!(ok, "{err}");
+
+    // A PP or SC node's certificate passes the handshake but not the operator services.
+    let before = refused(metrics, "wrong_role");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for t in [
+            node_tls(&ca, Role::Pp, "pp-2"),
+            node_tls(&ca, Role::Sc, "sc-2"),
+        ] {
+            let ch = proto::connect(&fm, Some(&t), Role::Fm).await.unwrap();
+            let mut c = proto::v1::fabric_master_client::FabricMasterClient::new(ch);
+            let e = c
+                .get_partition_map(proto::v1::PartitionMapRequest {})
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+            let e = c
+                .scale_out(proto::v1::ScaleOutRequest::default())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        }
+    });
+    assert!(refused(metrics, "wrong_role") >= before + 4.0);
+}
+
+#[test]
+fn a_bootstrap_token_from_a_file_admits_several_nodes_of_its_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("sfj_{}", "5a".repeat(16));
+    let token_file = dir.path().join("join-sc");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_starfabric"))
+        .args([
+            "orchestrator",
+            "--api",
+            "127.0.0.1:0",
+            "--control",
+            "127.0.0.1:0",
+        ])
+        .arg("--store")
+        .arg(format!("embedded:{}", dir.path().join("o.redb").display()))
+        .arg("--admin-token-file")
+        .arg(dir.path().join("admin"))
+        .arg("--bootstrap-token")
+        .arg(format!("sc={}", token_file.display()))
+        .args(["--duration", "60"])
+        .env("STARFABRIC_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines = stdout_lines(&mut child);
+    let _guard = ChildGuard::with_grace(child, Duration::ZERO);
+    let api = line_matching(&lines, Duration::from_secs(20), |l| {
+        l.strip_prefix("orchestrator: api ")
+            .map(|r| r.split(' ').next().unwrap().to_string())
+    })
+    .unwrap();
+    let join = |id: &str, role: &str| {
+        let d = dir.path().join(id);
+        let r = cli(&[
+            "--server",
+            &api,
+            "node",
+            "join",
+            "--token",
+            &token,
+            "--id",
+            id,
+            "--role",
+            role,
+            "--tls-dir",
+            d.to_str().unwrap(),
+        ]);
+        (r, d)
+    };
+    // Two SC nodes with the one token, as a StatefulSet's pods do.
+    for id in ["sc-0", "sc-1"] {
+        let ((ok, _, err), d) = join(id, "sc");
+        assert!(ok, "{id}: {err}");
+        let tls = NodeTls::from_dir(&d).unwrap();
+        assert_eq!(tls.identity(), &Identity::new(Role::Sc, id).unwrap());
+    }
+    // The token is the SC role's: asking for another role still yields an SC
+    // certificate (the role is the token's), which FM would refuse as PP.
+    let ((ok, _, err), d) = join("pp-9", "pp");
+    assert!(ok, "{err}");
+    assert_eq!(NodeTls::from_dir(&d).unwrap().identity().role, Role::Sc);
+    // A token of the right form the orchestrator was not given is refused.
+    let other = format!("sfj_{}", "a5".repeat(16));
+    let r = cli(&[
+        "--server",
+        &api,
+        "node",
+        "join",
+        "--token",
+        &other,
+        "--id",
+        "sc-2",
+        "--tls-dir",
+        dir.path().join("sc-2").to_str().unwrap(),
+    ]);
+    assert!(!r.0 && r.2.contains("unknown"), "{}", r.2);
 }
 
 fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {

@@ -193,6 +193,23 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
     let parts = cli_json(&cfg, &["tenant", "get", "acme"]);
     assert_eq!(parts["pp_cluster"], "default");
 
+    // `up` leaves an operator certificate: with it, the tools that call FM directly
+    // (mTLS, operator services) get FM's answers.
+    let op = dir.path().join("state").join("tls").join("operator");
+    let fm = nodes.iter().find(|n| n["role"] == "fm").unwrap();
+    let fm = fm["addr"].as_str().unwrap();
+    let op = op.display().to_string();
+    let (ok, out, err) = cli(
+        &cfg,
+        &["scale", "map", "--fm", fm, "--tls-dir", &op, "-o", "json"],
+    );
+    assert!(ok, "scale map with the operator certificate: {err}");
+    let map: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        !map["partitions"].as_array().unwrap().is_empty(),
+        "acme's chain has a partition: {out}"
+    );
+
     // A packet of the tenant's VPC through the PP node: it misses, FM asks the SC
     // group, and the flow's SNAT rule shows up in `flows`.
     let pp = nodes.iter().find(|n| n["role"] == "pp").unwrap();

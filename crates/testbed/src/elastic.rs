@@ -603,9 +603,11 @@ impl PartitionMap {
 /// Run `starfabric scale <args> -o json` in the control namespace.
 fn scale_cli(tb: &Testbed, p: &Platform, args: &[&str]) -> Result<cmd::Output> {
     let bin = p.bin.display().to_string();
+    let op = p.operator_args();
     let mut argv = vec![bin.as_str(), "scale"];
     argv.extend_from_slice(args);
     argv.extend_from_slice(&["--fm", &p.fm_addr, "-o", "json"]);
+    argv.extend(op.iter().map(String::as_str));
     tb.exec_full(Node::Ctl, &argv, Duration::from_secs(90))
 }
 

@@ -6,8 +6,10 @@
 
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use proto::tls::{Bundle, Ca, Identity, Role};
 use proto::ChainDef;
 use tracing::info;
 
@@ -39,6 +41,9 @@ pub struct PlatformSpec {
     /// Give SC node `i` a metrics endpoint on [`SC_METRICS_PORT`] + `i` of the control
     /// namespace ([`Platform::sc_metrics`]).
     pub sc_metrics: bool,
+    /// Plaintext plane links (`--insecure`). Off by default: every node gets a
+    /// certificate of the run's own CA, as under `starfabric up`.
+    pub insecure: bool,
 }
 
 /// SC node `i`'s metrics port with [`PlatformSpec::sc_metrics`]: this + `i`.
@@ -56,6 +61,7 @@ impl PlatformSpec {
             standby_fm: false,
             sc_args: Vec::new(),
             sc_metrics: false,
+            insecure: false,
         }
     }
 
@@ -64,6 +70,49 @@ impl PlatformSpec {
         self.pp_args.extend(args.iter().map(|s| s.to_string()));
         self
     }
+}
+
+/// The run's certificates: a CA made for this testbed and a `--tls-dir` per node under
+/// the testbed's directory. `starfabric up` has each node join through the
+/// orchestrator's API with a token; the directly started platform runs no
+/// orchestrator, so the testbed plays the CA, as an operator's provisioning would.
+pub struct Certs {
+    ca: Ca,
+    root: PathBuf,
+}
+
+/// How long the testbed's certificates live: longer than any run.
+const CERT_TTL: Duration = Duration::from_secs(24 * 3600);
+
+impl Certs {
+    fn new(tb: &Testbed) -> Result<Self> {
+        let ca = Ca::generate().map_err(|e| Error::Setup(format!("testbed CA: {e}")))?;
+        Ok(Certs {
+            ca,
+            root: tb.path("tls"),
+        })
+    }
+
+    /// Node `id`'s certificate directory, issued on first use (a restarted node keeps
+    /// its certificate, as a real one keeps its `--tls-dir`).
+    pub fn dir(&self, role: Role, id: &str) -> Result<PathBuf> {
+        let dir = self.root.join(id);
+        if !dir.join("node.pem").exists() {
+            let me = Identity::new(role, id).map_err(|e| Error::Setup(e.to_string()))?;
+            Bundle::issue(&self.ca, &me, CERT_TTL)
+                .and_then(|b| b.write_dir(&dir))
+                .map_err(|e| Error::Setup(format!("certificate of {me}: {e}")))?;
+        }
+        Ok(dir)
+    }
+}
+
+/// The plane-security arguments of node `id`: its `--tls-dir`, or `--insecure`.
+fn security(certs: Option<&Certs>, role: Role, id: &str) -> Result<Vec<String>> {
+    Ok(match certs {
+        Some(c) => vec!["--tls-dir".into(), c.dir(role, id)?.display().to_string()],
+        None => vec!["--insecure".into()],
+    })
 }
 
 /// A running starfabric.
@@ -85,6 +134,8 @@ pub struct Platform {
     /// The standby FM and its address, with [`PlatformSpec::standby_fm`] (after
     /// [`Platform::promote_standby`], the FM that died).
     pub standby: Option<(Proc, String)>,
+    /// The nodes' certificates (`None`: [`PlatformSpec::insecure`]).
+    pub certs: Option<Arc<Certs>>,
 }
 
 /// Where the standby FM listens, in the control namespace beside the first.
@@ -159,7 +210,14 @@ impl Platform {
         if tb.running(&self.fm) {
             return Err(Error::Setup("FM is still running".into()));
         }
-        self.fm = spawn_fm(tb, &self.bin, &self.fm_addr, &self.fm_config, "restarted")?;
+        self.fm = spawn_fm(
+            tb,
+            &self.bin,
+            &self.fm_addr,
+            &self.fm_config,
+            "restarted",
+            self.certs.as_deref(),
+        )?;
         Ok(())
     }
 
@@ -180,6 +238,7 @@ impl Platform {
             i,
             &self.pp_argv,
             if self.pps[i].is_some() { "again" } else { "" },
+            self.certs.as_deref(),
         )?;
         if i == 0 {
             self.pp = p.clone();
@@ -206,7 +265,9 @@ impl Platform {
             tb.ns(Node::pp(i)),
         ];
         argv.extend(self.pp_argv.iter().cloned());
-        argv.extend(["--id".into(), format!("pp-{i}")]);
+        let id = format!("pp-{i}");
+        argv.extend(security(self.certs.as_deref(), Role::Pp, &id)?);
+        argv.extend(["--id".into(), id]);
         Ok(argv)
     }
 
@@ -238,14 +299,21 @@ impl Platform {
         }
     }
 
+    /// How the operator tools (`starfabric scale`, `events`, `autoscale`) reach FM: the
+    /// run's operator certificate (`--tls-dir`), or `--insecure`.
+    pub fn operator_args(&self) -> Vec<String> {
+        // Issued with the platform, so this cannot fail here.
+        security(self.certs.as_deref(), Role::Operator, "operator").unwrap_or_default()
+    }
+
     /// FM's vIP table (`starfabric scale vips -o json`, run in the control namespace).
     pub fn vip_map(&self, tb: &Testbed) -> Result<VipMap> {
         let bin = self.bin.display().to_string();
-        let out = tb.exec(
-            Node::Ctl,
-            &[&bin, "scale", "vips", "--fm", &self.fm_addr, "-o", "json"],
-            Duration::from_secs(10),
-        )?;
+        let op = self.operator_args();
+        let mut argv = vec![bin.as_str(), "scale", "vips", "--fm", &self.fm_addr];
+        argv.extend(op.iter().map(String::as_str));
+        argv.extend(["-o", "json"]);
+        let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
         serde_json::from_str(&out).map_err(|e| Error::Parse {
             what: "starfabric scale vips".into(),
             msg: format!("{e}: {out}"),
@@ -256,21 +324,19 @@ impl Platform {
     pub fn drain_pp(&self, tb: &Testbed, i: usize) -> Result<VipMap> {
         let bin = self.bin.display().to_string();
         let node = format!("pp-{i}");
-        let out = tb.exec(
-            Node::Ctl,
-            &[
-                &bin,
-                "scale",
-                "pp-drain",
-                "--fm",
-                &self.fm_addr,
-                "--node",
-                &node,
-                "-o",
-                "json",
-            ],
-            Duration::from_secs(10),
-        )?;
+        let op = self.operator_args();
+        let mut argv = vec![
+            bin.as_str(),
+            "scale",
+            "pp-drain",
+            "--fm",
+            &self.fm_addr,
+            "--node",
+            &node,
+        ];
+        argv.extend(op.iter().map(String::as_str));
+        argv.extend(["-o", "json"]);
+        let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
         serde_json::from_str(&out).map_err(|e| Error::Parse {
             what: "starfabric scale pp-drain".into(),
             msg: format!("{e}: {out}"),
@@ -419,13 +485,20 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         serde_json::to_string_pretty(&cfg).unwrap_or_default(),
     )
     .map_err(|e| Error::io(fm_config.display().to_string(), e))?;
+    let certs = if spec.insecure {
+        None
+    } else {
+        let c = Certs::new(tb)?;
+        c.dir(Role::Operator, "operator")?;
+        Some(Arc::new(c))
+    };
     let bin_path = bin.to_path_buf();
     let bin = bin.display().to_string();
     let fm_addr = SocketAddrV4::new(addr::CTL, addr::FM_PORT).to_string();
-    let fm = spawn_fm(tb, &bin_path, &fm_addr, &fm_config, "")?;
+    let fm = spawn_fm(tb, &bin_path, &fm_addr, &fm_config, "", certs.as_deref())?;
     let standby = spec
         .standby_fm
-        .then(|| spawn_standby_fm(tb, &bin_path, &fm_config))
+        .then(|| spawn_standby_fm(tb, &bin_path, &fm_config, certs.as_deref()))
         .transpose()?;
     // What the nodes are given: both FMs with a standby, the first first.
     let fm_list = match &standby {
@@ -438,19 +511,11 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
     for i in 0..spec.sc_nodes {
         let id = format!("sc-{i}");
         let metrics = SocketAddrV4::new(addr::CTL, SC_METRICS_PORT + i as u16).to_string();
+        let sec = security(certs.as_deref(), Role::Sc, &id)?;
         let mut argv: Vec<&str> = vec![
-            &bin,
-            "sc",
-            "--fm",
-            &fm_list,
-            "--listen",
-            &listen,
-            "--id",
-            &id,
-            // The testbed's direct-spawned platform stays plaintext for now (lab
-            // benches and e2e runs); `starfabric up` in the testbed runs mTLS.
-            "--insecure",
+            &bin, "sc", "--fm", &fm_list, "--listen", &listen, "--id", &id,
         ];
+        argv.extend(sec.iter().map(String::as_str));
         if spec.sc_metrics {
             argv.extend(["--metrics", &metrics]);
         }
@@ -474,7 +539,6 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         &flows,
         "--stats-interval",
         "1",
-        "--insecure",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -487,7 +551,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         argv.push("--vip-group".into());
     }
     argv.extend(spec.pp_args.iter().cloned());
-    let pp = spawn_pp(tb, 0, &argv, "")?;
+    let pp = spawn_pp(tb, 0, &argv, "", certs.as_deref())?;
     let mut pps = vec![None; cluster];
     if cluster > 0 {
         pps[0] = Some(pp.clone());
@@ -502,6 +566,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         fm_addr: fm_addr.clone(),
         bin: bin_path,
         standby,
+        certs,
     };
     for i in 1..spec.pp_active.min(cluster) {
         platform.start_pp(tb, i)?;
@@ -526,10 +591,19 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
     Ok(platform)
 }
 
-/// Start PP node `i` with the common `argv` plus its id; wait until it listens.
-fn spawn_pp(tb: &Testbed, i: usize, argv: &[String], tag: &str) -> Result<Proc> {
+/// Start PP node `i` with the common `argv` plus its id and certificate; wait until
+/// it listens.
+fn spawn_pp(
+    tb: &Testbed,
+    i: usize,
+    argv: &[String],
+    tag: &str,
+    certs: Option<&Certs>,
+) -> Result<Proc> {
     let id = format!("pp-{i}");
+    let sec = security(certs, Role::Pp, &id)?;
     let mut argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    argv.extend(sec.iter().map(String::as_str));
     argv.extend(["--id", &id]);
     let what = match (i, tag.is_empty()) {
         (0, true) => "starfabric pp".to_string(),
@@ -543,7 +617,15 @@ fn spawn_pp(tb: &Testbed, i: usize, argv: &[String], tag: &str) -> Result<Proc> 
 
 /// Start FM in the control namespace and wait until it listens. `tag` tells a
 /// restarted FM's log from the first one's (the first is kept for the post-mortem).
-fn spawn_fm(tb: &Testbed, bin: &Path, fm_addr: &str, config: &Path, tag: &str) -> Result<Proc> {
+fn spawn_fm(
+    tb: &Testbed,
+    bin: &Path,
+    fm_addr: &str,
+    config: &Path,
+    tag: &str,
+    certs: Option<&Certs>,
+) -> Result<Proc> {
+    let sec = security(certs, Role::Fm, "fm-1")?;
     let bin = bin.display().to_string();
     let conf = config.display().to_string();
     let what = if tag.is_empty() {
@@ -551,21 +633,18 @@ fn spawn_fm(tb: &Testbed, bin: &Path, fm_addr: &str, config: &Path, tag: &str) -
     } else {
         format!("starfabric fm {tag}")
     };
-    let fm = tb.spawn(
-        Node::Ctl,
-        &what,
-        &[
-            &bin,
-            "fm",
-            "--listen",
-            fm_addr,
-            "--config",
-            &conf,
-            "--stats-interval",
-            "0.2",
-            "--insecure",
-        ],
-    )?;
+    let mut argv = vec![
+        bin.as_str(),
+        "fm",
+        "--listen",
+        fm_addr,
+        "--config",
+        &conf,
+        "--stats-interval",
+        "0.2",
+    ];
+    argv.extend(sec.iter().map(String::as_str));
+    let fm = tb.spawn(Node::Ctl, &what, &argv)?;
     tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;
     Ok(fm)
 }
@@ -573,27 +652,30 @@ fn spawn_fm(tb: &Testbed, bin: &Path, fm_addr: &str, config: &Path, tag: &str) -
 /// Start the standby FM: the same configuration as the first, on [`STANDBY_FM_PORT`] of
 /// the control namespace, with a status line every 50 ms (a failover is timed by it).
 /// It has no members until the nodes fail over to it.
-fn spawn_standby_fm(tb: &Testbed, bin: &Path, config: &Path) -> Result<(Proc, String)> {
+fn spawn_standby_fm(
+    tb: &Testbed,
+    bin: &Path,
+    config: &Path,
+    certs: Option<&Certs>,
+) -> Result<(Proc, String)> {
+    let sec = security(certs, Role::Fm, "fm-standby")?;
     let addr = SocketAddrV4::new(addr::CTL, STANDBY_FM_PORT).to_string();
     let bin = bin.display().to_string();
     let conf = config.display().to_string();
-    let fm = tb.spawn(
-        Node::Ctl,
-        "starfabric fm standby",
-        &[
-            &bin,
-            "fm",
-            "--listen",
-            &addr,
-            "--config",
-            &conf,
-            "--id",
-            "fm-standby",
-            "--stats-interval",
-            "0.05",
-            "--insecure",
-        ],
-    )?;
+    let mut argv = vec![
+        bin.as_str(),
+        "fm",
+        "--listen",
+        &addr,
+        "--config",
+        &conf,
+        "--id",
+        "fm-standby",
+        "--stats-interval",
+        "0.05",
+    ];
+    argv.extend(sec.iter().map(String::as_str));
+    let fm = tb.spawn(Node::Ctl, "starfabric fm standby", &argv)?;
     tb.wait_log(&fm, "fm: listening", Duration::from_secs(20))?;
     Ok((fm, addr))
 }

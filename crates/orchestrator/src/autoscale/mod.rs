@@ -18,7 +18,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use proto::tls::NodeTls;
 
 use proto::v1::{self, fabric_master_client::FabricMasterClient};
 use serde_json::{json, Value};
@@ -183,14 +186,13 @@ pub trait EventSink: Send {
     async fn record(&mut self, kind: &str, message: &str, detail: Value);
 }
 
-async fn connect(fm: &str) -> Result<FabricMasterClient<Channel>, AutoscaleError> {
-    let ch = tonic::transport::Endpoint::from_shared(proto::endpoint_uri(fm))
-        .map_err(|e| AutoscaleError::Config(format!("FM address {fm}: {e}")))?
-        .connect_timeout(Duration::from_secs(3))
-        // Lazy: an FM that is down at start (or restarts) is retried on every call
-        // rather than failing the autoscaler.
-        .connect_lazy();
-    Ok(FabricMasterClient::new(ch).max_decoding_message_size(proto::MAX_MESSAGE))
+/// Lazy: an FM that is down at start (or restarts) is retried on every call rather
+/// than failing the autoscaler.
+async fn connect(
+    fm: &str,
+    tls: Option<&Arc<NodeTls>>,
+) -> Result<FabricMasterClient<Channel>, AutoscaleError> {
+    crate::fm_link::lazy(fm, tls).map_err(AutoscaleError::Config)
 }
 
 /// FM's `Load` as a [`LoadSource`].
@@ -200,9 +202,9 @@ pub struct FmLoad {
 }
 
 impl FmLoad {
-    pub async fn new(fm: &str) -> Result<Self, AutoscaleError> {
+    pub async fn new(fm: &str, tls: Option<&Arc<NodeTls>>) -> Result<Self, AutoscaleError> {
         Ok(FmLoad {
-            client: connect(fm).await?,
+            client: connect(fm, tls).await?,
         })
     }
 }
@@ -231,9 +233,9 @@ pub struct FmEvents {
 }
 
 impl FmEvents {
-    pub async fn new(fm: &str) -> Result<Self, AutoscaleError> {
+    pub async fn new(fm: &str, tls: Option<&Arc<NodeTls>>) -> Result<Self, AutoscaleError> {
         Ok(FmEvents {
-            client: connect(fm).await?,
+            client: connect(fm, tls).await?,
         })
     }
 }

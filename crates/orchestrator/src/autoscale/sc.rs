@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use proto::tls::NodeTls;
 use proto::v1::{self, fabric_master_client::FabricMasterClient};
 use serde_json::json;
 use tonic::transport::Channel;
@@ -86,10 +87,11 @@ pub struct FmActuator {
 impl FmActuator {
     pub async fn new(
         fm: &str,
+        tls: Option<&Arc<NodeTls>>,
         pp: Option<Arc<dyn PpNodeProvider>>,
     ) -> Result<Self, AutoscaleError> {
         Ok(FmActuator {
-            client: connect(fm).await?,
+            client: connect(fm, tls).await?,
             pp,
             timeout: Duration::from_secs(60),
         })
