@@ -43,6 +43,20 @@ async fn sc_session(fm: &str, tls: Option<&Arc<NodeTls>>) -> String {
     }
 }
 
+/// `cmd` started with its stdout piped (warnings to stderr): a guard that kills it on
+/// drop, and its stdout lines.
+fn spawn(cmd: &mut Command) -> (ChildGuard, std::sync::mpsc::Receiver<String>) {
+    let mut child = cmd
+        .env("STARFABRIC_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines = stdout_lines(&mut child);
+    (ChildGuard::with_grace(child, Duration::ZERO), lines)
+}
+
 /// A real `starfabric fm` on loopback with an FM certificate of `ca` (in `dir`): its
 /// guard, gRPC address and metrics address.
 fn start_fm(ca: &Ca, dir: &std::path::Path) -> (ChildGuard, String, SocketAddr) {
@@ -51,18 +65,12 @@ fn start_fm(ca: &Ca, dir: &std::path::Path) -> (ChildGuard, String, SocketAddr) 
         .unwrap()
         .write_dir(&fm_dir)
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args(["fm", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
-        .args(["--duration", "60", "--tls-dir"])
-        .arg(&fm_dir)
-        .env("STARFABRIC_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let lines = stdout_lines(&mut child);
-    let guard = ChildGuard::with_grace(child, Duration::ZERO);
+    let (guard, lines) = spawn(
+        Command::new(env!("CARGO_BIN_EXE_starfabric"))
+            .args(["fm", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+            .args(["--duration", "60", "--tls-dir"])
+            .arg(&fm_dir),
+    );
     let fm_addr = line_matching(&lines, Duration::from_secs(20), |l| {
         l.strip_prefix("fm: listening on ")
             .map(|r| r.split(',').next().unwrap().to_string())
@@ -166,18 +174,12 @@ fn fm_refuses_rogue_peers_and_counts_each_reason() {
 
 /// `starfabric ARGS` run to completion: success, stdout, stderr.
 fn cli(args: &[&str]) -> (bool, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args(args)
-        .env("STARFABRIC_LOG", "warn")
-        .env_remove("STARFABRIC_TLS_DIR")
-        .env_remove("STARFABRIC_INSECURE")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
+    testkit::child::output_of(
+        Command::new(env!("CARGO_BIN_EXE_starfabric"))
+            .args(args)
+            .env("STARFABRIC_LOG", "warn")
+            .env_remove("STARFABRIC_TLS_DIR")
+            .env_remove("STARFABRIC_INSECURE"),
     )
 }
 

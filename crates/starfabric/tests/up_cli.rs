@@ -20,18 +20,12 @@ use testkit::ChildGuard;
 const BIN: &str = env!("CARGO_BIN_EXE_starfabric");
 
 fn cli(cfg: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("STARFABRIC_CONFIG", cfg)
-        .env_remove("STARFABRIC_SERVER")
-        .env_remove("STARFABRIC_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
+    testkit::child::output_of(
+        Command::new(BIN)
+            .args(args)
+            .env("STARFABRIC_CONFIG", cfg)
+            .env_remove("STARFABRIC_SERVER")
+            .env_remove("STARFABRIC_TOKEN"),
     )
 }
 

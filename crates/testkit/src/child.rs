@@ -117,6 +117,18 @@ pub fn line_matching<T>(
     }
 }
 
+/// Run `cmd` to completion (stdin closed): whether it succeeded, its stdout, its stderr.
+pub fn output_of(cmd: &mut Command) -> (bool, String, String) {
+    match cmd.stdin(Stdio::null()).output() {
+        Ok(o) => (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        ),
+        Err(e) => (false, String::new(), format!("{cmd:?}: {e}")),
+    }
+}
+
 /// Run `cmd` to completion within `limit`, killing it (by PID) if it overruns: its
 /// status and its stdout followed by its stderr, or what went wrong.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<(ExitStatus, String), String> {
