@@ -470,7 +470,8 @@ mod tests {
 
     #[test]
     fn bad_configurations_are_refused_with_a_reason() {
-        let cases: Vec<(fn(&mut PrivateLinkConfig), &str)> = vec![
+        type Edit = fn(&mut PrivateLinkConfig);
+        let cases: Vec<(Edit, &str)> = vec![
             (|c| c.endpoints.clear(), "at least one endpoint"),
             (|c| c.source.addresses.clear(), "source.addresses"),
             (|c| c.endpoints[0].port = 0, "port 0"),
