@@ -748,6 +748,7 @@ impl Desired {
 
     pub async fn delete_vpc(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
         let v = self.vpc(tenant, name).await?;
+        self.check_vpc_unused_by_privatelink(&v).await?;
         let bind = format!("vpc-chain/{tenant}/{name}");
         if let Some(c) = self.store.get(&bind).await? {
             return Err(ApiError::conflict(format!(

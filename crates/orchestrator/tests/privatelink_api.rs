@@ -285,6 +285,14 @@ fn privatelink_objects_are_checked_resolved_and_refused_with_the_right_status() 
     api.refused(ADMIN, "PUT", SVC, service(&[]), 409, "allowed_tenants");
     api.refused(ADMIN, "DELETE", SVC, json!(null), 409, "used by endpoint");
     api.refused(&alpha, "DELETE", EP, json!(null), 409, "served by NF");
+    api.refused(
+        ADMIN,
+        "DELETE",
+        "/v1/tenants/bravo/vpcs/main",
+        json!(null),
+        409,
+        "endpoint service",
+    );
 
     // ---- released in order, the address is free again.
     for p in ["chains/link", "nfs/link", "privatelink-endpoints/web"] {
@@ -293,6 +301,14 @@ fn privatelink_objects_are_checked_resolved_and_refused_with_the_right_status() 
     }
     let r = api.call(&alpha, "PUT", other, Some(endpoint(100, "198.19.7.10")));
     assert_eq!(r.status, 201, "{}", r.body);
+    api.refused(
+        ADMIN,
+        "DELETE",
+        "/v1/tenants/alpha/vpcs/main",
+        json!(null),
+        409,
+        "PrivateLink endpoint",
+    );
     let listed = api.call(
         &alpha,
         "GET",

@@ -539,6 +539,27 @@ impl Desired {
         Ok(())
     }
 
+    /// A VPC an endpoint service is in, or an endpoint's VNI belongs to, is in use: 409.
+    pub(super) async fn check_vpc_unused_by_privatelink(&self, vpc: &Vpc) -> Result<(), ApiError> {
+        let t = &vpc.tenant;
+        let services: Vec<EndpointService> = self.all(&format!("endpoint-services/{t}/")).await?;
+        if let Some(s) = services.iter().find(|s| s.vpc == vpc.name) {
+            return Err(ApiError::conflict(format!(
+                "VPC {:?} is used by endpoint service {:?}: delete it first",
+                vpc.name, s.name
+            )));
+        }
+        let eps: Vec<PrivateLinkEndpoint> =
+            self.all(&format!("privatelink-endpoints/{t}/")).await?;
+        if let Some(e) = eps.iter().find(|e| e.vni == vpc.vni) {
+            return Err(ApiError::conflict(format!(
+                "VPC {:?} is used by PrivateLink endpoint {:?}: delete it first",
+                vpc.name, e.name
+            )));
+        }
+        Ok(())
+    }
+
     /// The data-plane configuration of a consumer's `privatelink` NF whose API
     /// configuration is `{"endpoints": [names of the tenant's endpoints]}` (and
     /// optionally the SNAT's `timeouts`): every endpoint resolved to its service, whose
