@@ -1,5 +1,6 @@
-//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor, and the
-//! per-host connection limiter that `docs/nf-api.md` writes step by step.
+//! The built-in NFs: SNAT, L4 load balancer (Maglev), stateful firewall, monitor,
+//! PrivateLink, and the per-host connection limiter that `docs/nf-api.md` writes step by
+//! step.
 //!
 //! They are written against the public `nf` API only, exactly as a tenant's NF would be,
 //! and built from serde configuration by [`build`].
@@ -9,6 +10,7 @@ pub mod connlimit;
 pub mod fw;
 pub mod lb;
 pub mod monitor;
+pub mod privatelink;
 pub mod snat;
 
 use nf::{NetworkFunction, NfError};
@@ -24,6 +26,9 @@ pub enum NfConfig {
     Monitor(monitor::MonitorConfig),
     /// A per-host connection limiter, the NF `docs/nf-api.md` walks through writing.
     ConnLimit(connlimit::ConnLimitConfig),
+    /// A consumer VPC's private endpoints to a provider tenant's service
+    /// (`docs/privatelink.md`).
+    PrivateLink(privatelink::PrivateLinkConfig),
 }
 
 /// Build an NF instance (with empty state) from its configuration.
@@ -34,5 +39,6 @@ pub fn build(cfg: &NfConfig) -> Result<Box<dyn NetworkFunction>, NfError> {
         NfConfig::Fw(c) => Box::new(fw::Firewall::new(c.clone())?),
         NfConfig::Monitor(c) => Box::new(monitor::Monitor::new(c.clone())?),
         NfConfig::ConnLimit(c) => Box::new(connlimit::ConnLimit::new(c)?),
+        NfConfig::PrivateLink(c) => Box::new(privatelink::PrivateLink::new(c.clone())?),
     })
 }

@@ -28,6 +28,10 @@ use utoipa::OpenApi;
 
 use crate::auth::{authenticate, Principal};
 use crate::control::Shared;
+use crate::desired::privatelink::{
+    EndpointProtocol, EndpointService, EndpointServiceSpec, PrivateLinkEndpoint,
+    PrivateLinkEndpointSpec, ServiceRef,
+};
 use crate::desired::{Paging, Put};
 use crate::error::ApiError;
 use crate::model::*;
@@ -488,6 +492,36 @@ tenant_object_api!(
     put_chain,
     delete_chain
 );
+tenant_object_api!(
+    "privatelink",
+    "/v1/tenants/{tenant}/endpoint-services",
+    "/v1/tenants/{tenant}/endpoint-services/{name}",
+    EndpointService,
+    EndpointServiceSpec,
+    list_endpoint_services,
+    get_endpoint_service,
+    put_endpoint_service,
+    delete_endpoint_service,
+    endpoint_services,
+    endpoint_service,
+    put_endpoint_service,
+    delete_endpoint_service
+);
+tenant_object_api!(
+    "privatelink",
+    "/v1/tenants/{tenant}/privatelink-endpoints",
+    "/v1/tenants/{tenant}/privatelink-endpoints/{name}",
+    PrivateLinkEndpoint,
+    PrivateLinkEndpointSpec,
+    list_privatelink_endpoints,
+    get_privatelink_endpoint,
+    put_privatelink_endpoint,
+    delete_privatelink_endpoint,
+    privatelink_endpoints,
+    privatelink_endpoint,
+    put_privatelink_endpoint,
+    delete_privatelink_endpoint
+);
 
 // ---------------------------------------------------------------------- tokens
 
@@ -946,6 +980,8 @@ async fn healthz() -> &'static str {
           list_vpcs, get_vpc, put_vpc, delete_vpc,
           list_nfs, get_nf, put_nf, delete_nf,
           list_chains, get_chain, put_chain, delete_chain,
+          list_endpoint_services, get_endpoint_service, put_endpoint_service, delete_endpoint_service,
+          list_privatelink_endpoints, get_privatelink_endpoint, put_privatelink_endpoint, delete_privatelink_endpoint,
           create_token, list_tokens, delete_token,
           list_nodes, get_node, list_partitions, status,
           get_tenant_stats, list_stats, list_flows, get_tenant_monitor, list_events, get_placement, put_placement_limits,
@@ -956,7 +992,9 @@ async fn healthz() -> &'static str {
                        VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
                        RateSpec, TenantRatesSpec, TenantRatesView, RateStatus,
                        ApplyRequest, ApplyItem, ApplyResult, AppliedItem,
-                       JoinTokenRequest, JoinToken, JoinRequest, RenewRequest, Issued, Revoked)),
+                       JoinTokenRequest, JoinToken, JoinRequest, RenewRequest, Issued, Revoked,
+                       EndpointService, EndpointServiceSpec, EndpointProtocol, ServiceRef,
+                       PrivateLinkEndpoint, PrivateLinkEndpointSpec)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -1029,6 +1067,26 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/tenants/:tenant/chains/:name",
             get(get_chain).put(put_chain).delete(delete_chain),
+        )
+        .route(
+            "/v1/tenants/:tenant/endpoint-services",
+            get(list_endpoint_services),
+        )
+        .route(
+            "/v1/tenants/:tenant/endpoint-services/:name",
+            get(get_endpoint_service)
+                .put(put_endpoint_service)
+                .delete(delete_endpoint_service),
+        )
+        .route(
+            "/v1/tenants/:tenant/privatelink-endpoints",
+            get(list_privatelink_endpoints),
+        )
+        .route(
+            "/v1/tenants/:tenant/privatelink-endpoints/:name",
+            get(get_privatelink_endpoint)
+                .put(put_privatelink_endpoint)
+                .delete(delete_privatelink_endpoint),
         )
         .route(
             "/v1/tenants/:tenant/tokens",

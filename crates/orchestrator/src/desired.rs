@@ -31,6 +31,8 @@ use store::{Compare, Store, TxnOp, Versioned};
 use crate::error::ApiError;
 use crate::model::*;
 
+pub mod privatelink;
+
 /// Longest object name (a DNS label).
 const MAX_NAME: usize = 63;
 /// Retries of a transaction that lost a race on a counter.
@@ -746,6 +748,7 @@ impl Desired {
 
     pub async fn delete_vpc(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
         let v = self.vpc(tenant, name).await?;
+        self.check_vpc_unused_by_privatelink(&v).await?;
         let bind = format!("vpc-chain/{tenant}/{name}");
         if let Some(c) = self.store.get(&bind).await? {
             return Err(ApiError::conflict(format!(
@@ -786,6 +789,14 @@ impl Desired {
     ) -> Result<(NfInstance, Put), ApiError> {
         check_name("nf", name)?;
         let (tkey, t, trev) = self.tenant_for_update(tenant).await?;
+        // A PrivateLink NF names endpoints; what is stored is their resolution.
+        let spec = match spec.kind {
+            NfKind::PrivateLink => NfSpec {
+                config: self.privatelink_nf_config(tenant, &spec.config).await?,
+                ..spec
+            },
+            _ => spec,
+        };
         // Building the NF is the validation: exactly what SC will do with it.
         let built = nf_config(t.id, spec.kind, &spec.config)?;
         nfs::build(&built).map_err(|e| {

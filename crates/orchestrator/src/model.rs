@@ -183,6 +183,8 @@ pub enum NfKind {
     Monitor,
     /// The per-host connection limiter (`nfs::connlimit`).
     ConnLimit,
+    /// A consumer's PrivateLink endpoints (`nfs::privatelink`, docs/privatelink.md).
+    PrivateLink,
 }
 
 impl NfKind {
@@ -193,6 +195,7 @@ impl NfKind {
             NfKind::Fw => "fw",
             NfKind::Monitor => "monitor",
             NfKind::ConnLimit => "connlimit",
+            NfKind::PrivateLink => "privatelink",
         }
     }
 }
@@ -221,6 +224,8 @@ pub struct NfInstance {
 ///   "dport": 23}], "default_action": "allow", "timeouts": {...}}`
 /// - `monitor`: `{"max_hosts": 65536}`
 /// - `connlimit`: `{"limit": 64, "idle_timeout_s": 300}`
+/// - `privatelink`: `{"endpoints": ["web"]}`, names of the tenant's PrivateLink endpoints;
+///   stored resolved into the endpoints' services (docs/privatelink.md)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NfSpec {

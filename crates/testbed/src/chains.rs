@@ -7,10 +7,11 @@
 //! of the gateway's VXLAN device; reverse traffic goes back to the tenant's client host
 //! on its VPC's VNI with the client's VXLAN MAC.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use nfs::fw::{AclAction, AclProto, AclRule, FwConfig, PortSpec, TenantAcl};
 use nfs::lb::{BackendConfig, LbConfig, LbProtocol, ServiceConfig};
+use nfs::privatelink::{PlEndpoint, PlSource, PrivateLinkConfig};
 use nfs::snat::{SnatConfig, SnatPool};
 use nfs::NfConfig;
 use proto::{ChainDef, EgressDef, EncapDef};
@@ -26,12 +27,16 @@ pub enum Toward {
     Internet,
     /// The service gateway in front of the nginx backends (VNI 300).
     Services,
+    /// VPC `j`'s client host on its own VNI: another tenant's VPC, which a PrivateLink
+    /// chain reaches (docs/privatelink.md).
+    Vpc(usize),
 }
 
 fn forward(t: Toward) -> EgressDef {
     let (dst, vni, dmac) = match t {
         Toward::Internet => (addr::IGW, vni::INTERNET, mac::IGW),
         Toward::Services => (addr::SVC, vni::SERVICES, mac::SVC),
+        Toward::Vpc(j) => return reverse(j),
     };
     EgressDef {
         decap: true,
@@ -103,6 +108,25 @@ pub fn lb(backends: usize) -> NfConfig {
     })
 }
 
+/// PrivateLink: `endpoint`:80 in the consumer's VPC stands for the provider's
+/// `service`:80; provider-side sources come from `source`, ports 1024–65535.
+pub fn privatelink(endpoint: Ipv4Addr, service: Ipv4Addr, source: Ipv4Addr) -> NfConfig {
+    NfConfig::PrivateLink(PrivateLinkConfig {
+        endpoints: vec![PlEndpoint {
+            address: IpAddr::V4(endpoint),
+            port: HTTP_PORT,
+            protocol: LbProtocol::Tcp,
+            service_addr: IpAddr::V4(service),
+            service_port: HTTP_PORT,
+        }],
+        source: PlSource {
+            addresses: vec![IpAddr::V4(source)],
+            ports: Default::default(),
+        },
+        timeouts: Default::default(),
+    })
+}
+
 /// A firewall for `tenant`: `rules` in order, then `default`.
 pub fn fw(tenant: u32, rules: Vec<AclRule>, default: AclAction) -> NfConfig {
     NfConfig::Fw(FwConfig {
@@ -166,5 +190,24 @@ mod tests {
         .unwrap();
         assert_eq!(f.nfs[0]["kind"], "fw");
         assert_eq!(f.nfs[0]["tenants"][0]["rules"][0]["dport"], 80);
+
+        // A PrivateLink chain leaves toward the provider VPC's host on its VNI.
+        let p = chain(
+            1,
+            1,
+            0,
+            Toward::Vpc(1),
+            &[privatelink(
+                Ipv4Addr::new(198, 19, 7, 10),
+                addr::CLIENT,
+                Ipv4Addr::new(198, 19, 9, 1),
+            )],
+        )
+        .unwrap();
+        let fe = p.forward.encap.unwrap();
+        assert_eq!((fe.dst, fe.vni), (addr::client_underlay(1), 101));
+        assert_eq!(p.forward.inner_dmac, Some(mac::client(1)));
+        assert_eq!(p.reverse.encap.unwrap().vni, 100);
+        assert_eq!(p.nfs[0]["kind"], "privatelink");
     }
 }
