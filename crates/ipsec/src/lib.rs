@@ -7,6 +7,7 @@
 //! The crypto is `ring`'s AES-GCM (BoringSSL's AES-NI/PCLMUL/VAES code): nothing here
 //! implements a cipher.
 
+pub mod bench;
 pub mod esp;
 mod gateway;
 pub mod replay;

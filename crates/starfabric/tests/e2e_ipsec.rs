@@ -73,7 +73,7 @@ fn ipsec_tunnel_to_a_remote_site_carries_curl_and_iperf3_both_ways_and_survives_
     put("/v1/tenants/acme", json!({}));
     put("/v1/tenants/acme/vpcs/main", json!({"vni": vni::tenant(0)}));
     let (ours1, theirs1) = (Sa::new(0x1001, &key(0x11)), Sa::new(0x2001, &key(0x22)));
-    site.install(tb, &theirs1, &[ours1.clone()])
+    site.install(tb, &theirs1, std::slice::from_ref(&ours1))
         .expect("remote site's SAs");
     put(TUNNEL, tunnel(&ours1, &[&theirs1]));
     wait_applied(ours1.spi);
