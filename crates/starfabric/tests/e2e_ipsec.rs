@@ -196,6 +196,90 @@ fn ipsec_tunnel_to_a_remote_site_carries_curl_and_iperf3_both_ways_and_survives_
         .expect("the new inbound SA");
     assert!(new_in["packets"].as_u64().unwrap() > 0, "{st}");
     println!("remote site: {}", site.describe(tb));
+
+    // Bad ESP from the remote site's address: a replay of sequence number 1 of the SA
+    // in use, the same sealed with the wrong key, a truncated packet and an unknown SPI.
+    // Each is dropped at PP and counted; the tunnel goes on.
+    let (_, node) = api
+        .call(tb, "GET", "/v1/nodes/pp-1", None)
+        .expect("GET the PP node");
+    let metrics_url = node["metrics_url"]
+        .as_str()
+        .expect("the PP node's metrics URL")
+        .to_string();
+    // The PP node's drop counters by reason, from its /metrics (in its namespace).
+    let esp_drops = || -> std::collections::BTreeMap<String, u64> {
+        let text = tb
+            .exec(
+                Node::Pp,
+                &["curl", "-s", "-m", "5", &metrics_url],
+                Duration::from_secs(10),
+            )
+            .expect("the PP node's /metrics");
+        text.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("starfabric_pp_drops_total{reason=\"esp-")?;
+                let (reason, value) = rest.split_once("\"} ")?;
+                Some((reason.to_string(), value.trim().parse::<f64>().ok()? as u64))
+            })
+            .collect()
+    };
+    let tunnel_drops = || -> u64 {
+        let (_, v) = api.call(tb, "GET", TUNNEL, None).expect("GET the tunnel");
+        v["status"][0]["drops"].as_u64().unwrap_or(0)
+    };
+    let (nd0, td0) = (esp_drops(), tunnel_drops());
+    let script = format!(
+        r#"
+from scapy.all import IP, UDP, Raw, send, conf
+from scapy.layers.ipsec import ESP, SecurityAssociation
+conf.verb = 0
+def sa(spi, key):
+    return SecurityAssociation(ESP, spi=spi, crypt_algo="AES-GCM", crypt_key=bytes.fromhex(key),
+                               auth_algo="NULL", tunnel_header=IP(src="{gw}", dst="{pp}"))
+inner = IP(src="{host}", dst="{vm}") / UDP(sport=9, dport=9) / Raw(b"bad")
+send(sa({spi}, "{key}").encrypt(inner, seq_num=1))                  # a replay
+send(sa({spi}, "{wrong}").encrypt(inner, seq_num=1000000))          # the wrong key
+send(IP(src="{gw}", dst="{pp}", proto=50) / Raw(bytes(12)))         # truncated
+send(sa(0x7777, "{key}").encrypt(inner, seq_num=1))                 # an unknown SPI
+"#,
+        spi = theirs2.spi,
+        gw = ipsec::addr::GATEWAY,
+        pp = addr::PP,
+        host = ipsec::addr::HOST,
+        vm = addr::CLIENT,
+        key = theirs2.key,
+        wrong = key(0x99),
+    );
+    tb.exec(
+        Node::RemoteSite,
+        &["/usr/bin/python3", "-c", &script],
+        Duration::from_secs(30),
+    )
+    .expect("scapy sends the bad ESP packets");
+    let t0 = Instant::now();
+    loop {
+        let (nd, td) = (esp_drops(), tunnel_drops());
+        let more = |r: &str| nd.get(r).copied().unwrap_or(0) - nd0.get(r).copied().unwrap_or(0);
+        // Replay and wrong key are the tunnel's; each of the four has its reason.
+        if ["replay", "auth-failed", "truncated", "unknown-spi"]
+            .iter()
+            .all(|r| more(r) >= 1)
+            && td >= td0 + 2
+        {
+            println!(
+                "bad ESP dropped and counted: {nd:?}, tunnel drops +{}",
+                td - td0
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "bad ESP not counted: {nd0:?} -> {nd:?}, tunnel drops {td0} -> {td}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
     // And the tunnel still carries new connections.
     let body = curl(
         tb,
