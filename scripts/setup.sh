@@ -10,6 +10,9 @@ step() { echo "setup: $*"; }
 APT_PACKAGES=(
     clang llvm lld linux-libc-dev   # linux-libc-dev: <linux/bpf.h> for crates/xdp/bpf
     python3-scapy
+    # The IPsec remote site's userspace ESP endpoint (crates/testbed/src/esp_peer.py,
+    # for kernels without ESP): scapy's AES-GCM is python3-cryptography's.
+    python3-cryptography
     iproute2 ethtool
     pkg-config m4 libelf-dev zlib1g-dev
     # xsk-rs (the AF_XDP backend, crates/pp) builds libxdp from source through

@@ -50,8 +50,8 @@ pub struct E2eBenchArgs {
     #[arg(long)]
     pub kernel_rps: bool,
     /// Run only these variants (by their JSON names: kernel_forward, kernel,
-    /// kernel_dnat_lb, starfabric, afxdp, xdp_fastpath, starfabric_lb); the others are
-    /// left empty. Default: all.
+    /// kernel_dnat_lb, starfabric, afxdp, xdp_fastpath, starfabric_lb, ipsec); the
+    /// others are left empty. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -91,6 +91,18 @@ pub struct E2eBench {
     pub starfabric_lb: Numbers,
     /// starfabric_lb / kernel_dnat_lb.
     pub ratio_lb: Numbers,
+    /// TCP Gbit/s (iperf3, VPC 0's host to the remote site's host) through starfabric's
+    /// IPsec gateway: ESP tunnel mode, AES-GCM-128, to the remote site (docs/ipsec.md).
+    pub ipsec_gbps: Option<f64>,
+    /// The same through the kernel's xfrm as the gateway in the PP namespace, same
+    /// topology and remote site, same run.
+    pub ipsec_kernel_gbps: Option<f64>,
+    /// ipsec_gbps / ipsec_kernel_gbps.
+    pub ipsec_ratio: Option<f64>,
+    /// The gateway's own seal rate on one core, in memory (AES-128-GCM, 1400-byte
+    /// packets, bursts of 64 through the same call the pipeline makes): what the
+    /// data path could carry with the I/O and the remote site out of the way.
+    pub ipsec_core_gbps: Option<f64>,
     pub setup: Setup,
     /// Measurements that failed, with why.
     pub errors: Vec<String>,
@@ -111,6 +123,9 @@ pub struct Setup {
     pub kernel_rps: bool,
     /// Per 64-byte UDP run: what trafgen offered next to what arrived.
     pub udp64: Vec<String>,
+    /// Who terminated the IPsec tunnel at the remote site (kernel xfrm, or the
+    /// userspace ESP endpoint where the kernel has no ESP), and the PP node's stats line.
+    pub ipsec: Vec<String>,
 }
 
 /// Start the platform under test. The one place that knows how starfabric is started
@@ -337,6 +352,10 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         p.stop(&tb);
     }
 
+    if a.runs("ipsec") {
+        ipsec(&mut r, &mut out)?;
+    }
+
     out.ratio = out.starfabric.ratio(&out.kernel);
     out.ratio_afxdp = out.afxdp.ratio(&out.kernel);
     out.ratio_xdp_fastpath = out.xdp_fastpath.ratio(&out.kernel);
@@ -353,6 +372,88 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
     drop(tb);
     res.cleanup();
     Ok(out)
+}
+
+/// The IPsec rows: a remote site behind the router; iperf3 from VPC 0's host to the
+/// host behind it, first with the PP namespace's kernel as the IPsec gateway (xfrm),
+/// then with starfabric (`starfabric up`, the tunnel set through the API). Each run has
+/// SAs of its own, so neither meets the other's replay window.
+fn ipsec(r: &mut Runner<'_>, out: &mut E2eBench) -> Result<()> {
+    use testbed::ipsec::{self as tip, CtlApi, KernelGateway, PeerKind, RemoteSite, Sa};
+    let tb = r.tb;
+    let key = |b: u8| -> String { [b; 20].iter().map(|x| format!("{x:02x}")).collect() };
+    r.progress("IPsec gateway on one core, in memory");
+    let (seal, open) = ipsec::bench::seal_open_gbps(20, 1.0);
+    out.ipsec_core_gbps = Some(seal);
+    out.setup.ipsec.push(format!(
+        "gateway on one core, in memory: seal {seal:.2} Gbit/s, open {open:.2} Gbit/s (AES-128-GCM, 1400-byte packets)"
+    ));
+    if !r.a.json {
+        eprintln!("done");
+    }
+    let mut site = RemoteSite::build(tb, None)?;
+    out.setup.ipsec.push(format!(
+        "remote site: {}{}",
+        site.kind.name(),
+        site.why_userspace
+            .as_ref()
+            .map(|w| format!(" (not the kernel: {w})"))
+            .unwrap_or_default()
+    ));
+    services::start_iperf3(tb, Node::RemoteHost, tip::addr::HOST)?;
+    if site.kind == PeerKind::Xfrm {
+        r.progress("kernel xfrm IPsec: iperf3");
+        let (a, b) = (Sa::new(0x3001, &key(0x31)), Sa::new(0x4001, &key(0x41)));
+        site.install(tb, &b, std::slice::from_ref(&a))?;
+        let k = KernelGateway::start(tb, &a, &b)?;
+        let g = measure::tcp_gbps(tb, Node::Client(0), tip::addr::HOST, r.a.secs);
+        out.ipsec_kernel_gbps = r.note("ipsec kernel xfrm tcp", g);
+        k.stop(tb)?;
+        if !r.a.json {
+            eprintln!("done");
+        }
+    } else {
+        r.errors.push(format!(
+            "ipsec kernel xfrm baseline: not measurable here: {}",
+            site.why_userspace.clone().unwrap_or_default()
+        ));
+    }
+    r.progress("starfabric IPsec: starfabric up");
+    let config = tb.path("ipsec-cli.json");
+    let up = tb.spawn_up(r.bin, &config, &tb.path("ipsec-up"), &[])?;
+    tb.wait_log(&up, "up: ready", std::time::Duration::from_secs(90))?;
+    let api = CtlApi::from_config(&config)?;
+    let path = "/v1/tenants/bench/ipsec/branch";
+    let (ours, theirs) = (Sa::new(0x1001, &key(0x11)), Sa::new(0x2001, &key(0x22)));
+    site.install(tb, &theirs, std::slice::from_ref(&ours))?;
+    api.put(tb, "/v1/tenants/bench", serde_json::json!({}))?;
+    api.put(
+        tb,
+        "/v1/tenants/bench/vpcs/main",
+        serde_json::json!({"vni": vni::tenant(0)}),
+    )?;
+    api.put(tb, path, tip::tunnel_body(&ours, &[&theirs]))?;
+    api.wait_applied(tb, path, ours.spi, std::time::Duration::from_secs(30))?;
+    r.progress("starfabric IPsec: iperf3");
+    let g = measure::tcp_gbps(tb, Node::Client(0), tip::addr::HOST, r.a.secs);
+    out.ipsec_gbps = r.note("ipsec starfabric tcp", g);
+    if let Ok((_, v)) = api.call(tb, "GET", path, None) {
+        out.setup
+            .ipsec
+            .push(format!("starfabric tunnel: {}", v["status"]));
+    }
+    out.setup
+        .ipsec
+        .push(format!("remote site: {}", site.describe(tb)));
+    tb.stop(&up);
+    if !r.a.json {
+        eprintln!("done");
+    }
+    out.ipsec_ratio = match (out.ipsec_gbps, out.ipsec_kernel_gbps) {
+        (Some(s), Some(k)) if k > 0.0 => Some(s / k),
+        _ => None,
+    };
+    Ok(())
 }
 
 fn cell(v: Option<f64>, unit: f64, prec: usize) -> String {
@@ -400,6 +501,24 @@ pub fn print(r: &E2eBench) {
         ("ratio LB (sf/kernel)", &r.ratio_lb, true),
     ] {
         row(name, n, ratio);
+    }
+    println!(
+        "{:<24} {:>10}",
+        "starfabric IPsec",
+        cell(r.ipsec_gbps, 1.0, 2)
+    );
+    println!(
+        "{:<24} {:>10}",
+        "kernel xfrm IPsec",
+        cell(r.ipsec_kernel_gbps, 1.0, 2)
+    );
+    println!(
+        "{:<24} {:>10}",
+        "ratio IPsec (sf/kernel)",
+        cell(r.ipsec_ratio, 1.0, 2)
+    );
+    for s in &r.setup.ipsec {
+        println!("ipsec {s}");
     }
     for s in &r.setup.udp64 {
         println!("udp64 {s}");

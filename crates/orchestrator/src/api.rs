@@ -523,6 +523,131 @@ tenant_object_api!(
     delete_privatelink_endpoint
 );
 
+// ---------------------------------------------------------------------- IPsec tunnels
+
+/// What reads show of a tunnel: no key, and each PP node's counters.
+fn ipsec_view(st: &Shared, t: IpsecTunnel) -> IpsecTunnelView {
+    let bits = |sa: &IpsecSaSpec| IpsecSaView {
+        spi: sa.spi,
+        key_bits: crate::desired::keymat(&sa.key)
+            .map(|k| ((k.len() - 4) * 8) as u16)
+            .unwrap_or(0),
+    };
+    let full = format!("{}/{}", t.tenant, t.name);
+    let mut status = Vec::new();
+    for n in st.node_list() {
+        let Some(r) = &n.report else { continue };
+        for x in r.ipsec.iter().filter(|x| x.name == full) {
+            status.push(IpsecNodeStatus {
+                node: n.info().id,
+                outbound_spi: x.outbound_spi,
+                outbound_seq: x.outbound_seq,
+                outbound_packets: x.outbound_packets,
+                outbound_bytes: x.outbound_bytes,
+                inbound: x
+                    .inbound
+                    .iter()
+                    .map(|i| IpsecSaStatus {
+                        spi: i.spi,
+                        packets: i.packets,
+                        bytes: i.bytes,
+                        retiring: i.retiring,
+                    })
+                    .collect(),
+                drops: x.drops,
+            });
+        }
+    }
+    status.sort_by(|a, b| a.node.cmp(&b.node));
+    let s = t.spec;
+    IpsecTunnelView {
+        tenant: t.tenant,
+        name: t.name,
+        vni: s.vni,
+        peer: s.peer,
+        local_prefixes: s.local_prefixes,
+        remote_prefixes: s.remote_prefixes,
+        vtep: s.vtep,
+        vm_mac: s.vm_mac,
+        outbound: bits(&s.outbound),
+        inbound: s.inbound.iter().map(bits).collect(),
+        esn: s.esn,
+        replay_window: s.replay_window,
+        status,
+        revision: t.revision,
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/ipsec", tag = "ipsec",
+    params(("tenant" = String, Path),
+           ("limit" = Option<u32>, Query, description = "1..=1000, default 100"),
+           ("after" = Option<String>, Query)),
+    responses((status = 200, body = Page<IpsecTunnelView>), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_ipsec(
+    State(st): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+    q: Params,
+) -> Result<Json<Page<IpsecTunnelView>>, ApiError> {
+    p.check_tenant(&tenant)?;
+    let q = q.only(&["limit", "after"])?;
+    let page = st.desired.ipsec_tunnels(&tenant, q.paging()?).await?;
+    Ok(Json(Page {
+        items: page.items.into_iter().map(|t| ipsec_view(&st, t)).collect(),
+        next: page.next,
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/ipsec/{name}", tag = "ipsec",
+    params(("tenant" = String, Path), ("name" = String, Path)),
+    responses((status = 200, body = IpsecTunnelView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_ipsec(
+    State(st): State<AppState>,
+    p: Principal,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<Json<IpsecTunnelView>, ApiError> {
+    p.check_tenant(&tenant)?;
+    let t = st.desired.ipsec_tunnel(&tenant, &name).await?;
+    Ok(Json(ipsec_view(&st, t)))
+}
+
+#[utoipa::path(put, path = "/v1/tenants/{tenant}/ipsec/{name}", tag = "ipsec",
+    params(("tenant" = String, Path), ("name" = String, Path, description = "DNS label")),
+    request_body = IpsecTunnelSpec,
+    responses((status = 201, body = IpsecTunnelView, description = "created"), (status = 200, body = IpsecTunnelView, description = "updated (a rekey) or unchanged"),
+              (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "the VNI is not one of the tenant's VPCs"),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "an inbound SPI is another tunnel's"),
+              (status = 422, body = ErrorBody)))]
+async fn put_ipsec(
+    State(st): State<AppState>,
+    p: Principal,
+    Path((tenant, name)): Path<(String, String)>,
+    Body(spec): Body<IpsecTunnelSpec>,
+) -> Result<Response, ApiError> {
+    p.check_tenant(&tenant)?;
+    let (t, put) = st.desired.put_ipsec_tunnel(&tenant, &name, spec).await?;
+    if put != Put::Unchanged {
+        tracing::info!(%tenant, %name, outbound_spi = t.spec.outbound.spi, ?put, "IPsec tunnel written");
+        st.bump();
+    }
+    Ok(put_response(ipsec_view(&st, t), put))
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/ipsec/{name}", tag = "ipsec",
+    params(("tenant" = String, Path), ("name" = String, Path)),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn delete_ipsec(
+    State(st): State<AppState>,
+    p: Principal,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    p.check_tenant(&tenant)?;
+    st.desired.delete_ipsec_tunnel(&tenant, &name).await?;
+    tracing::info!(%tenant, %name, "IPsec tunnel deleted");
+    st.bump();
+    Ok(StatusCode::NO_CONTENT)
+}
+
 // ---------------------------------------------------------------------- tokens
 
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/tokens", tag = "tokens",
@@ -982,6 +1107,7 @@ async fn healthz() -> &'static str {
           list_chains, get_chain, put_chain, delete_chain,
           list_endpoint_services, get_endpoint_service, put_endpoint_service, delete_endpoint_service,
           list_privatelink_endpoints, get_privatelink_endpoint, put_privatelink_endpoint, delete_privatelink_endpoint,
+          list_ipsec, get_ipsec, put_ipsec, delete_ipsec,
           create_token, list_tokens, delete_token,
           list_nodes, get_node, list_partitions, status,
           get_tenant_stats, list_stats, list_flows, get_tenant_monitor, list_events, get_placement, put_placement_limits,
@@ -991,6 +1117,7 @@ async fn healthz() -> &'static str {
                        Demand, TenantPlacement, PlacementLimits, PlacementNode, TenantPlacementView,
                        VpcPlacement, PlacementView, OverlapMatrix, VpcClusters,
                        RateSpec, TenantRatesSpec, TenantRatesView, RateStatus,
+                       IpsecTunnelSpec, IpsecSaSpec, IpsecTunnelView, IpsecSaView, IpsecNodeStatus, IpsecSaStatus,
                        ApplyRequest, ApplyItem, ApplyResult, AppliedItem,
                        JoinTokenRequest, JoinToken, JoinRequest, RenewRequest, Issued, Revoked,
                        EndpointService, EndpointServiceSpec, EndpointProtocol, ServiceRef,
@@ -1067,6 +1194,11 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/tenants/:tenant/chains/:name",
             get(get_chain).put(put_chain).delete(delete_chain),
+        )
+        .route("/v1/tenants/:tenant/ipsec", get(list_ipsec))
+        .route(
+            "/v1/tenants/:tenant/ipsec/:name",
+            get(get_ipsec).put(put_ipsec).delete(delete_ipsec),
         )
         .route(
             "/v1/tenants/:tenant/endpoint-services",

@@ -285,6 +285,23 @@ impl Shared {
                             });
                         }
                     }
+                    // IPsec tunnels go where their VPC is (a VPC with no chain too).
+                    for tun in snap.ipsec.iter().filter(|x| x.tenant == t.name) {
+                        let on_node = snap.vpcs.iter().any(|v| {
+                            v.tenant == t.name
+                                && v.vni == tun.spec.vni
+                                && crate::placement::vpc_cluster(snap, t, &v.name)
+                                    == node.hello.cluster
+                        });
+                        if on_node {
+                            match ipsec_tunnel(t.id, tun) {
+                                Ok(x) => d.ipsec.push(x),
+                                Err(e) => {
+                                    warn!(tenant = %t.name, tunnel = %tun.name, error = %e, "IPsec tunnel not served")
+                                }
+                            }
+                        }
+                    }
                     // Rates apply where the tenant's traffic is: the PP nodes its VPCs
                     // are bound on (each node enforces them locally, §7.2).
                     if let (Some(r), true) = (&t.rates, d.vpcs.len() > bound) {
@@ -586,4 +603,31 @@ async fn run_session(
         }
     };
     shared.mark_down(&id, session, why);
+}
+
+/// A stored IPsec tunnel as PP takes it.
+fn ipsec_tunnel(tenant: u32, t: &crate::model::IpsecTunnel) -> Result<v1::IpsecTunnel, String> {
+    let sa = |s: &crate::model::IpsecSaSpec| -> Result<v1::IpsecSa, String> {
+        Ok(v1::IpsecSa {
+            spi: s.spi,
+            keymat: crate::desired::keymat(&s.key)?,
+        })
+    };
+    let spec = &t.spec;
+    Ok(v1::IpsecTunnel {
+        name: format!("{}/{}", t.tenant, t.name),
+        tenant,
+        vni: spec.vni,
+        peer: spec.peer.clone(),
+        local_prefixes: spec.local_prefixes.clone(),
+        remote_prefixes: spec.remote_prefixes.clone(),
+        vtep: spec.vtep.clone(),
+        vm_mac: proto::parse_mac(&spec.vm_mac)
+            .map_err(|e| e.to_string())?
+            .to_vec(),
+        outbound: Some(sa(&spec.outbound)?),
+        inbound: spec.inbound.iter().map(sa).collect::<Result<_, _>>()?,
+        esn: spec.esn,
+        replay_window: spec.replay_window,
+    })
 }

@@ -108,6 +108,107 @@ fn check_prefix(field: &str, s: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The uniqueness index of inbound SPIs (PP finds an inbound SA by SPI alone).
+fn spi_key(spi: u32) -> String {
+    format!("ipsec-spis/{spi:08x}")
+}
+
+/// An IPsec tunnel's fields, each refused with 422 naming it.
+pub fn check_ipsec(s: &IpsecTunnelSpec) -> Result<(), ApiError> {
+    if s.vni == 0 || s.vni > MAX_VNI {
+        return Err(ApiError::invalid(
+            "vni",
+            format!("vni must be 1 to {MAX_VNI} (24 bits), got {}", s.vni),
+        ));
+    }
+    let v4 = |field: &str, a: &str| -> Result<std::net::Ipv4Addr, ApiError> {
+        match a.parse::<std::net::Ipv4Addr>() {
+            Ok(ip) if !ip.is_unspecified() && !ip.is_broadcast() && !ip.is_multicast() => Ok(ip),
+            _ => Err(ApiError::invalid(
+                field,
+                format!("{field} must be a unicast IPv4 address, got {a:?}"),
+            )),
+        }
+    };
+    v4("peer", &s.peer)?;
+    v4("vtep", &s.vtep)?;
+    proto::parse_mac(&s.vm_mac).map_err(|_| {
+        ApiError::invalid(
+            "vm_mac",
+            format!("vm_mac must be aa:bb:cc:dd:ee:ff, got {:?}", s.vm_mac),
+        )
+    })?;
+    if s.remote_prefixes.is_empty() || s.remote_prefixes.len() > 16 {
+        return Err(ApiError::invalid(
+            "remote_prefixes",
+            "remote_prefixes must name 1 to 16 IPv4 prefixes",
+        ));
+    }
+    if s.local_prefixes.len() > 16 {
+        return Err(ApiError::invalid(
+            "local_prefixes",
+            "at most 16 local prefixes",
+        ));
+    }
+    for (field, list) in [
+        ("local_prefixes", &s.local_prefixes),
+        ("remote_prefixes", &s.remote_prefixes),
+    ] {
+        for p in list {
+            p.parse::<ipsec::Prefix>()
+                .map_err(|e| ApiError::invalid(field, e))?;
+        }
+    }
+    if !(ipsec::replay::MIN_WINDOW..=ipsec::replay::MAX_WINDOW).contains(&s.replay_window) {
+        return Err(ApiError::invalid(
+            "replay_window",
+            format!(
+                "replay_window must be {} to {} packets, got {}",
+                ipsec::replay::MIN_WINDOW,
+                ipsec::replay::MAX_WINDOW,
+                s.replay_window
+            ),
+        ));
+    }
+    if s.inbound.is_empty() || s.inbound.len() > 2 {
+        return Err(ApiError::invalid(
+            "inbound",
+            "inbound must hold one SA, or two while a rekey is under way",
+        ));
+    }
+    if s.inbound.len() == 2 && s.inbound[0].spi == s.inbound[1].spi {
+        return Err(ApiError::invalid(
+            "inbound",
+            "the two inbound SAs have the same SPI",
+        ));
+    }
+    for (field, sa) in
+        std::iter::once(("outbound", &s.outbound)).chain(s.inbound.iter().map(|sa| ("inbound", sa)))
+    {
+        if sa.spi < 256 {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "SPI {} is reserved (RFC 4303 §2.1): use 256 or more",
+                    sa.spi
+                ),
+            ));
+        }
+        keymat(&sa.key).map_err(|e| ApiError::invalid(field, e))?;
+    }
+    Ok(())
+}
+
+/// The KEYMAT bytes of an SA's hex key, checked to be an AES-GCM key and salt.
+pub fn keymat(key: &str) -> Result<Vec<u8>, String> {
+    let h = key.strip_prefix("0x").unwrap_or(key);
+    let b = hex::decode(h).map_err(|_| {
+        "key must be hex digits (RFC 4106 KEYMAT: key then 4-byte salt)".to_string()
+    })?;
+    ipsec::SaKey::new(&b).map_err(|e| e.to_string())?;
+    Ok(b)
+}
+
 /// A tenant token as stored: only its hash is kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenRecord {
@@ -127,6 +228,8 @@ pub struct Snapshot {
     pub placements: Vec<TenantPlacement>,
     /// Tenants' VPC → PP cluster mappings (the same).
     pub vpc_clusters: Vec<VpcClusters>,
+    /// IPsec tunnels (docs/ipsec.md).
+    pub ipsec: Vec<IpsecTunnel>,
 }
 
 impl Snapshot {
@@ -176,6 +279,11 @@ macro_rules! revised {
     ($($t:ty),*) => {$(impl Revised for $t { fn set_revision(&mut self, r: u64) { self.revision = r; } })*};
 }
 revised!(Tenant, Vpc, NfInstance, Chain);
+impl Revised for IpsecTunnel {
+    fn set_revision(&mut self, r: u64) {
+        self.revision = r;
+    }
+}
 // Placement records carry no revision of their own: the engine rewrites them whole.
 impl Revised for TenantPlacement {
     fn set_revision(&mut self, _: u64) {}
@@ -652,6 +760,13 @@ impl Desired {
             ops.push(TxnOp::Delete(format!("chains/{name}/{}", c.name)));
             ops.push(TxnOp::Delete(format!("chain-ids/{name}/{:010}", c.id)));
         }
+        let tunnels: Vec<IpsecTunnel> = self.all(&format!("ipsec/{name}/")).await?;
+        for t in &tunnels {
+            ops.push(TxnOp::Delete(format!("ipsec/{name}/{}", t.name)));
+            for sa in &t.spec.inbound {
+                ops.push(TxnOp::Delete(spi_key(sa.spi)));
+            }
+        }
         for (k, _) in self.store.list("tokens/", None, 0).await? {
             if let Some(v) = self.store.get(&k).await? {
                 let r: TokenRecord = decode(&k, &v)?;
@@ -1067,6 +1182,135 @@ impl Desired {
         }
     }
 
+    // ------------------------------------------------------------------ IPsec tunnels
+
+    pub async fn ipsec_tunnel(&self, tenant: &str, name: &str) -> Result<IpsecTunnel, ApiError> {
+        self.tenant_item("ipsec", "IPsec tunnel", tenant, name)
+            .await
+    }
+
+    pub async fn ipsec_tunnels(
+        &self,
+        tenant: &str,
+        page: Paging<'_>,
+    ) -> Result<Page<IpsecTunnel>, ApiError> {
+        self.tenant_items("ipsec", tenant, page).await
+    }
+
+    /// Create or replace a tunnel. 422 for a malformed field, 403 when the VNI is not one
+    /// of the tenant's VPCs, 409 when an inbound SPI is another tunnel's.
+    pub async fn put_ipsec_tunnel(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: IpsecTunnelSpec,
+    ) -> Result<(IpsecTunnel, Put), ApiError> {
+        check_name("tunnel", name)?;
+        check_ipsec(&spec)?;
+        let (tkey, _, trev) = self.tenant_for_update(tenant).await?;
+        let vni_key = format!("vnis/{:08}", spec.vni);
+        let not_owned = || {
+            ApiError::forbidden(format!(
+                "vni {} is not a VPC of tenant {tenant:?}: a tunnel joins one of the tenant's own VPCs",
+                spec.vni
+            ))
+            .at("vni")
+        };
+        let vni_rev = match self.store.get(&vni_key).await? {
+            Some(v)
+                if String::from_utf8_lossy(&v.value)
+                    .split_once('/')
+                    .map(|x| x.0)
+                    == Some(tenant) =>
+            {
+                v.mod_rev
+            }
+            _ => return Err(not_owned()),
+        };
+        let key = format!("ipsec/{tenant}/{name}");
+        let owner = format!("{tenant}/{name}");
+        let tunnel = IpsecTunnel {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            spec: spec.clone(),
+            revision: 0,
+        };
+        let current = self.read::<IpsecTunnel>(&key).await?;
+        let mut compares = vec![
+            Compare::ModRev(tkey, trev),
+            Compare::ModRev(vni_key, vni_rev),
+        ];
+        let mut ops = Vec::new();
+        let put = match &current {
+            Some((old, rev)) => {
+                if old.clone().at(0) == tunnel {
+                    return Ok((tunnel.at(*rev), Put::Unchanged));
+                }
+                compares.push(Compare::ModRev(key.clone(), *rev));
+                for sa in &old.spec.inbound {
+                    if !spec.inbound.iter().any(|n| n.spi == sa.spi) {
+                        ops.push(TxnOp::Delete(spi_key(sa.spi)));
+                    }
+                }
+                Put::Updated
+            }
+            None => {
+                compares.push(Compare::Absent(key.clone()));
+                Put::Created
+            }
+        };
+        for sa in &spec.inbound {
+            let k = spi_key(sa.spi);
+            match self.store.get(&k).await? {
+                Some(v) if v.value == owner.as_bytes() => {
+                    compares.push(Compare::ModRev(k, v.mod_rev));
+                }
+                Some(v) => {
+                    let other = String::from_utf8_lossy(&v.value).to_string();
+                    let (ot, on) = other.split_once('/').unwrap_or((&other, ""));
+                    return Err(ApiError::conflict(format!(
+                        "inbound SPI {:#x} is already used by IPsec tunnel {on:?} of tenant {ot:?}",
+                        sa.spi
+                    ))
+                    .at("inbound"));
+                }
+                None => {
+                    compares.push(Compare::Absent(k.clone()));
+                    ops.push(TxnOp::Put(k, owner.clone().into_bytes()));
+                }
+            }
+        }
+        ops.push(TxnOp::Put(key, encode(&tunnel)));
+        let rev = self.store.txn(compares, ops).await.map_err(|e| match e {
+            store::StoreError::Conflict { key } if key.starts_with("ipsec-spis/") => {
+                ApiError::conflict("an inbound SPI was just taken by another tunnel").at("inbound")
+            }
+            e => e.into(),
+        })?;
+        Ok((tunnel.at(rev), put))
+    }
+
+    pub async fn delete_ipsec_tunnel(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+        let t = self.ipsec_tunnel(tenant, name).await?;
+        let mut ops = vec![TxnOp::Delete(format!("ipsec/{tenant}/{name}"))];
+        ops.extend(
+            t.spec
+                .inbound
+                .iter()
+                .map(|sa| TxnOp::Delete(spi_key(sa.spi))),
+        );
+        self.store
+            .txn(
+                vec![Compare::ModRev(
+                    format!("ipsec/{tenant}/{name}"),
+                    t.revision,
+                )],
+                ops,
+            )
+            .await?;
+        Ok(())
+    }
+
     // ------------------------------------------------------------------ snapshot
 
     pub async fn snapshot(&self) -> Result<Snapshot, ApiError> {
@@ -1079,6 +1323,7 @@ impl Desired {
             chains: self.all("chains/").await?,
             placements: self.all("placements/").await?,
             vpc_clusters: self.all("vpc-clusters/").await?,
+            ipsec: self.all("ipsec/").await?,
         })
     }
 }

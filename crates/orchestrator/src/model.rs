@@ -651,3 +651,111 @@ pub struct VpcClusters {
     /// VPC name → PP cluster.
     pub vpcs: BTreeMap<String, String>,
 }
+
+/// One ESP SA of an IPsec tunnel (docs/ipsec.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IpsecSaSpec {
+    /// 256..=4294967295 (1..=255 are reserved, RFC 4303 §2.1). Inbound SPIs are unique
+    /// across every tunnel of every tenant: PP finds an inbound SA by its SPI.
+    pub spi: u32,
+    /// The RFC 4106 KEYMAT in hex: the AES-128 or AES-256 key followed by the 4-byte
+    /// salt (40 or 72 hex digits, `0x` optional), as `ip xfrm state ... aead
+    /// 'rfc4106(gcm(aes))' 0x<KEYMAT> 128` takes it. Write-only: reads show `key_bits`.
+    pub key: String,
+}
+
+/// PUT /v1/tenants/{tenant}/ipsec/{tunnel}: an IPsec VPN tunnel (ESP tunnel mode,
+/// AES-GCM) between a VPC and a remote site. IKE is out of scope: the SAs and keys are
+/// set here, and a rekey is a PUT with the new SAs (docs/ipsec.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IpsecTunnelSpec {
+    /// The VNI of one of the tenant's VPCs (another's: 403).
+    pub vni: u32,
+    /// The remote site's tunnel endpoint (IPv4).
+    pub peer: String,
+    /// The VPC side's traffic selector (IPv4 prefixes); empty: any source in the VPC.
+    #[serde(default)]
+    pub local_prefixes: Vec<String>,
+    /// The remote site's prefixes: VPC traffic to them goes into the tunnel (1..=16).
+    pub remote_prefixes: Vec<String>,
+    /// Where decrypted packets go: the VTEP of the VPC's host...
+    pub vtep: String,
+    /// ...and the MAC of its VXLAN device (`aa:bb:cc:dd:ee:ff`).
+    pub vm_mac: String,
+    /// The SA PP seals with.
+    pub outbound: IpsecSaSpec,
+    /// The SAs PP opens with: one, or two while a rekey is under way. An inbound SA left
+    /// out of a PUT stays valid at PP for a grace period (30 s), so a rekey loses nothing.
+    pub inbound: Vec<IpsecSaSpec>,
+    /// Extended (64-bit) sequence numbers (RFC 4303 §2.2.1).
+    #[serde(default)]
+    pub esn: bool,
+    /// The anti-replay window, 64..=4096 packets (default 64).
+    #[serde(default = "default_replay_window")]
+    pub replay_window: u32,
+}
+
+fn default_replay_window() -> u32 {
+    64
+}
+
+/// An IPsec tunnel as the store holds it (keys included).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IpsecTunnel {
+    pub tenant: String,
+    pub name: String,
+    pub spec: IpsecTunnelSpec,
+    #[serde(default)]
+    pub revision: u64,
+}
+
+/// An SA as reads show it: never its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct IpsecSaView {
+    pub spi: u32,
+    pub key_bits: u16,
+}
+
+/// One PP node's view of a tunnel, from its latest report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct IpsecNodeStatus {
+    pub node: String,
+    pub outbound_spi: u32,
+    pub outbound_seq: u64,
+    pub outbound_packets: u64,
+    pub outbound_bytes: u64,
+    pub inbound: Vec<IpsecSaStatus>,
+    /// Packets of the tunnel dropped (replay, ICV, selectors, too big, ...).
+    pub drops: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct IpsecSaStatus {
+    pub spi: u32,
+    pub packets: u64,
+    pub bytes: u64,
+    /// No longer configured; valid until its grace period ends.
+    pub retiring: bool,
+}
+
+/// GET /v1/tenants/{tenant}/ipsec/{tunnel}.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct IpsecTunnelView {
+    pub tenant: String,
+    pub name: String,
+    pub vni: u32,
+    pub peer: String,
+    pub local_prefixes: Vec<String>,
+    pub remote_prefixes: Vec<String>,
+    pub vtep: String,
+    pub vm_mac: String,
+    pub outbound: IpsecSaView,
+    pub inbound: Vec<IpsecSaView>,
+    pub esn: bool,
+    pub replay_window: u32,
+    /// Each PP node serving the tunnel, as it last reported.
+    pub status: Vec<IpsecNodeStatus>,
+    pub revision: u64,
+}

@@ -702,6 +702,8 @@ fn suite(api: &Api) {
     let page = r.body.as_str().unwrap_or_default();
     assert!(page.contains("Log in") && !page.contains("http"), "{page}");
 
+    ipsec_suite(api);
+
     // ---- the OpenAPI document covers the resources
     let r = api.call("GET", "/openapi.json", None, None);
     assert_eq!(r.status, 200);
@@ -721,6 +723,8 @@ fn suite(api: &Api) {
         "/v1/tenants/{tenant}/rates",
         "/v1/apply",
         "/v1/events",
+        "/v1/tenants/{tenant}/ipsec",
+        "/v1/tenants/{tenant}/ipsec/{name}",
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }
@@ -729,6 +733,192 @@ fn suite(api: &Api) {
         .unwrap()
         .contains(&json!("vni")));
     assert!(r.body["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+/// IPsec tunnels (docs/ipsec.md): created, read back without keys, rekeyed, and every
+/// bad input refused without a state change: 422 for malformed fields, 403 for a VNI
+/// the tenant does not own (with the admin token too), 409 for an inbound SPI in use.
+fn ipsec_suite(api: &Api) {
+    for (t, v, vni) in [("acme", "vpn", 4100), ("globex", "gvpn", 4101)] {
+        let r = api.admin(
+            "PUT",
+            &format!("/v1/tenants/{t}/vpcs/{v}"),
+            Some(json!({"vni": vni})),
+        );
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let key1 = "000102030405060708090a0b0c0d0e0f10111213";
+    let key2 = format!("0x{}", "ab".repeat(36));
+    let tunnel = |vni: u32, out: u32, ins: &[u32]| {
+        json!({
+            "vni": vni,
+            "peer": "198.18.20.2",
+            "local_prefixes": ["198.19.1.0/24"],
+            "remote_prefixes": ["198.18.170.0/24"],
+            "vtep": "198.18.10.2",
+            "vm_mac": "02:5f:01:00:00:02",
+            "outbound": {"spi": out, "key": key1},
+            "inbound": ins.iter().map(|s| json!({"spi": s, "key": key2})).collect::<Vec<_>>(),
+        })
+    };
+    let path = "/v1/tenants/acme/ipsec/site";
+    let r = api.admin("PUT", path, Some(tunnel(4100, 0x1000, &[0x2000])));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["outbound"], json!({"spi": 0x1000, "key_bits": 128}));
+    assert_eq!(r.body["inbound"][0]["key_bits"], 256);
+    assert_eq!(r.body["replay_window"], 64);
+    assert!(
+        !r.body.to_string().contains("0102030405"),
+        "no key in a reply"
+    );
+    let rev = api.revision();
+    assert_eq!(
+        api.admin("PUT", path, Some(tunnel(4100, 0x1000, &[0x2000])))
+            .status,
+        200
+    );
+    assert_eq!(api.revision(), rev, "an identical PUT writes nothing");
+    let r = api.admin("GET", path, None);
+    assert_eq!(r.status, 200);
+    assert!(!r.body.to_string().contains("abab"), "no key in a read");
+    // A rekey: new inbound beside the old one, new outbound.
+    let r = api.admin("PUT", path, Some(tunnel(4100, 0x1001, &[0x2001, 0x2000])));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["outbound"]["spi"], 0x1001);
+    let r = api.admin("GET", "/v1/tenants/acme/ipsec", None);
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+
+    let body = |v: Value| v.to_string();
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut v = tunnel(4100, 0x1002, &[0x2002]);
+        f(&mut v);
+        body(v)
+    };
+    let cases: Vec<(String, u16, &str)> = vec![
+        (
+            with(&|v| v["outbound"]["key"] = json!("0011")),
+            422,
+            "20 bytes",
+        ),
+        (
+            with(&|v| v["outbound"]["key"] = json!("zz".repeat(20))),
+            422,
+            "hex",
+        ),
+        (
+            with(&|v| v["inbound"][0]["spi"] = json!(255)),
+            422,
+            "reserved",
+        ),
+        (with(&|v| v["inbound"] = json!([])), 422, "inbound"),
+        (with(&|v| v["peer"] = json!("198.18.20")), 422, "peer"),
+        (with(&|v| v["vtep"] = json!("0.0.0.0")), 422, "vtep"),
+        (with(&|v| v["vm_mac"] = json!("02:5f")), 422, "vm_mac"),
+        (
+            with(&|v| v["remote_prefixes"] = json!([])),
+            422,
+            "remote_prefixes",
+        ),
+        (
+            with(&|v| v["remote_prefixes"] = json!(["198.18.170.1/24"])),
+            422,
+            "host bits",
+        ),
+        (
+            with(&|v| v["local_prefixes"] = json!(["198.19.1.0/40"])),
+            422,
+            "0..=32",
+        ),
+        (
+            with(&|v| v["replay_window"] = json!(32)),
+            422,
+            "replay_window",
+        ),
+        (with(&|v| v["vni"] = json!(0)), 422, "vni"),
+        (with(&|v| v["bogus"] = json!(1)), 400, "unknown field"),
+        (with(&|v| v["inbound"][0]["spi"] = json!("x")), 400, "spi"),
+        // Another tenant's VNI, and a VNI nobody has: 403.
+        (
+            with(&|v| v["vni"] = json!(4101)),
+            403,
+            "not a VPC of tenant",
+        ),
+        (
+            with(&|v| v["vni"] = json!(4999)),
+            403,
+            "not a VPC of tenant",
+        ),
+    ];
+    for (b, status, needle) in &cases {
+        api.refused(
+            "PUT",
+            "/v1/tenants/acme/ipsec/other",
+            ADMIN,
+            Some(b),
+            *status,
+            needle,
+        );
+    }
+    // An inbound SPI another tunnel (another tenant's too) uses: 409.
+    api.refused(
+        "PUT",
+        "/v1/tenants/globex/ipsec/g",
+        ADMIN,
+        Some(&body(tunnel(4101, 0x3000, &[0x2001]))),
+        409,
+        "already used",
+    );
+    // A tenant token: its own tunnels yes, another tenant's VNI or tenant no.
+    let tok = api.admin("POST", "/v1/tenants/globex/tokens", None).body["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let own = body(tunnel(4101, 0x3000, &[0x3001]));
+    let r = api.call("PUT", "/v1/tenants/globex/ipsec/g", Some(&tok), Some(&own));
+    assert_eq!(r.status, 201, "{}", r.body);
+    api.refused(
+        "PUT",
+        "/v1/tenants/globex/ipsec/h",
+        &tok,
+        Some(&body(tunnel(4100, 0x3002, &[0x3003]))),
+        403,
+        "not a VPC of tenant",
+    );
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/ipsec/h",
+        &tok,
+        Some(&own),
+        403,
+        "globex",
+    );
+    api.refused("GET", path, &tok, None, 403, "globex");
+    // Deleting frees the SPIs.
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/globex/ipsec/g", None)
+            .status,
+        204
+    );
+    let r = api.admin(
+        "PUT",
+        "/v1/tenants/globex/ipsec/g",
+        Some(tunnel(4101, 0x3000, &[0x3001])),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        api.admin("DELETE", "/v1/tenants/globex/ipsec/g", None)
+            .status,
+        204
+    );
+    assert_eq!(api.admin("DELETE", path, None).status, 204);
+    api.refused("GET", path, ADMIN, None, 404, "does not exist");
+    for (t, v) in [("acme", "vpn"), ("globex", "gvpn")] {
+        assert_eq!(
+            api.admin("DELETE", &format!("/v1/tenants/{t}/vpcs/{v}"), None)
+                .status,
+            204
+        );
+    }
 }
 
 /// A RateSpec body as the API stores it: `min` and `debt` default to 0.

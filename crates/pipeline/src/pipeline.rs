@@ -554,6 +554,12 @@ pub struct Pipeline {
     active_started: u32,
     active_prev: Option<u32>,
     reports: Reports,
+    /// The IPsec VPN gateway (docs/ipsec.md); `None`: ESP and tunnel traffic are not
+    /// looked for, and the hot loop pays one branch per packet.
+    ipsec: Option<Box<ipsec::Gateway>>,
+    /// This chunk's frames for the gateway, and their descriptor indices.
+    esp_jobs: Vec<ipsec::Job>,
+    esp_idx: Vec<u16>,
 }
 
 /// The counter report queue and pass (see [`CounterReportConfig`]).
@@ -596,6 +602,9 @@ impl Pipeline {
             active_started: 0,
             active_prev: None,
             reports: Reports::default(),
+            ipsec: None,
+            esp_jobs: Vec::with_capacity(MAX_BATCH),
+            esp_idx: Vec::with_capacity(MAX_BATCH),
             cfg,
         })
         .map(|mut p| {
@@ -613,6 +622,21 @@ impl Pipeline {
     /// traced miss awaits FM's answer).
     pub fn tracer(&self) -> Option<&Tracer> {
         self.trace.as_deref()
+    }
+
+    /// Turn the IPsec VPN gateway on (`Some`) or off. With it on, ESP frames to the
+    /// node and VPC frames toward a tunnel's remote prefixes go to the gateway instead
+    /// of the flow table (docs/ipsec.md).
+    pub fn set_ipsec(&mut self, g: Option<ipsec::Gateway>) {
+        self.ipsec = g.map(Box::new);
+    }
+
+    pub fn ipsec(&self) -> Option<&ipsec::Gateway> {
+        self.ipsec.as_deref()
+    }
+
+    pub fn ipsec_mut(&mut self) -> Option<&mut ipsec::Gateway> {
+        self.ipsec.as_deref_mut()
     }
 
     pub fn set_policer(&mut self, p: Box<dyn Policer>) {
@@ -858,6 +882,18 @@ impl Pipeline {
                 self.stats.rx_bytes += d.len as u64;
             }
             stages[i] = None;
+            if let Some(g) = self.ipsec.as_deref() {
+                if ipsec::esp::is_esp(d.data(region)) {
+                    self.esp_job(i, d, ipsec::Dir::In);
+                    continue;
+                }
+                if !g.is_empty() {
+                    if let Some(dir) = self.esp_outbound(g, d.data(region)) {
+                        self.esp_job(i, d, dir);
+                        continue;
+                    }
+                }
+            }
             let cls = match self.classify(d.data(region)) {
                 Ok(c) => c,
                 Err(r) => {
@@ -954,11 +990,94 @@ impl Pipeline {
         }
         self.tenants.add(self.cur_tenant, run_packets, run_bytes);
         self.cur_tenant = 0;
+        if !self.esp_jobs.is_empty() {
+            self.run_esp(region, descs, now, fresh);
+        }
         if tracing {
             if let Some(t) = self.trace.as_mut() {
                 t.flush_counts();
             }
         }
+    }
+
+    /// A VPC frame (VXLAN) whose inner IPv4 packet is for one of `g`'s tunnels: the
+    /// job that seals it. Checked before the flow table, so a tunnel's flows need no
+    /// rule.
+    #[inline]
+    fn esp_outbound(&self, g: &ipsec::Gateway, data: &[u8]) -> Option<ipsec::Dir> {
+        let v = packet::vxlan_fast(data, self.cfg.parse.vxlan_port)?;
+        if !g.has_vni(v.vni) {
+            return None;
+        }
+        let (o, e) = (v.inner_off as usize, v.inner_end as usize);
+        // Untagged inner Ethernet carrying IPv4 (what a VPC host's VXLAN device sends).
+        let inner = data.get(o..e)?;
+        if inner.len() < 14 + 20 || inner[12] != 0x08 || inner[13] != 0x00 || inner[14] >> 4 != 4 {
+            return None;
+        }
+        let ip = &inner[14..];
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        if total < 20 || total > ip.len() {
+            return None;
+        }
+        let src = std::net::Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+        let dst = std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+        let tunnel = g.outbound_tunnel(v.vni, src, dst)?;
+        let ip_off = (o + 14) as u16;
+        Some(ipsec::Dir::Out {
+            tunnel,
+            ip_off,
+            ip_end: ip_off + total as u16,
+        })
+    }
+
+    #[inline]
+    fn esp_job(&mut self, i: usize, d: &Desc, dir: ipsec::Dir) {
+        self.esp_idx.push(i as u16);
+        self.esp_jobs.push(ipsec::Job {
+            slot: d.base as usize,
+            cap: d.cap as usize,
+            start: d.base as usize + d.off as usize,
+            len: d.len as usize,
+            dir,
+            outcome: ipsec::Outcome::Pending,
+        });
+    }
+
+    /// Hand the chunk's ESP and tunnel frames to the gateway in one call, then set their
+    /// verdicts and count them like any other packet.
+    #[cold]
+    #[inline(never)]
+    fn run_esp(&mut self, region: &mut [u8], descs: &mut [Desc], now: u32, fresh: bool) {
+        let mut jobs = std::mem::take(&mut self.esp_jobs);
+        let mut idx = std::mem::take(&mut self.esp_idx);
+        if let Some(g) = self.ipsec.as_deref_mut() {
+            g.process(region, &mut jobs, now);
+        }
+        for (j, &i) in jobs.iter().zip(idx.iter()) {
+            let d = &mut descs[usize::from(i)];
+            match j.outcome {
+                ipsec::Outcome::Tx {
+                    start, len, vni, ..
+                } => {
+                    let slot = self.tenants.slot(vni);
+                    if fresh {
+                        self.tenants.add(slot, 1, u64::from(d.len));
+                    }
+                    d.off = (start - d.base as usize) as u16;
+                    d.len = len as u16;
+                    d.verdict = Verdict::Tx(0);
+                    self.stats.tx_packets += 1;
+                    self.stats.tx_bytes += len as u64;
+                }
+                ipsec::Outcome::Drop(r) => self.drop(d, DropReason::Esp(r)),
+                ipsec::Outcome::Pending => self.drop(d, DropReason::NoRule),
+            }
+        }
+        jobs.clear();
+        idx.clear();
+        self.esp_jobs = jobs;
+        self.esp_idx = idx;
     }
 
     /// Whether the trace takes this packet (armed only).
@@ -1643,6 +1762,9 @@ impl Pipeline {
             self.ctx.release(r);
         }
         self.stats.expired += n as u64;
+        if let Some(g) = self.ipsec.as_deref_mut() {
+            g.expire(now);
+        }
         self.walk_active(now);
         if let Some(rc) = self.cfg.counter_reports {
             self.service_reports(rc, now);

@@ -1,6 +1,7 @@
 //! Per-worker counters. Plain integers: each worker owns its own, and a snapshot is
 //! copied out between batches.
 
+use ipsec::EspDrop;
 use packet::ParseError;
 
 /// Why the pipeline dropped a packet. Every drop is counted under one of these.
@@ -39,10 +40,13 @@ pub enum DropReason {
     RewriteFailed,
     /// Not enough headroom to push an encap header.
     NoHeadroom,
+    /// The IPsec gateway refused an ESP packet or a packet for a tunnel
+    /// (docs/ipsec.md): `esp-<reason>`.
+    Esp(EspDrop),
 }
 
 impl DropReason {
-    pub const FIXED: [DropReason; 15] = [
+    pub const FIXED: [DropReason; 24] = [
         DropReason::Truncated,
         DropReason::BadHeader,
         DropReason::V4Mapped,
@@ -58,6 +62,15 @@ impl DropReason {
         DropReason::RuleError,
         DropReason::RewriteFailed,
         DropReason::NoHeadroom,
+        DropReason::Esp(EspDrop::Truncated),
+        DropReason::Esp(EspDrop::UnknownSpi),
+        DropReason::Esp(EspDrop::Replay),
+        DropReason::Esp(EspDrop::Auth),
+        DropReason::Esp(EspDrop::BadTrailer),
+        DropReason::Esp(EspDrop::Policy),
+        DropReason::Esp(EspDrop::TooBig),
+        DropReason::Esp(EspDrop::SeqExhausted),
+        DropReason::Esp(EspDrop::Fragment),
     ];
 
     /// Stable name for counters and the golden corpus (`rule:<name>` for rule drops is
@@ -81,6 +94,7 @@ impl DropReason {
             DropReason::RuleError => "rule-error",
             DropReason::RewriteFailed => "rewrite-failed",
             DropReason::NoHeadroom => "no-headroom",
+            DropReason::Esp(e) => e.name(),
         }
     }
 

@@ -30,6 +30,9 @@
 //!   hping3 SYN flood against another's paced connections, its credit states and
 //!   admitted rate from the PP node's metrics, fairness and work conservation among
 //!   flooding tenants;
+//! - [`ipsec`]: an IPsec remote site (its gateway terminates ESP with the kernel's
+//!   `ip xfrm`, or with a userspace peer where the kernel has no ESP) and the kernel
+//!   xfrm baseline in the PP namespace (docs/ipsec.md);
 //! - [`measure`]: TCP Gbit/s (iperf3), 64-byte UDP packets/s (trafgen), new TCP
 //!   connections/s (wrk).
 
@@ -38,6 +41,7 @@ pub mod chains;
 pub mod cleanup;
 pub mod cmd;
 pub mod elastic;
+pub mod ipsec;
 pub mod isolation;
 pub mod measure;
 pub mod platform;

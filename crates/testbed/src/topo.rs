@@ -212,6 +212,10 @@ pub enum Node {
     Inet,
     Svc,
     Backend(usize),
+    /// The IPsec remote site's gateway and the host behind it (crate::ipsec; made only
+    /// by `ipsec::RemoteSite::build`).
+    RemoteSite,
+    RemoteHost,
 }
 
 impl Node {
@@ -235,6 +239,8 @@ impl Node {
             Node::Inet => "inet".into(),
             Node::Svc => "svc".into(),
             Node::Backend(k) => format!("b{k}"),
+            Node::RemoteSite => "rs".into(),
+            Node::RemoteHost => "rh".into(),
         }
     }
 }

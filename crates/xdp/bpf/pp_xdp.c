@@ -9,8 +9,8 @@
 // counters, then XDP_TX. Everything the program does not handle itself (a miss, a packet
 // shape it does not parse the way the userspace parser does) goes up to the userspace
 // pipeline: to the AF_XDP socket bound on this queue in `xsks`, or to the kernel when no
-// socket is bound. Anything that is not VXLAN to the node (ARP, management) goes to the
-// kernel.
+// socket is bound. ESP to the node goes up too (the IPsec gateway). Anything else
+// (ARP, management) goes to the kernel.
 //
 // The byte-level semantics mirror crates/packet/src/rewrite.rs and csum.rs exactly (the
 // golden corpus checks both paths give identical frames): src is rewritten before dst,
@@ -47,6 +47,7 @@ static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)BPF_FUNC_ktime_get_coars
 #define IPPROTO_ICMP 1
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
+#define IPPROTO_ESP 50
 #define IPPROTO_ICMPV6 58
 
 /* IPv6 extension headers walked in the driver, and how far the transport header may sit
@@ -185,9 +186,15 @@ int pp_xdp(struct xdp_md *ctx)
 	if (!node || node->ip == 0)
 		return XDP_PASS;
 
+	__u8 *h = data;
+	/* ESP (RFC 4303) to the node: the IPsec gateway's (docs/ipsec.md), in userspace,
+	 * which also counts the short and malformed ones. */
+	if (h + 34 <= data_end && h[12] == 0x08 && h[13] == 0x00 && (h[14] >> 4) == 4 &&
+	    h[23] == IPPROTO_ESP && *(__u32 *)(h + 30) == node->ip)
+		return to_userspace(ctx);
+
 	/* Outer headers, the shape packet::vxlan_fast recognises: untagged IPv4 without
 	 * options or fragmentation, UDP to 4789, VXLAN I flag. Anything else is not ours. */
-	__u8 *h = data;
 	if (h + VXLAN_V4_OVERHEAD > data_end)
 		return XDP_PASS;
 	if (h[12] != 0x08 || h[13] != 0x00 || h[14] != 0x45 || h[23] != IPPROTO_UDP)

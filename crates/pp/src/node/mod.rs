@@ -386,6 +386,12 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     cfg.ask_unbound = fm_addr.is_some();
     let mut pipeline =
         Pipeline::new(cfg, source).map_err(|e| PpNodeError::Config(format!("flow table: {e}")))?;
+    // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives.
+    pipeline.set_ipsec(Some(ipsec::Gateway::new(ipsec::GatewayConfig::new(
+        node.ip,
+        node.mac,
+        node.gw_mac,
+    ))));
     for (vni, b) in &a.vpcs {
         pipeline.bind_vpc(*vni, *b);
     }
@@ -394,7 +400,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     pipeline.set_policer(Box::new(rates.policer()));
     rates.mark_policed(&mut pipeline);
     if let (Some(d), Some(ag)) = (first_directive.take(), agent.as_ref()) {
-        apply_directive(&mut pipeline, &mut rates, &a.vpcs, &d);
+        apply_directive(&mut pipeline, &mut rates, &a.vpcs, &d, 0);
         ag.set_applied(d.version);
     }
     pipeline.set_default_binding(a.default_chain);
@@ -477,7 +483,8 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             if now >= next_report {
                 next_report = now + Duration::from_millis(250);
                 if let Some(d) = ag.new_directive() {
-                    apply_directive(&mut worker.pipeline, &mut rates, &a.vpcs, &d);
+                    let now_ms = worker.now_ms();
+                    apply_directive(&mut worker.pipeline, &mut rates, &a.vpcs, &d, now_ms);
                     ag.set_applied(d.version);
                 }
                 let mut r = report(&worker, fm_client.as_ref());
@@ -576,6 +583,7 @@ fn apply_directive(
     rates: &mut RateLimits,
     fixed: &[(u32, VpcBinding)],
     d: &proto::v1::Directive,
+    now_ms: u32,
 ) {
     for e in rates.apply(&d.rates, p) {
         tracing::warn!(error = %e, "rates refused; the tenant keeps its last ones");
@@ -598,9 +606,60 @@ fn apply_directive(
         version = d.version,
         vpcs = d.vpcs.len(),
         rates = d.rates.len(),
+        ipsec = d.ipsec.len(),
         "directive applied"
     );
     p.replace_vpcs(bindings);
+    apply_ipsec(p, &d.ipsec, now_ms);
+}
+
+/// Take the directive's IPsec tunnels. A tunnel that does not convert is left out (and
+/// logged); a set the gateway refuses leaves the gateway as it was.
+fn apply_ipsec(p: &mut Pipeline, tunnels: &[proto::v1::IpsecTunnel], now_ms: u32) {
+    let Some(g) = p.ipsec_mut() else { return };
+    let mut cfgs = Vec::with_capacity(tunnels.len());
+    for t in tunnels {
+        match tunnel_config(t) {
+            Ok(c) => cfgs.push(c),
+            Err(e) => tracing::warn!(tunnel = %t.name, error = %e, "IPsec tunnel refused"),
+        }
+    }
+    match g.apply(&cfgs, now_ms) {
+        Ok(()) => tracing::info!(tunnels = cfgs.len(), "IPsec tunnels applied"),
+        Err(e) => {
+            tracing::warn!(error = %e, "IPsec tunnels refused; the gateway keeps its last ones")
+        }
+    }
+}
+
+/// A directive's tunnel as the gateway takes it.
+pub fn tunnel_config(t: &proto::v1::IpsecTunnel) -> Result<ipsec::TunnelConfig, String> {
+    let ip = |what: &str, s: &str| -> Result<Ipv4Addr, String> {
+        s.parse()
+            .map_err(|_| format!("{what} {s:?} is not an IPv4 address"))
+    };
+    let prefixes = |v: &[String]| -> Result<Vec<ipsec::Prefix>, String> {
+        v.iter().map(|p| p.parse()).collect()
+    };
+    let sa = |s: &proto::v1::IpsecSa| ipsec::SaConfig {
+        spi: s.spi,
+        keymat: s.keymat.clone(),
+    };
+    Ok(ipsec::TunnelConfig {
+        name: t.name.clone(),
+        tenant: t.tenant,
+        vni: t.vni,
+        peer: ip("peer", &t.peer)?,
+        local_prefixes: prefixes(&t.local_prefixes)?,
+        remote_prefixes: prefixes(&t.remote_prefixes)?,
+        vtep: ip("vtep", &t.vtep)?,
+        vm_mac: <[u8; 6]>::try_from(t.vm_mac.as_slice())
+            .map_err(|_| format!("vm_mac has {} bytes, not 6", t.vm_mac.len()))?,
+        outbound: sa(t.outbound.as_ref().ok_or("no outbound SA")?),
+        inbound: t.inbound.iter().map(sa).collect(),
+        esn: t.esn,
+        replay_window: t.replay_window,
+    })
 }
 
 /// What a PP node tells the orchestrator.
@@ -636,6 +695,10 @@ fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
+        ipsec: p
+            .ipsec()
+            .map(|g| g.tunnels().into_iter().map(ipsec_status).collect())
+            .unwrap_or_default(),
         tenants: p
             .tenants()
             .map(|(t, c)| proto::v1::TenantCounters {
@@ -647,6 +710,27 @@ fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+fn ipsec_status(t: ipsec::TunnelStatus) -> proto::v1::IpsecTunnelStatus {
+    proto::v1::IpsecTunnelStatus {
+        name: t.name,
+        outbound_spi: t.outbound_spi,
+        outbound_seq: t.outbound_seq,
+        outbound_packets: t.outbound.packets,
+        outbound_bytes: t.outbound.bytes,
+        inbound: t
+            .inbound
+            .into_iter()
+            .map(|(spi, c, retiring)| proto::v1::IpsecSaStatus {
+                spi,
+                packets: c.packets,
+                bytes: c.bytes,
+                retiring,
+            })
+            .collect(),
+        drops: t.drops,
     }
 }
 
@@ -685,6 +769,18 @@ fn summary(w: &Worker<PpIo>, t: Duration) -> String {
             line,
             " elephants={} fastpath={}",
             s.elephants, s.fastpath_packets
+        );
+    }
+    if let Some(g) = p.ipsec().filter(|g| !g.is_empty() || g.stats().batches > 0) {
+        let st = g.stats();
+        let _ = write!(
+            line,
+            " ipsec: tunnels={} out={} in={} icmp_too_big={} batches={}",
+            g.tunnels().len(),
+            st.out_packets,
+            st.in_packets,
+            st.icmp_too_big,
+            st.batches
         );
     }
     line.push_str(&io.summary());
