@@ -295,6 +295,28 @@ impl Revised for PlacementLimits {
     fn set_revision(&mut self, _: u64) {}
 }
 
+/// How a PUT of `new` over `current` (the object at `key` and its revision) goes: the
+/// kind of put, with the compare that guards it pushed onto `compares`; or `Err(rev)`
+/// when `new` is what the store already holds at `rev` (answer `Put::Unchanged`).
+fn put_kind<T: Revised + Clone + PartialEq>(
+    key: &str,
+    new: &T,
+    current: &Option<(T, u64)>,
+    compares: &mut Vec<Compare>,
+) -> Result<Put, u64> {
+    match current {
+        Some((old, rev)) if old.clone().at(0) == *new => Err(*rev),
+        Some((_, rev)) => {
+            compares.push(Compare::ModRev(key.to_string(), *rev));
+            Ok(Put::Updated)
+        }
+        None => {
+            compares.push(Compare::Absent(key.to_string()));
+            Ok(Put::Created)
+        }
+    }
+}
+
 /// Whether a PUT created the object or replaced (or kept) it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Put {
@@ -830,22 +852,13 @@ impl Desired {
         let current = self.read::<Vpc>(&key).await?;
         let mut compares = vec![Compare::ModRev(tkey, trev)];
         let mut ops = Vec::new();
-        let put = match &current {
-            Some((old, rev)) => {
-                if old.clone().at(0) == vpc {
-                    return Ok((vpc.at(*rev), Put::Unchanged));
-                }
-                compares.push(Compare::ModRev(key.clone(), *rev));
-                if old.vni != vpc.vni {
-                    ops.push(TxnOp::Delete(format!("vnis/{:08}", old.vni)));
-                }
-                Put::Updated
-            }
-            None => {
-                compares.push(Compare::Absent(key.clone()));
-                Put::Created
-            }
+        let put = match put_kind(&key, &vpc, &current, &mut compares) {
+            Ok(p) => p,
+            Err(rev) => return Ok((vpc.at(rev), Put::Unchanged)),
         };
+        if let Some((old, _)) = current.as_ref().filter(|(o, _)| o.vni != vpc.vni) {
+            ops.push(TxnOp::Delete(format!("vnis/{:08}", old.vni)));
+        }
         if current.as_ref().is_none_or(|(o, _)| o.vni != vpc.vni) {
             compares.push(Compare::Absent(vni_key.clone()));
             ops.push(TxnOp::Put(vni_key, owner.into_bytes()));
@@ -927,18 +940,9 @@ impl Desired {
         };
         let current = self.read::<NfInstance>(&key).await?;
         let mut compares = vec![Compare::ModRev(tkey, trev)];
-        let put = match &current {
-            Some((old, rev)) => {
-                if old.clone().at(0) == nf {
-                    return Ok((nf.at(*rev), Put::Unchanged));
-                }
-                compares.push(Compare::ModRev(key.clone(), *rev));
-                Put::Updated
-            }
-            None => {
-                compares.push(Compare::Absent(key.clone()));
-                Put::Created
-            }
+        let put = match put_kind(&key, &nf, &current, &mut compares) {
+            Ok(p) => p,
+            Err(rev) => return Ok((nf.at(rev), Put::Unchanged)),
         };
         let rev = self
             .store
@@ -1241,24 +1245,17 @@ impl Desired {
             Compare::ModRev(vni_key, vni_rev),
         ];
         let mut ops = Vec::new();
-        let put = match &current {
-            Some((old, rev)) => {
-                if old.clone().at(0) == tunnel {
-                    return Ok((tunnel.at(*rev), Put::Unchanged));
-                }
-                compares.push(Compare::ModRev(key.clone(), *rev));
-                for sa in &old.spec.inbound {
-                    if !spec.inbound.iter().any(|n| n.spi == sa.spi) {
-                        ops.push(TxnOp::Delete(spi_key(sa.spi)));
-                    }
-                }
-                Put::Updated
-            }
-            None => {
-                compares.push(Compare::Absent(key.clone()));
-                Put::Created
-            }
+        let put = match put_kind(&key, &tunnel, &current, &mut compares) {
+            Ok(p) => p,
+            Err(rev) => return Ok((tunnel.at(rev), Put::Unchanged)),
         };
+        if let Some((old, _)) = &current {
+            for sa in &old.spec.inbound {
+                if !spec.inbound.iter().any(|n| n.spi == sa.spi) {
+                    ops.push(TxnOp::Delete(spi_key(sa.spi)));
+                }
+            }
+        }
         for sa in &spec.inbound {
             let k = spi_key(sa.spi);
             match self.store.get(&k).await? {

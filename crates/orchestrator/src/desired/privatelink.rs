@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use store::{Compare, TxnOp};
 use utoipa::ToSchema;
 
-use super::{check_name, encode, Desired, Paging, Put, Revised};
+use super::{check_name, encode, put_kind, Desired, Paging, Put, Revised};
 use crate::error::ApiError;
 use crate::model::{NfInstance, Page, Vpc, MAX_VNI};
 
@@ -295,18 +295,9 @@ impl Desired {
         let key = format!("endpoint-services/{tenant}/{name}");
         let current = self.read::<EndpointService>(&key).await?;
         let mut compares = vec![Compare::ModRev(tkey, trev), Compare::ModRev(vkey, vrev)];
-        let put = match &current {
-            Some((old, rev)) => {
-                if old.clone().at(0) == svc {
-                    return Ok((svc.at(*rev), Put::Unchanged));
-                }
-                compares.push(Compare::ModRev(key.clone(), *rev));
-                Put::Updated
-            }
-            None => {
-                compares.push(Compare::Absent(key.clone()));
-                Put::Created
-            }
+        let put = match put_kind(&key, &svc, &current, &mut compares) {
+            Ok(p) => p,
+            Err(rev) => return Ok((svc.at(rev), Put::Unchanged)),
         };
         let rev = self
             .store
@@ -478,24 +469,17 @@ impl Desired {
             Compare::ModRev(skey, srev),
         ];
         let mut ops = Vec::new();
-        let put = match &current {
-            Some((old, rev)) => {
-                if old.clone().at(0) == ep {
-                    return Ok((ep.at(*rev), Put::Unchanged));
-                }
-                compares.push(Compare::ModRev(key.clone(), *rev));
-                if let Ok(a) = old.address.parse::<IpAddr>() {
-                    if (old.vni, a) != (ep.vni, address) {
-                        ops.push(TxnOp::Delete(addr_key(old.vni, a)));
-                    }
-                }
-                Put::Updated
-            }
-            None => {
-                compares.push(Compare::Absent(key.clone()));
-                Put::Created
-            }
+        let put = match put_kind(&key, &ep, &current, &mut compares) {
+            Ok(p) => p,
+            Err(rev) => return Ok((ep.at(rev), Put::Unchanged)),
         };
+        if let Some((old, _)) = &current {
+            if let Ok(a) = old.address.parse::<IpAddr>() {
+                if (old.vni, a) != (ep.vni, address) {
+                    ops.push(TxnOp::Delete(addr_key(old.vni, a)));
+                }
+            }
+        }
         let moved = current
             .as_ref()
             .is_none_or(|(o, _)| (o.vni, o.address.as_str()) != (ep.vni, ep.address.as_str()));
