@@ -850,6 +850,23 @@ impl Desired {
             }
         }
         let current = self.read::<Vpc>(&key).await?;
+        if current.as_ref().is_none_or(|(o, _)| o.vni != vpc.vni) {
+            // A VNI another tenant's chain already sends into would hand this VPC that
+            // tenant's frames (the other half of `egress_vni`).
+            let chains: Vec<Chain> = self.all("chains/").await?;
+            let sends_here =
+                |e: &proto::EgressDef| e.encap.as_ref().is_some_and(|x| x.vni == spec.vni);
+            if chains
+                .iter()
+                .any(|c| c.tenant != tenant && (sends_here(&c.forward) || sends_here(&c.reverse)))
+            {
+                return Err(ApiError::conflict(format!(
+                    "vni {} is the egress of another tenant's chain",
+                    spec.vni
+                ))
+                .at("vni"));
+            }
+        }
         let mut compares = vec![Compare::ModRev(tkey, trev)];
         let mut ops = Vec::new();
         let put = match put_kind(&key, &vpc, &current, &mut compares) {
@@ -1016,6 +1033,11 @@ impl Desired {
             compares.push(Compare::ModRev(k, rev));
             nf_objs.push(nf);
         }
+        for (field, egress) in [("forward", &spec.forward), ("reverse", &spec.reverse)] {
+            if let Some(encap) = &egress.encap {
+                compares.push(self.egress_vni(tenant, &nf_objs, encap.vni, field).await?);
+            }
+        }
         let key = format!("chains/{tenant}/{name}");
         let bind = format!("vpc-chain/{tenant}/{}", spec.vpc);
         let bound = self.store.get(&bind).await?;
@@ -1100,6 +1122,41 @@ impl Desired {
         Err(ApiError::conflict(format!(
             "chain {name:?} kept changing under this request; retry"
         )))
+    }
+
+    /// Where a chain may re-encapsulate its frames: into one of its tenant's own VPCs,
+    /// into a VNI no VPC has (a provider network, such as the internet gateway's), or
+    /// into another tenant's VPC only as the provider side of a PrivateLink service its
+    /// NFs reach. Anything else would let a tenant write frames into another tenant's
+    /// VPC: 403, without naming the owner. The returned compare keeps the answer true
+    /// when the chain is written.
+    async fn egress_vni(
+        &self,
+        tenant: &str,
+        nfs: &[NfInstance],
+        vni: u32,
+        field: &str,
+    ) -> Result<Compare, ApiError> {
+        let key = format!("vnis/{vni:08}");
+        let Some(v) = self.store.get(&key).await? else {
+            return Ok(Compare::Absent(key));
+        };
+        let owner = String::from_utf8_lossy(&v.value);
+        let owner_tenant = owner.split_once('/').map_or(owner.as_ref(), |x| x.0);
+        if owner_tenant != tenant
+            && !self
+                .privatelink_provider_vnis(tenant, nfs)
+                .await?
+                .contains(&vni)
+        {
+            return Err(ApiError::forbidden(format!(
+                "{field}.encap.vni {vni} is another tenant's VPC: a chain re-encapsulates \
+                 only into its tenant's own VPCs, a provider network, or the VPC of a \
+                 PrivateLink service its NFs reach"
+            ))
+            .at(field));
+        }
+        Ok(Compare::ModRev(key, v.mod_rev))
     }
 
     pub async fn delete_chain(&self, tenant: &str, name: &str) -> Result<(), ApiError> {

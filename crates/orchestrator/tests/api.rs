@@ -703,6 +703,7 @@ fn suite(api: &Api) {
     assert!(page.contains("Log in") && !page.contains("http"), "{page}");
 
     ipsec_suite(api);
+    egress_suite(api);
 
     // ---- the OpenAPI document covers the resources
     let r = api.call("GET", "/openapi.json", None, None);
@@ -922,6 +923,56 @@ fn ipsec_suite(api: &Api) {
 }
 
 /// A RateSpec body as the API stores it: `min` and `debt` default to 0.
+/// A chain re-encapsulates only into its tenant's own VPCs or a VNI no VPC has; a VPC
+/// cannot take a VNI another tenant's chain sends into.
+fn egress_suite(api: &Api) {
+    let put = |path: &str, body: Value| {
+        let r = api.admin("PUT", path, Some(body));
+        assert_eq!(r.status, 201, "{path}: {}", r.body);
+    };
+    put("/v1/tenants/acme/vpcs/edge", json!({"vni": 4200}));
+    put("/v1/tenants/globex/vpcs/edge", json!({"vni": 4201}));
+    put("/v1/tenants/globex/nfs/gnat", snat("198.19.200.1"));
+    let chain = |fwd: u32, rev: u32| {
+        json!({"vpc": "edge", "nfs": ["gnat"],
+               "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": fwd}},
+               "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": rev}}})
+        .to_string()
+    };
+    let path = "/v1/tenants/globex/chains/out";
+    // Into acme's VPC, either way: refused, and acme is not named.
+    for body in [chain(4200, 4201), chain(4300, 4200)] {
+        api.refused("PUT", path, ADMIN, Some(&body), 403, "another tenant's VPC");
+        assert!(!api
+            .call("PUT", path, Some(ADMIN), Some(&body))
+            .message()
+            .contains("acme"));
+    }
+    // Its own VPC back, a VNI no VPC has forward: accepted.
+    let r = api.call("PUT", path, Some(ADMIN), Some(&chain(4300, 4201)));
+    assert_eq!(r.status, 201, "{}", r.body);
+    // Now no other tenant's VPC may take VNI 4300; globex's own may.
+    api.refused(
+        "PUT",
+        "/v1/tenants/acme/vpcs/late",
+        ADMIN,
+        Some(&json!({"vni": 4300}).to_string()),
+        409,
+        "egress of another tenant's chain",
+    );
+    put("/v1/tenants/globex/vpcs/gw", json!({"vni": 4300}));
+    for p in [
+        "/v1/tenants/globex/chains/out",
+        "/v1/tenants/globex/nfs/gnat",
+        "/v1/tenants/globex/vpcs/gw",
+        "/v1/tenants/globex/vpcs/edge",
+        "/v1/tenants/acme/vpcs/edge",
+    ] {
+        let r = api.call("DELETE", p, Some(ADMIN), None);
+        assert_eq!(r.status, 204, "{p}: {}", r.body);
+    }
+}
+
 fn rates_after_defaults(v: &serde_json::Value) -> serde_json::Value {
     let mut v = v.clone();
     for kind in ["requests", "packets"] {

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 
 use super::{check_name, encode, put_kind, Desired, Paging, Put, Revised};
 use crate::error::ApiError;
-use crate::model::{NfInstance, Page, Vpc, MAX_VNI};
+use crate::model::{NfInstance, NfKind, Page, Vpc, MAX_VNI};
 
 /// Transport protocol of a published service.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -621,6 +621,40 @@ fn not_owned(tenant: &str, vni: u32) -> ApiError {
         "vni {vni} is not the VNI of a VPC of tenant {tenant:?}"
     ))
     .at("vni")
+}
+
+impl Desired {
+    /// The provider VNIs the tenant's `privatelink` NFs among `nfs` deliver to: the
+    /// VPCs of the services (still published to the tenant) their endpoints reach.
+    pub(super) async fn privatelink_provider_vnis(
+        &self,
+        tenant: &str,
+        nfs: &[NfInstance],
+    ) -> Result<Vec<u32>, ApiError> {
+        let links: Vec<&NfInstance> = nfs
+            .iter()
+            .filter(|n| n.kind == NfKind::PrivateLink)
+            .collect();
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        let eps: Vec<PrivateLinkEndpoint> = self
+            .all(&format!("privatelink-endpoints/{tenant}/"))
+            .await?;
+        let mut vnis = Vec::new();
+        for e in eps
+            .iter()
+            .filter(|e| links.iter().any(|n| uses_endpoint(n, e)))
+        {
+            let skey = format!("endpoint-services/{}/{}", e.service.tenant, e.service.name);
+            if let Some((s, _)) = self.read::<EndpointService>(&skey).await? {
+                if s.allowed_tenants.iter().any(|t| t == tenant) {
+                    vnis.push(s.vni);
+                }
+            }
+        }
+        Ok(vnis)
+    }
 }
 
 /// Whether a stored (resolved) `privatelink` NF serves endpoint `e`.
