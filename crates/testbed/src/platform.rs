@@ -453,9 +453,11 @@ fn last_line(p: &Path, prefix: &str) -> String {
         .to_string()
 }
 
-/// A `key=value` field of a status line.
+/// A `key=value` field of a status line, also inside the PP line's parenthesised drop
+/// reasons (`drops=4 (no-rule=1 rate-limited=3)`).
 pub fn field(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
+        .map(|w| w.trim_start_matches('(').trim_end_matches(')'))
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
         .and_then(|v| v.parse().ok())
 }
@@ -691,5 +693,9 @@ mod tests {
         assert_eq!(field(l, "groups"), Some(2));
         assert_eq!(field(l, "sc"), Some(3));
         assert_eq!(field(l, "nope"), None);
+        let pp = "pp: t=2.0s rx=9 tx=5 hits=4 misses=1 drops=4 (no-rule=1 rate-limited=3) io: x";
+        assert_eq!(field(pp, "drops"), Some(4));
+        assert_eq!(field(pp, "no-rule"), Some(1));
+        assert_eq!(field(pp, "rate-limited"), Some(3));
     }
 }
