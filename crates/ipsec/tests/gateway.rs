@@ -55,6 +55,16 @@ fn tunnel(
 
 /// A (VPC 198.19.1.0/24) and B (remote 198.18.170.0/24) with SPIs 0x100 (A→B) and
 /// 0x200 (B→A).
+/// A's end: its VPC 198.19.1.0/24 toward the site's 198.18.170.0/24 behind B.
+fn a_side(out: SaConfig, ins: Vec<SaConfig>) -> TunnelConfig {
+    tunnel(out, ins, B_IP, "198.19.1.0/24", "198.18.170.0/24")
+}
+
+/// B's end, the mirror of [`a_side`].
+fn b_side(out: SaConfig, ins: Vec<SaConfig>) -> TunnelConfig {
+    tunnel(out, ins, A_IP, "198.18.170.0/24", "198.19.1.0/24")
+}
+
 fn pair() -> (Gateway, Gateway) {
     let mut a = Gateway::new(GatewayConfig::new(
         A_IP,
@@ -66,28 +76,10 @@ fn pair() -> (Gateway, Gateway) {
         [2, 0, 0, 0, 2, 1],
         [2, 0, 0, 0, 2, 2],
     ));
-    a.apply(
-        &[tunnel(
-            sa(0x100, 1),
-            vec![sa(0x200, 2)],
-            B_IP,
-            "198.19.1.0/24",
-            "198.18.170.0/24",
-        )],
-        0,
-    )
-    .unwrap();
-    b.apply(
-        &[tunnel(
-            sa(0x200, 2),
-            vec![sa(0x100, 1)],
-            A_IP,
-            "198.18.170.0/24",
-            "198.19.1.0/24",
-        )],
-        0,
-    )
-    .unwrap();
+    a.apply(&[a_side(sa(0x100, 1), vec![sa(0x200, 2)])], 0)
+        .unwrap();
+    b.apply(&[b_side(sa(0x200, 2), vec![sa(0x100, 1)])], 0)
+        .unwrap();
     (a, b)
 }
 
@@ -199,24 +191,7 @@ fn vpc_to_remote_and_back_through_two_gateways() {
     }
     // The answer, B → A, comes out of A as VXLAN toward the VPC's host.
     let resp = udp_v4(REMOTE_HOST, 53, VM, 40000, b"answer");
-    let mut burst = Burst::new();
-    let mut inner = vec![0u8; 14];
-    inner[12] = 0x08;
-    inner.extend_from_slice(ip_of(&resp));
-    let f = vxlan_wrap(VTEP.octets(), B_IP.octets(), 1, VNI, &inner);
-    let t = b
-        .outbound_tunnel(VNI, Ipv4Addr::from(REMOTE_HOST), Ipv4Addr::from(VM))
-        .unwrap();
-    burst.push(
-        &f,
-        Dir::Out {
-            tunnel: t,
-            ip_off: 64,
-            ip_end: 64 + ip_of(&resp).len() as u16,
-        },
-    );
-    burst.run(&mut b, 2);
-    let esp_frame = burst.out().remove(0).unwrap();
+    let esp_frame = seal_at_b(&mut b, &resp, 1, 2).remove(0);
     let mut burst = Burst::new();
     burst.push(&esp_frame, Dir::In);
     burst.run(&mut a, 2);
@@ -265,13 +240,22 @@ fn spd_picks_the_tunnel_by_prefix_and_ignores_other_traffic() {
 
 fn sealed_by_b(b: &mut Gateway, n: usize) -> Vec<Vec<u8>> {
     let resp = udp_v4(REMOTE_HOST, 53, VM, 40000, b"answer");
+    seal_at_b(b, &resp, n, 0)
+}
+
+/// `n` copies of the IP packet of `frame` (an Ethernet frame from the site's side) as B
+/// seals them toward A, at time `now`.
+fn seal_at_b(b: &mut Gateway, frame: &[u8], n: usize, now: u32) -> Vec<Vec<u8>> {
+    let ip = ip_of(frame);
     let mut inner = vec![0u8; 14];
     inner[12] = 0x08;
-    inner.extend_from_slice(ip_of(&resp));
+    inner.extend_from_slice(ip);
     let f = vxlan_wrap(VTEP.octets(), B_IP.octets(), 1, VNI, &inner);
-    let t = b
-        .outbound_tunnel(VNI, Ipv4Addr::from(REMOTE_HOST), Ipv4Addr::from(VM))
-        .unwrap();
+    let (src, dst) = (
+        Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+    );
+    let t = b.outbound_tunnel(VNI, src, dst).unwrap();
     let mut burst = Burst::new();
     for _ in 0..n {
         burst.push(
@@ -279,11 +263,11 @@ fn sealed_by_b(b: &mut Gateway, n: usize) -> Vec<Vec<u8>> {
             Dir::Out {
                 tunnel: t,
                 ip_off: 64,
-                ip_end: 64 + ip_of(&resp).len() as u16,
+                ip_end: 64 + ip.len() as u16,
             },
         );
     }
-    burst.run(b, 0);
+    burst.run(b, now);
     burst.out().into_iter().map(Result::unwrap).collect()
 }
 
@@ -328,17 +312,8 @@ fn a_wrong_key_fails_authentication_and_does_not_move_the_window() {
     let (mut a, _) = pair();
     // B with the right SPI but the wrong key.
     let mut bad = Gateway::new(GatewayConfig::new(B_IP, [2; 6], [3; 6]));
-    bad.apply(
-        &[tunnel(
-            sa(0x200, 9),
-            vec![sa(0x100, 1)],
-            A_IP,
-            "198.18.170.0/24",
-            "198.19.1.0/24",
-        )],
-        0,
-    )
-    .unwrap();
+    bad.apply(&[b_side(sa(0x200, 9), vec![sa(0x100, 1)])], 0)
+        .unwrap();
     let forged = sealed_by_b(&mut bad, 5);
     let r = open_at_a(&mut a, &forged, 0);
     assert!(r.iter().all(|x| *x == Err(EspDrop::Auth)));
@@ -385,24 +360,7 @@ fn inner_packets_outside_the_selectors_are_dropped() {
     )
     .unwrap();
     let spoof = udp_v4([198, 18, 99, 1], 53, VM, 40000, b"spoofed");
-    let mut inner = vec![0u8; 14];
-    inner[12] = 0x08;
-    inner.extend_from_slice(ip_of(&spoof));
-    let f = vxlan_wrap(VTEP.octets(), B_IP.octets(), 1, VNI, &inner);
-    let t = b
-        .outbound_tunnel(VNI, Ipv4Addr::new(198, 18, 99, 1), Ipv4Addr::from(VM))
-        .unwrap();
-    let mut burst = Burst::new();
-    burst.push(
-        &f,
-        Dir::Out {
-            tunnel: t,
-            ip_off: 64,
-            ip_end: 64 + ip_of(&spoof).len() as u16,
-        },
-    );
-    burst.run(&mut b, 0);
-    let esp_frame = burst.out().remove(0).unwrap();
+    let esp_frame = seal_at_b(&mut b, &spoof, 1, 0).remove(0);
     assert_eq!(open_at_a(&mut a, &[esp_frame], 0)[0], Err(EspDrop::Policy));
 }
 
@@ -479,17 +437,8 @@ fn rekey_keeps_the_old_inbound_sa_for_the_grace_period_then_drops_it() {
     assert!(open_at_a(&mut a, &old[..1], 1000).iter().all(|r| r.is_ok()));
     // Make before break: A gets a new inbound SA (0x201) and a new outbound one (0x101);
     // 0x200 is no longer configured.
-    a.apply(
-        &[tunnel(
-            sa(0x101, 11),
-            vec![sa(0x201, 12)],
-            B_IP,
-            "198.19.1.0/24",
-            "198.18.170.0/24",
-        )],
-        1000,
-    )
-    .unwrap();
+    a.apply(&[a_side(sa(0x101, 11), vec![sa(0x201, 12)])], 1000)
+        .unwrap();
     let s = a.tunnels();
     assert_eq!(s[0].outbound_spi, 0x101);
     assert_eq!(s[0].outbound_seq, 0, "a new outbound SA starts at 1");
@@ -501,17 +450,8 @@ fn rekey_keeps_the_old_inbound_sa_for_the_grace_period_then_drops_it() {
     // Packets the peer sealed with the old SA before it switched still arrive.
     assert!(open_at_a(&mut a, &old[1..2], 1000 + 29_000)[0].is_ok());
     // The peer switches to 0x201.
-    b.apply(
-        &[tunnel(
-            sa(0x201, 12),
-            vec![sa(0x101, 11)],
-            A_IP,
-            "198.18.170.0/24",
-            "198.19.1.0/24",
-        )],
-        1000,
-    )
-    .unwrap();
+    b.apply(&[b_side(sa(0x201, 12), vec![sa(0x101, 11)])], 1000)
+        .unwrap();
     let new = sealed_by_b(&mut b, 1);
     assert_eq!(esp::parse(&new[0]).unwrap().spi, 0x201);
     assert!(open_at_a(&mut a, &new, 1000 + 29_000)[0].is_ok());
@@ -534,17 +474,8 @@ fn reapplying_the_same_configuration_keeps_sequence_numbers_and_windows() {
     burst.run(&mut a, 0);
     let f = sealed_by_b(&mut b, 1);
     assert!(open_at_a(&mut a, &f, 0)[0].is_ok());
-    a.apply(
-        &[tunnel(
-            sa(0x100, 1),
-            vec![sa(0x200, 2)],
-            B_IP,
-            "198.19.1.0/24",
-            "198.18.170.0/24",
-        )],
-        5,
-    )
-    .unwrap();
+    a.apply(&[a_side(sa(0x100, 1), vec![sa(0x200, 2)])], 5)
+        .unwrap();
     assert_eq!(a.tunnels()[0].outbound_seq, 1);
     assert_eq!(open_at_a(&mut a, &f, 5)[0], Err(EspDrop::Replay));
 }
@@ -552,13 +483,7 @@ fn reapplying_the_same_configuration_keeps_sequence_numbers_and_windows() {
 #[test]
 fn bad_configurations_are_refused_whole() {
     let mut a = Gateway::new(GatewayConfig::new(A_IP, [2; 6], [3; 6]));
-    let good = tunnel(
-        sa(0x100, 1),
-        vec![sa(0x200, 2)],
-        B_IP,
-        "198.19.1.0/24",
-        "198.18.170.0/24",
-    );
+    let good = a_side(sa(0x100, 1), vec![sa(0x200, 2)]);
     let mut short_key = good.clone();
     short_key.outbound.keymat = vec![1; 16];
     assert!(a.apply(&[short_key], 0).is_err());

@@ -392,14 +392,7 @@ fn ipsec(r: &mut Runner<'_>, out: &mut E2eBench) -> Result<()> {
         eprintln!("done");
     }
     let mut site = RemoteSite::build(tb, None)?;
-    out.setup.ipsec.push(format!(
-        "remote site: {}{}",
-        site.kind.name(),
-        site.why_userspace
-            .as_ref()
-            .map(|w| format!(" (not the kernel: {w})"))
-            .unwrap_or_default()
-    ));
+    out.setup.ipsec.push(site.summary());
     services::start_iperf3(tb, Node::RemoteHost, tip::addr::HOST)?;
     if site.kind == PeerKind::Xfrm {
         r.progress("kernel xfrm IPsec: iperf3");

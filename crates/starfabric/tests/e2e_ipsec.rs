@@ -42,14 +42,7 @@ fn ipsec_tunnel_to_a_remote_site_carries_curl_and_iperf3_both_ways_and_survives_
     let Some(lab) = Lab::new(1, 0) else { return };
     let tb = lab.tb();
     let mut site = RemoteSite::build(tb, None).expect("remote site");
-    println!(
-        "remote site: {}{}",
-        site.kind.name(),
-        site.why_userspace
-            .as_ref()
-            .map(|w| format!(" (not the kernel: {w})"))
-            .unwrap_or_default()
-    );
+    println!("{}", site.summary());
     let _rh = services::start_nginx(tb, Node::RemoteHost, "remote-host", ipsec::addr::HOST, true)
         .expect("nginx on the remote host");
     let _vm = services::start_nginx(tb, Node::Client(0), "vm", addr::CLIENT, true)

@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use testbed::chains::{self, Toward};
-use testbed::platform::Platform;
+use testbed::platform;
 use testbed::services;
 use testbed::topo::{addr, Node};
 use testbed::Testbed;
@@ -74,26 +74,6 @@ fn nc_refused(tb: &Testbed, n: Node, host: Ipv4Addr, port: u16) {
     let (h, p) = (host.to_string(), port.to_string());
     let out = run(tb, n, &["nc", "-z", "-w", "1", &h, &p]);
     assert!(!out.ok(), "nc {h} {p} from {n:?} connected");
-}
-
-/// A drop counter of the PP stats line: `rule:<reason>=N` sits in a parenthesised
-/// list, so the last one carries the `)`.
-fn drops(line: &str, reason: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(reason)?.strip_prefix('='))
-        .and_then(|v| v.trim_end_matches(')').parse().ok())
-        .unwrap_or(0)
-}
-
-fn pp_stats_when(p: &Platform, ok: impl Fn(&str) -> bool) -> String {
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = p.pp_stats();
-        if ok(&s) || std::time::Instant::now() > end {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -174,6 +154,6 @@ fn a_consumer_reaches_the_providers_nginx_through_its_endpoint_and_nothing_else(
     // before its drop rule arrives, and curl gives up before retransmitting: so at
     // least three, not exactly five.
     let reason = "rule:privatelink-no-endpoint";
-    let stats = pp_stats_when(&p, |s| drops(s, reason) >= 5);
-    assert!(drops(&stats, reason) >= 3, "{stats}");
+    let stats = p.pp_stats_when(|s| platform::field(s, reason).unwrap_or(0) >= 5);
+    assert!(platform::field(&stats, reason).unwrap_or(0) >= 3, "{stats}");
 }

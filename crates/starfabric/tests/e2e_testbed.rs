@@ -88,7 +88,7 @@ fn curl_through_snat_reaches_the_internet_from_the_pool_address() {
         assert!(!l.contains(&addr::CLIENT.to_string()), "{l}");
     }
     // The PP node asked for a rule per connection (its stats line comes every second).
-    let stats = pp_stats_when(&p, |s| platform::field(s, "misses").unwrap_or(0) >= 5);
+    let stats = p.pp_stats_when(|s| platform::field(s, "misses").unwrap_or(0) >= 5);
     assert!(
         platform::field(&stats, "misses").unwrap_or(0) >= 5,
         "{stats}"
@@ -123,7 +123,7 @@ fn pp_takes_af_xdp_by_default_on_the_testbed() {
     );
     let body = curl(tb, 0, &format!("http://{}/", addr::INET));
     assert_eq!(peer(&body).1, addr::pool(0), "{body}");
-    let stats = pp_stats_when(&p, |s| platform::field(s, "completed").unwrap_or(0) > 0);
+    let stats = p.pp_stats_when(|s| platform::field(s, "completed").unwrap_or(0) > 0);
     assert!(stats.contains(" io: afxdp "), "{stats}");
     assert!(
         platform::field(&stats, "completed").unwrap_or(0) > 0,
@@ -147,7 +147,7 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
     let gbps = measure::tcp_gbps(tb, Node::Client(0), addr::INET, 2)
         .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
     assert!(gbps > 0.0);
-    let stats = pp_stats_when(&p, |s| platform::field(s, "misses").unwrap_or(0) >= 3);
+    let stats = p.pp_stats_when(|s| platform::field(s, "misses").unwrap_or(0) >= 3);
     assert!(stats.contains(" io: rx="), "{stats}");
     assert!(
         platform::field(&stats, "misses").unwrap_or(0) >= 3,
@@ -180,7 +180,7 @@ fn a_long_tcp_flow_moves_to_the_xdp_fast_path_and_back_when_idle() {
         .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
     println!("iperf3 through SNAT with the fast path: {gbps:.3} Gbit/s");
     assert!(gbps > 0.0);
-    let stats = pp_stats_when(&p, |s| {
+    let stats = p.pp_stats_when(|s| {
         platform::field(s, "expired").unwrap_or(0) >= 1 && platform::field(s, "active") == Some(0)
     });
     println!("{stats}");
@@ -280,19 +280,6 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
     assert_eq!(allowed, (0..cpus).collect::<Vec<_>>(), "{aff}");
     let body = curl(tb, 0, &format!("http://{}/", addr::INET));
     assert_eq!(peer(&body).1, addr::pool(0), "{body}");
-}
-
-/// The PP node's stats line once `ok` holds for it (it prints one a second), or the last
-/// one after 5 s (for the caller's assertion to show).
-fn pp_stats_when(p: &Platform, ok: impl Fn(&str) -> bool) -> String {
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = p.pp_stats();
-        if ok(&s) || std::time::Instant::now() > end {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -490,7 +477,7 @@ fn firewall_allows_and_denies_and_replies_of_allowed_flows_come_back() {
     assert!(!nc_connects(tb, 8082), "TCP 8082 (default deny) connected");
     assert_eq!(counted(tb, 8080), 0, "a denied SYN reached the server");
     assert_eq!(counted(tb, 8082), 0, "a denied SYN reached the server");
-    let stats = pp_stats_when(&p, |s| s.contains("rule:acl-deny="));
+    let stats = p.pp_stats_when(|s| s.contains("rule:acl-deny="));
     assert!(stats.contains("rule:acl-deny="), "{stats}");
 }
 
@@ -511,7 +498,7 @@ fn fw_then_snat_chain() {
     // Denied before SNAT ever sees it.
     assert!(!nc_connects(tb, 8080));
     assert_eq!(counted(tb, 8080), 0);
-    let stats = pp_stats_when(&p, |s| s.contains("rule:acl-deny="));
+    let stats = p.pp_stats_when(|s| s.contains("rule:acl-deny="));
     assert!(stats.contains("rule:acl-deny="), "{stats}");
     assert!(!stats.contains("snat-"), "SNAT refused something: {stats}");
 }

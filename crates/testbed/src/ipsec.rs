@@ -82,40 +82,12 @@ impl Sa {
 /// Tried in `ns` (a state added and deleted again).
 pub fn kernel_esp(ns: &str) -> Result<Option<String>> {
     let key = format!("0x{}", "01".repeat(20));
-    let add = [
-        "ip",
-        "xfrm",
-        "state",
-        "add",
-        "src",
-        "198.18.255.1",
-        "dst",
-        "198.18.255.2",
-        "proto",
-        "esp",
-        "spi",
-        "0x5f5f5f5f",
-        "mode",
-        "tunnel",
-        "aead",
-        "rfc4106(gcm(aes))",
-        &key,
-        "128",
-    ];
-    let out = cmd::in_ns_full(ns, &add, CONFIG_LIMIT)?;
-    if !out.ok() {
-        return Ok(Some(format!(
-            "`ip xfrm state add ... aead rfc4106(gcm(aes))` failed: {} (the kernel needs CONFIG_INET_ESP and CONFIG_CRYPTO_GCM)",
-            out.stderr.trim()
-        )));
-    }
-    cmd::in_ns(
-        ns,
-        &[
+    let state = |verb: &'static str| {
+        [
             "ip",
             "xfrm",
             "state",
-            "delete",
+            verb,
             "src",
             "198.18.255.1",
             "dst",
@@ -124,9 +96,18 @@ pub fn kernel_esp(ns: &str) -> Result<Option<String>> {
             "esp",
             "spi",
             "0x5f5f5f5f",
-        ],
-        CONFIG_LIMIT,
-    )?;
+        ]
+    };
+    let mut add = state("add").to_vec();
+    add.extend(["mode", "tunnel", "aead", "rfc4106(gcm(aes))", &key, "128"]);
+    let out = cmd::in_ns_full(ns, &add, CONFIG_LIMIT)?;
+    if !out.ok() {
+        return Ok(Some(format!(
+            "`ip xfrm state add ... aead rfc4106(gcm(aes))` failed: {} (the kernel needs CONFIG_INET_ESP and CONFIG_CRYPTO_GCM)",
+            out.stderr.trim()
+        )));
+    }
+    cmd::in_ns(ns, &state("delete"), CONFIG_LIMIT)?;
     Ok(None)
 }
 
@@ -151,6 +132,18 @@ const TUN: &str = "esp0";
 const TUN_MTU: &str = "1400";
 
 impl RemoteSite {
+    /// `remote site: KIND` and, when it is not the kernel, why.
+    pub fn summary(&self) -> String {
+        format!(
+            "remote site: {}{}",
+            self.kind.name(),
+            self.why_userspace
+                .as_ref()
+                .map(|w| format!(" (not the kernel: {w})"))
+                .unwrap_or_default()
+        )
+    }
+
     /// Make the remote site's namespaces and links, and pick its tunnel endpoint:
     /// `Some(kind)` insists on one (xfrm fails where the kernel has no ESP), `None`
     /// takes the kernel where it can.
@@ -158,17 +151,7 @@ impl RemoteSite {
         let rs = tb.ns(Node::RemoteSite);
         let rh = tb.ns(Node::RemoteHost);
         for ns in [&rs, &rh] {
-            tb.res.add_namespace(ns)?;
-            cmd::in_ns(
-                ns,
-                &[
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.all.disable_ipv6=1",
-                    "net.ipv6.conf.default.disable_ipv6=1",
-                ],
-                CONFIG_LIMIT,
-            )?;
+            tb.add_v4_namespace(ns)?;
         }
         cmd::in_ns(
             &rs,

@@ -159,6 +159,19 @@ impl Platform {
             .to_string()
     }
 
+    /// The PP node's stats line once `ok` holds for it (it prints one a second), or the
+    /// last one after 5 s (for the caller's assertion to show).
+    pub fn pp_stats_when(&self, ok: impl Fn(&str) -> bool) -> String {
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = self.pp_stats();
+            if ok(&s) || std::time::Instant::now() > end {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The PP node's `pp: listening on ...` line, which names its I/O backend
     /// (`io afxdp (...)` or `io udp`).
     pub fn pp_listening(&self) -> String {

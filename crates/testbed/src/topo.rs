@@ -325,23 +325,28 @@ impl Testbed {
         v
     }
 
+    /// Create namespace `ns` (removed with the testbed) with IPv6 off. The testbed is
+    /// IPv4 only. Without IPv6, VXLAN devices send no router solicitations, MLD reports
+    /// or DAD probes to the PP node, which would otherwise show up as misses and drops
+    /// that no test traffic caused.
+    pub(crate) fn add_v4_namespace(&self, ns: &str) -> Result<()> {
+        self.res.add_namespace(ns)?;
+        cmd::in_ns(
+            ns,
+            &[
+                "sysctl",
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ],
+            CONFIG_LIMIT,
+        )?;
+        Ok(())
+    }
+
     fn create(&self) -> Result<()> {
-        // The testbed is IPv4 only. Without IPv6, VXLAN devices send no router
-        // solicitations, MLD reports or DAD probes to the PP node, which would otherwise
-        // show up as misses and drops that no test traffic caused.
         for n in self.nodes() {
-            let ns = self.ns(n);
-            self.res.add_namespace(&ns)?;
-            cmd::in_ns(
-                &ns,
-                &[
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.all.disable_ipv6=1",
-                    "net.ipv6.conf.default.disable_ipv6=1",
-                ],
-                CONFIG_LIMIT,
-            )?;
+            self.add_v4_namespace(&self.ns(n))?;
         }
         let rt = self.ns(Node::Router);
         // Routers forward; nothing filters on the reverse path (replies of NATed flows
