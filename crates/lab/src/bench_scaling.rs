@@ -395,7 +395,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
 fn rest_scenarios(
     tb: &Testbed,
     p: &mut testbed::platform::Platform,
-    scenario: &dyn Fn(&mut testbed::platform::Platform, &str, Vec<Event>) -> Result<ScenarioReport>,
+    scenario: &RunScenario<'_>,
     settle: Duration,
 ) -> Result<RestScenarios> {
     let pp_scale_out = PpScenario::new(scenario(
@@ -460,6 +460,10 @@ fn rest_scenarios(
     })
 }
 
+/// Runs one scenario (a name and its events) on the platform.
+type RunScenario<'a> =
+    dyn Fn(&mut testbed::platform::Platform, &str, Vec<Event>) -> Result<ScenarioReport> + 'a;
+
 /// The plain node of the live migration (AF_XDP, every packet in userspace) and the
 /// accelerated one (`--offload`).
 const PLAIN: usize = 1;
@@ -475,7 +479,7 @@ const ACCELERATED_ARGS: &[&str] = &["--offload", "--offload-packets", "50"];
 fn live_migration(
     tb: &Testbed,
     p: &mut testbed::platform::Platform,
-    scenario: &dyn Fn(&mut testbed::platform::Platform, &str, Vec<Event>) -> Result<ScenarioReport>,
+    scenario: &RunScenario<'_>,
     settle: Duration,
 ) -> Result<LiveMigration> {
     let (plain, accel) = (format!("pp-{PLAIN}"), format!("pp-{ACCELERATED}"));

@@ -1829,6 +1829,63 @@ mod tests {
     }
 
     #[test]
+    fn tcp_resets_come_from_the_snmp_tcp_lines() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n\
+            Tcp: 1 200 120000 -1 10 5 1 7 2 100 90 0 0 3 0\n\
+            Udp: InDatagrams\nUdp: 4\n";
+        assert_eq!(parse_tcp_resets(snmp), Some((7, 3)));
+        assert_eq!(parse_tcp_resets("Tcp: EstabResets\n"), None);
+        assert_eq!(parse_tcp_resets("Tcp: A B\nTcp: 1 2\n"), None);
+        assert_eq!(parse_tcp_resets(""), None);
+    }
+
+    #[test]
+    fn migration_times_are_the_targets_first_and_the_sources_last_frame() {
+        let polls = [
+            (1.0, 100, 5),
+            (3.0, 110, 5),
+            (5.0, 120, 9),
+            (7.0, 125, 30),
+            (9.0, 125, 60),
+            (11.0, 125, 90),
+        ];
+        assert_eq!(migration_times(100, 5, &polls), (Some(5.0), Some(7.0)));
+        // Neither moved: no time.
+        assert_eq!(migration_times(125, 90, &polls[4..]), (None, None));
+    }
+
+    #[test]
+    fn migration_throughput_windows() {
+        // 100 ms intervals from 0 (the scenario's clock, no offset); the move's
+        // command at 2000 ms takes 250 ms, the next event is at 4000 ms.
+        let t: Vec<(f64, f64)> = (1..=60)
+            .map(|i| {
+                let end = i as f64 / 10.0;
+                let mbps = match i {
+                    ..=20 => 100.0,
+                    21..=23 => 40.0,
+                    _ => 200.0,
+                };
+                (end, mbps)
+            })
+            .collect();
+        let m = migration_throughput("paced", &t, 0.0, 0.0, 2000.0, 250.0, 4000.0);
+        assert_eq!(m.streams, "paced");
+        // Before: intervals ending in (500, 2000]: all 100.
+        assert_eq!(m.before_mbps, Some(100.0));
+        // During: the intervals overlapping (2000, 2250): 2.0-2.1, 2.1-2.2, 2.2-2.3.
+        assert_eq!(m.during_mbps, Some(40.0));
+        assert_eq!(m.during_worst_mbps, Some(40.0));
+        // After: starting at or after 2250 and ending by 4000: 2.3..=4.0, all 200.
+        assert_eq!(m.after_mbps, Some(200.0));
+        // A previous event ending late leaves no "before".
+        let m = migration_throughput("paced", &t, 0.0, 2000.0, 2000.0, 250.0, 4000.0);
+        assert_eq!(m.before_mbps, None);
+        assert_eq!(m.after_mbps, Some(200.0));
+    }
+
+    #[test]
     fn duplicates_need_overlap_and_different_clients() {
         // Same external port, one after the other: a freed mapping reused. Fine.
         assert!(duplicate_mappings(&[s(0, 10, 1, 5000), s(20, 30, 2, 5000)]).is_empty());
