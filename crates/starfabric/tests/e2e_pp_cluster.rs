@@ -2,6 +2,7 @@
 //! router's ECMP route over the cluster's vIPs (Zeta's Multi-IP, paper 003 §IV-E; the
 //! ENI-bonding group of paper 000 §4.2). PP scale-out and scale-in move vIPs; a PP
 //! node's failure moves its vIPs to the survivors, measured with a probe every 0.5 ms.
+//! A live migration moves every vIP from a plain PP node to an accelerated one and back.
 //!
 //! `#[ignore]`d like the other elasticity tests: `make test-elastic` runs them one at a
 //! time.
@@ -371,7 +372,7 @@ fn live_migration_between_a_plain_and_an_accelerated_pp_node_loses_no_connection
     let Some(lab) = Lab::cluster(1, 0, 2) else {
         return;
     };
-    let p = lab.start_snat_inet(|spec| {
+    let mut p = lab.start_snat_inet(|spec| {
         spec.pp_active = 2;
         spec.pp_node_args.push((
             1,
@@ -395,7 +396,6 @@ fn live_migration_between_a_plain_and_an_accelerated_pp_node_loses_no_connection
             Event::MigrateVips { from: 1, to: 0 },
         ],
     };
-    let mut p = p;
     let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
     print(&r);
     let (plain, accel) = (p.pp_node_stats(0), p.pp_node_stats(1));
