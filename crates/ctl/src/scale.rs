@@ -30,6 +30,33 @@ pub enum ScaleCmd {
     /// PP scale-in, first step: move every vIP of `--node` to the other PP nodes. Stop
     /// the node once its traffic has drained.
     PpDrain(PpDrainArgs),
+    /// Move vIPs to PP node `--to` (live migration, docs/pp-cluster.md): the vIPs
+    /// named by `--vip`, or every vIP PP node `--from` owns. One FM session for all of
+    /// them, so a node's whole share moves in one go.
+    VipMove(VipMoveArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct VipMoveArgs {
+    #[command(flatten)]
+    pub fm: FmAddr,
+    /// The PP node that takes the vIPs (`--id` of `starfabric pp`).
+    #[arg(long)]
+    pub to: String,
+    /// A vIP's index in the cluster's vIP group (repeatable, or comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "from",
+        conflicts_with = "from"
+    )]
+    pub vip: Vec<u32>,
+    /// Move every vIP this PP node owns.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Why, for FM's event log.
+    #[arg(long, default_value = "")]
+    pub reason: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -101,7 +128,66 @@ pub fn run(c: ScaleCmd, output: Output) -> Result<()> {
             })?;
             print_vips(&r, output)
         }
+        ScaleCmd::VipMove(a) => {
+            let r = call(&rt, &a.fm, vip_move(&a))?;
+            print_vips(&r, output)
+        }
     }
+}
+
+/// Move `a`'s vIPs one RPC each over one session; the last answer is FM's table after
+/// all of them. A refused move stops there, with FM's reason (the moves before it stay).
+async fn vip_move(a: &VipMoveArgs) -> Result<v1::VipMapReply> {
+    let mut c = connect(&a.fm).await?;
+    let vips: Vec<u32> = match &a.from {
+        Some(from) => {
+            let m = c
+                .vip_map(v1::VipMapRequest {})
+                .await
+                .map_err(|s| anyhow!("vIP map: {:?}: {}", s.code(), s.message()))?
+                .into_inner();
+            if !m.nodes.contains(from) {
+                bail!(
+                    "{from} is not a PP node of FM's vIP table (nodes: {:?})",
+                    m.nodes
+                );
+            }
+            m.vips
+                .iter()
+                .filter(|o| &o.node == from)
+                .filter_map(|o| o.vip.as_ref().map(|v| v.index))
+                .collect()
+        }
+        None => a.vip.clone(),
+    };
+    if vips.is_empty() {
+        bail!("no vIP to move");
+    }
+    let mut last = None;
+    for vip in vips {
+        let reason = if a.reason.is_empty() {
+            format!("operator: vIP {vip} moved to {}", a.to)
+        } else {
+            a.reason.clone()
+        };
+        let r = c
+            .vip_move(v1::VipMoveRequest {
+                vip,
+                to: a.to.clone(),
+                reason,
+            })
+            .await
+            .map_err(|s| {
+                anyhow!(
+                    "FM refused to move vIP {vip} to {}: {:?}: {}",
+                    a.to,
+                    s.code(),
+                    s.message()
+                )
+            })?;
+        last = Some(r.into_inner());
+    }
+    last.ok_or_else(|| anyhow!("no vIP moved"))
 }
 
 fn call<T>(

@@ -14,7 +14,10 @@
 //! - `pp_failover_silent` (nodes 0 and 1 run again; node 0's link goes down, so only
 //!   its missing heartbeats tell FM; `recovery_ms`);
 //! - `fm_failover` (the FM is SIGKILLed; the PP and SC nodes move to the standby FM,
-//!   which adopts the groups; `recovery_ms`).
+//!   which adopts the groups; `recovery_ms`);
+//! - `live_migration` (PP node 2 restarted accelerated, `--offload`; every vIP moves
+//!   from plain node 1 to it and back; `migration_ms` per direction, resets, and
+//!   iperf3's throughput before, during and after each move).
 //!
 //! Each gives failed and reset connections and a 100 ms timeline of bytes sent per
 //! node; `--plot` draws the timelines as SVG. The SC scenarios also run unpaced iperf3
@@ -189,6 +192,7 @@ pub struct RestScenarios {
     pub pp_scale_in: PpScenario,
     pub pp_failover_silent: PpScenario,
     pub fm_failover: FmFailoverReport,
+    pub live_migration: LiveMigration,
 }
 
 /// A PP cluster scenario: the report, with its event's headline number on top.
@@ -256,14 +260,27 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
     let settle = Duration::from_secs_f64(w.settle);
     let probes = ProbeSpec::new();
-    let scenario = |p: &mut testbed::platform::Platform, name: &str, event: Event| {
-        let probe = matches!(event, Event::KillPp { .. }).then_some(&probes);
-        // Long enough to outlast the event: a scale here takes well under a second,
-        // a repair well under one too (docs/elastic-tests.md).
-        let secs = (2.0 * w.settle + 8.0).ceil() as u32;
-        // Unpaced flows only where the dip is the question (the SC events): elsewhere
-        // they would take the CPU the PP scenarios' recovery times are measured on.
-        let sc = name.starts_with("sc_");
+    let scenario = |p: &mut testbed::platform::Platform, name: &str, events: Vec<Event>| {
+        let probe = events
+            .iter()
+            .any(|e| matches!(e, Event::KillPp { .. }))
+            .then_some(&probes);
+        // Long enough to outlast the events: a scale here takes well under a second,
+        // a repair well under one too (docs/elastic-tests.md); 2 s more for each event
+        // after the first, and the pauses.
+        let pauses: f64 = events
+            .iter()
+            .map(|e| match e {
+                Event::Pause(d) => d.as_secs_f64(),
+                _ => 0.0,
+            })
+            .sum();
+        let more = 2.0 * events.len().saturating_sub(1) as f64 + pauses;
+        let secs = (2.0 * w.settle + 8.0 + more).ceil() as u32;
+        // Unpaced flows only where throughput is the question (the SC events' dip, a
+        // live migration's before/during/after): elsewhere they would take the CPU the
+        // PP scenarios' recovery times are measured on.
+        let sc = name.starts_with("sc_") || name == "live_migration";
         let spec = ScenarioSpec {
             name: name.into(),
             load: LoadSpec {
@@ -278,7 +295,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
             },
             before: settle,
             after: settle,
-            events: vec![event],
+            events,
         };
         elastic::run_scenario_probed(&tb, p, &spec, probe)
             .with_context(|| format!("scenario {name}"))
@@ -286,7 +303,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     let sc_no_event = scenario(
         &mut p,
         "sc_no_event",
-        Event::Pause(Duration::from_millis(300)),
+        vec![Event::Pause(Duration::from_millis(300))],
     )?;
     let modes: Vec<&str> = match a.migration.as_deref() {
         Some("both") => vec!["bulk", "gradual"],
@@ -299,19 +316,19 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
             let out = scenario(
                 &mut p,
                 &format!("sc_scale_out_{m}"),
-                Event::ScaleOutMigrating {
+                vec![Event::ScaleOutMigrating {
                     tenant: 1,
                     chain: 1,
                     migration: m.to_string(),
-                },
+                }],
             )?;
             let inn = scenario(
                 &mut p,
                 &format!("sc_scale_in_after_{m}"),
-                Event::ScaleIn {
+                vec![Event::ScaleIn {
                     tenant: 1,
                     chain: 1,
-                },
+                }],
             )?;
             migration_runs.push(MigrationRun {
                 migration: m.to_string(),
@@ -327,34 +344,34 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
             scenario(
                 &mut p,
                 "sc_scale_out",
-                Event::ScaleOut {
+                vec![Event::ScaleOut {
                     tenant: 1,
                     chain: 1,
-                },
+                }],
             )?,
             scenario(
                 &mut p,
                 "sc_scale_in",
-                Event::ScaleIn {
+                vec![Event::ScaleIn {
                     tenant: 1,
                     chain: 1,
-                },
+                }],
             )?,
         ),
     };
     let sc_replica_failover = scenario(
         &mut p,
         "sc_replica_failover",
-        Event::KillReplica {
+        vec![Event::KillReplica {
             tenant: 1,
             chain: 1,
             position: 1,
-        },
+        }],
     )?;
     let rest = if a.sc_only {
         None
     } else {
-        Some(rest_scenarios(&tb, &mut p, &scenario)?)
+        Some(rest_scenarios(&tb, &mut p, &scenario, settle)?)
     };
     let out = ScalingBench {
         workload: w.clone(),
@@ -378,18 +395,27 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
 fn rest_scenarios(
     tb: &Testbed,
     p: &mut testbed::platform::Platform,
-    scenario: &dyn Fn(&mut testbed::platform::Platform, &str, Event) -> Result<ScenarioReport>,
+    scenario: &RunScenario<'_>,
+    settle: Duration,
 ) -> Result<RestScenarios> {
-    let pp_scale_out = PpScenario::new(scenario(p, "pp_scale_out", Event::PpScaleOut { node: 2 })?);
+    let pp_scale_out = PpScenario::new(scenario(
+        p,
+        "pp_scale_out",
+        vec![Event::PpScaleOut { node: 2 }],
+    )?);
     let pp_failover = PpScenario::new(scenario(
         p,
         "pp_failover",
-        Event::KillPp {
+        vec![Event::KillPp {
             node: 1,
             silent: false,
-        },
+        }],
     )?);
-    let pp_scale_in = PpScenario::new(scenario(p, "pp_scale_in", Event::PpScaleIn { node: 0 })?);
+    let pp_scale_in = PpScenario::new(scenario(
+        p,
+        "pp_scale_in",
+        vec![Event::PpScaleIn { node: 0 }],
+    )?);
     // Nodes 0 and 1 back (untimed), so the silent failure has survivors to move to.
     p.start_pp(tb, 0)?;
     p.start_pp(tb, 1)?;
@@ -407,13 +433,13 @@ fn rest_scenarios(
     let pp_failover_silent = PpScenario::new(scenario(
         p,
         "pp_failover_silent",
-        Event::KillPp {
+        vec![Event::KillPp {
             node: 0,
             silent: true,
-        },
+        }],
     )?);
     let fm_failover = {
-        let scenario = scenario(p, "fm_failover", Event::FailoverFm)?;
+        let scenario = scenario(p, "fm_failover", vec![Event::FailoverFm])?;
         FmFailoverReport {
             recovery_ms: scenario
                 .events
@@ -423,13 +449,157 @@ fn rest_scenarios(
             scenario,
         }
     };
+    let live_migration = live_migration(tb, p, scenario, settle)?;
     Ok(RestScenarios {
         pp_scale_out,
         pp_failover,
         pp_scale_in,
         pp_failover_silent,
         fm_failover,
+        live_migration,
     })
+}
+
+/// Runs one scenario (a name and its events) on the platform.
+type RunScenario<'a> =
+    dyn Fn(&mut testbed::platform::Platform, &str, Vec<Event>) -> Result<ScenarioReport> + 'a;
+
+/// The plain node of the live migration (AF_XDP, every packet in userspace) and the
+/// accelerated one (`--offload`).
+const PLAIN: usize = 1;
+const ACCELERATED: usize = 2;
+/// The accelerated node's arguments: elephants after 50 packets in 100 ms, so the
+/// moved iperf3 flows reach the driver within the move's first milliseconds.
+const ACCELERATED_ARGS: &[&str] = &["--offload", "--offload-packets", "50"];
+
+/// Live migration (CyberStar §6.2, docs/pp-cluster.md): after the FM failover, PP
+/// nodes 1 and 2 run. Node 2 is restarted accelerated, node 1 takes every vIP (untimed,
+/// so the whole tenant is on the plain node), then FM moves them all to node 2 and, one
+/// settle later, back.
+fn live_migration(
+    tb: &Testbed,
+    p: &mut testbed::platform::Platform,
+    scenario: &RunScenario<'_>,
+    settle: Duration,
+) -> Result<LiveMigration> {
+    let (plain, accel) = (format!("pp-{PLAIN}"), format!("pp-{ACCELERATED}"));
+    p.stop_pp(tb, ACCELERATED);
+    testbed::cmd::wait_for(
+        "FM to move the stopped node's vIPs",
+        Duration::from_secs(20),
+        || {
+            let m = p.vip_map(tb)?;
+            Ok((m.all_owned() && !m.nodes.contains(&accel)).then_some(()))
+        },
+    )?;
+    p.set_pp_node_args(ACCELERATED, ACCELERATED_ARGS);
+    p.start_pp(tb, ACCELERATED)?;
+    testbed::cmd::wait_for(
+        "FM to give the accelerated node vIPs",
+        Duration::from_secs(20),
+        || {
+            let m = p.vip_map(tb)?;
+            Ok((m.all_owned() && !m.owned_by(&accel).is_empty()).then_some(()))
+        },
+    )?;
+    let m = p.move_vips(tb, ACCELERATED, PLAIN)?;
+    ensure!(
+        m.owned_by(&plain).len() == m.vips.len(),
+        "{plain} should own every vIP before the migration: {m:?}"
+    );
+    let stats =
+        |p: &testbed::platform::Platform| (p.pp_node_stats(PLAIN), p.pp_node_stats(ACCELERATED));
+    let (plain0, accel0) = stats(p);
+    let report = scenario(
+        p,
+        "live_migration",
+        vec![
+            Event::MigrateVips {
+                from: PLAIN,
+                to: ACCELERATED,
+            },
+            Event::Pause(settle),
+            Event::MigrateVips {
+                from: ACCELERATED,
+                to: PLAIN,
+            },
+        ],
+    )?;
+    let (plain1, accel1) = stats(p);
+    let delta = |a: &str, b: &str, k: &str| {
+        platform::field(b, k).map(|v| v.saturating_sub(platform::field(a, k).unwrap_or(0)))
+    };
+    let direction = |i: usize| -> Result<MigrationDirection> {
+        let e = report
+            .events
+            .get(i)
+            .and_then(|e| e.pp.clone())
+            .context("the live migration's event report")?;
+        Ok(MigrationDirection {
+            migration_ms: e.migration_ms,
+            map_ms: e.map_ms,
+            first_frame_ms: e.first_frame_ms,
+            vips: e.to_vips_after.len(),
+            throughput: e.throughput,
+        })
+    };
+    let tcp = report.tcp_resets.unwrap_or_default();
+    Ok(LiveMigration {
+        plain,
+        accelerated: accel,
+        accelerated_args: ACCELERATED_ARGS.join(" "),
+        to_accelerated: direction(0)?,
+        to_plain: direction(2)?,
+        resets: report.reset_connections as u64 + tcp.estab_resets,
+        rsts_sent: tcp.out_rsts,
+        accelerated_offloaded: delta(&accel0, &accel1, "offloaded"),
+        accelerated_fastpath_packets: delta(&accel0, &accel1, "fastpath"),
+        plain_drops: delta(&plain0, &plain1, "drops"),
+        accelerated_drops: delta(&accel0, &accel1, "drops"),
+        report,
+    })
+}
+
+/// One direction of the live migration.
+#[derive(Debug, Serialize)]
+pub struct MigrationDirection {
+    /// From the `vip-move` command to the source's last frame (or FM's answer, or the
+    /// target's first frame, if later): `PpEvent::migration_ms`.
+    pub migration_ms: Option<f64>,
+    /// From the command to FM's answer with every vIP moved.
+    pub map_ms: Option<f64>,
+    /// From the command to the target's first frame.
+    pub first_frame_ms: Option<f64>,
+    /// vIPs the target owns afterwards.
+    pub vips: usize,
+    pub throughput: Option<elastic::MigrationThroughput>,
+}
+
+/// The live migration scenario: the report, with the headline numbers on top.
+#[derive(Debug, Serialize)]
+pub struct LiveMigration {
+    pub plain: String,
+    pub accelerated: String,
+    /// The accelerated node's `starfabric pp` arguments beyond the plain node's.
+    pub accelerated_args: String,
+    pub to_accelerated: MigrationDirection,
+    pub to_plain: MigrationDirection,
+    /// The connection loop's reset connections plus the kernels' `EstabResets` at both
+    /// ends over the events (`tcp_resets`).
+    pub resets: u64,
+    /// RST segments the two ends sent over the events (`tcp_resets.out_rsts`).
+    pub rsts_sent: u64,
+    /// Rules the accelerated node put in its driver during the scenario (its stats
+    /// line's `xdp: offloaded=`), and the packets its driver forwarded (`fastpath=`).
+    pub accelerated_offloaded: Option<u64>,
+    pub accelerated_fastpath_packets: Option<u64>,
+    /// Packets each node dropped during the scenario (stats line `drops=`; a moved
+    /// flow's packets beyond the pending area's per-flow cap while its rule comes from
+    /// FM count here as `pending-flow-full`).
+    pub plain_drops: Option<u64>,
+    pub accelerated_drops: Option<u64>,
+    #[serde(flatten)]
+    pub report: ScenarioReport,
 }
 
 fn ratio(x: Option<f64>) -> String {
@@ -505,7 +675,7 @@ pub fn print(b: &ScalingBench) {
                 f.from, f.to, f.recovery_ms, f.adopted
             );
         }
-        if let Some(pp) = e.and_then(|e| e.pp.as_ref()) {
+        for pp in r.events.iter().filter_map(|e| e.pp.as_ref()) {
             let mut line = format!(
                 "    {}: vIPs {:?} -> {:?} ({} moved)",
                 pp.node, pp.vips_before, pp.vips_after, pp.vip_moves
@@ -515,6 +685,26 @@ pub fn print(b: &ScalingBench) {
             }
             if let Some(d) = pp.drained_ms {
                 let _ = write!(line, ", drained in {d} ms");
+            }
+            if let (Some(to), Some(m)) = (&pp.to_node, pp.migration_ms) {
+                let _ = write!(
+                    line,
+                    ", to {to} in {m:.1} ms (FM {:.1} ms, first frame {:.1} ms)",
+                    pp.map_ms.unwrap_or(0.0),
+                    pp.first_frame_ms.unwrap_or(0.0)
+                );
+                if let Some(t) = &pp.throughput {
+                    let f = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+                    let _ = write!(
+                        line,
+                        "; {} iperf3 Mbit/s before {} during {} (worst {}) after {}",
+                        t.streams,
+                        f(t.before_mbps),
+                        f(t.during_mbps),
+                        f(t.during_worst_mbps),
+                        f(t.after_mbps)
+                    );
+                }
             }
             if let Some(rc) = pp.recovery_ms {
                 let _ = write!(
@@ -546,6 +736,7 @@ impl ScalingBench {
                 &r.pp_scale_in.report,
                 &r.pp_failover_silent.report,
                 &r.fm_failover.scenario,
+                &r.live_migration.report,
             ]);
         }
         v

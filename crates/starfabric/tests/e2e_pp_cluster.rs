@@ -2,6 +2,7 @@
 //! router's ECMP route over the cluster's vIPs (Zeta's Multi-IP, paper 003 §IV-E; the
 //! ENI-bonding group of paper 000 §4.2). PP scale-out and scale-in move vIPs; a PP
 //! node's failure moves its vIPs to the survivors, measured with a probe every 0.5 ms.
+//! A live migration moves every vIP from a plain PP node to an accelerated one and back.
 //!
 //! `#[ignore]`d like the other elasticity tests: `make test-elastic` runs them one at a
 //! time.
@@ -352,5 +353,91 @@ fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
         .map(|e| e["detail"]["action"].as_str().unwrap_or("").to_string())
         .collect();
     assert_eq!(decisions, vec!["scale_out", "scale_in"], "{ev}");
+    p.stop(tb);
+}
+
+/// Live migration (CyberStar §6.2, docs/pp-cluster.md "Live migration"): PP node 0 is
+/// plain (AF_XDP, every packet in userspace), PP node 1 accelerated (`--offload`: its
+/// elephant flows' rules run in the driver). The tenant's traffic, all 8 vIPs, starts
+/// on the plain node. FM moves every vIP to the accelerated node and back through the
+/// operator's `starfabric scale vip-move`, while iperf3 and the connection loop run: no
+/// connection fails or is reset (the loop's outcomes and the kernels' TCP counters at
+/// both ends), iperf3 runs through, the accelerated node takes the moved iperf3 flows
+/// into its driver, and the vIPs end where they started.
+#[test]
+#[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
+fn live_migration_between_a_plain_and_an_accelerated_pp_node_loses_no_connection() {
+    use testbed::platform::field;
+
+    let Some(lab) = Lab::cluster(1, 0, 2) else {
+        return;
+    };
+    let mut p = lab.start_snat_inet(|spec| {
+        spec.pp_active = 2;
+        spec.pp_node_args.push((
+            1,
+            vec!["--offload".into(), "--offload-packets".into(), "50".into()],
+        ));
+    });
+    let tb = lab.tb();
+    // Before any traffic: the accelerated node gives its share to the plain one, so the
+    // whole tenant starts there.
+    let m = p.move_vips(tb, 1, 0).expect("vip-move to the plain node");
+    assert_eq!(m.owned_by("pp-0").len(), 8, "{m:?}");
+    let spec = ScenarioSpec {
+        name: "live_migration".into(),
+        load: LoadSpec::new(),
+        iperf: IperfSpec::new(12),
+        before: Duration::from_secs(2),
+        after: Duration::from_secs(2),
+        events: vec![
+            Event::MigrateVips { from: 0, to: 1 },
+            Event::Pause(Duration::from_secs(2)),
+            Event::MigrateVips { from: 1, to: 0 },
+        ],
+    };
+    let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
+    print(&r);
+    let (plain, accel) = (p.pp_node_stats(0), p.pp_node_stats(1));
+    println!(
+        "  tcp resets: {:?}\n  pp-0: {plain}\n  pp-1: {accel}",
+        r.tcp_resets
+    );
+    assert_survived(&r, 300);
+    let tcp = r.tcp_resets.expect("the kernels' TCP counters were read");
+    assert_eq!(tcp.estab_resets, 0, "{tcp:?}");
+    assert_eq!(tcp.out_rsts, 0, "{tcp:?}");
+    let (to_accel, to_plain) = (
+        r.events[0].pp.as_ref().expect("migration report"),
+        r.events[2].pp.as_ref().expect("migration report"),
+    );
+    for (e, from, to) in [(to_accel, "pp-0", "pp-1"), (to_plain, "pp-1", "pp-0")] {
+        assert_eq!(e.node, from);
+        assert_eq!(e.to_node.as_deref(), Some(to));
+        assert_eq!(e.vips_before.len(), 8, "{e:?}");
+        assert!(e.vips_after.is_empty(), "{e:?}");
+        assert_eq!(e.to_vips_after.len(), 8, "{e:?}");
+        assert_eq!(e.vip_moves, 8, "{e:?}");
+        // The target carried nothing before, so its first frame is the moved traffic.
+        assert!(e.first_frame_ms.is_some(), "{to} took no frame: {e:?}");
+        assert!(e.migration_ms.is_some(), "{e:?}");
+        let t = e.throughput.as_ref().expect("throughput around the move");
+        assert!(t.before_mbps.is_some() && t.after_mbps.is_some(), "{t:?}");
+    }
+    // The accelerated node ran the moved iperf3 flows in its driver; it had none before
+    // the move (it owned no vIP), so these are the moved flows. The plain node has no
+    // fast path at all.
+    assert!(
+        field(&accel, "offloaded").is_some_and(|n| n > 0),
+        "pp-1 offloaded nothing: {accel}"
+    );
+    assert!(
+        field(&accel, "fastpath").is_some_and(|n| n > 0),
+        "pp-1's driver forwarded nothing: {accel}"
+    );
+    assert!(field(&plain, "offloaded").is_none(), "{plain}");
+    let m = p.vip_map(tb).expect("vIP map");
+    assert_eq!(m.owned_by("pp-0").len(), 8, "{m:?}");
+    assert!(m.owned_by("pp-1").is_empty(), "{m:?}");
     p.stop(tb);
 }

@@ -719,6 +719,14 @@ pub enum Event {
         node: usize,
         silent: bool,
     },
+    /// Live migration (CyberStar §6.2), e.g. between a plain PP node and an
+    /// accelerated one (`--offload`): FM moves every vIP PP node `from` owns to PP node
+    /// `to` through the operator's `starfabric scale vip-move`. Measured until `from`
+    /// took no frame for 300 ms ([`PpEvent::migration_ms`]).
+    MigrateVips {
+        from: usize,
+        to: usize,
+    },
 }
 
 /// What a PP cluster event did.
@@ -741,6 +749,46 @@ pub struct PpEvent {
     pub recovery_ms: Option<f64>,
     /// Failure: probe flows that lost probes around the event.
     pub flows_with_loss: Option<usize>,
+    /// Live migration: the node that took the vIPs (`node` is the one that gave them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_node: Option<String>,
+    /// Live migration: `to_node`'s vIPs after the move.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to_vips_after: Vec<u32>,
+    /// Live migration: from the command to FM's answer with every vIP moved (FM has
+    /// told both nodes by then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map_ms: Option<f64>,
+    /// Live migration: from the command to the first VXLAN frame the target's XDP
+    /// program took (meaningful when the target carried nothing before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_frame_ms: Option<f64>,
+    /// Live migration: the migration time, from the command to the last VXLAN frame
+    /// the source's XDP program took (from then on the target carries all the moved
+    /// vIPs' traffic), or to `map_ms` or `first_frame_ms` if either is later. Counters
+    /// are polled every few ms, so it is exact to one poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_ms: Option<f64>,
+    /// Live migration: iperf3 throughput around the move (see [`MigrationThroughput`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<MigrationThroughput>,
+}
+
+/// iperf3's throughput (Mbit/s over all its streams: the unpaced ones when the scenario
+/// runs some, else the paced ones) around a live migration, from its 100 ms intervals.
+/// *Before*: the intervals that end after the flows' slow start and after the previous
+/// event, and no later than the command. *During*: the intervals that overlap the
+/// command to [`PpEvent::migration_ms`]. *After*: the intervals that start after that
+/// and end before the next event (or the end of the run).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MigrationThroughput {
+    /// Which iperf3 streams: "unpaced" or "paced".
+    pub streams: String,
+    pub before_mbps: Option<f64>,
+    pub during_mbps: Option<f64>,
+    /// The worst 100 ms interval during the move.
+    pub during_worst_mbps: Option<f64>,
+    pub after_mbps: Option<f64>,
 }
 
 /// What happened in one event.
@@ -856,6 +904,66 @@ pub struct ScenarioReport {
     pub failures: Vec<ConnSample>,
     /// The 0.5 ms probes, when the scenario ran them ([`run_scenario_probed`]).
     pub probe: Option<crate::probe::ProbeReport>,
+    /// TCP resets seen by the kernels at both ends (the VPC client's and the internet
+    /// host's), before and during the events ([`TcpResets`]).
+    #[serde(default)]
+    pub tcp_resets: Option<TcpResets>,
+}
+
+/// Resets counted by the kernel's TCP MIB (`/proc/net/snmp`) in the namespaces of the
+/// VPC client (the connection loop's and iperf3's client side) and of the internet host
+/// (nginx's and iperf3's server side), summed: `EstabResets`, connections that went from
+/// ESTABLISHED or CLOSE_WAIT straight to CLOSED (an RST received or sent), and
+/// `OutRsts`, RST segments sent (also to a segment of a connection the host does not
+/// know). Unlike the connection loop's own `Reset` outcomes, these see iperf3's flows
+/// and resets a client never reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpResets {
+    /// From the load's start to the first event's command: the noise floor.
+    pub before_estab_resets: u64,
+    pub before_out_rsts: u64,
+    /// From the first event's command to the end of the run's last window (iperf3
+    /// still running, so its own teardown is not in it).
+    pub estab_resets: u64,
+    pub out_rsts: u64,
+}
+
+/// The TCP MIB counters `EstabResets` and `OutRsts` of namespace `ns_path`, read from a
+/// thread that entered it.
+fn tcp_mib(ns_path: &Path) -> Result<(u64, u64)> {
+    let ns_path = ns_path.to_path_buf();
+    std::thread::spawn(move || -> Result<(u64, u64)> {
+        enter_netns(&ns_path)?;
+        let text = std::fs::read_to_string("/proc/thread-self/net/snmp")
+            .map_err(|e| Error::io("/proc/thread-self/net/snmp", e))?;
+        parse_tcp_resets(&text).ok_or_else(|| Error::Parse {
+            what: "/proc/net/snmp".into(),
+            msg: "no Tcp: EstabResets/OutRsts".into(),
+        })
+    })
+    .join()
+    .map_err(|_| Error::Setup("the TCP MIB reader panicked".into()))?
+}
+
+/// `EstabResets` and `OutRsts` from `/proc/net/snmp`'s two `Tcp:` lines (names, then
+/// values).
+pub fn parse_tcp_resets(snmp: &str) -> Option<(u64, u64)> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let names: Vec<&str> = tcp.next()?.split_whitespace().collect();
+    let values: Vec<&str> = tcp.next()?.split_whitespace().collect();
+    let get = |k: &str| -> Option<u64> {
+        let i = names.iter().position(|n| *n == k)?;
+        values.get(i)?.parse().ok()
+    };
+    Some((get("EstabResets")?, get("OutRsts")?))
+}
+
+/// Both ends' MIB counters, summed.
+fn tcp_mib_both(tb: &Testbed, client: usize) -> Result<(u64, u64)> {
+    let ns = |n: Node| Path::new("/run/netns").join(tb.ns(n));
+    let (a, b) = tcp_mib(&ns(Node::Client(client)))?;
+    let (c, d) = tcp_mib(&ns(Node::Inet))?;
+    Ok((a + c, b + d))
 }
 
 const FM_COUNTERS: &[&str] = &[
@@ -1140,6 +1248,153 @@ fn kill_pp(tb: &Testbed, p: &Platform, node: usize, silent: bool) -> Result<PpEv
     })
 }
 
+/// One poll of both nodes' XDP counters: (ms since the command, source's, target's).
+type FramePoll = (f64, u64, u64);
+
+/// Live migration: move every vIP of `pp-<from>` to `pp-<to>` and time it. A thread
+/// polls both nodes' XDP frame counters from before the command until the source has
+/// taken no frame for 300 ms (bounded by 10 s).
+fn migrate_vips(tb: &Testbed, p: &Platform, from: usize, to: usize) -> Result<PpEvent> {
+    let (id, to_id) = (format!("pp-{from}"), format!("pp-{to}"));
+    if from == to {
+        return Err(Error::Setup(format!("{id} cannot migrate to itself")));
+    }
+    for i in [from, to] {
+        if p.pp_node(i).is_none_or(|n| !tb.running(n)) {
+            return Err(Error::Setup(format!("PP node pp-{i} is not running")));
+        }
+    }
+    let before = p.vip_map(tb)?;
+    let ns = |i: usize| tb.ns(Node::pp(i));
+    let (src_ns, dst_ns) = (ns(from), ns(to));
+    let frames = |ns: &str| -> u64 {
+        cmd::in_ns(ns, &["ethtool", "-S", "up0"], cmd::CONFIG_LIMIT)
+            .map(|out| {
+                crate::measure::parse_ethtool_stats(&out)
+                    .iter()
+                    .filter(|(k, _)| k.ends_with("_xdp_redirect") || k.ends_with("_xdp_tx"))
+                    .map(|(_, v)| *v)
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    let (src0, dst0) = (frames(&src_ns), frames(&dst_ns));
+    let done = AtomicBool::new(false);
+    let at = Instant::now();
+    let since = |t: Instant| t.duration_since(at).as_secs_f64() * 1e3;
+    let (moved, polls) = std::thread::scope(|sc| {
+        let poller = sc.spawn(|| {
+            let mut polls: Vec<FramePoll> = Vec::new();
+            let mut last_change = Instant::now();
+            let mut last_src = src0;
+            loop {
+                let (a, b) = (frames(&src_ns), frames(&dst_ns));
+                let now = Instant::now();
+                if a != last_src {
+                    last_src = a;
+                    last_change = now;
+                }
+                polls.push((since(now), a, b));
+                let quiet = now.duration_since(last_change) >= Duration::from_millis(300);
+                if (done.load(Ordering::Relaxed) && quiet)
+                    || now.duration_since(at) > Duration::from_secs(10)
+                    || crate::interrupted()
+                {
+                    return polls;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let moved = p
+            .move_vips(tb, from, to)
+            .map(|m| (m, since(Instant::now())));
+        done.store(true, Ordering::Relaxed);
+        let polls = poller.join().unwrap_or_default();
+        (moved, polls)
+    });
+    let (after, map_ms) = moved?;
+    let (first_frame_ms, source_last_ms) = migration_times(src0, dst0, &polls);
+    let migration_ms = [Some(map_ms), first_frame_ms, source_last_ms]
+        .into_iter()
+        .flatten()
+        .fold(0.0f64, f64::max);
+    info!(
+        from = %id, to = %to_id, map_ms, ?first_frame_ms, ?source_last_ms, migration_ms,
+        "vIPs migrated"
+    );
+    Ok(PpEvent {
+        vips_before: before.owned_by(&id),
+        vips_after: after.owned_by(&id),
+        vip_moves: after.moves.saturating_sub(before.moves),
+        to_vips_after: after.owned_by(&to_id),
+        to_node: Some(to_id),
+        map_ms: Some(map_ms),
+        first_frame_ms,
+        migration_ms: Some(migration_ms),
+        node: id,
+        ..Default::default()
+    })
+}
+
+/// From the polls of a migration (ms since the command, source's counter, target's):
+/// when the target's counter first moved past `dst0`, and when the source's last moved
+/// (None if it never did, from `src0`).
+pub fn migration_times(src0: u64, dst0: u64, polls: &[FramePoll]) -> (Option<f64>, Option<f64>) {
+    let first = polls.iter().find(|q| q.2 > dst0).map(|q| q.0);
+    let mut last = None;
+    let mut prev = src0;
+    for &(t, a, _) in polls {
+        if a != prev {
+            last = Some(t);
+            prev = a;
+        }
+    }
+    (first, last)
+}
+
+/// [`MigrationThroughput`] from iperf3's `timeline` (interval end s, Mbit/s; interval 0
+/// starts at `offset_ms` on the scenario's clock), for a move whose command was at
+/// `start_ms` and that took `migration_ms`, after an event that ended at `prev_end_ms`
+/// and before one that starts at `next_ms` (ms; `f64::INFINITY` for none).
+pub fn migration_throughput(
+    streams: &str,
+    timeline: &[(f64, f64)],
+    offset_ms: f64,
+    prev_end_ms: f64,
+    start_ms: f64,
+    migration_ms: f64,
+    next_ms: f64,
+) -> MigrationThroughput {
+    let moved_ms = start_ms + migration_ms;
+    let (mut before, mut during, mut after) = (Vec::new(), Vec::new(), Vec::new());
+    let mut prev = 0.0;
+    for &(end_s, mbps) in timeline {
+        let (a, z) = (offset_ms + prev * 1e3, offset_ms + end_s * 1e3);
+        prev = end_s;
+        // iperf3's short last interval says little about a rate.
+        if z - a < 50.0 {
+            continue;
+        }
+        if z - offset_ms > SLOW_START_MS && a >= prev_end_ms - 1.0 && z <= start_ms {
+            before.push(mbps);
+        }
+        if z > start_ms && a < moved_ms.max(start_ms + 1.0) {
+            during.push(mbps);
+        }
+        if a >= moved_ms && z <= next_ms {
+            after.push(mbps);
+        }
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    MigrationThroughput {
+        streams: streams.to_string(),
+        before_mbps: mean(&before),
+        during_mbps: mean(&during),
+        during_worst_mbps: during.iter().copied().reduce(f64::min),
+        after_mbps: mean(&after),
+    }
+}
+
 fn failover_fm(tb: &Testbed, p: &mut Platform) -> Result<Failover> {
     let to = p.standby.as_ref().map(|(_, a)| a.clone()).ok_or_else(|| {
         Error::Setup("FM failover needs a standby FM (PlatformSpec::standby_fm)".into())
@@ -1226,9 +1481,14 @@ pub fn run_scenario_probed(
     let t0 = conns.t0();
     let sampler = TxSampler::start(tb, p, t0);
     let ms = |i: Instant| i.duration_since(t0).as_millis() as u64;
+    // Best effort: a namespace whose MIB cannot be read leaves `tcp_resets` out.
+    let mib = || tcp_mib_both(tb, spec.load.client).ok();
+    let mib0 = mib();
+    let (mut mib1, mut mib2) = (None, None);
     // Whatever fails below, the loop and the sampler stop (the loop by its drop).
     let result = (|| -> Result<Vec<(EventReport, Instant)>> {
         cmd::sleep(spec.before)?;
+        mib1 = mib();
         let mut evs = Vec::new();
         for e in &spec.events {
             let start = Instant::now();
@@ -1298,6 +1558,10 @@ pub fn run_scenario_probed(
                     .into();
                     r.pp = Some(kill_pp(tb, p, *node, *silent)?);
                 }
+                Event::MigrateVips { from, to } => {
+                    r.name = "vip_migration".into();
+                    r.pp = Some(migrate_vips(tb, p, *from, *to)?);
+                }
             }
             let end = Instant::now();
             r.end_ms = ms(end);
@@ -1305,8 +1569,18 @@ pub fn run_scenario_probed(
             evs.push((r, end));
         }
         cmd::sleep(spec.after)?;
+        mib2 = mib();
         Ok(evs)
     })();
+    let tcp_resets = match (mib0, mib1, mib2) {
+        (Some(a), Some(b), Some(c)) => Some(TcpResets {
+            before_estab_resets: b.0.saturating_sub(a.0),
+            before_out_rsts: b.1.saturating_sub(a.1),
+            estab_resets: c.0.saturating_sub(b.0),
+            out_rsts: c.1.saturating_sub(b.1),
+        }),
+        _ => None,
+    };
     let samples = conns.stop()?;
     let timeline = sampler.stop();
     let probe_report = prober.map(|pr| {
@@ -1341,6 +1615,38 @@ pub fn run_scenario_probed(
         -(t0.duration_since(iperf.started()).as_secs_f64() * 1e3)
     };
     let iperf_report = iperf.wait(tb)?;
+    let (streams, tl) = match &iperf_report.unpaced {
+        Some(u) => ("unpaced", &u.timeline),
+        None => ("paced", &iperf_report.timeline),
+    };
+    // A live migration's throughput windows reach from the previous real event (not a
+    // pause) to the next one.
+    let real: Vec<usize> = (0..evs.len())
+        .filter(|&i| evs[i].0.name != "pause")
+        .collect();
+    for (k, &i) in real.iter().enumerate() {
+        let prev_end = k
+            .checked_sub(1)
+            .map_or(0.0, |j| evs[real[j]].0.end_ms as f64);
+        let next = real
+            .get(k + 1)
+            .map_or(f64::INFINITY, |&j| evs[j].0.start_ms as f64);
+        let (r, _) = &mut evs[i];
+        let start = r.start_ms as f64;
+        if let Some(pe) = r.pp.as_mut() {
+            if let Some(m) = pe.migration_ms {
+                pe.throughput = Some(migration_throughput(
+                    streams,
+                    tl,
+                    iperf_offset_ms,
+                    prev_end,
+                    start,
+                    m,
+                    next,
+                ));
+            }
+        }
+    }
     let last_end = evs.last().map(|(_, e)| *e).unwrap_or(t0);
     let failed = |s: &&ConnSample| !matches!(s.outcome, Outcome::Ok);
     let first_event_us = evs
@@ -1423,6 +1729,7 @@ pub fn run_scenario_probed(
         timeline,
         failures: samples.iter().filter(failed).take(10).cloned().collect(),
         probe: probe_report.map(|(r, _)| r),
+        tcp_resets,
     };
     info!(
         name = %report.name,
@@ -1519,6 +1826,63 @@ mod tests {
             external: Some(SocketAddrV4::new(addr::pool(0), ext)),
             outcome: Outcome::Ok,
         }
+    }
+
+    #[test]
+    fn tcp_resets_come_from_the_snmp_tcp_lines() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n\
+            Tcp: 1 200 120000 -1 10 5 1 7 2 100 90 0 0 3 0\n\
+            Udp: InDatagrams\nUdp: 4\n";
+        assert_eq!(parse_tcp_resets(snmp), Some((7, 3)));
+        assert_eq!(parse_tcp_resets("Tcp: EstabResets\n"), None);
+        assert_eq!(parse_tcp_resets("Tcp: A B\nTcp: 1 2\n"), None);
+        assert_eq!(parse_tcp_resets(""), None);
+    }
+
+    #[test]
+    fn migration_times_are_the_targets_first_and_the_sources_last_frame() {
+        let polls = [
+            (1.0, 100, 5),
+            (3.0, 110, 5),
+            (5.0, 120, 9),
+            (7.0, 125, 30),
+            (9.0, 125, 60),
+            (11.0, 125, 90),
+        ];
+        assert_eq!(migration_times(100, 5, &polls), (Some(5.0), Some(7.0)));
+        // Neither moved: no time.
+        assert_eq!(migration_times(125, 90, &polls[4..]), (None, None));
+    }
+
+    #[test]
+    fn migration_throughput_windows() {
+        // 100 ms intervals from 0 (the scenario's clock, no offset); the move's
+        // command at 2000 ms takes 250 ms, the next event is at 4000 ms.
+        let t: Vec<(f64, f64)> = (1..=60)
+            .map(|i| {
+                let end = i as f64 / 10.0;
+                let mbps = match i {
+                    ..=20 => 100.0,
+                    21..=23 => 40.0,
+                    _ => 200.0,
+                };
+                (end, mbps)
+            })
+            .collect();
+        let m = migration_throughput("paced", &t, 0.0, 0.0, 2000.0, 250.0, 4000.0);
+        assert_eq!(m.streams, "paced");
+        // Before: intervals ending in (500, 2000]: all 100.
+        assert_eq!(m.before_mbps, Some(100.0));
+        // During: the intervals overlapping (2000, 2250): 2.0-2.1, 2.1-2.2, 2.2-2.3.
+        assert_eq!(m.during_mbps, Some(40.0));
+        assert_eq!(m.during_worst_mbps, Some(40.0));
+        // After: starting at or after 2250 and ending by 4000: 2.3..=4.0, all 200.
+        assert_eq!(m.after_mbps, Some(200.0));
+        // A previous event ending late leaves no "before".
+        let m = migration_throughput("paced", &t, 0.0, 2000.0, 2000.0, 250.0, 4000.0);
+        assert_eq!(m.before_mbps, None);
+        assert_eq!(m.after_mbps, Some(200.0));
     }
 
     #[test]

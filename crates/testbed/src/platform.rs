@@ -4,6 +4,7 @@
 //! [`start_starfabric`] is the one place that knows how the platform is started, so
 //! that switching to the orchestrator (`starfabric up`) later touches only it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,6 +31,10 @@ pub struct PlatformSpec {
     /// More arguments for `starfabric pp`, e.g. `--io udp` (the default is `--io auto`,
     /// which takes AF_XDP on the PP node's veth).
     pub pp_args: Vec<String>,
+    /// Cluster mode: more arguments for PP node `i` only, after `pp_args` (e.g.
+    /// `--offload` on one node: a plain and an accelerated node in one cluster, for live
+    /// migration between them). Every start of that node gets them.
+    pub pp_node_args: Vec<(usize, Vec<String>)>,
     /// PP cluster mode (the topology has `pp_nodes` > 0): how many PP nodes to start;
     /// the other namespaces are spares for scale-out.
     pub pp_active: usize,
@@ -57,6 +62,7 @@ impl PlatformSpec {
             sc_nodes: 3,
             flows: 1 << 18,
             pp_args: Vec::new(),
+            pp_node_args: Vec::new(),
             pp_active: 1,
             standby_fm: false,
             sc_args: Vec::new(),
@@ -68,6 +74,13 @@ impl PlatformSpec {
     /// Add arguments for `starfabric pp`.
     pub fn pp_args(mut self, args: &[&str]) -> Self {
         self.pp_args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    /// Add arguments for PP node `i` only (cluster mode).
+    pub fn pp_node_args(mut self, i: usize, args: &[&str]) -> Self {
+        self.pp_node_args
+            .push((i, args.iter().map(|s| s.to_string()).collect()));
         self
     }
 }
@@ -126,6 +139,8 @@ pub struct Platform {
     pub pps: Vec<Option<Proc>>,
     /// `starfabric pp` arguments common to every PP node (cluster mode).
     pp_argv: Vec<String>,
+    /// More arguments of PP node `i` ([`PlatformSpec::pp_node_args`]).
+    pp_node_argv: BTreeMap<usize, Vec<String>>,
     pub fm_config: PathBuf,
     /// FM's gRPC address, inside the control namespace.
     pub fm_addr: String,
@@ -249,7 +264,7 @@ impl Platform {
         let p = spawn_pp(
             tb,
             i,
-            &self.pp_argv,
+            &self.node_argv(i),
             if self.pps[i].is_some() { "again" } else { "" },
             self.certs.as_deref(),
         )?;
@@ -277,11 +292,26 @@ impl Platform {
             "exec".into(),
             tb.ns(Node::pp(i)),
         ];
-        argv.extend(self.pp_argv.iter().cloned());
+        argv.extend(self.node_argv(i));
         let id = format!("pp-{i}");
         argv.extend(security(self.certs.as_deref(), Role::Pp, &id)?);
         argv.extend(["--id".into(), id]);
         Ok(argv)
+    }
+
+    /// PP node `i`'s `starfabric pp` command line: the common one, then its own
+    /// arguments.
+    fn node_argv(&self, i: usize) -> Vec<String> {
+        let mut argv = self.pp_argv.clone();
+        argv.extend(self.pp_node_argv.get(&i).into_iter().flatten().cloned());
+        argv
+    }
+
+    /// Cluster mode: replace PP node `i`'s own arguments for its next start (e.g. a
+    /// spare restarted accelerated, with `--offload`).
+    pub fn set_pp_node_args(&mut self, i: usize, args: &[&str]) {
+        self.pp_node_argv
+            .insert(i, args.iter().map(|s| s.to_string()).collect());
     }
 
     /// Cluster mode: PP node `i`'s last stats line.
@@ -352,6 +382,35 @@ impl Platform {
         let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
         serde_json::from_str(&out).map_err(|e| Error::Parse {
             what: "starfabric scale pp-drain".into(),
+            msg: format!("{e}: {out}"),
+        })
+    }
+
+    /// Live migration's operator step: FM moves every vIP of `pp-<from>` to `pp-<to>`
+    /// (`starfabric scale vip-move --from pp-<from> --to pp-<to>`, one FM session for
+    /// all of them). Returns FM's table after the last move.
+    pub fn move_vips(&self, tb: &Testbed, from: usize, to: usize) -> Result<VipMap> {
+        let bin = self.bin.display().to_string();
+        let (from, to) = (format!("pp-{from}"), format!("pp-{to}"));
+        let op = self.operator_args();
+        let mut argv = vec![
+            bin.as_str(),
+            "scale",
+            "vip-move",
+            "--fm",
+            &self.fm_addr,
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--reason",
+            "live migration",
+        ];
+        argv.extend(op.iter().map(String::as_str));
+        argv.extend(["-o", "json"]);
+        let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
+        serde_json::from_str(&out).map_err(|e| Error::Parse {
+            what: "starfabric scale vip-move".into(),
             msg: format!("{e}: {out}"),
         })
     }
@@ -566,7 +625,16 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         argv.push("--vip-group".into());
     }
     argv.extend(spec.pp_args.iter().cloned());
-    let pp = spawn_pp(tb, 0, &argv, "", certs.as_deref())?;
+    let mut pp_node_argv: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (i, a) in &spec.pp_node_args {
+        pp_node_argv
+            .entry(*i)
+            .or_default()
+            .extend(a.iter().cloned());
+    }
+    let mut argv0 = argv.clone();
+    argv0.extend(pp_node_argv.get(&0).into_iter().flatten().cloned());
+    let pp = spawn_pp(tb, 0, &argv0, "", certs.as_deref())?;
     let mut pps = vec![None; cluster];
     if cluster > 0 {
         pps[0] = Some(pp.clone());
@@ -577,6 +645,7 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         pp,
         pps,
         pp_argv: argv,
+        pp_node_argv,
         fm_config,
         fm_addr: fm_addr.clone(),
         bin: bin_path,
