@@ -2,13 +2,16 @@
 //! stream carries nothing after its registration (as when its runtime, or FM's, is
 //! buried under a flood) stays alive on its UDP beacons alone, and is declared dead
 //! once they stop. Beacons with a token FM did not hand out keep nobody alive.
+//!
+//! FM and the sessions run mTLS with a test CA, as production does (docs/security.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fm::{FmConfig, FmHandle};
 use proto::liveness::{Beacon, LivenessSender, Pulse};
+use proto::tls::{Bundle, Ca, Identity, NodeTls, Role};
 use proto::v1::fabric_master_client::FabricMasterClient;
 use proto::v1::{self, pp_down, pp_up};
 use tokio::sync::mpsc;
@@ -21,10 +24,19 @@ struct Session {
     _down: tonic::Streaming<v1::PpDown>,
 }
 
+/// Node `id`'s TLS state as `role`, from the tests' one CA.
+fn node_tls(role: Role, id: &str) -> Arc<NodeTls> {
+    static CA: OnceLock<Ca> = OnceLock::new();
+    let ca = CA.get_or_init(|| Ca::generate().unwrap());
+    let ident = Identity::new(role, id).unwrap();
+    NodeTls::new(&Bundle::issue(ca, &ident, Duration::from_secs(3600)).unwrap()).unwrap()
+}
+
 async fn fm() -> FmHandle {
     let cfg = FmConfig {
         pp_heartbeat: Duration::from_millis(10),
         miss_limit: 3,
+        tls: Some(node_tls(Role::Fm, "fm-1")),
         ..FmConfig::default()
     };
     fm::start(cfg, "127.0.0.1:0".parse().unwrap())
@@ -33,9 +45,11 @@ async fn fm() -> FmHandle {
 }
 
 async fn open(fm: &FmHandle, id: &str) -> Session {
-    let mut client = FabricMasterClient::connect(format!("http://{}", fm.addr()))
+    let tls = node_tls(Role::Pp, id);
+    let ch = proto::connect(&fm.addr().to_string(), Some(&tls), Role::Fm)
         .await
         .unwrap();
+    let mut client = FabricMasterClient::new(ch);
     let (up, rx) = mpsc::unbounded_channel();
     up.send(v1::PpUp {
         msg: Some(pp_up::Msg::Register(v1::NodeInfo {

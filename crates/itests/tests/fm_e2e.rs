@@ -13,7 +13,7 @@ use pipeline::{
     format_actions, FlowKey, ManualClock, MemRing, Pipeline, PipelineConfig, VecSource, VpcBinding,
     Worker,
 };
-use pp::{FmClient, FmClientConfig};
+use pp::FmClient;
 use proto::ChainDef;
 use testkit::rig::node;
 
@@ -75,8 +75,8 @@ struct Pp {
     doorbell: crossbeam_channel::Receiver<()>,
 }
 
-fn pp_node(fm: &str, id: &str) -> Pp {
-    let (client, mut links) = FmClient::start(FmClientConfig::new(fm, id)).unwrap();
+fn pp_node(cluster: &Cluster, id: &str) -> Pp {
+    let (client, mut links) = FmClient::start(cluster.pp_config(id)).unwrap();
     let link = links.remove(0);
     let mut p = Pipeline::new(PipelineConfig::new(node()), link.source).unwrap();
     p.bind_vpc(
@@ -125,7 +125,7 @@ fn scenario(chain: ChainDef, test_nfs: bool) {
     let cluster = Cluster::start(vec![chain], 3, Arc::new(sc::testing::TestNfs));
     let map = cluster.wait_groups(1, 3);
     assert_eq!(map.partitions.len(), 1);
-    let mut pp = pp_node(&cluster.fm_addr(), "pp-1");
+    let mut pp = pp_node(&cluster, "pp-1");
 
     // Three packets of a new flow: the first misses, all three are held, one request.
     for s in 0..3 {
@@ -205,7 +205,7 @@ fn scenario(chain: ChainDef, test_nfs: bool) {
     // Another PP node asks for the same flow (say traffic was rebalanced to it): FM
     // answers from its rule cache, and SC sees nothing.
     let before = cluster.stats();
-    let mut pp2 = pp_node(&cluster.fm_addr(), "pp-2");
+    let mut pp2 = pp_node(&cluster, "pp-2");
     pp2.worker.io.source.push(packet(40000, 80, 7), 0);
     pp2.worker.run_once().unwrap();
     pp2.await_release(1);
@@ -293,7 +293,7 @@ fn desired_chains_come_and_go_and_flows_lists_the_cache() {
         .unwrap();
     assert_eq!(again, fm::DesiredChange::default());
 
-    let mut pp = pp_node(&cluster.fm_addr(), "pp-1");
+    let mut pp = pp_node(&cluster, "pp-1");
     pp.worker.io.source.push(packet(40001, 80, 0), 0);
     pp.worker.run_once().unwrap();
     pp.await_release(1);

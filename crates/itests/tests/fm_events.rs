@@ -13,7 +13,6 @@ use std::time::Duration;
 use common::{pp_session, snat_chain, wait, Cluster};
 use fm::ScaleRequest;
 use pipeline::RuleSource;
-use pp::FmClientConfig;
 use proto::v1;
 use serde_json::Value;
 
@@ -44,7 +43,7 @@ fn fm_records_scales_refusals_deaths_and_repairs_and_reports_load_per_group() {
     let mut cluster = Cluster::start_with(cfg, 6, Arc::new(sc::testing::TestNfs));
     let map0 = cluster.wait_groups(1, 3);
     let g1 = map0.groups[0].id;
-    let (client, link) = pp_session(FmClientConfig::new(&cluster.fm_addr(), "pp-ev"));
+    let (client, link) = pp_session(cluster.pp_config("pp-ev"));
 
     ask(&link.source, 0..300);
     let load = cluster.rt.block_on(cluster.fm.load()).unwrap();
@@ -195,12 +194,7 @@ fn fm_records_scales_refusals_deaths_and_repairs_and_reports_load_per_group() {
 
     // since/limit over gRPC, and RecordEvent.
     cluster.rt.block_on(async {
-        let mut c = v1::fabric_master_client::FabricMasterClient::connect(format!(
-            "http://{}",
-            cluster.fm_addr()
-        ))
-        .await
-        .unwrap();
+        let mut c = cluster.fm_operator(&cluster.fm_addr()).await;
         let page = c
             .events(v1::EventsRequest {
                 since_seq: 3,

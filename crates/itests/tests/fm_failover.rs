@@ -12,15 +12,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{ask, fm_pair, mapping, pp_session, snat_chain, wait, wait_groups};
-use fm::{FmHandle, ScaleRequest};
+use common::{ask, fm_pair, mapping, pp_config, pp_session, snat_chain, wait, wait_groups, FmPair};
+use fm::ScaleRequest;
 use pipeline::{FlowKey, RuleSource};
-use pp::FmClientConfig;
-use sc::ScProcess;
-use tokio::runtime::Runtime;
 
 /// [`fm_pair`] over one SNAT chain, with `n_sc` SC nodes.
-fn start(n_sc: usize) -> (Runtime, FmHandle, FmHandle, Vec<ScProcess>) {
+fn start(n_sc: usize) -> FmPair {
     fm_pair(
         vec![snat_chain(&["198.19.255.1"])],
         n_sc,
@@ -57,7 +54,13 @@ fn shape(m: &proto::v1::PartitionMap) -> Shape {
 
 #[test]
 fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
-    let (rt, active, standby, mut scs) = start(7);
+    let FmPair {
+        rt,
+        active,
+        standby,
+        mut scs,
+        pki,
+    } = start(7);
     let (a, b) = (active.addr().to_string(), standby.addr().to_string());
     let both = format!("{a},{b}");
     wait_groups(&rt, &active, 1, 3);
@@ -71,7 +74,7 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
         .unwrap();
     assert_eq!(out.aborted, None);
 
-    let (client, link) = pp_session(FmClientConfig::new(&both, "pp-1"));
+    let (client, link) = pp_session(pp_config(Some(&pki), &both, "pp-1"));
     assert_eq!(client.current_fm().as_deref(), Some(a.as_str()));
     let before = mappings(&link.source, 0..1000);
     assert_eq!(before.len(), 1000);
@@ -158,7 +161,13 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
 /// takes its place and no flow changes its mapping.
 #[test]
 fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
-    let (rt, active, standby, mut scs) = start(5);
+    let FmPair {
+        rt,
+        active,
+        standby,
+        mut scs,
+        pki,
+    } = start(5);
     let (a, b) = (active.addr().to_string(), standby.addr().to_string());
     let both = format!("{a},{b}");
     let idx = |id: &str| -> usize { id.strip_prefix("sc-").unwrap().parse().unwrap() };
@@ -174,7 +183,7 @@ fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
     let epoch = repaired.groups[0].epoch;
     assert!(epoch > 1);
 
-    let (client, link) = pp_session(FmClientConfig::new(&both, "pp-1"));
+    let (client, link) = pp_session(pp_config(Some(&pki), &both, "pp-1"));
     let before = mappings(&link.source, 0..500);
     assert_eq!(before.len(), 500);
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use fm::FmConfig;
 use pipeline::{RuleReply, RuleSource};
-use pp::FmClientConfig;
 
 /// Whether FM refused the request as setup overload.
 fn is_shed(r: &RuleReply) -> bool {
@@ -34,7 +33,7 @@ fn a_request_flood_sheds_flows_as_setup_overload_and_drops_no_session() {
     };
     let c = Cluster::start_with(cfg, 3, Arc::new(sc::testing::TestNfs));
     c.wait_groups(1, 3);
-    let mut ccfg = FmClientConfig::new(&c.fm_addr(), "pp-flood");
+    let mut ccfg = c.pp_config("pp-flood");
     ccfg.linger = Duration::from_micros(50);
     let (client, link) = pp_session(ccfg);
     let RuleSource::Channel { requests, replies } = link.source else {

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::{chain, flow, flow_index, mapping, nf_part, pp_session, snat_chain, wait, Cluster};
 use pipeline::{FlowKey, RuleSource};
-use pp::FmClientConfig;
 use sc::testing::TestSnat;
 
 const ADDRS: [&str; 4] = [
@@ -128,7 +127,7 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
         .find(|n| !order.contains(n))
         .unwrap();
 
-    let mut cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-load");
+    let mut cfg = cluster.pp_config("pp-load");
     cfg.forget_after = Duration::from_secs(30);
     let (client, link) = pp_session(cfg);
 

@@ -20,7 +20,7 @@ use common::{flow, mapping, nf_part, wait, Cluster};
 use fm::{ScaleOutcome, ScaleRequest};
 use nf::NetworkFunction;
 use pipeline::{FlowKey, RuleSource};
-use pp::{FmClient, FmClientConfig};
+use pp::FmClient;
 use proto::{v1, ChainDef};
 
 const VNI: u32 = 100;
@@ -213,7 +213,7 @@ fn start_load(
     Arc<AtomicBool>,
     std::thread::JoinHandle<Load>,
 ) {
-    let mut pp_cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-load");
+    let mut pp_cfg = cluster.pp_config("pp-load");
     pp_cfg.forget_after = Duration::from_secs(30);
     let (client, mut links) = FmClient::start(pp_cfg).unwrap();
     let link = links.remove(0);
@@ -467,7 +467,7 @@ fn run(with_fw: bool, migration: Option<fm::Migration>) {
         "too few flows decided during the moves to check ({during_out_moved}, {during_in})"
     );
     let again = reask(
-        &cluster.fm_addr(),
+        &cluster,
         &load.new_during.iter().map(|p| p.0).collect::<Vec<_>>(),
     );
     for (i, _) in &load.new_during {
@@ -548,8 +548,8 @@ fn run(with_fw: bool, migration: Option<fm::Migration>) {
 
 /// Ask FM for flows `flows` through a PP session of its own, one at a time in a batch;
 /// returns each flow's mapping (errors are missing).
-fn reask(fm: &str, flows: &[u32]) -> HashMap<FlowKey, (IpAddr, u16)> {
-    let (client, mut links) = FmClient::start(FmClientConfig::new(fm, "pp-check")).unwrap();
+fn reask(cluster: &Cluster, flows: &[u32]) -> HashMap<FlowKey, (IpAddr, u16)> {
+    let (client, mut links) = FmClient::start(cluster.pp_config("pp-check")).unwrap();
     let link = links.remove(0);
     wait(Duration::from_secs(5), "PP check session", || {
         client.connected().then_some(())
@@ -620,12 +620,10 @@ fn new_group_dies_during_scale_out() {
     {
         let h = cluster.rt.handle().clone();
         let addr = cluster.fm_addr();
+        let operator = cluster.operator_tls();
         std::thread::spawn(move || {
             let r = h.block_on(async move {
-                let mut c =
-                    v1::fabric_master_client::FabricMasterClient::connect(format!("http://{addr}"))
-                        .await
-                        .unwrap();
+                let mut c = common::fm_operator(operator.as_ref(), &addr).await;
                 c.scale_out(v1::ScaleOutRequest {
                     tenant: 1,
                     chain: 1,

@@ -9,13 +9,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{group_traffic, wait, Cluster};
+use common::{wait, Cluster};
 use packet::build::{udp_v4, vxlan_wrap};
 use pipeline::{
     CounterReportConfig, FlowKey, ManualClock, MemRing, Pipeline, PipelineConfig, VecSource,
     VpcBinding, Worker,
 };
-use pp::{FmClient, FmClientConfig};
+use pp::FmClient;
 use proto::ChainDef;
 use testkit::rig::node;
 
@@ -57,8 +57,7 @@ fn reply(to_port: u16, payload: usize) -> Vec<u8> {
 fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
     let cluster = Cluster::start(vec![chain()], 3, Arc::new(sc::BuiltinNfs));
     cluster.wait_groups(1, 3);
-    let (client, mut links) =
-        FmClient::start(FmClientConfig::new(&cluster.fm_addr(), "pp-1")).unwrap();
+    let (client, mut links) = FmClient::start(cluster.pp_config("pp-1")).unwrap();
     let link = links.remove(0);
     let mut cfg = PipelineConfig::new(node());
     cfg.counter_reports = Some(CounterReportConfig {
@@ -188,7 +187,7 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
         .scs
         .iter()
         .map(|s| {
-            let g = group_traffic(&cluster.rt, s.addr());
+            let g = cluster.group_traffic(s.addr());
             g.into_iter().map(|g| g.traffic).collect::<Vec<_>>()
         })
         .collect();

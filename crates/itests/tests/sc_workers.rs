@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ask, chain, mapping, nf_part, pp_session, wait, Cluster};
-use pp::FmClientConfig;
 use sc::{ScConfig, WorkerStats};
 
 /// One worker counter summed over the cluster's SC nodes.
@@ -86,7 +85,7 @@ fn mappings(replies: &[pipeline::RuleReply]) -> HashMap<pipeline::FlowKey, (IpAd
 fn snat_mappings_and_conntrack_survive_zero_instances() {
     let c = cluster(600);
     c.wait_groups(1, 3);
-    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let (_client, link) = pp_session(c.pp_config("pp-0"));
     let before = mappings(&ask(&link.source, 0..40));
     assert_eq!(before.len(), 40);
 
@@ -144,7 +143,7 @@ fn snat_mappings_and_conntrack_survive_zero_instances() {
 fn nf_timers_expire_conntrack_while_parked() {
     let c = cluster(1);
     c.wait_groups(1, 3);
-    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let (_client, link) = pp_session(c.pp_config("pp-0"));
     let before = mappings(&ask(&link.source, 0..20));
     let full = states(&c);
     let fw_full = nf_part(&full[0].1, 0);
@@ -178,7 +177,7 @@ fn nf_timers_expire_conntrack_while_parked() {
 fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
     let c = uncached_cluster(600, |c| c.queue_limit = Some(0));
     c.wait_groups(1, 3);
-    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let (_client, link) = pp_session(c.pp_config("pp-0"));
     let replies = ask(&link.source, 0..10);
     for r in &replies {
         assert_eq!(
@@ -232,7 +231,7 @@ fn single_start_probes_start_and_leave_without_disturbing_the_groups() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(starts - before_starts, 8);
     assert_eq!(hosted(&c), before_groups, "probe replicas left");
-    let (_client, link) = pp_session(FmClientConfig::new(&c.fm_addr(), "pp-0"));
+    let (_client, link) = pp_session(c.pp_config("pp-0"));
     let replies = ask(&link.source, 0..4);
     assert!(replies.iter().all(|r| mapping(r).is_some()), "{replies:?}");
 }

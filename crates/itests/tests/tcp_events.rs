@@ -17,7 +17,7 @@ use pipeline::{
     FlowKey, ManualClock, MemRing, NoticeKind, Pipeline, PipelineConfig, VecSource, VpcBinding,
     Worker,
 };
-use pp::{FmClient, FmClientConfig};
+use pp::FmClient;
 use testkit::rig::node;
 
 fn segment(flags: u8) -> Vec<u8> {
@@ -52,8 +52,7 @@ fn a_handshake_through_pp_moves_the_snat_mapping_to_the_established_timeout() {
         Arc::new(sc::BuiltinNfs),
     );
     cluster.wait_groups(1, 3);
-    let (client, mut links) =
-        FmClient::start(FmClientConfig::new(&cluster.fm_addr(), "pp-events")).unwrap();
+    let (client, mut links) = FmClient::start(cluster.pp_config("pp-events")).unwrap();
     let link = links.remove(0);
     let mut cfg = PipelineConfig::new(node());
     // Activity reports would refresh the deadline too; this test is about the handshake.

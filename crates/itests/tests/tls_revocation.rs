@@ -1,5 +1,5 @@
 //! Plane security with the in-process harness (docs/security.md): FM, four SC nodes and
-//! a PP client all on mTLS with a test CA.
+//! a PP client all on mTLS with the cluster's test CA.
 //!
 //! - Revocation: an SC replica revoked mid-stream is cut off at FM and repaired around
 //!   like a dead one (the spare joins by snapshot); its reconnects are refused and
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::{chain, flow, mapping, nf_part, pp_session, wait, Cluster};
 use pipeline::{FlowKey, RuleSource};
 use pp::FmClientConfig;
-use proto::tls::{Bundle, Ca, Identity, NodeTls, Refusal, Role};
+use proto::tls::{Bundle, Ca, NodeTls, Refusal, Role};
 use proto::v1;
 use sc::testing::TestSnat;
 
@@ -26,36 +26,37 @@ const PORTS: (u16, u16) = (1024, 65535);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn tls(ca: &Ca, role: Role, id: &str) -> Arc<NodeTls> {
-    NodeTls::new(&Bundle::issue(ca, &Identity::new(role, id).unwrap(), HOUR).unwrap()).unwrap()
+    NodeTls::new(&Bundle::issue(ca, &proto::tls::Identity::new(role, id).unwrap(), HOUR).unwrap())
+        .unwrap()
 }
 
-struct Tls {
-    ca: Ca,
+struct Tls<'a> {
+    ca: &'a Ca,
     fm: Arc<NodeTls>,
     /// FM's role, for the test's own state queries to SC nodes.
     probe: Arc<NodeTls>,
 }
 
-fn cluster() -> (Cluster, Tls) {
-    let ca = Ca::generate().unwrap();
-    let fm = tls(&ca, Role::Fm, "fm-1");
-    let probe = tls(&ca, Role::Fm, "fm-probe");
+/// The harness's mTLS cluster (a CA of its own, FM `fm-1`, SC nodes `sc-0`..`sc-3`).
+fn cluster() -> Cluster {
     let cfg = fm::FmConfig {
         chains: vec![chain(
             serde_json::json!([{"kind": "test-snat", "addrs": ADDRS,
                                                "ports": [PORTS.0, PORTS.1]}]),
         )],
-        tls: Some(fm.clone()),
         ..fm::FmConfig::default()
     };
-    let scs: Vec<Arc<NodeTls>> = (0..4)
-        .map(|i| tls(&ca, Role::Sc, &format!("sc-{i}")))
-        .collect();
-    let cluster = Cluster::start_tuned(cfg, 4, Arc::new(sc::testing::TestNfs), |c| {
-        let i: usize = c.node_id.trim_start_matches("sc-").parse().unwrap();
-        c.tls = Some(scs[i].clone());
-    });
-    (cluster, Tls { ca, fm, probe })
+    Cluster::start_with(cfg, 4, Arc::new(sc::testing::TestNfs))
+}
+
+/// The cluster's CA, FM's TLS state and a probe identity.
+fn tls_of(cluster: &Cluster) -> Tls<'_> {
+    let ca = cluster.pki.as_ref().expect("an mTLS cluster").ca();
+    Tls {
+        ca,
+        fm: cluster.fm_tls.clone().expect("FM on mTLS"),
+        probe: tls(ca, Role::Fm, "fm-probe"),
+    }
 }
 
 /// Every flow of `range` answered with a mapping (error replies are asked again, as a
@@ -122,7 +123,8 @@ fn group_status(
 
 #[test]
 fn a_revoked_sc_replica_is_repaired_around_and_no_state_is_lost() {
-    let (mut cluster, t) = cluster();
+    let mut cluster = cluster();
+    let t = tls_of(&cluster);
     let map = cluster.wait_groups(1, 3);
     let group = map.groups[0].clone();
     let order: Vec<String> = group.replicas.iter().map(|r| r.node_id.clone()).collect();
@@ -134,7 +136,7 @@ fn a_revoked_sc_replica_is_repaired_around_and_no_state_is_lost() {
         .find(|n| !order.contains(n))
         .unwrap();
     let mut cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-1");
-    cfg.tls = Some(tls(&t.ca, Role::Pp, "pp-1"));
+    cfg.tls = Some(tls(t.ca, Role::Pp, "pp-1"));
     cfg.forget_after = Duration::from_secs(30);
     let (client, link) = pp_session(cfg);
 
@@ -203,10 +205,11 @@ fn a_revoked_sc_replica_is_repaired_around_and_no_state_is_lost() {
 
 #[test]
 fn rotating_fms_certificate_under_traffic_keeps_the_session() {
-    let (cluster, t) = cluster();
+    let cluster = cluster();
+    let t = tls_of(&cluster);
     cluster.wait_groups(1, 3);
     let mut cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-1");
-    cfg.tls = Some(tls(&t.ca, Role::Pp, "pp-1"));
+    cfg.tls = Some(tls(t.ca, Role::Pp, "pp-1"));
     let (client, link) = pp_session(cfg);
     let sessions = || {
         client
@@ -219,7 +222,7 @@ fn rotating_fms_certificate_under_traffic_keeps_the_session() {
     let first = answered(&link.source, 0..1000);
 
     let old = t.fm.cert_pem();
-    let renewed = Bundle::issue(&t.ca, t.fm.identity(), HOUR).unwrap();
+    let renewed = Bundle::issue(t.ca, t.fm.identity(), HOUR).unwrap();
     t.fm.rotate(&renewed.cert_pem, &renewed.key_pem).unwrap();
     assert_ne!(t.fm.cert_pem(), old);
 
@@ -241,7 +244,7 @@ fn rotating_fms_certificate_under_traffic_keeps_the_session() {
     );
     // And a new node connects fine against the renewed certificate.
     let mut cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-2");
-    cfg.tls = Some(tls(&t.ca, Role::Pp, "pp-2"));
+    cfg.tls = Some(tls(t.ca, Role::Pp, "pp-2"));
     let (late, _) = pp_session(cfg);
     assert!(late.connected());
     assert_eq!(t.fm.refusals().get(Refusal::Handshake), 0);

@@ -199,11 +199,13 @@ struct Platform {
 }
 
 impl Platform {
-    fn start(control: &str, n_sc: usize, n_pp: usize) -> Platform {
+    /// Every plane on mTLS with certificates from `ca`, the orchestrator's CA.
+    fn start(control: &str, ca: &proto::tls::Ca, n_sc: usize, n_pp: usize) -> Platform {
         let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let fm_cfg = fm::FmFile::parse("{}").unwrap().to_config("fm-1").unwrap();
+        let mut fm_cfg = fm::FmFile::parse("{}").unwrap().to_config("fm-1").unwrap();
+        fm_cfg.tls = Some(node_tls(ca, proto::tls::Role::Fm, "fm-1"));
         let fm = fm::node::start(fm::node::FmNodeConfig {
             fm: fm_cfg,
             listen: local,
@@ -233,7 +235,7 @@ impl Platform {
                         assigner: None,
                         assigner_model: None,
                         assign_period: None,
-                        tls: None,
+                        tls: Some(node_tls(ca, proto::tls::Role::Sc, &format!("sc-{i}"))),
                     },
                     stop.clone(),
                 )
@@ -250,6 +252,7 @@ impl Platform {
                         id: Some(format!("pp-{i}")),
                         orchestrator: Some(control.to_string()),
                         peer_port: Some(sink.local_addr().unwrap().port()),
+                        tls: Some(node_tls(ca, proto::tls::Role::Pp, &format!("pp-{i}"))),
                         ..pp::node::PpNodeConfig::default()
                     },
                     stop.clone(),
@@ -316,14 +319,29 @@ fn acme_traffic(
     })
 }
 
+/// Node `id`'s TLS state as `role`, issued by `ca`.
+fn node_tls(ca: &proto::tls::Ca, role: proto::tls::Role, id: &str) -> Arc<proto::tls::NodeTls> {
+    let ident = proto::tls::Identity::new(role, id).unwrap();
+    let b = proto::tls::Bundle::issue(ca, &ident, Duration::from_secs(3600)).unwrap();
+    proto::tls::NodeTls::new(&b).unwrap()
+}
+
 /// Scale tenant `tenant`'s chain `chain` out through FM's gRPC API (what `starfabric
-/// scale out` calls); the new group's id. FM refuses a scale-out (failed precondition)
-/// until the orchestrator's new, wider shard set has reached it: retried for [`STEP`].
-fn scale_out(rt: &tokio::runtime::Runtime, fm: SocketAddr, tenant: u32, chain: u32) -> u64 {
+/// scale out` calls, as `operator`); the new group's id. FM refuses a scale-out (failed
+/// precondition) until the orchestrator's new, wider shard set has reached it: retried
+/// for [`STEP`].
+fn scale_out(
+    rt: &tokio::runtime::Runtime,
+    operator: &Arc<proto::tls::NodeTls>,
+    fm: SocketAddr,
+    tenant: u32,
+    chain: u32,
+) -> u64 {
     let r = rt.block_on(async move {
-        let mut c = v1::fabric_master_client::FabricMasterClient::connect(format!("http://{fm}"))
+        let ch = proto::connect(&fm.to_string(), Some(operator), proto::tls::Role::Fm)
             .await
             .expect("FM's gRPC");
+        let mut c = v1::fabric_master_client::FabricMasterClient::new(ch);
         let deadline = Instant::now() + STEP;
         loop {
             let req = v1::ScaleOutRequest {
@@ -455,6 +473,9 @@ fn dashboard_over_a_real_platform_in_headless_chromium() {
     );
     let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
     cfg.report_interval = Duration::from_millis(200);
+    cfg.security = orchestrator::control::Security::Tls {
+        cert_ttl: Duration::from_secs(3600),
+    };
     let orch = rt
         .block_on(orchestrator::start(
             cfg,
@@ -493,7 +514,15 @@ fn dashboard_over_a_real_platform_in_headless_chromium() {
 
     // The planes, registered with the orchestrator, which directs FM to serve both chains
     // and binds the tenants' VNIs on the PP nodes.
-    let platform = Platform::start(&orch.control_addr.to_string(), 6, 2);
+    let ca = orch
+        .shared
+        .cfg
+        .pki
+        .as_ref()
+        .expect("the orchestrator's CA")
+        .ca();
+    let operator = node_tls(ca, proto::tls::Role::Operator, "ui-test");
+    let platform = Platform::start(&orch.control_addr.to_string(), ca, 6, 2);
     let fm_addr = platform.fm.as_ref().unwrap().addr();
     wait(SETUP, "9 nodes up and both chains' groups reported", || {
         let st = get(&base, ADMIN, "/v1/status");
@@ -580,8 +609,8 @@ fn dashboard_over_a_real_platform_in_headless_chromium() {
         },
     );
     let acme_before = partitions_of(&base, "acme");
-    let acme_group = scale_out(&rt, fm_addr, acme, acme_chain);
-    let globex_group = scale_out(&rt, fm_addr, globex, globex_chain);
+    let acme_group = scale_out(&rt, &operator, fm_addr, acme, acme_chain);
+    let globex_group = scale_out(&rt, &operator, fm_addr, globex, globex_chain);
     assert_ne!(acme_group, globex_group);
     wait(STEP, "both scale-outs in the reported partitions", || {
         let a = partitions_of(&base, "acme");

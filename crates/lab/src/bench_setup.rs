@@ -54,9 +54,12 @@ pub struct SetupBenchArgs {
     /// hosts one replica of every group).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub groups: u32,
-    /// Run every plane link on mTLS, as production does (a CA made in-process, a
-    /// certificate per node; docs/security.md). Default: plaintext, as before.
+    /// Run every plane link in plaintext (lab use; docs/security.md). Default: mTLS, as
+    /// production runs (a CA made in-process, a certificate per node).
     #[arg(long)]
+    pub insecure: bool,
+    /// mTLS, the default: accepted so older scripts that ask for it keep working.
+    #[arg(long, hide = true, conflicts_with = "insecure")]
     pub tls: bool,
 }
 
@@ -408,6 +411,31 @@ pub(crate) fn fm_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The in-process benches' PKI: one CA per run and a certificate per node of its role,
+/// as the orchestrator would issue them; none under `--insecure`.
+pub(crate) struct BenchPki(Option<proto::tls::Ca>);
+
+impl BenchPki {
+    pub(crate) fn new(insecure: bool) -> Result<Self> {
+        Ok(BenchPki(match insecure {
+            true => None,
+            false => Some(proto::tls::Ca::generate()?),
+        }))
+    }
+
+    /// Node `id`'s TLS state as `role` (`None` under `--insecure`).
+    pub(crate) fn node(
+        &self,
+        role: proto::tls::Role,
+        id: &str,
+    ) -> Result<Option<Arc<proto::tls::NodeTls>>> {
+        let Some(ca) = &self.0 else { return Ok(None) };
+        let ident = proto::tls::Identity::new(role, id)?;
+        let b = proto::tls::Bundle::issue(ca, &ident, Duration::from_secs(3600))?;
+        Ok(Some(proto::tls::NodeTls::new(&b)?))
+    }
+}
+
 pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
     match nfs {
         "test" => Arc::new(sc::testing::TestNfs),
@@ -420,16 +448,8 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let proto_chain = chain.to_proto()?;
     let factory = chain_factory(&a.nfs);
     let rt = fm_runtime()?;
-    let ca = match a.tls {
-        true => Some(proto::tls::Ca::generate()?),
-        false => None,
-    };
-    let tls = |role, id: &str| -> Result<Option<std::sync::Arc<proto::tls::NodeTls>>> {
-        let Some(ca) = &ca else { return Ok(None) };
-        let ident = proto::tls::Identity::new(role, id)?;
-        let b = proto::tls::Bundle::issue(ca, &ident, Duration::from_secs(3600))?;
-        Ok(Some(proto::tls::NodeTls::new(&b)?))
-    };
+    let pki = BenchPki::new(a.insecure)?;
+    let tls = |role, id: &str| pki.node(role, id);
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
         tls: tls(proto::tls::Role::Fm, "fm-1")?,

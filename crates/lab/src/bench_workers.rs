@@ -42,6 +42,10 @@ pub struct WorkersBenchArgs {
     /// Starts one at a time on each node, with nothing else queued (0: skip).
     #[arg(long, default_value_t = 64)]
     pub single_starts: usize,
+    /// Run every plane link in plaintext (lab use; docs/security.md). Default: mTLS, as
+    /// production runs (a CA made in-process, a certificate per node).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -147,10 +151,12 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let proto_chain = chain.to_proto()?;
     let factory = crate::bench_setup::chain_factory(&a.nfs);
     let rt = crate::bench_setup::fm_runtime()?;
+    let pki = crate::bench_setup::BenchPki::new(a.insecure)?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
         // Every ask reaches SC: the answer shows SC's state, not FM's cache.
         cache_capacity: 1,
+        tls: pki.node(proto::tls::Role::Fm, "fm-1")?,
         ..fm::FmConfig::default()
     };
     let local = "127.0.0.1:0".parse()?;
@@ -158,13 +164,15 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let fm_addr = fm.addr().to_string();
     let scs = (0..3)
         .map(|i| {
-            let mut c = sc::ScConfig::new(&format!("sc-{i}"), local, &fm_addr);
+            let id = format!("sc-{i}");
+            let mut c = sc::ScConfig::new(&id, local, &fm_addr);
             c.workers = a.workers as usize;
             // Parking is on demand here (`park`), so every round parks at a known time.
             c.idle = None;
-            sc::ScProcess::spawn(c, factory.clone())
+            c.tls = pki.node(proto::tls::Role::Sc, &id)?;
+            Ok(sc::ScProcess::spawn(c, factory.clone())?)
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>>>()?;
     // N equal key-hash ranges, configured at once once the nodes are there.
     wait_for(Duration::from_secs(10), "SC nodes registered", || {
         let m = rt.block_on(fm.partition_map())?;
@@ -188,7 +196,8 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             .then_some(())
     })?;
 
-    let ccfg = FmClientConfig::new(&fm_addr, "pp-bench");
+    let mut ccfg = FmClientConfig::new(&fm_addr, "pp-bench");
+    ccfg.tls = pki.node(proto::tls::Role::Pp, "pp-bench")?;
     let (client, mut links) = FmClient::start(ccfg)?;
     wait_for(Duration::from_secs(5), "PP session", || {
         client.connected().then_some(())

@@ -13,15 +13,14 @@ mod common;
 use common::{http, node_info, put_created, ready, wait, Orch};
 
 fn agent(
-    control: &str,
+    orch: &Orch,
     id: &str,
     role: v1::Role,
     addr: &str,
     cluster: &str,
     report: orchestrator::agent::ReportFn,
 ) -> Agent {
-    common::agent(
-        control,
+    orch.agent(
         v1::NodeHello {
             node: Some(node_info(id, role, addr)),
             cluster: cluster.into(),
@@ -40,20 +39,13 @@ fn latest(a: &Agent) -> Option<v1::Directive> {
 #[test]
 fn directives_follow_desired_state_and_silent_nodes_go_down() {
     let orch = Orch::start(|_| {});
-    let (base, control) = (orch.base.clone(), orch.control.clone());
+    let base = orch.base.clone();
 
-    let mut fm = agent(
-        &control,
-        "fm-1",
-        v1::Role::Fm,
-        "127.0.0.1:7000",
-        "",
-        ready(),
-    );
+    let mut fm = agent(&orch, "fm-1", v1::Role::Fm, "127.0.0.1:7000", "", ready());
     let packets = Arc::new(AtomicU64::new(0));
     let p2 = packets.clone();
     let mut pp = agent(
-        &control,
+        &orch,
         "pp-1",
         v1::Role::Pp,
         "127.0.0.1:4789",
@@ -80,14 +72,7 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
             ..Default::default()
         }),
     );
-    let _sc = agent(
-        &control,
-        "sc-1",
-        v1::Role::Sc,
-        "127.0.0.1:7100",
-        "",
-        ready(),
-    );
+    let _sc = agent(&orch, "sc-1", v1::Role::Sc, "127.0.0.1:7100", "", ready());
 
     // Every node learns the FM; the FM serves nothing yet.
     let d = wait(Duration::from_secs(10), "PP directive with the FM", || {
@@ -261,10 +246,12 @@ fn a_node_that_stops_reporting_is_marked_down() {
         })),
     })
     .unwrap();
+    let tls = orch.node_tls(proto::tls::Role::Sc, "sc-hung");
     let _stream = orch.rt.block_on(async {
-        let mut c = v1::control_client::ControlClient::connect(proto::endpoint_uri(&control))
+        let ch = proto::connect(&control, tls.as_ref(), proto::tls::Role::Orchestrator)
             .await
             .unwrap();
+        let mut c = v1::control_client::ControlClient::new(ch);
         c.node_session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
             .await
             .unwrap()

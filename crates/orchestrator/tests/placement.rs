@@ -12,10 +12,9 @@ use serde_json::json;
 mod common;
 use common::{http, node_info, ready, wait, Orch};
 
-fn agent(control: &str, id: &str, role: v1::Role, capacity: Option<v1::NodeCapacity>) -> Agent {
+fn agent(orch: &Orch, id: &str, role: v1::Role, capacity: Option<v1::NodeCapacity>) -> Agent {
     let addr = format!("127.0.0.1:{}", 7100 + id.len());
-    common::agent(
-        control,
+    orch.agent(
         v1::NodeHello {
             node: Some(node_info(id, role, &addr)),
             version: "test".into(),
@@ -49,12 +48,12 @@ fn tenants_get_shard_sets_and_a_failure_moves_only_its_shards() {
     // Best Fit here: the decision must not depend on which model a build ships.
     let orch =
         Orch::start(|cfg| cfg.placement.algorithm = orchestrator::placement::Algorithm::BestFit);
-    let (base, control) = (orch.base.clone(), orch.control.clone());
-    let fm = agent(&control, "fm-1", v1::Role::Fm, None);
+    let base = orch.base.clone();
+    let fm = agent(&orch, "fm-1", v1::Role::Fm, None);
     let mut scs: Vec<Agent> = (1..=6)
         .map(|i| {
             agent(
-                &control,
+                &orch,
                 &format!("sc-{i}"),
                 v1::Role::Sc,
                 Some(v1::NodeCapacity {

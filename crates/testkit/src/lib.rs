@@ -15,6 +15,8 @@
 //!   with what it waited for on timeout.
 //! - [`rig`] (feature `rig`): a [`pipeline::Pipeline`] on in-memory I/O with its rule
 //!   channel and a manual clock, as the pipeline's own tests drive it.
+//! - [`pki`] (feature `pki`): a test CA issuing each in-process node a certificate of
+//!   its role, so harnesses run their planes on mTLS.
 //!
 //! Everything here panics with a clear message rather than returning errors: a failed
 //! setup step is a failed test.
@@ -22,6 +24,8 @@
 pub mod child;
 pub mod docs;
 pub mod netns;
+#[cfg(feature = "pki")]
+pub mod pki;
 #[cfg(feature = "rig")]
 pub mod rig;
 pub mod wait;

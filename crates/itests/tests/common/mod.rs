@@ -2,6 +2,10 @@
 //! gRPC on 127.0.0.1 with ephemeral ports. FM runs on a tokio runtime of the test's;
 //! each SC node on its own runtime thread ([`sc::ScProcess`]), so killing one looks like
 //! a crashed process. Also the flows, chain and PP session the tests drive it with.
+//!
+//! Every plane link runs mTLS, as production does (docs/security.md): a cluster has
+//! its own CA ([`Pki`]) and each node, PP client and test probe a certificate of its
+//! role from it. [`Cluster::insecure`] is plaintext, for a test *about* plaintext.
 
 #![allow(dead_code)]
 
@@ -12,14 +16,24 @@ use std::time::{Duration, Instant};
 use fm::{FmConfig, FmHandle};
 use pipeline::{FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
 use pp::{FmClient, FmClientConfig, WorkerLink};
+use proto::tls::{NodeTls, Role};
 use proto::{v1, ChainDef};
 use sc::{ChainFactory, ScConfig, ScProcess};
+pub use testkit::pki::Pki;
 use tokio::runtime::Runtime;
 
 pub struct Cluster {
     pub rt: tokio::runtime::Runtime,
     pub fm: FmHandle,
     pub scs: Vec<ScProcess>,
+    /// The cluster's CA; `None` for a plaintext cluster ([`Cluster::insecure`]).
+    pub pki: Option<Pki>,
+    /// FM's own TLS state (rotation and revocation act on it).
+    pub fm_tls: Option<Arc<NodeTls>>,
+    /// The test's own identities: an FM-role probe for SC nodes' GroupStatus (SC
+    /// servers admit SC and FM peers) and an operator for FM's operator services.
+    probe: Option<Arc<NodeTls>>,
+    operator: Option<Arc<NodeTls>>,
 }
 
 pub fn local() -> SocketAddr {
@@ -40,9 +54,15 @@ pub fn runtime() -> Runtime {
         .unwrap()
 }
 
-/// SC nodes `sc-0` to `sc-{n-1}`, given `fm_addrs` (one FM, or a comma-separated list).
-pub fn spawn_scs(n: usize, fm_addrs: &str, factory: Arc<dyn ChainFactory>) -> Vec<ScProcess> {
-    spawn_tuned_scs(n, fm_addrs, factory, |_| {})
+/// SC nodes `sc-0` to `sc-{n-1}`, given `fm_addrs` (one FM, or a comma-separated list),
+/// each with a certificate from `pki` (plaintext without).
+pub fn spawn_scs(
+    n: usize,
+    fm_addrs: &str,
+    factory: Arc<dyn ChainFactory>,
+    pki: Option<&Pki>,
+) -> Vec<ScProcess> {
+    spawn_tuned_scs(n, fm_addrs, factory, pki, |_| {})
 }
 
 /// [`spawn_scs`] with each node's config changed by `tune` first.
@@ -50,11 +70,14 @@ pub fn spawn_tuned_scs(
     n: usize,
     fm_addrs: &str,
     factory: Arc<dyn ChainFactory>,
+    pki: Option<&Pki>,
     tune: impl Fn(&mut ScConfig),
 ) -> Vec<ScProcess> {
     (0..n)
         .map(|i| {
-            let mut c = ScConfig::new(&format!("sc-{i}"), local(), fm_addrs);
+            let id = format!("sc-{i}");
+            let mut c = ScConfig::new(&id, local(), fm_addrs);
+            c.tls = pki.map(|p| p.node(Role::Sc, &id));
             tune(&mut c);
             ScProcess::spawn(c, factory.clone()).unwrap()
         })
@@ -98,14 +121,67 @@ impl Cluster {
         factory: Arc<dyn ChainFactory>,
         tune: impl Fn(&mut ScConfig),
     ) -> Cluster {
+        Self::launch(Some(Pki::new()), cfg, n_sc, factory, tune)
+    }
+
+    /// [`Cluster::start_with`] in plaintext (`--insecure`): only for a test about
+    /// plaintext itself.
+    pub fn insecure(cfg: FmConfig, n_sc: usize, factory: Arc<dyn ChainFactory>) -> Cluster {
+        Self::launch(None, cfg, n_sc, factory, |_| {})
+    }
+
+    fn launch(
+        pki: Option<Pki>,
+        mut cfg: FmConfig,
+        n_sc: usize,
+        factory: Arc<dyn ChainFactory>,
+        tune: impl Fn(&mut ScConfig),
+    ) -> Cluster {
         let rt = runtime();
+        cfg.tls = pki.as_ref().map(|p| p.node(Role::Fm, &cfg.fm_id));
+        let fm_tls = cfg.tls.clone();
         let fm = rt.block_on(fm::start(cfg, local())).unwrap();
-        let scs = spawn_tuned_scs(n_sc, &fm.addr().to_string(), factory, tune);
-        Cluster { rt, fm, scs }
+        let scs = spawn_tuned_scs(n_sc, &fm.addr().to_string(), factory, pki.as_ref(), tune);
+        Cluster {
+            rt,
+            fm,
+            scs,
+            probe: pki.as_ref().map(|p| p.node(Role::Fm, "fm-probe")),
+            operator: pki
+                .as_ref()
+                .map(|p| p.node(Role::Operator, "operator-test")),
+            pki,
+            fm_tls,
+        }
     }
 
     pub fn fm_addr(&self) -> String {
         self.fm.addr().to_string()
+    }
+
+    /// Node `id`'s TLS state as `role`, from the cluster's CA (`None` in plaintext).
+    pub fn node_tls(&self, role: Role, id: &str) -> Option<Arc<NodeTls>> {
+        self.pki.as_ref().map(|p| p.node(role, id))
+    }
+
+    /// PP node `id`'s FM client config for this cluster's FM, with its certificate.
+    pub fn pp_config(&self, id: &str) -> FmClientConfig {
+        pp_config(self.pki.as_ref(), &self.fm_addr(), id)
+    }
+
+    /// A FabricMaster client to FM `addr` as an operator (FM's operator services admit
+    /// the operator and orchestrator roles only).
+    pub async fn fm_operator(
+        &self,
+        addr: &str,
+    ) -> v1::fabric_master_client::FabricMasterClient<tonic::transport::Channel> {
+        fm_operator(self.operator.as_ref(), addr).await
+    }
+
+    /// The operator identity [`Cluster::fm_operator`] dials with, for a test's own
+    /// thread.
+    pub fn operator_tls(&self) -> Option<Arc<NodeTls>> {
+        self.operator.clone()
     }
 
     pub fn map(&self) -> v1::PartitionMap {
@@ -127,44 +203,72 @@ impl Cluster {
             snapshots,
             ..Default::default()
         };
-        group_query(&self.rt, addr, req)
+        group_query(&self.rt, self.probe.as_ref(), addr, req)
+    }
+
+    /// Every group state of SC node `addr` with its traffic counters (the monitor's).
+    pub fn group_traffic(&self, addr: SocketAddr) -> Vec<v1::GroupState> {
+        let req = v1::GroupStatusRequest {
+            traffic: true,
+            ..Default::default()
+        };
+        group_query(&self.rt, self.probe.as_ref(), addr, req)
     }
 }
 
-/// Every group state of SC node `addr` with its traffic counters (the monitor's).
-pub fn group_traffic(rt: &Runtime, addr: SocketAddr) -> Vec<v1::GroupState> {
-    let req = v1::GroupStatusRequest {
-        traffic: true,
-        ..Default::default()
-    };
-    group_query(rt, addr, req)
+/// PP node `id`'s FM client config for `fm_addrs`, with a certificate from `pki`
+/// (plaintext without).
+pub fn pp_config(pki: Option<&Pki>, fm_addrs: &str, id: &str) -> FmClientConfig {
+    let mut c = FmClientConfig::new(fm_addrs, id);
+    c.tls = pki.map(|p| p.node(Role::Pp, id));
+    c
 }
 
-/// SC node `addr`'s answer to a GroupStatus `req`.
-fn group_query(rt: &Runtime, addr: SocketAddr, req: v1::GroupStatusRequest) -> Vec<v1::GroupState> {
+/// A FabricMaster client to FM `addr`, over mTLS as `operator` (plaintext without).
+pub async fn fm_operator(
+    operator: Option<&Arc<NodeTls>>,
+    addr: &str,
+) -> v1::fabric_master_client::FabricMasterClient<tonic::transport::Channel> {
+    let ch = proto::connect(addr, operator, Role::Fm).await.unwrap();
+    v1::fabric_master_client::FabricMasterClient::new(ch)
+}
+
+/// SC node `addr`'s answer to a GroupStatus `req`, asked as `probe`.
+fn group_query(
+    rt: &Runtime,
+    probe: Option<&Arc<NodeTls>>,
+    addr: SocketAddr,
+    req: v1::GroupStatusRequest,
+) -> Vec<v1::GroupState> {
     rt.block_on(async {
-        let mut c = v1::service_computation_client::ServiceComputationClient::connect(format!(
-            "http://{addr}"
-        ))
-        .await
-        .unwrap()
-        .max_decoding_message_size(proto::MAX_MESSAGE);
+        let ch = proto::connect(&addr.to_string(), probe, Role::Sc)
+            .await
+            .unwrap();
+        let mut c = v1::service_computation_client::ServiceComputationClient::new(ch)
+            .max_decoding_message_size(proto::MAX_MESSAGE);
         c.group_status(req).await.unwrap().into_inner().groups
     })
 }
 
 /// Two FMs with the same chains, `fm-a` (active: the nodes try it first) and `fm-b`
-/// (standby), and SC nodes given both: (runtime, active, standby, SC nodes).
-pub fn fm_pair(
-    chains: Vec<ChainDef>,
-    n_sc: usize,
-    factory: Arc<dyn ChainFactory>,
-) -> (Runtime, FmHandle, FmHandle, Vec<ScProcess>) {
+/// (standby), and SC nodes given both, all on mTLS with one CA.
+pub struct FmPair {
+    pub rt: Runtime,
+    pub active: FmHandle,
+    pub standby: FmHandle,
+    pub scs: Vec<ScProcess>,
+    pub pki: Pki,
+}
+
+/// [`FmPair`] of these chains with `n_sc` SC nodes.
+pub fn fm_pair(chains: Vec<ChainDef>, n_sc: usize, factory: Arc<dyn ChainFactory>) -> FmPair {
     let rt = runtime();
+    let pki = Pki::new();
     let start = |id: &str| {
         let cfg = FmConfig {
             fm_id: id.into(),
             chains: chains.clone(),
+            tls: Some(pki.node(Role::Fm, id)),
             ..FmConfig::default()
         };
         rt.block_on(fm::start(cfg, local())).unwrap()
@@ -174,8 +278,15 @@ pub fn fm_pair(
         n_sc,
         &format!("{},{}", active.addr(), standby.addr()),
         factory,
+        Some(&pki),
     );
-    (rt, active, standby, scs)
+    FmPair {
+        rt,
+        active,
+        standby,
+        scs,
+        pki,
+    }
 }
 
 /// Tenant 1's chain 1 of these NFs (a JSON array), decapsulating and re-encapsulating

@@ -1,11 +1,17 @@
 //! What the orchestrator's tests over real gRPC share: an orchestrator on loopback with an
 //! in-memory store, an admin HTTP call, and a polling wait.
+//!
+//! The control service runs mTLS, as `starfabric orchestrator` does (docs/security.md):
+//! the orchestrator makes its CA in the store, and each test node agent holds a
+//! certificate of its role and id from it. A test about plaintext sets
+//! `cfg.security = Security::Insecure` in its `tune`.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use orchestrator::agent::{Agent, AgentConfig, ReportFn};
+use proto::tls::{Bundle, Identity, NodeTls, Role};
 use proto::v1;
 use serde_json::Value;
 
@@ -17,12 +23,14 @@ pub fn wait<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
 }
 
 /// An orchestrator on 127.0.0.1 (ephemeral ports) with an in-memory store and nodes
-/// reporting every 100 ms; `tune` adjusts the rest of its configuration.
+/// reporting every 100 ms, on mTLS; `tune` adjusts the rest of its configuration.
 pub struct Orch {
     /// The REST API, `http://…`.
     pub base: String,
     /// The gRPC control address.
     pub control: String,
+    /// The orchestrator's CA, join tokens and revocations; `None` in plaintext.
+    pub pki: Option<Arc<orchestrator::pki::Pki>>,
     _orch: orchestrator::OrchestratorHandle,
     pub rt: tokio::runtime::Runtime,
 }
@@ -36,6 +44,9 @@ impl Orch {
             .unwrap();
         let mut cfg = orchestrator::OrchestratorConfig::new(ADMIN);
         cfg.report_interval = Duration::from_millis(100);
+        cfg.security = orchestrator::control::Security::Tls {
+            cert_ttl: Duration::from_secs(3600),
+        };
         tune(&mut cfg);
         let orch = rt
             .block_on(orchestrator::start(
@@ -48,9 +59,28 @@ impl Orch {
         Orch {
             base: format!("http://{}", orch.api_addr),
             control: orch.control_addr.to_string(),
+            pki: orch.shared.cfg.pki.clone(),
             _orch: orch,
             rt,
         }
+    }
+
+    /// Node `id`'s TLS state as `role`, issued by the orchestrator's CA (`None` in
+    /// plaintext).
+    pub fn node_tls(&self, role: Role, id: &str) -> Option<Arc<NodeTls>> {
+        let pki = self.pki.as_ref()?;
+        let ident = Identity::new(role, id).unwrap();
+        let b = Bundle::issue(pki.ca(), &ident, Duration::from_secs(3600)).unwrap();
+        Some(NodeTls::new(&b).unwrap())
+    }
+
+    /// A node agent saying `hello` to this orchestrator, with a certificate naming the
+    /// hello's role and id (the control service refuses a hello its certificate does
+    /// not name).
+    pub fn agent(&self, hello: v1::NodeHello, report: ReportFn) -> Agent {
+        let node = hello.node.clone().unwrap_or_default();
+        let role: Role = proto::role_name(node.role).parse().unwrap();
+        agent(&self.control, hello, self.node_tls(role, &node.id), report)
     }
 }
 
@@ -79,13 +109,19 @@ pub fn node_info(id: &str, role: v1::Role, addr: &str) -> v1::NodeInfo {
     }
 }
 
-/// A node agent saying `hello` to the orchestrator at `control`.
-pub fn agent(control: &str, hello: v1::NodeHello, report: ReportFn) -> Agent {
+/// A node agent saying `hello` to the orchestrator at `control`, over mTLS with `tls`
+/// (plaintext without).
+pub fn agent(
+    control: &str,
+    hello: v1::NodeHello,
+    tls: Option<Arc<NodeTls>>,
+    report: ReportFn,
+) -> Agent {
     Agent::start(
         AgentConfig {
             orchestrator: control.to_string(),
             hello,
-            tls: None,
+            tls,
         },
         report,
     )
