@@ -240,6 +240,13 @@ proptest! {
             Err(PlaceError::Infeasible { .. }) => {
                 prop_assert!(costs.is_empty(), "milp infeasible but {costs:?} placed it all");
             }
+            // The time limit struck before the solver found anything (the root
+            // relaxation alone can take seconds on a loaded 2-core machine): allowed
+            // only where no heuristic placed it either, since a heuristic's placement
+            // is what the MILP falls back on.
+            Err(PlaceError::Model(m)) if m.contains("feasibility is unknown") => {
+                prop_assert!(costs.is_empty(), "milp undecided but {costs:?} placed it all");
+            }
             Err(e) => prop_assert!(false, "milp: unexpected error {e}"),
         }
     }
