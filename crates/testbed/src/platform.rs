@@ -365,52 +365,33 @@ impl Platform {
 
     /// PP scale-in's first step: FM moves every vIP of `pp-<i>` to the other nodes.
     pub fn drain_pp(&self, tb: &Testbed, i: usize) -> Result<VipMap> {
-        let bin = self.bin.display().to_string();
-        let node = format!("pp-{i}");
-        let op = self.operator_args();
-        let mut argv = vec![
-            bin.as_str(),
-            "scale",
-            "pp-drain",
-            "--fm",
-            &self.fm_addr,
-            "--node",
-            &node,
-        ];
-        argv.extend(op.iter().map(String::as_str));
-        argv.extend(["-o", "json"]);
-        let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
-        serde_json::from_str(&out).map_err(|e| Error::Parse {
-            what: "starfabric scale pp-drain".into(),
-            msg: format!("{e}: {out}"),
-        })
+        self.scale_vips(tb, "pp-drain", &["--node", &format!("pp-{i}")])
     }
 
     /// Live migration's operator step: FM moves every vIP of `pp-<from>` to `pp-<to>`
     /// (`starfabric scale vip-move --from pp-<from> --to pp-<to>`, one FM session for
     /// all of them). Returns FM's table after the last move.
     pub fn move_vips(&self, tb: &Testbed, from: usize, to: usize) -> Result<VipMap> {
-        let bin = self.bin.display().to_string();
         let (from, to) = (format!("pp-{from}"), format!("pp-{to}"));
-        let op = self.operator_args();
-        let mut argv = vec![
-            bin.as_str(),
-            "scale",
+        self.scale_vips(
+            tb,
             "vip-move",
-            "--fm",
-            &self.fm_addr,
-            "--from",
-            &from,
-            "--to",
-            &to,
-            "--reason",
-            "live migration",
-        ];
+            &["--from", &from, "--to", &to, "--reason", "live migration"],
+        )
+    }
+
+    /// `starfabric scale CMD --fm FM ARGS` as the operator, in the control namespace;
+    /// FM's vIP table from its JSON answer.
+    fn scale_vips(&self, tb: &Testbed, cmd: &str, args: &[&str]) -> Result<VipMap> {
+        let bin = self.bin.display().to_string();
+        let op = self.operator_args();
+        let mut argv = vec![bin.as_str(), "scale", cmd, "--fm", &self.fm_addr];
+        argv.extend_from_slice(args);
         argv.extend(op.iter().map(String::as_str));
         argv.extend(["-o", "json"]);
         let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
         serde_json::from_str(&out).map_err(|e| Error::Parse {
-            what: "starfabric scale vip-move".into(),
+            what: format!("starfabric scale {cmd}"),
             msg: format!("{e}: {out}"),
         })
     }
