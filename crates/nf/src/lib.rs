@@ -12,6 +12,9 @@
 //! - Serpens' `update` and `trigger`: an NF asks (`NfEnv::trigger`, or its
 //!   `NetworkFunction::trigger` condition) and the platform runs
 //!   `NetworkFunction::update` after the op, in the group's order ([`Chain::run_triggers`]).
+//! - State an NF keeps in platform-owned tables ([`StateTables`], S6 objects behind
+//!   Serpens' `create_table`/`get`/`put`/`delete`) is snapshot, split, merged and
+//!   expired by the platform from the tables' declarations; the NF writes none of it.
 //! - Split, merge and timer hooks are what scaling and expiry call; state moves as
 //!   opaque snapshots, so SC can ship it between groups (paper 000 §4.1, Fig. 3).
 //! - A chain ([`ChainSpec`]) is a sequence of NFs with branches on a verdict label
@@ -27,12 +30,14 @@
 
 mod chain;
 mod env;
+mod state;
 mod types;
 
 pub use chain::{
     Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
 };
 pub use env::{DetRng, NfEnv, Trigger};
+pub use state::{StateError, StateTables};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
     NfError, PreparedPart, Rewrite, Scope, SplitHalf, TableSpec, TrafficCount, TrafficReport,

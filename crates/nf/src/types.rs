@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::env::NfEnv;
+use crate::state::StateTables;
 
 /// Who may touch a table's entries (Serpens Fig. 8 flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -407,6 +408,10 @@ pub enum NfError {
     Config(String),
     #[error("state snapshot: {0}")]
     Snapshot(String),
+    /// A platform table refused a call ([`crate::StateError`], as text so that
+    /// `NfError` stays one comparable value across NFs).
+    #[error("state table: {0}")]
+    State(String),
     #[error("{0}")]
     Other(String),
 }
@@ -469,8 +474,13 @@ pub trait NetworkFunction: Send {
 
     /// Periodic housekeeping at `env.now_ms`: expire per-flow state past its timeout, fold
     /// replicated counters. Returns the flows whose state was removed.
-    fn on_timer(&mut self, _env: &mut NfEnv) -> Vec<FlowKey> {
-        Vec::new()
+    ///
+    /// The default is the platform's timer on the NF's [`StateTables`]: fold the
+    /// untethered counter adds, remove per-flow rows whose `set_timer` deadline passed.
+    fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
+        (self.state_mut())
+            .map(|s| s.expire(env.now_ms))
+            .unwrap_or_default()
     }
 
     /// Serpens `update(table, key)` (paper 004 Fig. 8, §III-B): bring one entry of a
@@ -492,46 +502,109 @@ pub trait NetworkFunction: Send {
         Vec::new()
     }
 
-    /// All state, for a new replica or a state transfer.
-    fn snapshot(&self) -> Result<Vec<u8>, NfError>;
+    /// The platform-owned tables this NF keeps all of its state in ([`StateTables`],
+    /// S6 objects), if it does. Then the platform, not the NF, snapshots, restores,
+    /// splits, merges and expires that state: the defaults of the methods below run
+    /// [`StateTables`]' own, and the NF writes none of them. An NF that keeps state of
+    /// its own answers None (the default) and implements them.
+    fn state(&self) -> Option<&StateTables> {
+        None
+    }
 
-    /// Replace all state with a snapshot.
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError>;
+    /// The same tables, to change ([`NetworkFunction::state`]).
+    fn state_mut(&mut self) -> Option<&mut StateTables> {
+        None
+    }
+
+    /// The platform just replaced or moved rows of this NF's tables wholesale (the
+    /// default restore, split, split_flows, merge and merge_prepared): rebuild what the
+    /// NF derives from them, such as a count per host. Default: nothing to rebuild.
+    fn tables_changed(&mut self) {}
+
+    /// All state, for a new replica or a state transfer.
+    fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+        self.state()
+            .ok_or_else(|| own_state(self.kind()))?
+            .snapshot()
+    }
+
+    /// Replace all state with a snapshot. A snapshot that does not fit (corrupt, or of
+    /// other tables) is refused and changes nothing.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
+        let kind = self.kind().to_string();
+        self.state_mut()
+            .ok_or_else(|| own_state(&kind))?
+            .restore(snapshot)?;
+        self.tables_changed();
+        Ok(())
+    }
 
     /// Scale-out (Fig. 3): keep one half of the state, return the other half as a
     /// snapshot for the new owner. Per-flow state moves by `half`; partitioned shared
     /// state splits; replicated state starts the new part from zero.
-    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError>;
+    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        let kind = self.kind().to_string();
+        let part = self
+            .state_mut()
+            .ok_or_else(|| own_state(&kind))?
+            .split(half)?;
+        self.tables_changed();
+        Ok(part)
+    }
 
     /// Gradual migration (S6): like [`split`](Self::split), but only per-flow state
     /// moves; shared state (a port pool, counters) stays whole here. The default is
     /// `split`, right for NFs whose split moves per-flow state only; an NF that splits
     /// a pool must override it, or each pull of a gradual scale-out halves its pool.
     fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        self.split(half)
+        let Some(s) = self.state_mut() else {
+            return self.split(half);
+        };
+        let part = s.split_flows(half)?;
+        self.tables_changed();
+        Ok(part)
     }
 
     /// Scale-in: take in a part another owner split off (or its whole state).
-    fn merge(&mut self, part: &[u8]) -> Result<(), NfError>;
+    fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
+        let kind = self.kind().to_string();
+        self.state_mut()
+            .ok_or_else(|| own_state(&kind))?
+            .merge(part)?;
+        self.tables_changed();
+        Ok(())
+    }
 
     /// A decoder for parts to merge that needs none of this NF's state, so SC can decode
     /// a part on another thread before the merge op is sequenced (docs/scaling.md): the
     /// ordered merge is then [`NetworkFunction::merge_prepared`] on decoded state. The
     /// default keeps the bytes, and `merge_prepared` runs [`NetworkFunction::merge`].
     fn merge_decoder(&self) -> MergeDecoder {
-        Arc::new(|b: &[u8]| Ok(PreparedPart::new(RawPart(b.to_vec()))))
+        match self.state() {
+            Some(s) => s.merge_decoder(),
+            None => Arc::new(|b: &[u8]| Ok(PreparedPart::new(RawPart(b.to_vec())))),
+        }
     }
 
     /// Whether [`NetworkFunction::merge_prepared`] would take `part` (from this NF's
     /// decoder). A chain checks every NF before it merges any, so that a refused merge
-    /// changes nothing. The default accepts; its `merge_prepared` may still refuse.
-    fn check_prepared(&self, _part: &PreparedPart) -> Result<(), NfError> {
-        Ok(())
+    /// changes nothing. The default checks a part for platform tables in full, and
+    /// accepts anything else (its `merge_prepared` may still refuse).
+    fn check_prepared(&self, part: &PreparedPart) -> Result<(), NfError> {
+        match self.state() {
+            Some(s) => s.check_prepared(part),
+            None => Ok(()),
+        }
     }
 
     /// Merge a part this NF's [`NetworkFunction::merge_decoder`] decoded. Same outcome
     /// as [`NetworkFunction::merge`] on the bytes.
     fn merge_prepared(&mut self, part: PreparedPart) -> Result<(), NfError> {
+        if let Some(s) = self.state_mut() {
+            s.merge_prepared(part)?;
+            self.tables_changed();
+            return Ok(());
+        }
         let raw: RawPart = part.downcast()?;
         self.merge(&raw.0)
     }
@@ -542,8 +615,15 @@ pub trait NetworkFunction: Send {
     /// part: this is how it tells them apart. None makes it refuse every moved flow
     /// until the new owner serves them, which is correct but makes them wait.
     fn flow_hashes(&self) -> Option<Vec<u64>> {
-        None
+        self.state().map(StateTables::flow_hashes)
     }
+}
+
+fn own_state(kind: &str) -> NfError {
+    NfError::Snapshot(format!(
+        "{kind}: keeps no platform tables (NetworkFunction::state), so it must implement \
+         its own snapshot, restore, split and merge"
+    ))
 }
 
 /// The state methods of a [`NetworkFunction`] with no state to move (a stub or test NF):

@@ -4,15 +4,16 @@
 //! or when nothing was heard of the flow for `idle_timeout_s`.
 //!
 //! Written on the public `nf` API alone, as a tenant would write it; `docs/nf-api.md`
-//! ("Writing a new NF") builds it step by step.
+//! ("Writing a new NF") builds it step by step. Its state is one platform table
+//! ([`StateTables`]), so it writes no snapshot, split, merge or expiry code.
 //!
 //! The limit holds per partition: FM dispatches by flow hash, so after a scale-out one
 //! host's flows may be spread over two partitions, each admitting up to `limit`. Split and
 //! merge move flows with their slots, so no slot is lost or counted twice.
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf, TableSpec};
+use nf::TableSpec;
+use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, StateTables};
 use pipeline::FlowKey;
 use serde::{Deserialize, Serialize};
 
@@ -25,24 +26,18 @@ pub struct ConnLimitConfig {
     pub idle_timeout_s: Option<u64>,
 }
 
-/// The one table, per-flow: (VNI, source host, flow key as text) → deadline (ms). Sorted
-/// by host first, so a host's flows are one range; a BTreeMap, so every replica iterates
-/// alike and serialises identical bytes.
-type Flows = BTreeMap<Entry, u64>;
-type Entry = (u32, std::net::IpAddr, String);
+/// A row per admitted flow, grouped by host; the row's timer is the idle deadline.
+const FLOWS: &str = "flows";
 
-fn entry(k: &FlowKey) -> Entry {
-    (k.vni(), k.src(), k.to_string())
-}
-
-fn snap_err(e: postcard::Error) -> NfError {
-    NfError::Snapshot(format!("connlimit: {e}"))
+/// A host: VNI and source address, so overlapping VPC address spaces stay apart.
+fn host(k: &FlowKey) -> (u32, std::net::IpAddr) {
+    (k.vni(), k.src())
 }
 
 pub struct ConnLimit {
     limit: usize,
     idle: Duration,
-    flows: Flows,
+    state: StateTables,
 }
 
 impl ConnLimit {
@@ -53,15 +48,14 @@ impl ConnLimit {
             let m = "connlimit: limit must be 1 or more, idle_timeout_s 1 to 2592000".to_string();
             return Err(NfError::Config(m));
         }
-        let (limit, idle, flows) = (cfg.limit as usize, Duration::from_secs(idle), Flows::new());
-        Ok(ConnLimit { limit, idle, flows })
+        let state = StateTables::create(&[TableSpec::per_flow(FLOWS)])?;
+        let (limit, idle) = (cfg.limit as usize, Duration::from_secs(idle));
+        Ok(ConnLimit { limit, idle, state })
     }
 
     /// Flows holding a slot of the source host of `k`.
     pub fn in_use(&self, k: &FlowKey) -> usize {
-        let host = (k.vni(), k.src());
-        let from_host = self.flows.range((host.0, host.1, String::new())..);
-        from_host.take_while(|(e, _)| (e.0, e.1) == host).count()
+        self.state.count_group(FLOWS, &host(k)).unwrap_or(0)
     }
 }
 
@@ -71,7 +65,15 @@ impl NetworkFunction for ConnLimit {
     }
 
     fn tables(&self) -> Vec<TableSpec> {
-        vec![TableSpec::per_flow("flows")]
+        vec![TableSpec::per_flow(FLOWS)]
+    }
+
+    fn state(&self) -> Option<&StateTables> {
+        Some(&self.state)
+    }
+
+    fn state_mut(&mut self) -> Option<&mut StateTables> {
+        Some(&mut self.state)
     }
 
     /// Keyed by `pkt.flow`, the key events carry, so it may follow a rewriting NF.
@@ -80,10 +82,10 @@ impl NetworkFunction for ConnLimit {
         let mut pass = Decision::pass();
         pass.idle_timeout = Some(self.idle);
         // Asked again, in either direction (PP lost a rule): the flow keeps its slot.
-        let again = [pkt.flow, pkt.flow.reversed()].map(|k| entry(&k));
-        if let Some(e) = again.into_iter().find(|e| self.flows.contains_key(e)) {
-            self.flows.insert(e, deadline);
-            return Ok(pass);
+        for k in [pkt.flow, pkt.flow.reversed()] {
+            if self.state.set_timer(FLOWS, &k, deadline)? {
+                return Ok(pass);
+            }
         }
         if self.in_use(&pkt.flow) >= self.limit {
             let mut drop = Decision::drop("connlimit-exceeded");
@@ -91,51 +93,19 @@ impl NetworkFunction for ConnLimit {
             drop.idle_timeout = Some(Duration::from_secs(5));
             return Ok(drop);
         }
-        self.flows.insert(entry(&pkt.flow), deadline);
+        self.state
+            .put_flow_in(FLOWS, &pkt.flow, &host(&pkt.flow), &())?;
+        self.state.set_timer(FLOWS, &pkt.flow, deadline)?;
         Ok(pass)
     }
 
     fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
         let deadline = env.now_ms.saturating_add(self.idle.as_millis() as u64);
-        let e = entry(ev.key());
+        let (k, s) = (ev.key(), &mut self.state);
         match ev {
-            FlowEvent::TcpClosing { .. } | FlowEvent::Expired { .. } => _ = self.flows.remove(&e),
-            FlowEvent::Active { .. } => _ = self.flows.get_mut(&e).map(|d| *d = deadline),
+            FlowEvent::TcpClosing { .. } | FlowEvent::Expired { .. } => _ = s.delete_flow(FLOWS, k),
+            FlowEvent::Active { .. } => _ = s.set_timer(FLOWS, k, deadline),
             _ => {}
         }
-    }
-
-    fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
-        let due = self.flows.iter().filter(|(_, d)| **d <= env.now_ms);
-        let gone = due.filter_map(|((_, _, f), _)| f.parse().ok()).collect();
-        self.flows.retain(|_, d| *d > env.now_ms);
-        gone
-    }
-
-    fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        postcard::to_allocvec(&self.flows).map_err(snap_err)
-    }
-
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
-        self.flows = postcard::from_bytes(snapshot).map_err(snap_err)?;
-        Ok(())
-    }
-
-    /// Moved flows take their slots along.
-    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        let moves =
-            |((_, _, f), _): &(Entry, u64)| f.parse::<FlowKey>().is_ok_and(|k| half.moves(&k));
-        let (part, keep): (Flows, Flows) =
-            std::mem::take(&mut self.flows).into_iter().partition(moves);
-        self.flows = keep;
-        postcard::to_allocvec(&part).map_err(snap_err)
-    }
-
-    /// Parts hold disjoint flows, so the union is the merge. A host may then hold more
-    /// than `limit` flows; it gets no new one until it is under again.
-    fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let part: Flows = postcard::from_bytes(part).map_err(snap_err)?;
-        self.flows.extend(part);
-        Ok(())
     }
 }

@@ -1,11 +1,14 @@
 //! Stateful firewall: per-tenant ordered ACLs plus connection tracking.
 //!
-//! State, as declared in [`NetworkFunction::tables`]:
-//! - `acl` (shared, read): each tenant's ordered rules and default action. First match
-//!   wins. A tenant without an ACL gets the firewall-wide `default_action` (deny unless
-//!   configured otherwise).
+//! State, as declared in [`NetworkFunction::tables`], kept in platform tables
+//! ([`nf::StateTables`]), which the platform snapshots, splits and merges:
+//! - `acl` (shared, read): the configuration, whose compiled form answers: each tenant's
+//!   ordered rules and default action. First match wins. A tenant without an ACL gets the
+//!   firewall-wide `default_action` (deny unless configured otherwise). A split copies
+//!   it; a merge keeps this part's.
 //! - `conntrack` (per-flow): allowed flows, keyed on the key of the packet that opened
-//!   them (the "original" direction), with a state and a deadline.
+//!   them (the "original" direction), with a state; the row's platform timer is the
+//!   flow's deadline, so the platform's timer forgets it.
 //!
 //! An allowed flow gets a pass decision without rewrites; the chain turns that into a
 //! forward and a reverse rule, so replies pass at PP without asking. When a first packet
@@ -44,15 +47,20 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use hashbrown::HashMap;
-use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf, TableSpec};
+use nf::{
+    Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, StateTables, TableSpec,
+};
 use packet::proto;
 use pipeline::FlowKey;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::lb::{sort_keys, HexKey, MAX_TIMEOUT_S};
+use crate::lb::MAX_TIMEOUT_S;
 
-const SNAPSHOT_VERSION: u32 = 1;
+const ACL: &str = "acl";
+const CONNTRACK: &str = "conntrack";
+/// The `acl` table's one row: the configuration.
+const CONFIG: &str = "config";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -489,11 +497,18 @@ enum Dir {
     Reply,
 }
 
+/// A `conntrack` row (its deadline is the row's timer).
+#[derive(Serialize, Deserialize)]
+struct ConnRow {
+    tenant: u32,
+    state: CtState,
+}
+
 pub struct Firewall {
     cfg: FwConfig,
+    /// Compiled from `cfg`, the `acl` table's row.
     acls: HashMap<u32, Acl>,
-    /// Keyed on the original direction's key.
-    conns: HashMap<FlowKey, Conn>,
+    state: StateTables,
 }
 
 fn is_pure_syn(flags: u8) -> bool {
@@ -504,11 +519,13 @@ fn is_pure_syn(flags: u8) -> bool {
 impl Firewall {
     pub fn new(cfg: FwConfig) -> Result<Self, NfError> {
         let acls = compile(&cfg)?;
-        Ok(Firewall {
-            cfg,
-            acls,
-            conns: HashMap::new(),
-        })
+        let mut state = StateTables::create(&Self::specs())?;
+        state.load(ACL, &CONFIG, &ConfigText(cfg.clone()))?;
+        Ok(Firewall { cfg, acls, state })
+    }
+
+    fn specs() -> Vec<TableSpec> {
+        vec![TableSpec::shared_read(ACL), TableSpec::per_flow(CONNTRACK)]
     }
 
     pub fn config(&self) -> &FwConfig {
@@ -519,7 +536,9 @@ impl Firewall {
     /// Linux); new timeouts apply from their next refresh. A bad configuration changes
     /// nothing.
     pub fn update(&mut self, cfg: FwConfig) -> Result<(), NfError> {
-        self.acls = compile(&cfg)?;
+        let acls = compile(&cfg)?;
+        self.state.load(ACL, &CONFIG, &ConfigText(cfg.clone()))?;
+        self.acls = acls;
         self.cfg = cfg;
         info!(tenants = self.acls.len(), "fw configuration updated");
         Ok(())
@@ -544,16 +563,24 @@ impl Firewall {
     }
 
     pub fn conn_count(&self) -> usize {
-        self.conns.len()
+        self.state.len(CONNTRACK).unwrap_or(0)
     }
 
     /// The flow a key belongs to: its original key, the key's direction, its state.
     fn find(&self, key: &FlowKey) -> Option<(FlowKey, Dir, Conn)> {
-        if let Some(c) = self.conns.get(key) {
-            return Some((*key, Dir::Original, *c));
+        let at = |k: &FlowKey| -> Option<Conn> {
+            let row: ConnRow = self.state.get_flow(CONNTRACK, k).ok()??;
+            Some(Conn {
+                tenant: row.tenant,
+                state: row.state,
+                deadline_ms: self.state.timer(CONNTRACK, k).ok()?.unwrap_or(u64::MAX),
+            })
+        };
+        if let Some(c) = at(key) {
+            return Some((*key, Dir::Original, c));
         }
         let r = key.reversed();
-        self.conns.get(&r).map(|c| (r, Dir::Reply, *c))
+        at(&r).map(|c| (r, Dir::Reply, c))
     }
 
     fn timeout(&self, s: CtState) -> Duration {
@@ -581,17 +608,25 @@ impl Firewall {
     }
 
     /// Track `key` in `state` from `now_ms`; returns the idle timeout for PP's rules.
-    fn set(&mut self, key: FlowKey, tenant: u32, state: CtState, now_ms: u64) -> Duration {
+    fn set(
+        &mut self,
+        key: FlowKey,
+        tenant: u32,
+        state: CtState,
+        now_ms: u64,
+    ) -> Result<Duration, NfError> {
         let t = self.timeout(state);
-        self.conns.insert(
-            key,
-            Conn {
-                tenant,
-                state,
-                deadline_ms: now_ms.saturating_add(t.as_millis() as u64),
-            },
-        );
-        self.rule_timeout(state)
+        let deadline = now_ms.saturating_add(t.as_millis() as u64);
+        (self.state).put_flow(CONNTRACK, &key, &ConnRow { tenant, state })?;
+        self.state.set_timer(CONNTRACK, &key, deadline)?;
+        Ok(self.rule_timeout(state))
+    }
+
+    /// [`Firewall::set`] from an event, which has no one to answer an error to.
+    fn set_on_event(&mut self, key: FlowKey, tenant: u32, state: CtState, now_ms: u64) {
+        if let Err(e) = self.set(key, tenant, state, now_ms) {
+            warn!(%key, error = %e, "fw: conntrack refused an update");
+        }
     }
 
     fn allow(t: Duration) -> Decision {
@@ -637,49 +672,6 @@ impl Firewall {
             _ => CtState::Other,
         }
     }
-
-    fn to_snapshot(&self, keep: impl Fn(&FlowKey) -> bool) -> FwSnapshot {
-        let mut conns: Vec<ConnSnap> = self
-            .conns
-            .iter()
-            .filter(|(k, _)| keep(k))
-            .map(|(k, c)| ConnSnap {
-                key: HexKey(*k),
-                tenant: c.tenant,
-                state: c.state,
-                deadline_ms: c.deadline_ms,
-            })
-            .collect();
-        conns.sort_by_key(|c| *c.key.0.as_bytes());
-        FwSnapshot {
-            version: SNAPSHOT_VERSION,
-            config: ConfigText(self.cfg.clone()),
-            conns,
-        }
-    }
-}
-
-impl Firewall {
-    /// Take in a parsed part; never fails (a different configuration is logged, ours kept).
-    fn merge_snapshot(&mut self, snap: FwSnapshot) {
-        if snap.config.0 != self.cfg {
-            warn!("fw: merged part carries a different configuration; keeping ours");
-        }
-        for c in snap.conns {
-            let conn = Conn {
-                tenant: c.tenant,
-                state: c.state,
-                deadline_ms: c.deadline_ms,
-            };
-            // Parts are disjoint by key; should one overlap, the later deadline wins.
-            match self.conns.get(&c.key.0) {
-                Some(cur) if cur.deadline_ms >= conn.deadline_ms => {}
-                _ => {
-                    self.conns.insert(c.key.0, conn);
-                }
-            }
-        }
-    }
 }
 
 impl NetworkFunction for Firewall {
@@ -688,10 +680,15 @@ impl NetworkFunction for Firewall {
     }
 
     fn tables(&self) -> Vec<TableSpec> {
-        vec![
-            TableSpec::shared_read("acl"),
-            TableSpec::per_flow("conntrack"),
-        ]
+        Self::specs()
+    }
+
+    fn state(&self) -> Option<&StateTables> {
+        Some(&self.state)
+    }
+
+    fn state_mut(&mut self) -> Option<&mut StateTables> {
+        Some(&mut self.state)
     }
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
@@ -711,10 +708,10 @@ impl NetworkFunction for Firewall {
                 Some(cur)
             };
             if let Some(next) = next {
-                return Ok(Self::allow(self.set(orig, conn.tenant, next, now)));
+                return Ok(Self::allow(self.set(orig, conn.tenant, next, now)?));
             }
             // A fresh SYN on a closing flow's 5-tuple: a new connection, judged anew.
-            self.conns.remove(&orig);
+            self.state.delete_flow(CONNTRACK, &orig)?;
         }
         if pkt.meta.icmp_error {
             debug!(%key, "fw: ICMP error for an unknown flow");
@@ -730,7 +727,7 @@ impl NetworkFunction for Firewall {
                 Ok(Self::refuse("acl-deny", self.cfg.timeouts.deny_s))
             }
             AclAction::Allow => {
-                let t = self.set(key, pkt.tenant, Self::new_state(key.proto()), now);
+                let t = self.set(key, pkt.tenant, Self::new_state(key.proto()), now)?;
                 debug!(%key, tenant = pkt.tenant, "fw: allowed");
                 Ok(Self::allow(t))
             }
@@ -744,7 +741,7 @@ impl NetworkFunction for Firewall {
                     return;
                 }
                 if let Some((orig, _, c)) = self.find(key) {
-                    self.set(orig, c.tenant, CtState::TcpClosing, env.now_ms);
+                    self.set_on_event(orig, c.tenant, CtState::TcpClosing, env.now_ms);
                 }
             }
             FlowEvent::TcpEstablished { key } => {
@@ -754,13 +751,13 @@ impl NetworkFunction for Firewall {
                 // Only SYN_SENT moves: a closing flow stays closing, whatever arrives late.
                 if let Some((orig, _, c)) = self.find(key) {
                     if c.state == CtState::TcpSynSent {
-                        self.set(orig, c.tenant, CtState::TcpEstablished, env.now_ms);
+                        self.set_on_event(orig, c.tenant, CtState::TcpEstablished, env.now_ms);
                     }
                 }
             }
             FlowEvent::Active { key } => {
                 if let Some((orig, _, c)) = self.find(key) {
-                    self.set(orig, c.tenant, c.state, env.now_ms);
+                    self.set_on_event(orig, c.tenant, c.state, env.now_ms);
                 }
             }
             // PP forgetting one direction's rule does not end the flow: the other may be
@@ -771,99 +768,18 @@ impl NetworkFunction for Firewall {
         }
     }
 
-    fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
-        let now = env.now_ms;
-        let mut gone: Vec<FlowKey> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.deadline_ms <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        sort_keys(&mut gone);
-        for k in &gone {
-            self.conns.remove(k);
-        }
-        gone
-    }
-
-    fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        crate::codec::encode(&self.to_snapshot(|_| true))
-            .map_err(|e| NfError::Snapshot(format!("fw: {e}")))
-    }
-
+    /// The platform's restore, then the ACL compiled from the snapshot's configuration;
+    /// a snapshot that fails either changes nothing.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
-        let snap = FwSnapshot::parse(snapshot)?;
-        let acls = compile(&snap.config.0)
+        let mut next = StateTables::create(&Self::specs())?;
+        next.restore(snapshot)?;
+        let cfg: ConfigText = (next.get(ACL, &CONFIG))
+            .map_err(|e| NfError::Snapshot(format!("fw: {e}")))?
+            .ok_or_else(|| NfError::Snapshot("fw: the snapshot has no configuration".into()))?;
+        let acls = compile(&cfg.0)
             .map_err(|e| NfError::Snapshot(format!("fw: configuration in snapshot: {e}")))?;
-        self.cfg = snap.config.0;
-        self.acls = acls;
-        self.conns = snap
-            .conns
-            .into_iter()
-            .map(|c| {
-                (
-                    c.key.0,
-                    Conn {
-                        tenant: c.tenant,
-                        state: c.state,
-                        deadline_ms: c.deadline_ms,
-                    },
-                )
-            })
-            .collect();
+        (self.cfg, self.acls, self.state) = (cfg.0, acls, next);
         Ok(())
-    }
-
-    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        // The ACL is shared-read: the new owner gets a copy. Conntrack moves by the hash
-        // of the original direction's key.
-        let snap = self.to_snapshot(|k| half.moves(k));
-        let out = crate::codec::encode(&snap).map_err(|e| NfError::Snapshot(format!("fw: {e}")))?;
-        for c in &snap.conns {
-            self.conns.remove(&c.key.0);
-        }
-        Ok(out)
-    }
-
-    fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        self.merge_snapshot(FwSnapshot::parse(part)?);
-        Ok(())
-    }
-
-    /// Parsing the part needs no state: it runs off the request stream (docs/scaling.md).
-    fn merge_decoder(&self) -> nf::MergeDecoder {
-        std::sync::Arc::new(|b: &[u8]| Ok(nf::PreparedPart::new(FwSnapshot::parse(b)?)))
-    }
-
-    fn merge_prepared(&mut self, part: nf::PreparedPart) -> Result<(), NfError> {
-        self.merge_snapshot(part.downcast()?);
-        Ok(())
-    }
-
-    fn flow_hashes(&self) -> Option<Vec<u64>> {
-        Some(self.conns.keys().map(FlowKey::hash).collect())
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FwSnapshot {
-    version: u32,
-    config: ConfigText,
-    conns: Vec<ConnSnap>,
-}
-
-impl FwSnapshot {
-    fn parse(b: &[u8]) -> Result<Self, NfError> {
-        let s: FwSnapshot =
-            crate::codec::decode(b).map_err(|e| NfError::Snapshot(format!("fw: {e}")))?;
-        if s.version != SNAPSHOT_VERSION {
-            return Err(NfError::Snapshot(format!(
-                "fw: snapshot version {} (this build reads {SNAPSHOT_VERSION})",
-                s.version
-            )));
-        }
-        Ok(s)
     }
 }
 
@@ -893,15 +809,6 @@ impl<'de> Deserialize<'de> for ConfigText {
                 .map_err(serde::de::Error::custom)
         }
     }
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConnSnap {
-    key: HexKey,
-    tenant: u32,
-    state: CtState,
-    deadline_ms: u64,
 }
 
 #[cfg(test)]

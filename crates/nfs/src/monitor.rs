@@ -2,9 +2,11 @@
 //!
 //! The counters are Serpens' textbook multi-writer state (Table III, "host statistics"):
 //! every partition counts on its own, so the tables are shared-write with *replicated*
-//! consistency. A split hands the new part zeroed counters, a merge adds, and the true
-//! total is the sum over parts (eventual consistency). Addition commutes, so replicas and
-//! parts agree whatever order counts arrive in.
+//! consistency. They are platform tables ([`nf::StateTables`]): the monitor only adds to
+//! them (S6's untethered `inc`) and reads them, and the platform splits (the new part
+//! starts from zero), merges (by sum) and snapshots them. The true total is the sum over
+//! parts (eventual consistency). Addition commutes, so replicas and parts agree whatever
+//! order counts arrive in.
 //!
 //! SC sees only a flow's first packet: there the monitor counts a *flow*. Packets and
 //! bytes are counted by PP on the flow's rules (`Action::Count`, every packet the rule
@@ -13,11 +15,10 @@
 //! op of the group's log, so every replica adds the same deltas. The host is the rule
 //! key's source: the client for the forward rule, the server for the reply rule.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use nf::{
-    Consistency, Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, SplitHalf,
+    Consistency, Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, StateTables,
     TableSpec, TrafficCount, TrafficReport,
 };
 use serde::{Deserialize, Serialize};
@@ -54,16 +55,6 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn add(&mut self, packets: u64, bytes: u64, flows: u64) {
-        self.packets = self.packets.saturating_add(packets);
-        self.bytes = self.bytes.saturating_add(bytes);
-        self.flows = self.flows.saturating_add(flows);
-    }
-
-    fn add_all(&mut self, o: &Counters) {
-        self.add(o.packets, o.bytes, o.flows);
-    }
-
     fn traffic(&self) -> TrafficCount {
         TrafficCount {
             packets: self.packets,
@@ -73,20 +64,27 @@ impl Counters {
     }
 }
 
-/// All counters of one part. Ordered maps, so snapshots are byte-identical across
-/// replicas that counted the same things.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Counts {
-    tenants: BTreeMap<u32, Counters>,
-    hosts: BTreeMap<u32, BTreeMap<IpAddr, Counters>>,
-    overflow: Counters,
+/// The host table's key: a host of a tenant, or None for the spill row that counts the
+/// hosts beyond `max_hosts`.
+type HostKey = Option<(u32, IpAddr)>;
+
+const TENANTS: &str = "tenant-counters";
+const HOSTS: &str = "host-counters";
+
+fn lanes(v: &[u64]) -> Counters {
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    Counters {
+        packets: at(0),
+        bytes: at(1),
+        flows: at(2),
+    }
 }
 
+/// Its state is two platform tables of counters ([`StateTables`], S6 multi-writer
+/// objects): the platform snapshots, splits (the new part from zero) and merges (by sum)
+/// them, and folds the untethered adds.
 pub struct Monitor {
-    cfg: MonitorConfig,
-    counts: Counts,
-    hosts: usize,
+    state: StateTables,
 }
 
 impl Monitor {
@@ -96,11 +94,16 @@ impl Monitor {
                 "monitor: max_hosts must be at least 1".into(),
             ));
         }
-        Ok(Monitor {
-            cfg,
-            counts: Counts::default(),
-            hosts: 0,
-        })
+        let mut state = StateTables::create(&Self::specs())?;
+        state.set_capacity(HOSTS, cfg.max_hosts, Some(&None::<(u32, IpAddr)>))?;
+        Ok(Monitor { state })
+    }
+
+    fn specs() -> Vec<TableSpec> {
+        vec![
+            TableSpec::shared_write(TENANTS, Consistency::Replicated),
+            TableSpec::shared_write(HOSTS, Consistency::Replicated),
+        ]
     }
 
     /// Add packets and bytes reported later (PP's rule counters, as
@@ -110,73 +113,65 @@ impl Monitor {
     }
 
     fn count(&mut self, tenant: u32, host: IpAddr, packets: u64, bytes: u64, flows: u64) {
-        self.counts
-            .tenants
-            .entry(tenant)
-            .or_default()
-            .add(packets, bytes, flows);
-        let per_tenant = self.counts.hosts.entry(tenant).or_default();
-        if let Some(c) = per_tenant.get_mut(&host) {
-            c.add(packets, bytes, flows);
-        } else if self.hosts < self.cfg.max_hosts {
-            let mut c = Counters::default();
-            c.add(packets, bytes, flows);
-            per_tenant.insert(host, c);
-            self.hosts += 1;
-        } else {
-            self.counts.overflow.add(packets, bytes, flows);
-        }
-        if per_tenant.is_empty() {
-            self.counts.hosts.remove(&tenant);
+        let add = [packets, bytes, flows];
+        // Both tables are declared here with three lanes; a full host table spills.
+        let done = (self.state.add(TENANTS, &tenant, &add))
+            .and_then(|()| self.state.add(HOSTS, &Some((tenant, host)), &add));
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "monitor: a count was refused");
         }
     }
 
     pub fn tenant(&self, tenant: u32) -> Counters {
-        self.counts
-            .tenants
-            .get(&tenant)
-            .copied()
+        self.state
+            .counter(TENANTS, &tenant)
+            .map(|v| lanes(&v))
             .unwrap_or_default()
     }
 
     pub fn host(&self, tenant: u32, host: IpAddr) -> Counters {
-        self.counts
-            .hosts
-            .get(&tenant)
-            .and_then(|h| h.get(&host))
-            .copied()
+        self.state
+            .counter(HOSTS, &Some((tenant, host)))
+            .map(|v| lanes(&v))
             .unwrap_or_default()
     }
 
     /// Every tenant's counters, by tenant id.
     pub fn tenants(&self) -> Vec<(u32, Counters)> {
-        self.counts.tenants.iter().map(|(t, c)| (*t, *c)).collect()
+        let mut out: Vec<(u32, Counters)> = (self.state.counters::<u32>(TENANTS))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(t, v)| (t, lanes(&v)))
+            .collect();
+        out.sort_by_key(|(t, _)| *t);
+        out
+    }
+
+    /// Every counted host, by tenant and address.
+    fn all_hosts(&self) -> Vec<(u32, IpAddr, Counters)> {
+        let mut out: Vec<_> = (self.state.counters::<HostKey>(HOSTS))
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(k, v)| k.map(|(t, a)| (t, a, lanes(&v))))
+            .collect();
+        out.sort_by_key(|(t, a, _)| (*t, *a));
+        out
     }
 
     /// Every counted host of a tenant, by address.
     pub fn hosts(&self, tenant: u32) -> Vec<(IpAddr, Counters)> {
-        self.counts
-            .hosts
-            .get(&tenant)
-            .map(|h| h.iter().map(|(a, c)| (*a, *c)).collect())
-            .unwrap_or_default()
+        let all = self.all_hosts().into_iter();
+        all.filter(|(t, _, _)| *t == tenant)
+            .map(|(_, a, c)| (a, c))
+            .collect()
     }
 
     /// Traffic of hosts beyond `max_hosts`.
     pub fn overflow(&self) -> Counters {
-        self.counts.overflow
-    }
-
-    fn encode(c: &Counts) -> Result<Vec<u8>, NfError> {
-        serde_json::to_vec(c).map_err(|e| NfError::Snapshot(format!("monitor: {e}")))
-    }
-
-    fn decode(b: &[u8]) -> Result<Counts, NfError> {
-        serde_json::from_slice(b).map_err(|e| NfError::Snapshot(format!("monitor: {e}")))
-    }
-
-    fn count_hosts(c: &Counts) -> usize {
-        c.hosts.values().map(BTreeMap::len).sum()
+        self.state
+            .counter(HOSTS, &None::<(u32, IpAddr)>)
+            .map(|v| lanes(&v))
+            .unwrap_or_default()
     }
 }
 
@@ -186,10 +181,15 @@ impl NetworkFunction for Monitor {
     }
 
     fn tables(&self) -> Vec<TableSpec> {
-        vec![
-            TableSpec::shared_write("tenant-counters", Consistency::Replicated),
-            TableSpec::shared_write("host-counters", Consistency::Replicated),
-        ]
+        Self::specs()
+    }
+
+    fn state(&self) -> Option<&StateTables> {
+        Some(&self.state)
+    }
+
+    fn state_mut(&mut self) -> Option<&mut StateTables> {
+        Some(&mut self.state)
     }
 
     /// A flow, not a packet: the first packet also runs through the flow's counted rule
@@ -215,68 +215,13 @@ impl NetworkFunction for Monitor {
 
     fn traffic(&self) -> Option<TrafficReport> {
         Some(TrafficReport {
-            tenants: self
-                .counts
-                .tenants
-                .iter()
-                .map(|(t, c)| (*t, c.traffic()))
+            tenants: (self.tenants().into_iter())
+                .map(|(t, c)| (t, c.traffic()))
                 .collect(),
-            hosts: self
-                .counts
-                .hosts
-                .iter()
-                .flat_map(|(t, h)| h.iter().map(move |(a, c)| (*t, *a, c.traffic())))
+            hosts: (self.all_hosts().into_iter())
+                .map(|(t, a, c)| (t, a, c.traffic()))
                 .collect(),
-            overflow: self.counts.overflow.traffic(),
+            overflow: self.overflow().traffic(),
         })
-    }
-
-    fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        Self::encode(&self.counts)
-    }
-
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
-        let c = Self::decode(snapshot)?;
-        self.hosts = Self::count_hosts(&c);
-        self.counts = c;
-        Ok(())
-    }
-
-    /// This part keeps its counts; the new part starts from zero and counts on its own.
-    fn split(&mut self, _half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        Self::encode(&Counts::default())
-    }
-
-    /// Sum, host by host; hosts beyond `max_hosts` fold into the overflow counters.
-    fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let other = Self::decode(part)?;
-        // Tenant totals already include their hosts' traffic, so hosts are added without
-        // touching the totals again.
-        for (t, c) in &other.tenants {
-            self.counts.tenants.entry(*t).or_default().add_all(c);
-        }
-        for (t, hosts) in other.hosts {
-            let mine = self.counts.hosts.entry(t).or_default();
-            for (h, c) in hosts {
-                if let Some(m) = mine.get_mut(&h) {
-                    m.add_all(&c);
-                } else if self.hosts < self.cfg.max_hosts {
-                    mine.insert(h, c);
-                    self.hosts += 1;
-                } else {
-                    self.counts.overflow.add_all(&c);
-                }
-            }
-            if mine.is_empty() {
-                self.counts.hosts.remove(&t);
-            }
-        }
-        self.counts.overflow.add_all(&other.overflow);
-        Ok(())
-    }
-
-    /// Counters only: no decision depends on per-flow state.
-    fn flow_hashes(&self) -> Option<Vec<u64>> {
-        Some(Vec::new())
     }
 }

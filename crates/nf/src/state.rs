@@ -1,0 +1,1254 @@
+//! Platform-owned NF state: S6's state objects (paper 001, "NF State Abstraction") behind
+//! Serpens' table calls (paper 004, Fig. 8: `create_table`, `get`, `put`, `delete`,
+//! `timer`).
+//!
+//! An NF that keeps its state in a [`StateTables`] writes no snapshot, split or merge
+//! code: the trait's defaults (`NetworkFunction::snapshot` and the rest) run the ones
+//! here, so the platform decides how each table survives a scale, from the table's
+//! declaration alone:
+//!
+//! | Table | Written by | Split (Fig. 3 `st`) | Merge |
+//! |---|---|---|---|
+//! | per-flow | the flow's owner only | a row moves with its flow (`SplitHalf`) | union; of a flow in both parts, the row with the later timer |
+//! | shared, partitioned (S6 single writer) | this part only | a row moves by its key's hash | union; one key in both parts is an error |
+//! | shared, replicated (S6 multi writer) | every part, by `add` only | the new part starts from zero | lane-wise sum |
+//! | shared, read | [`StateTables::load`] at setup | both keep it | this part's copy stays |
+//!
+//! S6's two relaxations of the multi-writer object are here as it names them:
+//! - **Non-blocking update** (`inc(x) untether`): [`StateTables::add`] records a delta
+//!   aside and returns; the platform folds deltas into the table at its timer
+//!   ([`StateTables::fold`]) and before every snapshot, so replicas that applied the same
+//!   ops serialise the same bytes whenever they folded.
+//! - **Bounded-staleness read** (`get() const stale`): [`StateTables::counter_stale`]
+//!   answers from the folded copy when it is at most `max_stale_ms` old, and folds first
+//!   otherwise. [`StateTables::counter`] is the fresh read.
+//!
+//! Writing the wrong way is a typed [`StateError`], and the state stays as it was: a
+//! table the NF never declared, a `put` to a replicated table (counters are only added
+//! to), an `add` to a single-writer table, a flow call on a shared table. Tables can be
+//! bounded ([`StateTables::set_capacity`]); a full per-flow or partitioned table refuses
+//! a new key, a full counter table counts a new key under its spill key if it has one.
+//!
+//! Why not a store crate (redb, sled): these tables are in-memory, replicated by the SC
+//! group's op log (every replica runs the same ops), and must serialise byte-identically
+//! across replicas; ordered maps and postcard give that directly.
+
+use std::collections::BTreeMap;
+
+use pipeline::FlowKey;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use std::sync::Arc;
+
+use crate::types::{
+    Access, Consistency, MergeDecoder, NfError, PreparedPart, Scope, SplitHalf, TableSpec,
+};
+
+/// What an NF did wrong with its tables, or what a table could not take.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StateError {
+    #[error("table {table} was never declared")]
+    NoSuchTable { table: String },
+    #[error("table {table} is declared twice")]
+    Duplicate { table: String },
+    #[error("table {table} is {kind}: {op} does not apply")]
+    WrongKind {
+        table: String,
+        kind: &'static str,
+        op: &'static str,
+    },
+    #[error("table {table} is single-writer: multi-writer add is refused")]
+    MultiWriterWrite { table: String },
+    #[error("table {table} is multi-writer: only add may change it")]
+    SingleWriterWrite { table: String },
+    #[error("table {table} is read-only: it is loaded at setup")]
+    ReadOnly { table: String },
+    #[error("table {table} is full ({max_rows} rows)")]
+    Full { table: String, max_rows: usize },
+    #[error("table {table}: counter has {got} lanes, the table has {want}")]
+    Lanes {
+        table: String,
+        got: usize,
+        want: usize,
+    },
+    #[error("table {table}: {err}")]
+    Value { table: String, err: String },
+}
+
+impl From<StateError> for NfError {
+    fn from(e: StateError) -> Self {
+        NfError::State(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Kind {
+    PerFlow,
+    Partitioned,
+    Replicated,
+    Read,
+}
+
+impl Kind {
+    fn of(spec: &TableSpec) -> Kind {
+        match (spec.scope, spec.access, spec.consistency) {
+            (Scope::PerFlow, _, _) => Kind::PerFlow,
+            (Scope::Shared, Access::Read, _) => Kind::Read,
+            (Scope::Shared, Access::Write, Some(Consistency::Replicated)) => Kind::Replicated,
+            (Scope::Shared, Access::Write, _) => Kind::Partitioned,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::PerFlow => "per-flow",
+            Kind::Partitioned => "shared single-writer (partitioned)",
+            Kind::Replicated => "shared multi-writer (replicated)",
+            Kind::Read => "shared read-only",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Row {
+    value: Vec<u8>,
+    /// Serpens `timer(table, key, timeout)`: the row is removed at this time (per-flow).
+    deadline_ms: Option<u64>,
+    /// The group a per-flow row counts in ([`StateTables::put_flow_in`]).
+    group: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Table {
+    kind: Option<Kind>,
+    /// Per-flow (keys are a flow's 40 canonical bytes), partitioned and read tables.
+    rows: BTreeMap<Vec<u8>, Row>,
+    /// Replicated tables: the folded counters and the untethered deltas not folded yet.
+    folded: BTreeMap<Vec<u8>, Vec<u64>>,
+    pending: BTreeMap<Vec<u8>, Vec<u64>>,
+    /// Distinct keys in `folded` ∪ `pending`.
+    counter_keys: usize,
+    lanes: usize,
+    folded_at_ms: u64,
+    max_rows: Option<usize>,
+    spill: Option<Vec<u8>>,
+    /// Per-flow rows per group, kept with every insert, removal and move.
+    groups: BTreeMap<Vec<u8>, usize>,
+}
+
+impl Table {
+    fn kind(&self) -> Kind {
+        self.kind.unwrap_or(Kind::Read)
+    }
+
+    fn len(&self) -> usize {
+        match self.kind() {
+            Kind::Replicated => self.counter_keys,
+            _ => self.rows.len(),
+        }
+    }
+
+    fn has_room(&self, key: &[u8]) -> bool {
+        let exists = match self.kind() {
+            Kind::Replicated => self.folded.contains_key(key) || self.pending.contains_key(key),
+            _ => self.rows.contains_key(key),
+        };
+        exists || self.max_rows.is_none_or(|m| self.len() < m)
+    }
+
+    fn count(&mut self, group: Option<&Vec<u8>>, up: bool) {
+        let Some(g) = group else { return };
+        if up {
+            *self.groups.entry(g.clone()).or_default() += 1;
+        } else if let Some(n) = self.groups.get_mut(g) {
+            *n -= 1;
+            if *n == 0 {
+                self.groups.remove(g);
+            }
+        }
+    }
+
+    fn insert_row(&mut self, k: Vec<u8>, row: Row) {
+        self.count(row.group.as_ref(), true);
+        if let Some(old) = self.rows.insert(k, row) {
+            self.count(old.group.as_ref(), false);
+        }
+    }
+
+    fn remove_row(&mut self, k: &[u8]) -> Option<Row> {
+        let row = self.rows.remove(k)?;
+        self.count(row.group.as_ref(), false);
+        Some(row)
+    }
+
+    fn recount(&mut self) {
+        let mut groups = BTreeMap::new();
+        for g in self.rows.values().filter_map(|r| r.group.as_ref()) {
+            *groups.entry(g.clone()).or_default() += 1;
+        }
+        self.groups = groups;
+    }
+
+    fn fold(&mut self, now_ms: u64) {
+        for (k, d) in std::mem::take(&mut self.pending) {
+            add_lanes(self.folded.entry(k).or_default(), &d);
+        }
+        self.folded_at_ms = now_ms;
+    }
+
+    /// The counters as a fresh read sees them.
+    fn counters(&self) -> BTreeMap<Vec<u8>, Vec<u64>> {
+        let mut all = self.folded.clone();
+        for (k, d) in &self.pending {
+            add_lanes(all.entry(k.clone()).or_default(), d);
+        }
+        all
+    }
+}
+
+fn add_lanes(into: &mut Vec<u64>, d: &[u64]) {
+    if into.len() < d.len() {
+        into.resize(d.len(), 0);
+    }
+    for (a, b) in into.iter_mut().zip(d) {
+        *a = a.saturating_add(*b);
+    }
+}
+
+/// An NF's tables. Created from its declarations ([`StateTables::create`]); every read
+/// and write names a declared table.
+#[derive(Debug, Clone, Default)]
+pub struct StateTables {
+    tables: BTreeMap<String, Table>,
+}
+
+/// The byte form of a snapshot or split part: magic, version, then postcard.
+const MAGIC: &[u8; 4] = b"SFT1";
+
+/// A part decoded ahead of its merge ([`StateTables::merge_decoder`]).
+struct PreparedTables(Wire);
+
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    tables: Vec<WireTable>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireTable {
+    name: String,
+    kind: Kind,
+    rows: Vec<(Vec<u8>, Row)>,
+    counters: Vec<(Vec<u8>, Vec<u64>)>,
+    /// A counter table's lanes (0 until its first add), so an empty part keeps them.
+    lanes: usize,
+}
+
+fn enc<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Vec<u8>, StateError> {
+    postcard::to_allocvec(v).map_err(|e| StateError::Value {
+        table: table.into(),
+        err: e.to_string(),
+    })
+}
+
+fn dec<T: DeserializeOwned>(table: &str, b: &[u8]) -> Result<T, StateError> {
+    postcard::from_bytes(b).map_err(|e| StateError::Value {
+        table: table.into(),
+        err: e.to_string(),
+    })
+}
+
+fn snap_err(msg: impl std::fmt::Display) -> NfError {
+    NfError::Snapshot(format!("platform tables: {msg}"))
+}
+
+/// A partitioned row's place in the hash space a `SplitHalf` cuts: FNV-1a, then
+/// SplitMix64's finaliser, since FNV alone leaves the high bits of short keys (a port
+/// number) nearly constant and a `SplitHalf` cuts by high bits. Stable across builds and
+/// machines, which std's `DefaultHasher` does not promise.
+fn key_hash(k: &[u8]) -> u64 {
+    let h = k.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let z = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn flow_of(k: &[u8]) -> Option<FlowKey> {
+    let b: [u8; FlowKey::LEN] = k.try_into().ok()?;
+    Some(FlowKey::from_bytes(b))
+}
+
+impl StateTables {
+    /// Serpens `create_table` for each declaration. A bad or repeated declaration is an
+    /// error.
+    pub fn create(specs: &[TableSpec]) -> Result<Self, NfError> {
+        let mut t = StateTables::default();
+        for s in specs {
+            t.create_table(s)?;
+        }
+        Ok(t)
+    }
+
+    /// Serpens `create_table(table, flags)`.
+    pub fn create_table(&mut self, spec: &TableSpec) -> Result<(), NfError> {
+        spec.validate()?;
+        if self.tables.contains_key(&spec.name) {
+            return Err(StateError::Duplicate {
+                table: spec.name.clone(),
+            }
+            .into());
+        }
+        let table = Table {
+            kind: Some(Kind::of(spec)),
+            ..Table::default()
+        };
+        self.tables.insert(spec.name.clone(), table);
+        Ok(())
+    }
+
+    /// Bound a table to `max_rows` keys. For a counter table, `spill` names the key that
+    /// counts what new keys would have counted once the table is full (a monitor's
+    /// "other hosts"); the spill key itself is always admitted, one key beyond
+    /// `max_rows`.
+    pub fn set_capacity<K: Serialize>(
+        &mut self,
+        table: &str,
+        max_rows: usize,
+        spill: Option<&K>,
+    ) -> Result<(), StateError> {
+        let spill = spill.map(|k| enc(table, k)).transpose()?;
+        let t = self.table_mut(table)?;
+        if spill.is_some() && t.kind() != Kind::Replicated {
+            return Err(StateError::WrongKind {
+                table: table.into(),
+                kind: t.kind().name(),
+                op: "a spill key",
+            });
+        }
+        t.max_rows = Some(max_rows);
+        t.spill = spill;
+        Ok(())
+    }
+
+    /// Names of the declared tables, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tables.keys().map(String::as_str)
+    }
+
+    /// Keys in a table (for a counter table, those a fresh read sees).
+    pub fn len(&self, table: &str) -> Result<usize, StateError> {
+        Ok(self.table(table)?.len())
+    }
+
+    fn table(&self, table: &str) -> Result<&Table, StateError> {
+        self.tables
+            .get(table)
+            .ok_or_else(|| StateError::NoSuchTable {
+                table: table.into(),
+            })
+    }
+
+    fn table_mut(&mut self, table: &str) -> Result<&mut Table, StateError> {
+        self.tables
+            .get_mut(table)
+            .ok_or_else(|| StateError::NoSuchTable {
+                table: table.into(),
+            })
+    }
+
+    fn kinded(&self, table: &str, op: &'static str, want: &[Kind]) -> Result<&Table, StateError> {
+        let t = self.table(table)?;
+        check_kind(table, t.kind(), op, want)?;
+        Ok(t)
+    }
+
+    fn kinded_mut(
+        &mut self,
+        table: &str,
+        op: &'static str,
+        want: &[Kind],
+    ) -> Result<&mut Table, StateError> {
+        let t = self.table_mut(table)?;
+        check_kind(table, t.kind(), op, want)?;
+        Ok(t)
+    }
+
+    // ---- per-flow tables ----
+
+    pub fn get_flow<V: DeserializeOwned>(
+        &self,
+        table: &str,
+        flow: &FlowKey,
+    ) -> Result<Option<V>, StateError> {
+        let t = self.kinded(table, "get_flow", &[Kind::PerFlow])?;
+        t.rows
+            .get(flow.as_bytes().as_slice())
+            .map(|r| dec(table, &r.value))
+            .transpose()
+    }
+
+    /// Insert or replace a flow's row; its timer, if any, stays.
+    pub fn put_flow<V: Serialize>(
+        &mut self,
+        table: &str,
+        flow: &FlowKey,
+        value: &V,
+    ) -> Result<(), StateError> {
+        let (k, value) = (flow.as_bytes().to_vec(), enc(table, value)?);
+        self.put_row(table, "put_flow", &[Kind::PerFlow], k, value, None)
+    }
+
+    /// [`StateTables::put_flow`], the row counting in `group` (a host, a tenant), which
+    /// [`StateTables::count_group`] answers without a scan. The count follows the rows
+    /// through deletes, timers, splits and merges, so an NF keeps no index of its own.
+    pub fn put_flow_in<G: Serialize, V: Serialize>(
+        &mut self,
+        table: &str,
+        flow: &FlowKey,
+        group: &G,
+        value: &V,
+    ) -> Result<(), StateError> {
+        let (k, value) = (flow.as_bytes().to_vec(), enc(table, value)?);
+        let g = Some(enc(table, group)?);
+        self.put_row(table, "put_flow_in", &[Kind::PerFlow], k, value, g)
+    }
+
+    /// Rows of a per-flow table in `group`.
+    pub fn count_group<G: Serialize>(&self, table: &str, group: &G) -> Result<usize, StateError> {
+        let g = enc(table, group)?;
+        let t = self.kinded(table, "count_group", &[Kind::PerFlow])?;
+        Ok(t.groups.get(&g).copied().unwrap_or(0))
+    }
+
+    pub fn delete_flow(&mut self, table: &str, flow: &FlowKey) -> Result<bool, StateError> {
+        let t = self.kinded_mut(table, "delete_flow", &[Kind::PerFlow])?;
+        Ok(t.remove_row(flow.as_bytes().as_slice()).is_some())
+    }
+
+    /// Serpens `timer(table, key, timeout)`: the platform removes the flow's row at
+    /// `deadline_ms` and reports the flow from the NF's timer. False if no such row.
+    pub fn set_timer(
+        &mut self,
+        table: &str,
+        flow: &FlowKey,
+        deadline_ms: u64,
+    ) -> Result<bool, StateError> {
+        let t = self.kinded_mut(table, "set_timer", &[Kind::PerFlow])?;
+        Ok(t.rows
+            .get_mut(flow.as_bytes().as_slice())
+            .map(|r| r.deadline_ms = Some(deadline_ms))
+            .is_some())
+    }
+
+    /// A flow's timer ([`StateTables::set_timer`]), if it has a row with one.
+    pub fn timer(&self, table: &str, flow: &FlowKey) -> Result<Option<u64>, StateError> {
+        let t = self.kinded(table, "timer", &[Kind::PerFlow])?;
+        Ok(t.rows
+            .get(flow.as_bytes().as_slice())
+            .and_then(|r| r.deadline_ms))
+    }
+
+    /// Every flow with a row, in key order, and its value.
+    pub fn flows<V: DeserializeOwned>(&self, table: &str) -> Result<Vec<(FlowKey, V)>, StateError> {
+        let t = self.kinded(table, "flows", &[Kind::PerFlow])?;
+        let decode = |(k, r): (&Vec<u8>, &Row)| -> Result<(FlowKey, V), StateError> {
+            let f = flow_of(k).ok_or_else(|| StateError::Value {
+                table: table.into(),
+                err: "a per-flow key is not 40 bytes".into(),
+            })?;
+            Ok((f, dec(table, &r.value)?))
+        };
+        t.rows.iter().map(decode).collect()
+    }
+
+    // ---- shared tables, single writer or read ----
+
+    pub fn get<K: Serialize, V: DeserializeOwned>(
+        &self,
+        table: &str,
+        key: &K,
+    ) -> Result<Option<V>, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded(table, "get", &[Kind::Partitioned, Kind::Read])?;
+        t.rows.get(&k).map(|r| dec(table, &r.value)).transpose()
+    }
+
+    pub fn put<K: Serialize, V: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        value: &V,
+    ) -> Result<(), StateError> {
+        let (k, v) = (enc(table, key)?, enc(table, value)?);
+        self.put_row(table, "put", &[Kind::Partitioned], k, v, None)
+    }
+
+    /// Fill a read-only table (configuration: an ACL, a backend list) at setup.
+    pub fn load<K: Serialize, V: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        value: &V,
+    ) -> Result<(), StateError> {
+        let (k, v) = (enc(table, key)?, enc(table, value)?);
+        self.put_row(table, "load", &[Kind::Read], k, v, None)
+    }
+
+    pub fn delete<K: Serialize>(&mut self, table: &str, key: &K) -> Result<bool, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded_mut(table, "delete", &[Kind::Partitioned])?;
+        Ok(t.rows.remove(&k).is_some())
+    }
+
+    /// Every row of a shared single-writer or read table, in key order.
+    pub fn rows<K: DeserializeOwned, V: DeserializeOwned>(
+        &self,
+        table: &str,
+    ) -> Result<Vec<(K, V)>, StateError> {
+        let t = self.kinded(table, "rows", &[Kind::Partitioned, Kind::Read])?;
+        let decode = |(k, r): (&Vec<u8>, &Row)| Ok((dec(table, k)?, dec(table, &r.value)?));
+        t.rows.iter().map(decode).collect()
+    }
+
+    fn put_row(
+        &mut self,
+        table: &str,
+        op: &'static str,
+        want: &[Kind],
+        k: Vec<u8>,
+        value: Vec<u8>,
+        group: Option<Vec<u8>>,
+    ) -> Result<(), StateError> {
+        let t = self.table_mut(table)?;
+        match (t.kind(), op) {
+            (Kind::Replicated, _) => {
+                return Err(StateError::SingleWriterWrite {
+                    table: table.into(),
+                })
+            }
+            (Kind::Read, "put") => {
+                return Err(StateError::ReadOnly {
+                    table: table.into(),
+                })
+            }
+            (kind, _) => check_kind(table, kind, op, want)?,
+        }
+        if !t.has_room(&k) {
+            return Err(StateError::Full {
+                table: table.into(),
+                max_rows: t.max_rows.unwrap_or(0),
+            });
+        }
+        let deadline_ms = t.rows.get(&k).and_then(|r| r.deadline_ms);
+        let row = Row {
+            value,
+            deadline_ms,
+            group,
+        };
+        t.insert_row(k, row);
+        Ok(())
+    }
+
+    // ---- shared multi-writer counters ----
+
+    /// S6's untethered `inc`: add `lanes` (packets, bytes, …; saturating) to a counter
+    /// and return at once. Every key of one table takes the same number of lanes.
+    pub fn add<K: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        lanes: &[u64],
+    ) -> Result<(), StateError> {
+        let k = enc(table, key)?;
+        let t = self.table_mut(table)?;
+        match t.kind() {
+            Kind::Replicated => {}
+            Kind::Partitioned | Kind::PerFlow => {
+                return Err(StateError::MultiWriterWrite {
+                    table: table.into(),
+                })
+            }
+            Kind::Read => {
+                return Err(StateError::ReadOnly {
+                    table: table.into(),
+                })
+            }
+        }
+        if t.lanes == 0 {
+            t.lanes = lanes.len();
+        }
+        if lanes.len() != t.lanes || lanes.is_empty() {
+            return Err(StateError::Lanes {
+                table: table.into(),
+                got: lanes.len(),
+                want: t.lanes,
+            });
+        }
+        let k = match (t.has_room(&k), &t.spill) {
+            (true, _) => k,
+            (false, Some(s)) => s.clone(),
+            (false, None) => {
+                return Err(StateError::Full {
+                    table: table.into(),
+                    max_rows: t.max_rows.unwrap_or(0),
+                })
+            }
+        };
+        if !t.folded.contains_key(&k) && !t.pending.contains_key(&k) {
+            t.counter_keys += 1;
+        }
+        add_lanes(t.pending.entry(k).or_default(), lanes);
+        Ok(())
+    }
+
+    /// A fresh read: every add so far. Zero lanes for a key never added to.
+    pub fn counter<K: Serialize>(&self, table: &str, key: &K) -> Result<Vec<u64>, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded(table, "counter", &[Kind::Replicated])?;
+        let mut v = t.folded.get(&k).cloned().unwrap_or_default();
+        if let Some(d) = t.pending.get(&k) {
+            add_lanes(&mut v, d);
+        }
+        v.resize(t.lanes, 0);
+        Ok(v)
+    }
+
+    /// S6's `get() const stale`: the folded copy if it is at most `max_stale_ms` old at
+    /// `now_ms`, else fold the table and read. It may miss adds since the last fold,
+    /// never more than `max_stale_ms` worth of them.
+    pub fn counter_stale<K: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        now_ms: u64,
+        max_stale_ms: u64,
+    ) -> Result<Vec<u64>, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded_mut(table, "counter_stale", &[Kind::Replicated])?;
+        if now_ms.saturating_sub(t.folded_at_ms) > max_stale_ms {
+            t.fold(now_ms);
+        }
+        let mut v = t.folded.get(&k).cloned().unwrap_or_default();
+        v.resize(t.lanes, 0);
+        Ok(v)
+    }
+
+    /// Every counter of a table, fresh, in key order.
+    pub fn counters<K: DeserializeOwned>(
+        &self,
+        table: &str,
+    ) -> Result<Vec<(K, Vec<u64>)>, StateError> {
+        let t = self.kinded(table, "counters", &[Kind::Replicated])?;
+        t.counters()
+            .into_iter()
+            .map(|(k, v)| Ok((dec(table, &k)?, v)))
+            .collect()
+    }
+
+    // ---- what the platform runs ----
+
+    /// Fold every untethered add into its counter.
+    pub fn fold(&mut self, now_ms: u64) {
+        for t in self.tables.values_mut() {
+            t.fold(now_ms);
+        }
+    }
+
+    /// The platform's timer: fold counters, remove per-flow rows whose timer passed,
+    /// and return their flows (sorted, deduplicated).
+    pub fn expire(&mut self, now_ms: u64) -> Vec<FlowKey> {
+        let mut gone = Vec::new();
+        for t in self.tables.values_mut() {
+            t.fold(now_ms);
+            if t.kind() != Kind::PerFlow {
+                continue;
+            }
+            let due: Vec<Vec<u8>> = (t.rows.iter())
+                .filter(|(_, r)| r.deadline_ms.is_some_and(|d| d <= now_ms))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in due {
+                t.remove_row(&k);
+                gone.extend(flow_of(&k));
+            }
+        }
+        gone.sort_by_key(|k| *k.as_bytes());
+        gone.dedup();
+        gone
+    }
+
+    /// Hashes of the flows with a row in some per-flow table.
+    pub fn flow_hashes(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = (self.tables.values())
+            .filter(|t| t.kind() == Kind::PerFlow)
+            .flat_map(|t| t.rows.keys().filter_map(|k| flow_of(k)).map(|f| f.hash()))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Every table, counters folded: replicas that applied the same ops give the same
+    /// bytes, whenever each folded.
+    pub fn snapshot(&self) -> Result<Vec<u8>, NfError> {
+        self.encode(|_, t| {
+            let counters = t.counters().into_iter().collect();
+            (t.rows.clone().into_iter().collect(), counters)
+        })
+    }
+
+    /// Replace every table with a snapshot's. The snapshot must hold exactly the declared
+    /// tables, each of its declared kind; otherwise it is refused and nothing changes.
+    pub fn restore(&mut self, b: &[u8]) -> Result<(), NfError> {
+        let wire = self.decode(b)?;
+        let mut empty = self.clone();
+        for t in empty.tables.values_mut() {
+            t.rows.clear();
+            t.folded.clear();
+            t.pending.clear();
+            t.counter_keys = 0;
+            t.lanes = 0;
+            t.groups.clear();
+        }
+        empty.check(&wire, false)?;
+        empty.apply(wire);
+        *self = empty;
+        Ok(())
+    }
+
+    /// Scale-out (Fig. 3): per-flow rows move with their flows, partitioned rows by their
+    /// key's hash, read tables are copied, counters start the new part from zero.
+    pub fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        self.split_where(half, true)
+    }
+
+    /// Gradual migration (S6): only per-flow rows move; shared tables stay whole here.
+    pub fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        self.split_where(half, false)
+    }
+
+    fn split_where(&mut self, half: &SplitHalf, shared: bool) -> Result<Vec<u8>, NfError> {
+        let in_half = |h: u64| h >= half.moved_lo && h < half.moved_hi;
+        let mut moved: BTreeMap<String, Vec<(Vec<u8>, Row)>> = BTreeMap::new();
+        for (name, t) in &mut self.tables {
+            let out = moved.entry(name.clone()).or_default();
+            match t.kind() {
+                Kind::PerFlow => {
+                    let go = |k: &Vec<u8>| flow_of(k).is_some_and(|f| half.moves(&f));
+                    let (part, keep): (BTreeMap<_, _>, _) = std::mem::take(&mut t.rows)
+                        .into_iter()
+                        .partition(|(k, _)| go(k));
+                    t.rows = keep;
+                    t.recount();
+                    *out = part.into_iter().collect();
+                }
+                Kind::Partitioned if shared => {
+                    let (part, keep): (BTreeMap<_, _>, _) = std::mem::take(&mut t.rows)
+                        .into_iter()
+                        .partition(|(k, _)| in_half(key_hash(k)));
+                    t.rows = keep;
+                    *out = part.into_iter().collect();
+                }
+                Kind::Read => *out = t.rows.clone().into_iter().collect(),
+                _ => {}
+            }
+        }
+        self.encode(|name, _| (moved.remove(name).unwrap_or_default(), Vec::new()))
+    }
+
+    /// Scale-in: take in a part (a split's or a whole snapshot). Checked whole first, so
+    /// a refused part changes nothing.
+    pub fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
+        let wire = self.decode(part)?;
+        self.check(&wire, true)?;
+        self.apply(wire);
+        Ok(())
+    }
+
+    /// Whether [`StateTables::merge`] would take `part`, without changing anything.
+    pub fn check_merge(&self, part: &[u8]) -> Result<(), NfError> {
+        self.check(&self.decode(part)?, true)
+    }
+
+    /// A decoder for parts, needing none of the tables' rows: SC decodes a part on
+    /// another thread before the merge op is sequenced (docs/scaling.md).
+    pub fn merge_decoder(&self) -> MergeDecoder {
+        let shape = StateTables {
+            tables: (self.tables.iter())
+                .map(|(n, t)| {
+                    let kind = Table {
+                        kind: t.kind,
+                        ..Table::default()
+                    };
+                    (n.clone(), kind)
+                })
+                .collect(),
+        };
+        Arc::new(move |b: &[u8]| Ok(PreparedPart::new(PreparedTables(shape.decode(b)?))))
+    }
+
+    /// Whether [`StateTables::merge_prepared`] would take a decoded part.
+    pub fn check_prepared(&self, part: &PreparedPart) -> Result<(), NfError> {
+        let p = (part.downcast_ref::<PreparedTables>())
+            .ok_or_else(|| snap_err("a prepared part of another kind"))?;
+        self.check(&p.0, true)
+    }
+
+    /// [`StateTables::merge`] of a part its decoder decoded.
+    pub fn merge_prepared(&mut self, part: PreparedPart) -> Result<(), NfError> {
+        let p: PreparedTables = part.downcast()?;
+        self.check(&p.0, true)?;
+        self.apply(p.0);
+        Ok(())
+    }
+
+    /// Everything that could make `apply` refuse, checked before it changes a thing.
+    fn check(&self, wire: &Wire, merge: bool) -> Result<(), NfError> {
+        for wt in &wire.tables {
+            let t = (self.tables.get(&wt.name))
+                .ok_or_else(|| snap_err(format!("table {} is not declared", wt.name)))?;
+            if t.kind() != wt.kind {
+                return Err(snap_err(format!("table {} changed kind", wt.name)));
+            }
+            let full = || {
+                snap_err(StateError::Full {
+                    table: wt.name.clone(),
+                    max_rows: t.max_rows.unwrap_or(0),
+                })
+            };
+            let mut new_keys = 0;
+            for (k, _) in &wt.rows {
+                if t.kind() == Kind::PerFlow && flow_of(k).is_none() {
+                    return Err(snap_err(format!(
+                        "{}: a per-flow key is not 40 bytes",
+                        wt.name
+                    )));
+                }
+                match t.rows.get(k) {
+                    // Configuration: this part's copy stays (it may be the newer one).
+                    Some(_) if t.kind() == Kind::Read => {}
+                    // A flow both parts hold (a late event raced the move): the row
+                    // with the later deadline wins, in `apply`.
+                    Some(_) if t.kind() == Kind::PerFlow => {}
+                    Some(_) if merge => {
+                        return Err(snap_err(format!(
+                            "{}: a key is in both parts ({} writes it once)",
+                            wt.name,
+                            t.kind().name()
+                        )))
+                    }
+                    Some(_) => {}
+                    None => new_keys += 1,
+                }
+            }
+            if t.max_rows.is_some_and(|m| t.rows.len() + new_keys > m) {
+                return Err(full());
+            }
+            let lanes = if t.lanes == 0 { wt.lanes } else { t.lanes };
+            if (wt.lanes != 0 && wt.lanes != lanes)
+                || wt
+                    .counters
+                    .iter()
+                    .any(|(_, v)| v.len() != lanes || v.is_empty())
+            {
+                return Err(snap_err(format!("{}: counter lanes differ", wt.name)));
+            }
+            let new_counters = (wt.counters.iter())
+                .filter(|(k, _)| !t.folded.contains_key(k) && !t.pending.contains_key(k))
+                .count();
+            if t.spill.is_none()
+                && t.max_rows
+                    .is_some_and(|m| t.counter_keys + new_counters > m)
+            {
+                return Err(full());
+            }
+        }
+        Ok(())
+    }
+
+    /// Take in a part `check` accepted.
+    fn apply(&mut self, wire: Wire) {
+        for wt in wire.tables {
+            let Some(t) = self.tables.get_mut(&wt.name) else {
+                continue;
+            };
+            for (k, row) in wt.rows {
+                match (t.kind(), t.rows.get(&k)) {
+                    (Kind::Read, Some(_)) => {}
+                    (Kind::PerFlow, Some(mine))
+                        if mine.deadline_ms.unwrap_or(u64::MAX)
+                            >= row.deadline_ms.unwrap_or(u64::MAX) => {}
+                    _ => t.insert_row(k, row),
+                }
+            }
+            if t.lanes == 0 {
+                t.lanes = wt.lanes;
+            }
+            for (k, v) in wt.counters {
+                let k = match (t.has_room(&k), &t.spill) {
+                    (false, Some(s)) => s.clone(),
+                    _ => k,
+                };
+                if !t.folded.contains_key(&k) && !t.pending.contains_key(&k) {
+                    t.counter_keys += 1;
+                }
+                add_lanes(t.folded.entry(k).or_default(), &v);
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn encode(
+        &self,
+        mut rows: impl FnMut(&str, &Table) -> (Vec<(Vec<u8>, Row)>, Vec<(Vec<u8>, Vec<u64>)>),
+    ) -> Result<Vec<u8>, NfError> {
+        let tables = (self.tables.iter())
+            .map(|(name, t)| {
+                let (rows, counters) = rows(name, t);
+                WireTable {
+                    name: name.clone(),
+                    kind: t.kind(),
+                    rows,
+                    counters,
+                    lanes: t.lanes,
+                }
+            })
+            .collect();
+        postcard::to_extend(&Wire { tables }, MAGIC.to_vec()).map_err(snap_err)
+    }
+
+    /// Decode and check a snapshot or part against the declarations.
+    fn decode(&self, b: &[u8]) -> Result<Wire, NfError> {
+        let body = b
+            .strip_prefix(MAGIC.as_slice())
+            .ok_or_else(|| snap_err("not a platform-table snapshot (bad magic or version)"))?;
+        let (wire, rest): (Wire, _) = postcard::take_from_bytes(body).map_err(snap_err)?;
+        if !rest.is_empty() {
+            return Err(snap_err(format!("{} trailing bytes", rest.len())));
+        }
+        if wire.tables.len() != self.tables.len() {
+            return Err(snap_err(format!(
+                "{} tables in the snapshot, {} declared",
+                wire.tables.len(),
+                self.tables.len()
+            )));
+        }
+        for wt in &wire.tables {
+            let t = self
+                .tables
+                .get(&wt.name)
+                .ok_or_else(|| snap_err(format!("table {} is not declared", wt.name)))?;
+            if t.kind() != wt.kind {
+                return Err(snap_err(format!(
+                    "table {} is {} here, {} in the snapshot",
+                    wt.name,
+                    t.kind().name(),
+                    wt.kind.name()
+                )));
+            }
+        }
+        Ok(wire)
+    }
+}
+
+fn check_kind(table: &str, kind: Kind, op: &'static str, want: &[Kind]) -> Result<(), StateError> {
+    if want.contains(&kind) {
+        return Ok(());
+    }
+    Err(StateError::WrongKind {
+        table: table.into(),
+        kind: kind.name(),
+        op,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs() -> Vec<TableSpec> {
+        vec![
+            TableSpec::per_flow("conns"),
+            TableSpec::shared_write("ports", Consistency::Partitioned),
+            TableSpec::shared_write("hits", Consistency::Replicated),
+            TableSpec::shared_read("acl"),
+        ]
+    }
+
+    fn flow(i: u16) -> FlowKey {
+        format!("100 tcp 198.18.0.2:{} > 198.19.0.1:80", 1000 + i)
+            .parse()
+            .expect("flow")
+    }
+
+    const HALF: SplitHalf = SplitHalf {
+        moved_lo: 0,
+        moved_hi: u64::MAX / 2,
+    };
+
+    #[test]
+    fn wrong_writes_are_typed_errors_and_change_nothing() {
+        let mut s = StateTables::create(&specs()).expect("tables");
+        s.put_flow("conns", &flow(1), &7u32).expect("put");
+        let before = s.snapshot().expect("snapshot");
+        assert_eq!(
+            s.put("nope", &1u8, &1u8),
+            Err(StateError::NoSuchTable {
+                table: "nope".into()
+            })
+        );
+        assert_eq!(
+            s.add("ports", &1u16, &[1]),
+            Err(StateError::MultiWriterWrite {
+                table: "ports".into()
+            })
+        );
+        assert_eq!(
+            s.add("conns", &1u16, &[1]),
+            Err(StateError::MultiWriterWrite {
+                table: "conns".into()
+            })
+        );
+        assert_eq!(
+            s.put("hits", &1u16, &1u64),
+            Err(StateError::SingleWriterWrite {
+                table: "hits".into()
+            })
+        );
+        assert_eq!(
+            s.put("acl", &1u16, &1u64),
+            Err(StateError::ReadOnly {
+                table: "acl".into()
+            })
+        );
+        assert!(matches!(
+            s.put_flow("ports", &flow(2), &1u8),
+            Err(StateError::WrongKind { op: "put_flow", .. })
+        ));
+        assert!(matches!(
+            s.get::<_, u8>("conns", &1u8),
+            Err(StateError::WrongKind { op: "get", .. })
+        ));
+        s.add("hits", &1u16, &[1, 2]).expect("add");
+        assert!(matches!(
+            s.add("hits", &1u16, &[1]),
+            Err(StateError::Lanes {
+                got: 1,
+                want: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            s.get_flow::<String>("conns", &flow(1)),
+            Err(StateError::Value { .. })
+        ));
+        s.fold(0);
+        let mut clean = StateTables::create(&specs()).expect("tables");
+        clean.restore(&before).expect("restore");
+        clean.add("hits", &1u16, &[1, 2]).expect("add");
+        assert_eq!(s.snapshot(), clean.snapshot(), "only the good add counted");
+        let twice = [TableSpec::per_flow("a"), TableSpec::per_flow("a")];
+        assert!(StateTables::create(&twice).is_err());
+        let NfError::State(m) = NfError::from(StateError::NoSuchTable { table: "x".into() }) else {
+            panic!("a state error")
+        };
+        assert!(m.contains("never declared"), "{m}");
+    }
+
+    #[test]
+    fn untethered_adds_and_bounded_staleness() {
+        let mut s = StateTables::create(&specs()).expect("tables");
+        s.add("hits", &"a", &[1, 10]).expect("add");
+        assert_eq!(
+            s.counter("hits", &"a"),
+            Ok(vec![1, 10]),
+            "a fresh read sees it"
+        );
+        assert_eq!(
+            s.counter_stale("hits", &"a", 50, 100),
+            Ok(vec![0, 0]),
+            "a stale read within its bound answers from the folded copy"
+        );
+        assert_eq!(
+            s.counter_stale("hits", &"a", 150, 100),
+            Ok(vec![1, 10]),
+            "past the bound it folds first"
+        );
+        s.add("hits", &"a", &[u64::MAX, 1]).expect("add");
+        assert_eq!(
+            s.counter("hits", &"a"),
+            Ok(vec![u64::MAX, 11]),
+            "saturating"
+        );
+        assert_eq!(s.counter("hits", &"never"), Ok(vec![0, 0]));
+        // Replicas that folded at different times serialise alike.
+        let mut other = StateTables::create(&specs()).expect("tables");
+        other.add("hits", &"a", &[1, 10]).expect("add");
+        other.add("hits", &"a", &[u64::MAX, 1]).expect("add");
+        assert_eq!(s.snapshot(), other.snapshot());
+    }
+
+    #[test]
+    fn split_and_merge_follow_the_declarations() {
+        let mut a = StateTables::create(&specs()).expect("tables");
+        for i in 0..64 {
+            a.put_flow("conns", &flow(i), &u32::from(i)).expect("put");
+            a.put("ports", &i, &(u32::from(i) * 2)).expect("put");
+        }
+        a.load("acl", &"allow", &true).expect("load");
+        a.add("hits", &"h", &[5]).expect("add");
+        let part = a.split(&HALF).expect("split");
+        let mut b = StateTables::create(&specs()).expect("tables");
+        b.restore(&part).expect("restore");
+        let (fa, fb) = (a.len("conns").unwrap(), b.len("conns").unwrap());
+        assert_eq!(fa + fb, 64);
+        assert!(fa > 10 && fb > 10, "{fa} {fb}");
+        for (f, _) in b.flows::<u32>("conns").unwrap() {
+            assert!(HALF.moves(&f));
+        }
+        let (pa, pb) = (a.len("ports").unwrap(), b.len("ports").unwrap());
+        assert_eq!(pa + pb, 64);
+        assert!(pa > 10 && pb > 10, "{pa} {pb}");
+        assert_eq!(
+            b.get("acl", &"allow"),
+            Ok(Some(true)),
+            "read tables are copied"
+        );
+        assert_eq!(
+            b.counter("hits", &"h"),
+            Ok(vec![0]),
+            "counters start at zero"
+        );
+        b.add("hits", &"h", &[2]).expect("add");
+        assert_eq!(b.flow_hashes().len(), fb);
+        // Merge back: the union, and the counters' sum.
+        let whole = b.snapshot().expect("snapshot");
+        a.merge(&whole).expect("merge");
+        assert_eq!(a.len("conns"), Ok(64));
+        assert_eq!(a.len("ports"), Ok(64));
+        assert_eq!(a.counter("hits", &"h"), Ok(vec![7]));
+        // A key in both parts of a single-writer table is refused, and changes nothing.
+        let snap = a.snapshot().expect("snapshot");
+        assert!(a.merge(&whole).is_err());
+        assert_eq!(a.snapshot().expect("snapshot"), snap);
+        // A flow in both parts keeps the row with the later timer.
+        let only_flows = |v: u32, deadline: u64| {
+            let mut t = StateTables::create(&specs()).expect("tables");
+            t.put_flow("conns", &flow(1), &v).expect("put");
+            t.set_timer("conns", &flow(1), deadline).expect("timer");
+            t
+        };
+        let mut x = only_flows(1, 500);
+        x.merge(&only_flows(2, 900).snapshot().unwrap())
+            .expect("merge");
+        x.merge(&only_flows(3, 100).snapshot().unwrap())
+            .expect("merge");
+        assert_eq!(x.get_flow("conns", &flow(1)), Ok(Some(2u32)));
+        assert_eq!(x.timer("conns", &flow(1)), Ok(Some(900)));
+        // A part decoded ahead (off the request stream) merges the same.
+        let mut y = only_flows(1, 500);
+        let prepared = y.merge_decoder()(&only_flows(2, 900).snapshot().unwrap()).unwrap();
+        y.check_prepared(&prepared).expect("check");
+        y.merge_prepared(prepared).expect("merge");
+        assert_eq!(y.snapshot(), x.snapshot());
+        assert!(y.merge_decoder()(b"SFT1junk").is_err());
+        // split_flows leaves shared tables whole.
+        let part = a.split_flows(&HALF).expect("split");
+        assert_eq!(a.len("ports"), Ok(64));
+        let mut c = StateTables::create(&specs()).expect("tables");
+        c.restore(&part).expect("restore");
+        assert_eq!(c.len("ports"), Ok(0));
+        assert_eq!(a.len("conns").unwrap() + c.len("conns").unwrap(), 64);
+    }
+
+    #[test]
+    fn corrupt_or_foreign_snapshots_are_refused_and_change_nothing() {
+        let mut a = StateTables::create(&specs()).expect("tables");
+        a.put_flow("conns", &flow(1), &1u8).expect("put");
+        let good = a.snapshot().expect("snapshot");
+        let other = StateTables::create(&[TableSpec::per_flow("conns")]).expect("tables");
+        let foreign = other.snapshot().expect("snapshot");
+        let renamed = StateTables::create(&[
+            TableSpec::per_flow("conns"),
+            TableSpec::shared_write("ports", Consistency::Replicated),
+            TableSpec::shared_write("hits", Consistency::Replicated),
+            TableSpec::shared_read("acl"),
+        ])
+        .expect("tables")
+        .snapshot()
+        .expect("snapshot");
+        let mut truncated = good.clone();
+        truncated.truncate(good.len() - 3);
+        let mut trailing = good.clone();
+        trailing.push(0);
+        for bad in [&b"{}"[..], b"", &truncated, &trailing, &foreign, &renamed] {
+            assert!(a.restore(bad).is_err(), "{bad:?}");
+            assert!(a.merge(bad).is_err(), "{bad:?}");
+            assert_eq!(a.snapshot().expect("snapshot"), good);
+        }
+        let mut fresh = StateTables::create(&specs()).expect("tables");
+        fresh
+            .restore(&good)
+            .expect("a replica rejoins by a fresh snapshot");
+        assert_eq!(fresh.snapshot().expect("snapshot"), good);
+    }
+
+    #[test]
+    fn group_counts_follow_the_rows_everywhere() {
+        let mut a = StateTables::create(&specs()).expect("tables");
+        for i in 0..40 {
+            a.put_flow_in("conns", &flow(i), &(i % 2), &())
+                .expect("put");
+        }
+        assert_eq!(a.count_group("conns", &0u16), Ok(20));
+        a.put_flow_in("conns", &flow(0), &1u16, &())
+            .expect("regroup");
+        assert_eq!(a.count_group("conns", &0u16), Ok(19));
+        assert_eq!(a.count_group("conns", &1u16), Ok(21));
+        assert_eq!(a.delete_flow("conns", &flow(1)), Ok(true));
+        a.set_timer("conns", &flow(3), 10).expect("timer");
+        assert_eq!(a.expire(10), vec![flow(3)]);
+        assert_eq!(a.count_group("conns", &1u16), Ok(19));
+        let whole = a.snapshot().expect("snapshot");
+        let part = a.split(&HALF).expect("split");
+        let mut b = StateTables::create(&specs()).expect("tables");
+        b.restore(&part).expect("restore");
+        for g in [0u16, 1] {
+            let (x, y) = (a.count_group("conns", &g), b.count_group("conns", &g));
+            assert_eq!(x.unwrap() + y.unwrap(), 19, "group {g}");
+        }
+        a.merge(&b.snapshot().expect("snapshot")).expect("merge");
+        assert_eq!(a.snapshot().expect("snapshot"), whole);
+        assert_eq!(a.count_group("conns", &0u16), Ok(19));
+        assert!(a.count_group("ports", &0u16).is_err());
+    }
+
+    #[test]
+    fn timers_expire_flows_and_capacity_bounds_tables() {
+        let mut s = StateTables::create(&specs()).expect("tables");
+        s.put_flow("conns", &flow(1), &1u8).expect("put");
+        s.put_flow("conns", &flow(2), &2u8).expect("put");
+        assert_eq!(s.set_timer("conns", &flow(1), 100), Ok(true));
+        assert_eq!(s.set_timer("conns", &flow(9), 100), Ok(false));
+        assert!(s.expire(99).is_empty());
+        assert_eq!(s.expire(100), vec![flow(1)]);
+        assert_eq!(s.len("conns"), Ok(1));
+        s.set_capacity::<u8>("conns", 1, None).expect("cap");
+        assert!(matches!(
+            s.put_flow("conns", &flow(3), &3u8),
+            Err(StateError::Full { max_rows: 1, .. })
+        ));
+        s.put_flow("conns", &flow(2), &9u8)
+            .expect("a present key may change");
+        s.set_capacity("hits", 2, Some(&"other")).expect("cap");
+        for h in ["a", "b", "c", "d"] {
+            s.add("hits", &h, &[1]).expect("add spills");
+        }
+        assert_eq!(s.len("hits"), Ok(3), "a, b and the spill key");
+        assert_eq!(s.counter("hits", &"other"), Ok(vec![2]));
+        assert!(s.set_capacity("ports", 1, Some(&"x")).is_err());
+    }
+}
