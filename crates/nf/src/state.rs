@@ -33,7 +33,7 @@
 //! group's op log (every replica runs the same ops), and must serialise byte-identically
 //! across replicas; ordered maps and postcard give that directly.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pipeline::FlowKey;
 use serde::de::DeserializeOwned;
@@ -136,6 +136,8 @@ struct Table {
     spill: Option<Vec<u8>>,
     /// Per-flow rows per group, kept with every insert, removal and move.
     groups: BTreeMap<Vec<u8>, usize>,
+    /// Rows with a timer, by deadline: the timer pops the due ones without a scan.
+    timers: BTreeSet<(u64, Vec<u8>)>,
 }
 
 impl Table {
@@ -172,23 +174,49 @@ impl Table {
 
     fn insert_row(&mut self, k: Vec<u8>, row: Row) {
         self.count(row.group.as_ref(), true);
-        if let Some(old) = self.rows.insert(k, row) {
+        if let Some(d) = row.deadline_ms {
+            self.timers.insert((d, k.clone()));
+        }
+        if let Some(old) = self.rows.insert(k.clone(), row) {
             self.count(old.group.as_ref(), false);
+            let now = self.rows.get(&k).and_then(|r| r.deadline_ms);
+            if let Some(d) = old.deadline_ms.filter(|d| Some(*d) != now) {
+                self.timers.remove(&(d, k));
+            }
         }
     }
 
     fn remove_row(&mut self, k: &[u8]) -> Option<Row> {
         let row = self.rows.remove(k)?;
         self.count(row.group.as_ref(), false);
+        if let Some(d) = row.deadline_ms {
+            self.timers.remove(&(d, k.to_vec()));
+        }
         Some(row)
     }
 
+    /// A present row's timer; false if there is no such row.
+    fn set_timer(&mut self, k: &[u8], deadline_ms: u64) -> bool {
+        let Some(row) = self.rows.get_mut(k) else {
+            return false;
+        };
+        if let Some(d) = row.deadline_ms.replace(deadline_ms) {
+            self.timers.remove(&(d, k.to_vec()));
+        }
+        self.timers.insert((deadline_ms, k.to_vec()));
+        true
+    }
+
+    /// Rebuild the group counts and the timer index from the rows.
     fn recount(&mut self) {
         let mut groups = BTreeMap::new();
         for g in self.rows.values().filter_map(|r| r.group.as_ref()) {
             *groups.entry(g.clone()).or_default() += 1;
         }
         self.groups = groups;
+        self.timers = (self.rows.iter())
+            .filter_map(|(k, r)| Some((r.deadline_ms?, k.clone())))
+            .collect();
     }
 
     fn fold(&mut self, now_ms: u64) {
@@ -437,10 +465,7 @@ impl StateTables {
         deadline_ms: u64,
     ) -> Result<bool, StateError> {
         let t = self.kinded_mut(table, "set_timer", &[Kind::PerFlow])?;
-        Ok(t.rows
-            .get_mut(flow.as_bytes().as_slice())
-            .map(|r| r.deadline_ms = Some(deadline_ms))
-            .is_some())
+        Ok(t.set_timer(flow.as_bytes().as_slice(), deadline_ms))
     }
 
     /// A flow's timer ([`StateTables::set_timer`]), if it has a row with one.
@@ -666,11 +691,10 @@ impl StateTables {
             if t.kind() != Kind::PerFlow {
                 continue;
             }
-            let due: Vec<Vec<u8>> = (t.rows.iter())
-                .filter(|(_, r)| r.deadline_ms.is_some_and(|d| d <= now_ms))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in due {
+            while let Some((d, k)) = t.timers.first().cloned() {
+                if d > now_ms {
+                    break;
+                }
                 t.remove_row(&k);
                 gone.extend(flow_of(&k));
             }
@@ -712,6 +736,7 @@ impl StateTables {
             t.counter_keys = 0;
             t.lanes = 0;
             t.groups.clear();
+            t.timers.clear();
         }
         empty.check(&wire, false)?;
         empty.apply(wire);
@@ -1231,8 +1256,12 @@ mod tests {
         let mut s = StateTables::create(&specs()).expect("tables");
         s.put_flow("conns", &flow(1), &1u8).expect("put");
         s.put_flow("conns", &flow(2), &2u8).expect("put");
-        assert_eq!(s.set_timer("conns", &flow(1), 100), Ok(true));
+        assert_eq!(s.set_timer("conns", &flow(1), 50), Ok(true));
+        assert_eq!(s.set_timer("conns", &flow(1), 100), Ok(true), "moved later");
         assert_eq!(s.set_timer("conns", &flow(9), 100), Ok(false));
+        s.put_flow("conns", &flow(1), &7u8)
+            .expect("a new value keeps the timer");
+        assert!(s.expire(60).is_empty(), "the old deadline is gone");
         assert!(s.expire(99).is_empty());
         assert_eq!(s.expire(100), vec![flow(1)]);
         assert_eq!(s.len("conns"), Ok(1));

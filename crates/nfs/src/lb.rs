@@ -1,10 +1,12 @@
 //! L4 load balancer: DNAT from a service's VIP:port to one of its backends, chosen by a
 //! Maglev table (see [`maglev`]) and then pinned by per-flow state.
 //!
-//! State, as declared in [`NetworkFunction::tables`]:
-//! - `services` (shared, read): the services, their backends and each service's Maglev
-//!   table. Every partition holds the whole of it; a split copies it to both halves.
-//! - `conntrack` (per-flow): flow → backend, with an idle deadline. A flow keeps its
+//! State, as declared in [`NetworkFunction::tables`], kept in platform tables
+//! ([`nf::StateTables`]), which the platform snapshots, splits and merges:
+//! - `services` (shared, read): the configuration (services and their backends), from
+//!   which each service's Maglev table is built. Every partition holds the whole of it; a
+//!   split copies it to both halves, a merge keeps this part's.
+//! - `conntrack` (per-flow): flow → backend, the row's platform timer its idle deadline. A flow keeps its
 //!   backend while this entry lives, whatever happens to the table (backends added,
 //!   reweighted or drained), so Maglev's imperfect minimal disruption never breaks an
 //!   existing connection. Only a backend marked `down` (or removed) loses its flows:
@@ -27,6 +29,10 @@
 //!
 //! Timeouts follow Linux IPVS, the closest relative of this NF (an L4 DNAT balancer):
 //! TCP 900 s, TCP after FIN/RST 120 s, UDP 300 s.
+//!
+//! The reply-key index (`replies`) is derived from `conntrack` and never stored: the LB
+//! rebuilds it when the platform moves rows (`tables_changed`). Snapshots of older
+//! builds (version-1 JSON) are still read, so a group can take state from one.
 
 pub mod maglev;
 
@@ -39,7 +45,7 @@ use std::time::Duration;
 use hashbrown::HashMap;
 
 use nf::{
-    Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, Rewrite, SplitHalf,
+    Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, Rewrite, StateTables,
     TableSpec,
 };
 use packet::proto;
@@ -58,8 +64,21 @@ pub const MAX_TIMEOUT_S: u64 = 30 * 24 * 3600;
 /// the flow it quotes, so that drop rule also holds back the flow's own packets.
 const SHORT_DROP_HOLD: Duration = Duration::from_secs(10);
 
-/// Snapshot format version, bumped on incompatible changes.
+/// The version of the JSON snapshots older builds wrote (read, never written).
 const SNAPSHOT_VERSION: u32 = 1;
+
+const SERVICES: &str = "services";
+const CONNTRACK: &str = "conntrack";
+/// The `services` table's one row: the configuration, as JSON text (its serde form has
+/// untagged and skipped fields, which need a self-describing format).
+const CONFIG: &str = "config";
+
+/// A `conntrack` row (its deadline is the row's timer).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct FlowRow {
+    backend: BackendId,
+    closing: bool,
+}
 
 /// Transport protocol of a service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -245,12 +264,16 @@ struct LbFlow {
 
 pub struct LoadBalancer {
     cfg: LbConfig,
+    /// Compiled from `cfg`, the `services` table's row.
     services: HashMap<ServiceKey, Service>,
-    /// Keyed on the forward key as this NF saw it (client → VIP:port).
-    flows: HashMap<FlowKey, LbFlow>,
-    /// Reply key (backend → client) → forward key; derived from `flows`, never
+    /// `conntrack` keyed on the forward key as this NF saw it (client → VIP:port).
+    state: StateTables,
+    /// Reply key (backend → client) → forward key; derived from `conntrack`, never
     /// snapshotted.
     replies: HashMap<FlowKey, FlowKey>,
+    /// Forward key → its reply key, so a flow the platform's timer removed leaves the
+    /// index without its row.
+    reply_of: HashMap<FlowKey, FlowKey>,
     /// The other forward keys of reply keys two or more flows share (one client port
     /// reaching two VIPs with a common backend), so that when `replies`' owner goes the
     /// next one takes over, as a replica rebuilt from a snapshot would resolve it.
@@ -335,13 +358,41 @@ fn compile(cfg: &LbConfig) -> Result<HashMap<ServiceKey, Service>, NfError> {
 impl LoadBalancer {
     pub fn new(cfg: LbConfig) -> Result<Self, NfError> {
         let services = compile(&cfg)?;
+        let mut state = StateTables::create(&Self::specs())?;
+        state.load(SERVICES, &CONFIG, &config_text(&cfg)?)?;
         Ok(LoadBalancer {
             cfg,
             services,
-            flows: HashMap::new(),
+            state,
             replies: HashMap::new(),
+            reply_of: HashMap::new(),
             shared_replies: HashMap::new(),
         })
+    }
+
+    fn specs() -> Vec<TableSpec> {
+        vec![
+            TableSpec::shared_read(SERVICES),
+            TableSpec::per_flow(CONNTRACK),
+        ]
+    }
+
+    /// A flow's row and timer.
+    fn flow(&self, key: &FlowKey) -> Option<LbFlow> {
+        let row: FlowRow = self.state.get_flow(CONNTRACK, key).ok()??;
+        Some(LbFlow {
+            backend: row.backend,
+            deadline_ms: self.state.timer(CONNTRACK, key).ok()?.unwrap_or(u64::MAX),
+            closing: row.closing,
+        })
+    }
+
+    /// Every flow, in key order.
+    fn flows(&self) -> Vec<(FlowKey, LbFlow)> {
+        let rows = self.state.flows::<FlowRow>(CONNTRACK).unwrap_or_default();
+        rows.into_iter()
+            .filter_map(|(k, _)| Some((k, self.flow(&k)?)))
+            .collect()
     }
 
     pub fn config(&self) -> &LbConfig {
@@ -355,6 +406,7 @@ impl LoadBalancer {
     /// configuration changes nothing.
     pub fn update(&mut self, cfg: LbConfig) -> Result<Vec<FlowKey>, NfError> {
         let services = compile(&cfg)?;
+        self.state.load(SERVICES, &CONFIG, &config_text(&cfg)?)?;
         self.cfg = cfg;
         self.services = services;
         let dropped = self.prune();
@@ -375,12 +427,12 @@ impl LoadBalancer {
 
     /// The backend a known flow is pinned to.
     pub fn flow_backend(&self, key: &FlowKey) -> Option<BackendId> {
-        self.flows.get(key).map(|f| f.backend)
+        self.flow(key).map(|f| f.backend)
     }
 
     /// Number of flows with state.
     pub fn flow_count(&self) -> usize {
-        self.flows.len()
+        self.state.len(CONNTRACK).unwrap_or(0)
     }
 
     fn service_of(&self, key: &FlowKey) -> Option<&Service> {
@@ -410,14 +462,24 @@ impl LoadBalancer {
             .reversed()
     }
 
-    fn insert(&mut self, key: FlowKey, flow: LbFlow) {
-        if let Some(old) = self.flows.insert(key, flow) {
-            self.unindex(&key, &old.backend);
-        }
+    fn insert(&mut self, key: FlowKey, flow: LbFlow) -> Result<(), NfError> {
+        let row = FlowRow {
+            backend: flow.backend,
+            closing: flow.closing,
+        };
+        self.state.put_flow(CONNTRACK, &key, &row)?;
+        self.state.set_timer(CONNTRACK, &key, flow.deadline_ms)?;
+        self.unindex(&key);
+        self.index(key, &flow.backend);
+        Ok(())
+    }
+
+    fn index(&mut self, key: FlowKey, backend: &BackendId) {
         // Two flows share a reply key only when one client port reaches two VIPs that
         // share a backend; PP's reverse rules collide then too. Keep the smaller forward
         // key so every replica, and a restored one, resolves it alike.
-        let rk = Self::reply_key(&key, &flow.backend);
+        let rk = Self::reply_key(&key, backend);
+        self.reply_of.insert(key, rk);
         let slot = self.replies.entry(rk).or_insert(key);
         if *slot == key {
             return;
@@ -434,8 +496,10 @@ impl LoadBalancer {
         }
     }
 
-    fn unindex(&mut self, key: &FlowKey, backend: &BackendId) {
-        let rk = Self::reply_key(key, backend);
+    fn unindex(&mut self, key: &FlowKey) {
+        let Some(rk) = self.reply_of.remove(key) else {
+            return;
+        };
         if self.replies.get(&rk) == Some(key) {
             // The next smallest sharer (if any) owns the reply key now.
             match self.shared_replies.get_mut(&rk) {
@@ -458,21 +522,29 @@ impl LoadBalancer {
         }
     }
 
-    fn remove(&mut self, key: &FlowKey) -> Option<LbFlow> {
-        let f = self.flows.remove(key)?;
-        self.unindex(key, &f.backend);
-        Some(f)
+    fn remove(&mut self, key: &FlowKey) {
+        if self.state.delete_flow(CONNTRACK, key) == Ok(true) {
+            self.unindex(key);
+        }
     }
 
     /// Give a known flow its full timeout again from `now_ms`; answers the timeout.
-    fn rearm(&mut self, key: FlowKey, f: LbFlow, now_ms: u64) -> Duration {
+    fn rearm(&mut self, key: FlowKey, f: LbFlow, now_ms: u64) -> Result<Duration, NfError> {
         let t = self.timeout(&key, f.closing);
-        let flow = LbFlow {
-            deadline_ms: now_ms.saturating_add(t.as_millis() as u64),
-            ..f
-        };
-        self.insert(key, flow);
-        t
+        let deadline = now_ms.saturating_add(t.as_millis() as u64);
+        self.state.set_timer(CONNTRACK, &key, deadline)?;
+        Ok(t)
+    }
+
+    /// Rebuild the reply index from `conntrack`, in key order, so the smaller forward
+    /// key owns a shared reply key as it did when the flows came one by one.
+    fn reindex(&mut self) {
+        self.replies.clear();
+        self.reply_of.clear();
+        self.shared_replies.clear();
+        for (k, f) in self.flows() {
+            self.index(k, &f.backend);
+        }
     }
 
     /// Forget flows whose backend may no longer keep them; sorted keys.
@@ -483,13 +555,10 @@ impl LoadBalancer {
     /// Remove the flows `doomed` picks; their keys, sorted so every replica removes (and
     /// reports) them in the same order.
     fn remove_where(&mut self, doomed: impl Fn(&Self, &FlowKey, &LbFlow) -> bool) -> Vec<FlowKey> {
-        let mut gone: Vec<FlowKey> = self
-            .flows
-            .iter()
+        let gone: Vec<FlowKey> = (self.flows().into_iter())
             .filter(|(k, f)| doomed(self, k, f))
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k)
             .collect();
-        sort_keys(&mut gone);
         for k in &gone {
             self.remove(k);
         }
@@ -504,26 +573,6 @@ impl LoadBalancer {
             ..Decision::pass()
         }
     }
-
-    fn to_snapshot(&self, keep: impl Fn(&FlowKey) -> bool) -> LbSnapshot {
-        let mut flows: Vec<FlowSnap> = self
-            .flows
-            .iter()
-            .filter(|(k, _)| keep(k))
-            .map(|(k, f)| FlowSnap {
-                key: HexKey(*k),
-                backend: f.backend,
-                deadline_ms: f.deadline_ms,
-                closing: f.closing,
-            })
-            .collect();
-        flows.sort_by_key(|f| *f.key.0.as_bytes());
-        LbSnapshot {
-            version: SNAPSHOT_VERSION,
-            config: self.cfg.clone(),
-            flows,
-        }
-    }
 }
 
 impl NetworkFunction for LoadBalancer {
@@ -532,27 +581,40 @@ impl NetworkFunction for LoadBalancer {
     }
 
     fn tables(&self) -> Vec<TableSpec> {
-        vec![
-            TableSpec::shared_read("services"),
-            TableSpec::per_flow("conntrack"),
-        ]
+        Self::specs()
+    }
+
+    fn state(&self) -> Option<&StateTables> {
+        Some(&self.state)
+    }
+
+    fn state_mut(&mut self) -> Option<&mut StateTables> {
+        Some(&mut self.state)
+    }
+
+    /// The platform moved rows (split, merge): the index follows, and flows a merged part
+    /// pinned to backends our configuration has down or gone are re-balanced, as
+    /// `update` would.
+    fn tables_changed(&mut self) {
+        self.reindex();
+        self.prune();
     }
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
         let key = pkt.key;
         // A known flow keeps its backend, whatever the table says now.
-        if let Some(f) = self.flows.get(&key).copied() {
+        if let Some(f) = self.flow(&key) {
             if let Some(svc) = self.service_of(&key) {
                 let (vip, port) = (svc.vip, svc.port);
-                let t = self.rearm(key, f, env.now_ms);
+                let t = self.rearm(key, f, env.now_ms)?;
                 return Ok(Self::forward_decision(vip, port, &f.backend, t));
             }
         }
         // The reply direction of a known flow: the mirror image of its rewrites.
         if let Some(fwd) = self.replies.get(&key).copied() {
-            if let (Some(f), Some(svc)) = (self.flows.get(&fwd).copied(), self.service_of(&fwd)) {
+            if let (Some(f), Some(svc)) = (self.flow(&fwd), self.service_of(&fwd)) {
                 let (vip, port) = (svc.vip, svc.port);
-                let t = self.rearm(fwd, f, env.now_ms);
+                let t = self.rearm(fwd, f, env.now_ms)?;
                 return Ok(Decision {
                     forward: Rewrite::src(vip, port),
                     reverse: Rewrite::dst(f.backend.addr, f.backend.port),
@@ -595,39 +657,34 @@ impl NetworkFunction for LoadBalancer {
                 deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
                 closing: false,
             },
-        );
+        )?;
         debug!(%key, %backend, "lb: new flow");
         Ok(Self::forward_decision(vip, port, &backend, t))
     }
 
     fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
         match ev {
-            FlowEvent::TcpClosing { key } => {
-                let fwd = if self.flows.contains_key(key) {
-                    *key
-                } else if let Some(f) = self.replies.get(key) {
-                    *f
-                } else {
+            FlowEvent::TcpClosing { key } | FlowEvent::Active { key } => {
+                let closing = matches!(ev, FlowEvent::TcpClosing { .. });
+                let Some((fwd, f)) = (self.flow(key).map(|f| (*key, f))).or_else(|| {
+                    self.replies
+                        .get(key)
+                        .and_then(|k| Some((*k, self.flow(k)?)))
+                }) else {
                     return;
                 };
-                let t = self.timeout(&fwd, true);
-                if let Some(f) = self.flows.get_mut(&fwd) {
-                    f.closing = true;
-                    f.deadline_ms = env.now_ms.saturating_add(t.as_millis() as u64);
-                }
-            }
-            FlowEvent::Active { key } => {
-                let fwd = if self.flows.contains_key(key) {
-                    *key
-                } else if let Some(f) = self.replies.get(key) {
-                    *f
-                } else {
-                    return;
+                let f = LbFlow {
+                    closing: f.closing || closing,
+                    deadline_ms: 0,
+                    ..f
                 };
-                let closing = self.flows.get(&fwd).is_some_and(|f| f.closing);
-                let t = self.timeout(&fwd, closing);
-                if let Some(f) = self.flows.get_mut(&fwd) {
-                    f.deadline_ms = env.now_ms.saturating_add(t.as_millis() as u64);
+                let t = self.timeout(&fwd, f.closing);
+                let f = LbFlow {
+                    deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
+                    ..f
+                };
+                if let Err(e) = self.insert(fwd, f) {
+                    warn!(%fwd, error = %e, "lb: conntrack refused an update");
                 }
             }
             // PP forgetting one direction's rule does not end the flow (the other
@@ -639,74 +696,79 @@ impl NetworkFunction for LoadBalancer {
         }
     }
 
+    /// The platform's timer forgets flows past their deadline; the index follows.
     fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
-        let now = env.now_ms;
-        self.remove_where(|_, _, f| f.deadline_ms <= now)
+        let gone = self.state.expire(env.now_ms);
+        gone.iter().for_each(|k| self.unindex(k));
+        gone
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        serde_json::to_vec(&self.to_snapshot(|_| true))
-            .map_err(|e| NfError::Snapshot(format!("lb: {e}")))
-    }
-
+    /// The platform's restore (or a version-1 JSON snapshot of an older build), then
+    /// the services compiled from the snapshot's configuration; a snapshot that fails
+    /// either changes nothing.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
-        let snap = LbSnapshot::parse(snapshot)?;
-        let services = compile(&snap.config)
+        let next = Self::tables_from(snapshot)?;
+        let cfg: String = (next.get(SERVICES, &CONFIG))
+            .map_err(|e| NfError::Snapshot(format!("lb: {e}")))?
+            .ok_or_else(|| NfError::Snapshot("lb: the snapshot has no configuration".into()))?;
+        let cfg: LbConfig =
+            serde_json::from_str(&cfg).map_err(|e| NfError::Snapshot(format!("lb: {e}")))?;
+        let services = compile(&cfg)
             .map_err(|e| NfError::Snapshot(format!("lb: configuration in snapshot: {e}")))?;
-        self.cfg = snap.config;
-        self.services = services;
-        self.flows.clear();
-        self.replies.clear();
-        self.shared_replies.clear();
-        for f in snap.flows {
-            self.insert(f.key.0, f.flow());
-        }
-        // A snapshot is consistent by construction; this only guards hand-made ones.
-        self.prune();
+        (self.cfg, self.services, self.state) = (cfg, services, next);
+        self.tables_changed();
         Ok(())
     }
 
-    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        // Services and tables are shared-read: the new owner gets a full copy (inside the
-        // snapshot's configuration). Flows move by their key's hash.
-        let snap = self.to_snapshot(|k| half.moves(k));
-        let out = serde_json::to_vec(&snap).map_err(|e| NfError::Snapshot(format!("lb: {e}")))?;
-        for f in &snap.flows {
-            self.remove(&f.key.0);
-        }
-        Ok(out)
+    /// The platform's decoder, which also takes a version-1 JSON part of an older build.
+    fn merge_decoder(&self) -> nf::MergeDecoder {
+        let ours = self.state.merge_decoder();
+        std::sync::Arc::new(move |b: &[u8]| match b.first() {
+            Some(b'{') => ours(&Self::tables_from(b)?.snapshot()?),
+            _ => ours(b),
+        })
     }
 
+    /// The platform's merge, or a version-1 JSON part of an older build merged the same
+    /// way (its configuration is ignored: ours stays).
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let snap = LbSnapshot::parse(part)?;
-        if snap.config != self.cfg {
-            // Both sides are updated by the orchestrator; ours is the one this partition
-            // serves with, so it stays. Flows the merged part pinned to backends that our
-            // configuration has down or gone are re-balanced, as `update` would.
-            warn!("lb: merged part carries a different configuration; keeping ours");
+        if part.first() == Some(&b'{') {
+            let legacy = Self::tables_from(part)?.snapshot()?;
+            let mut next = self.state.clone();
+            next.merge(&legacy)?;
+            self.state = next;
+        } else {
+            self.state.merge(part)?;
         }
-        for f in snap.flows {
-            let key = f.key.0;
-            let flow = f.flow();
-            // Parts are disjoint by key; should one overlap, the later deadline wins, a
-            // choice every replica makes alike.
-            match self.flows.get(&key) {
-                Some(cur) if cur.deadline_ms >= flow.deadline_ms => {}
-                _ => self.insert(key, flow),
-            }
-        }
-        self.prune();
+        self.tables_changed();
         Ok(())
-    }
-
-    fn flow_hashes(&self) -> Option<Vec<u64>> {
-        Some(self.flows.keys().map(FlowKey::hash).collect())
     }
 }
 
-/// Sort keys by their canonical bytes, so every replica reports them in the same order.
-pub(crate) fn sort_keys(keys: &mut [FlowKey]) {
-    keys.sort_unstable_by_key(|k| *k.as_bytes());
+impl LoadBalancer {
+    /// Platform tables from a snapshot: ours, or a version-1 JSON one.
+    fn tables_from(b: &[u8]) -> Result<StateTables, NfError> {
+        let mut next = StateTables::create(&Self::specs())?;
+        if b.first() != Some(&b'{') {
+            next.restore(b)?;
+            return Ok(next);
+        }
+        let snap = LbSnapshot::parse(b)?;
+        next.load(SERVICES, &CONFIG, &config_text(&snap.config)?)?;
+        for f in snap.flows {
+            let row = FlowRow {
+                backend: f.backend,
+                closing: f.closing,
+            };
+            next.put_flow(CONNTRACK, &f.key.0, &row)?;
+            next.set_timer(CONNTRACK, &f.key.0, f.deadline_ms)?;
+        }
+        Ok(next)
+    }
+}
+
+fn config_text(cfg: &LbConfig) -> Result<String, NfError> {
+    serde_json::to_string(cfg).map_err(|e| NfError::Config(format!("lb: {e}")))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -738,16 +800,6 @@ struct FlowSnap {
     backend: BackendId,
     deadline_ms: u64,
     closing: bool,
-}
-
-impl FlowSnap {
-    fn flow(&self) -> LbFlow {
-        LbFlow {
-            backend: self.backend,
-            deadline_ms: self.deadline_ms,
-            closing: self.closing,
-        }
-    }
 }
 
 /// A `FlowKey` in snapshots: its 40 canonical bytes (as hex in JSON), so it round-trips

@@ -617,3 +617,52 @@ fn placement_is_pinned_across_releases() {
 
 /// Last octet of the backend (198.19.1.1–5) of flows 0..24 under `config(5)`, seed 17.
 const GOLDEN_PLACEMENT: &str = "252413121321443512522132";
+
+/// A version-1 JSON snapshot, as builds before the platform tables wrote it, of flows
+/// pinned by `lb`.
+fn legacy_snapshot(lb: &LoadBalancer, keys: &[FlowKey], deadline_ms: u64) -> Vec<u8> {
+    let hex = |k: &FlowKey| {
+        k.as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let flows: Vec<serde_json::Value> = keys
+        .iter()
+        .map(|k| {
+            let b = lb.flow_backend(k).expect("pinned");
+            serde_json::json!({"key": hex(k), "backend": b, "deadline_ms": deadline_ms, "closing": false})
+        })
+        .collect();
+    let snap = serde_json::json!({"version": 1, "config": lb.config(), "flows": flows});
+    serde_json::to_vec(&snap).expect("json")
+}
+
+#[test]
+fn state_from_an_older_build_is_taken_in_by_restore_merge_and_the_prepared_merge() {
+    let mut old = LoadBalancer::new(config(5)).unwrap();
+    let keys: Vec<FlowKey> = (0..50).map(flow).collect();
+    for k in &keys {
+        decide(&mut old, *k);
+    }
+    let legacy = legacy_snapshot(&old, &keys, 900_000);
+    let mut restored = LoadBalancer::new(config(2)).unwrap();
+    restored.restore(&legacy).unwrap();
+    assert_eq!(restored.config(), old.config());
+    let mut merged = LoadBalancer::new(config(5)).unwrap();
+    merged.merge(&legacy).unwrap();
+    let mut prepared = LoadBalancer::new(config(5)).unwrap();
+    let part = prepared.merge_decoder()(&legacy).unwrap();
+    prepared.check_prepared(&part).unwrap();
+    prepared.merge_prepared(part).unwrap();
+    for lb in [&restored, &merged, &prepared] {
+        assert_eq!(lb.flow_count(), 50);
+        for k in &keys {
+            assert_eq!(lb.flow_backend(k), old.flow_backend(k));
+        }
+    }
+    assert_eq!(merged.snapshot().unwrap(), prepared.snapshot().unwrap());
+    // The deadlines came along: the platform's timer forgets them all at once.
+    assert_eq!(merged.on_timer(&mut env(900_000)).len(), 50);
+    assert_eq!(merged.flow_count(), 0);
+}
