@@ -33,7 +33,14 @@
 //! group's op log (every replica runs the same ops), and must serialise byte-identically
 //! across replicas; ordered maps and postcard give that directly.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+// hashbrown with its default hasher (foldhash) rather than SipHash, as the NFs' own maps
+// were: per-flow rows are probed for every first packet, at every replica.
+use hashbrown::hash_map::Entry;
+use hashbrown::HashMap;
+use smallvec::SmallVec;
 
 use pipeline::FlowKey;
 use serde::de::DeserializeOwned;
@@ -111,19 +118,61 @@ impl Kind {
     }
 }
 
+/// A row's value in postcard form. Inline up to 16 bytes, which holds a conntrack
+/// entry or a backend: a row then costs no allocation and its read no pointer chase,
+/// and a per-flow table stays close to the size of the NFs' own maps it replaced.
+type Value = SmallVec<[u8; 16]>;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "WireRow", into = "WireRow")]
 struct Row {
-    value: Vec<u8>,
+    value: Value,
     /// Serpens `timer(table, key, timeout)`: the row is removed at this time (per-flow).
     deadline_ms: Option<u64>,
     /// The group a per-flow row counts in ([`StateTables::put_flow_in`]).
+    group: Option<Box<[u8]>>,
+    /// When the row's live entry in the timer queue fires (at or before `deadline_ms`);
+    /// an index detail, not carried in snapshots, rebuilt on restore and merge.
+    scheduled: Option<u64>,
+}
+
+/// A row as snapshots and parts carry it.
+#[derive(Serialize, Deserialize)]
+struct WireRow {
+    value: Vec<u8>,
+    deadline_ms: Option<u64>,
     group: Option<Vec<u8>>,
+}
+
+impl From<WireRow> for Row {
+    fn from(w: WireRow) -> Row {
+        Row {
+            value: Value::from_slice(&w.value),
+            deadline_ms: w.deadline_ms,
+            group: w.group.map(Vec::into_boxed_slice),
+            scheduled: None,
+        }
+    }
+}
+
+impl From<Row> for WireRow {
+    fn from(r: Row) -> WireRow {
+        WireRow {
+            value: r.value.to_vec(),
+            deadline_ms: r.deadline_ms,
+            group: r.group.map(Vec::from),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
 struct Table {
     kind: Option<Kind>,
-    /// Per-flow (keys are a flow's 40 canonical bytes), partitioned and read tables.
+    /// Per-flow tables. A hash map, as the NFs' own conntrack maps were: it is probed
+    /// for every first packet at every replica. Nothing iterates it where order could
+    /// reach a decision or a snapshot's bytes; those paths sort.
+    flows: HashMap<FlowKey, Row>,
+    /// Partitioned and read tables.
     rows: BTreeMap<Vec<u8>, Row>,
     /// Replicated tables: the folded counters and the untethered deltas not folded yet.
     folded: BTreeMap<Vec<u8>, Vec<u64>>,
@@ -136,8 +185,13 @@ struct Table {
     spill: Option<Vec<u8>>,
     /// Per-flow rows per group, kept with every insert, removal and move.
     groups: BTreeMap<Vec<u8>, usize>,
-    /// Rows with a timer, by deadline: the timer pops the due ones without a scan.
-    timers: BTreeSet<(u64, Vec<u8>)>,
+    /// The per-flow timer queue, lazy: a row has one live entry, at or before its
+    /// deadline. Moving a deadline later (the common case: activity, a handshake done)
+    /// only changes the row; the entry, when it fires, re-queues itself at the real
+    /// deadline. Moving it earlier queues a new entry and orphans the old one; entries
+    /// of removed rows are orphans too, dropped when they fire. So the timer pops due
+    /// rows without a scan, and a refresh costs no queue operation.
+    timers: TimerQueue,
 }
 
 impl Table {
@@ -148,6 +202,7 @@ impl Table {
     fn len(&self) -> usize {
         match self.kind() {
             Kind::Replicated => self.counter_keys,
+            Kind::PerFlow => self.flows.len(),
             _ => self.rows.len(),
         }
     }
@@ -155,68 +210,92 @@ impl Table {
     fn has_room(&self, key: &[u8]) -> bool {
         let exists = match self.kind() {
             Kind::Replicated => self.folded.contains_key(key) || self.pending.contains_key(key),
+            Kind::PerFlow => flow_of(key).is_some_and(|f| self.flows.contains_key(&f)),
             _ => self.rows.contains_key(key),
         };
         exists || self.max_rows.is_none_or(|m| self.len() < m)
     }
 
-    fn count(&mut self, group: Option<&Vec<u8>>, up: bool) {
-        let Some(g) = group else { return };
-        if up {
-            *self.groups.entry(g.clone()).or_default() += 1;
-        } else if let Some(n) = self.groups.get_mut(g) {
-            *n -= 1;
-            if *n == 0 {
-                self.groups.remove(g);
-            }
+    fn count(&mut self, group: Option<&[u8]>, up: bool) {
+        count_in(&mut self.groups, group, up);
+    }
+
+    /// Insert or replace a row; a replaced row's queue entry stays live if it fires no
+    /// later than the new deadline.
+    fn insert_flow(&mut self, f: FlowKey, mut row: Row) {
+        self.count(row.group.as_deref(), true);
+        let old = self.flows.get(&f).and_then(|r| r.scheduled);
+        row.scheduled = None;
+        if let Some(d) = row.deadline_ms {
+            row.scheduled = Some(self.schedule(&f, old, d));
+        }
+        if let Some(old) = self.flows.insert(f, row) {
+            self.count(old.group.as_deref(), false);
         }
     }
 
-    fn insert_row(&mut self, k: Vec<u8>, row: Row) {
-        self.count(row.group.as_ref(), true);
-        if let Some(d) = row.deadline_ms {
-            self.timers.insert((d, k.clone()));
-        }
-        if let Some(old) = self.rows.insert(k.clone(), row) {
-            self.count(old.group.as_ref(), false);
-            let now = self.rows.get(&k).and_then(|r| r.deadline_ms);
-            if let Some(d) = old.deadline_ms.filter(|d| Some(*d) != now) {
-                self.timers.remove(&(d, k));
-            }
-        }
+    fn schedule(&mut self, f: &FlowKey, scheduled: Option<u64>, deadline_ms: u64) -> u64 {
+        schedule_in(&mut self.timers, f, scheduled, deadline_ms)
     }
 
-    fn remove_row(&mut self, k: &[u8]) -> Option<Row> {
-        let row = self.rows.remove(k)?;
-        self.count(row.group.as_ref(), false);
-        if let Some(d) = row.deadline_ms {
-            self.timers.remove(&(d, k.to_vec()));
-        }
+    fn remove_flow(&mut self, f: &FlowKey) -> Option<Row> {
+        let row = self.flows.remove(f)?;
+        self.count(row.group.as_deref(), false);
         Some(row)
     }
 
     /// A present row's timer; false if there is no such row.
-    fn set_timer(&mut self, k: &[u8], deadline_ms: u64) -> bool {
-        let Some(row) = self.rows.get_mut(k) else {
+    fn set_timer(&mut self, f: &FlowKey, deadline_ms: u64) -> bool {
+        let Some(scheduled) = self.flows.get(f).map(|r| r.scheduled) else {
             return false;
         };
-        if let Some(d) = row.deadline_ms.replace(deadline_ms) {
-            self.timers.remove(&(d, k.to_vec()));
+        let at = self.schedule(f, scheduled, deadline_ms);
+        if let Some(row) = self.flows.get_mut(f) {
+            row.deadline_ms = Some(deadline_ms);
+            row.scheduled = Some(at);
         }
-        self.timers.insert((deadline_ms, k.to_vec()));
         true
     }
 
-    /// Rebuild the group counts and the timer index from the rows.
-    fn recount(&mut self) {
-        let mut groups = BTreeMap::new();
-        for g in self.rows.values().filter_map(|r| r.group.as_ref()) {
-            *groups.entry(g.clone()).or_default() += 1;
+    /// Pop the queue up to `now_ms`: remove the rows whose deadline passed, re-queue
+    /// those whose deadline moved later, drop orphaned entries.
+    fn expire(&mut self, now_ms: u64, gone: &mut Vec<FlowKey>) {
+        while let Some(Reverse((at, k))) = self.timers.peek().copied() {
+            if at > now_ms {
+                break;
+            }
+            self.timers.pop();
+            let f = FlowKey::from_bytes(k);
+            let Some(row) = self.flows.get(&f).filter(|r| r.scheduled == Some(at)) else {
+                continue;
+            };
+            match row.deadline_ms {
+                Some(d) if d <= now_ms => {
+                    self.remove_flow(&f);
+                    gone.push(f);
+                }
+                Some(d) => {
+                    self.timers.push(Reverse((d, k)));
+                    if let Some(row) = self.flows.get_mut(&f) {
+                        row.scheduled = Some(d);
+                    }
+                }
+                None => {
+                    if let Some(row) = self.flows.get_mut(&f) {
+                        row.scheduled = None;
+                    }
+                }
+            }
         }
-        self.groups = groups;
-        self.timers = (self.rows.iter())
-            .filter_map(|(k, r)| Some((r.deadline_ms?, k.clone())))
+    }
+
+    /// Per-flow rows in key order, as snapshots and parts carry them.
+    fn sorted_flows(&self) -> Vec<(Vec<u8>, Row)> {
+        let mut out: Vec<(Vec<u8>, Row)> = (self.flows.iter())
+            .map(|(k, r)| (k.as_bytes().to_vec(), r.clone()))
             .collect();
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     fn fold(&mut self, now_ms: u64) {
@@ -233,6 +312,37 @@ impl Table {
             add_lanes(all.entry(k.clone()).or_default(), d);
         }
         all
+    }
+}
+
+fn count_in(groups: &mut BTreeMap<Vec<u8>, usize>, group: Option<&[u8]>, up: bool) {
+    let Some(g) = group else { return };
+    if up {
+        *groups.entry(g.to_vec()).or_default() += 1;
+    } else if let Some(n) = groups.get_mut(g) {
+        *n -= 1;
+        if *n == 0 {
+            groups.remove(g);
+        }
+    }
+}
+
+type TimerQueue = BinaryHeap<Reverse<(u64, [u8; FlowKey::LEN])>>;
+
+/// The queue time of a row whose entry fires at `scheduled` (if any) and whose deadline
+/// is now `deadline_ms`: the old entry if it fires no later, else a new one.
+fn schedule_in(
+    timers: &mut TimerQueue,
+    f: &FlowKey,
+    scheduled: Option<u64>,
+    deadline_ms: u64,
+) -> u64 {
+    match scheduled {
+        Some(at) if at <= deadline_ms => at,
+        _ => {
+            timers.push(Reverse((deadline_ms, *f.as_bytes())));
+            deadline_ms
+        }
     }
 }
 
@@ -271,6 +381,13 @@ struct WireTable {
     counters: Vec<(Vec<u8>, Vec<u64>)>,
     /// A counter table's lanes (0 until its first add), so an empty part keeps them.
     lanes: usize,
+}
+
+fn enc_value<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Value, StateError> {
+    postcard::to_extend(v, Value::new()).map_err(|e| StateError::Value {
+        table: table.into(),
+        err: e.to_string(),
+    })
 }
 
 fn enc<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Vec<u8>, StateError> {
@@ -412,9 +529,18 @@ impl StateTables {
         flow: &FlowKey,
     ) -> Result<Option<V>, StateError> {
         let t = self.kinded(table, "get_flow", &[Kind::PerFlow])?;
-        t.rows
-            .get(flow.as_bytes().as_slice())
-            .map(|r| dec(table, &r.value))
+        t.flows.get(flow).map(|r| dec(table, &r.value)).transpose()
+    }
+
+    /// [`StateTables::get_flow`] and [`StateTables::timer`] in one lookup.
+    pub fn get_flow_timed<V: DeserializeOwned>(
+        &self,
+        table: &str,
+        flow: &FlowKey,
+    ) -> Result<Option<(V, Option<u64>)>, StateError> {
+        let t = self.kinded(table, "get_flow_timed", &[Kind::PerFlow])?;
+        (t.flows.get(flow))
+            .map(|r| Ok((dec(table, &r.value)?, r.deadline_ms)))
             .transpose()
     }
 
@@ -425,8 +551,21 @@ impl StateTables {
         flow: &FlowKey,
         value: &V,
     ) -> Result<(), StateError> {
-        let (k, value) = (flow.as_bytes().to_vec(), enc(table, value)?);
-        self.put_row(table, "put_flow", &[Kind::PerFlow], k, value, None)
+        let value = enc_value(table, value)?;
+        self.put_flow_row(table, "put_flow", flow, value, None, None)
+    }
+
+    /// [`StateTables::put_flow`] and [`StateTables::set_timer`] in one lookup.
+    pub fn put_flow_timed<V: Serialize>(
+        &mut self,
+        table: &str,
+        flow: &FlowKey,
+        value: &V,
+        deadline_ms: u64,
+    ) -> Result<(), StateError> {
+        let value = enc_value(table, value)?;
+        let d = Some(deadline_ms);
+        self.put_flow_row(table, "put_flow_timed", flow, value, None, d)
     }
 
     /// [`StateTables::put_flow`], the row counting in `group` (a host, a tenant), which
@@ -439,9 +578,67 @@ impl StateTables {
         group: &G,
         value: &V,
     ) -> Result<(), StateError> {
-        let (k, value) = (flow.as_bytes().to_vec(), enc(table, value)?);
-        let g = Some(enc(table, group)?);
-        self.put_row(table, "put_flow_in", &[Kind::PerFlow], k, value, g)
+        let (value, g) = (enc_value(table, value)?, Some(enc(table, group)?.into()));
+        self.put_flow_row(table, "put_flow_in", flow, value, g, None)
+    }
+
+    fn put_flow_row(
+        &mut self,
+        table: &str,
+        op: &'static str,
+        flow: &FlowKey,
+        value: Value,
+        group: Option<Box<[u8]>>,
+        deadline: Option<u64>,
+    ) -> Result<(), StateError> {
+        let t = self.table_mut(table)?;
+        if t.kind() == Kind::Replicated {
+            return Err(StateError::SingleWriterWrite {
+                table: table.into(),
+            });
+        }
+        check_kind(table, t.kind(), op, &[Kind::PerFlow])?;
+        let room = t.max_rows.is_none_or(|m| t.flows.len() < m);
+        // One probe: this runs for every first packet, at every replica.
+        let Table {
+            flows,
+            timers,
+            groups,
+            max_rows,
+            ..
+        } = t;
+        match flows.entry(*flow) {
+            Entry::Occupied(mut e) => {
+                let r = e.get_mut();
+                if r.group != group {
+                    count_in(groups, r.group.as_deref(), false);
+                    count_in(groups, group.as_deref(), true);
+                    r.group = group;
+                }
+                r.value = value;
+                if let Some(d) = deadline {
+                    r.scheduled = Some(schedule_in(timers, flow, r.scheduled, d));
+                    r.deadline_ms = Some(d);
+                }
+            }
+            Entry::Vacant(_) if !room => {
+                return Err(StateError::Full {
+                    table: table.into(),
+                    max_rows: max_rows.unwrap_or(0),
+                })
+            }
+            Entry::Vacant(e) => {
+                count_in(groups, group.as_deref(), true);
+                let scheduled = deadline.map(|d| schedule_in(timers, flow, None, d));
+                e.insert(Row {
+                    value,
+                    deadline_ms: deadline,
+                    group,
+                    scheduled,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Rows of a per-flow table in `group`.
@@ -453,7 +650,7 @@ impl StateTables {
 
     pub fn delete_flow(&mut self, table: &str, flow: &FlowKey) -> Result<bool, StateError> {
         let t = self.kinded_mut(table, "delete_flow", &[Kind::PerFlow])?;
-        Ok(t.remove_row(flow.as_bytes().as_slice()).is_some())
+        Ok(t.remove_flow(flow).is_some())
     }
 
     /// Serpens `timer(table, key, timeout)`: the platform removes the flow's row at
@@ -465,28 +662,23 @@ impl StateTables {
         deadline_ms: u64,
     ) -> Result<bool, StateError> {
         let t = self.kinded_mut(table, "set_timer", &[Kind::PerFlow])?;
-        Ok(t.set_timer(flow.as_bytes().as_slice(), deadline_ms))
+        Ok(t.set_timer(flow, deadline_ms))
     }
 
     /// A flow's timer ([`StateTables::set_timer`]), if it has a row with one.
     pub fn timer(&self, table: &str, flow: &FlowKey) -> Result<Option<u64>, StateError> {
         let t = self.kinded(table, "timer", &[Kind::PerFlow])?;
-        Ok(t.rows
-            .get(flow.as_bytes().as_slice())
-            .and_then(|r| r.deadline_ms))
+        Ok(t.flows.get(flow).and_then(|r| r.deadline_ms))
     }
 
     /// Every flow with a row, in key order, and its value.
     pub fn flows<V: DeserializeOwned>(&self, table: &str) -> Result<Vec<(FlowKey, V)>, StateError> {
         let t = self.kinded(table, "flows", &[Kind::PerFlow])?;
-        let decode = |(k, r): (&Vec<u8>, &Row)| -> Result<(FlowKey, V), StateError> {
-            let f = flow_of(k).ok_or_else(|| StateError::Value {
-                table: table.into(),
-                err: "a per-flow key is not 40 bytes".into(),
-            })?;
-            Ok((f, dec(table, &r.value)?))
-        };
-        t.rows.iter().map(decode).collect()
+        let mut out = (t.flows.iter())
+            .map(|(k, r)| Ok((*k, dec(table, &r.value)?)))
+            .collect::<Result<Vec<(FlowKey, V)>, StateError>>()?;
+        out.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        Ok(out)
     }
 
     // ---- shared tables, single writer or read ----
@@ -507,8 +699,8 @@ impl StateTables {
         key: &K,
         value: &V,
     ) -> Result<(), StateError> {
-        let (k, v) = (enc(table, key)?, enc(table, value)?);
-        self.put_row(table, "put", &[Kind::Partitioned], k, v, None)
+        let (k, v) = (enc(table, key)?, enc_value(table, value)?);
+        self.put_row(table, "put", &[Kind::Partitioned], k, v)
     }
 
     /// Fill a read-only table (configuration: an ACL, a backend list) at setup.
@@ -518,8 +710,8 @@ impl StateTables {
         key: &K,
         value: &V,
     ) -> Result<(), StateError> {
-        let (k, v) = (enc(table, key)?, enc(table, value)?);
-        self.put_row(table, "load", &[Kind::Read], k, v, None)
+        let (k, v) = (enc(table, key)?, enc_value(table, value)?);
+        self.put_row(table, "load", &[Kind::Read], k, v)
     }
 
     pub fn delete<K: Serialize>(&mut self, table: &str, key: &K) -> Result<bool, StateError> {
@@ -544,8 +736,7 @@ impl StateTables {
         op: &'static str,
         want: &[Kind],
         k: Vec<u8>,
-        value: Vec<u8>,
-        group: Option<Vec<u8>>,
+        value: Value,
     ) -> Result<(), StateError> {
         let t = self.table_mut(table)?;
         match (t.kind(), op) {
@@ -567,13 +758,13 @@ impl StateTables {
                 max_rows: t.max_rows.unwrap_or(0),
             });
         }
-        let deadline_ms = t.rows.get(&k).and_then(|r| r.deadline_ms);
         let row = Row {
             value,
-            deadline_ms,
-            group,
+            deadline_ms: None,
+            group: None,
+            scheduled: None,
         };
-        t.insert_row(k, row);
+        t.rows.insert(k, row);
         Ok(())
     }
 
@@ -691,13 +882,7 @@ impl StateTables {
             if t.kind() != Kind::PerFlow {
                 continue;
             }
-            while let Some((d, k)) = t.timers.first().cloned() {
-                if d > now_ms {
-                    break;
-                }
-                t.remove_row(&k);
-                gone.extend(flow_of(&k));
-            }
+            t.expire(now_ms, &mut gone);
         }
         gone.sort_by_key(|k| *k.as_bytes());
         gone.dedup();
@@ -708,7 +893,7 @@ impl StateTables {
     pub fn flow_hashes(&self) -> Vec<u64> {
         let mut out: Vec<u64> = (self.tables.values())
             .filter(|t| t.kind() == Kind::PerFlow)
-            .flat_map(|t| t.rows.keys().filter_map(|k| flow_of(k)).map(|f| f.hash()))
+            .flat_map(|t| t.flows.keys().map(FlowKey::hash))
             .collect();
         out.sort_unstable();
         out.dedup();
@@ -720,7 +905,11 @@ impl StateTables {
     pub fn snapshot(&self) -> Result<Vec<u8>, NfError> {
         self.encode(|_, t| {
             let counters = t.counters().into_iter().collect();
-            (t.rows.clone().into_iter().collect(), counters)
+            let rows = match t.kind() {
+                Kind::PerFlow => t.sorted_flows(),
+                _ => t.rows.clone().into_iter().collect(),
+            };
+            (rows, counters)
         })
     }
 
@@ -731,6 +920,7 @@ impl StateTables {
         let mut empty = self.clone();
         for t in empty.tables.values_mut() {
             t.rows.clear();
+            t.flows.clear();
             t.folded.clear();
             t.pending.clear();
             t.counter_keys = 0;
@@ -762,13 +952,19 @@ impl StateTables {
             let out = moved.entry(name.clone()).or_default();
             match t.kind() {
                 Kind::PerFlow => {
-                    let go = |k: &Vec<u8>| flow_of(k).is_some_and(|f| half.moves(&f));
-                    let (part, keep): (BTreeMap<_, _>, _) = std::mem::take(&mut t.rows)
+                    let (part, keep): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut t.flows)
                         .into_iter()
-                        .partition(|(k, _)| go(k));
-                    t.rows = keep;
-                    t.recount();
-                    *out = part.into_iter().collect();
+                        .partition(|(k, _)| half.moves(k));
+                    t.flows = keep;
+                    // Their queue entries are orphans now, dropped when they fire.
+                    for r in part.values() {
+                        t.count(r.group.as_deref(), false);
+                    }
+                    let mut part: Vec<(Vec<u8>, Row)> = (part.into_iter())
+                        .map(|(k, r)| (k.as_bytes().to_vec(), r))
+                        .collect();
+                    part.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                    *out = part;
                 }
                 Kind::Partitioned if shared => {
                     let (part, keep): (BTreeMap<_, _>, _) = std::mem::take(&mut t.rows)
@@ -852,7 +1048,11 @@ impl StateTables {
                         wt.name
                     )));
                 }
-                match t.rows.get(k) {
+                let present = match flow_of(k) {
+                    Some(f) if t.kind() == Kind::PerFlow => t.flows.get(&f),
+                    _ => t.rows.get(k),
+                };
+                match present {
                     // Configuration: this part's copy stays (it may be the newer one).
                     Some(_) if t.kind() == Kind::Read => {}
                     // A flow both parts hold (a late event raced the move): the row
@@ -869,7 +1069,7 @@ impl StateTables {
                     None => new_keys += 1,
                 }
             }
-            if t.max_rows.is_some_and(|m| t.rows.len() + new_keys > m) {
+            if t.max_rows.is_some_and(|m| t.len() + new_keys > m) {
                 return Err(full());
             }
             let lanes = if t.lanes == 0 { wt.lanes } else { t.lanes };
@@ -901,12 +1101,16 @@ impl StateTables {
                 continue;
             };
             for (k, row) in wt.rows {
-                match (t.kind(), t.rows.get(&k)) {
-                    (Kind::Read, Some(_)) => {}
-                    (Kind::PerFlow, Some(mine))
-                        if mine.deadline_ms.unwrap_or(u64::MAX)
-                            >= row.deadline_ms.unwrap_or(u64::MAX) => {}
-                    _ => t.insert_row(k, row),
+                match (t.kind(), flow_of(&k)) {
+                    (Kind::PerFlow, Some(f)) => {
+                        let later = |r: &Row| r.deadline_ms.unwrap_or(u64::MAX);
+                        if t.flows.get(&f).is_none_or(|mine| later(mine) < later(&row)) {
+                            t.insert_flow(f, row);
+                        }
+                    }
+                    (Kind::PerFlow, None) => {}
+                    (Kind::Read, _) if t.rows.contains_key(&k) => {}
+                    _ => _ = t.rows.insert(k, row),
                 }
             }
             if t.lanes == 0 {
@@ -1249,6 +1453,36 @@ mod tests {
         assert_eq!(a.snapshot().expect("snapshot"), whole);
         assert_eq!(a.count_group("conns", &0u16), Ok(19));
         assert!(a.count_group("ports", &0u16).is_err());
+    }
+
+    #[test]
+    fn lazy_timers_fire_at_the_latest_deadline_with_one_live_entry_per_row() {
+        let mut s = StateTables::create(&specs()).expect("tables");
+        let queued = |s: &StateTables| s.tables["conns"].timers.len();
+        s.put_flow_timed("conns", &flow(1), &1u8, 100).expect("put");
+        for d in (200..=2000).step_by(100) {
+            s.set_timer("conns", &flow(1), d).expect("timer");
+        }
+        assert_eq!(queued(&s), 1, "moving a deadline later queues nothing");
+        assert!(s.expire(1999).is_empty());
+        assert_eq!(s.expire(2000), vec![flow(1)]);
+        s.put_flow_timed("conns", &flow(2), &1u8, 1000)
+            .expect("put");
+        s.set_timer("conns", &flow(2), 500).expect("earlier");
+        assert!(s.expire(499).is_empty());
+        assert_eq!(s.expire(500), vec![flow(2)]);
+        assert!(
+            s.expire(1000).is_empty(),
+            "the orphaned entry fires nothing"
+        );
+        s.put_flow_timed("conns", &flow(3), &1u8, 3000)
+            .expect("put");
+        s.delete_flow("conns", &flow(3)).expect("delete");
+        s.put_flow_timed("conns", &flow(3), &2u8, 3000)
+            .expect("again");
+        assert_eq!(s.expire(3000), vec![flow(3)]);
+        assert_eq!(s.len("conns"), Ok(0));
+        assert_eq!(queued(&s), 0, "every entry fired or was dropped");
     }
 
     #[test]

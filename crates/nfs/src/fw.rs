@@ -569,11 +569,11 @@ impl Firewall {
     /// The flow a key belongs to: its original key, the key's direction, its state.
     fn find(&self, key: &FlowKey) -> Option<(FlowKey, Dir, Conn)> {
         let at = |k: &FlowKey| -> Option<Conn> {
-            let row: ConnRow = self.state.get_flow(CONNTRACK, k).ok()??;
+            let (row, deadline): (ConnRow, _) = self.state.get_flow_timed(CONNTRACK, k).ok()??;
             Some(Conn {
                 tenant: row.tenant,
                 state: row.state,
-                deadline_ms: self.state.timer(CONNTRACK, k).ok()?.unwrap_or(u64::MAX),
+                deadline_ms: deadline.unwrap_or(u64::MAX),
             })
         };
         if let Some(c) = at(key) {
@@ -617,8 +617,8 @@ impl Firewall {
     ) -> Result<Duration, NfError> {
         let t = self.timeout(state);
         let deadline = now_ms.saturating_add(t.as_millis() as u64);
-        (self.state).put_flow(CONNTRACK, &key, &ConnRow { tenant, state })?;
-        self.state.set_timer(CONNTRACK, &key, deadline)?;
+        let row = ConnRow { tenant, state };
+        self.state.put_flow_timed(CONNTRACK, &key, &row, deadline)?;
         Ok(self.rule_timeout(state))
     }
 

@@ -379,10 +379,10 @@ impl LoadBalancer {
 
     /// A flow's row and timer.
     fn flow(&self, key: &FlowKey) -> Option<LbFlow> {
-        let row: FlowRow = self.state.get_flow(CONNTRACK, key).ok()??;
+        let (row, deadline): (FlowRow, _) = self.state.get_flow_timed(CONNTRACK, key).ok()??;
         Some(LbFlow {
             backend: row.backend,
-            deadline_ms: self.state.timer(CONNTRACK, key).ok()?.unwrap_or(u64::MAX),
+            deadline_ms: deadline.unwrap_or(u64::MAX),
             closing: row.closing,
         })
     }
@@ -467,8 +467,7 @@ impl LoadBalancer {
             backend: flow.backend,
             closing: flow.closing,
         };
-        self.state.put_flow(CONNTRACK, &key, &row)?;
-        self.state.set_timer(CONNTRACK, &key, flow.deadline_ms)?;
+        (self.state).put_flow_timed(CONNTRACK, &key, &row, flow.deadline_ms)?;
         self.unindex(&key);
         self.index(key, &flow.backend);
         Ok(())

@@ -1,0 +1,76 @@
+//! Criterion benchmarks of the built-in NFs' first-packet path, the per-flow work every
+//! SC replica does: a new flow (conntrack miss, ACL or Maglev, a row put with its timer)
+//! and a re-request of a known one, against tables already holding `FLOWS` flows (so
+//! lookups pay the cache misses of a loaded table, not of an empty one).
+//!
+//! `cargo bench -p nfs --bench first_packet`
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use nf::{FirstPacket, NetworkFunction, NfEnv};
+use pipeline::{FlowKey, PacketMeta};
+
+const FLOWS: u32 = 100_000;
+
+fn key(i: u32) -> FlowKey {
+    let (a, b, p) = ((i >> 16) & 255, (i >> 8) & 255, 1024 + (i & 255) * 200);
+    format!("100 udp 198.18.{a}.{b}:{p} > 198.19.0.9:53")
+        .parse()
+        .expect("flow key")
+}
+
+fn nf(kind: &str) -> Box<dyn NetworkFunction> {
+    let cfg = match kind {
+        "fw" => serde_json::json!({"kind": "fw", "tenants": [{"tenant": 1,
+            "default_action": "allow", "rules": [{"action": "deny", "proto": "tcp", "dport": 23}]}]}),
+        _ => serde_json::json!({"kind": "lb", "services": [{"vip": "198.19.0.9", "port": 53,
+            "protocol": "udp", "backends": [{"addr": "198.19.1.7", "port": 5353},
+            {"addr": "198.19.1.8", "port": 5353}]}]}),
+    };
+    nfs::build(&serde_json::from_value(cfg).expect("config")).expect("nf")
+}
+
+fn first(nf: &mut dyn NetworkFunction, k: FlowKey, now_ms: u64) {
+    let p = FirstPacket::new(k, 1, PacketMeta::new(60, 0));
+    let mut env = NfEnv::new(now_ms, now_ms);
+    black_box(nf.first_packet(&p, &mut env).expect("decided"));
+}
+
+fn loaded(kind: &str, keys: &[FlowKey]) -> Box<dyn NetworkFunction> {
+    let mut n = nf(kind);
+    for (i, k) in keys.iter().take(FLOWS as usize).enumerate() {
+        first(n.as_mut(), *k, i as u64);
+    }
+    n
+}
+
+fn bench(c: &mut Criterion) {
+    // Keys made once: parsing a key costs more than the NF's work on it.
+    let keys: Vec<FlowKey> = (0..FLOWS + 1024).map(key).collect();
+    for kind in ["fw", "lb"] {
+        let mut g = c.benchmark_group(kind);
+        // A batch of 1024 new flows into a loaded table, per iteration.
+        g.bench_function("new_flows_x1024", |b| {
+            b.iter_batched_ref(
+                || loaded(kind, &keys),
+                |n| {
+                    for k in &keys[FLOWS as usize..] {
+                        first(n.as_mut(), *k, 1_000_000);
+                    }
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        let mut n = loaded(kind, &keys);
+        let mut i = 0usize;
+        g.bench_function("known_flow", |b| {
+            b.iter(|| {
+                i = (i + 7919) % FLOWS as usize;
+                first(n.as_mut(), keys[i], 2_000_000);
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
