@@ -2181,6 +2181,48 @@ mod tests {
         assert_eq!(c.scale.done, b.scale.done);
     }
 
+    /// Issue 19's bad input: a joiner handed a corrupt snapshot (the FW's platform
+    /// tables cut short) refuses it, stays uninitialized and says so in its next ack;
+    /// its predecessor then sends a fresh snapshot, which brings it in.
+    #[test]
+    fn a_corrupt_snapshot_is_refused_and_the_joiner_rejoins_by_a_fresh_one() {
+        let (_a, mut b, _) = chain_of_two_with(fw_snat_config(7, &["a", "b"], (0, u64::MAX), 0));
+        let mut cfg = fw_snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0);
+        cfg.group.as_mut().unwrap().epoch = 2;
+        cfg.joining = vec!["c".into()];
+        let mut c = ReplicaCore::new("c", cfg.clone(), &TestNfs);
+        c.configure(cfg.clone(), &mut Outbox::default());
+        let mut bo = Outbox::default();
+        b.configure(cfg, &mut bo);
+        let hello = v1::ReplicaHello {
+            group: 7,
+            epoch: 2,
+            from: "b".into(),
+        };
+        let ack = c.predecessor_hello(9, &hello).unwrap();
+        b.successor_ready(9, &ack, &mut bo);
+        let mut snap = bo.snapshot.take().expect("a snapshot for the joiner");
+        let good = snap.state.clone();
+        snap.state.truncate(good.len() - 5);
+        c.on_snapshot(9, snap, &TestNfs, &mut Outbox::default());
+        assert!(!c.initialized, "a corrupt snapshot is refused");
+        assert_eq!(c.stats.snapshots_restored, 0);
+        let ack = c.predecessor_hello(9, &hello).unwrap();
+        assert!(!ack.initialized, "the joiner says it still needs state");
+        b.successor_ready(9, &ack, &mut bo);
+        let snap = bo.snapshot.take().expect("a fresh snapshot");
+        assert_eq!(snap.state, good);
+        c.on_snapshot(9, snap, &TestNfs, &mut Outbox::default());
+        assert!(c.initialized);
+        assert_eq!(c.stats.snapshots_restored, 1);
+        let state = |r: &ReplicaCore| r.chain.as_ref().unwrap().snapshot().unwrap();
+        assert_eq!(
+            state(&c),
+            state(&b),
+            "the joiner holds the predecessor's state"
+        );
+    }
+
     // ------------------------------------------------------------ gradual migration
 
     /// FW (conntrack, outbound only) then SNAT: both keep per-flow state.
