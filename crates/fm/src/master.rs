@@ -1059,7 +1059,6 @@ impl Master {
                     let mut r = proto::error_reply(&f.request, "chain-reconfigured");
                     r.id = w.id;
                     r.worker = w.worker;
-                    let r = self.fabric_route(w.session, ck.0, ck.1, r);
                     self.answer_pp(w.session, r, w.arrived_us);
                 }
             }
@@ -1199,6 +1198,10 @@ impl Master {
         let Some(v1::rule_reply::Result::Rule(rule)) = &reply.result else {
             return reply;
         };
+        // A drop (the firewall's, say) is applied where the flow entered: no route.
+        if !forwards_vxlan(rule) {
+            return reply;
+        }
         let keys: Vec<[u8; 40]> = std::iter::once(rule)
             .chain(reply.also.iter())
             .filter_map(|r| r.key.as_ref())
@@ -1294,6 +1297,7 @@ impl Master {
                     };
                     r.id = w.id;
                     r.worker = w.worker;
+                    let r = self.fabric_route(w.session, ck.0, ck.1, r);
                     self.answer_pp(w.session, r, w.arrived_us);
                 }
             }
@@ -1793,16 +1797,8 @@ impl Master {
 /// A rule turned into the fabric's forwarding entry toward `peer`: the flow's frames are
 /// decapsulated and sent on as they came. The idle timeout stays the rule's.
 fn to_fabric(r: &mut v1::Rule, peer: [u8; 6]) {
-    let decap = r
-        .actions
-        .first()
-        .is_some_and(|a| matches!(a.kind, Some(v1::action::Kind::Decap(_))));
-    let ends_in_output = r
-        .actions
-        .last()
-        .is_some_and(|a| matches!(a.kind, Some(v1::action::Kind::Output(_))));
     // Only a rule that forwards a VXLAN flow is routed; a drop is decided here.
-    if !decap || !ends_in_output {
+    if !forwards_vxlan(r) {
         return;
     }
     r.actions = vec![
@@ -1813,4 +1809,17 @@ fn to_fabric(r: &mut v1::Rule, peer: [u8; 6]) {
             kind: Some(v1::action::Kind::Fabric(peer.to_vec())),
         },
     ];
+}
+
+/// Whether `r` decapsulates a VXLAN flow and sends it on (rather than dropping it).
+fn forwards_vxlan(r: &v1::Rule) -> bool {
+    let decap = r
+        .actions
+        .first()
+        .is_some_and(|a| matches!(a.kind, Some(v1::action::Kind::Decap(_))));
+    let output = r
+        .actions
+        .last()
+        .is_some_and(|a| matches!(a.kind, Some(v1::action::Kind::Output(_))));
+    decap && output
 }
