@@ -101,12 +101,15 @@ fn a_fw_snat_chain_split_over_two_pp_nodes_works_end_to_end_over_the_fabric() {
     let pp0 = pp_line(&p, 0, |l| field(l, "rule:acl-deny").is_some_and(|n| n >= 1));
     let pp1 = pp_line(&p, 1, |l| field(l, "tx").is_some_and(|n| n >= 20));
     println!("pp-0: {pp0}\npp-1: {pp1}");
-    // FM made one route per flow (both directions' keys), all to pp-1, and answered
-    // pp-0 with forwarding entries.
+    // FM made one route per allowed flow (under both directions' keys), all to pp-1;
+    // the denied flow got none. It answered pp-0 with forwarding entries and pp-1 with
+    // the whole rules (lower bounds: a node asks again for a flow whose answer is late).
+    assert_eq!(field(&fm, "fabric_routes"), Some(5), "{fm}");
     assert!(
         field(&fm, "fabric@pp-1").is_some_and(|n| n >= 10),
         "five flows' routes (two keys each) to pp-1: {fm}"
     );
+    assert!(field(&fm, "fabric@pp-0").is_none(), "{fm}");
     assert!(
         field(&fm, "fabric_forwarded").is_some_and(|n| n >= 5),
         "{fm}"
