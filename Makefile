@@ -66,6 +66,7 @@ test: setup
 test-elastic:
 	$(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_elastic -- --ignored --test-threads=1 --nocapture
 	$(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_pp_cluster -- --ignored --test-threads=1 --nocapture
+	$(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_fabric -- --ignored --test-threads=1 --nocapture
 
 # Tenant isolation at the PP node (docs/rate-isolation.md): a SYN flood (hping3) against
 # another tenant's paced connections; #[ignore]d in the workspace run for the same reason

@@ -52,6 +52,9 @@ pub enum EventKind {
     PpNodeDead,
     /// A virtual IP moved between PP nodes.
     VipMoved,
+    /// FM withdrew the fabric routes to a PP node that left, failed or drains; the
+    /// flows get routes to live nodes on their next packet (docs/fabric.md).
+    FabricRoutesWithdrawn,
     /// The autoscaler decided to scale (which target, which sample, which mark).
     AutoscaleDecision,
     /// The water marks said to scale but a bound (min/max) or the projection forbade it.
@@ -79,6 +82,7 @@ impl EventKind {
         EventKind::PpNodeJoined,
         EventKind::PpNodeDead,
         EventKind::VipMoved,
+        EventKind::FabricRoutesWithdrawn,
         EventKind::AutoscaleDecision,
         EventKind::AutoscaleRefused,
         EventKind::AutoscaleFailed,
@@ -102,6 +106,7 @@ impl EventKind {
             EventKind::PpNodeJoined => "pp_node_joined",
             EventKind::PpNodeDead => "pp_node_dead",
             EventKind::VipMoved => "vip_moved",
+            EventKind::FabricRoutesWithdrawn => "fabric_routes_withdrawn",
             EventKind::AutoscaleDecision => "autoscale_decision",
             EventKind::AutoscaleRefused => "autoscale_refused",
             EventKind::AutoscaleFailed => "autoscale_failed",

@@ -19,6 +19,7 @@
 
 pub mod cache;
 pub mod events;
+pub mod fabric;
 pub mod liveness;
 mod master;
 pub mod membership;
@@ -93,6 +94,10 @@ pub struct FmFile {
     /// The PP cluster's vIP group: `[{"ip": "198.18.1.100", "mac": "02:5f:76:00:00:00"}]`.
     #[serde(default)]
     pub vips: Vec<VipFile>,
+    /// Chains split over the PP fabric (docs/fabric.md): `[{"tenant": 1, "chain": 1,
+    /// "nodes": ["pp-1", "pp-2"]}]`, the PP nodes that serve each chain's egress stage.
+    #[serde(default)]
+    pub fabric: Vec<fabric::FabricStage>,
 }
 
 /// One vIP-vMAC pair of [`FmFile::vips`].
@@ -169,6 +174,23 @@ impl FmFile {
             }
             vips.push(vip::VipDef { ip: v.ip, mac });
         }
+        for (i, f) in self.fabric.iter().enumerate() {
+            if f.nodes.is_empty() {
+                return Err(FmError::Config(format!(
+                    "fabric stage of tenant {} chain {}: no PP node",
+                    f.tenant, f.chain
+                )));
+            }
+            if self.fabric[..i]
+                .iter()
+                .any(|g| (g.tenant, g.chain) == (f.tenant, f.chain))
+            {
+                return Err(FmError::Config(format!(
+                    "fabric stage of tenant {} chain {} listed twice",
+                    f.tenant, f.chain
+                )));
+            }
+        }
         Ok(FmConfig {
             fm_id: fm_id.to_string(),
             heartbeat: Duration::from_millis(self.heartbeat_ms),
@@ -181,6 +203,7 @@ impl FmFile {
             chains: self.chains.clone(),
             vips,
             pp_heartbeat: Duration::from_millis(self.pp_heartbeat_ms),
+            fabric: self.fabric.clone(),
             ..FmConfig::default()
         })
     }

@@ -112,6 +112,9 @@ pub struct FmConfig {
     /// mTLS for FM's server and its calls to SC nodes; `None` is plaintext
     /// (`--insecure`, lab use only; docs/security.md).
     pub tls: Option<std::sync::Arc<proto::tls::NodeTls>>,
+    /// Chains split over the PP fabric: the PP nodes serving each one's egress stage
+    /// (docs/fabric.md).
+    pub fabric: Vec<crate::fabric::FabricStage>,
 }
 
 /// How a scale-out moves the flows' state (docs/scaling.md).
@@ -175,6 +178,7 @@ impl Default for FmConfig {
             max_queued: 64 * 1024,
             migration: Migration::default(),
             tls: None,
+            fabric: Vec::new(),
         }
     }
 }
@@ -240,6 +244,8 @@ pub struct FmStats {
     pub counter_events_no_group: u64,
     pub counter_events_queue_full: u64,
     pub cache: CacheStats,
+    /// The fabric's PP↔PP routes (docs/fabric.md).
+    pub fabric: crate::fabric::FabricStats,
 }
 
 /// Flow events queued for SC between two flushes, at most; more are dropped and
@@ -259,6 +265,8 @@ pub struct FmMetrics {
     pub cache_entries: usize,
     /// Requests waiting for an SC answer.
     pub inflight: usize,
+    /// The fabric's routes per serving PP node, ascending by node (docs/fabric.md).
+    pub fabric_routes: Vec<(String, usize)>,
 }
 
 /// How long a new FM waits for PP nodes coming over from another FM to report their
@@ -327,6 +335,8 @@ struct Inflight {
 
 #[derive(Default)]
 struct PpSession {
+    /// The node on the session: whom a fabric route is relative to.
+    node: String,
     out: Vec<v1::RuleReply>,
     /// Arrival time (µs) of the request each `out` reply answers.
     out_arrived: Vec<u64>,
@@ -409,12 +419,15 @@ pub(crate) struct Master {
     held: Vec<(u64, v1::RuleRequest)>,
     /// Adopted groups that reported a scale under way: group → scale id.
     adopted_scales: HashMap<u64, u64>,
+    /// The fabric's PP↔PP routes (paper 000 §5.2).
+    fabric: crate::fabric::FabricTable,
 }
 
 impl Master {
     pub(crate) fn new(cfg: FmConfig, chains: Vec<v1::ChainConfig>) -> Self {
         let events = EventLog::new(cfg.events_capacity);
         let cfg_vips = cfg.vips.clone();
+        let fabric = crate::fabric::FabricTable::new(&cfg.fabric);
         Master {
             cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
             cfg,
@@ -453,6 +466,7 @@ impl Master {
             recovery: Recovery::Waiting,
             held: Vec::new(),
             adopted_scales: HashMap::new(),
+            fabric,
         }
     }
 
@@ -592,6 +606,9 @@ impl Master {
             json!({"node": info.id, "addr": info.addr}),
         );
         let id = info.id.clone();
+        if let Ok(mac) = <[u8; 6]>::try_from(info.fabric_mac.as_slice()) {
+            self.fabric.join(&id, mac);
+        }
         let vip_join = (info.vip_capable && !self.vips.is_empty()).then(|| {
             info.owned_vips
                 .iter()
@@ -603,7 +620,13 @@ impl Master {
                 self.close(old);
             }
         }
-        self.pp.insert(session, PpSession::default());
+        self.pp.insert(
+            session,
+            PpSession {
+                node: id.clone(),
+                ..Default::default()
+            },
+        );
         if let Some(claimed) = vip_join {
             if !self.vip_joined && !claimed.is_empty() {
                 self.vip_settle_until = Some(now + VIP_SETTLE_MS);
@@ -821,6 +844,7 @@ impl Master {
         let mut s = self.stats;
         s.cache = self.cache.stats;
         s.vip_moves = self.vips.moves();
+        s.fabric = self.fabric.stats;
         s
     }
 
@@ -833,6 +857,7 @@ impl Master {
             request_latency: self.request_latency,
             cache_entries: self.cache.len(),
             inflight: self.inflight.len(),
+            fabric_routes: self.fabric.routes_by_node(),
         }
     }
 
@@ -872,7 +897,27 @@ impl Master {
         let change = self.vips.drain(node).map_err(|e| e.to_string())?;
         info!(%node, moved = change.moved, "PP node draining: its vIPs moved away");
         self.push_vips(&change, &format!("{node} drained"));
+        self.fabric_leave(node, "draining");
         Ok(self.vip_map())
+    }
+
+    /// A PP node stops serving fabric stages: its routes go, and every PP node forgets
+    /// the flows' rules, so their next packets ask again and get routes to live nodes.
+    fn fabric_leave(&mut self, node: &str, why: &str) {
+        let keys = self.fabric.leave(node);
+        if keys.is_empty() {
+            return;
+        }
+        warn!(%node, flows = keys.len(), "fabric routes to a {why} PP node withdrawn");
+        self.event(
+            EventKind::FabricRoutesWithdrawn,
+            format!(
+                "fabric: {} routes to {why} PP node {node} withdrawn",
+                keys.len()
+            ),
+            json!({"node": node, "fabric_routes": keys.len()}),
+        );
+        self.revoke_at_pp(keys);
     }
 
     /// Move one vIP to a PP node; the error says why it cannot move.
@@ -1038,11 +1083,11 @@ impl Master {
                 // A PP node that cannot tell the flow's tenant (a reply on a gateway VNI
                 // of a flow it never saw start): only a rule FM already has will do.
                 let reply = match self.cache.get_by_flow(key.as_bytes(), now) {
-                    Some((_, mut r)) => {
+                    Some((ck, mut r)) => {
                         r.id = req.id;
                         r.worker = req.worker;
                         r.decided_by = CACHE_DECIDER.into();
-                        r
+                        self.fabric_route(session, ck.0, ck.1, r)
                     }
                     None => {
                         self.stats.unknown_flows += 1;
@@ -1061,6 +1106,7 @@ impl Master {
                 r.id = req.id;
                 r.worker = req.worker;
                 r.decided_by = CACHE_DECIDER.into();
+                let r = self.fabric_route(session, req.tenant, req.chain, r);
                 self.answer_pp(session, r, arrived);
                 continue;
             }
@@ -1133,6 +1179,60 @@ impl Master {
         }
     }
 
+    /// Route a rule answer over the fabric (paper 000 §5.2). For a chain split over PP
+    /// nodes, a node that does not serve the flow's stage gets a forwarding entry
+    /// instead of the rule: decap, then [`pipeline::Action::Fabric`] to the stage's node,
+    /// in both directions, so the flow's frames go on to that node, which gets the
+    /// whole rule when it asks. A drop stays a drop where the flow entered: a flow the
+    /// chain refuses never crosses the fabric.
+    fn fabric_route(
+        &mut self,
+        session: u64,
+        tenant: u32,
+        chain: u32,
+        mut reply: v1::RuleReply,
+    ) -> v1::RuleReply {
+        if self.fabric.is_empty() {
+            return reply;
+        }
+        let Some(v1::rule_reply::Result::Rule(rule)) = &reply.result else {
+            return reply;
+        };
+        // A drop (the firewall's, say) is applied where the flow entered: no route.
+        if !forwards_vxlan(rule) {
+            return reply;
+        }
+        let keys: Vec<[u8; 40]> = std::iter::once(rule)
+            .chain(reply.also.iter())
+            .filter_map(|r| r.key.as_ref())
+            .filter_map(|k| <[u8; 40]>::try_from(k.raw.as_slice()).ok())
+            .collect();
+        let asker = self
+            .pp
+            .get(&session)
+            .map(|s| s.node.clone())
+            .unwrap_or_default();
+        match self.fabric.hop(tenant, chain, &keys, &asker) {
+            crate::fabric::Hop::Unsplit | crate::fabric::Hop::Local => {}
+            crate::fabric::Hop::NoNode => {
+                reply.result = Some(v1::rule_reply::Result::Error(format!(
+                    "no PP node serves the fabric stage of tenant {tenant} chain {chain}"
+                )));
+                reply.also.clear();
+                reply.decided_by = "FM fabric".into();
+            }
+            crate::fabric::Hop::Peer { mac, .. } => {
+                if let Some(v1::rule_reply::Result::Rule(r)) = reply.result.as_mut() {
+                    to_fabric(r, mac);
+                }
+                for r in &mut reply.also {
+                    to_fabric(r, mac);
+                }
+            }
+        }
+        reply
+    }
+
     fn on_results(&mut self, _session: u64, results: v1::GroupResults, now: u64) {
         if self.scale_ignores(results.group) {
             debug!(
@@ -1155,6 +1255,7 @@ impl Master {
                 for k in &r.expired {
                     if let Ok(k) = FlowKey::try_from(k) {
                         let ck = (p.tenant, p.chain, *k.as_bytes());
+                        self.fabric.forget(p.tenant, p.chain, k.as_bytes());
                         withdraw.extend(self.cache.invalidate(&ck));
                         withdraw.push(*k.as_bytes());
                         self.pins.remove(&ck);
@@ -1196,6 +1297,7 @@ impl Master {
                     };
                     r.id = w.id;
                     r.worker = w.worker;
+                    let r = self.fabric_route(w.session, ck.0, ck.1, r);
                     self.answer_pp(w.session, r, w.arrived_us);
                 }
             }
@@ -1341,6 +1443,7 @@ impl Master {
                 warn!(%node, moved = change.moved, "dead PP node's vIPs moved to live nodes");
                 self.push_vips(&change, &format!("{node} dead"));
             }
+            self.fabric_leave(node, "dead");
             return;
         }
         if self.sc.remove(&session) {
@@ -1689,4 +1792,34 @@ impl Master {
             });
         }
     }
+}
+
+/// A rule turned into the fabric's forwarding entry toward `peer`: the flow's frames are
+/// decapsulated and sent on as they came. The idle timeout stays the rule's.
+fn to_fabric(r: &mut v1::Rule, peer: [u8; 6]) {
+    // Only a rule that forwards a VXLAN flow is routed; a drop is decided here.
+    if !forwards_vxlan(r) {
+        return;
+    }
+    r.actions = vec![
+        v1::Action {
+            kind: Some(v1::action::Kind::Decap(v1::Empty {})),
+        },
+        v1::Action {
+            kind: Some(v1::action::Kind::Fabric(peer.to_vec())),
+        },
+    ];
+}
+
+/// Whether `r` decapsulates a VXLAN flow and sends it on (rather than dropping it).
+fn forwards_vxlan(r: &v1::Rule) -> bool {
+    let decap = r
+        .actions
+        .first()
+        .is_some_and(|a| matches!(a.kind, Some(v1::action::Kind::Decap(_))));
+    let output = r
+        .actions
+        .last()
+        .is_some_and(|a| matches!(a.kind, Some(v1::action::Kind::Output(_))));
+    decap && output
 }

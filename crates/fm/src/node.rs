@@ -255,11 +255,12 @@ fn report(rt: &tokio::runtime::Handle, fm: &FmHandle, chains: usize) -> Option<v
 }
 
 fn status_line(rt: &tokio::runtime::Handle, fm: &FmHandle, start: Instant) -> Option<String> {
-    let (Some(s), Some(m), Some(map)) = rt.block_on(async {
+    let (Some(s), Some(m), Some(map), metrics) = rt.block_on(async {
         (
             fm.stats().await,
             fm.members().await,
             fm.partition_map().await,
+            fm.metrics().await,
         )
     }) else {
         return None;
@@ -270,32 +271,47 @@ fn status_line(rt: &tokio::runtime::Handle, fm: &FmHandle, start: Instant) -> Op
             .filter(|x| x.alive && x.node.as_ref().is_some_and(|n| n.role == role as i32))
             .count()
     };
-    Some(format!(
-        "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
+    // The fabric (docs/fabric.md): its counters, and its routes per serving PP node
+    // (`fabric@pp-1=12`), only when there are any.
+    let mut fabric = String::new();
+    if s.fabric != Default::default() {
+        let f = s.fabric;
+        fabric = format!(
+            " fabric_routes={} fabric_forwarded={} fabric_local={} fabric_withdrawn={} fabric_no_node={}",
+            f.routes, f.forwarded, f.local, f.withdrawn, f.no_node
+        );
+        for (node, n) in metrics.map(|m| m.fabric_routes).unwrap_or_default() {
+            fabric.push_str(&format!(" fabric@{node}={n}"));
+        }
+    }
+    Some(
+        format!(
+            "fm: t={:.1}s pp={} sc={} groups={} requests={} cache_hits={} submitted={} \
          sc_replies={} timeouts={} reconfigurations={} bad_messages={} nodes_dead={} \
          scale_outs={} scale_ins={} scale_aborts={} scale_redirects={} scale_last_us={} \
          vip_moves={} cache_misses={} adopted={} scale_pulls={} scale_migrating={}",
-        start.elapsed().as_secs_f64(),
-        alive(proto::v1::Role::Pp),
-        alive(proto::v1::Role::Sc),
-        map.groups.len(),
-        s.pp_requests,
-        s.cache.hits,
-        s.submitted,
-        s.sc_replies,
-        s.timeouts,
-        s.reconfigurations,
-        fm.wire_counters().bad_messages.load(Ordering::Relaxed),
-        s.nodes_dead,
-        s.scale_outs,
-        s.scale_ins,
-        s.scale_aborts,
-        s.scale_redirects,
-        s.scale_last_us,
-        s.vip_moves,
-        s.cache.misses,
-        s.groups_adopted,
-        s.scale_pulls,
-        s.scale_migrating,
-    ))
+            start.elapsed().as_secs_f64(),
+            alive(proto::v1::Role::Pp),
+            alive(proto::v1::Role::Sc),
+            map.groups.len(),
+            s.pp_requests,
+            s.cache.hits,
+            s.submitted,
+            s.sc_replies,
+            s.timeouts,
+            s.reconfigurations,
+            fm.wire_counters().bad_messages.load(Ordering::Relaxed),
+            s.nodes_dead,
+            s.scale_outs,
+            s.scale_ins,
+            s.scale_aborts,
+            s.scale_redirects,
+            s.scale_last_us,
+            s.vip_moves,
+            s.cache.misses,
+            s.groups_adopted,
+            s.scale_pulls,
+            s.scale_migrating,
+        ) + &fabric,
+    )
 }

@@ -53,6 +53,12 @@ pub enum Action {
     Output(u8),
     /// Drop, counting under `reason`.
     Drop { reason: String },
+    /// The fabric's forwarding entry (paper 000 §5.2, docs/fabric.md): send the frame to
+    /// the next-hop PP node `peer` (its MAC on the PP nodes' L2 segment), which serves the
+    /// chain stage this node does not. The frame leaves as it came, re-encapsulated with
+    /// the flow's own VNI toward the node address every PP node takes VXLAN on, so the
+    /// peer sees the same flow key and applies its own rule. Terminal, like `Output`.
+    Fabric { peer: [u8; 6] },
 }
 
 /// A match plus a composed action list.
@@ -133,6 +139,8 @@ pub enum RuleError {
     ReasonTableFull,
     #[error("timeout table full (255 distinct idle timeouts)")]
     TimeoutTableFull,
+    #[error("fabric forwarding needs decap first (it re-encapsulates the inner frame)")]
+    FabricWithoutDecap,
     #[error("cannot parse {what}: {text:?}")]
     Parse { what: &'static str, text: String },
 }
@@ -202,6 +210,10 @@ pub struct Nexthop {
     pub encap: EncapV4,
     pub inner_dmac: Option<[u8; 6]>,
     pub inner_smac: Option<[u8; 6]>,
+    /// A fabric next hop ([`Action::Fabric`]): the peer PP node's MAC, which is also the
+    /// outer destination MAC (the underlay router would route the node address back to
+    /// the vIP group, not to the peer).
+    pub fabric_peer: Option<[u8; 6]>,
 }
 
 /// The PP node's own underlay identity, which encap writes as the outer source.
@@ -296,6 +308,7 @@ struct NexthopKey {
     vni: u32,
     inner_dmac: Option<[u8; 6]>,
     inner_smac: Option<[u8; 6]>,
+    fabric_peer: Option<[u8; 6]>,
 }
 
 impl RuleContext {
@@ -389,27 +402,32 @@ impl RuleContext {
                             vni: *vni,
                             inner_dmac: *inner_dmac,
                             inner_smac: *inner_smac,
+                            fabric_peer: None,
                         };
-                        let idx = self
-                            .nexthops
-                            .acquire(&key)
-                            .ok_or(RuleError::NexthopTableFull)?;
-                        if self.nexthop_cache.len() <= idx as usize {
-                            self.nexthop_cache.resize(idx as usize + 1, None);
-                        }
-                        self.nexthop_cache[idx as usize] = Some(Nexthop {
-                            encap: EncapV4::new(
-                                self.node.mac,
-                                self.node.gw_mac,
-                                self.node.ip.octets(),
-                                dst.octets(),
-                                *vni,
-                            ),
-                            inner_dmac: *inner_dmac,
-                            inner_smac: *inner_smac,
-                        });
-                        s.nexthop = idx;
+                        s.nexthop = self.acquire_nexthop(key)?;
                         s.flags |= slot_flag::SLOT_ENCAP;
+                    }
+                    Action::Fabric { peer } => {
+                        if s.flags & slot_flag::SLOT_ENCAP != 0 {
+                            return Err(RuleError::TwoEncaps);
+                        }
+                        if s.flags & slot_flag::SLOT_DECAP == 0 {
+                            return Err(RuleError::FabricWithoutDecap);
+                        }
+                        // The peer takes VXLAN to the same node address as this node
+                        // (the vIP group's), on the flow's own VNI: it must see the
+                        // key this node saw.
+                        let key = NexthopKey {
+                            dst: self.node.ip,
+                            vni: rule.key.vni(),
+                            inner_dmac: None,
+                            inner_smac: None,
+                            fabric_peer: Some(*peer),
+                        };
+                        s.nexthop = self.acquire_nexthop(key)?;
+                        s.flags |= slot_flag::SLOT_ENCAP | slot_flag::SLOT_OUTPUT;
+                        s.arg = 0;
+                        terminal = true;
                     }
                     Action::Count => s.flags |= slot_flag::SLOT_COUNT,
                     Action::Police { class } => {
@@ -463,6 +481,30 @@ impl RuleContext {
         if s.flags & slot_flag::SLOT_ENCAP != 0 {
             self.nexthops.release(s.nexthop);
         }
+    }
+
+    /// Intern an encap target, building its outer header once.
+    fn acquire_nexthop(&mut self, key: NexthopKey) -> Result<u16, RuleError> {
+        let idx = self
+            .nexthops
+            .acquire(&key)
+            .ok_or(RuleError::NexthopTableFull)?;
+        if self.nexthop_cache.len() <= idx as usize {
+            self.nexthop_cache.resize(idx as usize + 1, None);
+        }
+        self.nexthop_cache[idx as usize] = Some(Nexthop {
+            encap: EncapV4::new(
+                self.node.mac,
+                key.fabric_peer.unwrap_or(self.node.gw_mac),
+                self.node.ip.octets(),
+                key.dst.octets(),
+                key.vni,
+            ),
+            inner_dmac: key.inner_dmac,
+            inner_smac: key.inner_smac,
+            fabric_peer: key.fabric_peer,
+        });
+        Ok(idx)
     }
 
     fn reason_index(&mut self, reason: &str) -> Result<u8, RuleError> {
@@ -540,7 +582,10 @@ impl RuleContext {
                 port: (f & slot_flag::SLOT_DST_PORT != 0).then_some(s.dport),
             });
         }
-        if f & slot_flag::SLOT_ENCAP != 0 {
+        let fabric = (f & slot_flag::SLOT_ENCAP != 0)
+            .then(|| self.nexthop(s.nexthop).and_then(|n| n.fabric_peer))
+            .flatten();
+        if f & slot_flag::SLOT_ENCAP != 0 && fabric.is_none() {
             if let Some(n) = self.nexthop(s.nexthop) {
                 out.push(Action::EncapVxlan {
                     dst: n.encap.dst().into(),
@@ -559,7 +604,10 @@ impl RuleContext {
         if f & slot_flag::SLOT_OFFLOAD != 0 {
             out.push(Action::Offload);
         }
-        if f & slot_flag::SLOT_OUTPUT != 0 {
+        // Fabric is terminal and stands for its own encap and output.
+        if let Some(peer) = fabric {
+            out.push(Action::Fabric { peer });
+        } else if f & slot_flag::SLOT_OUTPUT != 0 {
             out.push(Action::Output(s.arg));
         }
         if f & slot_flag::SLOT_DROP != 0 {
@@ -670,6 +718,9 @@ impl FromStr for Action {
             ["drop", reason] => Ok(Action::Drop {
                 reason: reason.to_string(),
             }),
+            ["fabric", m] => Ok(Action::Fabric {
+                peer: parse_mac(m)?,
+            }),
             _ => Err(perr("action", s)),
         }
     }
@@ -715,6 +766,11 @@ impl fmt::Display for Action {
             Action::Offload => write!(f, "offload"),
             Action::Output(p) => write!(f, "out {p}"),
             Action::Drop { reason } => write!(f, "drop {reason}"),
+            Action::Fabric { peer: m } => write!(
+                f,
+                "fabric {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                m[0], m[1], m[2], m[3], m[4], m[5]
+            ),
         }
     }
 }
@@ -884,5 +940,52 @@ mod tests {
             "198.19.0.8".parse::<IpAddr>().unwrap()
         );
         assert_eq!(rule.rewritten_key().dport(), 80);
+    }
+
+    #[test]
+    fn fabric_next_hop_goes_to_the_peer_mac_on_the_flows_own_vni() {
+        let key: FlowKey = "100 tcp 198.19.1.2:40000 > 198.18.200.10:80"
+            .parse()
+            .unwrap();
+        let mut c = ctx();
+        let r = |t: &str| Rule::new(key, parse_actions(t).unwrap());
+        assert_eq!(
+            c.compile(&r("fabric 02:00:00:00:00:0b")),
+            Err(RuleError::FabricWithoutDecap)
+        );
+        assert_eq!(
+            c.compile(&r(
+                "decap; encap 198.18.0.9 vni 200; fabric 02:00:00:00:00:0b"
+            )),
+            Err(RuleError::TwoEncaps)
+        );
+        assert_eq!(
+            c.compile(&r("decap; fabric 02:00:00:00:00:0b; out 1")),
+            Err(RuleError::AfterTerminal(2))
+        );
+        assert_eq!(c.interned(), (0, 0), "failed compiles leak no references");
+        let text = "decap; count; fabric 02:00:00:00:00:0b";
+        let s = c.compile(&r(text)).unwrap();
+        assert_eq!(format_actions(&c.decompile(&s)), text);
+        let nh = *c.nexthop(s.nexthop).unwrap();
+        assert_eq!(nh.fabric_peer, Some([2, 0, 0, 0, 0, 0x0b]));
+        // Outer header: to the peer's MAC, from this node, to the node address itself,
+        // on the flow's VNI.
+        let mut frame = vec![0u8; packet::build::VXLAN_V4_OVERHEAD + 64];
+        nh.encap.write(&mut frame, 64, 1234);
+        assert_eq!(&frame[0..6], &[2, 0, 0, 0, 0, 0x0b]);
+        assert_eq!(&frame[6..12], &[2, 0, 0, 0, 0, 1]);
+        assert_eq!(&frame[26..30], &[198, 18, 0, 1]);
+        assert_eq!(&frame[30..34], &[198, 18, 0, 1]);
+        assert_eq!(nh.encap.vni(), 100);
+        // An ordinary encap to the same address is another next hop (via the router).
+        let t = c
+            .compile(&r("decap; encap 198.18.0.1 vni 100; out 1"))
+            .unwrap();
+        assert_ne!(t.nexthop, s.nexthop);
+        assert_eq!(&c.nexthop(t.nexthop).unwrap().encap.dst(), &[198, 18, 0, 1]);
+        c.release(&s);
+        c.release(&t);
+        assert_eq!(c.interned(), (0, 0));
     }
 }

@@ -62,6 +62,9 @@ pub struct FmClientConfig {
     pub vip_capable: bool,
     pub owned_vips: crate::vip::OwnedVips,
     pub vip_tx: Option<Sender<v1::VipAssign>>,
+    /// Where the fabric reaches this node (its MAC), told to FM at registration;
+    /// `None`: FM routes no chain stage here.
+    pub fabric_mac: Option<[u8; 6]>,
     /// Packets the node has received (its main loop keeps it current): the heartbeat's
     /// load, which FM's vIP scheduler and the autoscaler read.
     pub rx_packets: Arc<AtomicU64>,
@@ -86,6 +89,7 @@ impl FmClientConfig {
             vip_capable: false,
             owned_vips: Default::default(),
             vip_tx: None,
+            fabric_mac: None,
             rx_packets: Arc::new(AtomicU64::new(0)),
             report_batches: 64,
             tls: None,
@@ -497,6 +501,7 @@ async fn session(
             incarnation: 0,
             vip_capable: cfg.vip_capable,
             owned_vips: cfg.owned_vips.lock().map(|v| v.clone()).unwrap_or_default(),
+            fabric_mac: cfg.fabric_mac.map(|m| m.to_vec()).unwrap_or_default(),
         })),
     });
     let mut inbound = client

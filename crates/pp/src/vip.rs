@@ -69,6 +69,9 @@ pub struct VipMember {
     lingering: Vec<([u8; 6], Instant)>,
     shared: OwnedVips,
     next_announce: Instant,
+    /// This node's own MAC when it takes fabric frames (docs/fabric.md): always
+    /// filtered in, whatever vIPs it owns, since peers reach it there.
+    fabric_mac: Option<[u8; 6]>,
     pub stats: VipStats,
 }
 
@@ -97,8 +100,16 @@ impl VipMember {
             lingering: Vec::new(),
             shared,
             next_announce: Instant::now() + REANNOUNCE,
+            fabric_mac: None,
             stats: VipStats::default(),
         })
+    }
+
+    /// Take fabric frames (to this node's own MAC) from now on, owned vIPs or not.
+    pub fn set_fabric_mac(&mut self, prog: &mut XdpProgram, mac: [u8; 6]) -> Result<(), VipError> {
+        self.fabric_mac = Some(mac);
+        let owned: Vec<[u8; 6]> = self.owned.iter().filter_map(|v| mac_of(v).ok()).collect();
+        self.program_filter(prog, &owned)
     }
 
     pub fn owned(&self) -> &[v1::Vip] {
@@ -152,6 +163,7 @@ impl VipMember {
     fn program_filter(&self, prog: &mut XdpProgram, owned: &[[u8; 6]]) -> Result<(), VipError> {
         let mut all = owned.to_vec();
         all.extend(self.lingering.iter().map(|(m, _)| *m));
+        all.extend(self.fabric_mac);
         prog.set_vip_macs(&all)?;
         Ok(())
     }

@@ -211,6 +211,7 @@ impl From<&Action> for v1::Action {
             Action::Offload => Kind::Offload(v1::Empty {}),
             Action::Output(p) => Kind::Output(u32::from(*p)),
             Action::Drop { reason } => Kind::Drop(reason.clone()),
+            Action::Fabric { peer } => Kind::Fabric(peer.to_vec()),
         };
         v1::Action { kind: Some(kind) }
     }
@@ -243,6 +244,9 @@ impl TryFrom<&v1::Action> for Action {
             Kind::Offload(_) => Action::Offload,
             Kind::Output(p) => Action::Output(narrow("output port", *p)?),
             Kind::Drop(r) => Action::Drop { reason: r.clone() },
+            Kind::Fabric(m) => Action::Fabric {
+                peer: mac_from(m)?.ok_or(ConvertError::MacLength(0))?,
+            },
         })
     }
 }

@@ -49,6 +49,9 @@ pub struct PlatformSpec {
     /// Plaintext plane links (`--insecure`). Off by default: every node gets a
     /// certificate of the run's own CA, as under `starfabric up`.
     pub insecure: bool,
+    /// Cluster mode: chains split over the PP fabric, (tenant, chain, the PP node ids
+    /// serving its egress stage), FM's `fabric` configuration (docs/fabric.md).
+    pub fabric: Vec<(u32, u32, Vec<String>)>,
 }
 
 /// SC node `i`'s metrics port with [`PlatformSpec::sc_metrics`]: this + `i`.
@@ -68,6 +71,7 @@ impl PlatformSpec {
             sc_args: Vec::new(),
             sc_metrics: false,
             insecure: false,
+            fabric: Vec::new(),
         }
     }
 
@@ -208,6 +212,17 @@ impl Platform {
     /// The FM's last status line.
     pub fn fm_status(&self) -> String {
         last_line(&self.fm.log, "fm: t=")
+    }
+
+    /// Every status line FM has printed so far, oldest first (a history of its
+    /// counters at its `--stats-interval`).
+    pub fn fm_status_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.fm.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("fm: t="))
+            .map(str::to_string)
+            .collect()
     }
 
     /// The process of SC node `id` (`sc-<i>`).
@@ -533,6 +548,19 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
                 "pp_active must be in 1..={cluster} (the PP node namespaces)"
             )));
         }
+    }
+    if !spec.fabric.is_empty() {
+        if cluster == 0 {
+            return Err(Error::Setup(
+                "a fabric needs the PP cluster topology (its nodes reach each other on the switch)"
+                    .into(),
+            ));
+        }
+        cfg["fabric"] = spec
+            .fabric
+            .iter()
+            .map(|(t, c, nodes)| serde_json::json!({"tenant": t, "chain": c, "nodes": nodes}))
+            .collect();
     }
     let fm_config = tb.path("fm.json");
     std::fs::write(

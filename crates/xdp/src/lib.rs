@@ -97,6 +97,8 @@ pub enum NotOffloadable {
     NoDecap,
     #[error("policing needs the userspace rate manager")]
     Police,
+    #[error("a fabric next hop is forwarded by the userspace pipeline")]
+    Fabric,
 }
 
 /// Errors of the XDP fast path.
@@ -273,6 +275,7 @@ impl XdpRule {
                 Action::Police { .. } => return Err(NotOffloadable::Police),
                 Action::Output(p) => r.out_port = *p,
                 Action::Drop { .. } => r.flags |= rule_flag::DROP,
+                Action::Fabric { .. } => return Err(NotOffloadable::Fabric),
             }
         }
         // A drop needs no decap: the frame goes nowhere.

@@ -79,6 +79,35 @@ fn rule_reply(id: u64, k: Option<v1::FlowKey>) -> v1::RuleReply {
     }
 }
 
+/// The key of the reverse direction of the flow `k` (its companion in replies).
+fn reverse_key(k: &FlowKey) -> FlowKey {
+    let mut b = *k.as_bytes();
+    b[8] ^= 0xff;
+    FlowKey::from_bytes(b)
+}
+
+/// A reply as a forwarding chain gives it: SNAT toward the internet gateway, and the
+/// reverse rule back to the client, both decapsulating VXLAN.
+fn forwarding_reply(id: u64, k: Option<v1::FlowKey>) -> v1::RuleReply {
+    let k = FlowKey::try_from(k.as_ref().expect("key")).expect("valid key");
+    let rule = |key: FlowKey, t: &str| -> v1::Rule {
+        (&pipeline::Rule::new(key, pipeline::parse_actions(t).expect("actions"))).into()
+    };
+    v1::RuleReply {
+        id,
+        key: Some((&k).into()),
+        result: Some(v1::rule_reply::Result::Rule(rule(
+            k,
+            "decap; set-src 198.18.201.1:2000; encap 198.18.2.2 vni 200; count; out 0",
+        ))),
+        also: vec![rule(
+            reverse_key(&k),
+            "decap; set-dst 198.19.1.2:40000; encap 198.18.10.2 vni 100; count; out 0",
+        )],
+        ..Default::default()
+    }
+}
+
 struct ScNode {
     session: u64,
     seen: Arc<AtomicU64>,
@@ -114,6 +143,11 @@ struct Sim {
     submits: Vec<(u64, v1::GroupSubmit)>,
     /// Answer submits with a rule each (else they are dropped).
     answer_submits: bool,
+    /// Answer with rules that forward VXLAN (decap … out) and carry a reverse rule, as
+    /// a real chain's do, instead of empty ones.
+    forwarding_rules: bool,
+    /// Everything sent to any PP node, with its session.
+    pp_out: Vec<(u64, pp_down::Msg)>,
 }
 
 impl Sim {
@@ -132,6 +166,8 @@ impl Sim {
             scaled: Vec::new(),
             submits: Vec::new(),
             answer_submits: true,
+            forwarding_rules: false,
+            pp_out: Vec::new(),
         }
     }
 
@@ -143,7 +179,12 @@ impl Sim {
     fn pump(&mut self) {
         for o in self.m.take_out() {
             match o {
-                Out::Pp { msg, .. } => self.to_pp.extend(msg.msg),
+                Out::Pp { session, msg } => {
+                    if let Some(m) = &msg.msg {
+                        self.pp_out.push((session, m.clone()));
+                    }
+                    self.to_pp.extend(msg.msg)
+                }
                 Out::Sc { session, msg } => {
                     let live = self
                         .sc
@@ -345,7 +386,13 @@ impl Sim {
                     .map(|b| b.requests)
                     .unwrap_or_default()
                     .into_iter()
-                    .map(|r| rule_reply(r.id, r.key))
+                    .map(|r| {
+                        if self.forwarding_rules {
+                            forwarding_reply(r.id, r.key)
+                        } else {
+                            rule_reply(r.id, r.key)
+                        }
+                    })
                     .collect();
                 result(
                     s.group,
@@ -927,4 +974,169 @@ proptest! {
     ) {
         run_model(replicas, steps)?;
     }
+}
+
+fn pp_join_fabric(s: &mut Sim, id: &str, mac: [u8; 6]) -> u64 {
+    let session = s.next_session;
+    s.next_session += 1;
+    let info = v1::NodeInfo {
+        id: id.into(),
+        role: v1::Role::Pp as i32,
+        proto_version: proto::PROTO_VERSION,
+        fabric_mac: mac.to_vec(),
+        ..Default::default()
+    };
+    let seen = Arc::new(AtomicU64::new(s.now_ms()));
+    let open = Opened {
+        session,
+        info,
+        seen: seen.clone(),
+        liveness_token: 0,
+    };
+    s.m.on_pp_open(open, s.now_us);
+    s.pp_seen.push(seen);
+    s.pump();
+    session
+}
+
+/// The rules answered to `session` so far, as action text (errors as `error: ...`),
+/// forward rule first, then its companions.
+fn answered(s: &mut Sim, session: u64) -> Vec<Vec<String>> {
+    let text = |r: &v1::Rule| {
+        let r = pipeline::Rule::try_from(r).expect("valid rule");
+        pipeline::format_actions(&r.actions)
+    };
+    let out = std::mem::take(&mut s.pp_out);
+    let (mine, rest): (Vec<_>, Vec<_>) = out.into_iter().partition(|(x, _)| *x == session);
+    s.pp_out = rest;
+    mine.into_iter()
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Replies(b) => Some(b.replies),
+            _ => None,
+        })
+        .flatten()
+        .map(|r| match &r.result {
+            Some(v1::rule_reply::Result::Rule(f)) => {
+                std::iter::once(f).chain(r.also.iter()).map(text).collect()
+            }
+            Some(v1::rule_reply::Result::Error(e)) => vec![format!("error: {e}")],
+            None => vec![],
+        })
+        .collect()
+}
+
+fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
+    s.pp_out
+        .iter()
+        .filter(|(x, _)| *x == session)
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Revoked(r) => Some(r.keys.clone()),
+            _ => None,
+        })
+        .flatten()
+        .map(|k| FlowKey::try_from(&k).expect("valid key"))
+        .collect()
+}
+
+#[test]
+fn a_split_chain_is_routed_over_the_fabric_and_rerouted_when_its_node_dies() {
+    let mut cfg = config(2);
+    cfg.fabric = vec![crate::fabric::FabricStage {
+        tenant: 1,
+        chain: 1,
+        nodes: vec!["pp-b".into(), "pp-c".into()],
+    }];
+    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
+    s.sc_join("sc-0", 1);
+    s.sc_join("sc-1", 1);
+    s.start();
+    s.settle();
+    s.forwarding_rules = true;
+    let (ma, mb, mc) = (
+        [2, 0, 0, 0, 0, 0xa],
+        [2, 0, 0, 0, 0, 0xb],
+        [2, 0, 0, 0, 0, 0xc],
+    );
+    let a = pp_join_fabric(&mut s, "pp-a", ma);
+    let b = pp_join_fabric(&mut s, "pp-b", mb);
+    let k = key(5);
+    let to_b = vec!["decap; fabric 02:00:00:00:00:0b".to_string(); 2];
+
+    // The ingress node pp-a does not serve the stage: a forwarding entry to pp-b, both
+    // directions.
+    s.m.on_pp_requests(a, vec![request(1, 1, 1, &k)], s.now_us);
+    s.flush();
+    s.settle();
+    assert_eq!(answered(&mut s, a), vec![to_b.clone()]);
+    // pp-b serves it: the whole rule (from FM's cache).
+    s.m.on_pp_requests(b, vec![request(2, 1, 1, &k)], s.now_us);
+    s.flush();
+    let full = answered(&mut s, b);
+    assert_eq!(full.len(), 1);
+    assert!(full[0][0].contains("set-src 198.18.201.1:2000"), "{full:?}");
+    // A reply arriving at pp-a, of a flow it cannot tell the tenant of, goes to pp-b too.
+    let mut unbound = request(3, proto::UNBOUND_TENANT, 0, &reverse_key(&k));
+    unbound.chain = 0;
+    s.m.on_pp_requests(a, vec![unbound], s.now_us);
+    s.flush();
+    assert_eq!(answered(&mut s, a), vec![to_b.clone()]);
+    // A chain that is not split is answered whole on any node.
+    s.m.on_pp_requests(a, vec![request(4, 1, 2, &key(8))], s.now_us);
+    s.flush();
+    s.settle();
+    let whole = answered(&mut s, a);
+    assert!(whole[0][0].contains("set-src"), "{whole:?}");
+    let st = s.m.stats().fabric;
+    assert_eq!((st.routes, st.forwarded, st.local), (1, 2, 1), "{st:?}");
+
+    // Scale-out: pp-c joins the stage; the routed flow stays on pp-b.
+    let c = pp_join_fabric(&mut s, "pp-c", mc);
+    s.m.on_pp_requests(a, vec![request(5, 1, 1, &k)], s.now_us);
+    s.flush();
+    assert_eq!(answered(&mut s, a), vec![to_b.clone()]);
+    // New flows spread over pp-b and pp-c.
+    for i in 0..32 {
+        s.m.on_pp_requests(a, vec![request(100 + i, 1, 1, &key(1000 + i))], s.now_us);
+    }
+    s.flush();
+    s.settle();
+    let routes = answered(&mut s, a);
+    assert_eq!(routes.len(), 32);
+    let on_c = routes
+        .iter()
+        .filter(|r| r[0] == "decap; fabric 02:00:00:00:00:0c")
+        .count();
+    assert!(on_c > 0 && on_c < 32, "{on_c} of 32 new flows on pp-c");
+
+    // pp-b dies: its routes are withdrawn at every PP node, and the flow's next
+    // request is routed to pp-c.
+    s.pp_out.clear();
+    s.m.on_closed(b, "pp-b", s.now_us);
+    s.pump();
+    let gone = revoked(&mut s, a);
+    assert!(
+        gone.contains(&k) && gone.contains(&reverse_key(&k)),
+        "{gone:?}"
+    );
+    assert_eq!(revoked(&mut s, c), gone);
+    assert_eq!(gone.len(), 2 * (32 - on_c) + 2);
+    s.pp_out.clear();
+    s.m.on_pp_requests(a, vec![request(6, 1, 1, &k)], s.now_us);
+    s.flush();
+    assert_eq!(
+        answered(&mut s, a),
+        vec![vec!["decap; fabric 02:00:00:00:00:0c".to_string(); 2]]
+    );
+    // And with no node of the stage left, the flow is refused, counted.
+    s.m.on_closed(c, "pp-c", s.now_us);
+    s.pump();
+    s.pp_out.clear();
+    s.m.on_pp_requests(a, vec![request(7, 1, 1, &k)], s.now_us);
+    s.flush();
+    let refused = answered(&mut s, a);
+    assert!(
+        refused[0][0].starts_with("error: no PP node serves"),
+        "{refused:?}"
+    );
+    assert_eq!(s.m.stats().fabric.no_node, 1);
 }

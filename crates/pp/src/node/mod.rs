@@ -342,10 +342,13 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                 x.program
                     .set_vip_macs(&[])
                     .map_err(|e| PpNodeError::Io(format!("XDP program: vIP mode: {e}")))?;
-                Some(
-                    crate::VipMember::new(&x.ifname, owned_vips.clone())
-                        .map_err(|e| PpNodeError::Io(format!("vIP group: {e}")))?,
-                )
+                let mut m = crate::VipMember::new(&x.ifname, owned_vips.clone())
+                    .map_err(|e| PpNodeError::Io(format!("vIP group: {e}")))?;
+                // A cluster node is a fabric node too (docs/fabric.md): peers reach it
+                // at its own MAC on the cluster's switch, whatever vIPs it owns.
+                m.set_fabric_mac(&mut x.program, node.mac)
+                    .map_err(|e| PpNodeError::Io(format!("fabric: {e}")))?;
+                Some(m)
             }
         };
     let mut fm_client = None;
@@ -359,6 +362,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                 fcfg.vip_capable = true;
                 fcfg.owned_vips = owned_vips.clone();
                 fcfg.vip_tx = Some(vip_tx.clone());
+                fcfg.fabric_mac = Some(node.mac);
             }
             let (client, mut links) =
                 FmClient::start(fcfg).map_err(|e| PpNodeError::Fm(e.to_string()))?;
