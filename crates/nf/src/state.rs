@@ -259,7 +259,7 @@ impl Table {
 
     /// Pop the queue up to `now_ms`: remove the rows whose deadline passed, re-queue
     /// those whose deadline moved later, drop orphaned entries.
-    fn expire(&mut self, now_ms: u64, gone: &mut Vec<FlowKey>) {
+    fn expire(&mut self, now_ms: u64, gone: &mut Vec<(FlowKey, Row)>) {
         while let Some(Reverse((at, k))) = self.timers.peek().copied() {
             if at > now_ms {
                 break;
@@ -271,8 +271,7 @@ impl Table {
             };
             match row.deadline_ms {
                 Some(d) if d <= now_ms => {
-                    self.remove_flow(&f);
-                    gone.push(f);
+                    gone.extend(self.remove_flow(&f).map(|r| (f, r)));
                 }
                 Some(d) => {
                     self.timers.push(Reverse((d, k)));
@@ -876,17 +875,35 @@ impl StateTables {
     /// The platform's timer: fold counters, remove per-flow rows whose timer passed,
     /// and return their flows (sorted, deduplicated).
     pub fn expire(&mut self, now_ms: u64) -> Vec<FlowKey> {
-        let mut gone = Vec::new();
+        let mut rows = Vec::new();
         for t in self.tables.values_mut() {
             t.fold(now_ms);
             if t.kind() != Kind::PerFlow {
                 continue;
             }
-            t.expire(now_ms, &mut gone);
+            t.expire(now_ms, &mut rows);
         }
+        let mut gone: Vec<FlowKey> = rows.into_iter().map(|(k, _)| k).collect();
         gone.sort_by_key(|k| *k.as_bytes());
         gone.dedup();
         gone
+    }
+
+    /// The platform's timer on one per-flow table, answering the removed rows with
+    /// their values (sorted by flow), for an NF that must undo something per row (an
+    /// index entry keyed by the value).
+    pub fn expire_flows<V: DeserializeOwned>(
+        &mut self,
+        table: &str,
+        now_ms: u64,
+    ) -> Result<Vec<(FlowKey, V)>, StateError> {
+        let t = self.kinded_mut(table, "expire_flows", &[Kind::PerFlow])?;
+        let mut rows = Vec::new();
+        t.expire(now_ms, &mut rows);
+        rows.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        (rows.into_iter())
+            .map(|(k, r)| Ok((k, dec(table, &r.value)?)))
+            .collect()
     }
 
     /// Hashes of the flows with a row in some per-flow table.

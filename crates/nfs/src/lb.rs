@@ -271,9 +271,6 @@ pub struct LoadBalancer {
     /// Reply key (backend → client) → forward key; derived from `conntrack`, never
     /// snapshotted.
     replies: HashMap<FlowKey, FlowKey>,
-    /// Forward key → its reply key, so a flow the platform's timer removed leaves the
-    /// index without its row.
-    reply_of: HashMap<FlowKey, FlowKey>,
     /// The other forward keys of reply keys two or more flows share (one client port
     /// reaching two VIPs with a common backend), so that when `replies`' owner goes the
     /// next one takes over, as a replica rebuilt from a snapshot would resolve it.
@@ -365,7 +362,6 @@ impl LoadBalancer {
             services,
             state,
             replies: HashMap::new(),
-            reply_of: HashMap::new(),
             shared_replies: HashMap::new(),
         })
     }
@@ -462,14 +458,27 @@ impl LoadBalancer {
             .reversed()
     }
 
-    fn insert(&mut self, key: FlowKey, flow: LbFlow) -> Result<(), NfError> {
+    /// Put a flow's row; `old` is the backend its row had, if it had one, so the reply
+    /// index changes only when the backend does.
+    fn insert(
+        &mut self,
+        key: FlowKey,
+        flow: LbFlow,
+        old: Option<BackendId>,
+    ) -> Result<(), NfError> {
         let row = FlowRow {
             backend: flow.backend,
             closing: flow.closing,
         };
         (self.state).put_flow_timed(CONNTRACK, &key, &row, flow.deadline_ms)?;
-        self.unindex(&key);
-        self.index(key, &flow.backend);
+        match old {
+            Some(b) if b == flow.backend => {}
+            Some(b) => {
+                self.unindex(&key, &b);
+                self.index(key, &flow.backend);
+            }
+            None => self.index(key, &flow.backend),
+        }
         Ok(())
     }
 
@@ -478,7 +487,6 @@ impl LoadBalancer {
         // share a backend; PP's reverse rules collide then too. Keep the smaller forward
         // key so every replica, and a restored one, resolves it alike.
         let rk = Self::reply_key(&key, backend);
-        self.reply_of.insert(key, rk);
         let slot = self.replies.entry(rk).or_insert(key);
         if *slot == key {
             return;
@@ -495,10 +503,8 @@ impl LoadBalancer {
         }
     }
 
-    fn unindex(&mut self, key: &FlowKey) {
-        let Some(rk) = self.reply_of.remove(key) else {
-            return;
-        };
+    fn unindex(&mut self, key: &FlowKey, backend: &BackendId) {
+        let rk = Self::reply_key(key, backend);
         if self.replies.get(&rk) == Some(key) {
             // The next smallest sharer (if any) owns the reply key now.
             match self.shared_replies.get_mut(&rk) {
@@ -522,8 +528,10 @@ impl LoadBalancer {
     }
 
     fn remove(&mut self, key: &FlowKey) {
-        if self.state.delete_flow(CONNTRACK, key) == Ok(true) {
-            self.unindex(key);
+        if let Some(f) = self.flow(key) {
+            if self.state.delete_flow(CONNTRACK, key) == Ok(true) {
+                self.unindex(key, &f.backend);
+            }
         }
     }
 
@@ -539,7 +547,6 @@ impl LoadBalancer {
     /// key owns a shared reply key as it did when the flows came one by one.
     fn reindex(&mut self) {
         self.replies.clear();
-        self.reply_of.clear();
         self.shared_replies.clear();
         for (k, f) in self.flows() {
             self.index(k, &f.backend);
@@ -656,6 +663,7 @@ impl NetworkFunction for LoadBalancer {
                 deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
                 closing: false,
             },
+            None,
         )?;
         debug!(%key, %backend, "lb: new flow");
         Ok(Self::forward_decision(vip, port, &backend, t))
@@ -682,7 +690,7 @@ impl NetworkFunction for LoadBalancer {
                     deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
                     ..f
                 };
-                if let Err(e) = self.insert(fwd, f) {
+                if let Err(e) = self.insert(fwd, f, Some(f.backend)) {
                     warn!(%fwd, error = %e, "lb: conntrack refused an update");
                 }
             }
@@ -697,9 +705,13 @@ impl NetworkFunction for LoadBalancer {
 
     /// The platform's timer forgets flows past their deadline; the index follows.
     fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
-        let gone = self.state.expire(env.now_ms);
-        gone.iter().for_each(|k| self.unindex(k));
-        gone
+        let gone =
+            (self.state.expire_flows::<FlowRow>(CONNTRACK, env.now_ms)).unwrap_or_else(|e| {
+                warn!(error = %e, "lb: conntrack timer");
+                Vec::new()
+            });
+        gone.iter().for_each(|(k, r)| self.unindex(k, &r.backend));
+        gone.into_iter().map(|(k, _)| k).collect()
     }
 
     /// The platform's restore (or a version-1 JSON snapshot of an older build), then
