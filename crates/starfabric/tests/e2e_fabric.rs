@@ -173,23 +173,7 @@ fn fabric_routes_follow_pp_scale_out_and_a_killed_pp_node_loses_no_connection() 
     println!("  FM: {fm}");
 
     // 0 established connections lost.
-    assert!(r.connections >= 300, "{} connections", r.connections);
-    assert_eq!(r.failed_connections, 0, "failed: {:#?}", r.failures);
-    assert_eq!(r.reset_connections, 0, "reset: {:#?}", r.failures);
-    assert_eq!(r.duplicate_mappings, 0);
-    assert!(r.iperf.error.is_none(), "iperf3: {:?}", r.iperf.error);
-    assert_eq!(r.iperf.streams, 2);
-    assert!(
-        r.iperf.mean_mbps > 1.0,
-        "iperf3 {} Mbit/s",
-        r.iperf.mean_mbps
-    );
-    assert!(
-        r.iperf.max_stall_s <= 1.0,
-        "an iperf3 stream stalled {:.1} s",
-        r.iperf.max_stall_s
-    );
-    assert!(r.iperf_covered_events);
+    common::assert_survived(&r, 300);
     if let Some(t) = &r.tcp_resets {
         assert_eq!(t.estab_resets, 0, "{t:?}");
     }

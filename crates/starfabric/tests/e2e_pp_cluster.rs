@@ -48,31 +48,6 @@ fn print(r: &ScenarioReport) {
     }
 }
 
-/// No connection failed or was reset, and the iperf3 flows ran through.
-fn assert_survived(r: &ScenarioReport, min_connections: usize) {
-    assert!(
-        r.connections >= min_connections,
-        "{} connections",
-        r.connections
-    );
-    assert_eq!(r.failed_connections, 0, "failed: {:#?}", r.failures);
-    assert_eq!(r.reset_connections, 0, "reset: {:#?}", r.failures);
-    assert_eq!(r.duplicate_mappings, 0);
-    assert!(r.iperf.error.is_none(), "iperf3: {:?}", r.iperf.error);
-    assert_eq!(r.iperf.streams, 2);
-    assert!(
-        r.iperf.mean_mbps > 1.0,
-        "iperf3 {} Mbit/s",
-        r.iperf.mean_mbps
-    );
-    assert!(
-        r.iperf.max_stall_s <= 1.0,
-        "an iperf3 stream stalled {:.1} s",
-        r.iperf.max_stall_s
-    );
-    assert!(r.iperf_covered_events);
-}
-
 #[test]
 #[ignore = "netns elasticity test: `make test-elastic` runs it (one at a time)"]
 fn pp_scale_out_takes_traffic_within_a_second_and_scale_in_drains_first() {
@@ -98,7 +73,7 @@ fn pp_scale_out_takes_traffic_within_a_second_and_scale_in_drains_first() {
     };
     let r = elastic::run_scenario(tb, &mut p, &spec).expect("scenario");
     print(&r);
-    assert_survived(&r, 300);
+    common::assert_survived(&r, 300);
     let out = r.events[0].pp.as_ref().expect("scale-out report");
     assert!(
         out.vips_after.len() >= 2,
@@ -153,7 +128,7 @@ fn failover(silent: bool) {
         println!("  pp-{i}: {}", p.pp_node_stats(i));
     }
     println!("  FM: {}", p.fm_status());
-    assert_survived(&r, 300);
+    common::assert_survived(&r, 300);
     let e = r.events[0].pp.as_ref().expect("failover report");
     assert_eq!(e.vips_before.len(), 4, "{e:?}");
     assert!(e.vips_after.is_empty());
@@ -410,7 +385,7 @@ fn live_migration_between_a_plain_and_an_accelerated_pp_node_loses_no_connection
         "  tcp resets: {:?}\n  pp-0: {plain}\n  pp-1: {accel}",
         r.tcp_resets
     );
-    assert_survived(&r, 300);
+    common::assert_survived(&r, 300);
     let tcp = r.tcp_resets.expect("the kernels' TCP counters were read");
     assert_eq!(tcp.estab_resets, 0, "{tcp:?}");
     assert_eq!(tcp.out_rsts, 0, "{tcp:?}");

@@ -146,6 +146,31 @@ impl Drop for Lab {
     }
 }
 
+/// No connection failed or was reset, and the iperf3 flows ran through.
+pub fn assert_survived(r: &ScenarioReport, min_connections: usize) {
+    assert!(
+        r.connections >= min_connections,
+        "{} connections",
+        r.connections
+    );
+    assert_eq!(r.failed_connections, 0, "failed: {:#?}", r.failures);
+    assert_eq!(r.reset_connections, 0, "reset: {:#?}", r.failures);
+    assert_eq!(r.duplicate_mappings, 0);
+    assert!(r.iperf.error.is_none(), "iperf3: {:?}", r.iperf.error);
+    assert_eq!(r.iperf.streams, 2);
+    assert!(
+        r.iperf.mean_mbps > 1.0,
+        "iperf3 {} Mbit/s",
+        r.iperf.mean_mbps
+    );
+    assert!(
+        r.iperf.max_stall_s <= 1.0,
+        "an iperf3 stream stalled {:.1} s",
+        r.iperf.max_stall_s
+    );
+    assert!(r.iperf_covered_events);
+}
+
 /// A scenario's connection counts: `name: N connections, failed F, reset R, duplicate
 /// mappings D`.
 pub fn scenario_counts(r: &ScenarioReport) -> String {
