@@ -26,13 +26,12 @@
 
 mod config;
 mod nf;
-mod ports;
 mod snapshot;
 mod table;
 
+pub use ::nf::pool::PROBES;
 pub use config::{MappingBehaviour, PortRange, SnatConfig, SnatPool, SnatTimeouts};
 pub use nf::Snat;
-pub use ports::PROBES;
 pub use table::{ExternalEndpoint, MappingInfo, MappingKey, SnatStats};
 
 /// Drop reasons this NF gives, as PP counts them (`rule:<reason>`).
