@@ -30,6 +30,7 @@
 
 mod chain;
 mod env;
+pub mod pool;
 mod state;
 mod types;
 
@@ -37,9 +38,9 @@ pub use chain::{
     Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
 };
 pub use env::{DetRng, NfEnv, Trigger};
-pub use state::{StateError, StateTables};
+pub use state::{RefsFn, StateError, StateTables, WHOLE_SHARE};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
-    NfError, PreparedPart, Rewrite, Scope, SplitHalf, TableSpec, TrafficCount, TrafficReport,
-    Verdict,
+    NfError, PreparedPart, Rewrite, Scope, SplitHalf, SplitRule, TableSpec, TrafficCount,
+    TrafficReport, Verdict,
 };

@@ -49,9 +49,21 @@ use thiserror::Error;
 
 use std::sync::Arc;
 
+use crate::pool::{Alloc, PoolWire, UnitSet};
 use crate::types::{
-    Access, Consistency, MergeDecoder, NfError, PreparedPart, Scope, SplitHalf, TableSpec,
+    Access, Consistency, MergeDecoder, NfError, PreparedPart, Scope, SplitHalf, SplitRule,
+    TableSpec,
 };
+use crate::DetRng;
+
+/// The share a with-flows row holds when it is the only copy ([`SplitRule::WithFlows`]).
+/// A split halves it between the copies; only a copy holding all of it is the last one.
+pub const WHOLE_SHARE: u64 = 1 << 62;
+
+/// Which rows of a with-flows table a flow's row refers to: given the flow row's value
+/// (postcard), the keys (postcard) of the rows it uses. A plain function, so the tables
+/// stay `Clone` and `Debug` and every replica runs the same code.
+pub type RefsFn = fn(&[u8]) -> SmallVec<[Vec<u8>; 2]>;
 
 /// What an NF did wrong with its tables, or what a table could not take.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -96,10 +108,20 @@ enum Kind {
     Partitioned,
     Replicated,
     Read,
+    // Appended, so that parts of older builds keep their kinds' numbers.
+    Pool,
+    WithFlows,
+    Copy,
 }
 
 impl Kind {
     fn of(spec: &TableSpec) -> Kind {
+        match spec.split {
+            SplitRule::ByKey => {}
+            SplitRule::Pool => return Kind::Pool,
+            SplitRule::WithFlows => return Kind::WithFlows,
+            SplitRule::Copy => return Kind::Copy,
+        }
         match (spec.scope, spec.access, spec.consistency) {
             (Scope::PerFlow, _, _) => Kind::PerFlow,
             (Scope::Shared, Access::Read, _) => Kind::Read,
@@ -114,8 +136,14 @@ impl Kind {
             Kind::Partitioned => "shared single-writer (partitioned)",
             Kind::Replicated => "shared multi-writer (replicated)",
             Kind::Read => "shared read-only",
+            Kind::Pool => "a pool of free units (partitioned)",
+            Kind::WithFlows => "rows that go with their flows (partitioned)",
+            Kind::Copy => "shared single-writer, copied to both parts",
         }
     }
+
+    /// Single-writer shared tables of key → value rows.
+    const KEYED: &'static [Kind] = &[Kind::Partitioned, Kind::WithFlows, Kind::Copy];
 }
 
 /// A row's value in postcard form. Inline up to 16 bytes, which holds a conntrack
@@ -123,8 +151,7 @@ impl Kind {
 /// and a per-flow table stays close to the size of the NFs' own maps it replaced.
 type Value = SmallVec<[u8; 16]>;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "WireRow", into = "WireRow")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Row {
     value: Value,
     /// Serpens `timer(table, key, timeout)`: the row is removed at this time (per-flow).
@@ -139,6 +166,16 @@ struct Row {
 /// A row as snapshots and parts carry it.
 #[derive(Serialize, Deserialize)]
 struct WireRow {
+    value: Vec<u8>,
+    deadline_ms: Option<u64>,
+    group: Option<Vec<u8>>,
+    /// A with-flows row's share when it is less than whole.
+    share: Option<u64>,
+}
+
+/// A row as `SFT1` parts carried it, before with-flows shares.
+#[derive(Serialize, Deserialize)]
+struct WireRowV1 {
     value: Vec<u8>,
     deadline_ms: Option<u64>,
     group: Option<Vec<u8>>,
@@ -161,6 +198,7 @@ impl From<Row> for WireRow {
             value: r.value.to_vec(),
             deadline_ms: r.deadline_ms,
             group: r.group.map(Vec::from),
+            share: None,
         }
     }
 }
@@ -172,8 +210,14 @@ struct Table {
     /// for every first packet at every replica. Nothing iterates it where order could
     /// reach a decision or a snapshot's bytes; those paths sort.
     flows: HashMap<FlowKey, Row>,
-    /// Partitioned and read tables.
+    /// Partitioned, with-flows, copied and read tables.
     rows: BTreeMap<Vec<u8>, Row>,
+    /// With-flows rows holding less than the whole share (absent: whole).
+    shares: BTreeMap<Vec<u8>, u64>,
+    /// With-flows tables: the per-flow table whose rows refer to these, and how.
+    refs: Option<(String, RefsFn)>,
+    /// Pool tables.
+    pools: BTreeMap<Vec<u8>, UnitSet>,
     /// Replicated tables: the folded counters and the untethered deltas not folded yet.
     folded: BTreeMap<Vec<u8>, Vec<u64>>,
     pending: BTreeMap<Vec<u8>, Vec<u64>>,
@@ -203,6 +247,7 @@ impl Table {
         match self.kind() {
             Kind::Replicated => self.counter_keys,
             Kind::PerFlow => self.flows.len(),
+            Kind::Pool => self.pools.len(),
             _ => self.rows.len(),
         }
     }
@@ -211,6 +256,7 @@ impl Table {
         let exists = match self.kind() {
             Kind::Replicated => self.folded.contains_key(key) || self.pending.contains_key(key),
             Kind::PerFlow => flow_of(key).is_some_and(|f| self.flows.contains_key(&f)),
+            Kind::Pool => self.pools.contains_key(key),
             _ => self.rows.contains_key(key),
         };
         exists || self.max_rows.is_none_or(|m| self.len() < m)
@@ -362,7 +408,48 @@ pub struct StateTables {
 }
 
 /// The byte form of a snapshot or split part: magic, version, then postcard.
-const MAGIC: &[u8; 4] = b"SFT1";
+const MAGIC: &[u8; 4] = b"SFT2";
+/// The form before with-flows shares, still taken from older builds.
+const MAGIC_V1: &[u8; 4] = b"SFT1";
+
+#[derive(Serialize, Deserialize)]
+struct WireV1 {
+    tables: Vec<WireTableV1>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireTableV1 {
+    name: String,
+    kind: Kind,
+    rows: Vec<(Vec<u8>, WireRowV1)>,
+    counters: Vec<(Vec<u8>, Vec<u64>)>,
+    lanes: usize,
+}
+
+impl From<WireV1> for Wire {
+    fn from(w: WireV1) -> Wire {
+        let tables = (w.tables.into_iter())
+            .map(|t| WireTable {
+                name: t.name,
+                kind: t.kind,
+                rows: (t.rows.into_iter())
+                    .map(|(k, r)| {
+                        let r = WireRow {
+                            value: r.value,
+                            deadline_ms: r.deadline_ms,
+                            group: r.group,
+                            share: None,
+                        };
+                        (k, r)
+                    })
+                    .collect(),
+                counters: t.counters,
+                lanes: t.lanes,
+            })
+            .collect();
+        Wire { tables }
+    }
+}
 
 /// A part decoded ahead of its merge ([`StateTables::merge_decoder`]).
 struct PreparedTables(Wire);
@@ -376,7 +463,8 @@ struct Wire {
 struct WireTable {
     name: String,
     kind: Kind,
-    rows: Vec<(Vec<u8>, Row)>,
+    /// A pool table's rows hold a `PoolWire` each.
+    rows: Vec<(Vec<u8>, WireRow)>,
     counters: Vec<(Vec<u8>, Vec<u64>)>,
     /// A counter table's lanes (0 until its first add), so an empty part keeps them.
     lanes: usize,
@@ -688,7 +776,7 @@ impl StateTables {
         key: &K,
     ) -> Result<Option<V>, StateError> {
         let k = enc(table, key)?;
-        let t = self.kinded(table, "get", &[Kind::Partitioned, Kind::Read])?;
+        let t = self.kinded(table, "get", READABLE)?;
         t.rows.get(&k).map(|r| dec(table, &r.value)).transpose()
     }
 
@@ -699,7 +787,7 @@ impl StateTables {
         value: &V,
     ) -> Result<(), StateError> {
         let (k, v) = (enc(table, key)?, enc_value(table, value)?);
-        self.put_row(table, "put", &[Kind::Partitioned], k, v)
+        self.put_row(table, "put", Kind::KEYED, k, v)
     }
 
     /// Fill a read-only table (configuration: an ACL, a backend list) at setup.
@@ -715,7 +803,8 @@ impl StateTables {
 
     pub fn delete<K: Serialize>(&mut self, table: &str, key: &K) -> Result<bool, StateError> {
         let k = enc(table, key)?;
-        let t = self.kinded_mut(table, "delete", &[Kind::Partitioned])?;
+        let t = self.kinded_mut(table, "delete", Kind::KEYED)?;
+        t.shares.remove(&k);
         Ok(t.rows.remove(&k).is_some())
     }
 
@@ -724,9 +813,150 @@ impl StateTables {
         &self,
         table: &str,
     ) -> Result<Vec<(K, V)>, StateError> {
-        let t = self.kinded(table, "rows", &[Kind::Partitioned, Kind::Read])?;
+        let t = self.kinded(table, "rows", READABLE)?;
         let decode = |(k, r): (&Vec<u8>, &Row)| Ok((dec(table, k)?, dec(table, &r.value)?));
         t.rows.iter().map(decode).collect()
+    }
+
+    // ---- rows that go with their flows (SplitRule::WithFlows) ----
+
+    /// Declare which rows of the with-flows table `table` the rows of the per-flow table
+    /// `flows` refer to. A split then moves a row with the flows that use it, and copies
+    /// it, halving its share, when flows on both sides use it.
+    pub fn set_refs(&mut self, table: &str, flows: &str, refs: RefsFn) -> Result<(), StateError> {
+        self.kinded(flows, "set_refs", &[Kind::PerFlow])?;
+        let t = self.kinded_mut(table, "set_refs", &[Kind::WithFlows])?;
+        t.refs = Some((flows.to_string(), refs));
+        Ok(())
+    }
+
+    /// The share of its whole a with-flows row holds ([`WHOLE_SHARE`] for the only copy),
+    /// or None without such a row.
+    pub fn share<K: Serialize>(&self, table: &str, key: &K) -> Result<Option<u64>, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded(table, "share", &[Kind::WithFlows])?;
+        Ok((t.rows.contains_key(&k)).then(|| t.shares.get(&k).copied().unwrap_or(WHOLE_SHARE)))
+    }
+
+    /// Insert a with-flows row holding `share` of its whole (an import of state written
+    /// by an older build; a plain `put` makes a whole row).
+    pub fn put_share<K: Serialize, V: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        value: &V,
+        share: u64,
+    ) -> Result<(), StateError> {
+        if share == 0 || share > WHOLE_SHARE {
+            return Err(StateError::Value {
+                table: table.into(),
+                err: format!("share {share} is not in 1..={WHOLE_SHARE}"),
+            });
+        }
+        let k = enc(table, key)?;
+        self.kinded(table, "put_share", &[Kind::WithFlows])?;
+        self.put_row(
+            table,
+            "put_share",
+            &[Kind::WithFlows],
+            k.clone(),
+            enc_value(table, value)?,
+        )?;
+        let t = self.table_mut(table)?;
+        if share < WHOLE_SHARE {
+            t.shares.insert(k, share);
+        } else {
+            t.shares.remove(&k);
+        }
+        Ok(())
+    }
+
+    // ---- pools of free units (SplitRule::Pool) ----
+
+    /// Define a pool row over `lo..=hi`, every unit free (`free`) or in use. A row that
+    /// exists keeps its free units if its range is the same, and is refused otherwise.
+    pub fn pool_define<K: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        lo: u16,
+        hi: u16,
+        free: bool,
+    ) -> Result<(), StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded_mut(table, "pool_define", &[Kind::Pool])?;
+        if let Some(p) = t.pools.get(&k) {
+            if p.range() == (lo.min(hi), lo.max(hi)) {
+                return Ok(());
+            }
+            return Err(StateError::Value {
+                table: table.into(),
+                err: format!("pool row redefined from {:?} to {lo}..={hi}", p.range()),
+            });
+        }
+        if !t.has_room(&k) {
+            return Err(StateError::Full {
+                table: table.into(),
+                max_rows: t.max_rows.unwrap_or(0),
+            });
+        }
+        let set = if free {
+            UnitSet::full(lo, hi)
+        } else {
+            UnitSet::empty(lo, hi)
+        };
+        t.pools.insert(k, set);
+        Ok(())
+    }
+
+    /// A pool row, to read.
+    pub fn pool<K: Serialize>(&self, table: &str, key: &K) -> Result<Option<&UnitSet>, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded(table, "pool", &[Kind::Pool])?;
+        Ok(t.pools.get(&k))
+    }
+
+    /// Free units of a pool row (0 without the row).
+    pub fn pool_free<K: Serialize>(&self, table: &str, key: &K) -> Result<u32, StateError> {
+        Ok(self.pool(table, key)?.map_or(0, UnitSet::free))
+    }
+
+    /// Take a unit from a pool row ([`UnitSet::alloc`]): `want` if free, else a random
+    /// free one. None when the row has none free, or there is no such row.
+    pub fn pool_alloc<K: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        want: u16,
+        rng: &mut DetRng,
+    ) -> Result<Option<Alloc>, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded_mut(table, "pool_alloc", &[Kind::Pool])?;
+        Ok(t.pools.get_mut(&k).and_then(|p| p.alloc(want, rng)))
+    }
+
+    /// Return a unit to its pool row; false if it was free already, is outside the
+    /// row's range, or there is no such row.
+    pub fn pool_put<K: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        unit: u16,
+    ) -> Result<bool, StateError> {
+        let k = enc(table, key)?;
+        let t = self.kinded_mut(table, "pool_put", &[Kind::Pool])?;
+        Ok(t.pools.get_mut(&k).is_some_and(|p| p.put(unit)))
+    }
+
+    /// Every pool row, in key order.
+    pub fn pools<K: DeserializeOwned>(
+        &self,
+        table: &str,
+    ) -> Result<Vec<(K, &UnitSet)>, StateError> {
+        let t = self.kinded(table, "pools", &[Kind::Pool])?;
+        (t.pools.iter())
+            .map(|(k, p)| Ok((dec(table, k)?, p)))
+            .collect()
     }
 
     fn put_row(
@@ -781,7 +1011,7 @@ impl StateTables {
         let t = self.table_mut(table)?;
         match t.kind() {
             Kind::Replicated => {}
-            Kind::Partitioned | Kind::PerFlow => {
+            Kind::Partitioned | Kind::PerFlow | Kind::Pool | Kind::WithFlows | Kind::Copy => {
                 return Err(StateError::MultiWriterWrite {
                     table: table.into(),
                 })
@@ -923,8 +1153,9 @@ impl StateTables {
         self.encode(|_, t| {
             let counters = t.counters().into_iter().collect();
             let rows = match t.kind() {
-                Kind::PerFlow => t.sorted_flows(),
-                _ => t.rows.clone().into_iter().collect(),
+                Kind::PerFlow => wire_rows(t.sorted_flows()),
+                Kind::Pool => pool_rows(t.pools.iter()),
+                _ => t.keyed_rows(t.rows.iter()),
             };
             (rows, counters)
         })
@@ -944,6 +1175,8 @@ impl StateTables {
             t.lanes = 0;
             t.groups.clear();
             t.timers.clear();
+            t.shares.clear();
+            t.pools.clear();
         }
         empty.check(&wire, false)?;
         empty.apply(wire);
@@ -952,45 +1185,105 @@ impl StateTables {
     }
 
     /// Scale-out (Fig. 3): per-flow rows move with their flows, partitioned rows by their
-    /// key's hash, read tables are copied, counters start the new part from zero.
+    /// key's hash, pools give away half their free units, with-flows rows go with the
+    /// flows that use them, copied and read tables are copied, counters start the new
+    /// part from zero.
     pub fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
         self.split_where(half, true)
     }
 
-    /// Gradual migration (S6): only per-flow rows move; shared tables stay whole here.
+    /// Gradual migration (S6): only per-flow rows move, with the with-flows rows they use
+    /// and the copied tables; pools, partitioned rows and counters stay whole here.
     pub fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
         self.split_where(half, false)
     }
 
     fn split_where(&mut self, half: &SplitHalf, shared: bool) -> Result<Vec<u8>, NfError> {
         let in_half = |h: u64| h >= half.moved_lo && h < half.moved_hi;
-        let mut moved: BTreeMap<String, Vec<(Vec<u8>, Row)>> = BTreeMap::new();
+        let mut moved: BTreeMap<String, Vec<(Vec<u8>, WireRow)>> = BTreeMap::new();
+        // Per-flow tables first: the with-flows rows follow the flows that leave.
+        let mut leaving: BTreeMap<String, Vec<(Vec<u8>, Row)>> = BTreeMap::new();
+        for (name, t) in &mut self.tables {
+            if t.kind() != Kind::PerFlow {
+                continue;
+            }
+            let (part, keep): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut t.flows)
+                .into_iter()
+                .partition(|(k, _)| half.moves(k));
+            t.flows = keep;
+            // Their queue entries are orphans now, dropped when they fire.
+            for r in part.values() {
+                t.count(r.group.as_deref(), false);
+            }
+            let mut part: Vec<(Vec<u8>, Row)> = (part.into_iter())
+                .map(|(k, r)| (k.as_bytes().to_vec(), r))
+                .collect();
+            part.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            leaving.insert(name.clone(), part);
+        }
+        // Uses of each with-flows row by the flows that leave and by those that stay.
+        let mut uses: BTreeMap<String, (Uses, Uses)> = BTreeMap::new();
+        for (name, t) in &self.tables {
+            let Some((flows, refs)) = &t.refs else {
+                continue;
+            };
+            let (mut gone, mut stay) = (BTreeMap::new(), BTreeMap::new());
+            for (_, r) in leaving.get(flows).into_iter().flatten() {
+                for k in refs(&r.value) {
+                    *gone.entry(k).or_insert(0u32) += 1;
+                }
+            }
+            if let Some(ft) = self.tables.get(flows) {
+                for r in ft.flows.values() {
+                    for k in refs(&r.value) {
+                        if gone.contains_key(&k) {
+                            *stay.entry(k).or_insert(0u32) += 1;
+                        }
+                    }
+                }
+            }
+            uses.insert(name.clone(), (gone, stay));
+        }
         for (name, t) in &mut self.tables {
             let out = moved.entry(name.clone()).or_default();
             match t.kind() {
-                Kind::PerFlow => {
-                    let (part, keep): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut t.flows)
-                        .into_iter()
-                        .partition(|(k, _)| half.moves(k));
-                    t.flows = keep;
-                    // Their queue entries are orphans now, dropped when they fire.
-                    for r in part.values() {
-                        t.count(r.group.as_deref(), false);
-                    }
-                    let mut part: Vec<(Vec<u8>, Row)> = (part.into_iter())
-                        .map(|(k, r)| (k.as_bytes().to_vec(), r))
-                        .collect();
-                    part.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                    *out = part;
-                }
+                Kind::PerFlow => *out = wire_rows(leaving.remove(name).unwrap_or_default()),
                 Kind::Partitioned if shared => {
                     let (part, keep): (BTreeMap<_, _>, _) = std::mem::take(&mut t.rows)
                         .into_iter()
                         .partition(|(k, _)| in_half(key_hash(k)));
                     t.rows = keep;
-                    *out = part.into_iter().collect();
+                    *out = t.keyed_rows(part.iter());
                 }
-                Kind::Read => *out = t.rows.clone().into_iter().collect(),
+                Kind::Pool if shared => {
+                    let part: BTreeMap<Vec<u8>, UnitSet> = (t.pools.iter_mut())
+                        .map(|(k, p)| (k.clone(), p.split_upper_half()))
+                        .collect();
+                    *out = pool_rows(part.iter());
+                }
+                Kind::WithFlows => {
+                    let (gone, stay) = uses.remove(name).unwrap_or_default();
+                    for k in gone.keys() {
+                        let Some(row) = t.rows.get(k).cloned() else {
+                            continue;
+                        };
+                        let share = t.shares.get(k).copied().unwrap_or(WHOLE_SHARE);
+                        let give = if stay.contains_key(k) {
+                            // Used on both sides: both keep a copy, each half the share.
+                            let give = share / 2;
+                            t.shares.insert(k.clone(), share - give);
+                            give
+                        } else {
+                            t.rows.remove(k);
+                            t.shares.remove(k);
+                            share
+                        };
+                        let mut w = WireRow::from(row);
+                        w.share = (give < WHOLE_SHARE).then_some(give);
+                        out.push((k.clone(), w));
+                    }
+                }
+                Kind::Copy | Kind::Read => *out = t.keyed_rows(t.rows.iter()),
                 _ => {}
             }
         }
@@ -1058,10 +1351,43 @@ impl StateTables {
                 })
             };
             let mut new_keys = 0;
-            for (k, _) in &wt.rows {
+            for (k, row) in &wt.rows {
                 if t.kind() == Kind::PerFlow && flow_of(k).is_none() {
                     return Err(snap_err(format!(
                         "{}: a per-flow key is not 40 bytes",
+                        wt.name
+                    )));
+                }
+                if t.kind() == Kind::Pool {
+                    let part = pool_of(&wt.name, &row.value)?;
+                    match t.pools.get(k) {
+                        None => new_keys += 1,
+                        Some(_) if !merge => {}
+                        Some(mine) if mine.range() != part.range() => {
+                            return Err(snap_err(format!(
+                                "{}: a pool row's range differs ({:?} here, {:?} there)",
+                                wt.name,
+                                mine.range(),
+                                part.range()
+                            )))
+                        }
+                        Some(mine) => {
+                            if let Some(u) = mine.overlap(&part) {
+                                return Err(snap_err(format!(
+                                    "{}: unit {u} is free on both sides",
+                                    wt.name
+                                )));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let share = row.share.unwrap_or(WHOLE_SHARE);
+                if row.share.is_some()
+                    && (t.kind() != Kind::WithFlows || share == 0 || share > WHOLE_SHARE)
+                {
+                    return Err(snap_err(format!(
+                        "{}: a row's share is out of range",
                         wt.name
                     )));
                 }
@@ -1071,10 +1397,26 @@ impl StateTables {
                 };
                 match present {
                     // Configuration: this part's copy stays (it may be the newer one).
-                    Some(_) if t.kind() == Kind::Read => {}
+                    Some(_) if matches!(t.kind(), Kind::Read | Kind::Copy) => {}
                     // A flow both parts hold (a late event raced the move): the row
                     // with the later deadline wins, in `apply`.
                     Some(_) if t.kind() == Kind::PerFlow => {}
+                    // Copies of one row that a split made: they come together again.
+                    Some(mine) if t.kind() == Kind::WithFlows && merge => {
+                        if mine.value.as_slice() != row.value.as_slice() {
+                            return Err(snap_err(format!(
+                                "{}: a row is in both parts with different values",
+                                wt.name
+                            )));
+                        }
+                        let have = t.shares.get(k).copied().unwrap_or(WHOLE_SHARE);
+                        if have.saturating_add(share) > WHOLE_SHARE {
+                            return Err(snap_err(format!(
+                                "{}: a row's copies add up to more than one whole (merged on both sides)",
+                                wt.name
+                            )));
+                        }
+                    }
                     Some(_) if merge => {
                         return Err(snap_err(format!(
                             "{}: a key is in both parts ({} writes it once)",
@@ -1117,17 +1459,42 @@ impl StateTables {
             let Some(t) = self.tables.get_mut(&wt.name) else {
                 continue;
             };
-            for (k, row) in wt.rows {
+            for (k, w) in wt.rows {
+                let share = w.share.unwrap_or(WHOLE_SHARE);
                 match (t.kind(), flow_of(&k)) {
+                    (Kind::Pool, _) => {
+                        let Ok(part) = pool_of(&wt.name, &w.value) else {
+                            continue;
+                        };
+                        match t.pools.get_mut(&k) {
+                            Some(mine) => mine.unite(&part),
+                            None => _ = t.pools.insert(k, part),
+                        }
+                    }
                     (Kind::PerFlow, Some(f)) => {
+                        let row = Row::from(w);
                         let later = |r: &Row| r.deadline_ms.unwrap_or(u64::MAX);
                         if t.flows.get(&f).is_none_or(|mine| later(mine) < later(&row)) {
                             t.insert_flow(f, row);
                         }
                     }
                     (Kind::PerFlow, None) => {}
-                    (Kind::Read, _) if t.rows.contains_key(&k) => {}
-                    _ => _ = t.rows.insert(k, row),
+                    (Kind::Read | Kind::Copy, _) if t.rows.contains_key(&k) => {}
+                    (Kind::WithFlows, _) => {
+                        let have = if t.rows.contains_key(&k) {
+                            t.shares.get(&k).copied().unwrap_or(WHOLE_SHARE)
+                        } else {
+                            t.rows.insert(k.clone(), Row::from(w));
+                            0
+                        };
+                        let sum = have.saturating_add(share).min(WHOLE_SHARE);
+                        if sum < WHOLE_SHARE {
+                            t.shares.insert(k, sum);
+                        } else {
+                            t.shares.remove(&k);
+                        }
+                    }
+                    _ => _ = t.rows.insert(k, Row::from(w)),
                 }
             }
             if t.lanes == 0 {
@@ -1149,7 +1516,7 @@ impl StateTables {
     #[allow(clippy::type_complexity)]
     fn encode(
         &self,
-        mut rows: impl FnMut(&str, &Table) -> (Vec<(Vec<u8>, Row)>, Vec<(Vec<u8>, Vec<u64>)>),
+        mut rows: impl FnMut(&str, &Table) -> (Vec<(Vec<u8>, WireRow)>, Vec<(Vec<u8>, Vec<u64>)>),
     ) -> Result<Vec<u8>, NfError> {
         let tables = (self.tables.iter())
             .map(|(name, t)| {
@@ -1168,13 +1535,16 @@ impl StateTables {
 
     /// Decode and check a snapshot or part against the declarations.
     fn decode(&self, b: &[u8]) -> Result<Wire, NfError> {
-        let body = b
-            .strip_prefix(MAGIC.as_slice())
-            .ok_or_else(|| snap_err("not a platform-table snapshot (bad magic or version)"))?;
-        let (wire, rest): (Wire, _) = postcard::take_from_bytes(body).map_err(snap_err)?;
-        if !rest.is_empty() {
-            return Err(snap_err(format!("{} trailing bytes", rest.len())));
-        }
+        let wire: Wire = if let Some(body) = b.strip_prefix(MAGIC.as_slice()) {
+            whole(postcard::take_from_bytes(body).map_err(snap_err)?)?
+        } else if let Some(body) = b.strip_prefix(MAGIC_V1.as_slice()) {
+            let v1: WireV1 = whole(postcard::take_from_bytes(body).map_err(snap_err)?)?;
+            v1.into()
+        } else {
+            return Err(snap_err(
+                "not a platform-table snapshot (bad magic or version)",
+            ));
+        };
         if wire.tables.len() != self.tables.len() {
             return Err(snap_err(format!(
                 "{} tables in the snapshot, {} declared",
@@ -1199,6 +1569,62 @@ impl StateTables {
         Ok(wire)
     }
 }
+
+/// How many flows use each with-flows row (by key).
+type Uses = BTreeMap<Vec<u8>, u32>;
+
+/// A decoded value with nothing after it.
+fn whole<T>((v, rest): (T, &[u8])) -> Result<T, NfError> {
+    if !rest.is_empty() {
+        return Err(snap_err(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(v)
+}
+
+fn wire_rows(rows: Vec<(Vec<u8>, Row)>) -> Vec<(Vec<u8>, WireRow)> {
+    rows.into_iter().map(|(k, r)| (k, r.into())).collect()
+}
+
+fn pool_rows<'a>(
+    pools: impl Iterator<Item = (&'a Vec<u8>, &'a UnitSet)>,
+) -> Vec<(Vec<u8>, WireRow)> {
+    pools
+        .map(|(k, p)| {
+            let value = postcard::to_allocvec(&p.to_wire()).unwrap_or_default();
+            let w = WireRow {
+                value,
+                deadline_ms: None,
+                group: None,
+                share: None,
+            };
+            (k.clone(), w)
+        })
+        .collect()
+}
+
+fn pool_of(table: &str, value: &[u8]) -> Result<UnitSet, NfError> {
+    let w: PoolWire =
+        postcard::from_bytes(value).map_err(|e| snap_err(format!("{table}: a pool row: {e}")))?;
+    UnitSet::from_wire(&w).map_err(|e| snap_err(format!("{table}: {e}")))
+}
+
+impl Table {
+    /// Keyed rows as parts carry them, with-flows rows with their shares.
+    fn keyed_rows<'a>(
+        &self,
+        rows: impl Iterator<Item = (&'a Vec<u8>, &'a Row)>,
+    ) -> Vec<(Vec<u8>, WireRow)> {
+        rows.map(|(k, r)| {
+            let mut w = WireRow::from(r.clone());
+            w.share = self.shares.get(k).copied();
+            (k.clone(), w)
+        })
+        .collect()
+    }
+}
+
+/// Tables whose rows `get` and `rows` read.
+const READABLE: &[Kind] = &[Kind::Partitioned, Kind::WithFlows, Kind::Copy, Kind::Read];
 
 fn check_kind(table: &str, kind: Kind, op: &'static str, want: &[Kind]) -> Result<(), StateError> {
     if want.contains(&kind) {
@@ -1530,5 +1956,222 @@ mod tests {
         assert_eq!(s.len("hits"), Ok(3), "a, b and the spill key");
         assert_eq!(s.counter("hits", &"other"), Ok(vec![2]));
         assert!(s.set_capacity("ports", 1, Some(&"x")).is_err());
+    }
+
+    /// A NAT's shape: flows that each use one or two mappings, mappings holding ports of
+    /// a pool, and a pairing both parts keep.
+    fn nat_specs() -> Vec<TableSpec> {
+        vec![
+            TableSpec::per_flow("flows"),
+            TableSpec::shared_write("maps", Consistency::Partitioned)
+                .split_by(SplitRule::WithFlows),
+            TableSpec::shared_write("pool", Consistency::Partitioned).split_by(SplitRule::Pool),
+            TableSpec::shared_write("pair", Consistency::Partitioned).split_by(SplitRule::Copy),
+        ]
+    }
+
+    /// A flow row is the list of mapping keys (u16 ports) it uses.
+    fn nat_refs(v: &[u8]) -> SmallVec<[Vec<u8>; 2]> {
+        let ports: Vec<u16> = postcard::from_bytes(v).unwrap_or_default();
+        ports
+            .iter()
+            .filter_map(|p| postcard::to_allocvec(p).ok())
+            .collect()
+    }
+
+    fn nat() -> StateTables {
+        let mut s = StateTables::create(&nat_specs()).expect("tables");
+        s.set_refs("maps", "flows", nat_refs).expect("refs");
+        s.pool_define("pool", &1u8, 100, 299, true).expect("pool");
+        s
+    }
+
+    #[test]
+    fn split_rules_are_checked_at_declaration() {
+        assert!(TableSpec::per_flow("f")
+            .split_by(SplitRule::Pool)
+            .validate()
+            .is_err());
+        assert!(TableSpec::shared_read("r")
+            .split_by(SplitRule::Copy)
+            .validate()
+            .is_err());
+        let multi = TableSpec::shared_write("c", Consistency::Replicated);
+        assert!(multi.split_by(SplitRule::WithFlows).validate().is_err());
+        assert!(TableSpec::per_flow("m")
+            .split_by(SplitRule::WithFlows)
+            .validate()
+            .is_ok());
+        let mut s = nat();
+        assert!(matches!(
+            s.set_refs("flows", "maps", nat_refs),
+            Err(StateError::WrongKind { .. })
+        ));
+        assert!(matches!(
+            s.add("pool", &1u8, &[1]),
+            Err(StateError::MultiWriterWrite { .. })
+        ));
+        assert!(matches!(
+            s.put("pool", &1u8, &1u8),
+            Err(StateError::WrongKind { .. })
+        ));
+        assert!(
+            s.pool_define("pool", &1u8, 100, 200, true).is_err(),
+            "range changed"
+        );
+        s.pool_define("pool", &1u8, 100, 299, true)
+            .expect("same range again");
+        assert_eq!(s.pool_free("pool", &1u8), Ok(200));
+    }
+
+    #[test]
+    fn pools_halve_their_free_units_and_unite_again() {
+        let mut a = nat();
+        let mut rng = DetRng::new(1);
+        let got = a.pool_alloc("pool", &1u8, 150, &mut rng).expect("alloc");
+        assert_eq!(got.map(|g| (g.unit, g.preserved)), Some((150, true)));
+        let mut b = nat();
+        b.restore(&a.split(&HALF).expect("split")).expect("restore");
+        let (fa, fb) = (
+            a.pool_free("pool", &1u8).unwrap(),
+            b.pool_free("pool", &1u8).unwrap(),
+        );
+        assert_eq!((fa, fb), (100, 99));
+        let pa = a.pool("pool", &1u8).unwrap().unwrap().clone();
+        let pb = b.pool("pool", &1u8).unwrap().unwrap().clone();
+        assert_eq!(pa.overlap(&pb), None);
+        assert!(
+            !pa.is_free(150) && !pb.is_free(150),
+            "the unit in use is nobody's"
+        );
+        // Each part allocates from its own half only.
+        for _ in 0..99 {
+            assert!(b.pool_alloc("pool", &1u8, 0, &mut rng).unwrap().is_some());
+        }
+        assert_eq!(
+            b.pool_alloc("pool", &1u8, 0, &mut rng),
+            Ok(None),
+            "b is out"
+        );
+        assert!(b.pool_put("pool", &1u8, 299).unwrap());
+        assert!(!b.pool_put("pool", &1u8, 299).unwrap(), "free twice");
+        // Merged with itself, every free unit would be owned twice.
+        let before = a.snapshot().unwrap();
+        let err = a.merge(&before).unwrap_err().to_string();
+        assert!(err.contains("free on both sides"), "{err}");
+        assert_eq!(a.snapshot().unwrap(), before);
+        a.merge(&b.snapshot().unwrap()).expect("merge");
+        assert_eq!(a.pool_free("pool", &1u8), Ok(101));
+        // split_flows leaves the pool alone.
+        let mut c = nat();
+        let part = a.split_flows(&HALF).unwrap();
+        c.restore(&part).unwrap();
+        assert_eq!(a.pool_free("pool", &1u8), Ok(101));
+        assert_eq!(c.pools::<u8>("pool").unwrap().len(), 0);
+    }
+
+    #[test]
+    fn with_flows_rows_follow_their_flows_and_split_their_share() {
+        let mut a = nat();
+        let f = |i| flow(i);
+        // Find one flow on each side of HALF.
+        let go = (0..200).find(|&i| HALF.moves(&f(i))).unwrap();
+        let stay = (0..200).find(|&i| !HALF.moves(&f(i))).unwrap();
+        let go2 = (go + 1..300).find(|&i| HALF.moves(&f(i))).unwrap();
+        a.put("maps", &7u16, &"shared").unwrap();
+        a.put("maps", &8u16, &"only-moving").unwrap();
+        a.put("maps", &9u16, &"only-staying").unwrap();
+        a.put("maps", &10u16, &"unused").unwrap();
+        a.put("pair", &1u8, &"pref").unwrap();
+        a.put_flow("flows", &f(go), &vec![7u16, 8]).unwrap();
+        a.put_flow("flows", &f(go2), &vec![8u16]).unwrap();
+        a.put_flow("flows", &f(stay), &vec![7u16, 9]).unwrap();
+        let mut b = nat();
+        b.restore(&a.split(&HALF).unwrap()).unwrap();
+        let keys = |s: &StateTables| {
+            s.rows::<u16, String>("maps")
+                .unwrap()
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&a), vec![7, 9, 10]);
+        assert_eq!(keys(&b), vec![7, 8]);
+        assert_eq!(a.share("maps", &7u16), Ok(Some(WHOLE_SHARE / 2)));
+        assert_eq!(b.share("maps", &7u16), Ok(Some(WHOLE_SHARE / 2)));
+        assert_eq!(b.share("maps", &8u16), Ok(Some(WHOLE_SHARE)), "moved whole");
+        assert_eq!(a.share("maps", &9u16), Ok(Some(WHOLE_SHARE)));
+        assert_eq!(
+            b.get::<u8, String>("pair", &1).unwrap().as_deref(),
+            Some("pref")
+        );
+        assert_eq!(
+            a.get::<u8, String>("pair", &1).unwrap().as_deref(),
+            Some("pref")
+        );
+        // A copy's value must match, and copies never add up past one whole.
+        let twice = b.snapshot().unwrap();
+        let mut c = a.clone();
+        c.merge(&twice).expect("the copies reunite");
+        assert_eq!(c.share("maps", &7u16), Ok(Some(WHOLE_SHARE)));
+        let before = c.snapshot().unwrap();
+        let err = c.merge(&twice).unwrap_err().to_string();
+        assert!(err.contains("more than one whole"), "{err}");
+        assert_eq!(c.snapshot().unwrap(), before, "refused, unchanged");
+        let mut d = a.clone();
+        d.put("maps", &7u16, &"other").unwrap();
+        let err = d.merge(&twice).unwrap_err().to_string();
+        assert!(err.contains("different values"), "{err}");
+        // Snapshots carry shares: a restored copy knows it is not whole.
+        let mut e = nat();
+        e.restore(&a.snapshot().unwrap()).unwrap();
+        assert_eq!(e.share("maps", &7u16), Ok(Some(WHOLE_SHARE / 2)));
+        // Gradual migration moves with-flows rows too.
+        let mut g = nat();
+        g.restore(
+            &b.split_flows(&SplitHalf {
+                moved_lo: 0,
+                moved_hi: u64::MAX,
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(keys(&g), vec![7, 8]);
+        assert!(keys(&b).is_empty());
+    }
+
+    #[test]
+    fn parts_of_the_older_format_are_still_taken() {
+        let mut a = StateTables::create(&specs()).expect("tables");
+        a.put_flow_timed("conns", &flow(1), &7u32, 99).unwrap();
+        a.put("ports", &5u16, &6u16).unwrap();
+        a.add("hits", &1u8, &[3]).unwrap();
+        // The same state, written as SFT1 wrote it.
+        let snap = a.snapshot().unwrap();
+        let wire: Wire = whole(postcard::take_from_bytes(&snap[4..]).unwrap()).unwrap();
+        let v1 = WireV1 {
+            tables: (wire.tables.into_iter())
+                .map(|t| WireTableV1 {
+                    name: t.name,
+                    kind: t.kind,
+                    rows: (t.rows.into_iter())
+                        .map(|(k, r)| {
+                            let r = WireRowV1 {
+                                value: r.value,
+                                deadline_ms: r.deadline_ms,
+                                group: r.group,
+                            };
+                            (k, r)
+                        })
+                        .collect(),
+                    counters: t.counters,
+                    lanes: t.lanes,
+                })
+                .collect(),
+        };
+        let old = postcard::to_extend(&v1, MAGIC_V1.to_vec()).unwrap();
+        let mut b = StateTables::create(&specs()).expect("tables");
+        b.restore(&old).expect("an SFT1 snapshot");
+        assert_eq!(b.snapshot().unwrap(), snap);
     }
 }

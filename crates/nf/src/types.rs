@@ -37,6 +37,29 @@ pub enum Consistency {
     Replicated,
 }
 
+/// How the platform cuts a single-writer table's rows at a scale-out and joins them at
+/// a scale-in ([`crate::StateTables`]). The NF names the rule; the platform runs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitRule {
+    /// A row goes by a stable hash of its key; a key in both parts refuses a merge.
+    #[default]
+    ByKey,
+    /// Each row is a pool of free units (the ports of one address): a split gives the
+    /// new part half of every row's free units by count (paper 000 §4.1, `<addr,
+    /// 1024-4096>` becomes two ranges); a merge unites them, and a unit free in both
+    /// parts refuses it. Units in use belong to nobody's free set.
+    Pool,
+    /// Rows that flows use (a NAT mapping): a row goes with the flows whose rows refer to
+    /// it ([`crate::StateTables::set_refs`]). A row used on both sides is copied and the
+    /// copies split its share, so only the copy holding the whole share knows it is the
+    /// last one (weighted reference counting); a merge sums the shares.
+    WithFlows,
+    /// A preference both parts keep (an address pairing): copied at a split; at a merge
+    /// this part's row stays.
+    Copy,
+}
+
 /// A state table an NF declares.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableSpec {
@@ -45,6 +68,9 @@ pub struct TableSpec {
     pub access: Access,
     /// Required for shared-write tables, absent otherwise (checked by [`TableSpec::validate`]).
     pub consistency: Option<Consistency>,
+    /// How a single-writer table splits; [`SplitRule::ByKey`] unless the NF names another.
+    #[serde(default)]
+    pub split: SplitRule,
 }
 
 impl TableSpec {
@@ -54,6 +80,7 @@ impl TableSpec {
             scope: Scope::PerFlow,
             access: Access::Write,
             consistency: None,
+            split: SplitRule::ByKey,
         }
     }
 
@@ -63,6 +90,7 @@ impl TableSpec {
             scope: Scope::Shared,
             access: Access::Read,
             consistency: None,
+            split: SplitRule::ByKey,
         }
     }
 
@@ -72,7 +100,14 @@ impl TableSpec {
             scope: Scope::Shared,
             access: Access::Write,
             consistency: Some(c),
+            split: SplitRule::ByKey,
         }
+    }
+
+    /// The same table, split by `rule` ([`SplitRule`]).
+    pub fn split_by(mut self, rule: SplitRule) -> Self {
+        self.split = rule;
+        self
     }
 
     /// A shared-write table must name its consistency; nothing else may.
@@ -88,6 +123,21 @@ impl TableSpec {
                 self.name
             ))),
             _ => Ok(()),
+        }?;
+        // A rule other than by key fits a single-writer table; rows that go with their
+        // flows fit a per-flow declaration too (a mapping each flow has its own of).
+        let single_writer = matches!(
+            (self.scope, self.access, self.consistency),
+            (Scope::Shared, Access::Write, Some(Consistency::Partitioned))
+        );
+        match self.split {
+            SplitRule::ByKey => Ok(()),
+            SplitRule::WithFlows if self.scope == Scope::PerFlow || single_writer => Ok(()),
+            _ if single_writer => Ok(()),
+            r => Err(NfError::BadTable(format!(
+                "table {} is not shared single-writer, so it cannot split by {r:?}",
+                self.name
+            ))),
         }
     }
 }

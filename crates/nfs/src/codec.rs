@@ -7,12 +7,6 @@
 //! postcard snapshot never does: its first byte is the small version number).
 
 use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-/// Encode a snapshot in the binary form.
-pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
-    postcard::to_allocvec(v).map_err(|e| e.to_string())
-}
 
 /// Decode a snapshot, binary or JSON. Trailing bytes are an error.
 pub(crate) fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {

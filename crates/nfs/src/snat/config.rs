@@ -9,8 +9,9 @@ use packet::proto;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::ports::{PortPool, PortSet};
 use super::table::FlowState;
+use super::table::{FLOWS, MAPPINGS, PAIRINGS, PORTS, STATS};
+use ::nf::{Consistency, SplitRule, TableSpec};
 
 /// How a pool maps an internal endpoint to external ones (RFC 4787 §4.1).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -337,24 +338,40 @@ impl Plan {
         }
     }
 
-    pub(super) fn empty_pool(&self) -> PortPool {
-        let mut sets = HashMap::new();
+    /// Every (pool address, protocol) and its port range: the rows of the port pool.
+    pub(super) fn port_rows(&self) -> Vec<(IpAddr, u8, u16, u16)> {
+        let mut out = Vec::new();
         for p in &self.pools {
             for &a in &p.addrs {
                 for pr in p.protos() {
-                    sets.insert((a, pr), PortSet::empty(p.lo, p.hi));
+                    out.push((a, pr, p.lo, p.hi));
                 }
             }
         }
-        PortPool { sets }
+        out
     }
 
-    pub(super) fn full_pool(&self) -> PortPool {
-        let mut pool = self.empty_pool();
-        for s in pool.sets.values_mut() {
-            s.fill();
-        }
-        pool
+    /// The tables the NF keeps, and how the platform splits each: the port pool halves
+    /// its free ports, a mapping goes with the flows that use it (shared by an internal
+    /// endpoint's flows under endpoint-independent mapping, one flow's own otherwise),
+    /// the pairings are copied, the counters add up.
+    pub(super) fn tables(&self) -> Vec<TableSpec> {
+        let shared_mappings = self
+            .pools
+            .iter()
+            .any(|p| p.mapping == MappingBehaviour::EndpointIndependent);
+        vec![
+            TableSpec::shared_write(PORTS, Consistency::Partitioned).split_by(SplitRule::Pool),
+            if shared_mappings {
+                TableSpec::shared_write(MAPPINGS, Consistency::Partitioned)
+            } else {
+                TableSpec::per_flow(MAPPINGS)
+            }
+            .split_by(SplitRule::WithFlows),
+            TableSpec::shared_write(PAIRINGS, Consistency::Partitioned).split_by(SplitRule::Copy),
+            TableSpec::per_flow(FLOWS),
+            TableSpec::shared_write(STATS, Consistency::Replicated),
+        ]
     }
 }
 

@@ -1,21 +1,25 @@
 //! Source NAT with ports (NAPT, v4 or v6) as an NF, following RFC 4787 (UDP), RFC 5382
 //! (TCP) and RFC 5508 (ICMP).
 //!
-//! State, in the design's words:
-//! - the **PortPool**: per (pool address, protocol) a bitmap of the ports this partition
-//!   may still hand out. Shared by every flow, written on allocation, so it is
-//!   shared-write with *partitioned* consistency: a split gives each side half of the
+//! State, in the design's words, all of it in platform-owned tables (`nf::StateTables`),
+//! which the platform snapshots, splits, merges and replicates by each table's
+//! `SplitRule` (`table.rs`):
+//! - the **PortPool** (`port-pool`, a pool table): per (pool address, protocol) the
+//!   ports this partition may still hand out. A split gives each side half of the
 //!   *free* ports (paper 000 §4.1: `<addr, 1024-4096>` becomes two ranges), and a merge
 //!   takes their union. Ports in use are in nobody's free set; they belong to the
 //!   mapping that uses them.
-//! - the **mappings**: internal endpoint → external endpoint. Under endpoint-independent
-//!   mapping one mapping serves every flow of an internal endpoint, so it is shared state
-//!   (declared shared-write, partitioned); under endpoint-dependent mapping each mapping
-//!   serves one remote endpoint and is declared per-flow.
-//! - the **address pairing**: internal address → the pool address its mappings use
-//!   (RFC 4787 REQ-2).
-//! - the **flows**: per-flow entries with the rewrites handed to PP, the TCP state and the
-//!   expiry deadline.
+//! - the **mappings** (`mappings`, a with-flows table): external endpoint → internal
+//!   endpoint. Under endpoint-independent mapping one mapping serves every flow of an
+//!   internal endpoint (declared shared-write, partitioned); under endpoint-dependent
+//!   mapping each serves one remote endpoint (declared per-flow). Either way a mapping
+//!   goes with the flows that use it, and one used on both sides of a split is copied
+//!   with its share halved.
+//! - the **address pairing** (`address-pairing`, copied): internal address → the pool
+//!   address its mappings use (RFC 4787 REQ-2).
+//! - the **flows** (`flows`, per-flow): the rewrites handed to PP and the TCP state, with
+//!   the expiry deadline as the row's timer.
+//! - the counters (`stats`, replicated).
 //!
 //! SC only sees a flow's first packet (and the events PP reports: handshake done,
 //! FIN/RST, activity, expiry), which shapes three choices documented in
@@ -26,13 +30,12 @@
 
 mod config;
 mod nf;
-mod ports;
 mod snapshot;
 mod table;
 
+pub use ::nf::pool::PROBES;
 pub use config::{MappingBehaviour, PortRange, SnatConfig, SnatPool, SnatTimeouts};
 pub use nf::Snat;
-pub use ports::PROBES;
 pub use table::{ExternalEndpoint, MappingInfo, MappingKey, SnatStats};
 
 /// Drop reasons this NF gives, as PP counts them (`rule:<reason>`).

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::nf::{
-    Consistency, Decision, DetRng, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
-    NfEnv, NfError, PreparedPart, Rewrite, SplitHalf, TableSpec,
+    Decision, DetRng, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfEnv,
+    NfError, PreparedPart, Rewrite, StateTables, TableSpec,
 };
-use hashbrown::HashMap;
 use packet::proto;
 use packet::tcp_flags::{ACK, FIN, RST, SYN};
 use pipeline::FlowKey;
@@ -16,10 +15,9 @@ use tracing::debug;
 
 use super::config::{MappingBehaviour, Plan, SnatConfig};
 use super::reason;
-use super::snapshot::snap_err;
+use super::snapshot::{is_platform, snap_err};
 use super::table::{
-    reply_key, timer_entry, ExternalEndpoint, FlowEntry, FlowState, Mapping, MappingInfo,
-    MappingKey, Pairing, SnatPart, SnatStats, State, FULL_WEIGHT,
+    ExternalEndpoint, FlowEntry, FlowState, MappingInfo, MappingKey, SnatStats, State, FLOWS, PORTS,
 };
 
 /// Source NAT. See the module docs and `docs/nf-api.md`.
@@ -35,7 +33,7 @@ impl Snat {
     /// scale-out must instead `restore` the part its parent split off.
     pub fn new(cfg: SnatConfig) -> Result<Self, NfError> {
         let plan = Plan::new(&cfg)?;
-        let state = State::new(plan.full_pool());
+        let state = State::new(&plan, true)?;
         Ok(Snat { cfg, plan, state })
     }
 
@@ -48,7 +46,7 @@ impl Snat {
     }
 
     pub fn flow_count(&self) -> usize {
-        self.state.flows.len()
+        self.state.flow_count()
     }
 
     /// Every mapping, sorted by external endpoint.
@@ -61,7 +59,7 @@ impl Snat {
                 key: m.key,
                 external: *e,
                 flows: m.flows,
-                sole_owner: m.weight >= FULL_WEIGHT,
+                sole_owner: self.state.sole_owner(e),
             })
             .collect();
         v.sort_by_key(|m| m.external);
@@ -76,11 +74,8 @@ impl Snat {
     }
 
     pub fn free_ports(&self, addr: IpAddr, proto: u8) -> Vec<u16> {
-        self.state
-            .ports
-            .sets
-            .get(&(addr, proto))
-            .map(|s| s.free_ports().collect())
+        (self.state.tables.pool(PORTS, &(addr, proto)).ok().flatten())
+            .map(|s| s.free_units().collect())
             .unwrap_or_default()
     }
 
@@ -88,11 +83,11 @@ impl Snat {
     /// may be either direction's.
     pub fn flow_deadline(&self, key: &FlowKey) -> Option<u64> {
         let fk = self.state.resolve(key)?;
-        self.state.flows.get(&fk).map(|f| f.deadline_ms)
+        self.state.flow(&fk).map(|f| f.deadline_ms)
     }
 
     pub fn free_port_count(&self, addr: IpAddr, proto: u8) -> usize {
-        self.state.ports.free_count(addr, proto) as usize
+        self.state.free_count(addr, proto) as usize
     }
 
     pub(super) fn deadline(&self, now_ms: u64, s: FlowState) -> u64 {
@@ -166,7 +161,7 @@ impl Snat {
     pub(super) fn replay(&mut self, pkt: &FirstPacket, now_ms: u64) -> Option<Decision> {
         let fk = self.state.resolve(&pkt.key)?;
         let reply = fk != pkt.key;
-        let f = self.state.flows.get(&fk)?;
+        let mut f = self.state.flow(&fk)?;
         let mut state = f.state;
         // A fresh SYN on a closing connection reopens it (TIME_WAIT reuse), as conntrack does.
         let flags = pkt.meta.tcp_flags;
@@ -185,13 +180,10 @@ impl Snat {
         // An ICMP error neither refreshes nor ends the flow (RFC 5508 REQ-6, RFC 4787 REQ-12).
         if !pkt.meta.icmp_error {
             let d = self.deadline(now_ms, state);
-            if let Some(f) = self.state.flows.get_mut(&fk) {
-                f.state = state;
-            }
-            self.state.set_deadline(&fk, d);
+            self.state.set_flow_state(&fk, state, d);
+            f.state = state;
         }
-        let f = self.state.flows.get(&fk)?;
-        Some(self.flow_decision(f, reply))
+        Some(self.flow_decision(&f, reply))
     }
 
     pub(super) fn mapping_key(&self, pool: usize, key: &FlowKey) -> MappingKey {
@@ -222,18 +214,14 @@ impl Snat {
             return Some(*e);
         }
         let p = self.plan.pools.get(pool)?;
-        let ports = &self.state.ports;
-        let paired = self
-            .state
-            .pairings
-            .get(&(mk.vni, mk.addr))
-            .map(|p| p.external);
+        let st = &self.state;
+        let paired = st.pairings.get(&(mk.vni, mk.addr)).map(|p| p.0);
         let addr = match paired {
-            Some(a) if p.addrs.contains(&a) && ports.free_count(a, mk.proto) > 0 => a,
+            Some(a) if p.addrs.contains(&a) && st.free_count(a, mk.proto) > 0 => a,
             _ => {
                 let mut best: Option<(IpAddr, u32)> = None;
                 for &a in &p.addrs {
-                    let n = ports.free_count(a, mk.proto);
+                    let n = st.free_count(a, mk.proto);
                     if n > 0 && best.is_none_or(|(_, b)| n > b) {
                         best = Some((a, n));
                     }
@@ -246,50 +234,63 @@ impl Snat {
             }
         };
         let st = &mut self.state;
-        let set = st.ports.sets.get_mut(&(addr, mk.proto))?;
-        let port = set.alloc(mk.port, rng, &mut st.stats)?;
+        let got = (st.tables)
+            .pool_alloc(PORTS, &(addr, mk.proto), mk.port, rng)
+            .ok()
+            .flatten()?;
+        let s = &mut st.stats;
+        if got.preserved {
+            s.ports_preserved += 1;
+        } else {
+            s.random_probes += got.probes as u64;
+            s.probe_histogram[got.failed_probes] += 1;
+        }
         let ext = ExternalEndpoint {
             addr,
-            port,
+            port: got.unit,
             proto: mk.proto,
         };
-        st.mappings.insert(
-            ext,
-            Mapping {
-                key: mk,
-                flows: 0,
-                weight: FULL_WEIGHT,
-            },
-        );
-        st.by_internal.insert(mk, ext);
-        st.pairings
-            .entry((mk.vni, mk.addr))
-            .or_insert(Pairing {
-                external: addr,
-                mappings: 0,
-            })
-            .mappings += 1;
+        if let Err(e) = st.add_mapping(ext, mk, addr) {
+            // Nothing holds the port yet: give it back.
+            let _ = st.tables.pool_put(PORTS, &(addr, mk.proto), got.unit);
+            debug!(%e, "snat: mapping not recorded");
+            return None;
+        }
         st.stats.mappings_created += 1;
         Some(ext)
     }
 
-    pub(super) fn new_flow(&mut self, key: FlowKey, f: FlowEntry) -> Decision {
+    pub(super) fn new_flow(&mut self, key: FlowKey, f: FlowEntry) -> Result<Decision, NfError> {
         let d = self.flow_decision(&f, false);
-        self.state.insert_flow(key, f);
+        let (own, peer) = (f.own, f.peer);
+        if let Err(e) = self.state.insert_flow(key, f) {
+            // The mappings it made or joined must not outlive a flow that never was.
+            for m in std::iter::once(own).chain(peer) {
+                if self.state.mappings.get(&m).is_some_and(|m| m.flows == 0) {
+                    self.state.free_mapping(&m);
+                }
+            }
+            return Err(e);
+        }
         self.state.stats.flows_created += 1;
-        d
+        Ok(d)
     }
 
-    pub(super) fn outbound(&mut self, pkt: &FirstPacket, pool: usize, env: &mut NfEnv) -> Decision {
+    pub(super) fn outbound(
+        &mut self,
+        pkt: &FirstPacket,
+        pool: usize,
+        env: &mut NfEnv,
+    ) -> Result<Decision, NfError> {
         let key = pkt.key;
         let state = match Self::new_flow_state(&key, pkt.meta.tcp_flags) {
             Ok(s) => s,
-            Err(why) => return self.refuse(why),
+            Err(why) => return Ok(self.refuse(why)),
         };
         let mk = self.mapping_key(pool, &key);
         let Some(own) = self.mapping_for(pool, mk, &mut env.rng) else {
             debug!(%key, "snat: pool exhausted");
-            return self.refuse(reason::EXHAUSTED);
+            return Ok(self.refuse(reason::EXHAUSTED));
         };
         let f = FlowEntry {
             own,
@@ -305,7 +306,11 @@ impl Snat {
     /// RFC 4787 REQ-9: an inside host reaching another inside host by its mapping. The
     /// destination becomes that host; the source becomes the sender's own mapping, so the
     /// receiver sees what the outside would see and replies through the NAT.
-    pub(super) fn hairpin(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Decision {
+    pub(super) fn hairpin(
+        &mut self,
+        pkt: &FirstPacket,
+        env: &mut NfEnv,
+    ) -> Result<Decision, NfError> {
         let key = pkt.key;
         let target = ExternalEndpoint {
             addr: key.dst(),
@@ -313,18 +318,18 @@ impl Snat {
             proto: key.proto(),
         };
         let Some(peer) = self.state.mappings.get(&target).map(|m| m.key) else {
-            return self.refuse(reason::NO_MAPPING);
+            return Ok(self.refuse(reason::NO_MAPPING));
         };
         let Some(pool) = self.plan.pool_for(key.src()) else {
-            return self.refuse(reason::NO_MAPPING);
+            return Ok(self.refuse(reason::NO_MAPPING));
         };
         let state = match Self::new_flow_state(&key, pkt.meta.tcp_flags) {
             Ok(s) => s,
-            Err(why) => return self.refuse(why),
+            Err(why) => return Ok(self.refuse(why)),
         };
         let mk = self.mapping_key(pool, &key);
         let Some(own) = self.mapping_for(pool, mk, &mut env.rng) else {
-            return self.refuse(reason::EXHAUSTED);
+            return Ok(self.refuse(reason::EXHAUSTED));
         };
         let f = FlowEntry {
             own,
@@ -344,12 +349,16 @@ impl Snat {
         self.new_flow(key, f)
     }
 
-    pub(super) fn decide(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Decision {
+    pub(super) fn decide(
+        &mut self,
+        pkt: &FirstPacket,
+        env: &mut NfEnv,
+    ) -> Result<Decision, NfError> {
         if let Some(d) = self.replay(pkt, env.now_ms) {
-            return d;
+            return Ok(d);
         }
         if pkt.meta.icmp_error {
-            return self.refuse(reason::ICMP_ERROR_UNKNOWN_FLOW);
+            return Ok(self.refuse(reason::ICMP_ERROR_UNKNOWN_FLOW));
         }
         let (src, dst) = (pkt.key.src(), pkt.key.dst());
         if self.plan.is_pool_addr(dst) {
@@ -365,96 +374,54 @@ impl Snat {
                 port: pkt.key.dport(),
                 proto: pkt.key.proto(),
             };
-            return if self.state.mappings.contains_key(&target) {
+            return Ok(if self.state.mappings.contains_key(&target) {
                 self.refuse(reason::FILTERED)
             } else {
                 self.refuse(reason::NO_MAPPING)
-            };
+            });
         }
         let pool = match self.plan.pool_for(src) {
             Some(p) if !self.plan.is_pool_addr(src) => p,
             _ => {
                 self.state.stats.untranslated += 1;
-                return Decision::pass();
+                return Ok(Decision::pass());
             }
         };
         self.outbound(pkt, pool, env)
     }
 
-    /// Flows whose key `half` moves go, with the mappings they use; with `pools`, half
-    /// the free ports of every (address, protocol) too.
-    fn split_part(&mut self, half: &SplitHalf, pools: bool) -> Result<Vec<u8>, NfError> {
-        let st = &mut self.state;
-        let mut moving: Vec<FlowKey> = st.flows.keys().filter(|k| half.moves(k)).copied().collect();
-        moving.sort_by_key(|k| *k.as_bytes());
-        let mut part = State::new(self.plan.empty_pool());
-        let mut refs: HashMap<ExternalEndpoint, u32> = HashMap::new();
-        let mut moved_flows = Vec::with_capacity(moving.len());
-        for k in moving {
-            let Some(f) = st.flows.remove(&k) else {
-                continue;
-            };
-            st.timers.remove(&timer_entry(f.deadline_ms, &k));
-            let rk = reply_key(&f.forward.apply(&k));
-            if st.by_reply.get(&rk) == Some(&k) {
-                st.by_reply.remove(&rk);
-            }
-            for e in std::iter::once(f.own).chain(f.peer) {
-                *refs.entry(e).or_default() += 1;
-            }
-            moved_flows.push((k, f));
-        }
-        let mut exts: Vec<(ExternalEndpoint, u32)> = refs.into_iter().collect();
-        exts.sort();
-        for (e, r) in exts {
-            let Some(m) = st.mappings.get_mut(&e) else {
-                continue;
-            };
-            let copy = if m.flows > r {
-                let give = m.weight / 2;
-                m.weight -= give;
-                m.flows -= r;
-                Mapping {
-                    key: m.key,
-                    flows: 0,
-                    weight: give,
-                }
-            } else {
-                // Only moving flows use it: the whole mapping (and its port) goes.
-                let Some(m) = st.mappings.remove(&e) else {
-                    continue;
-                };
-                if st.by_internal.get(&m.key) == Some(&e) {
-                    st.by_internal.remove(&m.key);
-                }
-                m
-            };
-            // Pairing preferences travel with the mappings of the address.
-            if let Some(p) = st.pairings.get(&(copy.key.vni, copy.key.addr)) {
-                part.pairings.insert(
-                    (copy.key.vni, copy.key.addr),
-                    Pairing {
-                        external: p.external,
-                        mappings: 0,
-                    },
-                );
-            }
-            part.mappings.insert(e, Mapping { flows: 0, ..copy });
-        }
-        for (k, f) in moved_flows {
-            part.insert_flow(k, f);
-        }
-        if pools {
-            for (k, set) in st.ports.sets.iter_mut() {
-                part.ports.sets.insert(*k, set.split_upper_half());
-            }
-        }
-        st.recount_pairings();
-        part.recount_pairings();
-        part.reindex_internal();
-        part.encode()
+    /// A part to merge, as a state of its own: decoded from the platform's form or from
+    /// this NF's older one, and checked.
+    fn part(plan: &Plan, bytes: &[u8]) -> Result<SnatPart, NfError> {
+        let state = if is_platform(bytes) {
+            let mut s = State::new(plan, false)?;
+            s.tables.restore(bytes)?;
+            s.reindex_view();
+            s
+        } else {
+            State::decode_own(plan, bytes)?
+        };
+        Ok(SnatPart(state))
+    }
+
+    fn check_part(&self, part: &SnatPart) -> Result<(), NfError> {
+        self.state.check_merge(&part.0)?;
+        self.state.tables.check_merge(&part.0.tables.snapshot()?)
+    }
+
+    fn merge_part(&mut self, part: SnatPart) -> Result<(), NfError> {
+        self.state.check_merge(&part.0)?;
+        let conflicts = self.state.conflicts(&part.0);
+        self.state.tables.merge(&part.0.tables.snapshot()?)?;
+        self.state.reindex();
+        self.state.stats.merge_conflicts += conflicts;
+        self.state.flush();
+        Ok(())
     }
 }
+
+/// A part decoded for a merge.
+struct SnatPart(State);
 
 impl NetworkFunction for Snat {
     fn kind(&self) -> &str {
@@ -462,25 +429,13 @@ impl NetworkFunction for Snat {
     }
 
     fn tables(&self) -> Vec<TableSpec> {
-        let shared_mappings = self
-            .plan
-            .pools
-            .iter()
-            .any(|p| p.mapping == MappingBehaviour::EndpointIndependent);
-        vec![
-            TableSpec::shared_write("port-pool", Consistency::Partitioned),
-            if shared_mappings {
-                TableSpec::shared_write("mappings", Consistency::Partitioned)
-            } else {
-                TableSpec::per_flow("mappings")
-            },
-            TableSpec::shared_write("address-pairing", Consistency::Partitioned),
-            TableSpec::per_flow("flows"),
-        ]
+        self.plan.tables()
     }
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
-        Ok(self.decide(pkt, env))
+        let d = self.decide(pkt, env);
+        self.state.flush();
+        d
     }
 
     fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
@@ -495,119 +450,117 @@ impl NetworkFunction for Snat {
                 let Some(fk) = self.state.resolve(key) else {
                     return;
                 };
-                let Some(f) = self.state.flows.get_mut(&fk) else {
+                let Some(f) = self.state.flow(&fk) else {
                     return;
                 };
                 if matches!(
                     f.state,
                     FlowState::TcpOpen | FlowState::TcpClosing | FlowState::TcpSynSent
                 ) {
-                    f.state = FlowState::TcpClosing;
                     let d = self.deadline(env.now_ms, FlowState::TcpClosing);
-                    self.state.set_deadline(&fk, d);
+                    self.state.set_flow_state(&fk, FlowState::TcpClosing, d);
                 }
             }
             FlowEvent::TcpEstablished { key } => {
                 let Some(fk) = self.state.resolve(key) else {
                     return;
                 };
-                let Some(f) = self.state.flows.get_mut(&fk) else {
+                let Some(f) = self.state.flow(&fk) else {
                     return;
                 };
                 // Only a half-open flow moves: a closing one stays closing (a late or
                 // reordered report must not revive it).
                 if f.state == FlowState::TcpSynSent {
-                    f.state = FlowState::TcpOpen;
                     let d = self.deadline(env.now_ms, FlowState::TcpOpen);
-                    self.state.set_deadline(&fk, d);
+                    self.state.set_flow_state(&fk, FlowState::TcpOpen, d);
                 }
             }
             FlowEvent::Active { key } => {
                 let Some(fk) = self.state.resolve(key) else {
                     return;
                 };
-                let Some(state) = self.state.flows.get(&fk).map(|f| f.state) else {
+                let Some(f) = self.state.flow(&fk) else {
                     return;
                 };
                 // RFC 4787 REQ-6 / RFC 5382 REQ-5: traffic refreshes the mapping, with the
                 // timeout of the state the flow is in.
-                let d = self.deadline(env.now_ms, state);
+                let d = self.deadline(env.now_ms, f.state);
                 self.state.set_deadline(&fk, d);
             }
             // Traffic counts are the monitor's; a mapping's life is its own timers'.
             FlowEvent::Counters { .. } => {}
         }
+        self.state.flush();
     }
 
+    /// The platform's timer removes the flows whose deadline passed; their mappings
+    /// are released here.
     fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
-        let mut out = Vec::new();
-        while let Some(&(deadline, kb)) = self.state.timers.first() {
-            if deadline > env.now_ms {
-                break;
-            }
-            self.state.timers.pop_first();
-            let k = FlowKey::from_bytes(kb);
-            if self.state.remove_flow(&k).is_some() {
-                self.state.stats.flows_expired += 1;
-                out.push(k);
-            }
+        let gone: Vec<(FlowKey, FlowEntry)> = (self.state.tables)
+            .expire_flows(FLOWS, env.now_ms)
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(gone.len());
+        for (k, f) in gone {
+            self.state.forget_flow(&k, &f);
+            self.state.stats.flows_expired += 1;
+            out.push(k);
         }
+        self.state.tables.fold(env.now_ms);
+        self.state.flush();
         out
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>, NfError> {
-        self.state.encode()
+    fn state(&self) -> Option<&StateTables> {
+        Some(&self.state.tables)
     }
 
+    fn state_mut(&mut self) -> Option<&mut StateTables> {
+        Some(&mut self.state.tables)
+    }
+
+    fn tables_changed(&mut self) {
+        self.state.reindex();
+    }
+
+    /// The platform's form, or this NF's older one (JSON or binary), checked either way.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), NfError> {
-        self.state = State::decode(&self.plan, snapshot)?;
+        if is_platform(snapshot) {
+            self.state.tables.restore(snapshot)?;
+            self.state.reindex();
+        } else {
+            self.state = State::decode_own(&self.plan, snapshot)?;
+        }
         Ok(())
     }
 
-    /// Flows whose key `half` moves go, with the mappings they use. A mapping also used by
-    /// flows that stay is copied and its weight halved; the free ports of every (address,
-    /// protocol) are halved by count. The part's counters start at zero.
-    fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        self.split_part(half, true)
-    }
-
-    /// Flows and their mappings only: the free ports stay here.
-    fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        self.split_part(half, false)
-    }
-
-    /// Union with another partition's state. Checked first, applied only if sound: a port
-    /// owned by both sides, or one external endpoint mapped for two internal ones, is an
-    /// error and changes nothing. A flow both sides hold keeps this side's decision.
+    /// Union with another partition's state, by the platform's merge of each table,
+    /// checked first and applied only if sound: a port owned by both sides, a port
+    /// mapped on one side and free on the other, or one external endpoint mapped for two
+    /// internal ones, is an error and changes nothing. A flow both sides hold keeps this
+    /// side's decision.
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let other = SnatPart::decode(&self.plan, part)?;
-        self.state.check_merge(&other)?;
-        self.state.apply_merge(other);
-        Ok(())
+        let part = Self::part(&self.plan, part)?;
+        self.check_part(&part)?;
+        self.merge_part(part)
     }
 
     /// Decoding (the bulk of a merge: every flow, mapping and free port is read and
     /// checked) needs only the configuration, so it runs off the request stream.
     fn merge_decoder(&self) -> MergeDecoder {
         let plan = Arc::new(self.plan.clone());
-        Arc::new(move |b: &[u8]| Ok(PreparedPart::new(SnatPart::decode(&plan, b)?)))
+        Arc::new(move |b: &[u8]| Ok(PreparedPart::new(Snat::part(&plan, b)?)))
     }
 
     fn check_prepared(&self, part: &PreparedPart) -> Result<(), NfError> {
         let other = part
             .downcast_ref::<SnatPart>()
             .ok_or_else(|| snap_err("prepared part is not a SNAT part".to_string()))?;
-        self.state.check_merge(other)
+        self.check_part(other)
     }
 
     fn merge_prepared(&mut self, part: PreparedPart) -> Result<(), NfError> {
         let other: SnatPart = part.downcast()?;
-        self.state.check_merge(&other)?;
-        self.state.apply_merge(other);
-        Ok(())
-    }
-
-    fn flow_hashes(&self) -> Option<Vec<u64>> {
-        Some(self.state.flows.keys().map(FlowKey::hash).collect())
+        self.check_part(&other)?;
+        self.merge_part(other)
     }
 }

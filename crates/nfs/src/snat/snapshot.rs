@@ -1,4 +1,7 @@
-//! Snapshots of a partition's state: the serialized form and its checked decoding.
+//! The SNAT's own snapshot form, from before its state moved to platform tables: still
+//! written as JSON for people and tools (`Snat::snapshot_json`), and still taken by
+//! `restore` and `merge` (JSON, or the binary form older builds wrote), checked and
+//! loaded into the tables. The platform's own form (`SFT2`) is what `snapshot` writes.
 
 use std::net::IpAddr;
 
@@ -8,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::config::Plan;
 use super::table::{
-    ExternalEndpoint, FlowEntry, FlowState, Mapping, MappingKey, Pairing, SnatStats, State,
-    FULL_WEIGHT,
+    ExternalEndpoint, FlowEntry, FlowState, MappingKey, SnatStats, State, FLOWS, FULL_WEIGHT,
+    MAPPINGS, PAIRINGS, PORTS, STATS,
 };
 
 const SNAPSHOT_VERSION: u32 = 1;
@@ -94,53 +97,59 @@ pub(super) fn snap_err(m: String) -> NfError {
     NfError::Snapshot(format!("snat: {m}"))
 }
 
+/// A platform-table snapshot, as opposed to this module's own form.
+pub(super) fn is_platform(b: &[u8]) -> bool {
+    b.starts_with(b"SFT")
+}
+
 impl State {
-    /// Sorted, so replicas holding the same state produce the same bytes.
+    /// The state in this module's form, sorted, so replicas holding the same state
+    /// produce the same bytes.
     pub(super) fn to_snapshot(&self) -> Snapshot {
-        let mut port_pool: Vec<FreePorts> = self
-            .ports
-            .sets
-            .iter()
-            .filter(|(_, s)| s.free > 0)
-            .map(|(&(addr, proto), s)| FreePorts {
+        let pools: Vec<((IpAddr, u8), &::nf::pool::UnitSet)> =
+            self.tables.pools(PORTS).unwrap_or_default();
+        let mut port_pool: Vec<FreePorts> = (pools.into_iter())
+            .filter(|(_, s)| s.free() > 0)
+            .map(|((addr, proto), s)| FreePorts {
                 addr,
                 proto,
                 free: s.ranges(),
             })
             .collect();
         port_pool.sort_by_key(|f| (f.addr, f.proto));
-        let mut mappings: Vec<MappingSnap> = self
-            .mappings
-            .iter()
-            .map(|(e, m)| MappingSnap {
-                external: *e,
-                key: m.key,
-                weight: m.weight,
+        let rows: Vec<(ExternalEndpoint, MappingKey)> =
+            self.tables.rows(MAPPINGS).unwrap_or_default();
+        let mappings = (rows.into_iter())
+            .map(|(external, key)| MappingSnap {
+                external,
+                key,
+                weight: (self.tables.share(MAPPINGS, &external).ok().flatten())
+                    .unwrap_or(FULL_WEIGHT),
             })
             .collect();
-        mappings.sort_by_key(|m| m.external);
-        let mut pairings: Vec<PairingSnap> = self
-            .pairings
-            .iter()
-            .map(|(&(vni, internal), p)| PairingSnap {
+        let pairs: Vec<((u32, IpAddr), IpAddr)> = self.tables.rows(PAIRINGS).unwrap_or_default();
+        let pairings = (pairs.into_iter())
+            .map(|((vni, internal), external)| PairingSnap {
                 vni,
                 internal,
-                external: p.external,
+                external,
             })
             .collect();
-        pairings.sort_by_key(|p| (p.vni, p.internal));
-        let mut flows: Vec<(&FlowKey, &FlowEntry)> = self.flows.iter().collect();
-        flows.sort_by_key(|(k, _)| *k.as_bytes());
-        let flows = flows
-            .into_iter()
+        let flows: Vec<(FlowKey, FlowEntry)> = self.tables.flows(FLOWS).unwrap_or_default();
+        let flows = (flows.into_iter())
             .map(|(k, f)| FlowSnap {
-                key: SnapKey(*k),
+                deadline_ms: self
+                    .tables
+                    .timer(FLOWS, &k)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(u64::MAX),
+                key: SnapKey(k),
                 own: f.own,
                 peer: f.peer,
                 forward: f.forward,
                 reverse: f.reverse,
                 state: f.state,
-                deadline_ms: f.deadline_ms,
             })
             .collect();
         Snapshot {
@@ -153,13 +162,9 @@ impl State {
         }
     }
 
-    pub(super) fn encode(&self) -> Result<Vec<u8>, NfError> {
-        crate::codec::encode(&self.to_snapshot()).map_err(snap_err)
-    }
-
-    /// Build and check a state from a snapshot: every port is free or mapped, never both,
-    /// and everything lies inside this NF's configured pools.
-    pub(super) fn decode(plan: &Plan, bytes: &[u8]) -> Result<State, NfError> {
+    /// Build and check a state from this module's form: every port is free or mapped,
+    /// never both, and everything lies inside this NF's configured pools.
+    pub(super) fn decode_own(plan: &Plan, bytes: &[u8]) -> Result<State, NfError> {
         let s: Snapshot = crate::codec::decode(bytes).map_err(snap_err)?;
         if s.version != SNAPSHOT_VERSION {
             return Err(snap_err(format!(
@@ -167,23 +172,27 @@ impl State {
                 s.version
             )));
         }
-        let mut st = State::new(plan.empty_pool());
+        let mut st = State::new(plan, false)?;
+        let t = |e: ::nf::StateError| snap_err(e.to_string());
         for fp in &s.port_pool {
-            let set = st.ports.sets.get_mut(&(fp.addr, fp.proto)).ok_or_else(|| {
-                snap_err(format!(
-                    "free ports for {} proto {}, which is not in the pool",
-                    fp.addr, fp.proto
-                ))
-            })?;
+            let key = (fp.addr, fp.proto);
+            let range = (st.tables.pool(PORTS, &key).map_err(t)?)
+                .map(|p| p.range())
+                .ok_or_else(|| {
+                    snap_err(format!(
+                        "free ports for {} proto {}, which is not in the pool",
+                        fp.addr, fp.proto
+                    ))
+                })?;
             for &[lo, hi] in &fp.free {
-                if lo > hi || lo < set.lo || hi > set.hi {
+                if lo > hi || lo < range.0 || hi > range.1 {
                     return Err(snap_err(format!(
                         "free range {lo}..={hi} of {} is outside {}..={}",
-                        fp.addr, set.lo, set.hi
+                        fp.addr, range.0, range.1
                     )));
                 }
                 for p in lo..=hi {
-                    if !set.put(p) {
+                    if !st.tables.pool_put(PORTS, &key, p).map_err(t)? {
                         return Err(snap_err(format!(
                             "port {p} of {} listed free twice",
                             fp.addr
@@ -194,53 +203,48 @@ impl State {
         }
         for m in &s.mappings {
             let e = m.external;
-            let Some(set) = st.ports.sets.get(&(e.addr, e.proto)) else {
+            let Some(set) = st.tables.pool(PORTS, &(e.addr, e.proto)).map_err(t)? else {
                 return Err(snap_err(format!(
                     "mapping on {e:?}, which is not in the pool"
                 )));
             };
-            if set.index(e.port).is_none() {
+            if !set.contains(e.port) {
                 return Err(snap_err(format!("mapping on {e:?} outside the port range")));
             }
             if set.is_free(e.port) {
                 return Err(snap_err(format!("port of {e:?} is both free and mapped")));
             }
-            if m.weight > FULL_WEIGHT {
+            if m.weight > FULL_WEIGHT || m.weight == 0 {
                 return Err(snap_err(format!("mapping {e:?} weighs more than a whole")));
             }
-            let prev = st.mappings.insert(
-                e,
-                Mapping {
-                    key: m.key,
-                    flows: 0,
-                    weight: m.weight,
-                },
-            );
-            if prev.is_some() {
+            if st.tables.share(MAPPINGS, &e).map_err(t)?.is_some() {
                 return Err(snap_err(format!("two mappings on {e:?}")));
             }
+            st.tables
+                .put_share(MAPPINGS, &e, &m.key, m.weight)
+                .map_err(t)?;
         }
         for f in &s.flows {
             let key = f.key.0;
             for e in std::iter::once(&f.own).chain(f.peer.iter()) {
-                if !st.mappings.contains_key(e) {
+                if st.tables.share(MAPPINGS, e).map_err(t)?.is_none() {
                     return Err(snap_err(format!("flow {key} uses missing mapping {e:?}")));
                 }
             }
-            if st.flows.contains_key(&key) {
+            if st.tables.timer(FLOWS, &key).map_err(t)?.is_some() {
                 return Err(snap_err(format!("flow {key} listed twice")));
             }
-            st.insert_flow(
-                key,
-                FlowEntry {
-                    own: f.own,
-                    peer: f.peer,
-                    forward: f.forward,
-                    reverse: f.reverse,
-                    state: f.state,
-                    deadline_ms: f.deadline_ms,
-                },
-            );
+            let entry = FlowEntry {
+                own: f.own,
+                peer: f.peer,
+                forward: f.forward,
+                reverse: f.reverse,
+                state: f.state,
+                deadline_ms: f.deadline_ms,
+            };
+            (st.tables)
+                .put_flow_timed(FLOWS, &key, &entry, f.deadline_ms)
+                .map_err(t)?;
         }
         for p in &s.pairings {
             if !plan.is_pool_addr(p.external) {
@@ -249,27 +253,13 @@ impl State {
                     p.internal, p.external
                 )));
             }
-            st.pairings.insert(
-                (p.vni, p.internal),
-                Pairing {
-                    external: p.external,
-                    mappings: 0,
-                },
-            );
+            (st.tables)
+                .put(PAIRINGS, &(p.vni, p.internal), &p.external)
+                .map_err(t)?;
         }
-        st.recount_pairings();
-        st.reindex_internal();
-        st.stats = s.stats;
-        // A whole mapping without flows should have been freed; finish the job.
-        let idle: Vec<ExternalEndpoint> = st
-            .mappings
-            .iter()
-            .filter(|(_, m)| m.flows == 0 && m.weight >= FULL_WEIGHT)
-            .map(|(e, _)| *e)
-            .collect();
-        for e in idle {
-            st.free_mapping(&e);
-        }
+        st.tables.add(STATS, &(), &s.stats.lanes()).map_err(t)?;
+        // Indexes, counts; a whole mapping without flows is freed (it should have been).
+        st.reindex();
         Ok(st)
     }
 }

@@ -1,19 +1,26 @@
-//! The NF state of one partition: mappings, pairings and flows, and how two parts merge.
+//! The NF state of one partition: flows, mappings, the port pool and address pairings,
+//! all in platform-owned tables (`nf::StateTables`), and the indexes derived from them.
+//!
+//! The platform snapshots, splits, merges and replicates the tables from their
+//! declarations (`SplitRule`s): the port pool halves its free ports, a mapping goes with
+//! the flows that use it (copied, its share halved, when flows on both sides do), the
+//! pairings are copied, the counters start a new part at zero. This module keeps only
+//! what is derived, rebuilt by [`State::reindex`] whenever the platform moved rows.
 
-use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use ::nf::{NfError, Rewrite};
+use ::nf::{NfError, Rewrite, StateTables, WHOLE_SHARE};
 use pipeline::FlowKey;
 // hashbrown's default hasher (foldhash) rather than SipHash: splits and merges of a
 // partition hash every flow key and endpoint several times (docs/scaling.md).
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use tracing::warn;
 
 use super::config::Plan;
-use super::ports::{PortPool, PROBES};
 use super::snapshot::snap_err;
+use ::nf::pool::PROBES;
 
 /// A translated endpoint: what the outside sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -50,14 +57,23 @@ pub struct MappingInfo {
 
 /// Every copy of a mapping together weighs this much; a split divides the weight. Only a
 /// copy holding all of it may free the port, so a port never returns to a free set while
-/// some other partition still translates through it.
-pub(super) const FULL_WEIGHT: u64 = 1 << 62;
+/// some other partition still translates through it. It is the platform's with-flows
+/// share.
+pub(super) const FULL_WEIGHT: u64 = WHOLE_SHARE;
 
+/// The tables, by the names the NF declares.
+pub(super) const FLOWS: &str = "flows";
+pub(super) const MAPPINGS: &str = "mappings";
+pub(super) const PORTS: &str = "port-pool";
+pub(super) const PAIRINGS: &str = "address-pairing";
+pub(super) const STATS: &str = "stats";
+
+/// A mapping as the derived index holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Mapping {
     pub(super) key: MappingKey,
+    /// Flows of this partition using it (derived).
     pub(super) flows: u32,
-    pub(super) weight: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +89,7 @@ pub(super) enum FlowState {
     TcpSynSent,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct FlowEntry {
     /// The mapping the flow's source is translated to.
     pub(super) own: ExternalEndpoint,
@@ -82,14 +98,9 @@ pub(super) struct FlowEntry {
     pub(super) forward: Rewrite,
     pub(super) reverse: Rewrite,
     pub(super) state: FlowState,
+    /// The row's platform timer, not stored in its value.
+    #[serde(skip)]
     pub(super) deadline_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Pairing {
-    pub(super) external: IpAddr,
-    /// Mappings of the internal address in this partition; the pairing goes with the last.
-    pub(super) mappings: u32,
 }
 
 /// Counters of one partition; a merge sums them.
@@ -128,34 +139,53 @@ pub struct SnatStats {
     pub merge_conflicts: u64,
 }
 
+/// The lanes of the `stats` counter table: the fields in declaration order, then the
+/// probe histogram.
+const STAT_LANES: usize = 18 + PROBES + 1;
+
 impl SnatStats {
-    pub(super) fn add(&mut self, o: &SnatStats) {
-        let pairs = [
-            (&mut self.flows_created, o.flows_created),
-            (&mut self.flows_expired, o.flows_expired),
-            (&mut self.flows_ended, o.flows_ended),
-            (&mut self.replayed, o.replayed),
-            (&mut self.mappings_created, o.mappings_created),
-            (&mut self.mappings_reused, o.mappings_reused),
-            (&mut self.mappings_released, o.mappings_released),
-            (&mut self.ports_preserved, o.ports_preserved),
-            (&mut self.pairing_fallbacks, o.pairing_fallbacks),
-            (&mut self.hairpinned, o.hairpinned),
-            (&mut self.untranslated, o.untranslated),
-            (&mut self.exhausted, o.exhausted),
-            (&mut self.refused_inbound, o.refused_inbound),
-            (&mut self.icmp_error_unknown, o.icmp_error_unknown),
-            (&mut self.invalid, o.invalid),
-            (&mut self.unsupported_protocol, o.unsupported_protocol),
-            (&mut self.random_probes, o.random_probes),
-            (&mut self.merge_conflicts, o.merge_conflicts),
-        ];
-        for (a, b) in pairs {
-            *a = a.saturating_add(b);
+    fn fields(&mut self) -> [&mut u64; 18] {
+        [
+            &mut self.flows_created,
+            &mut self.flows_expired,
+            &mut self.flows_ended,
+            &mut self.replayed,
+            &mut self.mappings_created,
+            &mut self.mappings_reused,
+            &mut self.mappings_released,
+            &mut self.ports_preserved,
+            &mut self.pairing_fallbacks,
+            &mut self.hairpinned,
+            &mut self.untranslated,
+            &mut self.exhausted,
+            &mut self.refused_inbound,
+            &mut self.icmp_error_unknown,
+            &mut self.invalid,
+            &mut self.unsupported_protocol,
+            &mut self.random_probes,
+            &mut self.merge_conflicts,
+        ]
+    }
+
+    pub(super) fn lanes(&self) -> [u64; STAT_LANES] {
+        let mut me = *self;
+        let mut out = [0; STAT_LANES];
+        for (o, f) in out.iter_mut().zip(me.fields()) {
+            *o = *f;
         }
-        for (a, b) in self.probe_histogram.iter_mut().zip(o.probe_histogram) {
-            *a = a.saturating_add(b);
+        out[18..].copy_from_slice(&self.probe_histogram);
+        out
+    }
+
+    pub(super) fn from_lanes(l: &[u64]) -> SnatStats {
+        let mut s = SnatStats::default();
+        for (f, v) in s.fields().into_iter().zip(l) {
+            *f = *v;
         }
+        for (h, v) in s.probe_histogram.iter_mut().zip(l.iter().skip(18)) {
+            *h = *v;
+        }
+        s
     }
 }
 
@@ -167,40 +197,107 @@ pub(super) fn reply_key(translated: &FlowKey) -> FlowKey {
     r
 }
 
-pub(super) fn timer_entry(deadline: u64, k: &FlowKey) -> (u64, [u8; 40]) {
-    (deadline, *k.as_bytes())
+/// The mappings a flow row uses, for the platform's split ([`nf::RefsFn`]).
+fn flow_refs(v: &[u8]) -> SmallVec<[Vec<u8>; 2]> {
+    let Ok(f) = postcard::from_bytes::<FlowEntry>(v) else {
+        return SmallVec::new();
+    };
+    std::iter::once(f.own)
+        .chain(f.peer)
+        .filter_map(|e| postcard::to_allocvec(&e).ok())
+        .collect()
 }
 
-/// All NF state of one partition.
+fn state_err(e: ::nf::StateError) -> NfError {
+    NfError::State(format!("snat: {e}"))
+}
+
+/// All NF state of one partition: the platform's tables and what is derived from them.
 #[derive(Debug, Clone)]
 pub(super) struct State {
-    pub(super) ports: PortPool,
+    pub(super) tables: StateTables,
+    /// Derived: every mapping of the tables, with the flows of this part using it.
     pub(super) mappings: HashMap<ExternalEndpoint, Mapping>,
     pub(super) by_internal: HashMap<MappingKey, ExternalEndpoint>,
-    pub(super) pairings: HashMap<(u32, IpAddr), Pairing>,
-    pub(super) flows: HashMap<FlowKey, FlowEntry>,
+    /// Derived: each internal address's paired pool address, and its mappings here.
+    pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
     pub(super) by_reply: HashMap<FlowKey, FlowKey>,
-    pub(super) timers: BTreeSet<(u64, [u8; 40])>,
+    /// The counters, as the `stats` table holds them plus what this op added.
     pub(super) stats: SnatStats,
+    /// The counters as last written to the `stats` table.
+    flushed: SnatStats,
 }
 
 impl State {
-    pub(super) fn new(ports: PortPool) -> Self {
-        State {
-            ports,
+    /// The tables an NF with `plan` declares, every port free (`full`) or none.
+    pub(super) fn new(plan: &Plan, full: bool) -> Result<Self, NfError> {
+        let mut tables = StateTables::create(&plan.tables())?;
+        tables
+            .set_refs(MAPPINGS, FLOWS, flow_refs)
+            .map_err(state_err)?;
+        for (addr, proto, lo, hi) in plan.port_rows() {
+            tables
+                .pool_define(PORTS, &(addr, proto), lo, hi, full)
+                .map_err(state_err)?;
+        }
+        Ok(State {
+            tables,
             mappings: HashMap::new(),
             by_internal: HashMap::new(),
             pairings: HashMap::new(),
-            flows: HashMap::new(),
             by_reply: HashMap::new(),
-            timers: BTreeSet::new(),
             stats: SnatStats::default(),
+            flushed: SnatStats::default(),
+        })
+    }
+
+    /// Write what this op counted to the `stats` table (S6's untethered add).
+    pub(super) fn flush(&mut self) {
+        if self.stats == self.flushed {
+            return;
         }
+        let (now, then) = (self.stats.lanes(), self.flushed.lanes());
+        let mut d = [0u64; STAT_LANES];
+        for ((d, a), b) in d.iter_mut().zip(now).zip(then) {
+            *d = a.saturating_sub(b);
+        }
+        if let Err(e) = self.tables.add(STATS, &(), &d) {
+            warn!(%e, "snat: counters not recorded");
+        }
+        self.flushed = self.stats;
+    }
+
+    /// A flow's entry, by its forward key.
+    pub(super) fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
+        let (mut f, d) = self
+            .tables
+            .get_flow_timed::<FlowEntry>(FLOWS, key)
+            .ok()
+            .flatten()?;
+        f.deadline_ms = d.unwrap_or(u64::MAX);
+        Some(f)
+    }
+
+    pub(super) fn flow_count(&self) -> usize {
+        self.tables.len(FLOWS).unwrap_or(0)
+    }
+
+    pub(super) fn free_count(&self, addr: IpAddr, proto: u8) -> u32 {
+        self.tables.pool_free(PORTS, &(addr, proto)).unwrap_or(0)
+    }
+
+    pub(super) fn is_free(&self, e: &ExternalEndpoint) -> bool {
+        (self.tables.pool(PORTS, &(e.addr, e.proto)).ok().flatten())
+            .is_some_and(|p| p.is_free(e.port))
+    }
+
+    pub(super) fn sole_owner(&self, e: &ExternalEndpoint) -> bool {
+        self.tables.share(MAPPINGS, e).ok().flatten() == Some(WHOLE_SHARE)
     }
 
     /// The flow a key (either direction) belongs to.
     pub(super) fn resolve(&self, key: &FlowKey) -> Option<FlowKey> {
-        if self.flows.contains_key(key) {
+        if self.tables.timer(FLOWS, key).ok().flatten().is_some() {
             return Some(*key);
         }
         let mut k = *key;
@@ -208,25 +305,23 @@ impl State {
         self.by_reply.get(&k).copied()
     }
 
-    pub(super) fn insert_flow(&mut self, key: FlowKey, f: FlowEntry) {
+    pub(super) fn insert_flow(&mut self, key: FlowKey, f: FlowEntry) -> Result<(), NfError> {
+        (self.tables)
+            .put_flow_timed(FLOWS, &key, &f, f.deadline_ms)
+            .map_err(state_err)?;
         let translated = f.forward.apply(&key);
         self.by_reply.insert(reply_key(&translated), key);
-        self.timers.insert(timer_entry(f.deadline_ms, &key));
-        if let Some(m) = self.mappings.get_mut(&f.own) {
-            m.flows = m.flows.saturating_add(1);
-        }
-        if let Some(p) = f.peer {
-            if let Some(m) = self.mappings.get_mut(&p) {
+        for e in std::iter::once(f.own).chain(f.peer) {
+            if let Some(m) = self.mappings.get_mut(&e) {
                 m.flows = m.flows.saturating_add(1);
             }
         }
-        self.flows.insert(key, f);
+        Ok(())
     }
 
-    /// Remove a flow and its references; frees ports whose last flow it was.
-    pub(super) fn remove_flow(&mut self, key: &FlowKey) -> Option<FlowEntry> {
-        let f = self.flows.remove(key)?;
-        self.timers.remove(&timer_entry(f.deadline_ms, key));
+    /// A flow's row is gone (deleted, or expired by the platform's timer): drop its
+    /// reply index and free ports whose last flow it was.
+    pub(super) fn forget_flow(&mut self, key: &FlowKey, f: &FlowEntry) {
         let rk = reply_key(&f.forward.apply(key));
         if self.by_reply.get(&rk) == Some(key) {
             self.by_reply.remove(&rk);
@@ -235,15 +330,34 @@ impl State {
         if let Some(p) = f.peer {
             self.release(&p);
         }
+    }
+
+    /// Remove a flow and its references; frees ports whose last flow it was.
+    pub(super) fn remove_flow(&mut self, key: &FlowKey) -> Option<FlowEntry> {
+        let f = self.flow(key)?;
+        if !self.tables.delete_flow(FLOWS, key).unwrap_or(false) {
+            return None;
+        }
+        self.forget_flow(key, &f);
         Some(f)
     }
 
-    pub(super) fn set_deadline(&mut self, key: &FlowKey, deadline: u64) {
-        if let Some(f) = self.flows.get_mut(key) {
-            self.timers.remove(&timer_entry(f.deadline_ms, key));
-            f.deadline_ms = deadline;
-            self.timers.insert(timer_entry(deadline, key));
+    pub(super) fn set_flow_state(&mut self, key: &FlowKey, state: FlowState, deadline: u64) {
+        let Some(mut f) = self.flow(key) else {
+            return;
+        };
+        if f.state != state {
+            f.state = state;
+            if let Err(e) = self.tables.put_flow_timed(FLOWS, key, &f, deadline) {
+                warn!(%e, "snat: flow state not updated");
+            }
+        } else {
+            self.set_deadline(key, deadline);
         }
+    }
+
+    pub(super) fn set_deadline(&mut self, key: &FlowKey, deadline: u64) {
+        let _ = self.tables.set_timer(FLOWS, key, deadline);
     }
 
     pub(super) fn release(&mut self, ext: &ExternalEndpoint) {
@@ -251,9 +365,27 @@ impl State {
             return;
         };
         m.flows = m.flows.saturating_sub(1);
-        if m.flows == 0 && m.weight >= FULL_WEIGHT {
+        if m.flows == 0 && self.sole_owner(ext) {
             self.free_mapping(ext);
         }
+    }
+
+    /// Record a new whole mapping.
+    pub(super) fn add_mapping(
+        &mut self,
+        ext: ExternalEndpoint,
+        mk: MappingKey,
+        paired: IpAddr,
+    ) -> Result<(), NfError> {
+        self.tables.put(MAPPINGS, &ext, &mk).map_err(state_err)?;
+        let pk = (mk.vni, mk.addr);
+        if !self.pairings.contains_key(&pk) {
+            self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
+        }
+        self.mappings.insert(ext, Mapping { key: mk, flows: 0 });
+        self.by_internal.insert(mk, ext);
+        self.pairings.entry(pk).or_insert((paired, 0)).1 += 1;
+        Ok(())
     }
 
     /// Drop a mapping and return its port to the pool.
@@ -261,17 +393,23 @@ impl State {
         let Some(m) = self.mappings.remove(ext) else {
             return;
         };
+        let _ = self.tables.delete(MAPPINGS, ext);
         if self.by_internal.get(&m.key) == Some(ext) {
             self.by_internal.remove(&m.key);
         }
         let pk = (m.key.vni, m.key.addr);
         if let Some(p) = self.pairings.get_mut(&pk) {
-            p.mappings = p.mappings.saturating_sub(1);
-            if p.mappings == 0 {
+            p.1 = p.1.saturating_sub(1);
+            if p.1 == 0 {
                 self.pairings.remove(&pk);
+                let _ = self.tables.delete(PAIRINGS, &pk);
             }
         }
-        if !self.ports.put(ext) {
+        if !self
+            .tables
+            .pool_put(PORTS, &(ext.addr, ext.proto), ext.port)
+            .unwrap_or(false)
+        {
             // A port outside the pool or already free means state was corrupted upstream;
             // keep going rather than take the NAT down, but say so.
             warn!(?ext, "snat: freed a port that was not in use");
@@ -279,158 +417,105 @@ impl State {
         self.stats.mappings_released += 1;
     }
 
-    /// Rebuild pairing counts from the mappings (after bulk changes).
-    pub(super) fn recount_pairings(&mut self) {
-        for p in self.pairings.values_mut() {
-            p.mappings = 0;
-        }
-        for m in self.mappings.values() {
-            if let Some(p) = self.pairings.get_mut(&(m.key.vni, m.key.addr)) {
-                p.mappings += 1;
-            }
-        }
-        self.pairings.retain(|_, p| p.mappings > 0);
-    }
-
-    /// Rebuild the internal-endpoint index, preferring the lowest external endpoint when
-    /// a merge brought two mappings of one internal endpoint together.
-    pub(super) fn reindex_internal(&mut self) {
-        let mut exts: Vec<&ExternalEndpoint> = self.mappings.keys().collect();
-        exts.sort();
+    /// Rebuild everything derived from the tables, after the platform replaced or moved
+    /// rows (restore, split, merge): the mapping and reply indexes, the flows per
+    /// mapping, the pairings' counts. Pairings no mapping uses any more are dropped, and
+    /// so are whole mappings no flow uses (copies a merge reunited): their port is free
+    /// again. The same on every replica, as the ops are.
+    /// The derived indexes of the tables as they are, changing no row (a part decoded
+    /// for a merge is looked at, not changed).
+    pub(super) fn reindex_view(&mut self) {
+        self.mappings.clear();
         self.by_internal.clear();
-        for e in exts {
-            if let Some(m) = self.mappings.get(e) {
-                self.by_internal.entry(m.key).or_insert(*e);
-            }
+        self.by_reply.clear();
+        self.pairings.clear();
+        let rows: Vec<(ExternalEndpoint, MappingKey)> =
+            self.tables.rows(MAPPINGS).unwrap_or_default();
+        // Rows in key order: of two mappings of one internal endpoint (a merge brought
+        // them together) the index prefers the lowest external endpoint.
+        for (e, mk) in rows {
+            self.mappings.insert(e, Mapping { key: mk, flows: 0 });
+            self.by_internal.entry(mk).or_insert(e);
         }
-    }
-}
-
-/// A part decoded for a merge: its state, with its flows taken out in key order (every
-/// replica inserts them in the same order).
-pub(super) struct SnatPart {
-    pub(super) state: State,
-    pub(super) flows: Vec<(FlowKey, FlowEntry)>,
-}
-
-impl SnatPart {
-    pub(super) fn decode(plan: &Plan, bytes: &[u8]) -> Result<SnatPart, NfError> {
-        let mut state = State::decode(plan, bytes)?;
-        let mut flows: Vec<(FlowKey, FlowEntry)> = state.flows.drain().collect();
-        flows.sort_by_key(|(k, _)| *k.as_bytes());
-        state.by_reply.clear();
-        state.timers.clear();
-        Ok(SnatPart { state, flows })
-    }
-}
-
-impl State {
-    /// Whether `other` can be merged into this state (see `Snat::merge`).
-    pub(super) fn check_merge(&self, other: &SnatPart) -> Result<(), NfError> {
-        let st = self;
-        // Word by word and mapping by mapping, not port by port: the free sets hold
-        // tens of thousands of ports, and this runs on the request stream.
-        for (&(addr, proto), set) in &other.state.ports.sets {
-            let Some(mine) = st.ports.sets.get(&(addr, proto)) else {
-                continue;
-            };
-            if (mine.lo, mine.hi) != (set.lo, set.hi) {
-                return Err(snap_err(format!("port range of {addr} differs")));
-            }
-            for (i, (a, b)) in mine.bits.iter().zip(&set.bits).enumerate() {
-                let both = a & b;
-                if both != 0 {
-                    let port = set.port_at(i * 64 + both.trailing_zeros() as usize);
-                    return Err(snap_err(format!(
-                        "port {port} of {addr} is free on both sides"
-                    )));
+        let flows: Vec<(FlowKey, FlowEntry)> = self.tables.flows(FLOWS).unwrap_or_default();
+        for (k, f) in &flows {
+            self.by_reply
+                .entry(reply_key(&f.forward.apply(k)))
+                .or_insert(*k);
+            for e in std::iter::once(f.own).chain(f.peer) {
+                if let Some(m) = self.mappings.get_mut(&e) {
+                    m.flows = m.flows.saturating_add(1);
                 }
             }
         }
-        for e in st.mappings.keys() {
-            if other.state.ports.is_free(e) {
+        let pairs: Vec<((u32, IpAddr), IpAddr)> = self.tables.rows(PAIRINGS).unwrap_or_default();
+        for (pk, ext) in pairs {
+            self.pairings.insert(pk, (ext, 0));
+        }
+        for m in self.mappings.values() {
+            if let Some(p) = self.pairings.get_mut(&(m.key.vni, m.key.addr)) {
+                p.1 += 1;
+            }
+        }
+        self.stats = (self.tables.counter(STATS, &()).ok())
+            .map(|l| SnatStats::from_lanes(&l))
+            .unwrap_or_default();
+        self.flushed = self.stats;
+    }
+
+    pub(super) fn reindex(&mut self) {
+        self.reindex_view();
+        let unused: Vec<(u32, IpAddr)> = (self.pairings.iter())
+            .filter(|(_, p)| p.1 == 0)
+            .map(|(k, _)| *k)
+            .collect();
+        for pk in unused {
+            self.pairings.remove(&pk);
+            let _ = self.tables.delete(PAIRINGS, &pk);
+        }
+        let mut idle: Vec<ExternalEndpoint> = (self.mappings.iter())
+            .filter(|(e, m)| m.flows == 0 && self.sole_owner(e))
+            .map(|(e, _)| *e)
+            .collect();
+        idle.sort();
+        for e in idle {
+            self.free_mapping(&e);
+        }
+        self.flush();
+    }
+
+    /// What the platform cannot see across tables, checked before a merge: a port
+    /// mapped on one side is not free on the other.
+    pub(super) fn check_merge(&self, other: &State) -> Result<(), NfError> {
+        for e in self.mappings.keys() {
+            if other.is_free(e) {
                 return Err(snap_err(format!(
                     "port {} of {} is free there and mapped here",
                     e.port, e.addr
                 )));
             }
         }
-        for (e, m) in &other.state.mappings {
-            if st.ports.is_free(e) {
+        for e in other.mappings.keys() {
+            if self.is_free(e) {
                 return Err(snap_err(format!("{e:?} is mapped there and free here")));
             }
-            if let Some(mine) = st.mappings.get(e) {
-                if mine.key != m.key {
+            if let (Some(mine), Some(theirs)) = (self.mappings.get(e), other.mappings.get(e)) {
+                if mine.key != theirs.key {
                     return Err(snap_err(format!(
                         "{e:?} is mapped for two internal endpoints"
                     )));
-                }
-                if mine.weight.saturating_add(m.weight) > FULL_WEIGHT {
-                    return Err(snap_err(format!("{e:?} merged more than once")));
                 }
             }
         }
         Ok(())
     }
 
-    /// Merge a part `check_merge` accepted.
-    pub(super) fn apply_merge(&mut self, other: SnatPart) {
-        let st = self;
-        for (k, set) in other.state.ports.sets {
-            if let Some(mine) = st.ports.sets.get_mut(&k) {
-                for (a, b) in mine.bits.iter_mut().zip(&set.bits) {
-                    *a |= b;
-                }
-                mine.free += set.free;
-            }
-        }
-        let touched: Vec<ExternalEndpoint> = other.state.mappings.keys().copied().collect();
-        for (e, m) in other.state.mappings {
-            match st.mappings.get_mut(&e) {
-                Some(mine) => {
-                    mine.weight += m.weight;
-                    mine.flows = mine.flows.saturating_add(m.flows);
-                }
-                None => {
-                    st.mappings.insert(e, m);
-                }
-            }
-        }
-        for (k, f) in other.flows {
-            if st.flows.contains_key(&k) {
-                warn!(key = %k, "snat merge: flow decided on both sides, keeping ours");
-                st.stats.merge_conflicts += 1;
-                for e in std::iter::once(f.own).chain(f.peer) {
-                    if let Some(m) = st.mappings.get_mut(&e) {
-                        m.flows = m.flows.saturating_sub(1);
-                    }
-                }
-                continue;
-            }
-            st.by_reply
-                .entry(reply_key(&f.forward.apply(&k)))
-                .or_insert(k);
-            st.timers.insert(timer_entry(f.deadline_ms, &k));
-            st.flows.insert(k, f);
-        }
-        for (pk, p) in other.state.pairings {
-            st.pairings.entry(pk).or_insert(Pairing {
-                external: p.external,
-                mappings: 0,
-            });
-        }
-        st.stats.add(&other.state.stats);
-        st.recount_pairings();
-        st.reindex_internal();
-        // Copies reunited into a whole with no flows left: their port is free again.
-        for e in touched {
-            if st
-                .mappings
-                .get(&e)
-                .is_some_and(|m| m.flows == 0 && m.weight >= FULL_WEIGHT)
-            {
-                st.free_mapping(&e);
-            }
-        }
+    /// Flows both this state and `other` hold: a merge keeps this side's.
+    pub(super) fn conflicts(&self, other: &State) -> u64 {
+        let theirs: Vec<(FlowKey, FlowEntry)> = other.tables.flows(FLOWS).unwrap_or_default();
+        theirs
+            .iter()
+            .filter(|(k, _)| self.tables.timer(FLOWS, k).ok().flatten().is_some())
+            .count() as u64
     }
 }
