@@ -758,14 +758,120 @@ fn sc_metric(tb: &Testbed, p: &Platform, nodes: usize, name: &str) -> Vec<f64> {
         .collect()
 }
 
+/// A TCP server on the internet host: answers every read on a connection with the
+/// `addr:port` the connection came from. Bounded: it exits after 120 s.
+const TCP_PEER_SERVER: &str = r#"
+import socket, sys, threading, time
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(8)
+s.settimeout(0.5)
+end = time.time() + 120
+def serve(c, a):
+    c.settimeout(60)
+    try:
+        while c.recv(2048):
+            c.sendall(("%s:%d" % a).encode())
+    except OSError:
+        pass
+    c.close()
+while time.time() < end:
+    try:
+        c, a = s.accept()
+    except socket.timeout:
+        continue
+    threading.Thread(target=serve, args=(c, a), daemon=True).start()
+"#;
+
+/// A TCP client with a fixed source port that holds one connection: it prints the
+/// server's answer to a first message (`first ADDR:PORT`), waits until the file argv[4]
+/// exists (at most 60 s), then sends a second message on the same connection and prints
+/// that answer (`second ADDR:PORT`), or `second: no answer` after 5 s.
+const TCP_HOLD_CLIENT: &str = r#"
+import os, socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("0.0.0.0", int(sys.argv[3])))
+s.settimeout(5.0)
+s.connect((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"one")
+print("first", s.recv(2048).decode(), flush=True)
+end = time.time() + 60
+while not os.path.exists(sys.argv[4]):
+    if time.time() > end:
+        sys.exit("never told to go on")
+    time.sleep(0.05)
+s.sendall(b"two")
+try:
+    print("second", s.recv(2048).decode(), flush=True)
+except socket.timeout:
+    print("second: no answer", flush=True)
+    sys.exit(1)
+"#;
+
+/// The PP node's HTTP endpoint (metrics and `/trace`), on its namespace's loopback.
+const PP_HTTP: &str = "127.0.0.1:9464";
+
+/// `curl` in the PP namespace against its HTTP endpoint: the body (`-X METHOD`, `-d`
+/// body when given).
+fn pp_http(tb: &Testbed, method: &str, path: &str, body: Option<&str>) -> String {
+    let url = format!("http://{PP_HTTP}{path}");
+    let mut argv = vec!["curl", "-sS", "--max-time", "8", "-X", method, &url];
+    if let Some(b) = body {
+        argv.extend(["-H", "content-type: application/json", "-d", b]);
+    }
+    tb.exec(Node::Pp, &argv, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Take the PP node's trace records into `taken` until `done` holds for all taken so
+/// far (at most 15 s).
+fn trace_until(
+    tb: &Testbed,
+    what: &str,
+    taken: &mut Vec<serde_json::Value>,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) {
+    testbed::cmd::wait_for(what, Duration::from_secs(15), || {
+        let page: serde_json::Value =
+            serde_json::from_str(&pp_http(tb, "GET", "/trace?wait_ms=500", None))
+                .map_err(|e| testbed::Error::Setup(format!("trace reply: {e}")))?;
+        if let Some(r) = page["records"].as_array() {
+            taken.extend(r.iter().cloned());
+        }
+        Ok(done(taken).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}: {taken:#?}"));
+}
+
+/// The first trace record of `kind` whose flow is `flow` and that `more` accepts.
+fn record<'a>(
+    records: &'a [serde_json::Value],
+    kind: &str,
+    flow: &str,
+    more: impl Fn(&serde_json::Value) -> bool,
+) -> Option<&'a serde_json::Value> {
+    records
+        .iter()
+        .find(|r| r["kind"] == kind && r["flow"] == flow && more(r))
+}
+
 /// Serpens §III-B on real processes: SC nodes run with `--idle-ms`, so an idle FW → SNAT
 /// chain parks every replica (no busy worker on any node: zero instances) with its
-/// tables in the node's state manager. The next new flow from the same client socket
-/// wakes the chain, and SNAT gives it the same external address and port (an
-/// endpoint-independent mapping made before the chain went to zero). (FW conntrack
-/// entries kept and expired at zero: `cargo test -p itests --test sc_workers`.)
+/// tables in the node's state manager. Two pieces of state must survive that:
+///
+/// - The FW's conntrack entry. A TCP connection opened before the chain went to zero
+///   sends its next segment (ACK, no SYN) after PP and FM have lost its rules; the
+///   segment misses at PP, FM has no cached rule, and the woken chain decides it. The
+///   FW passes it only because conntrack knows the connection: the control, an ACK of a
+///   connection that was never opened, is dropped by the FW as `tcp-not-syn`.
+/// - SNAT's mapping. The next new flow from a client socket that had a flow before the
+///   chain went to zero wakes the chain and gets the same external address and port (an
+///   endpoint-independent mapping).
+///
+/// (Conntrack entries expiring while parked: `cargo test -p itests --test sc_workers`.)
 #[test]
-fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping() {
+fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping_and_conntrack() {
     let Some(lab) = Lab::new(1, 0) else { return };
     let tb = lab.tb();
     services::start_inet(tb, false).unwrap();
@@ -783,11 +889,24 @@ fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping() {
         )
         .unwrap();
     }
+    tb.spawn(
+        Node::Inet,
+        "tcp peer 9997",
+        &[
+            "python3",
+            "-c",
+            TCP_PEER_SERVER,
+            &addr::INET.to_string(),
+            "9997",
+        ],
+    )
+    .unwrap();
     let fw = chains::fw(
         1,
         vec![
             chains::acl(AclAction::Allow, AclProto::Udp, 9998),
             chains::acl(AclAction::Allow, AclProto::Udp, 9999),
+            chains::acl(AclAction::Allow, AclProto::Tcp, 9997),
         ],
         AclAction::Deny,
     );
@@ -798,42 +917,207 @@ fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping() {
         .map(|s| s.to_string())
         .collect();
     spec.sc_metrics = true;
+    // Small rule tables, so the TCP connection's rules leave PP (a 4-flow table evicts
+    // them once other flows arrive) and FM (a one-rule cache) the way a full table loses
+    // them under load. Its next segment then has to be decided by SC again.
+    spec.flows = 4;
+    spec.fm_cache_capacity = Some(1);
+    spec.pp_args = ["--metrics", PP_HTTP]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let nodes = spec.sc_nodes;
     let p = lab.start_spec(&spec);
 
-    // The UDP servers listen before the first datagram.
-    testbed::cmd::wait_for("UDP peers listening", Duration::from_secs(5), || {
-        let ss = tb.exec(Node::Inet, &["ss", "-Hlun"], Duration::from_secs(5))?;
-        Ok((ss.contains(":9998 ") && ss.contains(":9999 ")).then_some(()))
-    })
+    // The servers listen before the first packet.
+    testbed::cmd::wait_for(
+        "UDP and TCP peers listening",
+        Duration::from_secs(5),
+        || {
+            let ss = tb.exec(Node::Inet, &["ss", "-Hlutn"], Duration::from_secs(5))?;
+            Ok(
+                (ss.contains(":9998 ") && ss.contains(":9999 ") && ss.contains(":9997 "))
+                    .then_some(()),
+            )
+        },
+    )
     .unwrap();
+    let at_zero = || {
+        testbed::cmd::wait_for("every SC replica parked", Duration::from_secs(15), || {
+            let parked = sc_metric(tb, &p, nodes, "starfabric_sc_replicas_parked");
+            let busy = sc_metric(tb, &p, nodes, "starfabric_sc_workers_busy");
+            Ok((parked.iter().all(|&v| v >= 1.0) && busy.iter().all(|&v| v == 0.0)).then_some(()))
+        })
+        .unwrap();
+    };
+    let wakes = || -> f64 {
+        sc_metric(tb, &p, nodes, "starfabric_sc_replica_wakes_total")
+            .iter()
+            .sum()
+    };
+
+    // A TCP connection, opened through FW (conntrack entry) and SNAT, then held open.
+    let go = tb.path("tcp-go");
+    let go_s = go.display().to_string();
+    let client = tb
+        .spawn(
+            Node::Client(0),
+            "tcp hold client",
+            &[
+                "python3",
+                "-c",
+                TCP_HOLD_CLIENT,
+                &addr::INET.to_string(),
+                "9997",
+                "40100",
+                &go_s,
+            ],
+        )
+        .unwrap();
+    let first_tcp = tb
+        .wait_log(&client, "first ", Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}; pp: {}", p.pp_stats()));
+    let first_tcp = first_tcp.trim_start_matches("first ").trim().to_string();
+    assert!(
+        first_tcp.starts_with(&format!("{}:", addr::pool(0))),
+        "the TCP connection is not translated: {first_tcp}"
+    );
+
+    // UDP flows: the first is the mapping checked later; all of them push the TCP
+    // connection's two rules out of PP's 4-flow table and FM's one-rule cache.
     let first = udp_seen_as(tb, 40000, 9999);
     assert_eq!(first.0, addr::pool(0), "not translated: {first:?}");
+    for sport in 40010..40014 {
+        udp_seen_as(tb, sport, 9999);
+    }
 
     // Zero instances: every node has parked replicas and no busy worker.
-    testbed::cmd::wait_for("every SC replica parked", Duration::from_secs(15), || {
-        let parked = sc_metric(tb, &p, nodes, "starfabric_sc_replicas_parked");
-        let busy = sc_metric(tb, &p, nodes, "starfabric_sc_workers_busy");
-        Ok((parked.iter().all(|&v| v >= 1.0) && busy.iter().all(|&v| v == 0.0)).then_some(()))
-    })
-    .unwrap();
-    let wakes_before: f64 = sc_metric(tb, &p, nodes, "starfabric_sc_replica_wakes_total")
-        .iter()
-        .sum();
+    at_zero();
+    let wakes_before = wakes();
 
-    // A new flow (another destination port, so the PP node and FM have no rule for it)
-    // from the same client socket: the chain wakes, and SNAT's mapping is the same.
+    // The held connection's next segment. A trace on the PP node shows how it went.
+    let armed = pp_http(
+        tb,
+        "POST",
+        "/trace",
+        Some(r#"{"tenant": 1, "match": "tcp and port 9997", "count": 64}"#),
+    );
+    assert!(armed.contains("\"id\""), "trace not armed: {armed}");
+    std::fs::write(&go, b"go").unwrap();
+    let second_tcp = tb
+        .wait_log(&client, "second", Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}; pp: {}", p.pp_stats()));
+    assert_eq!(
+        second_tcp.trim_start_matches("second ").trim(),
+        first_tcp,
+        "the held TCP connection did not survive zero instances: {second_tcp}; pp: {}",
+        p.pp_stats()
+    );
+    // PP's flow events (the client's FIN, activity) wake a parked replica too, so this
+    // alone does not show the segment reached SC; the trace below does.
+    let wakes_tcp = wakes();
+    assert!(
+        wakes_tcp > wakes_before,
+        "no replica woke for the held connection ({wakes_before} → {wakes_tcp})"
+    );
+    // The segment was a miss at PP, without SYN, and the woken chain decided to pass it
+    // (FM's cache, which would say "FM rule cache", had nothing).
+    let held = format!(
+        "{} tcp {}:40100 > {}:9997",
+        testbed::topo::vni::tenant(0),
+        addr::CLIENT,
+        addr::INET
+    );
+    let miss = |r: &serde_json::Value| {
+        let flags = r["tcp_flags"].as_u64().unwrap_or(0);
+        r["lookup"] == "miss" && flags & 0x02 == 0 && flags & 0x10 != 0
+    };
+    let mut records = Vec::new();
+    trace_until(
+        tb,
+        "the held connection's miss and decision",
+        &mut records,
+        |rs| {
+            record(rs, "packet", &held, miss).is_some_and(|m| {
+                record(rs, "decision", &held, |d| d["for_seq"] == m["seq"]).is_some()
+            })
+        },
+    );
+    let m = record(&records, "packet", &held, miss).unwrap();
+    let d = record(&records, "decision", &held, |d| d["for_seq"] == m["seq"]).unwrap();
+    assert_eq!(m["request_sent"], true, "{m:#}");
+    assert_eq!(d["ok"], true, "{d:#}");
+    assert!(
+        d["decided_by"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("SC group ")),
+        "not decided by SC: {d:#}"
+    );
+    let rule = d["rule"].as_str().unwrap_or_default();
+    assert!(
+        rule.contains(&format!("set-src {}", addr::pool(0))) && !rule.contains("drop"),
+        "not passed through SNAT: {d:#}"
+    );
+
+    // The control: an ACK of a connection that was never opened, from the same client
+    // to the same server port. Without a conntrack entry the FW drops it.
+    let stray = tb
+        .exec_full(
+            Node::Client(0),
+            &[
+                "hping3",
+                "-c",
+                "1",
+                "-A",
+                "-k",
+                "-s",
+                "40101",
+                "-p",
+                "9997",
+                &addr::INET.to_string(),
+            ],
+            Duration::from_secs(10),
+        )
+        .expect("run hping3");
+    assert!(
+        stray.stdout.contains("HPING") || stray.stderr.contains("HPING"),
+        "hping3 did not run: {stray:?}"
+    );
+    let stray_flow = format!(
+        "{} tcp {}:40101 > {}:9997",
+        testbed::topo::vni::tenant(0),
+        addr::CLIENT,
+        addr::INET
+    );
+    trace_until(tb, "the stray ACK's decision", &mut records, |rs| {
+        record(rs, "decision", &stray_flow, |_| true).is_some()
+    });
+    let d = record(&records, "decision", &stray_flow, |_| true).unwrap();
+    assert_eq!(
+        d["rule"].as_str().map(|r| r.contains("drop tcp-not-syn")),
+        Some(true),
+        "the FW let an unknown connection's ACK through: {d:#}"
+    );
+    let stats = p.pp_stats_when(|s| platform::field(s, "rule:tcp-not-syn").unwrap_or(0) >= 1);
+    assert!(
+        platform::field(&stats, "rule:tcp-not-syn").unwrap_or(0) >= 1,
+        "{stats}"
+    );
+
+    // Back to zero, then a new UDP flow (another destination port, so the PP node and
+    // FM have no rule for it) from the first UDP socket: the chain wakes, and SNAT's
+    // mapping is the same.
+    at_zero();
+    let wakes_zero = wakes();
     let second = udp_seen_as(tb, 40000, 9998);
     assert_eq!(
         second, first,
         "the SNAT mapping did not survive zero instances"
     );
-    let wakes_after: f64 = sc_metric(tb, &p, nodes, "starfabric_sc_replica_wakes_total")
-        .iter()
-        .sum();
+    let wakes_after = wakes();
     assert!(
-        wakes_after > wakes_before,
-        "no replica woke for the new flow ({wakes_before} → {wakes_after})"
+        wakes_after > wakes_zero,
+        "no replica woke for the new flow ({wakes_zero} → {wakes_after})"
     );
     // Another client socket gets another mapping: the kept one is that socket's.
     let other = udp_seen_as(tb, 40001, 9998);

@@ -52,6 +52,9 @@ pub struct PlatformSpec {
     /// Cluster mode: chains split over the PP fabric, (tenant, chain, the PP node ids
     /// serving its egress stage), FM's `fabric` configuration (docs/fabric.md).
     pub fabric: Vec<(u32, u32, Vec<String>)>,
+    /// FM's `cache_capacity` (rules it keeps), or FM's default. A small cache makes a
+    /// flow whose PP rule is gone ask SC again instead of FM answering from its cache.
+    pub fm_cache_capacity: Option<usize>,
 }
 
 /// SC node `i`'s metrics port with [`PlatformSpec::sc_metrics`]: this + `i`.
@@ -72,6 +75,7 @@ impl PlatformSpec {
             sc_metrics: false,
             insecure: false,
             fabric: Vec::new(),
+            fm_cache_capacity: None,
         }
     }
 
@@ -548,6 +552,9 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
                 "pp_active must be in 1..={cluster} (the PP node namespaces)"
             )));
         }
+    }
+    if let Some(n) = spec.fm_cache_capacity {
+        cfg["cache_capacity"] = n.into();
     }
     if !spec.fabric.is_empty() {
         if cluster == 0 {
