@@ -35,6 +35,21 @@ impl ChainSpec {
         ChainSpec::Seq((0..n).map(ChainSpec::Nf).collect())
     }
 
+    /// The NFs in the order a flow meets them, if that order is fixed (no branch).
+    fn linear(&self) -> Option<Vec<usize>> {
+        match self {
+            ChainSpec::Nf(i) => Some(vec![*i]),
+            ChainSpec::Seq(v) => {
+                let mut out = Vec::new();
+                for s in v {
+                    out.extend(s.linear()?);
+                }
+                Some(out)
+            }
+            ChainSpec::Branch { .. } => None,
+        }
+    }
+
     fn check(&self, n: usize) -> Result<(), ChainError> {
         match self {
             ChainSpec::Nf(i) if *i >= n => Err(ChainError::NoSuchNf(*i)),
@@ -178,8 +193,21 @@ impl Chain {
             path: Vec::new(),
             dropped: None,
         };
-        let spec = self.spec.clone();
+        // A reply whose rule PP and FM lost (evicted, a PP node that took over a vIP)
+        // meets the NFs in reverse order, each seeing the reply as the NF after it
+        // rewrote it, as the reverse rule would have carried it. Run forward, an SNAT
+        // before a firewall would never see it and the firewall, not knowing the
+        // translated address, would refuse a live connection.
+        let reply = self.reply_order(&pkt.key);
+        let spec = match &reply {
+            Some(order) => ChainSpec::Seq(order.iter().copied().map(ChainSpec::Nf).collect()),
+            None => self.spec.clone(),
+        };
         self.run(&spec, pkt, env, &mut walk)?;
+        let (fwd_egress, rev_egress) = match reply {
+            Some(_) => (&self.reverse_egress, &self.forward_egress),
+            None => (&self.forward_egress, &self.reverse_egress),
+        };
         let timeout = walk.timeout;
         if let Some(reason) = walk.dropped {
             let mut forward = Rule::new(pkt.key, vec![Action::Count, Action::Drop { reason }]);
@@ -196,19 +224,31 @@ impl Chain {
             .iter()
             .rev()
             .fold(Rewrite::NONE, |acc, r| acc.then(r));
-        let mut forward = Rule::new(pkt.key, self.forward_egress.frame(walk.forward.actions()));
+        let mut forward = Rule::new(pkt.key, fwd_egress.frame(walk.forward.actions()));
         forward.idle_timeout = timeout;
         let mut rkey: FlowKey = walk.key.reversed();
-        if let Some((_, vni)) = self.forward_egress.encap {
+        if let Some((_, vni)) = fwd_egress.encap {
             rkey.set_vni(vni);
         }
-        let mut reverse = Rule::new(rkey, self.reverse_egress.frame(reverse_rw.actions()));
+        let mut reverse = Rule::new(rkey, rev_egress.frame(reverse_rw.actions()));
         reverse.idle_timeout = timeout;
         Ok(ComposedRules {
             forward,
             reverse: Some(reverse),
             path: walk.path,
         })
+    }
+
+    /// The NFs in reverse order if `key` is the reply direction of a flow some NF holds:
+    /// asked last first, the first NF that knows it decides. A chain with branches has
+    /// no single reverse order and runs every request forward.
+    fn reply_order(&self, key: &FlowKey) -> Option<Vec<usize>> {
+        let mut order = self.spec.linear()?;
+        order.reverse();
+        order
+            .iter()
+            .any(|&i| self.nfs.get(i).is_some_and(|nf| nf.knows_reply(key)))
+            .then_some(order)
     }
 
     fn run(

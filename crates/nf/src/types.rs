@@ -513,6 +513,15 @@ pub trait NetworkFunction: Send {
     /// Decide a new flow. Must be deterministic in (state, packet, env).
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError>;
 
+    /// Whether `key` is the reply direction of a flow this NF decided and still holds
+    /// (a server's answer, a reply to a translated address). When PP and FM lost a
+    /// flow's reverse rule, the reply's packet asks SC again; a chain then runs the NFs
+    /// in the order replies meet them (last first) if one of them knows the key, and each
+    /// NF answers it from its state as it would a re-request. Default: not known.
+    fn knows_reply(&self, _key: &FlowKey) -> bool {
+        false
+    }
+
     /// A later event on a flow this NF decided (TCP close, expiry, PP's counters).
     fn on_event(&mut self, _ev: &FlowEvent, _env: &mut NfEnv) {}
 

@@ -675,6 +675,10 @@ impl Firewall {
 }
 
 impl NetworkFunction for Firewall {
+    fn knows_reply(&self, key: &FlowKey) -> bool {
+        matches!(self.find(key), Some((_, Dir::Reply, _)))
+    }
+
     fn kind(&self) -> &str {
         "fw"
     }

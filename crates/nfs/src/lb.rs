@@ -582,6 +582,10 @@ impl LoadBalancer {
 }
 
 impl NetworkFunction for LoadBalancer {
+    fn knows_reply(&self, key: &FlowKey) -> bool {
+        (self.replies.get(key)).is_some_and(|fwd| self.flow(fwd).is_some())
+    }
+
     fn kind(&self) -> &str {
         "lb"
     }

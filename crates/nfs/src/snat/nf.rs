@@ -432,6 +432,10 @@ impl NetworkFunction for Snat {
         self.plan.tables()
     }
 
+    fn knows_reply(&self, key: &FlowKey) -> bool {
+        self.state.resolve(key).is_some_and(|fk| fk != *key)
+    }
+
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
         let d = self.decide(pkt, env);
         self.state.flush();

@@ -1,0 +1,87 @@
+//! A chain of the built-in NFs asked about the reply direction of a flow it decided:
+//! what SC sees when PP and FM lost only a flow's reverse rule (evicted, or a PP node
+//! that took over a vIP). The reply must meet the NFs in the order the reverse rule
+//! carries it (SNAT before the firewall) and get the flow's own rules back.
+
+use nf::{Chain, ChainSpec, ComposedRules, Egress, FirstPacket, NfEnv};
+use pipeline::{Action, FlowKey, PacketMeta, Rule};
+
+const SYN: u8 = 0x02;
+const SYN_ACK: u8 = 0x12;
+const ACK: u8 = 0x10;
+
+fn chain(kinds: &[&str]) -> Chain {
+    let nfs: Vec<_> = (kinds.iter())
+        .map(|k| {
+            let c = match *k {
+                "fw" => serde_json::json!({"kind": "fw", "tenants": [{"tenant": 1,
+                    "default_action": "deny",
+                    "rules": [{"action": "allow", "proto": "tcp", "dport": 443}]}]}),
+                "snat" => serde_json::json!({"kind": "snat", "pools": [{"addresses":
+                    ["198.19.255.1"], "sources": ["198.18.0.0/16"]}]}),
+                _ => serde_json::json!({"kind": "lb", "services": [{"vip": "198.19.0.9",
+                    "port": 443, "protocol": "tcp", "backends": [
+                    {"addr": "198.19.1.7", "port": 8443}]}]}),
+            };
+            nfs::build(&serde_json::from_value(c).expect("config")).expect("nf")
+        })
+        .collect();
+    let n = nfs.len();
+    Chain::new(nfs, ChainSpec::seq(n), Egress::LOCAL, Egress::LOCAL).expect("chain")
+}
+
+fn ask(c: &mut Chain, key: FlowKey, flags: u8, now: u64) -> ComposedRules {
+    let p = FirstPacket::new(key, 1, PacketMeta::new(60, flags));
+    c.decide(&p, &mut NfEnv::new(now, now)).expect("decided")
+}
+
+fn drops(r: &Rule) -> bool {
+    r.actions.iter().any(|a| matches!(a, Action::Drop { .. }))
+}
+
+fn same_rule(a: &Rule, b: &Rule) {
+    assert_eq!((a.key, &a.actions), (b.key, &b.actions));
+}
+
+fn client() -> FlowKey {
+    "100 tcp 198.18.0.2:40000 > 198.19.0.9:443"
+        .parse()
+        .expect("key")
+}
+
+#[test]
+fn a_reply_whose_reverse_rule_was_lost_gets_the_flows_rules_back() {
+    for kinds in [
+        &["fw", "snat"][..],
+        &["fw", "snat", "lb"],
+        &["snat", "fw"],
+        &["fw"],
+    ] {
+        let mut c = chain(kinds);
+        let first = ask(&mut c, client(), SYN, 0);
+        assert!(!drops(&first.forward), "{kinds:?}: {first:?}");
+        let rev = first.reverse.clone().expect("reverse rule");
+        // The server's SYN-ACK, then a later ACK, arrive where PP has no reverse rule.
+        for (flags, now) in [(SYN_ACK, 10), (ACK, 20)] {
+            let again = ask(&mut c, rev.key, flags, now);
+            assert!(!drops(&again.forward), "{kinds:?}: {again:?}");
+            same_rule(&again.forward, &rev);
+            same_rule(&again.reverse.expect("its companion"), &first.forward);
+            let path: Vec<&str> = kinds.iter().rev().copied().collect();
+            assert_eq!(again.path, path, "replies meet the NFs last first");
+        }
+    }
+}
+
+#[test]
+fn a_reply_of_a_flow_no_nf_knows_is_still_refused() {
+    let mut c = chain(&["fw", "snat"]);
+    ask(&mut c, client(), SYN, 0);
+    // Another pool port: nothing was ever translated there.
+    let stray: FlowKey = "100 tcp 198.19.0.9:443 > 198.19.255.1:40001"
+        .parse()
+        .expect("key");
+    let r = ask(&mut c, stray, SYN_ACK, 10);
+    assert!(drops(&r.forward), "{r:?}");
+    assert_eq!(r.path, ["fw"], "asked forward, as any unknown flow");
+}
