@@ -2,6 +2,7 @@
 //! direction.
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline::{Action, FlowKey, Rule};
@@ -137,7 +138,11 @@ pub struct Chain {
     /// Updates NFs asked for through `NfEnv::trigger` since the last
     /// [`Chain::run_triggers`], with the asking NF's index.
     triggered: Vec<(usize, Trigger)>,
-    spec: ChainSpec,
+    /// Shared, so that a decision borrows it while the NFs change: one reference count
+    /// per flow rather than a copy of the spec.
+    spec: Arc<ChainSpec>,
+    /// The spec as replies meet it (NFs last first), if it has no branch.
+    reply_spec: Option<Arc<ChainSpec>>,
     pub forward_egress: Egress,
     pub reverse_egress: Egress,
 }
@@ -162,10 +167,17 @@ impl Chain {
                 })?;
             }
         }
+        let reply_spec = spec.linear().map(|mut order| {
+            order.reverse();
+            Arc::new(ChainSpec::Seq(
+                order.into_iter().map(ChainSpec::Nf).collect(),
+            ))
+        });
         Ok(Chain {
             nfs,
             triggered: Vec::new(),
-            spec,
+            spec: Arc::new(spec),
+            reply_spec,
             forward_egress,
             reverse_egress,
         })
@@ -198,15 +210,15 @@ impl Chain {
         // rewrote it, as the reverse rule would have carried it. Run forward, an SNAT
         // before a firewall would never see it and the firewall, not knowing the
         // translated address, would refuse a live connection.
-        let reply = self.reply_order(&pkt.key);
-        let spec = match &reply {
-            Some(order) => ChainSpec::Seq(order.iter().copied().map(ChainSpec::Nf).collect()),
-            None => self.spec.clone(),
+        let reply = self.is_reply(pkt);
+        let spec = match (&self.reply_spec, reply) {
+            (Some(r), true) => Arc::clone(r),
+            _ => Arc::clone(&self.spec),
         };
         self.run(&spec, pkt, env, &mut walk)?;
         let (fwd_egress, rev_egress) = match reply {
-            Some(_) => (&self.reverse_egress, &self.forward_egress),
-            None => (&self.forward_egress, &self.reverse_egress),
+            true => (&self.reverse_egress, &self.forward_egress),
+            false => (&self.forward_egress, &self.reverse_egress),
         };
         let timeout = walk.timeout;
         if let Some(reason) = walk.dropped {
@@ -239,16 +251,19 @@ impl Chain {
         })
     }
 
-    /// The NFs in reverse order if `key` is the reply direction of a flow some NF holds:
-    /// asked last first, the first NF that knows it decides. A chain with branches has
-    /// no single reverse order and runs every request forward.
-    fn reply_order(&self, key: &FlowKey) -> Option<Vec<usize>> {
-        let mut order = self.spec.linear()?;
-        order.reverse();
-        order
-            .iter()
-            .any(|&i| self.nfs.get(i).is_some_and(|nf| nf.knows_reply(key)))
-            .then_some(order)
+    /// Whether the request is the reply direction of a flow some NF holds, so that the
+    /// NFs meet it last first. A chain with branches has no single reverse order and
+    /// runs every request forward; a bare TCP SYN opens a connection and is never a
+    /// reply, so the common first packet asks no NF.
+    fn is_reply(&self, pkt: &FirstPacket) -> bool {
+        use packet::tcp_flags::{ACK, SYN};
+        let flags = pkt.meta.tcp_flags;
+        if self.reply_spec.is_none()
+            || (pkt.key.proto() == packet::proto::TCP && flags & SYN != 0 && flags & ACK == 0)
+        {
+            return false;
+        }
+        self.nfs.iter().rev().any(|nf| nf.knows_reply(&pkt.key))
     }
 
     fn run(
