@@ -17,7 +17,8 @@ use super::config::{MappingBehaviour, Plan, SnatConfig};
 use super::reason;
 use super::snapshot::{is_platform, snap_err};
 use super::table::{
-    ExternalEndpoint, FlowEntry, FlowState, MappingInfo, MappingKey, SnatStats, State, FLOWS, PORTS,
+    ExternalEndpoint, FlowEntry, FlowRow, FlowState, MappingInfo, MappingKey, SnatStats, State,
+    FLOWS, PORTS,
 };
 
 /// Source NAT. See the module docs and `docs/nf-api.md`.
@@ -159,9 +160,8 @@ impl Snat {
     /// A request for a flow already decided, in either direction: PP (and FM's cache) lost
     /// the rule, or an ICMP error arrived about it. Answer with the same translation.
     pub(super) fn replay(&mut self, pkt: &FirstPacket, now_ms: u64) -> Option<Decision> {
-        let fk = self.state.resolve(&pkt.key)?;
+        let (fk, mut f) = self.state.lookup(&pkt.key)?;
         let reply = fk != pkt.key;
-        let mut f = self.state.flow(&fk)?;
         let mut state = f.state;
         // A fresh SYN on a closing connection reopens it (TIME_WAIT reuse), as conntrack does.
         let flags = pkt.meta.tcp_flags;
@@ -180,7 +180,7 @@ impl Snat {
         // An ICMP error neither refreshes nor ends the flow (RFC 5508 REQ-6, RFC 4787 REQ-12).
         if !pkt.meta.icmp_error {
             let d = self.deadline(now_ms, state);
-            self.state.set_flow_state(&fk, state, d);
+            self.state.set_flow_state(&fk, &f, state, d);
             f.state = state;
         }
         Some(self.flow_decision(&f, reply))
@@ -238,6 +238,7 @@ impl Snat {
             .pool_alloc(PORTS, &(addr, mk.proto), mk.port, rng)
             .ok()
             .flatten()?;
+        st.took(addr, mk.proto);
         let s = &mut st.stats;
         if got.preserved {
             s.ports_preserved += 1;
@@ -252,7 +253,9 @@ impl Snat {
         };
         if let Err(e) = st.add_mapping(ext, mk, addr) {
             // Nothing holds the port yet: give it back.
-            let _ = st.tables.pool_put(PORTS, &(addr, mk.proto), got.unit);
+            if st.tables.pool_put(PORTS, &(addr, mk.proto), got.unit) == Ok(true) {
+                *st.free.entry((addr, mk.proto)).or_insert(0) += 1;
+            }
             debug!(%e, "snat: mapping not recorded");
             return None;
         }
@@ -451,10 +454,7 @@ impl NetworkFunction for Snat {
                 }
             }
             FlowEvent::TcpClosing { key } => {
-                let Some(fk) = self.state.resolve(key) else {
-                    return;
-                };
-                let Some(f) = self.state.flow(&fk) else {
+                let Some((fk, f)) = self.state.lookup(key) else {
                     return;
                 };
                 if matches!(
@@ -462,28 +462,22 @@ impl NetworkFunction for Snat {
                     FlowState::TcpOpen | FlowState::TcpClosing | FlowState::TcpSynSent
                 ) {
                     let d = self.deadline(env.now_ms, FlowState::TcpClosing);
-                    self.state.set_flow_state(&fk, FlowState::TcpClosing, d);
+                    self.state.set_flow_state(&fk, &f, FlowState::TcpClosing, d);
                 }
             }
             FlowEvent::TcpEstablished { key } => {
-                let Some(fk) = self.state.resolve(key) else {
-                    return;
-                };
-                let Some(f) = self.state.flow(&fk) else {
+                let Some((fk, f)) = self.state.lookup(key) else {
                     return;
                 };
                 // Only a half-open flow moves: a closing one stays closing (a late or
                 // reordered report must not revive it).
                 if f.state == FlowState::TcpSynSent {
                     let d = self.deadline(env.now_ms, FlowState::TcpOpen);
-                    self.state.set_flow_state(&fk, FlowState::TcpOpen, d);
+                    self.state.set_flow_state(&fk, &f, FlowState::TcpOpen, d);
                 }
             }
             FlowEvent::Active { key } => {
-                let Some(fk) = self.state.resolve(key) else {
-                    return;
-                };
-                let Some(f) = self.state.flow(&fk) else {
+                let Some((fk, f)) = self.state.lookup(key) else {
                     return;
                 };
                 // RFC 4787 REQ-6 / RFC 5382 REQ-5: traffic refreshes the mapping, with the
@@ -500,11 +494,12 @@ impl NetworkFunction for Snat {
     /// The platform's timer removes the flows whose deadline passed; their mappings
     /// are released here.
     fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
-        let gone: Vec<(FlowKey, FlowEntry)> = (self.state.tables)
+        let gone: Vec<(FlowKey, FlowRow)> = (self.state.tables)
             .expire_flows(FLOWS, env.now_ms)
             .unwrap_or_default();
         let mut out = Vec::with_capacity(gone.len());
-        for (k, f) in gone {
+        for (k, r) in gone {
+            let f = r.entry(&k, env.now_ms);
             self.state.forget_flow(&k, &f);
             self.state.stats.flows_expired += 1;
             out.push(k);

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::config::Plan;
 use super::table::{
-    ExternalEndpoint, FlowEntry, FlowState, MappingKey, SnatStats, State, FLOWS, FULL_WEIGHT,
-    MAPPINGS, PAIRINGS, PORTS, STATS,
+    ExternalEndpoint, FlowEntry, FlowRow, FlowState, MappingKey, SnatStats, State, FLOWS,
+    FULL_WEIGHT, MAPPINGS, PAIRINGS, PORTS, STATS,
 };
 
 const SNAPSHOT_VERSION: u32 = 1;
@@ -135,8 +135,9 @@ impl State {
                 external,
             })
             .collect();
-        let flows: Vec<(FlowKey, FlowEntry)> = self.tables.flows(FLOWS).unwrap_or_default();
-        let flows = (flows.into_iter())
+        let rows: Vec<(FlowKey, FlowRow)> = self.tables.flows(FLOWS).unwrap_or_default();
+        let flows = (rows.into_iter())
+            .map(|(k, r)| (k, r.entry(&k, 0)))
             .map(|(k, f)| FlowSnap {
                 deadline_ms: self
                     .tables
@@ -242,8 +243,16 @@ impl State {
                 state: f.state,
                 deadline_ms: f.deadline_ms,
             };
+            // The row keeps what the rewrites are made from; a snapshot whose rewrites
+            // say otherwise was not written by this NF.
+            let row = FlowRow::of(&entry);
+            if row.entry(&key, f.deadline_ms) != entry {
+                return Err(snap_err(format!(
+                    "flow {key}: its rewrites do not follow from its mappings"
+                )));
+            }
             (st.tables)
-                .put_flow_timed(FLOWS, &key, &entry, f.deadline_ms)
+                .put_flow_timed(FLOWS, &key, &row, f.deadline_ms)
                 .map_err(t)?;
         }
         for p in &s.pairings {

@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use ::nf::{NfError, Rewrite, StateTables, WHOLE_SHARE};
+use ::nf::{Endpoint, NfError, Rewrite, StateTables, WHOLE_SHARE};
 use pipeline::FlowKey;
 // hashbrown's default hasher (foldhash) rather than SipHash: splits and merges of a
 // partition hash every flow key and endpoint several times (docs/scaling.md).
@@ -89,7 +89,9 @@ pub(super) enum FlowState {
     TcpSynSent,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A flow as the NF works with it; its row (`FlowRow`) keeps only what the rewrites are
+/// made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct FlowEntry {
     /// The mapping the flow's source is translated to.
     pub(super) own: ExternalEndpoint,
@@ -99,8 +101,63 @@ pub(super) struct FlowEntry {
     pub(super) reverse: Rewrite,
     pub(super) state: FlowState,
     /// The row's platform timer, not stored in its value.
-    #[serde(skip)]
     pub(super) deadline_ms: u64,
+}
+
+/// A flow's row in the `flows` table: its mapping, a hairpin flow's peer mapping and
+/// the internal endpoint behind it, and its TCP state. The rewrites follow from these
+/// and the flow's key, so an IPv4 row fits inline in the platform's row (no allocation
+/// per flow) and a read decodes a few bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct FlowRow {
+    pub(super) own: ExternalEndpoint,
+    pub(super) peer: Option<(ExternalEndpoint, IpAddr, u16)>,
+    pub(super) state: FlowState,
+}
+
+impl FlowRow {
+    pub(super) fn of(f: &FlowEntry) -> FlowRow {
+        let peer = f.peer.map(|p| {
+            let to = f.forward.dst;
+            (p, to.addr.unwrap_or(p.addr), to.port.unwrap_or(p.port))
+        });
+        FlowRow {
+            own: f.own,
+            peer,
+            state: f.state,
+        }
+    }
+
+    /// The flow entry of `key`, its rewrites made again (`Snat::outbound`,
+    /// `Snat::hairpin`).
+    pub(super) fn entry(&self, key: &FlowKey, deadline_ms: u64) -> FlowEntry {
+        let own = Endpoint::new(self.own.addr, self.own.port);
+        let back = Endpoint::new(key.src(), key.sport());
+        let (forward, reverse) = match self.peer {
+            None => (
+                Rewrite::src(self.own.addr, self.own.port),
+                Rewrite::dst(key.src(), key.sport()),
+            ),
+            Some((target, addr, port)) => (
+                Rewrite {
+                    src: own,
+                    dst: Endpoint::new(addr, port),
+                },
+                Rewrite {
+                    src: Endpoint::new(target.addr, target.port),
+                    dst: back,
+                },
+            ),
+        };
+        FlowEntry {
+            own: self.own,
+            peer: self.peer.map(|p| p.0),
+            forward,
+            reverse,
+            state: self.state,
+            deadline_ms,
+        }
+    }
 }
 
 /// Counters of one partition; a merge sums them.
@@ -168,11 +225,28 @@ impl SnatStats {
     }
 
     pub(super) fn lanes(&self) -> [u64; STAT_LANES] {
-        let mut me = *self;
+        let f = [
+            self.flows_created,
+            self.flows_expired,
+            self.flows_ended,
+            self.replayed,
+            self.mappings_created,
+            self.mappings_reused,
+            self.mappings_released,
+            self.ports_preserved,
+            self.pairing_fallbacks,
+            self.hairpinned,
+            self.untranslated,
+            self.exhausted,
+            self.refused_inbound,
+            self.icmp_error_unknown,
+            self.invalid,
+            self.unsupported_protocol,
+            self.random_probes,
+            self.merge_conflicts,
+        ];
         let mut out = [0; STAT_LANES];
-        for (o, f) in out.iter_mut().zip(me.fields()) {
-            *o = *f;
-        }
+        out[..18].copy_from_slice(&f);
         out[18..].copy_from_slice(&self.probe_histogram);
         out
     }
@@ -199,11 +273,11 @@ pub(super) fn reply_key(translated: &FlowKey) -> FlowKey {
 
 /// The mappings a flow row uses, for the platform's split ([`nf::RefsFn`]).
 fn flow_refs(v: &[u8]) -> SmallVec<[Vec<u8>; 2]> {
-    let Ok(f) = postcard::from_bytes::<FlowEntry>(v) else {
+    let Ok(f) = postcard::from_bytes::<FlowRow>(v) else {
         return SmallVec::new();
     };
     std::iter::once(f.own)
-        .chain(f.peer)
+        .chain(f.peer.map(|p| p.0))
         .filter_map(|e| postcard::to_allocvec(&e).ok())
         .collect()
 }
@@ -222,6 +296,9 @@ pub(super) struct State {
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
     pub(super) by_reply: HashMap<FlowKey, FlowKey>,
+    /// Derived: free ports per (pool address, protocol), read for every new mapping's
+    /// choice of address.
+    pub(super) free: HashMap<(IpAddr, u8), u32>,
     /// The counters, as the `stats` table holds them plus what this op added.
     pub(super) stats: SnatStats,
     /// The counters as last written to the `stats` table.
@@ -240,15 +317,18 @@ impl State {
                 .pool_define(PORTS, &(addr, proto), lo, hi, full)
                 .map_err(state_err)?;
         }
-        Ok(State {
+        let mut st = State {
             tables,
             mappings: HashMap::new(),
             by_internal: HashMap::new(),
             pairings: HashMap::new(),
             by_reply: HashMap::new(),
+            free: HashMap::new(),
             stats: SnatStats::default(),
             flushed: SnatStats::default(),
-        })
+        };
+        st.reindex_view();
+        Ok(st)
     }
 
     /// Write what this op counted to the `stats` table (S6's untethered add).
@@ -269,13 +349,24 @@ impl State {
 
     /// A flow's entry, by its forward key.
     pub(super) fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
-        let (mut f, d) = self
+        let (row, d) = self
             .tables
-            .get_flow_timed::<FlowEntry>(FLOWS, key)
+            .get_flow_timed::<FlowRow>(FLOWS, key)
             .ok()
             .flatten()?;
-        f.deadline_ms = d.unwrap_or(u64::MAX);
-        Some(f)
+        Some(row.entry(key, d.unwrap_or(u64::MAX)))
+    }
+
+    /// The flow a key (either direction) belongs to, with its entry: one lookup for a
+    /// forward key.
+    pub(super) fn lookup(&self, key: &FlowKey) -> Option<(FlowKey, FlowEntry)> {
+        if let Some(f) = self.flow(key) {
+            return Some((*key, f));
+        }
+        let mut k = *key;
+        k.set_vni(0);
+        let fk = *self.by_reply.get(&k)?;
+        Some((fk, self.flow(&fk)?))
     }
 
     pub(super) fn flow_count(&self) -> usize {
@@ -283,7 +374,7 @@ impl State {
     }
 
     pub(super) fn free_count(&self, addr: IpAddr, proto: u8) -> u32 {
-        self.tables.pool_free(PORTS, &(addr, proto)).unwrap_or(0)
+        self.free.get(&(addr, proto)).copied().unwrap_or(0)
     }
 
     pub(super) fn is_free(&self, e: &ExternalEndpoint) -> bool {
@@ -305,9 +396,16 @@ impl State {
         self.by_reply.get(&k).copied()
     }
 
+    /// A port taken from the pool (`pool_alloc`), for the free-count index.
+    pub(super) fn took(&mut self, addr: IpAddr, proto: u8) {
+        if let Some(n) = self.free.get_mut(&(addr, proto)) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     pub(super) fn insert_flow(&mut self, key: FlowKey, f: FlowEntry) -> Result<(), NfError> {
         (self.tables)
-            .put_flow_timed(FLOWS, &key, &f, f.deadline_ms)
+            .put_flow_timed(FLOWS, &key, &FlowRow::of(&f), f.deadline_ms)
             .map_err(state_err)?;
         let translated = f.forward.apply(&key);
         self.by_reply.insert(reply_key(&translated), key);
@@ -342,13 +440,20 @@ impl State {
         Some(f)
     }
 
-    pub(super) fn set_flow_state(&mut self, key: &FlowKey, state: FlowState, deadline: u64) {
-        let Some(mut f) = self.flow(key) else {
-            return;
-        };
+    /// Move flow `key` (whose entry is `f`) to `state` and `deadline`.
+    pub(super) fn set_flow_state(
+        &mut self,
+        key: &FlowKey,
+        f: &FlowEntry,
+        state: FlowState,
+        deadline: u64,
+    ) {
         if f.state != state {
-            f.state = state;
-            if let Err(e) = self.tables.put_flow_timed(FLOWS, key, &f, deadline) {
+            let row = FlowRow {
+                state,
+                ..FlowRow::of(f)
+            };
+            if let Err(e) = self.tables.put_flow_timed(FLOWS, key, &row, deadline) {
                 warn!(%e, "snat: flow state not updated");
             }
         } else {
@@ -405,11 +510,13 @@ impl State {
                 let _ = self.tables.delete(PAIRINGS, &pk);
             }
         }
-        if !self
+        if self
             .tables
             .pool_put(PORTS, &(ext.addr, ext.proto), ext.port)
             .unwrap_or(false)
         {
+            *self.free.entry((ext.addr, ext.proto)).or_insert(0) += 1;
+        } else {
             // A port outside the pool or already free means state was corrupted upstream;
             // keep going rather than take the NAT down, but say so.
             warn!(?ext, "snat: freed a port that was not in use");
@@ -437,8 +544,15 @@ impl State {
             self.mappings.insert(e, Mapping { key: mk, flows: 0 });
             self.by_internal.entry(mk).or_insert(e);
         }
-        let flows: Vec<(FlowKey, FlowEntry)> = self.tables.flows(FLOWS).unwrap_or_default();
-        for (k, f) in &flows {
+        self.free.clear();
+        let pools: Vec<((IpAddr, u8), u32)> = (self.tables.pools(PORTS).unwrap_or_default())
+            .into_iter()
+            .map(|(k, p)| (k, p.free()))
+            .collect();
+        self.free.extend(pools);
+        let rows: Vec<(FlowKey, FlowRow)> = self.tables.flows(FLOWS).unwrap_or_default();
+        for (k, r) in &rows {
+            let f = r.entry(k, 0);
             self.by_reply
                 .entry(reply_key(&f.forward.apply(k)))
                 .or_insert(*k);
@@ -512,7 +626,7 @@ impl State {
 
     /// Flows both this state and `other` hold: a merge keeps this side's.
     pub(super) fn conflicts(&self, other: &State) -> u64 {
-        let theirs: Vec<(FlowKey, FlowEntry)> = other.tables.flows(FLOWS).unwrap_or_default();
+        let theirs: Vec<(FlowKey, FlowRow)> = other.tables.flows(FLOWS).unwrap_or_default();
         theirs
             .iter()
             .filter(|(k, _)| self.tables.timer(FLOWS, k).ok().flatten().is_some())
