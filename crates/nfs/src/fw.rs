@@ -675,8 +675,12 @@ impl Firewall {
 }
 
 impl NetworkFunction for Firewall {
+    /// One probe: a key whose reverse is tracked. (A key tracked both ways round would
+    /// be two flows; `find` prefers the original direction, and so does the chain's
+    /// forward run.)
     fn knows_reply(&self, key: &FlowKey) -> bool {
-        matches!(self.find(key), Some((_, Dir::Reply, _)))
+        let r = key.reversed();
+        self.state.timer(CONNTRACK, &r).ok().flatten().is_some() && r != *key
     }
 
     fn kind(&self) -> &str {

@@ -436,7 +436,9 @@ impl NetworkFunction for Snat {
     }
 
     fn knows_reply(&self, key: &FlowKey) -> bool {
-        self.state.resolve(key).is_some_and(|fk| fk != *key)
+        let mut k = *key;
+        k.set_vni(0);
+        (self.state.by_reply.get(&k)).is_some_and(|fk| fk != key)
     }
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
