@@ -43,7 +43,7 @@ impl Snat {
     }
 
     pub fn stats(&self) -> SnatStats {
-        self.state.stats
+        self.state.totals()
     }
 
     pub fn flow_count(&self) -> usize {

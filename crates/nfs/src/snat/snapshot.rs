@@ -159,7 +159,7 @@ impl State {
             mappings,
             pairings,
             flows,
-            stats: self.stats,
+            stats: self.totals(),
         }
     }
 

@@ -299,10 +299,8 @@ pub(super) struct State {
     /// Derived: free ports per (pool address, protocol), read for every new mapping's
     /// choice of address.
     pub(super) free: HashMap<(IpAddr, u8), u32>,
-    /// The counters, as the `stats` table holds them plus what this op added.
+    /// What this op counted, not yet added to the `stats` table ([`State::flush`]).
     pub(super) stats: SnatStats,
-    /// The counters as last written to the `stats` table.
-    flushed: SnatStats,
 }
 
 impl State {
@@ -325,7 +323,6 @@ impl State {
             by_reply: HashMap::new(),
             free: HashMap::new(),
             stats: SnatStats::default(),
-            flushed: SnatStats::default(),
         };
         st.reindex_view();
         Ok(st)
@@ -333,18 +330,23 @@ impl State {
 
     /// Write what this op counted to the `stats` table (S6's untethered add).
     pub(super) fn flush(&mut self) {
-        if self.stats == self.flushed {
+        if self.stats == SnatStats::default() {
             return;
         }
-        let (now, then) = (self.stats.lanes(), self.flushed.lanes());
-        let mut d = [0u64; STAT_LANES];
-        for ((d, a), b) in d.iter_mut().zip(now).zip(then) {
-            *d = a.saturating_sub(b);
-        }
-        if let Err(e) = self.tables.add(STATS, &(), &d) {
+        if let Err(e) = self.tables.add(STATS, &(), &self.stats.lanes()) {
             warn!(%e, "snat: counters not recorded");
         }
-        self.flushed = self.stats;
+        self.stats = SnatStats::default();
+    }
+
+    /// Every count: the `stats` table's and what this op counted so far.
+    pub(super) fn totals(&self) -> SnatStats {
+        let mut l = (self.tables.counter(STATS, &()).ok()).unwrap_or_default();
+        l.resize(STAT_LANES, 0);
+        for (a, b) in l.iter_mut().zip(self.stats.lanes()) {
+            *a = a.saturating_add(b);
+        }
+        SnatStats::from_lanes(&l)
     }
 
     /// A flow's entry, by its forward key.
@@ -571,10 +573,7 @@ impl State {
                 p.1 += 1;
             }
         }
-        self.stats = (self.tables.counter(STATS, &()).ok())
-            .map(|l| SnatStats::from_lanes(&l))
-            .unwrap_or_default();
-        self.flushed = self.stats;
+        self.stats = SnatStats::default();
     }
 
     pub(super) fn reindex(&mut self) {
