@@ -89,6 +89,11 @@ impl FabricTable {
         self.macs.insert(node.to_string(), mac);
     }
 
+    /// Whether `node` takes fabric frames (registered with a fabric MAC).
+    pub fn has_node(&self, node: &str) -> bool {
+        self.macs.contains_key(node)
+    }
+
     /// A PP node left or failed: its routes go. Returns the flow keys whose rules every
     /// PP node must forget, so their next packets ask again.
     pub fn leave(&mut self, node: &str) -> Vec<[u8; 40]> {

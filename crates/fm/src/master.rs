@@ -893,10 +893,18 @@ impl Master {
     }
 
     /// Move PP node `node`'s vIPs away; the error says why it cannot be drained.
+    /// A node that serves only fabric stages (in no vIP group) drains too: its routes go.
     pub(crate) fn pp_drain(&mut self, node: &str) -> Result<v1::VipMapReply, String> {
-        let change = self.vips.drain(node).map_err(|e| e.to_string())?;
-        info!(%node, moved = change.moved, "PP node draining: its vIPs moved away");
-        self.push_vips(&change, &format!("{node} drained"));
+        match self.vips.drain(node) {
+            Ok(change) => {
+                info!(%node, moved = change.moved, "PP node draining: its vIPs moved away");
+                self.push_vips(&change, &format!("{node} drained"));
+            }
+            Err(crate::vip::VipError::UnknownNode(_)) if self.fabric.has_node(node) => {
+                info!(%node, "PP node draining: in no vIP group, its fabric routes go");
+            }
+            Err(e) => return Err(e.to_string()),
+        }
         self.fabric_leave(node, "draining");
         Ok(self.vip_map())
     }

@@ -1140,3 +1140,60 @@ fn a_split_chain_is_routed_over_the_fabric_and_rerouted_when_its_node_dies() {
     );
     assert_eq!(s.m.stats().fabric.no_node, 1);
 }
+
+#[test]
+fn a_drained_stage_node_loses_its_fabric_routes() {
+    // Scale-in of a stage node: its flows must be routed to the stage's other nodes
+    // before it leaves, not when it is gone. pp-b owns no vIP here, so the drain moves
+    // none: the withdrawal must not depend on one moving.
+    let mut cfg = config(2);
+    cfg.fabric = vec![crate::fabric::FabricStage {
+        tenant: 1,
+        chain: 1,
+        nodes: vec!["pp-b".into(), "pp-c".into()],
+    }];
+    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"])]);
+    s.sc_join("sc-0", 1);
+    s.sc_join("sc-1", 1);
+    s.start();
+    s.settle();
+    s.forwarding_rules = true;
+    let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
+    let _b = pp_join_fabric(&mut s, "pp-b", [2, 0, 0, 0, 0, 0xb]);
+    let c = pp_join_fabric(&mut s, "pp-c", [2, 0, 0, 0, 0, 0xc]);
+    for i in 0..32 {
+        s.m.on_pp_requests(a, vec![request(100 + i, 1, 1, &key(1000 + i))], s.now_us);
+    }
+    s.flush();
+    s.settle();
+    let routes = answered(&mut s, a);
+    let on_b: Vec<FlowKey> = (routes.iter().zip(0..32))
+        .filter(|(r, _)| r[0] == "decap; fabric 02:00:00:00:00:0b")
+        .map(|(_, i)| key(1000 + i))
+        .collect();
+    assert!(
+        !on_b.is_empty() && on_b.len() < 32,
+        "{} of 32 on pp-b",
+        on_b.len()
+    );
+    s.pp_out.clear();
+    s.m.pp_drain("pp-b").expect("pp-b drains");
+    s.pump();
+    let gone = revoked(&mut s, a);
+    for k in &on_b {
+        assert!(
+            gone.contains(k) && gone.contains(&reverse_key(k)),
+            "{k} kept"
+        );
+    }
+    assert_eq!(gone.len(), 2 * on_b.len(), "only pp-b's flows");
+    assert_eq!(revoked(&mut s, c), gone, "every PP node forgets them");
+    // Their next packets get routes to pp-c, and so do new flows.
+    s.pp_out.clear();
+    s.m.on_pp_requests(a, vec![request(7, 1, 1, &on_b[0])], s.now_us);
+    s.m.on_pp_requests(a, vec![request(8, 1, 1, &key(5000))], s.now_us);
+    s.flush();
+    s.settle();
+    let to_c = vec!["decap; fabric 02:00:00:00:00:0c".to_string(); 2];
+    assert_eq!(answered(&mut s, a), vec![to_c.clone(), to_c]);
+}
