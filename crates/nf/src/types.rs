@@ -612,9 +612,11 @@ pub trait NetworkFunction: Send {
     }
 
     /// Gradual migration (S6): like [`split`](Self::split), but only per-flow state
-    /// moves; shared state (a port pool, counters) stays whole here. The default is
-    /// `split`, right for NFs whose split moves per-flow state only; an NF that splits
-    /// a pool must override it, or each pull of a gradual scale-out halves its pool.
+    /// moves (with the with-flows rows its flows use); shared state (a port pool,
+    /// counters) stays whole here. On platform tables the default does that
+    /// ([`StateTables::split_flows`]); otherwise it is `split`, right for NFs whose split
+    /// moves per-flow state only, and an NF of its own state that splits a pool must
+    /// override it, or each pull of a gradual scale-out halves its pool.
     fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
         let Some(s) = self.state_mut() else {
             return self.split(half);
