@@ -428,6 +428,7 @@ impl Master {
         let events = EventLog::new(cfg.events_capacity);
         let cfg_vips = cfg.vips.clone();
         let fabric = crate::fabric::FabricTable::new(&cfg.fabric);
+        let map_of_chains = PartitionMap::with_partitioning(&chains);
         Master {
             cache: RuleCache::new(cfg.cache_capacity, cfg.cache_default_ttl.as_millis() as u64),
             cfg,
@@ -436,7 +437,7 @@ impl Master {
             chains,
             partitions: Vec::new(),
             members: Membership::default(),
-            map: PartitionMap::default(),
+            map: map_of_chains,
             shards: HashMap::new(),
             inflight: HashMap::new(),
             by_id: HashMap::new(),
@@ -706,7 +707,7 @@ impl Master {
                 }
                 continue;
             }
-            match self.map.lookup(e.tenant, e.chain, key.hash()) {
+            match self.map.lookup_key(e.tenant, e.chain, &key) {
                 Some(g) => {
                     if counters {
                         self.stats.counter_events_routed += 1;
@@ -994,6 +995,7 @@ impl Master {
         for (tenant, chain) in teardown {
             self.teardown_chain(tenant, chain);
         }
+        self.map.set_partitioning(&chains);
         self.chains = chains;
         self.partitions = partitions;
         if change != DesiredChange::default() {
@@ -1139,7 +1141,7 @@ impl Master {
             }
             // Partition by the key's own hash, not the one PP sent: PP is not trusted
             // with where state lives.
-            let Some(group) = self.map.lookup(req.tenant, req.chain, key.hash()) else {
+            let Some(group) = self.map.lookup_key(req.tenant, req.chain, &key) else {
                 if self.recovery != Recovery::Done && self.held.len() < MAX_HELD {
                     // The group may be on its way (an SC node that has not reported
                     // yet): answered when it comes or the recovery window ends.
@@ -1420,7 +1422,7 @@ impl Master {
         let key = FlowKey::from_bytes(ck.2);
         let group = f.group;
         if !self.scale_source(group) {
-            if let Some(g) = self.map.lookup(ck.0, ck.1, key.hash()) {
+            if let Some(g) = self.map.lookup_key(ck.0, ck.1, &key) {
                 if let Some(f) = self.inflight.get_mut(ck) {
                     f.group = g;
                 }

@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use nf::PartitionBy;
+use pipeline::FlowKey;
 use proto::v1;
 
 #[derive(Debug, Clone)]
@@ -32,9 +34,41 @@ pub struct PartitionMap {
     ranges: HashMap<(u32, u32), Vec<Range>>,
     groups: BTreeMap<u64, GroupEntry>,
     next_group: u64,
+    /// Per (tenant, chain): what its requests are dispatched by (`ChainConfig.partition`;
+    /// the flow hash if absent).
+    partitioning: HashMap<(u32, u32), PartitionBy>,
 }
 
 impl PartitionMap {
+    pub fn with_partitioning(chains: &[v1::ChainConfig]) -> Self {
+        let mut m = PartitionMap::default();
+        m.set_partitioning(chains);
+        m
+    }
+
+    /// The chains' partitionings, from their configurations (a name FM does not know
+    /// was refused with the chain; here it falls back to the flow hash).
+    pub fn set_partitioning(&mut self, chains: &[v1::ChainConfig]) {
+        self.partitioning = (chains.iter())
+            .map(|c| {
+                let by = proto::partition_from_proto(&c.partition).unwrap_or_default();
+                ((c.tenant, c.chain), by)
+            })
+            .collect();
+    }
+
+    /// The hash `key` is dispatched by in chain (tenant, chain).
+    pub fn key_hash(&self, tenant: u32, chain: u32, key: &FlowKey) -> u64 {
+        (self.partitioning.get(&(tenant, chain)).copied())
+            .unwrap_or_default()
+            .hash(key)
+    }
+
+    /// The group owning `key` of (tenant, chain), by the chain's partitioning.
+    pub fn lookup_key(&self, tenant: u32, chain: u32, key: &FlowKey) -> Option<u64> {
+        self.lookup(tenant, chain, self.key_hash(tenant, chain, key))
+    }
+
     /// The group owning `hash` of (tenant, chain).
     pub fn lookup(&self, tenant: u32, chain: u32, hash: u64) -> Option<u64> {
         let v = self.ranges.get(&(tenant, chain))?;
@@ -273,6 +307,47 @@ impl PartitionMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_partitioned_by_source_sends_a_hosts_flows_to_one_group() {
+        let chain = |chain: u32, partition: &str| v1::ChainConfig {
+            tenant: 1,
+            chain,
+            nfs: vec!["{}".into()],
+            partition: partition.into(),
+            ..Default::default()
+        };
+        let mut m = PartitionMap::with_partitioning(&[chain(1, "source_address"), chain(2, "")]);
+        for c in [1, 2] {
+            m.create(1, c, 0, u64::MAX / 2, vec![]);
+            m.create(1, c, u64::MAX / 2 + 1, u64::MAX, vec![]);
+        }
+        let key = |s: String| -> FlowKey { s.parse().expect("key") };
+        let host = |h: u32, c: u32| -> std::collections::BTreeSet<u64> {
+            (0..64)
+                .map(|i| {
+                    key(format!(
+                        "100 udp 198.18.0.{h}:{} > 198.19.0.{}:53",
+                        1000 + i,
+                        i % 200 + 1
+                    ))
+                })
+                .filter_map(|k| m.lookup_key(1, c, &k))
+                .collect()
+        };
+        for h in 1..20 {
+            assert_eq!(host(h, 1).len(), 1, "host {h}: one group");
+        }
+        assert_eq!(host(1, 2).len(), 2, "by the flow hash: both groups");
+        let k = key("100 udp 198.18.0.1:1 > 198.19.0.1:53".into());
+        assert_eq!(m.key_hash(1, 2, &k), k.hash());
+        assert_eq!(m.key_hash(1, 1, &k), PartitionBy::SourceAddress.hash(&k));
+        assert_eq!(
+            m.key_hash(9, 9, &k),
+            k.hash(),
+            "an unknown chain: the flow hash"
+        );
+    }
 
     #[test]
     fn lookup_by_hash_range() {

@@ -10,8 +10,8 @@ use thiserror::Error;
 
 use crate::env::{NfEnv, Trigger};
 use crate::types::{
-    FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfError, PreparedPart, Rewrite,
-    SplitHalf, Verdict,
+    FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfError, PartitionBy, PreparedPart,
+    Rewrite, SplitHalf, Verdict,
 };
 
 /// One step of a chain.
@@ -143,6 +143,7 @@ pub struct Chain {
     spec: Arc<ChainSpec>,
     /// The spec as replies meet it (NFs last first), if it has no branch.
     reply_spec: Option<Arc<ChainSpec>>,
+    partition: PartitionBy,
     pub forward_egress: Egress,
     pub reverse_egress: Egress,
 }
@@ -178,6 +179,7 @@ impl Chain {
             triggered: Vec::new(),
             spec: Arc::new(spec),
             reply_spec,
+            partition: PartitionBy::Flow,
             forward_egress,
             reverse_egress,
         })
@@ -189,6 +191,46 @@ impl Chain {
 
     pub fn nf_mut(&mut self, i: usize) -> Option<&mut Box<dyn NetworkFunction>> {
         self.nfs.get_mut(i)
+    }
+
+    /// What the chain's NFs ask it to be partitioned by: the first answer of theirs that
+    /// is not the flow (`NetworkFunction::partition_by`).
+    pub fn partition_by(&self) -> PartitionBy {
+        (self.nfs.iter())
+            .map(|nf| nf.partition_by())
+            .find(|p| !p.is_flow())
+            .unwrap_or_default()
+    }
+
+    /// Partition the chain by `by`: every NF splits its per-flow state by it, and
+    /// [`Chain::partition`] answers it. An NF that cannot refuses, and then nothing
+    /// changes.
+    pub fn set_partition(&mut self, by: PartitionBy) -> Result<(), ChainError> {
+        for (i, nf) in self.nfs.iter().enumerate() {
+            if !by.is_flow() && nf.state().is_none() {
+                return Err(ChainError::Nf {
+                    nf: i,
+                    kind: nf.kind().to_string(),
+                    err: NfError::Config(format!(
+                        "keeps its own state, which splits by the flow hash only, not by {by:?}"
+                    )),
+                });
+            }
+        }
+        for (i, nf) in self.nfs.iter_mut().enumerate() {
+            nf.set_partition(by).map_err(|err| ChainError::Nf {
+                nf: i,
+                kind: nf.kind().to_string(),
+                err,
+            })?;
+        }
+        self.partition = by;
+        Ok(())
+    }
+
+    /// What the chain is partitioned by ([`Chain::set_partition`]; the flow until then).
+    pub fn partition(&self) -> PartitionBy {
+        self.partition
     }
 
     /// Run the chain on a flow's first packet and compose the per-direction rules.
@@ -898,6 +940,23 @@ mod tests {
         let mut extra = s.clone();
         extra.extend_from_slice(&[0; 8]);
         assert!(c.restore(&extra).is_err());
+    }
+
+    #[test]
+    fn only_platform_tables_split_by_something_else_than_the_flow() {
+        // The stub NFs of these tests keep state of their own: by the flow hash only.
+        let mut c = Chain::new(
+            fw_lb_snat(),
+            ChainSpec::seq(3),
+            Egress::LOCAL,
+            Egress::LOCAL,
+        )
+        .unwrap();
+        assert_eq!(c.partition_by(), PartitionBy::Flow);
+        let err = c.set_partition(PartitionBy::SourceAddress).unwrap_err();
+        assert!(err.to_string().contains("flow hash only"), "{err}");
+        assert_eq!(c.partition(), PartitionBy::Flow, "refused, unchanged");
+        c.set_partition(PartitionBy::Flow).unwrap();
     }
 
     #[test]

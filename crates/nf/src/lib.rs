@@ -41,6 +41,6 @@ pub use env::{DetRng, NfEnv, Trigger};
 pub use state::{RefsFn, StateError, StateTables, WHOLE_SHARE};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
-    NfError, PreparedPart, Rewrite, Scope, SplitHalf, SplitRule, TableSpec, TrafficCount,
-    TrafficReport, Verdict,
+    NfError, PartitionBy, PreparedPart, Rewrite, Scope, SplitHalf, SplitRule, TableSpec,
+    TrafficCount, TrafficReport, Verdict,
 };

@@ -51,8 +51,8 @@ use std::sync::Arc;
 
 use crate::pool::{Alloc, PoolWire, UnitSet};
 use crate::types::{
-    Access, Consistency, MergeDecoder, NfError, PreparedPart, Scope, SplitHalf, SplitRule,
-    TableSpec,
+    Access, Consistency, MergeDecoder, NfError, PartitionBy, PreparedPart, Scope, SplitHalf,
+    SplitRule, TableSpec,
 };
 use crate::DetRng;
 
@@ -410,6 +410,9 @@ fn add_lanes(into: &mut Vec<u64>, d: &[u64]) {
 #[derive(Debug, Clone, Default)]
 pub struct StateTables {
     tables: Tables,
+    /// What per-flow rows split by and `flow_hashes` answers with (the chain's
+    /// partitioning; configuration, not state, so no snapshot carries it).
+    partition: PartitionBy,
 }
 
 /// The tables by name, in name order. An NF has a handful, and every call names one: a
@@ -634,6 +637,15 @@ impl StateTables {
         t.max_rows = Some(max_rows);
         t.spill = spill;
         Ok(())
+    }
+
+    /// Split per-flow rows by `by` ([`PartitionBy`]), and answer `flow_hashes` with it.
+    pub fn set_partition(&mut self, by: PartitionBy) {
+        self.partition = by;
+    }
+
+    pub fn partition(&self) -> PartitionBy {
+        self.partition
     }
 
     /// Names of the declared tables, in order.
@@ -1215,9 +1227,10 @@ impl StateTables {
 
     /// Hashes of the flows with a row in some per-flow table.
     pub fn flow_hashes(&self) -> Vec<u64> {
+        let by = self.partition;
         let mut out: Vec<u64> = (self.tables.values())
             .filter(|t| t.kind() == Kind::PerFlow)
-            .flat_map(|t| t.flows.keys().map(FlowKey::hash))
+            .flat_map(|t| t.flows.keys().map(move |k| by.hash(k)))
             .collect();
         out.sort_unstable();
         out.dedup();
@@ -1280,13 +1293,14 @@ impl StateTables {
         let mut moved: BTreeMap<String, Vec<(Vec<u8>, WireRow)>> = BTreeMap::new();
         // Per-flow tables first: the with-flows rows follow the flows that leave.
         let mut leaving: BTreeMap<String, Vec<(Vec<u8>, Row)>> = BTreeMap::new();
+        let by = self.partition;
         for (name, t) in self.tables.iter_mut() {
             if t.kind() != Kind::PerFlow {
                 continue;
             }
             let (part, keep): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut t.flows)
                 .into_iter()
-                .partition(|(k, _)| half.moves(k));
+                .partition(|(k, _)| half.moves_by(k, by));
             t.flows = keep;
             // Their queue entries are orphans now, dropped when they fire.
             for r in part.values() {
@@ -1394,6 +1408,7 @@ impl StateTables {
                     (n.clone(), kind)
                 })
                 .collect(),
+            partition: self.partition,
         };
         Arc::new(move |b: &[u8]| Ok(PreparedPart::new(PreparedTables(shape.decode(b)?))))
     }

@@ -445,8 +445,54 @@ pub struct SplitHalf {
 
 impl SplitHalf {
     pub fn moves(&self, key: &FlowKey) -> bool {
-        let h = key.hash();
+        self.holds(key.hash())
+    }
+
+    /// Whether per-flow state of `key` moves when the chain partitions by `by`.
+    pub fn moves_by(&self, key: &FlowKey, by: PartitionBy) -> bool {
+        self.holds(by.hash(key))
+    }
+
+    /// Whether a partition hash falls in the moved range.
+    pub fn holds(&self, h: u64) -> bool {
         h >= self.moved_lo && h < self.moved_hi
+    }
+}
+
+/// What a chain's requests are dispatched by and its per-flow state is split by: the
+/// hash FM looks a request's partition up with, and `SplitHalf` cuts. The default is
+/// the flow's own hash. An NF whose state is per host asks for the host
+/// ([`NetworkFunction::partition_by`]): the SNAT's endpoint-independent mappings and
+/// address pairing, a per-host limit, are then whole in one partition (docs/nf-api.md,
+/// "Partition key per NF").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionBy {
+    #[default]
+    Flow,
+    /// The flow's VNI and source address: every flow an inside host opens lands in one
+    /// partition. Replies (whose source is the remote end) are not dispatched by it;
+    /// they find their flow through FM's rule cache, as before.
+    SourceAddress,
+}
+
+impl PartitionBy {
+    pub fn hash(self, key: &FlowKey) -> u64 {
+        match self {
+            PartitionBy::Flow => key.hash(),
+            PartitionBy::SourceAddress => {
+                let none: IpAddr = if key.is_v4() {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                };
+                FlowKey::new(key.vni(), 0, key.src(), 0, none, 0).hash()
+            }
+        }
+    }
+
+    pub fn is_flow(&self) -> bool {
+        *self == PartitionBy::Flow
     }
 }
 
@@ -512,6 +558,32 @@ pub trait NetworkFunction: Send {
 
     /// Decide a new flow. Must be deterministic in (state, packet, env).
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError>;
+
+    /// What this NF needs its chain partitioned by ([`PartitionBy`]): the flow (the
+    /// default), or the inside host when its state is per host. A chain takes the first
+    /// of its NFs' answers that is not the default, and is partitioned by it only where
+    /// its configuration says so (`proto::ChainDef::partition`, which the orchestrator
+    /// fills from this answer), so that FM and SC always agree.
+    fn partition_by(&self) -> PartitionBy {
+        PartitionBy::Flow
+    }
+
+    /// Split per-flow state by `by` from now on: the chain's partitioning. On platform
+    /// tables the platform does it; an NF keeping state of its own splits by the flow
+    /// hash only (`SplitHalf::moves`) and refuses another.
+    fn set_partition(&mut self, by: PartitionBy) -> Result<(), NfError> {
+        if let Some(s) = self.state_mut() {
+            s.set_partition(by);
+            return Ok(());
+        }
+        if by.is_flow() {
+            return Ok(());
+        }
+        Err(NfError::Config(format!(
+            "{}: keeps its own state, which splits by the flow hash only, not by {by:?}",
+            self.kind()
+        )))
+    }
 
     /// Whether `key` is the reply direction of a flow this NF decided and still holds
     /// (a server's answer, a reply to a translated address). When PP and FM lost a

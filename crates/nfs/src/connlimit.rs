@@ -7,13 +7,18 @@
 //! ("Writing a new NF") builds it step by step. Its state is one platform table
 //! ([`StateTables`]), so it writes no snapshot, split, merge or expiry code.
 //!
-//! The limit holds per partition: FM dispatches by flow hash, so after a scale-out one
-//! host's flows may be spread over two partitions, each admitting up to `limit`. Split and
-//! merge move flows with their slots, so no slot is lost or counted twice.
+//! It asks for its chain to be partitioned by source host (`partition_by`), so that FM
+//! sends all of a host's flows to one partition and the limit holds globally. In a chain
+//! partitioned by flow hash (an NF beside it keeps state of its own) the limit holds per
+//! partition: after a scale-out a host's flows may be spread over two, each admitting up
+//! to `limit`. Split and merge move flows with their slots, so no slot is lost or counted
+//! twice.
 use std::time::Duration;
 
 use nf::TableSpec;
-use nf::{Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, StateTables};
+use nf::{
+    Decision, FirstPacket, FlowEvent, NetworkFunction, NfEnv, NfError, PartitionBy, StateTables,
+};
 use pipeline::FlowKey;
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +79,11 @@ impl NetworkFunction for ConnLimit {
 
     fn state_mut(&mut self) -> Option<&mut StateTables> {
         Some(&mut self.state)
+    }
+
+    /// The limit is per host: partitioned by source, a host's flows share one partition.
+    fn partition_by(&self) -> PartitionBy {
+        PartitionBy::SourceAddress
     }
 
     /// Keyed by `pkt.flow`, the key events carry, so it may follow a rewriting NF.

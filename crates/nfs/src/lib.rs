@@ -42,3 +42,19 @@ pub fn build(cfg: &NfConfig) -> Result<Box<dyn NetworkFunction>, NfError> {
         NfConfig::PrivateLink(c) => Box::new(privatelink::PrivateLink::new(c.clone())?),
     })
 }
+
+/// What a chain of these NFs should be partitioned by (`nf::PartitionBy`): the first
+/// non-default answer of its NFs, if every NF keeps its state in platform tables (which
+/// split by it); else the flow hash, which every NF can split by. The orchestrator and
+/// the testbed write it into the chain's configuration, so FM and SC agree.
+pub fn chain_partition(configs: &[NfConfig]) -> Result<nf::PartitionBy, NfError> {
+    let nfs = configs.iter().map(build).collect::<Result<Vec<_>, _>>()?;
+    let by = (nfs.iter())
+        .map(|n| n.partition_by())
+        .find(|p| !p.is_flow())
+        .unwrap_or_default();
+    if nfs.iter().any(|n| n.state().is_none()) {
+        return Ok(nf::PartitionBy::Flow);
+    }
+    Ok(by)
+}

@@ -1431,13 +1431,15 @@ pub fn chain_def(
     c: &Chain,
     nfs_in_order: &[NfInstance],
 ) -> Result<proto::ChainDef, ApiError> {
-    let nfs = nfs_in_order
-        .iter()
-        .map(|n| {
-            let cfg = nf_config(t.id, n.kind, &n.config)?;
-            serde_json::to_value(&cfg).map_err(|e| ApiError::internal(e.to_string()))
-        })
+    let configs = (nfs_in_order.iter())
+        .map(|n| nf_config(t.id, n.kind, &n.config))
         .collect::<Result<Vec<_>, _>>()?;
+    let nfs = (configs.iter())
+        .map(|cfg| serde_json::to_value(cfg).map_err(|e| ApiError::internal(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    // What the chain's NFs need it partitioned by (the SNAT: by inside host).
+    let partition = nfs::chain_partition(&configs)
+        .map_err(|e| ApiError::invalid("nfs", format!("chain {:?}: {e}", c.name)))?;
     let def = proto::ChainDef {
         tenant: t.id,
         chain: c.id,
@@ -1445,6 +1447,7 @@ pub fn chain_def(
         spec: c.spec.clone(),
         forward: c.forward.clone(),
         reverse: c.reverse.clone(),
+        partition,
     };
     def.to_proto()
         .map_err(|e| ApiError::invalid("spec", format!("chain {:?}: {e}", c.name)))?;

@@ -15,7 +15,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use nf::{ChainSpec, Egress};
+use nf::{ChainSpec, Egress, PartitionBy};
 use pipeline::{Action, FlowKey, PacketMeta, Rule, RuleReply, RuleRequest};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -599,6 +599,30 @@ pub struct ChainDef {
     pub forward: EgressDef,
     #[serde(default)]
     pub reverse: EgressDef,
+    /// What FM dispatches the chain's requests by and SC splits its state by
+    /// (`nf::PartitionBy`); the orchestrator fills it from the chain's NFs. Absent: the
+    /// flow hash.
+    #[serde(default, skip_serializing_if = "PartitionBy::is_flow")]
+    pub partition: PartitionBy,
+}
+
+/// The text of a chain's partitioning on the wire (`ChainConfig.partition`).
+pub fn partition_to_proto(p: PartitionBy) -> String {
+    match p {
+        PartitionBy::Flow => String::new(),
+        PartitionBy::SourceAddress => "source_address".into(),
+    }
+}
+
+/// The partitioning a `ChainConfig.partition` names; an unknown name is an error.
+pub fn partition_from_proto(s: &str) -> Result<PartitionBy> {
+    match s {
+        "" | "flow" => Ok(PartitionBy::Flow),
+        "source_address" => Ok(PartitionBy::SourceAddress),
+        other => Err(ConvertError::Chain(format!(
+            "unknown partitioning {other:?}"
+        ))),
+    }
 }
 
 /// Parse `aa:bb:cc:dd:ee:ff`.
@@ -669,6 +693,7 @@ impl ChainDef {
             spec: Some(step_to_proto(&spec)?),
             forward: Some(egress_to_proto(&self.forward)?),
             reverse: Some(egress_to_proto(&self.reverse)?),
+            partition: partition_to_proto(self.partition),
         };
         // Reject now what an SC node would reject later.
         ChainParts::try_from(&c)?;
@@ -686,6 +711,7 @@ pub struct ChainParts {
     pub spec: ChainSpec,
     pub forward: Egress,
     pub reverse: Egress,
+    pub partition: PartitionBy,
 }
 
 fn step_from(s: &v1::ChainStep, n: usize, depth: usize) -> Result<ChainSpec> {
@@ -765,6 +791,7 @@ impl TryFrom<&v1::ChainConfig> for ChainParts {
             spec,
             forward: egress_from(c.forward.as_ref())?,
             reverse: egress_from(c.reverse.as_ref())?,
+            partition: partition_from_proto(&c.partition)?,
         })
     }
 }
@@ -991,6 +1018,33 @@ mod tests {
         );
         // Garbage bytes are a decode error, not a panic.
         assert!(v1::RuleRequestBatch::decode(&[0xff, 0xff, 0xff][..]).is_err());
+    }
+
+    #[test]
+    fn a_chains_partitioning_travels_to_sc_and_unknown_ones_are_refused() {
+        let j = r#"{"tenant": 1, "chain": 2, "nfs": [{"kind": "snat"}],
+                    "partition": "source_address"}"#;
+        let d: ChainDef = serde_json::from_str(j).unwrap();
+        assert_eq!(d.partition, PartitionBy::SourceAddress);
+        let c = d.to_proto().unwrap();
+        assert_eq!(c.partition, "source_address");
+        assert_eq!(
+            ChainParts::try_from(&c).unwrap().partition,
+            PartitionBy::SourceAddress
+        );
+        // Absent is the flow hash, and a chain written without it reads back the same.
+        let plain: ChainDef =
+            serde_json::from_str(r#"{"tenant": 1, "chain": 2, "nfs": [{"kind": "snat"}]}"#)
+                .unwrap();
+        assert_eq!(plain.partition, PartitionBy::Flow);
+        assert!(!serde_json::to_string(&plain).unwrap().contains("partition"));
+        let mut bad = c.clone();
+        bad.partition = "by-moon-phase".into();
+        assert!(ChainParts::try_from(&bad).is_err());
+        assert!(serde_json::from_str::<ChainDef>(
+            r#"{"tenant": 1, "chain": 2, "nfs": [], "partition": "nope"}"#
+        )
+        .is_err());
     }
 
     #[test]

@@ -17,8 +17,12 @@ pub trait ChainFactory: Send + Sync + 'static {
             .iter()
             .map(|c| self.build_nf(c))
             .collect::<Result<Vec<_>, _>>()?;
-        Chain::new(nfs, parts.spec.clone(), parts.forward, parts.reverse)
-            .map_err(|e| ScError::Chain(e.to_string()))
+        let mut chain = Chain::new(nfs, parts.spec.clone(), parts.forward, parts.reverse)
+            .map_err(|e| ScError::Chain(e.to_string()))?;
+        chain
+            .set_partition(parts.partition)
+            .map_err(|e| ScError::Chain(e.to_string()))?;
+        Ok(chain)
     }
 }
 

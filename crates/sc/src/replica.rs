@@ -1497,7 +1497,11 @@ impl ReplicaCore {
             self.stats.moved_requests += 1;
             return Err(proto::ERR_NOT_READY.into());
         }
-        let h = req.key.hash();
+        // The chain's partition hash: what FM dispatched the request by.
+        let h = match &self.chain {
+            Ok(c) => c.partition().hash(&req.key),
+            Err(_) => req.key.hash(),
+        };
         let serves = self.scale.range.is_some_and(|(lo, hi)| lo <= h && h <= hi)
             && self.scale.outgoing.as_ref().is_none_or(|o| o.decides(h));
         if !serves {

@@ -66,6 +66,9 @@ pub fn chain(
     toward: Toward,
     nfs: &[NfConfig],
 ) -> Result<ChainDef> {
+    // As the orchestrator does: what the NFs need the chain partitioned by.
+    let partition = nfs::chain_partition(nfs)
+        .map_err(|e| Error::Setup(format!("chain {tenant}:{chain}: {e}")))?;
     let nfs = nfs
         .iter()
         .map(serde_json::to_value)
@@ -78,6 +81,7 @@ pub fn chain(
         spec: None,
         forward: forward(toward),
         reverse: reverse(j),
+        partition,
     };
     // What FM would reject, rejected here with a clearer origin.
     def.to_proto()

@@ -668,7 +668,7 @@ impl Master {
     /// is in the moved range, pin the rule until the new owner has merged the delta, so
     /// the flow is answered here and never decided again by the new owner.
     pub(super) fn scale_pin(&mut self, gid: u64, ck: CacheKey, reply: &v1::RuleReply) {
-        let h = FlowKey::from_bytes(ck.2).hash();
+        let h = self.map.key_hash(ck.0, ck.1, &FlowKey::from_bytes(ck.2));
         let pinned = self.scales.values().any(|j| {
             j.from == gid
                 && j.phase != Phase::Aborting
@@ -683,7 +683,7 @@ impl Master {
 
     fn unpin(&mut self, tenant: u32, chain: u32, moved: (u64, u64)) {
         self.pins.retain(|k, _| {
-            let h = FlowKey::from_bytes(k.2).hash();
+            let h = self.map.key_hash(k.0, k.1, &FlowKey::from_bytes(k.2));
             !((k.0, k.1) == (tenant, chain) && moved.0 <= h && h <= moved.1)
         });
     }
@@ -828,7 +828,7 @@ impl Master {
                 .map(|(k, _)| *k)
                 .collect();
             for k in keys {
-                let owner = self.map.lookup(k.0, k.1, FlowKey::from_bytes(k.2).hash());
+                let owner = self.map.lookup_key(k.0, k.1, &FlowKey::from_bytes(k.2));
                 if let (Some(g), Some(f)) = (owner, self.inflight.get_mut(&k)) {
                     f.group = g;
                     f.sent_ms = now;
@@ -913,7 +913,7 @@ impl Master {
         let (chunk, last) = (p.chunk, p.last);
         let waiting = std::mem::take(&mut j.waiting);
         let (back, still): (Vec<CacheKey>, Vec<CacheKey>) = waiting.into_iter().partition(|ck| {
-            let h = FlowKey::from_bytes(ck.2).hash();
+            let h = self.map.key_hash(ck.0, ck.1, &FlowKey::from_bytes(ck.2));
             last || arrived.contains(&h) || (chunk.0 <= h && h <= chunk.1)
         });
         j.waiting = still;
@@ -939,7 +939,7 @@ impl Master {
             return; // already sent elsewhere
         }
         f.sent_ms = now;
-        let h = FlowKey::from_bytes(ck.2).hash();
+        let h = self.map.key_hash(ck.0, ck.1, &FlowKey::from_bytes(ck.2));
         let job = self.scales.values_mut().find(|j| {
             j.gradual
                 && j.to == gid
@@ -1114,7 +1114,7 @@ impl Master {
         }
         f.sent_ms = now;
         let key = FlowKey::from_bytes(ck.2);
-        match self.map.lookup(ck.0, ck.1, key.hash()) {
+        match self.map.lookup_key(ck.0, ck.1, &key) {
             Some(g) if g != from_group => {
                 f.group = g;
                 self.to_submit.entry(g).or_default().push(f.request.clone());
@@ -1136,7 +1136,7 @@ impl Master {
                 continue;
             };
             let key = FlowKey::from_bytes(ck.2);
-            if let Some(g) = self.map.lookup(ck.0, ck.1, key.hash()) {
+            if let Some(g) = self.map.lookup_key(ck.0, ck.1, &key) {
                 f.group = g;
             }
             f.sent_ms = now;

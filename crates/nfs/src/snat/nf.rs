@@ -435,6 +435,13 @@ impl NetworkFunction for Snat {
         self.plan.tables()
     }
 
+    /// Endpoint-independent mappings and the address pairing are per inside host: in a
+    /// chain partitioned by source address they hold across partitions (RFC 4787
+    /// REQ-1, REQ-2), not only within one.
+    fn partition_by(&self) -> ::nf::PartitionBy {
+        ::nf::PartitionBy::SourceAddress
+    }
+
     fn knows_reply(&self, key: &FlowKey) -> bool {
         let mut k = *key;
         k.set_vni(0);

@@ -1,0 +1,97 @@
+//! The SNAT in a chain partitioned by inside host (`PartitionBy::SourceAddress`): a
+//! split never separates a host's flows, so its endpoint-independent mapping and its
+//! address pairing stay whole in one partition (docs/nf-api.md "Partition key per NF").
+
+mod snat_util;
+
+use nf::{NetworkFunction, PartitionBy, SplitHalf};
+use nfs::snat::{Snat, SnatConfig, SnatPool};
+use snat_util::*;
+
+const HALF: SplitHalf = SplitHalf {
+    moved_lo: 0,
+    moved_hi: u64::MAX / 2,
+};
+
+fn nat() -> Snat {
+    Snat::new(SnatConfig::new(vec![SnatPool::new(
+        vec![ip(POOL_A), ip(POOL_B)],
+        20_000,
+        20_999,
+    )
+    .sources(&[INSIDE])]))
+    .expect("config")
+}
+
+/// 40 hosts, each with one source port to 6 remotes (one mapping, six flows).
+fn flows() -> Vec<String> {
+    (0..40u32)
+        .flat_map(|h| {
+            (0..6u32)
+                .map(move |r| format!("100 udp 198.18.0.{}:5000 > 198.19.0.{}:53", h + 1, r + 1))
+        })
+        .collect()
+}
+
+fn split(by: PartitionBy) -> (Snat, Snat) {
+    let mut a = nat();
+    assert_eq!(
+        a.partition_by(),
+        PartitionBy::SourceAddress,
+        "what the SNAT asks for"
+    );
+    a.set_partition(by)
+        .expect("platform tables split by anything");
+    for (i, f) in flows().iter().enumerate() {
+        decide_at(&mut a, &pkt(f), 1000, i as u64);
+    }
+    let mut b = nat();
+    b.set_partition(by).expect("partition");
+    b.restore(&a.split(&HALF).expect("split")).expect("restore");
+    (a, b)
+}
+
+#[test]
+fn split_by_source_keeps_every_host_whole_on_one_side() {
+    let (a, b) = split(PartitionBy::SourceAddress);
+    assert!(a.flow_count() > 0 && b.flow_count() > 0);
+    assert_eq!(a.flow_count() + b.flow_count(), 240);
+    for side in [&a, &b] {
+        assert_eq!(side.flow_count() % 6, 0, "a host's six flows together");
+        assert!(
+            side.mappings().iter().all(|m| m.sole_owner && m.flows == 6),
+            "no mapping is shared across the split: {:?}",
+            side.mappings().iter().find(|m| !m.sole_owner)
+        );
+    }
+    // Each flow is where the chain's partition hash sends it.
+    for f in flows() {
+        let moved = HALF.moves_by(&key(&f), PartitionBy::SourceAddress);
+        let owner = if moved { &b } else { &a };
+        assert!(owner.flow_deadline(&key(&f)).is_some(), "{f}");
+    }
+}
+
+#[test]
+fn split_by_flow_shares_mappings_between_the_sides() {
+    // The control: by the flow hash, a host's flows land on both sides, and their
+    // mapping is copied with its share halved.
+    let (a, _) = split(PartitionBy::Flow);
+    assert!(a.mappings().iter().any(|m| !m.sole_owner));
+}
+
+#[test]
+fn the_partition_hash_is_the_hosts() {
+    let by = PartitionBy::SourceAddress;
+    let h = |s: &str| by.hash(&key(s));
+    let one = h("100 udp 198.18.0.9:5000 > 198.19.0.1:53");
+    assert_eq!(one, h("100 tcp 198.18.0.9:40000 > 198.19.0.7:443"));
+    assert_ne!(one, h("100 udp 198.18.0.10:5000 > 198.19.0.1:53"));
+    assert_ne!(
+        one,
+        h("200 udp 198.18.0.9:5000 > 198.19.0.1:53"),
+        "VPCs apart"
+    );
+    let f = "100 udp 198.18.0.9:5000 > 198.19.0.1:53";
+    assert_eq!(PartitionBy::Flow.hash(&key(f)), key(f).hash());
+}
