@@ -395,27 +395,31 @@ impl Snat {
 
     /// A part to merge, as a state of its own: decoded from the platform's form or from
     /// this NF's older one, and checked.
-    fn part(plan: &Plan, bytes: &[u8]) -> Result<SnatPart, NfError> {
-        let state = if is_platform(bytes) {
+    /// `tables` decodes the platform's form of a part (`StateTables::merge_decoder`),
+    /// so the ordered merge only checks and applies.
+    fn part(plan: &Plan, tables: &MergeDecoder, bytes: &[u8]) -> Result<SnatPart, NfError> {
+        let (view, prepared) = if is_platform(bytes) {
             let mut s = State::new(plan, false)?;
             s.tables.restore(bytes)?;
             s.reindex_view();
-            s
+            (s, tables(bytes)?)
         } else {
-            State::decode_own(plan, bytes)?
+            let s = State::decode_own(plan, bytes)?;
+            let prepared = tables(&s.tables.snapshot()?)?;
+            (s, prepared)
         };
-        Ok(SnatPart(state))
+        Ok(SnatPart { view, prepared })
     }
 
     fn check_part(&self, part: &SnatPart) -> Result<(), NfError> {
-        self.state.check_merge(&part.0)?;
-        self.state.tables.check_merge(&part.0.tables.snapshot()?)
+        self.state.check_merge(&part.view)?;
+        self.state.tables.check_prepared(&part.prepared)
     }
 
     fn merge_part(&mut self, part: SnatPart) -> Result<(), NfError> {
-        self.state.check_merge(&part.0)?;
-        let conflicts = self.state.conflicts(&part.0);
-        self.state.tables.merge(&part.0.tables.snapshot()?)?;
+        self.state.check_merge(&part.view)?;
+        let conflicts = self.state.conflicts(&part.view);
+        self.state.tables.merge_prepared(part.prepared)?;
         self.state.reindex();
         self.state.stats.merge_conflicts += conflicts;
         self.state.flush();
@@ -423,8 +427,12 @@ impl Snat {
     }
 }
 
-/// A part decoded for a merge.
-struct SnatPart(State);
+/// A part decoded for a merge: a state to look at (the check across tables, the flows
+/// both sides hold), and the platform's decoded part, to merge.
+struct SnatPart {
+    view: State,
+    prepared: PreparedPart,
+}
 
 impl NetworkFunction for Snat {
     fn kind(&self) -> &str {
@@ -547,7 +555,7 @@ impl NetworkFunction for Snat {
     /// internal ones, is an error and changes nothing. A flow both sides hold keeps this
     /// side's decision.
     fn merge(&mut self, part: &[u8]) -> Result<(), NfError> {
-        let part = Self::part(&self.plan, part)?;
+        let part = Self::part(&self.plan, &self.state.tables.merge_decoder(), part)?;
         self.check_part(&part)?;
         self.merge_part(part)
     }
@@ -556,7 +564,8 @@ impl NetworkFunction for Snat {
     /// checked) needs only the configuration, so it runs off the request stream.
     fn merge_decoder(&self) -> MergeDecoder {
         let plan = Arc::new(self.plan.clone());
-        Arc::new(move |b: &[u8]| Ok(PreparedPart::new(Snat::part(&plan, b)?)))
+        let tables = self.state.tables.merge_decoder();
+        Arc::new(move |b: &[u8]| Ok(PreparedPart::new(Snat::part(&plan, &tables, b)?)))
     }
 
     fn check_prepared(&self, part: &PreparedPart) -> Result<(), NfError> {

@@ -526,11 +526,6 @@ impl State {
         self.stats.mappings_released += 1;
     }
 
-    /// Rebuild everything derived from the tables, after the platform replaced or moved
-    /// rows (restore, split, merge): the mapping and reply indexes, the flows per
-    /// mapping, the pairings' counts. Pairings no mapping uses any more are dropped, and
-    /// so are whole mappings no flow uses (copies a merge reunited): their port is free
-    /// again. The same on every replica, as the ops are.
     /// The derived indexes of the tables as they are, changing no row (a part decoded
     /// for a merge is looked at, not changed).
     pub(super) fn reindex_view(&mut self) {
@@ -576,6 +571,11 @@ impl State {
         self.stats = SnatStats::default();
     }
 
+    /// Rebuild everything derived from the tables, after the platform replaced or moved
+    /// rows (restore, split, merge): the mapping and reply indexes, the flows per
+    /// mapping, the pairings' counts. Pairings no mapping uses any more are dropped, and
+    /// so are whole mappings no flow uses (copies a merge reunited): their port is free
+    /// again. The same on every replica, as the ops are.
     pub(super) fn reindex(&mut self) {
         self.reindex_view();
         let unused: Vec<(u32, IpAddr)> = (self.pairings.iter())
