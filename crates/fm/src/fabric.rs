@@ -59,16 +59,20 @@ pub struct FirstDrops {
     pub no_session: u64,
     /// The next hop already has `MAX_FABRIC_FRAMES` first packets waiting this flush.
     pub queue_full: u64,
+    /// The next hop did not say at registration that it takes them
+    /// (`NodeInfo.fabric_frames`: an older PP node).
+    pub peer_cannot_take: u64,
 }
 
 impl FirstDrops {
     /// (reason, count), as metrics label them.
-    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
         [
             ("oversized", self.oversized),
             ("unknown-peer", self.unknown_peer),
             ("no-session", self.no_session),
             ("queue-full", self.queue_full),
+            ("peer-cannot-take", self.peer_cannot_take),
         ]
     }
 

@@ -1312,6 +1312,10 @@ impl Master {
             drops.no_session += 1;
             return false;
         }
+        if !entry.info.fabric_frames {
+            drops.peer_cannot_take += 1;
+            return false;
+        }
         if self
             .pp
             .get(&session)

@@ -514,6 +514,7 @@ async fn session(
             vip_capable: cfg.vip_capable,
             owned_vips: cfg.owned_vips.lock().map(|v| v.clone()).unwrap_or_default(),
             fabric_mac: cfg.fabric_mac.map(|m| m.to_vec()).unwrap_or_default(),
+            fabric_frames: cfg.fabric_mac.is_some(),
         })),
     });
     let mut inbound = client

@@ -984,6 +984,7 @@ fn pp_join_fabric(s: &mut Sim, id: &str, mac: [u8; 6]) -> u64 {
         role: v1::Role::Pp as i32,
         proto_version: proto::PROTO_VERSION,
         fabric_mac: mac.to_vec(),
+        fabric_frames: true,
         ..Default::default()
     };
     let seen = Arc::new(AtomicU64::new(s.now_ms()));
@@ -1449,6 +1450,52 @@ fn a_first_packet_fm_cannot_carry_is_counted_and_left_to_the_ingress_node() {
         .pp_out
         .iter()
         .all(|(_, m)| !matches!(m, pp_down::Msg::Fabric(_))));
+}
+
+#[test]
+fn an_older_pp_node_gets_no_first_packets_and_its_flows_still_work() {
+    let (mut s, a, _) = fabric_sim();
+    // pp-b registers again as a node that does not take first packets (an older PP).
+    let session = s.next_session;
+    s.next_session += 1;
+    let info = v1::NodeInfo {
+        id: "pp-b".into(),
+        role: v1::Role::Pp as i32,
+        proto_version: proto::PROTO_VERSION,
+        fabric_mac: vec![2, 0, 0, 0, 0, 0xb],
+        ..Default::default()
+    };
+    let seen = Arc::new(AtomicU64::new(s.now_ms()));
+    let open = Opened {
+        session,
+        info,
+        seen: seen.clone(),
+        liveness_token: 0,
+    };
+    s.m.on_pp_open(open, s.now_us);
+    s.pp_seen.push(seen);
+    s.pump();
+    s.pp_out.clear();
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(1, 1, 1, &key(5)), b"first")],
+        s.now_us,
+    );
+    s.flush();
+    s.settle();
+    assert!(first_packets(&s, session).is_empty());
+    let to_a = replies_to(&s, a);
+    assert_eq!(to_a.len(), 1);
+    assert!(!to_a[0].frame_forwarded, "pp-a must send the packet itself");
+    assert_eq!(
+        answered(&mut s, a),
+        vec![vec!["decap; fabric 02:00:00:00:00:0b".to_string(); 2]]
+    );
+    let st = s.m.stats().fabric;
+    assert_eq!(
+        (st.first_forwarded, st.first_dropped.peer_cannot_take),
+        (0, 1)
+    );
 }
 
 #[test]
