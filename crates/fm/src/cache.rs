@@ -181,6 +181,7 @@ impl RuleCache {
                 result: Some(v1::rule_reply::Result::Rule(a.clone())),
                 also: vec![fwd],
                 decided_by: String::new(),
+                frame_forwarded: false,
             };
             self.insert_one((key.0, key.1, k), &rev, now_ms, true);
         }
@@ -449,6 +450,7 @@ mod tests {
             also: vec![],
             worker: 3,
             decided_by: String::new(),
+            frame_forwarded: false,
         }
     }
 

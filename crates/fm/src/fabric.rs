@@ -41,6 +41,44 @@ pub struct FabricStats {
     pub withdrawn: u64,
     /// Requests for a split chain while no node of its stage was live.
     pub no_node: u64,
+    /// First packets of new flows FM carried from the ingress node to the next-hop node
+    /// (paper 000 §5.2), and those it could not carry (their ingress nodes released them
+    /// over the fabric themselves).
+    pub first_forwarded: u64,
+    pub first_dropped: FirstDrops,
+}
+
+/// First packets FM did not carry on, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FirstDrops {
+    /// Larger than `proto::MAX_FABRIC_FRAME`.
+    pub oversized: u64,
+    /// The next hop is not a member FM knows (it left between routing and sending).
+    pub unknown_peer: u64,
+    /// The next hop is known but has no live session to carry the packet on.
+    pub no_session: u64,
+    /// The next hop already has `MAX_FABRIC_FRAMES` first packets waiting this flush.
+    pub queue_full: u64,
+    /// The next hop did not say at registration that it takes them
+    /// (`NodeInfo.fabric_frames`: an older PP node).
+    pub peer_cannot_take: u64,
+}
+
+impl FirstDrops {
+    /// (reason, count), as metrics label them.
+    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+        [
+            ("oversized", self.oversized),
+            ("unknown-peer", self.unknown_peer),
+            ("no-session", self.no_session),
+            ("queue-full", self.queue_full),
+            ("peer-cannot-take", self.peer_cannot_take),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_reason().iter().map(|(_, n)| n).sum()
+    }
 }
 
 /// Where a flow's stage runs, as FM answers the node that asked.

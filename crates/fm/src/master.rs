@@ -322,6 +322,9 @@ struct Waiter {
     worker: u32,
     /// When the request reached the master task (µs on its clock).
     arrived_us: u64,
+    /// The flow's first packet, if it came with the request: handed to the next-hop
+    /// PP node if the answer is a fabric route (docs/fabric.md).
+    frame: Option<Vec<u8>>,
 }
 
 struct Inflight {
@@ -340,7 +343,16 @@ struct PpSession {
     out: Vec<v1::RuleReply>,
     /// Arrival time (µs) of the request each `out` reply answers.
     out_arrived: Vec<u64>,
+    /// First packets handed to this node since the last flush (bounded by
+    /// [`MAX_FABRIC_FRAMES`]).
+    frames: usize,
 }
+
+/// First packets FM hands one PP node between two flushes, at most; more are dropped
+/// and counted (`fabric_first_dropped{reason="queue-full"}`), and their ingress nodes
+/// release them over the fabric themselves. It bounds what a burst of new flows puts
+/// on one node's control stream.
+pub const MAX_FABRIC_FRAMES: usize = 1024;
 
 /// Whether this FM still learns its groups from the SC nodes (see `on_hosted`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -593,6 +605,8 @@ impl Master {
             } else {
                 liveness_token
             },
+            // First packets are worth their bytes only where a chain is split.
+            fabric_frames: role == v1::Role::Pp && !self.fabric.is_empty(),
         }
     }
 
@@ -1077,8 +1091,10 @@ impl Master {
 
     fn on_requests(&mut self, session: u64, requests: Vec<v1::RuleRequest>, now: u64) {
         let arrived = self.now_us();
-        for req in requests {
+        for mut req in requests {
             self.stats.pp_requests += 1;
+            // The first packet is FM's to hand on, never SC's to see.
+            let frame = self.take_frame(&mut req);
             *self.tenant_requests.entry(req.tenant).or_insert(0) += 1;
             let key = match req.key.as_ref().map(FlowKey::try_from) {
                 Some(Ok(k)) => k,
@@ -1097,7 +1113,7 @@ impl Master {
                         r.id = req.id;
                         r.worker = req.worker;
                         r.decided_by = CACHE_DECIDER.into();
-                        self.fabric_route(session, ck.0, ck.1, r)
+                        self.fabric_route(session, ck.0, ck.1, r, frame)
                     }
                     None => {
                         self.stats.unknown_flows += 1;
@@ -1116,7 +1132,7 @@ impl Master {
                 r.id = req.id;
                 r.worker = req.worker;
                 r.decided_by = CACHE_DECIDER.into();
-                let r = self.fabric_route(session, req.tenant, req.chain, r);
+                let r = self.fabric_route(session, req.tenant, req.chain, r, frame);
                 self.answer_pp(session, r, arrived);
                 continue;
             }
@@ -1125,6 +1141,7 @@ impl Master {
                 id: req.id,
                 worker: req.worker,
                 arrived_us: arrived,
+                frame,
             };
             if let Some(f) = self.inflight.get_mut(&ck) {
                 self.stats.coalesced += 1;
@@ -1145,6 +1162,7 @@ impl Master {
                 if self.recovery != Recovery::Done && self.held.len() < MAX_HELD {
                     // The group may be on its way (an SC node that has not reported
                     // yet): answered when it comes or the recovery window ends.
+                    req.frame = waiter.frame.unwrap_or_default();
                     self.held.push((session, req));
                     continue;
                 }
@@ -1195,12 +1213,18 @@ impl Master {
     /// in both directions, so the flow's frames go on to that node, which gets the
     /// whole rule when it asks. A drop stays a drop where the flow entered: a flow the
     /// chain refuses never crosses the fabric.
+    ///
+    /// `frame` is the flow's first packet if it came with the request: when the answer
+    /// is a forwarding entry, FM hands it to the next-hop node with that node's rule
+    /// (paper 000 §5.2: "the packet is sent to one of FM nodes to be forwarded to the
+    /// next hop PP") and marks the reply `frame_forwarded`.
     fn fabric_route(
         &mut self,
         session: u64,
         tenant: u32,
         chain: u32,
         mut reply: v1::RuleReply,
+        frame: Option<Vec<u8>>,
     ) -> v1::RuleReply {
         if self.fabric.is_empty() {
             return reply;
@@ -1231,7 +1255,11 @@ impl Master {
                 reply.also.clear();
                 reply.decided_by = "FM fabric".into();
             }
-            crate::fabric::Hop::Peer { mac, .. } => {
+            crate::fabric::Hop::Peer { mac, node } => {
+                if let Some(frame) = frame {
+                    reply.frame_forwarded =
+                        self.forward_first(&node, tenant, chain, &keys, &reply, frame);
+                }
                 if let Some(v1::rule_reply::Result::Rule(r)) = reply.result.as_mut() {
                     to_fabric(r, mac);
                 }
@@ -1241,6 +1269,85 @@ impl Master {
             }
         }
         reply
+    }
+
+    /// Take a request's first packet off it, if it has one FM can carry: one larger
+    /// than [`proto::MAX_FABRIC_FRAME`] is dropped here, counted, and its ingress node
+    /// releases the packet itself.
+    fn take_frame(&mut self, req: &mut v1::RuleRequest) -> Option<Vec<u8>> {
+        let frame = std::mem::take(&mut req.frame);
+        if frame.is_empty() {
+            return None;
+        }
+        if frame.len() > proto::MAX_FABRIC_FRAME {
+            self.fabric.stats.first_dropped.oversized += 1;
+            return None;
+        }
+        Some(frame)
+    }
+
+    /// Hand a flow's first packet to `node`, the next hop FM just routed the flow to,
+    /// on its session: the flow's rule for that node (what it would get asking, `reply`
+    /// before it became a forwarding entry), then the packet, in one message, so the
+    /// node installs the rule before it runs the packet. Sent ahead of the ingress
+    /// node's answer, so the packets the ingress node releases after it find the rule
+    /// there too. Whether it went; a frame that cannot go is dropped, counted, and the
+    /// ingress node releases the packet itself.
+    fn forward_first(
+        &mut self,
+        node: &str,
+        tenant: u32,
+        chain: u32,
+        keys: &[[u8; 40]],
+        reply: &v1::RuleReply,
+        frame: Vec<u8>,
+    ) -> bool {
+        let drops = &mut self.fabric.stats.first_dropped;
+        let Some(entry) = self.members.get(node) else {
+            drops.unknown_peer += 1;
+            return false;
+        };
+        let session = entry.session;
+        if !entry.alive || !self.pp.contains_key(&session) {
+            drops.no_session += 1;
+            return false;
+        }
+        if !entry.info.fabric_frames {
+            drops.peer_cannot_take += 1;
+            return false;
+        }
+        if self
+            .pp
+            .get(&session)
+            .is_some_and(|s| s.frames >= MAX_FABRIC_FRAMES)
+        {
+            drops.queue_full += 1;
+            return false;
+        }
+        // The route is `node`'s, so this is the whole rule (and counted `fabric_local`,
+        // as the answer to the node's own request would be).
+        if self.fabric.hop(tenant, chain, keys, node) != crate::fabric::Hop::Local {
+            self.fabric.stats.first_dropped.unknown_peer += 1;
+            return false;
+        }
+        let install = v1::RuleReply {
+            id: 0,
+            worker: 0,
+            frame_forwarded: false,
+            ..reply.clone()
+        };
+        if let Some(s) = self.pp.get_mut(&session) {
+            s.frames += 1;
+        }
+        self.fabric.stats.first_forwarded += 1;
+        self.send_pp(
+            session,
+            pp_down::Msg::Fabric(v1::FabricFrame {
+                install: Some(install),
+                frame,
+            }),
+        );
+        true
     }
 
     fn on_results(&mut self, _session: u64, results: v1::GroupResults, now: u64) {
@@ -1307,7 +1414,8 @@ impl Master {
                     };
                     r.id = w.id;
                     r.worker = w.worker;
-                    let r = self.fabric_route(w.session, ck.0, ck.1, r);
+                    let frame = w.frame.clone();
+                    let r = self.fabric_route(w.session, ck.0, ck.1, r, frame);
                     self.answer_pp(w.session, r, w.arrived_us);
                 }
             }
@@ -1786,6 +1894,7 @@ impl Master {
             }
         }
         for (&session, s) in self.pp.iter_mut() {
+            s.frames = 0;
             if s.out.is_empty() {
                 continue;
             }

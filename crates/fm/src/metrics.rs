@@ -104,6 +104,19 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
         .map(|(r, n)| ([("reason", r)], n)),
     )?;
     sc.counter(
+        "fabric_first_packets_forwarded",
+        "First packets of new flows FM carried from the ingress PP node to the next-hop PP node (docs/fabric.md).",
+        s.fabric.first_forwarded,
+    )?;
+    sc.counter_family(
+        "fabric_first_packets_dropped",
+        "First packets FM could not carry on (the ingress node released them itself), by reason.",
+        s.fabric
+            .first_dropped
+            .by_reason()
+            .map(|(r, n)| ([("reason", r)], n)),
+    )?;
+    sc.counter(
         "cache_hits",
         "Requests answered from the rule cache.",
         s.cache.hits,

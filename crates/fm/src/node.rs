@@ -277,9 +277,22 @@ fn status_line(rt: &tokio::runtime::Handle, fm: &FmHandle, start: Instant) -> Op
     if s.fabric != Default::default() {
         let f = s.fabric;
         fabric = format!(
-            " fabric_routes={} fabric_forwarded={} fabric_local={} fabric_withdrawn={} fabric_no_node={}",
-            f.routes, f.forwarded, f.local, f.withdrawn, f.no_node
+            " fabric_routes={} fabric_forwarded={} fabric_local={} fabric_withdrawn={} fabric_no_node={} \
+             fabric_first_packets_forwarded={} fabric_first_dropped={}",
+            f.routes,
+            f.forwarded,
+            f.local,
+            f.withdrawn,
+            f.no_node,
+            f.first_forwarded,
+            f.first_dropped.total()
         );
+        // Each reason only once it has happened.
+        for (r, n) in f.first_dropped.by_reason() {
+            if n > 0 {
+                fabric.push_str(&format!(" fabric_first_dropped:{r}={n}"));
+            }
+        }
         for (node, n) in metrics.map(|m| m.fabric_routes).unwrap_or_default() {
             fabric.push_str(&format!(" fabric@{node}={n}"));
         }

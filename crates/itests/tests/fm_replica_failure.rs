@@ -69,8 +69,8 @@ fn stream(
         );
         while pending.len() < window && next < range.end {
             let r = flow(next);
-            requests.send(r).unwrap();
             pending.insert(r.key, (next, Instant::now()));
+            requests.send(r).unwrap();
             next += 1;
         }
         if let Ok(reply) = replies.recv_timeout(Duration::from_millis(100)) {

@@ -117,8 +117,9 @@ fn drive(
     let mut started: Option<Instant> = None;
     let send = |pending: &mut HashMap<_, _>, i: u32, long: bool, ph: u8| {
         let r = flow(i);
+        let key = r.key;
         requests.send(r).unwrap();
-        pending.insert(r.key, (i, Instant::now(), ph, long));
+        pending.insert(key, (i, Instant::now(), ph, long));
     };
     // Establish the long-lived flows.
     for i in long_range.clone() {

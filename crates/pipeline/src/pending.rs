@@ -49,6 +49,9 @@ struct PendingFlow {
     /// flow's rule setup latency.
     since_us: u64,
     requested: bool,
+    /// The flow's first held packet went with its rule request (see
+    /// [`PendingQueue::mark_head_sent`]).
+    head_sent: bool,
 }
 
 /// Result of holding a packet.
@@ -156,6 +159,7 @@ impl PendingQueue {
                         since: now,
                         since_us: now_us,
                         requested: false,
+                        head_sent: false,
                     },
                     |f| f.hash,
                 );
@@ -172,6 +176,21 @@ impl PendingQueue {
         if let Some(f) = self.flows.find_mut(hash, |f| f.key == *key) {
             f.requested = true;
         }
+    }
+
+    /// Record that the flow's first held packet travelled with its rule request: if FM
+    /// carries it to the next-hop node, the release leaves it out.
+    pub fn mark_head_sent(&mut self, key: &FlowKey, hash: u64) {
+        if let Some(f) = self.flows.find_mut(hash, |f| f.key == *key) {
+            f.head_sent = true;
+        }
+    }
+
+    /// Whether the flow's first held packet travelled with its rule request.
+    pub fn head_sent(&self, key: &FlowKey, hash: u64) -> bool {
+        self.flows
+            .find(hash, |f| f.key == *key)
+            .is_some_and(|f| f.head_sent)
     }
 
     /// When the flow's first held packet arrived (µs), if the flow is pending.

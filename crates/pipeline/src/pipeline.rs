@@ -63,7 +63,7 @@ impl PacketMeta {
 }
 
 /// A request for the rule of a flow that missed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleRequest {
     pub key: FlowKey,
     pub hash: u64,
@@ -71,6 +71,11 @@ pub struct RuleRequest {
     pub chain: u32,
     pub meta: PacketMeta,
     pub worker: u16,
+    /// The flow's first packet, whole, when [`PipelineConfig::first_frames`] is on and
+    /// this request is the flow's first: FM may carry it to the flow's next-hop PP
+    /// node over the fabric (docs/fabric.md), and then says so in
+    /// [`RuleReply::frame_forwarded`].
+    pub frame: Option<Box<[u8]>>,
 }
 
 impl RuleRequest {
@@ -83,6 +88,7 @@ impl RuleRequest {
             chain,
             meta,
             worker: 0,
+            frame: None,
         }
     }
 }
@@ -101,6 +107,13 @@ pub struct RuleReply {
     /// Who decided, as FM says (`SC group 3`, `FM rule cache`, `FM`); empty when not
     /// said. Shown by traces only.
     pub decided_by: String,
+    /// FM carried the request's frame (the flow's first held packet) to the next-hop
+    /// node: the worker releases only the packets held after it, so none goes twice.
+    pub frame_forwarded: bool,
+    /// A frame FM carried here from the flow's ingress node (docs/fabric.md): after
+    /// installing this reply's rules, the worker runs it through its pipeline as if it
+    /// had come over the fabric. Such a reply answers no request of this node's.
+    pub inject: Option<Box<[u8]>>,
 }
 
 impl RuleReply {
@@ -126,6 +139,8 @@ impl RuleReply {
             also: Vec::new(),
             revoke: false,
             decided_by: String::new(),
+            frame_forwarded: false,
+            inject: None,
         }
     }
 
@@ -136,6 +151,8 @@ impl RuleReply {
             also: Vec::new(),
             revoke: false,
             decided_by: String::new(),
+            frame_forwarded: false,
+            inject: None,
         }
     }
 
@@ -147,6 +164,8 @@ impl RuleReply {
             also: Vec::new(),
             revoke: true,
             decided_by: String::new(),
+            frame_forwarded: false,
+            inject: None,
         }
     }
 }
@@ -363,6 +382,10 @@ pub struct PipelineConfig {
     /// Report counted rules' counters (for the monitor NF); `None` (the default):
     /// counters stay cumulative in the table and nothing is reported.
     pub counter_reports: Option<CounterReportConfig>,
+    /// While set (FM serves chains split over the PP fabric and asked for them), a new
+    /// flow's first packet travels with its rule request ([`RuleRequest::frame`]).
+    /// Shared with the FM client, which learns it at registration; `None`: never.
+    pub first_frames: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// How a worker reports its counted rules' counters (`Action::Count`) toward SC, where
@@ -497,6 +520,7 @@ impl PipelineConfig {
             ask_unbound: false,
             notices: NoticeConfig::default(),
             counter_reports: None,
+            first_frames: None,
         }
     }
 }
@@ -560,6 +584,10 @@ pub struct Pipeline {
     /// This chunk's frames for the gateway, and their descriptor indices.
     esp_jobs: Vec<ipsec::Job>,
     esp_idx: Vec<u16>,
+    /// A frame FM carried here, waiting for its reply's rules and released packets
+    /// (see `inject_pending`), and the slot it runs in.
+    inject_after: Option<Box<[u8]>>,
+    inject_region: Vec<u8>,
 }
 
 /// The counter report queue and pass (see [`CounterReportConfig`]).
@@ -605,6 +633,8 @@ impl Pipeline {
             ipsec: None,
             esp_jobs: Vec::with_capacity(MAX_BATCH),
             esp_idx: Vec::with_capacity(MAX_BATCH),
+            inject_after: None,
+            inject_region: Vec::new(),
             cfg,
         })
         .map(|mut p| {
@@ -1570,12 +1600,11 @@ impl Pipeline {
             None => return self.drop(d, DropReason::UnknownVni),
         };
         let now_us = self.latency_now_us(now);
+        let new_flow = !self.pending.is_pending(&st.key, st.hash);
         // A flow already waiting for its rule has been admitted; only a new one spends
         // the tenant's request rate, before it can take pending-queue room.
         if let Some(p) = self.policer.as_mut() {
-            if !self.pending.is_pending(&st.key, st.hash)
-                && !p.admit_request(binding.tenant, now_us)
-            {
+            if new_flow && !p.admit_request(binding.tenant, now_us) {
                 return self.drop(d, DropReason::RateLimited);
             }
         }
@@ -1604,11 +1633,28 @@ impl Pipeline {
                     ingress_port: d.port,
                 },
                 worker: self.cfg.worker,
+                frame: None,
+            };
+            // Only the flow's first packet goes with the request: it heads the flow's
+            // held packets, so if FM carries it on, the one to leave out on release is
+            // the first (a retry after a full channel sends no frame).
+            let frame = new_flow
+                && self
+                    .cfg
+                    .first_frames
+                    .as_ref()
+                    .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed));
+            let req = RuleRequest {
+                frame: frame.then(|| d.data(region).into()),
+                ..req
             };
             match requests.try_send(req) {
                 Ok(()) => {
                     self.stats.rule_requests += 1;
                     self.pending.mark_requested(&st.key, st.hash);
+                    if frame {
+                        self.pending.mark_head_sent(&st.key, st.hash);
+                    }
                 }
                 // The next packet of the flow retries; the pending timeout bounds it.
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -1772,7 +1818,15 @@ impl Pipeline {
         released
     }
 
-    fn on_reply<B: PacketIo + ?Sized>(&mut self, io: &mut B, reply: RuleReply, now: u32) -> usize {
+    fn on_reply<B: PacketIo + ?Sized>(
+        &mut self,
+        io: &mut B,
+        mut reply: RuleReply,
+        now: u32,
+    ) -> usize {
+        // Run after the reply's rules are installed and the flow's packets that were
+        // here before it are released, in that order.
+        self.inject_after = reply.inject.take();
         if reply.revoke {
             // An offloaded flow's removal reaches the fast path as an OffloadEvent.
             if self.remove_rule(&reply.key).is_some() {
@@ -1824,12 +1878,17 @@ impl Pipeline {
             self.trace_decision(&reply, installed, now);
         }
         let since_us = self.pending.held_since_us(&reply.key, hash);
+        // FM carried the flow's first packet on to the next-hop node with our request:
+        // releasing it too would send it twice.
+        let skip = usize::from(
+            installed && reply.frame_forwarded && self.pending.head_sent(&reply.key, hash),
+        );
         let mut descs = std::mem::take(&mut self.released);
         descs.clear();
         let n = self.pending.take(&reply.key, hash, &mut descs);
         if n == 0 {
             self.released = descs;
-            return 0;
+            return self.inject_pending(io, now);
         }
         let t = self.tenants.slot(reply.key.vni());
         if installed {
@@ -1840,15 +1899,16 @@ impl Pipeline {
                 self.stats.setup_latency.observe_us(t.saturating_sub(t0));
             }
             self.tenants.counters[t].flows_setup += 1;
+            self.stats.fabric_first_via_fm += skip as u64;
             // Held packets run through the normal pipeline, in arrival order; their rule
             // is now installed, so each one hits.
             let mut region = std::mem::take(self.pending.region_mut_vec());
-            for chunk in descs.chunks_mut(MAX_BATCH) {
+            for chunk in descs[skip..].chunks_mut(MAX_BATCH) {
                 self.process_chunk(&mut region, chunk, now, false);
             }
             *self.pending.region_mut_vec() = region;
-            self.stats.pending_released += n as u64;
-            if let Err(e) = io.tx_from(self.pending.region_mut(), &descs) {
+            self.stats.pending_released += (n - skip) as u64;
+            if let Err(e) = io.tx_from(self.pending.region_mut(), &descs[skip..]) {
                 tracing::warn!(error = %e, "transmit of released packets failed");
             }
         } else {
@@ -1860,7 +1920,38 @@ impl Pipeline {
         }
         self.pending.free(&descs);
         self.released = descs;
-        n
+        n + self.inject_pending(io, now)
+    }
+
+    /// Run the frame FM carried here (`inject_after`) through the pipeline as if it had
+    /// arrived over the fabric: counted as received, matched against the rule FM
+    /// installed just before, and sent (or held as a miss, or dropped with its reason)
+    /// like any packet. Returns 1 if one was injected.
+    fn inject_pending<B: PacketIo + ?Sized>(&mut self, io: &mut B, now: u32) -> usize {
+        let Some(frame) = self.inject_after.take() else {
+            return 0;
+        };
+        self.stats.fabric_injected += 1;
+        if frame.len() > crate::io::MAX_FRAME {
+            // The FM client refuses these before they get here; one that does not fit a
+            // slot is a bad header, as a received one would be.
+            self.stats.drop(DropReason::BadHeader);
+            return 1;
+        }
+        // A slot of its own, with the headroom an encap pushes into.
+        let mut region = std::mem::take(&mut self.inject_region);
+        region.resize(crate::io::FRAME_SIZE, 0);
+        let off = crate::io::HEADROOM;
+        region[off..off + frame.len()].copy_from_slice(&frame);
+        let mut d = [Desc::new(0, off, frame.len(), crate::io::FRAME_SIZE, 0)];
+        self.process_chunk(&mut region, &mut d, now, true);
+        if matches!(d[0].verdict, Verdict::Tx(_)) {
+            if let Err(e) = io.tx_from(&region, &d) {
+                tracing::warn!(error = %e, "transmit of a fabric frame from FM failed");
+            }
+        }
+        self.inject_region = region;
+        1
     }
 }
 

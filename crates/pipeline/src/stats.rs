@@ -139,6 +139,11 @@ pub struct Stats {
     pub rule_compile_errors: u64,
     /// Packets released from pending queues after their rule arrived.
     pub pending_released: u64,
+    /// The fabric's first packet through FM (docs/fabric.md). At the ingress node:
+    /// flows whose first packet FM carried to the next-hop node, so it was not released
+    /// here. At the next-hop node: packets FM handed over, run through this pipeline.
+    pub fabric_first_via_fm: u64,
+    pub fabric_injected: u64,
     pub evicted_table_full: u64,
     pub expired: u64,
     pub offload_marked: u64,
@@ -183,6 +188,8 @@ impl Default for Stats {
             rules_revoked: 0,
             rule_compile_errors: 0,
             pending_released: 0,
+            fabric_first_via_fm: 0,
+            fabric_injected: 0,
             evicted_table_full: 0,
             expired: 0,
             offload_marked: 0,
@@ -241,6 +248,8 @@ impl Stats {
         self.rules_revoked += o.rules_revoked;
         self.rule_compile_errors += o.rule_compile_errors;
         self.pending_released += o.pending_released;
+        self.fabric_first_via_fm += o.fabric_first_via_fm;
+        self.fabric_injected += o.fabric_injected;
         self.evicted_table_full += o.evicted_table_full;
         self.expired += o.expired;
         self.offload_marked += o.offload_marked;

@@ -416,3 +416,123 @@ fn key_extraction_of_v6_and_echo() {
     assert_eq!(k.to_string(), "0 icmp6 [2001:2::1]:42 > [2001:2::2]:0");
     assert_eq!(k.src(), "2001:2::1".parse::<IpAddr>().unwrap());
 }
+
+/// docs/fabric.md, "The first packet through FM", at the ingress node: with FM asking
+/// for first packets, a new flow's first packet goes with its request; when FM says it
+/// carried it on, only the packets held after it are released, so none leaves twice.
+#[test]
+fn the_first_packet_fm_carried_on_is_not_released_again() {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut cfg = PipelineConfig::new(node());
+    cfg.first_frames = Some(flag.clone());
+    let mut r = Rig::tenant(cfg, 16);
+    r.worker.io.sink.capture = true;
+    r.send((0..3).map(|i| tenant_udp(1000, i)));
+    let req = r.requests.try_recv().expect("one request");
+    assert_eq!(req.frame.as_deref(), Some(tenant_udp(1000, 0).as_slice()));
+    let mut reply = RuleReply::ok(snat_rule(1000));
+    reply.frame_forwarded = true;
+    r.replies.send(reply).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert_eq!(
+        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
+        [1, 2],
+        "the first packet went through FM, the others from here"
+    );
+    let s = r.worker.pipeline.stats();
+    assert_eq!((s.fabric_first_via_fm, s.pending_released), (1, 2));
+    assert_eq!(r.worker.pipeline.pending().held(), 0);
+
+    // FM did not carry it (the answer does not say so): every held packet goes.
+    r.send((0..2).map(|i| tenant_udp(1001, i)));
+    assert!(r.requests.try_recv().unwrap().frame.is_some());
+    r.replies.send(RuleReply::ok(snat_rule(1001))).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert_eq!(
+        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
+        [0, 1]
+    );
+
+    // Without FM's ask, no frame travels, and an answer claiming one left out nothing.
+    flag.store(false, std::sync::atomic::Ordering::Relaxed);
+    r.send((0..2).map(|i| tenant_udp(1002, i)));
+    assert!(r.requests.try_recv().unwrap().frame.is_none());
+    let mut reply = RuleReply::ok(snat_rule(1002));
+    reply.frame_forwarded = true;
+    r.replies.send(reply).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert_eq!(
+        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(r.worker.pipeline.stats().fabric_first_via_fm, 1);
+}
+
+/// At the next-hop node: the packet FM carried comes with the node's rule for the flow;
+/// the rule is installed first, then the packet runs as if it came over the fabric.
+#[test]
+fn a_packet_fm_carried_here_runs_after_its_rule_is_installed() {
+    let mut r = rig(PendingConfig::default(), 16);
+    let mut install = RuleReply::ok(snat_rule(2000));
+    install.inject = Some(tenant_udp(2000, 0).into());
+    r.replies.send(install).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    let out = r.out();
+    assert_eq!(out.iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [0]);
+    // Translated by the rule that came with it.
+    assert_eq!(&out[0][50 + 14 + 12..50 + 14 + 16], &[198, 19, 255, 1]);
+    let s = r.worker.pipeline.stats();
+    assert_eq!(
+        (s.fabric_injected, s.rx_packets, s.hits, s.misses),
+        (1, 1, 1, 0)
+    );
+    assert!(
+        r.requests.try_recv().is_err(),
+        "no request: the rule was there"
+    );
+    // The flow's next packets, over the fabric, hit the same rule.
+    r.send([tenant_udp(2000, 1)]);
+    assert_eq!(r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [1]);
+
+    // Packets of the flow that came over the fabric before FM's message were held as a
+    // miss: they go first, then the carried one.
+    r.send([tenant_udp(2001, 1)]);
+    assert!(r.out().is_empty());
+    assert_eq!(r.requests.try_recv().unwrap().key, tenant_key(2001));
+    let mut install = RuleReply::ok(snat_rule(2001));
+    install.inject = Some(tenant_udp(2001, 0).into());
+    r.replies.send(install).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert_eq!(
+        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
+        [1, 0]
+    );
+
+    // Carried without a usable rule: it is a miss like any packet, held while the node
+    // asks for the rule itself.
+    let mut install = RuleReply::err(tenant_key(2002), "no rule for you");
+    install.inject = Some(tenant_udp(2002, 0).into());
+    r.replies.send(install).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert!(r.out().is_empty());
+    assert_eq!(r.requests.try_recv().unwrap().key, tenant_key(2002));
+    r.replies.send(RuleReply::ok(snat_rule(2002))).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert_eq!(r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [0]);
+
+    // A frame past a slot is dropped, counted, never a panic.
+    let mut install = RuleReply::ok(snat_rule(2003));
+    install.inject = Some(vec![0u8; pipeline::MAX_FRAME + 1].into());
+    r.replies.send(install).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert!(r.out().is_empty());
+    assert_eq!(r.worker.pipeline.stats().dropped(DropReason::BadHeader), 1);
+}

@@ -65,6 +65,10 @@ pub struct FmClientConfig {
     /// Where the fabric reaches this node (its MAC), told to FM at registration;
     /// `None`: FM routes no chain stage here.
     pub fabric_mac: Option<[u8; 6]>,
+    /// Set on registration to whether FM wants new flows' first packets with their rule
+    /// requests (`RegisterAck.fabric_frames`, a node with a `fabric_mac` only); the
+    /// pipeline reads it ([`pipeline::PipelineConfig::first_frames`]).
+    pub first_frames: Option<Arc<AtomicBool>>,
     /// Packets the node has received (its main loop keeps it current): the heartbeat's
     /// load, which FM's vIP scheduler and the autoscaler read.
     pub rx_packets: Arc<AtomicU64>,
@@ -90,6 +94,7 @@ impl FmClientConfig {
             owned_vips: Default::default(),
             vip_tx: None,
             fabric_mac: None,
+            first_frames: None,
             rx_packets: Arc::new(AtomicU64::new(0)),
             report_batches: 64,
             tls: None,
@@ -165,6 +170,13 @@ pub struct FmClientStats {
     /// full (FM unreachable or slow for longer than the queue holds).
     pub counter_reports_sent: AtomicU64,
     pub counter_reports_dropped: AtomicU64,
+    /// First packets FM carried here from other nodes' flows (docs/fabric.md), handed
+    /// to the worker to run; and those dropped, by reason: larger than a frame slot
+    /// (or empty), a rule that did not decode, a worker this node does not have.
+    pub fabric_frames: AtomicU64,
+    pub fabric_frames_oversized: AtomicU64,
+    pub fabric_frames_bad: AtomicU64,
+    pub fabric_frames_no_worker: AtomicU64,
 }
 
 impl FmClientStats {
@@ -502,6 +514,7 @@ async fn session(
             vip_capable: cfg.vip_capable,
             owned_vips: cfg.owned_vips.lock().map(|v| v.clone()).unwrap_or_default(),
             fabric_mac: cfg.fabric_mac.map(|m| m.to_vec()).unwrap_or_default(),
+            fabric_frames: cfg.fabric_mac.is_some(),
         })),
     });
     let mut inbound = client
@@ -520,12 +533,27 @@ async fn session(
     *stats.current_fm.lock().unwrap_or_else(|e| e.into_inner()) = fm.to_string();
     stats.connected.store(true, Ordering::Relaxed);
     info!(%fm, fm_id = %ack.fm_id, node = %cfg.node_id, "PP session open");
+    if let Some(f) = &cfg.first_frames {
+        f.store(
+            ack.fabric_frames && cfg.fabric_mac.is_some(),
+            Ordering::Relaxed,
+        );
+    }
 
     // Ask again for everything unanswered: the old session may have lost it.
     let now = Instant::now();
     outstanding.retain(|_, o| now.duration_since(o.sent) < cfg.forget_after);
     if !outstanding.is_empty() {
-        let requests: Vec<v1::RuleRequest> = outstanding.values().map(|o| o.req.clone()).collect();
+        // Without their first packets: the old FM may have carried one on already and
+        // its answer was lost with the session; the worker releases the packet itself
+        // when the answer does not say it went.
+        let requests: Vec<v1::RuleRequest> = outstanding
+            .values_mut()
+            .map(|o| {
+                o.req.frame = Vec::new();
+                o.req.clone()
+            })
+            .collect();
         stats
             .resent
             .fetch_add(requests.len() as u64, Ordering::Relaxed);
@@ -590,6 +618,9 @@ async fn session(
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
                         revoke(&r.keys, outs, stats);
                     }
+                    Some(v1::PpDown { msg: Some(pp_down::Msg::Fabric(f)) }) => {
+                        inject(f, outs, stats);
+                    }
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Vips(a)) }) => {
                         if let Some(tx) = &cfg.vip_tx {
                             let _ = tx.send(a);
@@ -642,6 +673,40 @@ async fn session(
                 .map_err(|_| "session closed".to_string())?;
             }
         }
+    }
+}
+
+/// A first packet FM carried here from the flow's ingress node, with this node's rule
+/// for the flow: handed to the worker as one reply, so the worker installs the rule
+/// before it runs the packet (docs/fabric.md). Bad ones are dropped, counted.
+fn inject(f: v1::FabricFrame, outs: &[WorkerOut], stats: &FmClientStats) {
+    if f.frame.is_empty() || f.frame.len() > proto::MAX_FABRIC_FRAME {
+        stats
+            .fabric_frames_oversized
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let Some(mut reply) = f.install.as_ref().and_then(|m| RuleReply::try_from(m).ok()) else {
+        stats.fabric_frames_bad.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let worker = f.install.as_ref().map_or(0, |m| m.worker as usize);
+    let Some(out) = outs.get(worker) else {
+        stats
+            .fabric_frames_no_worker
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    reply.inject = Some(f.frame.into());
+    if out.replies.send(reply).is_err() {
+        stats
+            .fabric_frames_no_worker
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    stats.fabric_frames.fetch_add(1, Ordering::Relaxed);
+    match out.bell.try_send(()) {
+        Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
     }
 }
 
@@ -716,5 +781,83 @@ fn deliver(
                 Err(TrySendError::Disconnected(())) => debug!(worker = i, "worker gone"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> (WorkerOut, Receiver<RuleReply>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (bell, _) = crossbeam_channel::bounded(1);
+        (WorkerOut { replies: tx, bell }, rx)
+    }
+
+    fn install(worker: u32) -> v1::RuleReply {
+        let key: pipeline::FlowKey = "100 udp 198.18.10.2:5 > 198.19.0.9:53".parse().unwrap();
+        let rule = pipeline::Rule::new(key, pipeline::parse_actions("out 0").unwrap());
+        proto::reply_to_proto(&RuleReply::ok(rule), 0, worker as u16)
+    }
+
+    #[test]
+    fn a_carried_packet_reaches_its_worker_with_its_rule_and_bad_ones_are_counted() {
+        let (out, rx) = worker();
+        let outs = [out];
+        let stats = FmClientStats::default();
+        let ok = v1::FabricFrame {
+            install: Some(install(0)),
+            frame: vec![7; 60],
+        };
+        inject(ok.clone(), &outs, &stats);
+        let got = rx.try_recv().expect("handed to the worker");
+        assert!(got.result.is_ok());
+        assert_eq!(got.inject.as_deref(), Some(&[7u8; 60][..]));
+        assert_eq!(stats.fabric_frames.load(Ordering::Relaxed), 1);
+
+        // Too big for a frame slot, or empty.
+        for frame in [vec![0; proto::MAX_FABRIC_FRAME + 1], vec![]] {
+            inject(
+                v1::FabricFrame {
+                    frame,
+                    ..ok.clone()
+                },
+                &outs,
+                &stats,
+            );
+        }
+        // No rule, or one that does not decode.
+        let mut bad = install(0);
+        bad.key = Some(v1::FlowKey { raw: vec![1; 3] });
+        for install in [None, Some(bad)] {
+            inject(
+                v1::FabricFrame {
+                    install,
+                    ..ok.clone()
+                },
+                &outs,
+                &stats,
+            );
+        }
+        // For a worker this node does not have.
+        inject(
+            v1::FabricFrame {
+                install: Some(install(9)),
+                ..ok.clone()
+            },
+            &outs,
+            &stats,
+        );
+        assert!(rx.try_recv().is_err(), "nothing bad reached the worker");
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(
+            (
+                n(&stats.fabric_frames),
+                n(&stats.fabric_frames_oversized),
+                n(&stats.fabric_frames_bad),
+                n(&stats.fabric_frames_no_worker)
+            ),
+            (1, 2, 2, 1)
+        );
     }
 }

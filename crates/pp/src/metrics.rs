@@ -231,6 +231,32 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
         "Rule requests FM refused as setup-overload (the flow asks again).",
         fm.map_or(0, |f| load(&f.setup_overload)),
     )?;
+    sc.counter(
+        "fabric_injected",
+        "First packets of other nodes' flows FM carried here and this node ran (docs/fabric.md).",
+        s.fabric_injected,
+    )?;
+    sc.counter(
+        "fabric_first_via_fm",
+        "Flows whose first packet FM carried to the next-hop node, so this node did not send it.",
+        s.fabric_first_via_fm,
+    )?;
+    sc.counter_family(
+        "fabric_frames_dropped",
+        "First packets from FM dropped before the pipeline, by reason.",
+        [
+            (
+                "oversized",
+                fm.map_or(0, |f| load(&f.fabric_frames_oversized)),
+            ),
+            ("bad-rule", fm.map_or(0, |f| load(&f.fabric_frames_bad))),
+            (
+                "no-worker",
+                fm.map_or(0, |f| load(&f.fabric_frames_no_worker)),
+            ),
+        ]
+        .map(|(r, n)| ([("reason", r)], n)),
+    )?;
     let t = &p.tenants;
     sc.counter_family(
         "tenant_packets",

@@ -67,6 +67,11 @@ pub const ERR_MIGRATING: &str = "sc-migrating";
 /// the session: the PP node counts it and the flow's next packet asks again.
 pub const ERR_SETUP_OVERLOAD: &str = "setup-overload";
 
+/// Largest first packet a rule request carries to FM, and FM on to the next-hop PP
+/// node (`RuleRequest.frame`, `FabricFrame.frame`; docs/fabric.md): what a PP frame
+/// slot holds. Larger ones are not sent, and FM and PP drop them, counted.
+pub const MAX_FABRIC_FRAME: usize = pipeline::MAX_FRAME;
+
 /// Deepest chain shape accepted from the wire (guards the recursive conversion).
 pub const MAX_CHAIN_DEPTH: usize = 32;
 
@@ -324,6 +329,7 @@ pub fn request_to_proto(r: &RuleRequest, id: u64) -> v1::RuleRequest {
         chain: r.chain,
         meta: Some((&r.meta).into()),
         worker: u32::from(r.worker),
+        frame: r.frame.as_deref().map(<[u8]>::to_vec).unwrap_or_default(),
     }
 }
 
@@ -337,6 +343,7 @@ impl TryFrom<&v1::RuleRequest> for RuleRequest {
             chain: r.chain,
             meta: PacketMeta::try_from(r.meta.as_ref().ok_or(ConvertError::Missing("meta"))?)?,
             worker: narrow("worker", r.worker)?,
+            frame: (!r.frame.is_empty()).then(|| r.frame.as_slice().into()),
         })
     }
 }
@@ -353,6 +360,7 @@ pub fn reply_to_proto(r: &RuleReply, id: u64, worker: u16) -> v1::RuleReply {
         also: r.also.iter().map(v1::Rule::from).collect(),
         worker: u32::from(worker),
         decided_by: r.decided_by.clone(),
+        frame_forwarded: r.frame_forwarded,
     }
 }
 
@@ -370,6 +378,8 @@ impl TryFrom<&v1::RuleReply> for RuleReply {
             also: r.also.iter().map(Rule::try_from).collect::<Result<_>>()?,
             revoke: false,
             decided_by: r.decided_by.clone(),
+            frame_forwarded: r.frame_forwarded,
+            inject: None,
         })
     }
 }
@@ -383,6 +393,7 @@ pub fn error_reply(req: &v1::RuleRequest, error: impl Into<String>) -> v1::RuleR
         also: Vec::new(),
         worker: req.worker,
         decided_by: String::new(),
+        frame_forwarded: false,
     }
 }
 
@@ -925,10 +936,20 @@ mod tests {
                 ingress_port: 1,
             },
             worker: 2,
+            frame: None,
         };
         let m = request_to_proto(&req, 77);
         assert_eq!(m.id, 77);
+        assert!(m.frame.is_empty());
         assert_eq!(RuleRequest::try_from(&m).unwrap(), req);
+        // The fabric's first packet travels with the request, byte for byte.
+        let with = RuleRequest {
+            frame: Some(vec![0xab; 90].into()),
+            ..req.clone()
+        };
+        let m = request_to_proto(&with, 78);
+        assert_eq!(m.frame, vec![0xab; 90]);
+        assert_eq!(RuleRequest::try_from(&m).unwrap(), with);
 
         let mut reply = RuleReply::ok(Rule::new(key(), parse_actions("out 0").unwrap()));
         reply.also.push(Rule::new(
@@ -940,6 +961,10 @@ mod tests {
         assert_eq!(RuleReply::try_from(&m).unwrap(), reply);
         let e = RuleReply::err(key(), "snat-exhausted");
         assert_eq!(RuleReply::try_from(&reply_to_proto(&e, 1, 0)).unwrap(), e);
+        reply.frame_forwarded = true;
+        let m = reply_to_proto(&reply, 79, 0);
+        assert!(m.frame_forwarded);
+        assert_eq!(RuleReply::try_from(&m).unwrap(), reply);
     }
 
     #[test]
@@ -1005,6 +1030,7 @@ mod tests {
                     ingress_port: 0,
                 },
                 worker: 0,
+                frame: None,
             },
             1,
         );

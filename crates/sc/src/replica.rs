@@ -110,6 +110,7 @@ impl Outcome {
                     worker: m.worker,
                     // FM names the group when it forwards the reply.
                     decided_by: String::new(),
+                    frame_forwarded: false,
                 },
                 Err(e) => proto::error_reply(m, e),
             });

@@ -15,13 +15,16 @@ use testbed::chains::{self, Toward};
 use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioSpec};
 use testbed::platform::{field, Platform, PlatformSpec};
 use testbed::topo::{addr, vni, Node};
-use testbed::{services, Testbed};
+use testbed::{probe, services, Testbed};
 
 mod common;
 use common::Lab;
 
-/// FW (TCP 80 and iperf3's 5201 allowed, TCP 8080 denied, the rest denied) then SNAT,
-/// for VPC 0; its SNAT stage on `stage` (PP node ids).
+/// The UDP port the single-datagram flows go to (allowed by the FW).
+const UDP_PORT: u16 = 9999;
+
+/// FW (TCP 80 and iperf3's 5201 allowed, UDP to [`UDP_PORT`] allowed, TCP 8080 denied,
+/// the rest denied) then SNAT, for VPC 0; its SNAT stage on `stage` (PP node ids).
 fn split_chain_platform(lab: &Lab, active: usize, stage: &[&str]) -> Platform {
     let tb = lab.tb();
     services::start_inet(tb, false).expect("internet host servers");
@@ -30,6 +33,7 @@ fn split_chain_platform(lab: &Lab, active: usize, stage: &[&str]) -> Platform {
         vec![
             chains::acl(AclAction::Allow, AclProto::Tcp, 80),
             chains::acl(AclAction::Allow, AclProto::Tcp, 5201),
+            chains::acl(AclAction::Allow, AclProto::Udp, UDP_PORT),
             chains::acl(AclAction::Deny, AclProto::Tcp, 8080),
         ],
         AclAction::Deny,
@@ -125,6 +129,71 @@ fn a_fw_snat_chain_split_over_two_pp_nodes_works_end_to_end_over_the_fabric() {
     assert!(field(&pp1, "rule:acl-deny").is_none(), "{pp1}");
     assert!(field(&pp1, "rx").is_some_and(|n| n >= 20), "{pp1}");
     assert!(field(&pp1, "tx").is_some_and(|n| n >= 20), "{pp1}");
+
+    first_packets_of_new_flows_go_through_fm(&p, tb);
+}
+
+/// The first packet through FM (paper 000 §5.2, docs/fabric.md). Each flow here is one
+/// UDP datagram: pp-0 (FW) misses on it and sends it with its rule request, FM routes
+/// the flow to pp-1 and hands the datagram to pp-1 with pp-1's rule, and pp-1 (SNAT)
+/// sends it to the internet host. pp-0 must not send it as well.
+fn first_packets_of_new_flows_go_through_fm(p: &Platform, tb: &Testbed) {
+    const FLOWS: u64 = 20;
+    let forwarded = |l: &str| field(l, "fabric_first_packets_forwarded").unwrap_or(0);
+    // Counters from before, once the lines cover everything the curls did (PP prints
+    // every second).
+    std::thread::sleep(Duration::from_millis(2100));
+    let (fm0, pp0_0, pp1_0) = (p.fm_status(), p.pp_node_stats(0), p.pp_node_stats(1));
+    // The curls' first packets (their SYNs) went this way too.
+    assert!(forwarded(&fm0) >= 5, "{fm0}");
+    let via_fm = |l: &str| field(l, "fabric_first_via_fm").unwrap_or(0);
+    let injected = |l: &str| field(l, "fabric_injected").unwrap_or(0);
+
+    let sink = probe::UdpSink::start(tb, UDP_PORT).expect("UDP sink on the internet host");
+    let payloads: Vec<Vec<u8>> = (0..FLOWS)
+        .map(|i| format!("first-packet-{i}").into_bytes())
+        .collect();
+    let ports =
+        probe::single_datagram_flows(tb, 0, UDP_PORT, payloads.clone(), Duration::from_millis(20))
+            .expect("send the datagrams");
+    let mut distinct = ports.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len() as u64,
+        FLOWS,
+        "one source port per flow: {ports:?}"
+    );
+    let fm = fm_line(p, |l| forwarded(l) >= forwarded(&fm0) + FLOWS);
+    let pp0 = pp_line(p, 0, |l| via_fm(l) >= via_fm(&pp0_0) + FLOWS);
+    let pp1 = pp_line(p, 1, |l| injected(l) >= injected(&pp1_0) + FLOWS);
+    // Time for a duplicate, if one were sent, to arrive and be counted.
+    std::thread::sleep(Duration::from_millis(1100));
+    let got = sink.stop();
+    let (fm, pp0, pp1) = (
+        fm_line(p, |l| forwarded(l) >= forwarded(&fm)),
+        pp_line(p, 0, |l| via_fm(l) >= via_fm(&pp0)),
+        pp_line(p, 1, |l| injected(l) >= injected(&pp1)),
+    );
+    println!("first packets: FM: {fm}\npp-0: {pp0}\npp-1: {pp1}");
+
+    // Every flow's one datagram arrived exactly once, translated by pp-1's SNAT.
+    for (i, want) in payloads.iter().enumerate() {
+        let n = got.iter().filter(|(_, d)| d == want).count();
+        assert_eq!(n, 1, "flow {i} arrived {n} times; got {got:?}");
+    }
+    assert_eq!(got.len() as u64, FLOWS, "{got:?}");
+    for (from, _) in &got {
+        assert_eq!(*from.ip(), addr::pool(0), "not translated: {got:?}");
+    }
+    // FM carried each flow's first packet, once; pp-0 left each one to FM and pp-1 ran
+    // each one.
+    assert_eq!(forwarded(&fm) - forwarded(&fm0), FLOWS, "{fm0}\n{fm}");
+    assert_eq!(field(&fm, "fabric_first_dropped"), Some(0), "{fm}");
+    assert_eq!(via_fm(&pp0) - via_fm(&pp0_0), FLOWS, "{pp0_0}\n{pp0}");
+    assert_eq!(injected(&pp1) - injected(&pp1_0), FLOWS, "{pp1_0}\n{pp1}");
+    // pp-1 asked for none of these rules: the rule came with the packet.
+    assert_eq!(injected(&pp0), 0, "{pp0}");
 }
 
 #[test]

@@ -361,6 +361,116 @@ fn summarize(f: Flow) -> FlowProbes {
     }
 }
 
+/// Datagrams received, with their sources, in arrival order.
+pub type Datagrams = Vec<(SocketAddrV4, Vec<u8>)>;
+
+/// A UDP receiver on the internet host that keeps every datagram it gets, with its
+/// source: what arrived, and how often (docs/fabric.md's single-datagram flows).
+pub struct UdpSink {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Datagrams>>,
+}
+
+impl UdpSink {
+    /// Listen on the internet host's address, `port`.
+    pub fn start(tb: &Testbed, port: u16) -> Result<UdpSink> {
+        let ns = Path::new("/run/netns").join(tb.ns(Node::Inet));
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            let sock = match enter_netns(&ns)
+                .and_then(|_| {
+                    UdpSocket::bind(SocketAddrV4::new(addr::INET, port))
+                        .map_err(|e| Error::io("bind the UDP sink", e))
+                })
+                .and_then(|s| {
+                    s.set_read_timeout(Some(Duration::from_millis(50)))
+                        .map_err(|e| Error::io("UDP sink", e))?;
+                    Ok(s)
+                }) {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return Vec::new();
+                }
+            };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 2048];
+            while !st.load(Ordering::Relaxed) {
+                if let Ok((len, std::net::SocketAddr::V4(from))) = sock.recv_from(&mut buf) {
+                    got.push((from, buf[..len].to_vec()));
+                }
+            }
+            got
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|_| Error::Setup("the UDP sink did not start".into()))??;
+        Ok(UdpSink {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stop it; every datagram it received, in arrival order.
+    pub fn stop(mut self) -> Datagrams {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for UdpSink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Send each of `payloads` from VPC client `client` to the internet host's `port` as a
+/// flow of its own: one datagram from a fresh socket (a new source port), `gap` apart.
+/// Returns the source ports used.
+pub fn single_datagram_flows(
+    tb: &Testbed,
+    client: usize,
+    port: u16,
+    payloads: Vec<Vec<u8>>,
+    gap: Duration,
+) -> Result<Vec<u16>> {
+    let ns = Path::new("/run/netns").join(tb.ns(Node::Client(client)));
+    std::thread::spawn(move || -> Result<Vec<u16>> {
+        enter_netns(&ns)?;
+        let target = SocketAddrV4::new(addr::INET, port);
+        let mut ports = Vec::with_capacity(payloads.len());
+        // Kept open until all are sent, so no source port is used twice.
+        let mut socks = Vec::with_capacity(payloads.len());
+        for p in &payloads {
+            let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+                .map_err(|e| Error::io("flow socket", e))?;
+            sock.send_to(p, target)
+                .map_err(|e| Error::io("send a datagram", e))?;
+            ports.push(
+                sock.local_addr()
+                    .map_err(|e| Error::io("flow socket", e))?
+                    .port(),
+            );
+            socks.push(sock);
+            std::thread::sleep(gap);
+        }
+        Ok(ports)
+    })
+    .join()
+    .map_err(|_| Error::Setup("the sender thread panicked".into()))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

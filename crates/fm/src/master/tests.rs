@@ -984,6 +984,7 @@ fn pp_join_fabric(s: &mut Sim, id: &str, mac: [u8; 6]) -> u64 {
         role: v1::Role::Pp as i32,
         proto_version: proto::PROTO_VERSION,
         fabric_mac: mac.to_vec(),
+        fabric_frames: true,
         ..Default::default()
     };
     let seen = Arc::new(AtomicU64::new(s.now_ms()));
@@ -1196,4 +1197,318 @@ fn a_drained_stage_node_loses_its_fabric_routes() {
     s.settle();
     let to_c = vec!["decap; fabric 02:00:00:00:00:0c".to_string(); 2];
     assert_eq!(answered(&mut s, a), vec![to_c.clone(), to_c]);
+}
+
+/// What FM handed to `session` as first packets: (frame, the install's rule as text).
+fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
+    s.pp_out
+        .iter()
+        .filter(|(x, _)| *x == session)
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Fabric(f) => {
+                let install = f.install.clone().expect("an install with the frame");
+                let Some(v1::rule_reply::Result::Rule(r)) = &install.result else {
+                    panic!("install without a rule: {install:?}");
+                };
+                let r = pipeline::Rule::try_from(r).expect("valid rule");
+                Some((
+                    f.frame.clone(),
+                    pipeline::format_actions(&r.actions),
+                    install.id,
+                ))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The replies to `session` so far (not taken).
+fn replies_to(s: &Sim, session: u64) -> Vec<v1::RuleReply> {
+    s.pp_out
+        .iter()
+        .filter(|(x, _)| *x == session)
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Replies(b) => Some(b.replies.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// A cluster with tenant 1 chain 1 split (stage on pp-b) and chain 2 whole, pp-a and
+/// pp-b registered with fabric MACs. Returns (sim, pp-a's session, pp-b's session).
+fn fabric_sim() -> (Sim, u64, u64) {
+    let mut cfg = config(2);
+    cfg.fabric = vec![crate::fabric::FabricStage {
+        tenant: 1,
+        chain: 1,
+        nodes: vec!["pp-b".into()],
+    }];
+    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
+    s.sc_join("sc-0", 1);
+    s.sc_join("sc-1", 1);
+    s.start();
+    s.settle();
+    s.forwarding_rules = true;
+    let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
+    let b = pp_join_fabric(&mut s, "pp-b", [2, 0, 0, 0, 0, 0xb]);
+    (s, a, b)
+}
+
+fn with_frame(mut r: v1::RuleRequest, frame: &[u8]) -> v1::RuleRequest {
+    r.frame = frame.to_vec();
+    r
+}
+
+#[test]
+fn a_flows_first_packet_goes_through_fm_to_its_next_hop_exactly_once() {
+    let (mut s, a, b) = fabric_sim();
+    // FM serves a split chain: it asks PP nodes for first packets.
+    let acks: Vec<bool> = s
+        .pp_out
+        .iter()
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks, vec![true, true]);
+    s.pp_out.clear();
+
+    // pp-a misses on a new flow of the split chain; its first packet comes along.
+    let k = key(5);
+    let frame = b"first packet of flow 5".to_vec();
+    s.m.on_pp_requests(a, vec![with_frame(request(1, 1, 1, &k), &frame)], s.now_us);
+    s.flush();
+    s.settle();
+    // SC never sees the packet.
+    assert!(
+        s.submits
+            .iter()
+            .flat_map(|(_, g)| g.requests.iter().flat_map(|b| b.requests.iter()))
+            .all(|r| r.frame.is_empty()),
+        "a frame went to SC"
+    );
+    // pp-b, the next hop, gets it once, with its whole rule ahead of it.
+    let got = first_packets(&s, b);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, frame);
+    assert!(got[0].1.contains("set-src 198.18.201.1:2000"), "{got:?}");
+    assert_eq!(got[0].2, 0, "the install answers no request of pp-b's");
+    assert!(first_packets(&s, a).is_empty());
+    // pp-a gets the forwarding entry, told the packet went (it must not send it too).
+    let to_a = replies_to(&s, a);
+    assert_eq!(to_a.len(), 1);
+    assert!(to_a[0].frame_forwarded);
+    // The packet went out before pp-a's answer: pp-a's later packets find the rule.
+    let first_fabric = s
+        .pp_out
+        .iter()
+        .position(|(x, m)| *x == b && matches!(m, pp_down::Msg::Fabric(_)));
+    let first_reply = s
+        .pp_out
+        .iter()
+        .position(|(x, m)| *x == a && matches!(m, pp_down::Msg::Replies(_)));
+    assert!(first_fabric < first_reply, "{:?}", s.pp_out);
+    assert_eq!(
+        answered(&mut s, a),
+        vec![vec!["decap; fabric 02:00:00:00:00:0b".to_string(); 2]]
+    );
+    let st = s.m.stats().fabric;
+    assert_eq!(st.first_forwarded, 1, "{st:?}");
+    assert_eq!(st.first_dropped, Default::default());
+    s.pp_out.clear();
+
+    // Asked again without a packet (a retry, or a later packet): nothing is carried.
+    s.m.on_pp_requests(a, vec![request(2, 1, 1, &k)], s.now_us);
+    s.flush();
+    assert!(first_packets(&s, b).is_empty());
+    assert!(!replies_to(&s, a)[0].frame_forwarded);
+    // The stage node's own first packet stays with it: it runs the whole rule.
+    s.m.on_pp_requests(b, vec![with_frame(request(3, 1, 1, &k), &frame)], s.now_us);
+    s.flush();
+    assert!(first_packets(&s, b).is_empty());
+    assert!(!replies_to(&s, b)[0].frame_forwarded);
+    // A chain that is not split keeps its packet where it entered.
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(4, 1, 2, &key(8)), &frame)],
+        s.now_us,
+    );
+    s.flush();
+    s.settle();
+    assert!(first_packets(&s, b).is_empty() && first_packets(&s, a).is_empty());
+    assert!(replies_to(&s, a).iter().all(|r| !r.frame_forwarded));
+    assert_eq!(s.m.stats().fabric.first_forwarded, 1);
+    s.pp_out.clear();
+
+    // A frame past the limit is dropped, counted; the ingress node sends it itself.
+    let big = vec![0u8; proto::MAX_FABRIC_FRAME + 1];
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(5, 1, 1, &key(9)), &big)],
+        s.now_us,
+    );
+    s.flush();
+    s.settle();
+    assert!(first_packets(&s, b).is_empty());
+    let to_a = replies_to(&s, a);
+    assert_eq!(to_a.len(), 1);
+    assert!(!to_a[0].frame_forwarded);
+    let st = s.m.stats().fabric;
+    assert_eq!((st.first_forwarded, st.first_dropped.oversized), (1, 1));
+}
+
+#[test]
+fn a_first_packet_fm_cannot_carry_is_counted_and_left_to_the_ingress_node() {
+    let (mut s, a, b) = fabric_sim();
+    let frame = b"first".to_vec();
+    // Flows FM has rules for (cached by pp-b's own requests): answers come at once.
+    let keys: Vec<FlowKey> = (0..(super::MAX_FABRIC_FRAMES as u64 + 5))
+        .map(|i| key(100 + i))
+        .collect();
+    let reqs = |frame: &[u8]| -> Vec<v1::RuleRequest> {
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| with_frame(request(i as u64 + 1, 1, 1, k), frame))
+            .collect()
+    };
+    s.m.on_pp_requests(b, reqs(&[]), s.now_us);
+    s.flush();
+    s.settle();
+    s.pp_out.clear();
+
+    // A burst of new flows at once: pp-b's control stream takes MAX_FABRIC_FRAMES of
+    // their first packets per flush; the rest stay with pp-a, counted.
+    s.m.on_pp_requests(a, reqs(&frame), s.now_us);
+    s.flush();
+    assert_eq!(first_packets(&s, b).len(), super::MAX_FABRIC_FRAMES);
+    let to_a = replies_to(&s, a);
+    assert_eq!(to_a.len(), keys.len());
+    assert_eq!(
+        to_a.iter().filter(|r| r.frame_forwarded).count(),
+        super::MAX_FABRIC_FRAMES
+    );
+    let st = s.m.stats().fabric;
+    assert_eq!(st.first_forwarded, super::MAX_FABRIC_FRAMES as u64);
+    assert_eq!(st.first_dropped.queue_full, 5, "{st:?}");
+    // The next flush has room again.
+    s.pp_out.clear();
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(1, 1, 1, &keys[0]), &frame)],
+        s.now_us,
+    );
+    s.flush();
+    assert_eq!(first_packets(&s, b).len(), 1);
+
+    // The next hop without a session (gone between routing and sending): dropped,
+    // counted, and pp-a is told to send the packet itself.
+    s.pp_out.clear();
+    let pp_b = s.m.pp.remove(&b).expect("pp-b's session");
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(2, 1, 1, &keys[1]), &frame)],
+        s.now_us,
+    );
+    s.flush();
+    assert!(first_packets(&s, b).is_empty());
+    assert!(!replies_to(&s, a)[0].frame_forwarded);
+    assert_eq!(s.m.stats().fabric.first_dropped.no_session, 1);
+    s.m.pp.insert(b, pp_b);
+
+    // A next hop FM has a fabric address for but no member of that name: dropped,
+    // counted. (The route table and membership are kept apart; they can disagree for
+    // a moment while a node leaves.)
+    let mut cfg = config(2);
+    cfg.fabric = vec![crate::fabric::FabricStage {
+        tenant: 1,
+        chain: 1,
+        nodes: vec!["pp-x".into()],
+    }];
+    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"])]);
+    s.sc_join("sc-0", 1);
+    s.sc_join("sc-1", 1);
+    s.start();
+    s.settle();
+    s.forwarding_rules = true;
+    let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
+    s.m.fabric.join("pp-x", [2, 0, 0, 0, 0, 0x11]);
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(1, 1, 1, &key(7)), &frame)],
+        s.now_us,
+    );
+    s.flush();
+    s.settle();
+    let to_a = replies_to(&s, a);
+    assert_eq!(to_a.len(), 1);
+    assert!(!to_a[0].frame_forwarded);
+    let st = s.m.stats().fabric;
+    assert_eq!((st.first_forwarded, st.first_dropped.unknown_peer), (0, 1));
+    assert!(s
+        .pp_out
+        .iter()
+        .all(|(_, m)| !matches!(m, pp_down::Msg::Fabric(_))));
+}
+
+#[test]
+fn an_older_pp_node_gets_no_first_packets_and_its_flows_still_work() {
+    let (mut s, a, _) = fabric_sim();
+    // pp-b registers again as a node that does not take first packets (an older PP).
+    let session = s.next_session;
+    s.next_session += 1;
+    let info = v1::NodeInfo {
+        id: "pp-b".into(),
+        role: v1::Role::Pp as i32,
+        proto_version: proto::PROTO_VERSION,
+        fabric_mac: vec![2, 0, 0, 0, 0, 0xb],
+        ..Default::default()
+    };
+    let seen = Arc::new(AtomicU64::new(s.now_ms()));
+    let open = Opened {
+        session,
+        info,
+        seen: seen.clone(),
+        liveness_token: 0,
+    };
+    s.m.on_pp_open(open, s.now_us);
+    s.pp_seen.push(seen);
+    s.pump();
+    s.pp_out.clear();
+    s.m.on_pp_requests(
+        a,
+        vec![with_frame(request(1, 1, 1, &key(5)), b"first")],
+        s.now_us,
+    );
+    s.flush();
+    s.settle();
+    assert!(first_packets(&s, session).is_empty());
+    let to_a = replies_to(&s, a);
+    assert_eq!(to_a.len(), 1);
+    assert!(!to_a[0].frame_forwarded, "pp-a must send the packet itself");
+    assert_eq!(
+        answered(&mut s, a),
+        vec![vec!["decap; fabric 02:00:00:00:00:0b".to_string(); 2]]
+    );
+    let st = s.m.stats().fabric;
+    assert_eq!(
+        (st.first_forwarded, st.first_dropped.peer_cannot_take),
+        (0, 1)
+    );
+}
+
+#[test]
+fn without_a_split_chain_fm_asks_for_no_first_packets() {
+    let mut s = Sim::new(config(2), vec![chain(1, 1, &["fw"])]);
+    pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
+    let acks: Vec<bool> = s
+        .pp_out
+        .iter()
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks, vec![false]);
 }

@@ -363,6 +363,10 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                 fcfg.owned_vips = owned_vips.clone();
                 fcfg.vip_tx = Some(vip_tx.clone());
                 fcfg.fabric_mac = Some(node.mac);
+                // Off until FM says at registration that it serves split chains.
+                let first = Arc::new(AtomicBool::new(false));
+                fcfg.first_frames = Some(first.clone());
+                cfg.first_frames = Some(first);
             }
             let (client, mut links) =
                 FmClient::start(fcfg).map_err(|e| PpNodeError::Fm(e.to_string()))?;
@@ -773,6 +777,14 @@ fn summary(w: &Worker<PpIo>, t: Duration) -> String {
             line,
             " elephants={} fastpath={}",
             s.elephants, s.fastpath_packets
+        );
+    }
+    // The fabric's first packet through FM (docs/fabric.md), once it has happened.
+    if s.fabric_injected > 0 || s.fabric_first_via_fm > 0 {
+        let _ = write!(
+            line,
+            " fabric_injected={} fabric_first_via_fm={}",
+            s.fabric_injected, s.fabric_first_via_fm
         );
     }
     if let Some(g) = p.ipsec().filter(|g| !g.is_empty() || g.stats().batches > 0) {
