@@ -336,8 +336,10 @@ fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'sta
 
 #[test]
 fn a_node_needs_a_certificate_or_an_explicit_insecure() {
-    let out = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args([
+    // An SC node that dials an FM nobody serves; what it says on stderr, as it refuses.
+    let refusal = |tls_dir: Option<&std::path::Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_starfabric"));
+        cmd.args([
             "sc",
             "--fm",
             "127.0.0.1:9",
@@ -345,14 +347,20 @@ fn a_node_needs_a_certificate_or_an_explicit_insecure() {
             "sc-1",
             "--duration",
             "1",
-        ])
-        .env_remove("STARFABRIC_INSECURE")
-        .env_remove("STARFABRIC_TLS_DIR")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        ]);
+        if let Some(d) = tls_dir {
+            cmd.arg("--tls-dir").arg(d);
+        }
+        let out = cmd
+            .env_remove("STARFABRIC_INSECURE")
+            .env_remove("STARFABRIC_TLS_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refusal(None);
     assert!(
         err.contains("--tls-dir") && err.contains("--insecure"),
         "{err}"
@@ -364,22 +372,6 @@ fn a_node_needs_a_certificate_or_an_explicit_insecure() {
         .unwrap()
         .write_dir(dir.path())
         .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args([
-            "sc",
-            "--fm",
-            "127.0.0.1:9",
-            "--id",
-            "sc-1",
-            "--duration",
-            "1",
-            "--tls-dir",
-        ])
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refusal(Some(dir.path()));
     assert!(err.contains("pp/pp-1") && err.contains("sc/sc-1"), "{err}");
 }

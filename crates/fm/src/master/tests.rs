@@ -251,26 +251,9 @@ impl Sim {
     }
 
     fn pp_join(&mut self) -> u64 {
-        let session = self.next_session;
-        self.next_session += 1;
-        let info = v1::NodeInfo {
-            id: format!("pp-{session}"),
-            role: v1::Role::Pp as i32,
-            proto_version: proto::PROTO_VERSION,
-            ..Default::default()
-        };
-        let seen = Arc::new(AtomicU64::new(self.now_ms()));
-        let open = Opened {
-            session,
-            info,
-            seen: seen.clone(),
-            liveness_token: 0,
-        };
-        self.m.on_pp_open(open, self.now_us);
-        self.pp = Some(session);
-        self.pp_seen.push(seen);
-        self.pump();
-        session
+        let id = format!("pp-{}", self.next_session);
+        self.pp = Some(self.next_session);
+        pp_open(self, &id, Vec::new())
     }
 
     /// SC node `id` stops: what was sent to it and not answered is lost. Returns it.
@@ -977,13 +960,18 @@ proptest! {
 }
 
 fn pp_join_fabric(s: &mut Sim, id: &str, mac: [u8; 6]) -> u64 {
+    pp_open(s, id, mac.to_vec())
+}
+
+/// A PP node's session opens (with its fabric MAC, if any) and FM's answers are pumped.
+fn pp_open(s: &mut Sim, id: &str, fabric_mac: Vec<u8>) -> u64 {
     let session = s.next_session;
     s.next_session += 1;
     let info = v1::NodeInfo {
         id: id.into(),
         role: v1::Role::Pp as i32,
         proto_version: proto::PROTO_VERSION,
-        fabric_mac: mac.to_vec(),
+        fabric_mac,
         ..Default::default()
     };
     let seen = Arc::new(AtomicU64::new(s.now_ms()));
