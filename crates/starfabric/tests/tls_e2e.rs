@@ -253,29 +253,22 @@ fn a_bootstrap_token_from_a_file_admits_several_nodes_of_its_role() {
     let token = format!("sfj_{}", "5a".repeat(16));
     let token_file = dir.path().join("join-sc");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args([
-            "orchestrator",
-            "--api",
-            "127.0.0.1:0",
-            "--control",
-            "127.0.0.1:0",
-        ])
-        .arg("--store")
-        .arg(format!("embedded:{}", dir.path().join("o.redb").display()))
-        .arg("--admin-token-file")
-        .arg(dir.path().join("admin"))
-        .arg("--bootstrap-token")
-        .arg(format!("sc={}", token_file.display()))
-        .args(["--duration", "60"])
-        .env("STARFABRIC_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let lines = stdout_lines(&mut child);
-    let _guard = ChildGuard::with_grace(child, Duration::ZERO);
+    let mut orch = Command::new(env!("CARGO_BIN_EXE_starfabric"));
+    orch.args([
+        "orchestrator",
+        "--api",
+        "127.0.0.1:0",
+        "--control",
+        "127.0.0.1:0",
+    ])
+    .arg("--store")
+    .arg(format!("embedded:{}", dir.path().join("o.redb").display()))
+    .arg("--admin-token-file")
+    .arg(dir.path().join("admin"))
+    .arg("--bootstrap-token")
+    .arg(format!("sc={}", token_file.display()))
+    .args(["--duration", "60"]);
+    let (_guard, lines) = spawn(&mut orch);
     let api = line_matching(&lines, Duration::from_secs(20), |l| {
         l.strip_prefix("orchestrator: api ")
             .map(|r| r.split(' ').next().unwrap().to_string())

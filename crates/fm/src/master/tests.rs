@@ -729,6 +729,16 @@ fn torn_down_chain_dissolves_its_groups() {
     s.check().unwrap();
 }
 
+/// Scale `id`, the only one so far, completed, and left chain 1/1 in two ranges.
+fn assert_split_once(s: &Sim, id: u64) {
+    assert_eq!(s.scaled.len(), 1);
+    assert_eq!(
+        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
+        (id, None)
+    );
+    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+}
+
 #[test]
 fn a_scale_out_and_back_in_keep_the_map_tiled() {
     let mut s = cluster(4, 2);
@@ -737,12 +747,7 @@ fn a_scale_out_and_back_in_keep_the_map_tiled() {
     s.check().unwrap();
     s.settle();
     s.check().unwrap();
-    assert_eq!(s.scaled.len(), 1);
-    assert_eq!(
-        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
-        (id, None)
-    );
-    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+    assert_split_once(&s, id);
     s.m.scale(scale_of(false, 1), s.now_us).unwrap();
     s.pump();
     s.settle();
@@ -774,12 +779,7 @@ fn a_gradual_scale_out_sweeps_the_range_before_it_completes() {
     s.pump();
     s.settle();
     s.check().unwrap();
-    assert_eq!(s.scaled.len(), 1);
-    assert_eq!(
-        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
-        (id, None)
-    );
-    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+    assert_split_once(&s, id);
     // Done only after the sweep's every chunk was pulled and merged.
     assert_eq!(s.m.stats().scale_pulls, super::scale::SWEEP_CHUNKS);
     assert!(s.m.scales.is_empty());
