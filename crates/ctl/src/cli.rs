@@ -184,15 +184,8 @@ pub enum TenantCmd {
         /// SNAT port range.
         #[arg(long, default_value = "1024-65535")]
         ports: String,
-        /// Where translated traffic leaves: `IP:VNI[@MAC]` of the egress VXLAN endpoint.
-        #[arg(long)]
-        egress: Option<String>,
-        /// Where replies go back to: `IP:VNI[@MAC]` of the tenant's VXLAN endpoint.
-        #[arg(long = "return")]
-        ret: Option<String>,
-        /// Wait until the chain's SC group serves it.
-        #[arg(long)]
-        wait: bool,
+        #[command(flatten)]
+        ends: ChainEnds,
     },
     List,
     Get {
@@ -269,6 +262,30 @@ fn rate_rows(tenant: &str, status: &[Value]) -> Vec<Value> {
 }
 
 /// `--tenant T`: the list of a tenant's objects.
+/// Where a chain's traffic is re-encapsulated to, and whether to wait for it.
+#[derive(Args, Debug)]
+pub struct ChainEnds {
+    /// Where the forward direction leaves: `IP:VNI[@MAC]` of the egress VXLAN endpoint.
+    #[arg(long)]
+    egress: Option<String>,
+    /// Where replies go back to: `IP:VNI[@MAC]` of the tenant's VXLAN endpoint.
+    #[arg(long = "return")]
+    ret: Option<String>,
+    /// Wait until the chain's SC group serves it.
+    #[arg(long)]
+    wait: bool,
+}
+
+impl ChainEnds {
+    /// The chain spec's `forward` and `reverse`.
+    fn spec(&self) -> Result<(Value, Value)> {
+        Ok((
+            egress(self.egress.as_deref())?,
+            egress(self.ret.as_deref())?,
+        ))
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct OfTenant {
     #[arg(long)]
@@ -377,14 +394,8 @@ pub enum ChainCmd {
         /// NF names in order, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         nfs: Vec<String>,
-        /// `IP:VNI[@MAC]` the forward direction is re-encapsulated to.
-        #[arg(long)]
-        egress: Option<String>,
-        /// `IP:VNI[@MAC]` replies are re-encapsulated to.
-        #[arg(long = "return")]
-        ret: Option<String>,
-        #[arg(long)]
-        wait: bool,
+        #[command(flatten)]
+        ends: ChainEnds,
     },
     List(OfTenant),
     Delete(Named),
@@ -527,9 +538,7 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
             vni,
             snat,
             ports: pr,
-            egress: eg,
-            ret,
-            wait,
+            ends,
         } => {
             let mut spec = json!({});
             if let Some(pc) = pp_cluster {
@@ -552,10 +561,10 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
             if !snat.is_empty() {
                 items.push(json!({"kind": "nf", "tenant": name, "name": "snat",
                                   "spec": snat_config(&snat, &pr, &[])?}));
+                let (fwd, rev) = ends.spec()?;
                 items.push(json!({"kind": "chain", "tenant": name, "name": "main",
                                   "spec": {"vpc": "main", "nfs": ["snat"],
-                                           "forward": egress(eg.as_deref())?,
-                                           "reverse": egress(ret.as_deref())?}}));
+                                           "forward": fwd, "reverse": rev}}));
             }
             let r = c.call("POST", "/v1/apply", Some(json!({ "items": items })))?;
             if c.output == Output::Table {
@@ -567,7 +576,7 @@ pub fn tenant(c: &Client, cmd: TenantCmd) -> Result<()> {
                     );
                 }
             }
-            if wait && !snat.is_empty() {
+            if ends.wait && !snat.is_empty() {
                 wait_served(c, &name, "main")?;
             }
             let t = c.call("GET", &format!("/v1/tenants/{name}"), None)?;
@@ -759,18 +768,17 @@ pub fn chain(c: &Client, cmd: ChainCmd) -> Result<()> {
             tenant,
             vpc,
             nfs,
-            egress: eg,
-            ret,
-            wait,
+            ends,
         } => {
+            let (fwd, rev) = ends.spec()?;
             let v = put_owned(
                 c,
                 "chain",
                 &tenant,
                 &name,
-                json!({"vpc": vpc, "nfs": nfs, "forward": egress(eg.as_deref())?, "reverse": egress(ret.as_deref())?}),
+                json!({"vpc": vpc, "nfs": nfs, "forward": fwd, "reverse": rev}),
             )?;
-            if wait {
+            if ends.wait {
                 wait_served(c, &tenant, &name)?;
             }
             print_created(c, &v)

@@ -116,16 +116,8 @@ fn run(nfs: Nfs, kill_pos: usize, flows: u32) {
         ..fm::FmConfig::default()
     };
     let cluster = Cluster::start_with(cfg, 4, Arc::new(sc::testing::TestNfs));
-    let map = cluster.wait_groups(1, 3);
-    let group = map.groups[0].clone();
-    let order: Vec<String> = group.replicas.iter().map(|r| r.node_id.clone()).collect();
+    let (group, order, spare) = cluster.group_and_spare();
     let victim = order[kill_pos].clone();
-    let spare = cluster
-        .scs
-        .iter()
-        .map(|s| s.node_id().to_string())
-        .find(|n| !order.contains(n))
-        .unwrap();
 
     let mut cfg = cluster.pp_config("pp-load");
     cfg.forget_after = Duration::from_secs(30);

@@ -125,16 +125,8 @@ fn group_status(
 fn a_revoked_sc_replica_is_repaired_around_and_no_state_is_lost() {
     let mut cluster = cluster();
     let t = tls_of(&cluster);
-    let map = cluster.wait_groups(1, 3);
-    let group = map.groups[0].clone();
-    let order: Vec<String> = group.replicas.iter().map(|r| r.node_id.clone()).collect();
+    let (group, order, spare) = cluster.group_and_spare();
     let victim = order[1].clone();
-    let spare = cluster
-        .scs
-        .iter()
-        .map(|s| s.node_id().to_string())
-        .find(|n| !order.contains(n))
-        .unwrap();
     let mut cfg = FmClientConfig::new(&cluster.fm_addr(), "pp-1");
     cfg.tls = Some(tls(t.ca, Role::Pp, "pp-1"));
     cfg.forget_after = Duration::from_secs(30);

@@ -759,6 +759,22 @@ fn own_state(kind: &str) -> NfError {
     ))
 }
 
+/// The state methods of a [`NetworkFunction`] that keeps all of its state in platform
+/// tables: `platform_state!(self.state)` answers [`NetworkFunction::state`] and
+/// [`NetworkFunction::state_mut`] with that field, so the platform's snapshot, restore,
+/// split, merge and expiry run on it.
+#[macro_export]
+macro_rules! platform_state {
+    (self.$($field:ident).+) => {
+        fn state(&self) -> ::std::option::Option<&$crate::StateTables> {
+            Some(&self.$($field).+)
+        }
+        fn state_mut(&mut self) -> ::std::option::Option<&mut $crate::StateTables> {
+            Some(&mut self.$($field).+)
+        }
+    };
+}
+
 /// The state methods of a [`NetworkFunction`] with no state to move (a stub or test NF):
 /// an empty snapshot and split, and a restore and merge that accept anything.
 ///

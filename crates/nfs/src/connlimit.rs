@@ -73,13 +73,7 @@ impl NetworkFunction for ConnLimit {
         vec![TableSpec::per_flow(FLOWS)]
     }
 
-    fn state(&self) -> Option<&StateTables> {
-        Some(&self.state)
-    }
-
-    fn state_mut(&mut self) -> Option<&mut StateTables> {
-        Some(&mut self.state)
-    }
+    nf::platform_state!(self.state);
 
     /// The limit is per host: partitioned by source, a host's flows share one partition.
     fn partition_by(&self) -> PartitionBy {

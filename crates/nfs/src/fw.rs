@@ -691,13 +691,7 @@ impl NetworkFunction for Firewall {
         Self::specs()
     }
 
-    fn state(&self) -> Option<&StateTables> {
-        Some(&self.state)
-    }
-
-    fn state_mut(&mut self) -> Option<&mut StateTables> {
-        Some(&mut self.state)
-    }
+    nf::platform_state!(self.state);
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
         let key = pkt.key;

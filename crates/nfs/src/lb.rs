@@ -594,13 +594,7 @@ impl NetworkFunction for LoadBalancer {
         Self::specs()
     }
 
-    fn state(&self) -> Option<&StateTables> {
-        Some(&self.state)
-    }
-
-    fn state_mut(&mut self) -> Option<&mut StateTables> {
-        Some(&mut self.state)
-    }
+    nf::platform_state!(self.state);
 
     /// The platform moved rows (split, merge): the index follows, and flows a merged part
     /// pinned to backends our configuration has down or gone are re-balanced, as

@@ -184,13 +184,7 @@ impl NetworkFunction for Monitor {
         Self::specs()
     }
 
-    fn state(&self) -> Option<&StateTables> {
-        Some(&self.state)
-    }
-
-    fn state_mut(&mut self) -> Option<&mut StateTables> {
-        Some(&mut self.state)
-    }
+    nf::platform_state!(self.state);
 
     /// A flow, not a packet: the first packet also runs through the flow's counted rule
     /// at PP once the rule is installed, and arrives with PP's counters.

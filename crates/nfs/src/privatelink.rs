@@ -87,18 +87,27 @@ pub struct PlStats {
     pub untranslated_source: u64,
 }
 
-/// (address, port, protocol number) of an endpoint.
+/// (address, port, protocol number) of an endpoint, or of a service.
 type EndpointKey = (IpAddr, u16, u8);
+
+/// Endpoint → service, and service → endpoint (one endpoint per service).
+type Maps = (
+    HashMap<EndpointKey, (IpAddr, u16)>,
+    HashMap<EndpointKey, (IpAddr, u16)>,
+);
 
 pub struct PrivateLink {
     cfg: PrivateLinkConfig,
     /// Endpoint → service (address, port).
     endpoints: HashMap<EndpointKey, (IpAddr, u16)>,
+    /// Service → its endpoint (address, port): how a provider-side reply names the
+    /// flow the inner SNAT keyed by the endpoint.
+    services: HashMap<EndpointKey, (IpAddr, u16)>,
     snat: Snat,
     stats: PlStats,
 }
 
-fn check(cfg: &PrivateLinkConfig) -> Result<HashMap<EndpointKey, (IpAddr, u16)>, NfError> {
+fn check(cfg: &PrivateLinkConfig) -> Result<Maps, NfError> {
     let err = |m: String| NfError::Config(format!("privatelink: {m}"));
     if cfg.endpoints.is_empty() {
         return Err(err("at least one endpoint is needed".into()));
@@ -151,7 +160,10 @@ fn check(cfg: &PrivateLinkConfig) -> Result<HashMap<EndpointKey, (IpAddr, u16)>,
         }
         // One endpoint per service, so a provider-side flow names its endpoint.
         if services
-            .insert((e.service_addr, e.service_port, e.protocol.number()), k)
+            .insert(
+                (e.service_addr, e.service_port, e.protocol.number()),
+                (e.address, e.port),
+            )
             .is_some()
         {
             return Err(err(format!(
@@ -160,7 +172,7 @@ fn check(cfg: &PrivateLinkConfig) -> Result<HashMap<EndpointKey, (IpAddr, u16)>,
             )));
         }
     }
-    Ok(out)
+    Ok((out, services))
 }
 
 fn snat_config(cfg: &PrivateLinkConfig) -> SnatConfig {
@@ -177,12 +189,13 @@ fn snat_config(cfg: &PrivateLinkConfig) -> SnatConfig {
 
 impl PrivateLink {
     pub fn new(cfg: PrivateLinkConfig) -> Result<Self, NfError> {
-        let endpoints = check(&cfg)?;
+        let (endpoints, services) = check(&cfg)?;
         let snat = Snat::new(snat_config(&cfg))
             .map_err(|e| NfError::Config(format!("privatelink: source pool: {e}")))?;
         Ok(PrivateLink {
             cfg,
             endpoints,
+            services,
             snat,
             stats: PlStats::default(),
         })
@@ -201,6 +214,49 @@ impl PrivateLink {
         self.endpoints
             .get(&(k.dst(), k.dport(), k.proto()))
             .copied()
+    }
+
+    /// A provider-side reply (service → pool) as the inner SNAT keyed its flow
+    /// (endpoint → pool), if the SNAT holds that flow.
+    fn snat_reply(&self, k: &FlowKey) -> Option<FlowKey> {
+        let &(addr, port) = self.services.get(&(k.src(), k.sport(), k.proto()))?;
+        let mut at_endpoint = *k;
+        at_endpoint.set_src(addr);
+        at_endpoint.set_sport(port);
+        self.snat.knows_reply(&at_endpoint).then_some(at_endpoint)
+    }
+
+    /// A reply whose reverse rule PP and FM lost: the inner SNAT answers it from its
+    /// flow, and the service side is put back to the endpoint (the reverse of what the
+    /// flow's first packet decided).
+    fn reply(
+        &mut self,
+        pkt: &FirstPacket,
+        at_endpoint: FlowKey,
+        env: &mut NfEnv,
+    ) -> Result<Decision, NfError> {
+        let s = self.snat.first_packet(
+            &FirstPacket {
+                key: at_endpoint,
+                ..*pkt
+            },
+            env,
+        )?;
+        if matches!(s.verdict, Verdict::Drop { .. }) {
+            return Ok(s);
+        }
+        Ok(Decision {
+            verdict: Verdict::pass(),
+            forward: Rewrite {
+                src: Endpoint::new(at_endpoint.src(), at_endpoint.sport()),
+                dst: s.forward.dst,
+            },
+            reverse: Rewrite {
+                src: s.reverse.src,
+                dst: Endpoint::new(pkt.key.src(), pkt.key.sport()),
+            },
+            idle_timeout: s.idle_timeout,
+        })
     }
 
     fn refuse(&mut self, why: &'static str) -> Decision {
@@ -225,6 +281,9 @@ impl NetworkFunction for PrivateLink {
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
         let Some((svc, svc_port)) = self.service_of(&pkt.key) else {
+            if let Some(at_endpoint) = self.snat_reply(&pkt.key) {
+                return self.reply(pkt, at_endpoint, env);
+            }
             debug!(key = %pkt.key, "privatelink: not a published endpoint");
             return Ok(self.refuse(reason::NO_ENDPOINT));
         };
@@ -256,6 +315,10 @@ impl NetworkFunction for PrivateLink {
             },
             idle_timeout: s.idle_timeout,
         })
+    }
+
+    fn knows_reply(&self, key: &FlowKey) -> bool {
+        self.snat_reply(key).is_some()
     }
 
     fn on_event(&mut self, ev: &FlowEvent, env: &mut NfEnv) {
@@ -357,6 +420,45 @@ mod tests {
         assert_eq!(d.reverse.src, Endpoint::new(ip("198.19.7.10"), 80));
         assert_eq!(d.reverse.dst, Endpoint::new(ip("198.19.1.2"), 40000));
         assert_eq!(nf.stats().forwarded, 1);
+    }
+
+    /// A reply whose reverse rule was lost (service → pool, on the provider's side) is
+    /// known, and answered with the flow's own translation turned around; a reply to a
+    /// port the flow does not hold, or from another service port, is not.
+    #[test]
+    fn a_lost_reply_rule_is_answered_from_the_flow() {
+        let mut nf = PrivateLink::new(cfg()).unwrap();
+        let d = decide(&mut nf, "100 tcp 198.19.1.2:40000 > 198.19.7.10:80");
+        let sport = d.forward.src.port.unwrap();
+        let reply: FlowKey = format!("200 tcp 198.19.1.2:8080 > 198.19.9.1:{sport}")
+            .parse()
+            .unwrap();
+        assert!(nf.knows_reply(&reply));
+        let r = nf
+            .first_packet(
+                &FirstPacket::new(reply, 1, PacketMeta::new(60, ACK)),
+                &mut NfEnv::new(5, 3),
+            )
+            .unwrap();
+        assert_eq!(r.verdict, Verdict::pass());
+        assert_eq!((r.forward, r.reverse), (d.reverse, d.forward));
+        assert_eq!(nf.stats().forwarded, 1, "a reply is not a new flow");
+        let other_port = 2000 + 2001 - sport;
+        for k in [
+            format!("200 tcp 198.19.1.2:8080 > 198.19.9.1:{other_port}"),
+            format!("200 tcp 198.19.1.2:8081 > 198.19.9.1:{sport}"),
+            format!("200 udp 198.19.1.2:8080 > 198.19.9.1:{sport}"),
+        ] {
+            let k: FlowKey = k.parse().unwrap();
+            assert!(!nf.knows_reply(&k), "{k}");
+            let r = nf
+                .first_packet(
+                    &FirstPacket::new(k, 1, PacketMeta::new(60, ACK)),
+                    &mut NfEnv::new(5, 3),
+                )
+                .unwrap();
+            assert!(matches!(r.verdict, Verdict::Drop { .. }), "{k}: {r:?}");
+        }
     }
 
     #[test]

@@ -19,6 +19,10 @@ fn chain(kinds: &[&str]) -> Chain {
                     "rules": [{"action": "allow", "proto": "tcp", "dport": 443}]}]}),
                 "snat" => serde_json::json!({"kind": "snat", "pools": [{"addresses":
                     ["198.19.255.1"], "sources": ["198.18.0.0/16"]}]}),
+                "privatelink" => serde_json::json!({"kind": "privatelink", "endpoints": [
+                    {"address": "198.19.0.9", "port": 443, "protocol": "tcp",
+                     "service_addr": "198.19.1.7", "service_port": 8443}],
+                    "source": {"addresses": ["198.19.9.1"]}}),
                 _ => serde_json::json!({"kind": "lb", "services": [{"vip": "198.19.0.9",
                     "port": 443, "protocol": "tcp", "backends": [
                     {"addr": "198.19.1.7", "port": 8443}]}]}),
@@ -56,6 +60,7 @@ fn a_reply_whose_reverse_rule_was_lost_gets_the_flows_rules_back() {
         &["fw", "snat", "lb"],
         &["snat", "fw"],
         &["fw"],
+        &["fw", "privatelink"],
     ] {
         let mut c = chain(kinds);
         let first = ask(&mut c, client(), SYN, 0);

@@ -3,44 +3,26 @@
 //! VPC and a `privatelink` NF naming it, which the orchestrator resolves. Every refusal
 //! leaves the store revision where it was.
 
-use std::sync::Arc;
+mod common;
 
+use common::{Orch, ADMIN};
 use orchestrator::client::Reply;
 use serde_json::{json, Value};
 
-const ADMIN: &str = "sfa_test_admin_token";
-
+/// An orchestrator with an in-memory store, called over its REST API.
 struct Api {
-    base: String,
-    _rt: tokio::runtime::Runtime,
-    _orch: orchestrator::OrchestratorHandle,
+    orch: Orch,
 }
 
 impl Api {
     fn start() -> Api {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let store: Arc<dyn store::Store> = Arc::new(store::EmbeddedStore::in_memory().unwrap());
-        let orch = rt
-            .block_on(orchestrator::start(
-                orchestrator::OrchestratorConfig::new(ADMIN),
-                store,
-                "127.0.0.1:0".parse().unwrap(),
-                "127.0.0.1:0".parse().unwrap(),
-            ))
-            .unwrap();
         Api {
-            base: format!("http://{}", orch.api_addr),
-            _rt: rt,
-            _orch: orch,
+            orch: Orch::start(|_| {}),
         }
     }
 
     fn call(&self, token: &str, method: &str, path: &str, body: Option<Value>) -> Reply {
-        orchestrator::client::Client::new(&self.base, Some(token))
+        orchestrator::client::Client::new(&self.orch.base, Some(token))
             .exchange_raw(method, path, body.map(|b| b.to_string()).as_deref())
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }

@@ -824,6 +824,32 @@ impl ResolvesClientCert for Resolver {
     }
 }
 
+/// The handshake-signature half of a verifier: webpki's (`self.inner`), unchanged. Both
+/// verifiers below add a revocation check to the certificate half only.
+macro_rules! signatures_by_webpki {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls12_signature(message, cert, dss)
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls13_signature(message, cert, dss)
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    };
+}
+
 /// The CA chain check (webpki), then the role and revocation checks.
 #[derive(Debug)]
 struct RoleVerifier {
@@ -864,25 +890,7 @@ impl ClientCertVerifier for RoleVerifier {
         check_peer(&self.tls, end_entity, &self.allowed)?;
         Ok(ClientCertVerified::assertion())
     }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    signatures_by_webpki!();
 }
 
 /// webpki's server check (CA chain and the role's server name), then revocation.
@@ -906,25 +914,7 @@ impl ServerCertVerifier for ServerRevocationCheck {
         check_peer(&self.tls, end_entity, &Role::ALL)?;
         Ok(ServerCertVerified::assertion())
     }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    signatures_by_webpki!();
 }
 
 // ------------------------------------------------------------------ serving
@@ -1277,6 +1267,15 @@ mod tests {
             .await
     }
 
+    /// Dial `addr` as FM and trade a byte, whatever the handshake gives: the server's
+    /// side of a refused handshake is what the caller checks.
+    async fn knock(cfg: Arc<ClientConfig>, addr: SocketAddr) {
+        if let Ok(mut c) = dial(cfg, addr, Role::Fm).await {
+            let _ = c.write_all(b"x").await;
+            let _ = c.read(&mut [0u8; 1]).await;
+        }
+    }
+
     async fn refused(s: &Server, r: Refusal) {
         // The refusal is counted by the handshake task; wait for it (bounded).
         for _ in 0..500 {
@@ -1331,11 +1330,7 @@ mod tests {
                 .unwrap()
                 .with_root_certificates(roots)
                 .with_no_client_auth();
-        let r = dial(Arc::new(cfg), s.addr, Role::Fm).await;
-        if let Ok(mut c) = r {
-            let _ = c.write_all(b"x").await;
-            let _ = c.read(&mut [0u8; 1]).await;
-        }
+        knock(Arc::new(cfg), s.addr).await;
         refused(&s, Refusal::NoCert).await;
         assert!(s.tls.refusals().render().contains("reason=\"no_cert\"} 1"));
     }
@@ -1356,10 +1351,7 @@ mod tests {
             key_pem: key.pem(),
         })
         .unwrap();
-        if let Ok(mut c) = dial(old.client_config().unwrap(), s.addr, Role::Fm).await {
-            let _ = c.write_all(b"x").await;
-            let _ = c.read(&mut [0u8; 1]).await;
-        }
+        knock(old.client_config().unwrap(), s.addr).await;
         refused(&s, Refusal::Expired).await;
     }
 
@@ -1378,10 +1370,7 @@ mod tests {
             Bundle::issue(&rogue_ca, &Identity::new(Role::Sc, "sc-1").unwrap(), HOUR).unwrap();
         b.ca_pem = ca.cert_pem();
         let rogue = NodeTls::new(&b).unwrap();
-        if let Ok(mut c) = dial(rogue.client_config().unwrap(), s.addr, Role::Fm).await {
-            let _ = c.write_all(b"x").await;
-            let _ = c.read(&mut [0u8; 1]).await;
-        }
+        knock(rogue.client_config().unwrap(), s.addr).await;
         refused(&s, Refusal::UnknownCa).await;
     }
 
@@ -1390,10 +1379,7 @@ mod tests {
         let ca = Ca::generate().unwrap();
         let s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Sc]).await;
         let pp = node(&ca, Role::Pp, "pp-1");
-        if let Ok(mut c) = dial(pp.client_config().unwrap(), s.addr, Role::Fm).await {
-            let _ = c.write_all(b"x").await;
-            let _ = c.read(&mut [0u8; 1]).await;
-        }
+        knock(pp.client_config().unwrap(), s.addr).await;
         refused(&s, Refusal::WrongRole).await;
     }
 
@@ -1428,10 +1414,7 @@ mod tests {
         s.tls.revoke("sc-9");
         let e = reader.await.unwrap().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
-        if let Ok(mut c) = dial(sc.client_config().unwrap(), s.addr, Role::Fm).await {
-            let _ = c.write_all(b"x").await;
-            let _ = c.read(&mut [0u8; 1]).await;
-        }
+        knock(sc.client_config().unwrap(), s.addr).await;
         refused(&s, Refusal::Revoked).await;
     }
 

@@ -2151,6 +2151,26 @@ mod tests {
         }
     }
 
+    /// Epoch 2 of group 7 under `cfg` (listing a, b, c) with c joining: c is configured,
+    /// b (its predecessor) too; b's outbox, and the hello b sends c.
+    fn joiner_c(
+        b: &mut ReplicaCore,
+        mut cfg: v1::GroupConfig,
+    ) -> (ReplicaCore, Outbox, v1::ReplicaHello) {
+        cfg.group.as_mut().unwrap().epoch = 2;
+        cfg.joining = vec!["c".into()];
+        let mut c = ReplicaCore::new("c", cfg.clone(), &TestNfs);
+        c.configure(cfg.clone(), &mut Outbox::default());
+        let mut bo = Outbox::default();
+        b.configure(cfg, &mut bo);
+        let hello = v1::ReplicaHello {
+            group: 7,
+            epoch: 2,
+            from: "b".into(),
+        };
+        (c, bo, hello)
+    }
+
     #[test]
     fn a_joiner_gets_the_scaling_state_in_its_snapshot() {
         let (mut a, mut b, _) = chain_of_two();
@@ -2159,23 +2179,9 @@ mod tests {
         let mut tail = Outbox::default();
         b.on_ops(1, out.down, &mut tail).unwrap();
         // b serves a snapshot to a joiner c.
-        let mut cfg = snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0);
-        cfg.group.as_mut().unwrap().epoch = 2;
-        cfg.joining = vec!["c".into()];
-        let mut c = ReplicaCore::new("c", cfg.clone(), &TestNfs);
-        c.configure(cfg.clone(), &mut Outbox::default());
-        let mut bo = Outbox::default();
-        b.configure(cfg, &mut bo);
-        let ack = c
-            .predecessor_hello(
-                9,
-                &v1::ReplicaHello {
-                    group: 7,
-                    epoch: 2,
-                    from: "b".into(),
-                },
-            )
-            .unwrap();
+        let (mut c, mut bo, hello) =
+            joiner_c(&mut b, snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0));
+        let ack = c.predecessor_hello(9, &hello).unwrap();
         assert!(!ack.initialized);
         b.successor_ready(9, &ack, &mut bo);
         let snap = bo.snapshot.unwrap();
@@ -2192,18 +2198,10 @@ mod tests {
     #[test]
     fn a_corrupt_snapshot_is_refused_and_the_joiner_rejoins_by_a_fresh_one() {
         let (_a, mut b, _) = chain_of_two_with(fw_snat_config(7, &["a", "b"], (0, u64::MAX), 0));
-        let mut cfg = fw_snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0);
-        cfg.group.as_mut().unwrap().epoch = 2;
-        cfg.joining = vec!["c".into()];
-        let mut c = ReplicaCore::new("c", cfg.clone(), &TestNfs);
-        c.configure(cfg.clone(), &mut Outbox::default());
-        let mut bo = Outbox::default();
-        b.configure(cfg, &mut bo);
-        let hello = v1::ReplicaHello {
-            group: 7,
-            epoch: 2,
-            from: "b".into(),
-        };
+        let (mut c, mut bo, hello) = joiner_c(
+            &mut b,
+            fw_snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0),
+        );
         let ack = c.predecessor_hello(9, &hello).unwrap();
         b.successor_ready(9, &ack, &mut bo);
         let mut snap = bo.snapshot.take().expect("a snapshot for the joiner");

@@ -226,7 +226,20 @@ fn node(c: &ctl::cli::Client, cmd: NodeCmd) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+/// An error is the operator's to read: its message and causes on one line, never a
+/// stack trace (returning it from `main` prints anyhow's `Debug`, which carries a
+/// backtrace whenever `RUST_BACKTRACE` is set in the environment).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     if cli.check_args {
         println!("starfabric: the command line parses");

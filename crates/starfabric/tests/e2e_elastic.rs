@@ -19,7 +19,6 @@ use testbed::elastic::{
     self, ConnLoop, Event, IperfSpec, LoadSpec, Outcome, ScenarioReport, ScenarioSpec,
 };
 use testbed::platform::Platform;
-use testbed::topo::Node;
 
 mod common;
 use common::Lab;
@@ -372,25 +371,7 @@ fn wait_groups(lab: &Lab, p: &Platform, want: usize, limit: Duration) -> Duratio
 
 /// FM's event log through `starfabric events -o json`, one object per line.
 fn events(lab: &Lab, p: &Platform) -> Vec<Value> {
-    let bin = p.bin.display().to_string();
-    let mut argv = vec![
-        bin.clone(),
-        "events".into(),
-        "--fm".into(),
-        p.fm_addr.clone(),
-    ];
-    argv.extend(p.operator_args());
-    argv.extend(["-o".into(), "json".into()]);
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let out = lab
-        .tb()
-        .exec_full(Node::Ctl, &argv, Duration::from_secs(10))
-        .expect("starfabric events");
-    assert!(out.ok(), "starfabric events: {}", out.stderr);
-    out.stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+    p.events(lab.tb()).expect("starfabric events")
 }
 
 /// The index of the first event at or after `from` that `f` accepts.
@@ -416,44 +397,31 @@ fn autoscaler_scales_sc_out_under_load_and_back_in_when_idle() {
     let p = platform(&lab, 6);
     let before = elastic::partition_map(tb, &p).expect("partition map");
     assert_eq!(before.groups_of(1, 1).len(), 1, "{before:?}");
-    let bin = p.bin.display().to_string();
-    let op = p.operator_args();
-    let op: Vec<&str> = op.iter().map(String::as_str).collect();
-    let scaler = tb
-        .spawn(
-            Node::Ctl,
+    let scaler = p
+        .autoscaler(
+            tb,
             "starfabric autoscale",
             &[
-                &[
-                    bin.as_str(),
-                    "autoscale",
-                    "--fm",
-                    p.fm_addr.as_str(),
-                    "--sc-capacity-rps",
-                    "40",
-                    "--high",
-                    "0.8",
-                    "--low",
-                    "0.3",
-                    "--interval",
-                    "0.5",
-                    "--sustain",
-                    "3",
-                    "--cooldown",
-                    "3",
-                    "--max-groups",
-                    "2",
-                    "--tenant",
-                    "1",
-                    "--chain",
-                    "1",
-                ][..],
-                &op[..],
-            ]
-            .concat(),
+                "--sc-capacity-rps",
+                "40",
+                "--high",
+                "0.8",
+                "--low",
+                "0.3",
+                "--interval",
+                "0.5",
+                "--sustain",
+                "3",
+                "--cooldown",
+                "3",
+                "--max-groups",
+                "2",
+                "--tenant",
+                "1",
+                "--chain",
+                "1",
+            ],
         )
-        .expect("start the autoscaler");
-    tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))
         .expect("the autoscaler runs");
     // Idle at one group: the low mark holds, but one group is the minimum.
     std::thread::sleep(Duration::from_secs(2));

@@ -171,7 +171,6 @@ fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
     use std::time::Instant;
     use testbed::elastic::{ConnLoop, Iperf, Outcome};
     use testbed::platform::field;
-    use testbed::topo::Node;
 
     let Some(lab) = Lab::cluster(1, 0, 2) else {
         return;
@@ -185,48 +184,35 @@ fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
         "nodes": [{"id": "pp-1", "argv": p.pp_slot_argv(tb, 1).expect("slot")}],
     });
     std::fs::write(&pool, pool_json.to_string()).expect("write the pool");
-    let bin = p.bin.display().to_string();
     let pool_s = pool.display().to_string();
     // 2 iperf3 streams at 50 Mbit/s are some 10k packets/s through PP; the connection
     // loop alone, at 20 connections/s, is a few hundred.
-    let op = p.operator_args();
-    let op: Vec<&str> = op.iter().map(String::as_str).collect();
-    let scaler = tb
-        .spawn(
-            Node::Ctl,
+    let scaler = p
+        .autoscaler(
+            tb,
             "starfabric autoscale pp",
             &[
-                &[
-                    bin.as_str(),
-                    "autoscale",
-                    "--fm",
-                    p.fm_addr.as_str(),
-                    "--pp-capacity",
-                    "5000",
-                    "--pp-metric",
-                    "packets_per_s",
-                    "--high",
-                    "0.8",
-                    "--low",
-                    "0.2",
-                    "--interval",
-                    "0.5",
-                    "--sustain",
-                    "3",
-                    "--cooldown",
-                    "3",
-                    "--pp-max-nodes",
-                    "2",
-                    "--pp-pool",
-                    pool_s.as_str(),
-                    "--pp-stop-on-exit",
-                ][..],
-                &op[..],
-            ]
-            .concat(),
+                "--pp-capacity",
+                "5000",
+                "--pp-metric",
+                "packets_per_s",
+                "--high",
+                "0.8",
+                "--low",
+                "0.2",
+                "--interval",
+                "0.5",
+                "--sustain",
+                "3",
+                "--cooldown",
+                "3",
+                "--pp-max-nodes",
+                "2",
+                "--pp-pool",
+                pool_s.as_str(),
+                "--pp-stop-on-exit",
+            ],
         )
-        .expect("start the autoscaler");
-    tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))
         .expect("the autoscaler runs");
     let mut light = testbed::elastic::LoadSpec::new();
     light.rate = 20.0;
@@ -317,24 +303,12 @@ fn autoscaler_adds_a_pp_node_under_load_and_drains_it_when_idle() {
         "{log}"
     );
     assert!(!log.contains("failed"), "{log}");
-    let ev = tb
-        .exec(
-            Node::Ctl,
-            &[
-                &[bin.as_str(), "events", "--fm", &p.fm_addr, "-o", "json"][..],
-                &op[..],
-            ]
-            .concat(),
-            Duration::from_secs(10),
-        )
-        .expect("starfabric events");
-    let decisions: Vec<String> = ev
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let ev = p.events(tb).expect("starfabric events");
+    let decisions: Vec<&str> = (ev.iter())
         .filter(|e| e["kind"] == "autoscale_decision" && e["detail"]["target"]["tier"] == "pp")
-        .map(|e| e["detail"]["action"].as_str().unwrap_or("").to_string())
+        .map(|e| e["detail"]["action"].as_str().unwrap_or(""))
         .collect();
-    assert_eq!(decisions, vec!["scale_out", "scale_in"], "{ev}");
+    assert_eq!(decisions, vec!["scale_out", "scale_in"], "{ev:?}");
     p.stop(tb);
 }
 

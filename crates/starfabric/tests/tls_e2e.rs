@@ -253,29 +253,22 @@ fn a_bootstrap_token_from_a_file_admits_several_nodes_of_its_role() {
     let token = format!("sfj_{}", "5a".repeat(16));
     let token_file = dir.path().join("join-sc");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args([
-            "orchestrator",
-            "--api",
-            "127.0.0.1:0",
-            "--control",
-            "127.0.0.1:0",
-        ])
-        .arg("--store")
-        .arg(format!("embedded:{}", dir.path().join("o.redb").display()))
-        .arg("--admin-token-file")
-        .arg(dir.path().join("admin"))
-        .arg("--bootstrap-token")
-        .arg(format!("sc={}", token_file.display()))
-        .args(["--duration", "60"])
-        .env("STARFABRIC_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let lines = stdout_lines(&mut child);
-    let _guard = ChildGuard::with_grace(child, Duration::ZERO);
+    let mut orch = Command::new(env!("CARGO_BIN_EXE_starfabric"));
+    orch.args([
+        "orchestrator",
+        "--api",
+        "127.0.0.1:0",
+        "--control",
+        "127.0.0.1:0",
+    ])
+    .arg("--store")
+    .arg(format!("embedded:{}", dir.path().join("o.redb").display()))
+    .arg("--admin-token-file")
+    .arg(dir.path().join("admin"))
+    .arg("--bootstrap-token")
+    .arg(format!("sc={}", token_file.display()))
+    .args(["--duration", "60"]);
+    let (_guard, lines) = spawn(&mut orch);
     let api = line_matching(&lines, Duration::from_secs(20), |l| {
         l.strip_prefix("orchestrator: api ")
             .map(|r| r.split(' ').next().unwrap().to_string())
@@ -336,8 +329,10 @@ fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'sta
 
 #[test]
 fn a_node_needs_a_certificate_or_an_explicit_insecure() {
-    let out = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args([
+    // An SC node that dials an FM nobody serves; what it says on stderr, as it refuses.
+    let refusal = |tls_dir: Option<&std::path::Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_starfabric"));
+        cmd.args([
             "sc",
             "--fm",
             "127.0.0.1:9",
@@ -345,14 +340,20 @@ fn a_node_needs_a_certificate_or_an_explicit_insecure() {
             "sc-1",
             "--duration",
             "1",
-        ])
-        .env_remove("STARFABRIC_INSECURE")
-        .env_remove("STARFABRIC_TLS_DIR")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        ]);
+        if let Some(d) = tls_dir {
+            cmd.arg("--tls-dir").arg(d);
+        }
+        let out = cmd
+            .env_remove("STARFABRIC_INSECURE")
+            .env_remove("STARFABRIC_TLS_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refusal(None);
     assert!(
         err.contains("--tls-dir") && err.contains("--insecure"),
         "{err}"
@@ -364,22 +365,6 @@ fn a_node_needs_a_certificate_or_an_explicit_insecure() {
         .unwrap()
         .write_dir(dir.path())
         .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_starfabric"))
-        .args([
-            "sc",
-            "--fm",
-            "127.0.0.1:9",
-            "--id",
-            "sc-1",
-            "--duration",
-            "1",
-            "--tls-dir",
-        ])
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refusal(Some(dir.path()));
     assert!(err.contains("pp/pp-1") && err.contains("sc/sc-1"), "{err}");
 }

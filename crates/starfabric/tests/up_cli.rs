@@ -453,3 +453,29 @@ fn the_orchestrator_runs_the_autoscaler_and_refuses_bad_autoscale_flags() {
         );
     }
 }
+
+/// An operator's error is one line with its causes, even with `RUST_BACKTRACE` set in
+/// the environment: no stack trace.
+#[test]
+fn a_cli_error_is_one_line_without_a_stack_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    for bt in ["0", "1", "full"] {
+        let out = Command::new(BIN)
+            // Nothing listens on port 9 (discard): the connection is refused.
+            .args(["--server", "http://127.0.0.1:9", "--token", "sfa_unused"])
+            .args(["tenant", "list"])
+            .env("STARFABRIC_CONFIG", dir.path().join("config"))
+            .env_remove("STARFABRIC_SERVER")
+            .env_remove("STARFABRIC_TOKEN")
+            .env("RUST_BACKTRACE", bt)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "RUST_BACKTRACE={bt}: {err}");
+        assert!(lines[0].starts_with("Error: "), "{err}");
+        assert!(!err.contains("backtrace"), "RUST_BACKTRACE={bt}: {err}");
+    }
+}

@@ -368,6 +368,38 @@ impl Platform {
         security(self.certs.as_deref(), Role::Operator, "operator").unwrap_or_default()
     }
 
+    /// `starfabric autoscale --fm FM FLAGS…` with the operator's credentials, in the
+    /// control namespace, once it says it is watching.
+    pub fn autoscaler(&self, tb: &Testbed, what: &str, flags: &[&str]) -> Result<Proc> {
+        let bin = self.bin.display().to_string();
+        let op = self.operator_args();
+        let mut argv = vec![bin.as_str(), "autoscale", "--fm", &self.fm_addr];
+        argv.extend(flags);
+        argv.extend(op.iter().map(String::as_str));
+        let scaler = tb.spawn(Node::Ctl, what, &argv)?;
+        tb.wait_log(&scaler, "autoscale: watching", Duration::from_secs(10))?;
+        Ok(scaler)
+    }
+
+    /// FM's event log (`starfabric events -o json`, in the control namespace), one
+    /// object per line.
+    pub fn events(&self, tb: &Testbed) -> Result<Vec<serde_json::Value>> {
+        let bin = self.bin.display().to_string();
+        let op = self.operator_args();
+        let mut argv = vec![bin.as_str(), "events", "--fm", &self.fm_addr];
+        argv.extend(op.iter().map(String::as_str));
+        argv.extend(["-o", "json"]);
+        let out = tb.exec(Node::Ctl, &argv, Duration::from_secs(10))?;
+        (out.lines())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|e| Error::Parse {
+                    what: "starfabric events".into(),
+                    msg: format!("{e}: {l}"),
+                })
+            })
+            .collect()
+    }
+
     /// FM's vIP table (`starfabric scale vips -o json`, run in the control namespace).
     pub fn vip_map(&self, tb: &Testbed) -> Result<VipMap> {
         let bin = self.bin.display().to_string();

@@ -251,26 +251,9 @@ impl Sim {
     }
 
     fn pp_join(&mut self) -> u64 {
-        let session = self.next_session;
-        self.next_session += 1;
-        let info = v1::NodeInfo {
-            id: format!("pp-{session}"),
-            role: v1::Role::Pp as i32,
-            proto_version: proto::PROTO_VERSION,
-            ..Default::default()
-        };
-        let seen = Arc::new(AtomicU64::new(self.now_ms()));
-        let open = Opened {
-            session,
-            info,
-            seen: seen.clone(),
-            liveness_token: 0,
-        };
-        self.m.on_pp_open(open, self.now_us);
-        self.pp = Some(session);
-        self.pp_seen.push(seen);
-        self.pump();
-        session
+        let id = format!("pp-{}", self.next_session);
+        self.pp = Some(self.next_session);
+        pp_open(self, &id, Vec::new())
     }
 
     /// SC node `id` stops: what was sent to it and not answered is lost. Returns it.
@@ -746,6 +729,16 @@ fn torn_down_chain_dissolves_its_groups() {
     s.check().unwrap();
 }
 
+/// Scale `id`, the only one so far, completed, and left chain 1/1 in two ranges.
+fn assert_split_once(s: &Sim, id: u64) {
+    assert_eq!(s.scaled.len(), 1);
+    assert_eq!(
+        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
+        (id, None)
+    );
+    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+}
+
 #[test]
 fn a_scale_out_and_back_in_keep_the_map_tiled() {
     let mut s = cluster(4, 2);
@@ -754,12 +747,7 @@ fn a_scale_out_and_back_in_keep_the_map_tiled() {
     s.check().unwrap();
     s.settle();
     s.check().unwrap();
-    assert_eq!(s.scaled.len(), 1);
-    assert_eq!(
-        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
-        (id, None)
-    );
-    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+    assert_split_once(&s, id);
     s.m.scale(scale_of(false, 1), s.now_us).unwrap();
     s.pump();
     s.settle();
@@ -791,12 +779,7 @@ fn a_gradual_scale_out_sweeps_the_range_before_it_completes() {
     s.pump();
     s.settle();
     s.check().unwrap();
-    assert_eq!(s.scaled.len(), 1);
-    assert_eq!(
-        (s.scaled[0].scale_id, s.scaled[0].aborted.clone()),
-        (id, None)
-    );
-    assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
+    assert_split_once(&s, id);
     // Done only after the sweep's every chunk was pulled and merged.
     assert_eq!(s.m.stats().scale_pulls, super::scale::SWEEP_CHUNKS);
     assert!(s.m.scales.is_empty());
@@ -977,14 +960,20 @@ proptest! {
 }
 
 fn pp_join_fabric(s: &mut Sim, id: &str, mac: [u8; 6]) -> u64 {
+    pp_open(s, id, mac.to_vec())
+}
+
+/// A PP node's session opens (with its fabric MAC, if any) and FM's answers are pumped.
+fn pp_open(s: &mut Sim, id: &str, fabric_mac: Vec<u8>) -> u64 {
     let session = s.next_session;
     s.next_session += 1;
     let info = v1::NodeInfo {
         id: id.into(),
         role: v1::Role::Pp as i32,
         proto_version: proto::PROTO_VERSION,
-        fabric_mac: mac.to_vec(),
-        fabric_frames: true,
+        // A node with a fabric MAC takes carried first packets, as PP nodes do.
+        fabric_frames: !fabric_mac.is_empty(),
+        fabric_mac,
         ..Default::default()
     };
     let seen = Arc::new(AtomicU64::new(s.now_ms()));

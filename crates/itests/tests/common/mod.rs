@@ -197,6 +197,19 @@ impl Cluster {
         wait_groups(&self.rt, &self.fm, chains, replicas)
     }
 
+    /// The first chain's one group after [`Cluster::wait_groups`]: its replica ids in
+    /// chain order, and an SC node outside it (the spare a replacement comes from).
+    pub fn group_and_spare(&self) -> (v1::ScGroup, Vec<String>, String) {
+        let map = self.wait_groups(1, 3);
+        let group = map.groups[0].clone();
+        let order: Vec<String> = group.replicas.iter().map(|r| r.node_id.clone()).collect();
+        let spare = (self.scs.iter())
+            .map(|s| s.node_id().to_string())
+            .find(|n| !order.contains(n))
+            .expect("a spare SC node");
+        (group, order, spare)
+    }
+
     /// Every group state of SC node `addr`, via its GroupStatus RPC.
     pub fn group_status(&self, addr: SocketAddr, snapshots: bool) -> Vec<v1::GroupState> {
         let req = v1::GroupStatusRequest {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ::nf::{
     Decision, DetRng, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfEnv,
-    NfError, PreparedPart, Rewrite, StateTables, TableSpec,
+    NfError, PreparedPart, Rewrite, TableSpec,
 };
 use packet::proto;
 use packet::tcp_flags::{ACK, FIN, RST, SYN};
@@ -526,13 +526,7 @@ impl NetworkFunction for Snat {
         out
     }
 
-    fn state(&self) -> Option<&StateTables> {
-        Some(&self.state.tables)
-    }
-
-    fn state_mut(&mut self) -> Option<&mut StateTables> {
-        Some(&mut self.state.tables)
-    }
+    ::nf::platform_state!(self.state.tables);
 
     fn tables_changed(&mut self) {
         self.state.reindex();
