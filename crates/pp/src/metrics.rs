@@ -488,3 +488,55 @@ pub fn worker_snapshot(w: &Worker<PpIo>) -> PpSnapshot {
         },
     }
 }
+
+#[cfg(test)]
+mod worker_tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_of_workers_merge_drops_by_name_and_tenants_by_id() {
+        let snap = |rx: u64, drops: &[(&str, u64)], tenants: &[(u32, u64)]| {
+            let mut s = PpSnapshot {
+                drops: drops.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+                tenants: tenants
+                    .iter()
+                    .map(|(t, p)| {
+                        (
+                            *t,
+                            TenantCounters {
+                                packets: *p,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+                flow_entries: 2,
+                flow_capacity: 8,
+                worker_rx: vec![rx],
+                ..Default::default()
+            };
+            s.stats.rx_packets = rx;
+            s
+        };
+        let mut a = snap(5, &[("no-rule", 1), ("acl-deny", 2)], &[(1, 5)]);
+        // Worker 1 numbered its rule reasons otherwise: merged by name.
+        a.merge(&snap(
+            7,
+            &[("acl-deny", 3), ("quota", 1)],
+            &[(1, 4), (2, 3)],
+        ));
+        assert_eq!(a.stats.rx_packets, 12);
+        assert_eq!(a.worker_rx, vec![5, 7]);
+        assert_eq!((a.flow_entries, a.flow_capacity), (4, 16));
+        assert_eq!(
+            a.drops,
+            vec![
+                ("no-rule".to_string(), 1),
+                ("acl-deny".to_string(), 5),
+                ("quota".to_string(), 1)
+            ]
+        );
+        let t: Vec<(u32, u64)> = a.tenants.iter().map(|(t, c)| (*t, c.packets)).collect();
+        assert_eq!(t, vec![(1, 9), (2, 3)]);
+    }
+}

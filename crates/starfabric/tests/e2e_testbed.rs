@@ -152,6 +152,27 @@ fn two_workers_on_two_queues_share_the_traffic_and_every_connection_succeeds() {
         return;
     };
     let tb = lab.tb();
+    // Worker counts the node cannot run are configuration errors, with --io auto too
+    // (no fallback to the UDP socket for a count that can never work on AF_XDP).
+    let listen = format!("{}:4789", addr::PP);
+    for (args, why) in [
+        (
+            ["--workers", "3", "--io", "auto"],
+            "--workers 3 is more than the 2 receive queues of up0",
+        ),
+        (
+            ["--workers", "0", "--io", "udp"],
+            "--workers 0 is not in 1..=64",
+        ),
+    ] {
+        let mut argv = vec![BIN, "pp", "--listen", &listen, "--duration", "1"];
+        argv.extend(args);
+        let out = tb
+            .exec_full(Node::Pp, &argv, Duration::from_secs(10))
+            .unwrap();
+        assert!(!out.ok(), "{args:?} ran: {}", out.stdout);
+        assert!(out.stderr.contains(why), "{args:?}: {}", out.stderr);
+    }
     services::start_inet(tb, false).unwrap();
     let p = lab.start_with(
         vec![snat_chain(0)],

@@ -341,3 +341,43 @@ pub fn mac_str(m: &[u8; 6]) -> String {
         .collect::<Vec<_>>()
         .join(":")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_counters_sum_over_workers_and_an_unreadable_kernel_count_is_not_half_summed() {
+        let x = |rx: u64, k: Option<u64>| {
+            IoStats::AfXdp(
+                AfXdpStats {
+                    rx_packets: rx,
+                    tx_kicks: 1,
+                    ..Default::default()
+                },
+                k.map(|d| AfXdpKernelStats {
+                    rx_dropped: d,
+                    ..Default::default()
+                }),
+            )
+        };
+        match IoStats::sum(&[x(3, Some(1)), x(4, Some(2))]) {
+            Some(IoStats::AfXdp(s, Some(k))) => {
+                assert_eq!((s.rx_packets, s.tx_kicks, k.rx_dropped), (7, 2, 3))
+            }
+            other => panic!("{other:?}"),
+        }
+        match IoStats::sum(&[x(3, Some(1)), x(4, None)]) {
+            Some(IoStats::AfXdp(s, None)) => assert_eq!(s.rx_packets, 7),
+            other => panic!("{other:?}"),
+        }
+        let u = |rx: u64| {
+            IoStats::Udp(UdpVxlanStats {
+                rx_packets: rx,
+                ..Default::default()
+            })
+        };
+        assert_eq!(IoStats::sum(&[u(1), u(2)]).map(|s| s.rx_packets()), Some(3));
+        assert!(IoStats::sum(&[]).is_none());
+    }
+}

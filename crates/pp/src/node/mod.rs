@@ -1273,3 +1273,42 @@ fn summary(w: &Worker<PpIo>, others: &[PeerSnap], t: Duration) -> String {
     line.push_str(&io.summary());
     line
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flow_table_is_split_evenly_rounding_up() {
+        assert_eq!(worker_flows(1 << 16, 1), 1 << 16);
+        assert_eq!(worker_flows(1 << 16, 2), 1 << 15);
+        assert_eq!(worker_flows(10, 3), 4);
+        assert_eq!(worker_flows(5, 0), 5);
+    }
+
+    #[test]
+    fn worker_counts_the_node_cannot_run_are_refused() {
+        let cfg = |workers: usize, flows: usize, offload: bool| {
+            let mut c = PpNodeConfig {
+                workers,
+                flows,
+                ..PpNodeConfig::default()
+            };
+            c.offload.offload = offload;
+            check_workers(&c)
+        };
+        assert!(cfg(1, 1 << 16, true).is_ok());
+        assert!(cfg(4, 1 << 16, false).is_ok());
+        for (w, f, o, needle) in [
+            (0, 1 << 16, false, "--workers 0 is not in 1..=64"),
+            (65, 1 << 16, false, "--workers 65"),
+            (2, 1 << 16, true, "--offload runs with one worker only"),
+            (4, 3, false, "--flows 3 is fewer than --workers 4"),
+        ] {
+            match cfg(w, f, o) {
+                Err(PpNodeError::Config(why)) => assert!(why.contains(needle), "{why}"),
+                r => panic!("{w} workers, {f} flows, offload {o}: {:?}", r.err()),
+            }
+        }
+    }
+}
