@@ -1218,3 +1218,34 @@ fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping_and_conntrack() 
     let other = udp_seen_as(tb, 40001, 9998);
     assert_ne!(other.1, first.1, "two sockets share one external port");
 }
+
+/// A measurement, not run by default (`--ignored`): 64-byte UDP (trafgen, 64 flows)
+/// and TCP (iperf3) end to end through SNAT on AF_XDP, one worker on a 1-queue veth
+/// against two on a 2-queue veth. On a 2-core machine the sender, the kernel's veth
+/// path and the workers share the cores, so the figure bounds nothing about more cores.
+#[test]
+#[ignore]
+fn udp64_and_tcp_through_one_and_two_workers() {
+    for workers in [1usize, 2] {
+        let Some(lab) = Lab::queues(1, 0, workers) else {
+            return;
+        };
+        let tb = lab.tb();
+        services::start_inet(tb, false).unwrap();
+        let w = workers.to_string();
+        let p = lab.start_with(vec![snat_chain(0)], &["--workers", &w, "--io", "afxdp"]);
+        let udp = measure::udp64_pps(tb, 0, 64, Duration::from_secs(1), 3.0)
+            .unwrap_or_else(|e| panic!("udp64: {e}; pp: {}", p.pp_stats()));
+        let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, 3)
+            .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
+        let stats = p.pp_stats();
+        println!(
+            "workers={workers}: udp64 {:.0} pps arrived of {:.0} offered; tcp {tcp:.2} Gbit/s; {stats}",
+            udp.pps, udp.offered_pps
+        );
+        assert!(udp.pps > 1000.0 && tcp > 0.0, "{udp:?} {tcp}");
+        if workers > 1 {
+            assert!(rx_per_worker(&stats).iter().all(|n| *n > 0), "{stats}");
+        }
+    }
+}

@@ -503,7 +503,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     // The other workers: data path only; this thread keeps the control loop and
     // hands them node-wide changes over their command channels.
     let peers_stop = Arc::new(AtomicBool::new(false));
-    let mut peers = Vec::with_capacity(workers.len());
+    let mut peers: Vec<Peer> = Vec::with_capacity(workers.len());
     for (i, w) in workers.into_iter().enumerate() {
         let i = i + 1;
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<WorkerCmd>();
@@ -516,10 +516,22 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             stop: peers_stop.clone(),
             flush_every: rates.tick_period(),
         };
-        let thread = std::thread::Builder::new()
+        let thread = match std::thread::Builder::new()
             .name(format!("pp-worker-{i}"))
             .spawn(move || run_peer(w, ctx))
-            .map_err(|e| PpNodeError::Worker(e.to_string()))?;
+        {
+            Ok(t) => t,
+            Err(e) => {
+                // The workers already started end with this one's failure.
+                peers_stop.store(true, Ordering::Relaxed);
+                for p in &mut peers {
+                    if let Some(t) = p.thread.take() {
+                        let _ = t.join();
+                    }
+                }
+                return Err(PpNodeError::Worker(e.to_string()));
+            }
+        };
         peers.push(Peer {
             cmds: cmd_tx,
             snap,
