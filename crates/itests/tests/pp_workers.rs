@@ -58,7 +58,7 @@ fn each_worker_gets_its_own_answers_and_the_reverse_direction_comes_from_fms_cac
     // Worker 1 sets a flow up: its answer comes to worker 1, none to worker 0.
     let mut first = flow(7);
     first.worker = 1;
-    req1.send(first).unwrap();
+    req1.send(first.clone()).unwrap();
     let fwd = answer(rep1);
     let rule = fwd.result.clone().expect("SNAT rule");
     assert_eq!(rule.key, first.key);
