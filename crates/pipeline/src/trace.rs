@@ -523,6 +523,19 @@ pub struct Tracer {
 }
 
 impl Tracer {
+    /// The same trace for another worker's pipeline: its filter, count and snap length,
+    /// recording into the same session. Each worker counts its own packets, so a node
+    /// with N workers records up to N × `count`.
+    pub fn fork(&self) -> Tracer {
+        Tracer::new(
+            self.filter.clone(),
+            self.remaining,
+            self.snaplen,
+            self.tx.clone(),
+            self.counters.clone(),
+        )
+    }
+
     /// Trace up to `count` matching packets into `tx` (bounded: a full channel loses
     /// records, counted in `counters`).
     pub fn new(

@@ -41,4 +41,4 @@ pub use udp::{
     UdpVxlanStats, MAX_DATAGRAM, MAX_IO_BATCH, SYNTH_DST_MAC, SYNTH_HDR_LEN, SYNTH_SRC_MAC,
 };
 pub use vip::{OwnedVips, VipError, VipMember, VipStats};
-pub use xdp_node::{open_afxdp, AfXdpNodeConfig, AfXdpNodeError, XdpAttached};
+pub use xdp_node::{open_afxdp, open_afxdp_workers, AfXdpNodeConfig, AfXdpNodeError, XdpAttached};

@@ -36,6 +36,8 @@ pub struct PpSnapshot {
     pub afxdp: Option<AfXdpStats>,
     /// Each rate-managed tenant's credit state (paper 000 §7.2).
     pub rates: Vec<proto::v1::TenantRateStatus>,
+    /// Packets each worker received, by worker id; exported only with several workers.
+    pub worker_rx: Vec<u64>,
 }
 
 impl PpSnapshot {
@@ -60,7 +62,38 @@ impl PpSnapshot {
             io,
             afxdp: None,
             rates: Vec::new(),
+            worker_rx: vec![s.rx_packets],
         }
+    }
+
+    /// Add another worker's snapshot: counters sum, drop reasons by name (each
+    /// worker numbers its rule reasons itself), tenants by id. `rates` stay this one's
+    /// (the node thread's rate managers are node-wide).
+    pub fn merge(&mut self, o: &PpSnapshot) {
+        self.stats.merge(&o.stats);
+        for (name, n) in &o.drops {
+            match self.drops.iter_mut().find(|(m, _)| m == name) {
+                Some((_, m)) => *m += n,
+                None => self.drops.push((name.clone(), *n)),
+            }
+        }
+        for (t, c) in &o.tenants {
+            match self.tenants.iter_mut().find(|(u, _)| u == t) {
+                Some((_, u)) => u.merge(c),
+                None => self.tenants.push((*t, *c)),
+            }
+        }
+        self.flow_entries += o.flow_entries;
+        self.flow_capacity += o.flow_capacity;
+        self.pending_packets += o.pending_packets;
+        self.pending_flows += o.pending_flows;
+        if let (Some(a), Some(b)) = (self.io.as_mut(), o.io.as_ref()) {
+            crate::node::add_udp(a, b);
+        }
+        if let (Some(a), Some(b)) = (self.afxdp.as_mut(), o.afxdp.as_ref()) {
+            crate::node::add_afxdp(a, b);
+        }
+        self.worker_rx.extend_from_slice(&o.worker_rx);
     }
 }
 
@@ -78,6 +111,16 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
     sc.counter("rx_bytes", "Bytes received.", s.rx_bytes)?;
     sc.counter("tx_packets", "Packets sent.", s.tx_packets)?;
     sc.counter("tx_bytes", "Bytes sent.", s.tx_bytes)?;
+    if p.worker_rx.len() > 1 {
+        sc.counter_family(
+            "worker_rx_packets",
+            "Packets received, by pipeline worker (--workers).",
+            p.worker_rx
+                .iter()
+                .enumerate()
+                .map(|(i, n)| ([("worker", i.to_string())], *n)),
+        )?;
+    }
     sc.counter("hits", "Flow table hits.", s.hits)?;
     sc.counter("misses", "Flow table misses.", s.misses)?;
     sc.counter_family(
@@ -409,24 +452,91 @@ impl PpMetrics {
     }
 
     /// From the worker loop: publish a snapshot when the last one is old enough.
-    pub fn tick(&mut self, w: &Worker<PpIo>, rates: &RateLimits, now: Instant) {
+    /// `others`: the latest snapshots of the node's other workers, summed in.
+    pub fn tick(
+        &mut self,
+        w: &Worker<PpIo>,
+        others: &[PpSnapshot],
+        rates: &RateLimits,
+        now: Instant,
+    ) {
         if now < self.next {
             return;
         }
         self.next = now + PP_PUBLISH_EVERY;
-        self.publish(w, rates);
+        self.publish(w, others, rates);
     }
 
     /// Publish now (built outside the lock; the lock only swaps it in).
-    pub fn publish(&self, w: &Worker<PpIo>, rates: &RateLimits) {
-        let mut s = match w.io.stats() {
-            IoStats::Udp(u) => PpSnapshot::of(&w.pipeline, Some(u)),
-            IoStats::AfXdp(x, _) => PpSnapshot {
-                afxdp: Some(x),
-                ..PpSnapshot::of(&w.pipeline, None)
-            },
-        };
+    pub fn publish(&self, w: &Worker<PpIo>, others: &[PpSnapshot], rates: &RateLimits) {
+        let mut s = worker_snapshot(w);
+        for o in others {
+            s.merge(o);
+        }
         s.rates = rates.status();
         *lock(&self.snap) = s;
+    }
+}
+
+/// One worker's pipeline and I/O counters.
+pub fn worker_snapshot(w: &Worker<PpIo>) -> PpSnapshot {
+    match w.io.stats() {
+        IoStats::Udp(u) => PpSnapshot::of(&w.pipeline, Some(u)),
+        IoStats::AfXdp(x, _) => PpSnapshot {
+            afxdp: Some(x),
+            ..PpSnapshot::of(&w.pipeline, None)
+        },
+    }
+}
+
+#[cfg(test)]
+mod worker_tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_of_workers_merge_drops_by_name_and_tenants_by_id() {
+        let snap = |rx: u64, drops: &[(&str, u64)], tenants: &[(u32, u64)]| {
+            let mut s = PpSnapshot {
+                drops: drops.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+                tenants: tenants
+                    .iter()
+                    .map(|(t, p)| {
+                        (
+                            *t,
+                            TenantCounters {
+                                packets: *p,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+                flow_entries: 2,
+                flow_capacity: 8,
+                worker_rx: vec![rx],
+                ..Default::default()
+            };
+            s.stats.rx_packets = rx;
+            s
+        };
+        let mut a = snap(5, &[("no-rule", 1), ("acl-deny", 2)], &[(1, 5)]);
+        // Worker 1 numbered its rule reasons otherwise: merged by name.
+        a.merge(&snap(
+            7,
+            &[("acl-deny", 3), ("quota", 1)],
+            &[(1, 4), (2, 3)],
+        ));
+        assert_eq!(a.stats.rx_packets, 12);
+        assert_eq!(a.worker_rx, vec![5, 7]);
+        assert_eq!((a.flow_entries, a.flow_capacity), (4, 16));
+        assert_eq!(
+            a.drops,
+            vec![
+                ("no-rule".to_string(), 1),
+                ("acl-deny".to_string(), 5),
+                ("quota".to_string(), 1)
+            ]
+        );
+        let t: Vec<(u32, u64)> = a.tenants.iter().map(|(t, c)| (*t, c.packets)).collect();
+        assert_eq!(t, vec![(1, 9), (2, 3)]);
     }
 }

@@ -204,6 +204,17 @@ impl RateLimits {
         }
     }
 
+    /// The tenants with packet rates: the ones every worker's pipeline marks policed.
+    pub fn policed_tenants(&self) -> BTreeSet<u32> {
+        self.policed().collect()
+    }
+
+    /// How often a tick runs; workers other than the node thread's flush their
+    /// policers this often.
+    pub fn tick_period(&self) -> Duration {
+        self.tick
+    }
+
     fn policed(&self) -> impl Iterator<Item = u32> + '_ {
         self.current
             .iter()

@@ -66,13 +66,26 @@ impl TraceControl {
     /// From the worker loop, between batches: apply a new arm/disarm command.
     #[inline]
     pub fn poll(&self, p: &mut Pipeline) {
+        self.poll_with(p, |_| {});
+    }
+
+    /// [`TraceControl::poll`] for a node with several workers: `others` is shown the
+    /// trace armed (or `None`: disarmed) to hand each other worker a
+    /// [`pipeline::Tracer::fork`] of it.
+    pub fn poll_with(&self, p: &mut Pipeline, others: impl FnOnce(Option<&pipeline::Tracer>)) {
         if !self.changed.load(Ordering::Relaxed) {
             return;
         }
         self.changed.store(false, Ordering::Relaxed);
         match lock(&self.cmd).take() {
-            Some(Cmd::Arm(t)) => p.set_tracer(Some(t)),
-            Some(Cmd::Disarm) => p.set_tracer(None),
+            Some(Cmd::Arm(t)) => {
+                others(Some(&t));
+                p.set_tracer(Some(t))
+            }
+            Some(Cmd::Disarm) => {
+                others(None);
+                p.set_tracer(None)
+            }
             None => {}
         }
     }

@@ -56,6 +56,9 @@ pub struct UdpVxlanConfig {
     pub recv_buffer: Option<usize>,
     /// `SO_SNDBUF` to ask for (capped at `net.core.wmem_max`).
     pub send_buffer: Option<usize>,
+    /// Set `SO_REUSEPORT` before binding, so several sockets (one per PP worker) share
+    /// the address and the kernel spreads flows over them by their 4-tuple hash.
+    pub reuse_port: bool,
 }
 
 impl UdpVxlanConfig {
@@ -67,6 +70,7 @@ impl UdpVxlanConfig {
             slots: MAX_IO_BATCH,
             recv_buffer: Some(4 << 20),
             send_buffer: Some(4 << 20),
+            reuse_port: false,
         }
     }
 }
@@ -271,6 +275,46 @@ fn set_buffer(
     Ok(())
 }
 
+/// A UDP socket bound to `addr` with `SO_REUSEPORT` set first (std binds at once).
+fn bind_reuse_port(addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
+    // SAFETY: plain socket(2); the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: `fd` is the socket just created and owned by nothing else; the
+    // `UdpSocket` takes it over and closes it on every path from here.
+    let sock = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: `fd` is open (owned by `sock`); `one` outlives the call and the length
+    // passed is its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(errno());
+    }
+    let sa = to_sockaddr(addr);
+    // SAFETY: `sa` is a valid sockaddr_in that outlives the call; the length is its size.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(errno());
+    }
+    Ok(sock)
+}
+
 /// A PP port over a UDP socket; see the module docs for what it can and cannot do.
 pub struct UdpVxlanIo {
     sock: UdpSocket,
@@ -286,7 +330,12 @@ impl UdpVxlanIo {
         if cfg.slots == 0 || cfg.slots > MAX_IO_BATCH {
             return Err(UdpVxlanError::BadSlots(cfg.slots));
         }
-        let sock = UdpSocket::bind(cfg.bind).map_err(|source| UdpVxlanError::Bind {
+        let sock = if cfg.reuse_port {
+            bind_reuse_port(cfg.bind)
+        } else {
+            UdpSocket::bind(cfg.bind)
+        }
+        .map_err(|source| UdpVxlanError::Bind {
             addr: cfg.bind,
             source,
         })?;

@@ -26,8 +26,13 @@ pub struct AfXdpNodeConfig {
     pub gw_mac: Option<[u8; 6]>,
     /// How long to wait for the gateway's neighbour entry.
     pub resolve_wait: Duration,
-    /// UMEM frames, batch and poll timeout of the socket (`ifname` is filled in).
+    /// UMEM frames, batch and poll timeout of each socket (`ifname` and `queue_id` are
+    /// filled in).
     pub io: AfXdpConfig,
+    /// Sockets to bind, one per receive queue `0..workers` (one per PP worker). The
+    /// interface must have exactly this many receive queues: a queue without a socket
+    /// would pass its VXLAN to the kernel, which has no listener for it.
+    pub workers: u32,
 }
 
 impl AfXdpNodeConfig {
@@ -37,6 +42,7 @@ impl AfXdpNodeConfig {
             gw_mac: None,
             resolve_wait: Duration::from_secs(1),
             io: AfXdpConfig::new(""),
+            workers: 1,
         }
     }
 }
@@ -49,9 +55,25 @@ pub enum AfXdpNodeError {
     #[error(transparent)]
     Netif(#[from] NetifError),
     #[error(
-        "{ifname} has {queues} receive queues; the AF_XDP backend binds one socket, on queue 0"
+        "{ifname} has {queues} receive queues; the AF_XDP backend binds one socket per \
+         queue, one per worker ({workers} workers): run --workers {queues}, or set the \
+         interface's queue count (ethtool -L {ifname} combined {workers})"
     )]
-    Queues { ifname: String, queues: u32 },
+    Queues {
+        ifname: String,
+        queues: u32,
+        workers: u32,
+    },
+    /// More workers than queues: a configuration error, never a fallback.
+    #[error(
+        "--workers {workers} is more than the {queues} receive queues of {ifname}: each \
+         AF_XDP worker needs a queue of its own"
+    )]
+    TooFewQueues {
+        ifname: String,
+        queues: u32,
+        workers: u32,
+    },
     #[error("XDP program: {0}")]
     Xdp(#[from] XdpError),
     #[error(transparent)]
@@ -89,8 +111,22 @@ impl Drop for XdpAttached {
     }
 }
 
-/// Set a PP node up on AF_XDP (see the module docs).
+/// Set a PP node up on AF_XDP with one socket (see the module docs).
 pub fn open_afxdp(cfg: AfXdpNodeConfig) -> Result<(AfXdpIo, XdpAttached), AfXdpNodeError> {
+    let cfg = AfXdpNodeConfig { workers: 1, ..cfg };
+    let (mut ios, x) = open_afxdp_workers(cfg)?;
+    Ok((ios.remove(0), x))
+}
+
+/// Set a PP node up on AF_XDP with `cfg.workers` sockets, socket `i` bound to receive
+/// queue `i` and registered at index `i` of `xsks` (the program redirects by
+/// `rx_queue_index`).
+pub fn open_afxdp_workers(
+    cfg: AfXdpNodeConfig,
+) -> Result<(Vec<AfXdpIo>, XdpAttached), AfXdpNodeError> {
+    if cfg.workers == 0 {
+        return Err(AfXdpNodeError::NotApplicable("0 workers".into()));
+    }
     if cfg.ip.is_unspecified() || cfg.ip.is_loopback() {
         return Err(AfXdpNodeError::NotApplicable(format!(
             "listen address {} is not one interface's address",
@@ -99,8 +135,26 @@ pub fn open_afxdp(cfg: AfXdpNodeConfig) -> Result<(AfXdpIo, XdpAttached), AfXdpN
     }
     let ifname = netif::interface_of(cfg.ip)?;
     let queues = netif::rx_queues(&ifname)?;
-    if queues != 1 {
-        return Err(AfXdpNodeError::Queues { ifname, queues });
+    let workers = cfg.workers;
+    if queues < workers {
+        return Err(AfXdpNodeError::TooFewQueues {
+            ifname,
+            queues,
+            workers,
+        });
+    }
+    if queues != workers {
+        return Err(AfXdpNodeError::Queues {
+            ifname,
+            queues,
+            workers,
+        });
+    }
+    if workers > xdp::abi::MAX_XSK_QUEUES {
+        return Err(AfXdpNodeError::NotApplicable(format!(
+            "{workers} workers: the XDP program's xsks map holds {}",
+            xdp::abi::MAX_XSK_QUEUES
+        )));
     }
     let mac = netif::mac_of(&ifname)?;
     let (gateway, gw_mac) = match cfg.gw_mac {
@@ -117,15 +171,19 @@ pub fn open_afxdp(cfg: AfXdpNodeConfig) -> Result<(AfXdpIo, XdpAttached), AfXdpN
     };
     let mut program = XdpProgram::load()?;
     program.set_node(&node)?;
-    let mut io_cfg = cfg.io;
-    io_cfg.ifname = ifname.clone();
-    io_cfg.queue_id = 0;
-    let io = AfXdpIo::bind(io_cfg)?;
-    program.register_xsk(0, &io)?;
+    let mut ios = Vec::with_capacity(workers as usize);
+    for q in 0..workers {
+        let mut io_cfg = cfg.io.clone();
+        io_cfg.ifname = ifname.clone();
+        io_cfg.queue_id = q;
+        let io = AfXdpIo::bind(io_cfg)?;
+        program.register_xsk(q, &io)?;
+        ios.push(io);
+    }
     let attachment = program.attach(&ifname)?;
     let mode = attachment.mode;
     Ok((
-        io,
+        ios,
         XdpAttached {
             program,
             attachment: Some(attachment),

@@ -221,3 +221,103 @@ fn an_active_interval_longer_than_the_cap_is_refused() {
         "{err}"
     );
 }
+
+/// Two workers on the UDP backend share the port with SO_REUSEPORT, which spreads
+/// senders by their 4-tuple: the static rules are every worker's (each reflects its
+/// share of the flow), drops are summed, and the final stats line counts each
+/// worker's share.
+#[test]
+fn two_workers_share_the_port_and_both_take_traffic_by_the_same_rules() {
+    let mut rules = tempfile::NamedTempFile::new().unwrap();
+    rules.write_all(RULES.as_bytes()).unwrap();
+    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let l = lines.clone();
+    let cfg = PpNodeConfig {
+        workers: 2,
+        lines: telemetry::Lines::new(move |s: &str| l.lock().unwrap().push(s.to_string())),
+        ..node_config(&rules, &listener)
+    };
+    let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
+        .expect("node starts")
+        .expect("not stopped");
+    let addr = node.local_addr();
+    {
+        let first = &lines.lock().unwrap()[0];
+        assert!(first.contains("2 SO_REUSEPORT sockets"), "{first}");
+        assert!(first.contains("2 workers of 32768 flows each"), "{first}");
+    }
+    // 32 senders, each its own source port: the kernel's hash puts some on each socket.
+    const SENDERS: usize = 32;
+    let clients: Vec<UdpSocket> = (0..SENDERS)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut buf = [0u8; 2048];
+    for c in &clients {
+        c.send_to(&datagram(40000), addr).unwrap();
+        listener
+            .recv_from(&mut buf)
+            .expect("reflected by whichever worker took it");
+        // A flow with no rule: a `no-rule` drop on whichever worker.
+        c.send_to(&datagram(40001), addr).unwrap();
+    }
+    let metrics = node.metrics_addr().expect("metrics endpoint");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while drops(metrics, "no-rule") < SENDERS as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} no-rule drops on /metrics, not {SENDERS}",
+            drops(metrics, "no-rule")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    node.stop().expect("clean stop");
+    let lines = lines.lock().unwrap();
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("pp: t="))
+        .expect("a final stats line");
+    assert!(last.contains(&format!("rx={} ", 2 * SENDERS)), "{last}");
+    assert!(last.contains(&format!("no-rule={SENDERS}")), "{last}");
+    let per: Vec<u64> = last
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("rx_per_worker="))
+        .expect("rx_per_worker")
+        .split('/')
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(per.len(), 2, "{last}");
+    assert_eq!(per.iter().sum::<u64>(), 2 * SENDERS as u64, "{last}");
+    assert!(
+        per.iter().all(|n| *n > 0),
+        "both workers took traffic: {last}"
+    );
+}
+
+/// A worker count the node cannot run is a configuration error, never a panic.
+#[test]
+fn zero_workers_and_offload_with_several_are_config_errors() {
+    let rules = tempfile::NamedTempFile::new().unwrap();
+    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let start = |cfg: PpNodeConfig| match pp::node::start(cfg, Arc::new(AtomicBool::new(false))) {
+        Err(pp::node::PpNodeError::Config(why)) => why,
+        Err(e) => panic!("not a config error: {e}"),
+        Ok(_) => panic!("started"),
+    };
+    let why = start(PpNodeConfig {
+        workers: 0,
+        ..node_config(&rules, &listener)
+    });
+    assert!(why.contains("--workers 0"), "{why}");
+    let mut cfg = PpNodeConfig {
+        workers: 2,
+        ..node_config(&rules, &listener)
+    };
+    cfg.offload.offload = true;
+    let why = start(cfg);
+    assert!(why.contains("--offload"), "{why}");
+}

@@ -69,9 +69,15 @@ pub struct PpArgs {
     /// backend (whose kernel writes the real one) defaults to 02:00:00:00:00:02.
     #[arg(long, value_parser = parse_mac)]
     gw_mac: Option<[u8; 6]>,
-    /// Flow table capacity.
+    /// Flow table capacity of the node, split evenly over the workers.
     #[arg(long, default_value_t = 1 << 16)]
     flows: usize,
+    /// Pipeline workers, one thread each (docs/pp-pipeline.md, "Workers"). With
+    /// AF_XDP the interface needs exactly this many receive queues (worker i takes
+    /// queue i); with the UDP socket they share the port with SO_REUSEPORT. More than
+    /// one is refused with --offload.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_parser = parse_secs)]
     duration: Option<Duration>,
@@ -204,6 +210,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         node_mac: a.node_mac,
         gw_mac: a.gw_mac,
         flows: a.flows,
+        workers: a.workers,
         stats_interval: a.stats_interval,
         counter_interval: a.counter_interval,
         active_interval: a.active_interval,

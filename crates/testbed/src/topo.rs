@@ -167,6 +167,10 @@ pub struct TopologySpec {
     pub pp_nodes: usize,
     /// vIPs of the PP cluster (cluster mode only).
     pub vips: usize,
+    /// Receive and transmit queues of each PP node's underlay veth (both ends), for a
+    /// PP node with this many AF_XDP workers (`starfabric pp --workers`). The router's
+    /// end picks a TX queue by the outer flow hash, so flows spread over the queues.
+    pub pp_queues: usize,
 }
 
 impl TopologySpec {
@@ -178,7 +182,14 @@ impl TopologySpec {
             dir: None,
             pp_nodes: 0,
             vips: 8,
+            pp_queues: 1,
         }
+    }
+
+    /// `n` queues on each PP node's underlay veth (see [`TopologySpec::pp_queues`]).
+    pub fn pp_queues(mut self, n: usize) -> Self {
+        self.pp_queues = n.max(1);
+        self
     }
 
     /// PP cluster mode with `n` PP node namespaces (see [`TopologySpec::pp_nodes`]).
@@ -312,6 +323,14 @@ impl Testbed {
         v
     }
 
+    /// The `ip link add` queue options of a PP node's veth end (empty for one queue).
+    fn queues(&self) -> String {
+        match self.spec.pp_queues {
+            0 | 1 => String::new(),
+            n => format!(" numtxqueues {n} numrxqueues {n}"),
+        }
+    }
+
     /// Underlay attachments: node, third octet of its /24.
     fn attachments(&self) -> Vec<(Node, u8)> {
         let mut v = vec![(Node::Igw, 2), (Node::Ctl, 4)];
@@ -372,9 +391,14 @@ impl Testbed {
         let mut s = String::new();
         for (n, o) in self.attachments() {
             let dev = format!("d{}", n.suffix());
+            let q = if n == Node::Pp {
+                self.queues()
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "link add {dev} type veth peer name up0 netns {}",
+                "link add {dev}{q} type veth peer name up0{q} netns {}",
                 self.ns(n)
             );
             let _ = writeln!(s, "addr add 198.18.{o}.1/24 dev {dev}");
@@ -522,9 +546,10 @@ link set brpp up
         );
         for i in 0..self.spec.pp_nodes {
             let dev = self.pp_port(i);
+            let q = self.queues();
             let _ = writeln!(
                 s,
-                "link add {dev} type veth peer name up0 netns {}
+                "link add {dev}{q} type veth peer name up0{q} netns {}
 link set {dev} master brpp
 link set {dev} up",
                 self.ns(Node::pp(i))

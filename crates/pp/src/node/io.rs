@@ -12,8 +12,8 @@ use pipeline::{Desc, IoError, PacketIo};
 
 use super::PpNodeError;
 use crate::{
-    open_afxdp, AfXdpIo, AfXdpKernelStats, AfXdpNodeConfig, AfXdpStats, UdpVxlanConfig, UdpVxlanIo,
-    UdpVxlanStats, XdpAttached,
+    open_afxdp_workers, AfXdpIo, AfXdpKernelStats, AfXdpNodeConfig, AfXdpNodeError, AfXdpStats,
+    UdpVxlanConfig, UdpVxlanIo, UdpVxlanStats, XdpAttached,
 };
 
 /// Which backend the node runs on (`--io`).
@@ -61,7 +61,54 @@ impl PpIo {
     }
 }
 
+/// Add `$b`'s fields to `$a`'s, field by field.
+macro_rules! add_fields {
+    ($a:expr, $b:expr, $($f:ident),+) => {{ $( $a.$f += $b.$f; )+ }};
+}
+
 impl IoStats {
+    /// The sum of several workers' counters (all on the same backend); `None` for none.
+    pub fn sum(all: &[IoStats]) -> Option<IoStats> {
+        let mut it = all.iter().copied();
+        let mut acc = it.next()?;
+        for s in it {
+            acc.add(&s);
+        }
+        Some(acc)
+    }
+
+    fn add(&mut self, o: &IoStats) {
+        match (self, o) {
+            (IoStats::Udp(a), IoStats::Udp(b)) => add_udp(a, b),
+            (IoStats::AfXdp(a, ak), IoStats::AfXdp(b, bk)) => {
+                add_afxdp(a, b);
+                match (ak.as_mut(), bk) {
+                    (Some(a), Some(b)) => add_fields!(
+                        a,
+                        b,
+                        rx_dropped,
+                        rx_ring_full,
+                        rx_fill_ring_empty,
+                        rx_invalid_descs,
+                        tx_invalid_descs
+                    ),
+                    // One socket's counters unreadable: the sum would be short.
+                    _ => *ak = None,
+                }
+            }
+            // Every worker of a node runs on the same backend.
+            _ => {}
+        }
+    }
+
+    /// Packets the backend received.
+    pub fn rx_packets(&self) -> u64 {
+        match self {
+            IoStats::Udp(s) => s.rx_packets,
+            IoStats::AfXdp(s, _) => s.rx_packets,
+        }
+    }
+
     /// The ` io: ...` part of the PP node's stats line. Both backends print `rx=`,
     /// `batches=`, `tx=`, `tx_dropped=` and `tx_errors=`, so scripts read either.
     pub fn summary(&self) -> String {
@@ -111,6 +158,43 @@ impl IoStats {
     }
 }
 
+/// Add `b`'s AF_XDP counters to `a`'s.
+pub fn add_afxdp(a: &mut AfXdpStats, b: &AfXdpStats) {
+    add_fields!(
+        a,
+        b,
+        rx_packets,
+        rx_bytes,
+        rx_batches,
+        tx_packets,
+        tx_bytes,
+        tx_ring_full,
+        tx_no_frame,
+        tx_oversize,
+        tx_moved,
+        tx_completed,
+        tx_kicks,
+        tx_kick_errors
+    );
+}
+
+/// Add `b`'s UDP socket counters to `a`'s.
+pub fn add_udp(a: &mut UdpVxlanStats, b: &UdpVxlanStats) {
+    add_fields!(
+        a,
+        b,
+        rx_packets,
+        rx_bytes,
+        rx_batches,
+        rx_oversize,
+        tx_packets,
+        tx_bytes,
+        tx_dropped,
+        tx_errors,
+        tx_unsendable
+    );
+}
+
 impl PacketIo for PpIo {
     #[inline]
     fn rx(&mut self, descs: &mut Vec<Desc>, max: usize) -> Result<usize, IoError> {
@@ -154,12 +238,16 @@ pub struct IoOptions {
     pub poll_timeout: Duration,
     pub gw_mac: Option<[u8; 6]>,
     pub frames: u32,
+    /// One port per worker: AF_XDP sockets on queues `0..workers`, or UDP sockets
+    /// sharing the address with `SO_REUSEPORT`.
+    pub workers: usize,
 }
 
-/// The opened backend; `xdp` must live as long as the worker (dropping it detaches the
-/// program). `detail` says what was chosen, for the "listening" line.
+/// The opened backend, one port per worker; `xdp` must live as long as the workers
+/// (dropping it detaches the program). `detail` says what was chosen, for the
+/// "listening" line.
 pub struct OpenedIo {
-    pub io: PpIo,
+    pub ios: Vec<PpIo>,
     pub xdp: Option<XdpAttached>,
     pub detail: String,
 }
@@ -176,6 +264,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
             c.io.batch = o.batch.min(crate::AFXDP_MAX_BATCH);
             c.io.poll_timeout = o.poll_timeout;
             c.io.frames = o.frames;
+            c.workers = o.workers as u32;
             if o.listen.port() != packet::VXLAN_PORT {
                 Some(format!(
                     "port {} is not VXLAN's {}: the XDP program only redirects UDP {}",
@@ -184,21 +273,31 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
                     packet::VXLAN_PORT
                 ))
             } else {
-                match open_afxdp(c) {
-                    Ok((io, xdp)) => {
+                match open_afxdp_workers(c) {
+                    Ok((ios, xdp)) => {
                         let detail = format!(
-                            "io afxdp ({} XDP on {}, {} mode, node mac {}, gateway mac {})",
+                            "io afxdp ({} XDP on {}, {} mode, node mac {}, gateway mac {}{})",
                             xdp.mode,
                             xdp.ifname,
-                            io.mode(),
+                            ios[0].mode(),
                             mac_str(&xdp.node.mac),
                             mac_str(&xdp.node.gw_mac),
+                            if ios.len() > 1 {
+                                format!(", {} queues", ios.len())
+                            } else {
+                                String::new()
+                            },
                         );
                         return Ok(OpenedIo {
-                            io: PpIo::AfXdp(io),
+                            ios: ios.into_iter().map(PpIo::AfXdp).collect(),
                             xdp: Some(xdp),
                             detail,
                         });
+                    }
+                    // Asking for more workers than the interface has queues is a
+                    // mistake to fix, not a reason to run on another backend.
+                    Err(e @ AfXdpNodeError::TooFewQueues { .. }) => {
+                        return Err(PpNodeError::Config(e.to_string()))
                     }
                     Err(e) => Some(e.to_string()),
                 }
@@ -214,11 +313,25 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
     io_cfg.peer_port = o.peer_port;
     io_cfg.slots = o.batch;
     io_cfg.poll_timeout = o.poll_timeout;
-    let io = UdpVxlanIo::bind(io_cfg).map_err(|e| PpNodeError::Io(format!("VXLAN socket: {e}")))?;
+    // Several workers share the port; the kernel spreads flows over their sockets by
+    // 4-tuple hash (the outer UDP source port carries the inner flow's hash).
+    io_cfg.reuse_port = o.workers > 1;
+    let mut ios = Vec::with_capacity(o.workers);
+    for _ in 0..o.workers.max(1) {
+        let io = UdpVxlanIo::bind(io_cfg.clone())
+            .map_err(|e| PpNodeError::Io(format!("VXLAN socket: {e}")))?;
+        // Asked for port 0: the others join the port the first one got.
+        io_cfg.bind = io.local_addr();
+        ios.push(PpIo::Udp(io));
+    }
     Ok(OpenedIo {
-        io: PpIo::Udp(io),
+        ios,
         xdp: None,
-        detail: "io udp".to_string(),
+        detail: if o.workers > 1 {
+            format!("io udp ({} SO_REUSEPORT sockets)", o.workers)
+        } else {
+            "io udp".to_string()
+        },
     })
 }
 
@@ -227,4 +340,44 @@ pub fn mac_str(m: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_counters_sum_over_workers_and_an_unreadable_kernel_count_is_not_half_summed() {
+        let x = |rx: u64, k: Option<u64>| {
+            IoStats::AfXdp(
+                AfXdpStats {
+                    rx_packets: rx,
+                    tx_kicks: 1,
+                    ..Default::default()
+                },
+                k.map(|d| AfXdpKernelStats {
+                    rx_dropped: d,
+                    ..Default::default()
+                }),
+            )
+        };
+        match IoStats::sum(&[x(3, Some(1)), x(4, Some(2))]) {
+            Some(IoStats::AfXdp(s, Some(k))) => {
+                assert_eq!((s.rx_packets, s.tx_kicks, k.rx_dropped), (7, 2, 3))
+            }
+            other => panic!("{other:?}"),
+        }
+        match IoStats::sum(&[x(3, Some(1)), x(4, None)]) {
+            Some(IoStats::AfXdp(s, None)) => assert_eq!(s.rx_packets, 7),
+            other => panic!("{other:?}"),
+        }
+        let u = |rx: u64| {
+            IoStats::Udp(UdpVxlanStats {
+                rx_packets: rx,
+                ..Default::default()
+            })
+        };
+        assert_eq!(IoStats::sum(&[u(1), u(2)]).map(|s| s.rx_packets()), Some(3));
+        assert!(IoStats::sum(&[]).is_none());
+    }
 }

@@ -1,6 +1,12 @@
-//! A whole PP node, started in-process: one pipeline worker on an AF_XDP socket (the
-//! default wherever it works) or a UDP VXLAN socket ([`IoKind`]), its rule source, the
-//! optional XDP fast path, vIP group membership, `/metrics`, and the control session.
+//! A whole PP node, started in-process: pipeline workers (one by default,
+//! [`PpNodeConfig::workers`]) each on an AF_XDP socket of its own (the default wherever
+//! it works) or a UDP VXLAN socket ([`IoKind`]), their rule source, the optional XDP
+//! fast path, vIP group membership, `/metrics`, and the control session.
+//!
+//! Worker 0's thread also runs the control loop: directives, rates, trace arming and
+//! vIPs are applied there and handed to the other workers over a command channel each;
+//! the other workers publish snapshots that the stats line, `/metrics` and the node
+//! report sum.
 //!
 //! Rules come from the fabric master (`fm`): a miss holds the packet and asks FM,
 //! which asks the SC group owning the flow. Static rules from a file (`rules`) can be
@@ -28,9 +34,9 @@ use proto::agent::{AgentError, NodeAgent};
 use thiserror::Error;
 
 pub use fastpath::{FastPath, OffloadConfig};
-pub use io::{mac_str, open, IoKind, IoOptions, IoStats, OpenedIo, PpIo};
+pub use io::{add_afxdp, add_udp, mac_str, open, IoKind, IoOptions, IoStats, OpenedIo, PpIo};
 
-use crate::metrics::PpMetrics;
+use crate::metrics::{PpMetrics, PpSnapshot, PP_PUBLISH_EVERY};
 use crate::rates::RateLimits;
 use crate::{FmClient, FmClientConfig};
 
@@ -71,8 +77,13 @@ pub struct PpNodeConfig {
     pub node_mac: Option<[u8; 6]>,
     /// Outer destination MAC; AF_XDP resolves it when not given.
     pub gw_mac: Option<[u8; 6]>,
-    /// Flow table capacity.
+    /// Flow table capacity of the node, split evenly over the workers.
     pub flows: usize,
+    /// Pipeline workers, each on a thread of its own with its own port (AF_XDP socket
+    /// on receive queue `i`, or a `SO_REUSEPORT` UDP socket), flow table shard, FM
+    /// link and policer. Worker 0's thread also runs the control loop. See
+    /// docs/pp-pipeline.md, "Workers".
+    pub workers: usize,
     /// A stats line to `lines` every this often.
     pub stats_interval: Option<Duration>,
     /// With an FM: how often counted rules report their counters (the monitor's data).
@@ -122,6 +133,7 @@ impl Default for PpNodeConfig {
             node_mac: None,
             gw_mac: None,
             flows: 1 << 16,
+            workers: 1,
             stats_interval: None,
             counter_interval: Duration::from_secs(1),
             active_interval: Duration::from_secs(10),
@@ -207,6 +219,7 @@ pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle
             cfg.active_interval, MAX_ACTIVE_INTERVAL
         )));
     }
+    check_workers(&cfg)?;
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let s = stop.clone();
     // Everything is built on the worker thread: the AF_XDP socket and the XDP program
@@ -234,11 +247,42 @@ pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle
     }
 }
 
+/// Most workers a node runs: the XDP program's `xsks` map holds this many queues.
+pub const MAX_WORKERS: usize = xdp::abi::MAX_XSK_QUEUES as usize;
+
+/// The worker count's own limits (the interface's queue count is checked when the
+/// AF_XDP backend opens).
+fn check_workers(cfg: &PpNodeConfig) -> Result<(), PpNodeError> {
+    if cfg.workers == 0 || cfg.workers > MAX_WORKERS {
+        return Err(PpNodeError::Config(format!(
+            "--workers {} is not in 1..={MAX_WORKERS}",
+            cfg.workers
+        )));
+    }
+    if cfg.workers > 1 && cfg.offload.offload {
+        // The fast path's offloader follows one pipeline's flows; with several it
+        // would take back or count only worker 0's.
+        return Err(PpNodeError::Config(format!(
+            "--offload runs with one worker only (--workers {} asked): the XDP fast path \
+             follows a single worker's flow table",
+            cfg.workers
+        )));
+    }
+    if cfg.workers > cfg.flows {
+        return Err(PpNodeError::Config(format!(
+            "--flows {} is fewer than --workers {}: each worker needs a flow table",
+            cfg.flows, cfg.workers
+        )));
+    }
+    Ok(())
+}
+
 type Ready = std::sync::mpsc::SyncSender<Option<(SocketAddrV4, Option<SocketAddr>)>>;
 
 fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNodeError> {
     let say = |l: &str| a.lines.say(l);
     let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
+    let nworkers = a.workers;
     let opened = io::open(&IoOptions {
         kind: a.io,
         listen: a.listen,
@@ -253,13 +297,14 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         },
         gw_mac: a.gw_mac,
         frames: a.xdp_frames,
+        workers: nworkers,
     })?;
-    let io = opened.io;
-    // Kept for as long as the worker runs: dropping it detaches the XDP program. Its
+    let mut ios = opened.ios;
+    // Kept for as long as the workers run: dropping it detaches the XDP program. Its
     // `program` is where offloaded rules go.
     let mut xdp = opened.xdp;
     let io_detail = opened.detail;
-    let local = match &io {
+    let local = match &ios[0] {
         PpIo::Udp(u) => u.local_addr(),
         PpIo::AfXdp(_) => a.listen,
     };
@@ -291,8 +336,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     };
     let mut cfg = PipelineConfig::new(node);
     cfg.elephant = fastpath.as_ref().and(a.offload.elephant());
-    cfg.flow_capacity = a.flows;
-    cfg.seed = rand::random();
+    cfg.flow_capacity = worker_flows(a.flows, nworkers);
     let mut agent = match &a.orchestrator {
         Some(o) => Some(NodeAgent::start(
             o,
@@ -353,11 +397,14 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         };
     let mut fm_client = None;
     let mut reports_tx = None;
-    let source = match &fm_addr {
+    let sources: Vec<RuleSource> = match &fm_addr {
         Some(fm) => {
             let mut fcfg = FmClientConfig::new(fm, &id);
             fcfg.rx_packets = rx_packets.clone();
             fcfg.tls = a.tls.clone();
+            // One link per worker: FM echoes the asking worker's id, and the client
+            // hands each reply to that worker (revocations to all).
+            fcfg.workers = nworkers as u16;
             if vip_member.is_some() {
                 fcfg.vip_capable = true;
                 fcfg.owned_vips = owned_vips.clone();
@@ -368,7 +415,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                 fcfg.first_frames = Some(first.clone());
                 cfg.first_frames = Some(first);
             }
-            let (client, mut links) =
+            let (client, links) =
                 FmClient::start(fcfg).map_err(|e| PpNodeError::Fm(e.to_string()))?;
             reports_tx = Some(client.report_sender());
             fm_client = Some(client);
@@ -381,52 +428,384 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                     .clamp(1, u128::from(u32::MAX / 2)) as u32,
                 ..Default::default()
             });
-            links.remove(0).source
+            links.into_iter().map(|l| l.source).collect()
         }
         None => {
             cfg.default_idle_timeout = STATIC_IDLE;
-            RuleSource::None
+            (0..nworkers).map(|_| RuleSource::None).collect()
         }
     };
     // A node sees replies on the gateways' VNIs for flows it never saw start: in a PP
     // cluster another node saw them, and a restarted node forgot them. FM answers
-    // those from its cache.
+    // those from its cache. The same holds between this node's own workers: a flow's
+    // reply direction may arrive on another queue than its first packet did.
     cfg.ask_unbound = fm_addr.is_some();
-    let mut pipeline =
-        Pipeline::new(cfg, source).map_err(|e| PpNodeError::Config(format!("flow table: {e}")))?;
-    // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives.
-    pipeline.set_ipsec(Some(ipsec::Gateway::new(ipsec::GatewayConfig::new(
-        node.ip,
-        node.mac,
-        node.gw_mac,
-    ))));
-    for (vni, b) in &a.vpcs {
-        pipeline.bind_vpc(*vni, *b);
-    }
-    let mut rates = RateLimits::new(a.rate_capacity, 1, a.rates.clone())
+    let mut rates = RateLimits::new(a.rate_capacity, nworkers, a.rates.clone())
         .map_err(|e| PpNodeError::Config(format!("rates: {e}")))?;
-    pipeline.set_policer(Box::new(rates.policer()));
-    rates.mark_policed(&mut pipeline);
-    if let (Some(d), Some(ag)) = (first_directive.take(), agent.as_ref()) {
-        apply_directive(&mut pipeline, &mut rates, &a.vpcs, &d, 0);
-        ag.set_applied(d.version);
+    let mut workers = Vec::with_capacity(nworkers);
+    let mut nrules = 0;
+    for (i, (source, io)) in sources.into_iter().zip(ios.drain(..)).enumerate() {
+        let mut c = cfg.clone();
+        c.worker = i as u16;
+        c.seed = rand::random();
+        // The fast path follows worker 0's table only (start refuses --offload with
+        // more workers).
+        if i > 0 {
+            c.elephant = None;
+        }
+        let mut pipeline = Pipeline::new(c, source)
+            .map_err(|e| PpNodeError::Config(format!("flow table: {e}")))?;
+        // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives.
+        pipeline.set_ipsec(Some(ipsec::Gateway::new(ipsec::GatewayConfig::new(
+            node.ip,
+            node.mac,
+            node.gw_mac,
+        ))));
+        for (vni, b) in &a.vpcs {
+            pipeline.bind_vpc(*vni, *b);
+        }
+        pipeline.set_policer(Box::new(rates.policer()));
+        rates.mark_policed(&mut pipeline);
+        pipeline.set_default_binding(a.default_chain);
+        nrules = match &a.rules {
+            Some(path) => install_rules_file(&mut pipeline, path)?,
+            None => 0,
+        };
+        workers.push(Worker::new(
+            pipeline,
+            io,
+            a.batch,
+            Box::new(MonotonicClock::new()),
+        ));
     }
-    pipeline.set_default_binding(a.default_chain);
-    let nrules = match &a.rules {
-        Some(path) => install_rules_file(&mut pipeline, path)?,
-        None => 0,
-    };
-
-    let mut worker = Worker::new(pipeline, io, a.batch, Box::new(MonotonicClock::new()));
+    if let Some(d) = first_directive.take() {
+        let before = rates.policed_tenants();
+        for e in rates.apply(&d.rates, &mut workers[0].pipeline) {
+            tracing::warn!(error = %e, "rates refused; the tenant keeps its last ones");
+        }
+        let st = directive_state(&a.vpcs, &d, &before, &rates.policed_tenants());
+        for w in &mut workers {
+            apply_state(&mut w.pipeline, &st, 0);
+        }
+        if let Some(ag) = agent.as_ref() {
+            ag.set_applied(d.version);
+        }
+    }
+    let mut worker = workers.remove(0);
 
     let start = Instant::now();
     let mut next_report = start;
     // The report's rates: packets received and rule requests sent since the last one.
     let mut report_rate = telemetry::CounterRates::<2>::default();
     let mut next_stats = a.stats_interval.map(|i| start + i);
+    let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
+    let notices = fm_client.as_ref().map(|c| c.notice_sender());
+    // The other workers: data path only; this thread keeps the control loop and
+    // hands them node-wide changes over their command channels.
+    let peers_stop = Arc::new(AtomicBool::new(false));
+    let mut peers: Vec<Peer> = Vec::with_capacity(workers.len());
+    for (i, w) in workers.into_iter().enumerate() {
+        let i = i + 1;
+        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<WorkerCmd>();
+        let snap = Arc::new(std::sync::Mutex::new(None));
+        let ctx = PeerCtx {
+            cmds: cmd_rx,
+            snap: snap.clone(),
+            notices: notices.clone(),
+            reports: reports_tx.clone(),
+            stop: peers_stop.clone(),
+            flush_every: rates.tick_period(),
+        };
+        let thread = match std::thread::Builder::new()
+            .name(format!("pp-worker-{i}"))
+            .spawn(move || run_peer(w, ctx))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                // The workers already started end with this one's failure.
+                peers_stop.store(true, Ordering::Relaxed);
+                for p in &mut peers {
+                    if let Some(t) = p.thread.take() {
+                        let _ = t.join();
+                    }
+                }
+                return Err(PpNodeError::Worker(e.to_string()));
+            }
+        };
+        peers.push(Peer {
+            cmds: cmd_tx,
+            snap,
+            thread: Some(thread),
+        });
+    }
+    let r = control_loop(
+        &a,
+        ControlState {
+            worker: &mut worker,
+            peers: &mut peers,
+            stop: &stop,
+            ready,
+            local,
+            nrules,
+            io_detail,
+            fm_addr: fm_addr.as_deref(),
+            fm_client: fm_client.as_ref(),
+            fm_stats,
+            notices: notices.as_ref(),
+            reports_tx: reports_tx.as_ref(),
+            rates: &mut rates,
+            agent: agent.as_mut(),
+            vip_member: vip_member.as_mut(),
+            vip_rx: &vip_rx,
+            xdp: xdp.as_mut(),
+            fastpath: fastpath.as_mut(),
+            rx_packets: &rx_packets,
+            start,
+            next_report: &mut next_report,
+            report_rate: &mut report_rate,
+            next_stats: &mut next_stats,
+        },
+    );
+    // Whatever ended the loop ends the other workers too; they report their last
+    // counters and publish their final counts as they go.
+    peers_stop.store(true, Ordering::Relaxed);
+    let mut first_err = r.err();
+    for p in &mut peers {
+        if let Some(t) = p.thread.take() {
+            let e = match t.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(PpNodeError::Panicked),
+            };
+            if first_err.is_none() {
+                first_err = e;
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
+        let now_ms = worker.now_ms();
+        fp.flush(&mut x.program, &mut worker.pipeline, now_ms);
+        say(&format!("pp: fast path:{}", fp.summary()));
+    }
+    if let Some(tx) = &reports_tx {
+        // The counts since the last pass, so a stopping node loses none it could send.
+        worker.pipeline.report_all_counters();
+        send_reports(&mut worker.pipeline, tx, &mut Vec::new());
+    }
+    say(&summary(&worker, &peer_snaps(&peers), start.elapsed()));
+    drop(xdp);
+    if let Some(mut c) = fm_client {
+        c.stop();
+    }
+    say("pp: stopped");
+    Ok(())
+}
+
+/// Each worker's flow table capacity: `--flows` is the node's, split evenly (rounded
+/// up), so the node's memory and flow count stay what `--flows` says.
+pub fn worker_flows(flows: usize, workers: usize) -> usize {
+    flows.div_ceil(workers.max(1))
+}
+
+/// A change of node-wide state for another worker, run on its thread between batches
+/// with its pipeline and its clock's now (ms).
+type WorkerCmd = Box<dyn FnOnce(&mut Pipeline, u32) + Send>;
+
+/// What a worker other than 0 publishes for the control loop, every
+/// [`PP_PUBLISH_EVERY`] and when it stops.
+#[derive(Clone)]
+struct PeerSnap {
+    snap: PpSnapshot,
+    io: IoStats,
+    ipsec: IpsecLine,
+}
+
+/// The IPsec part of the stats line.
+#[derive(Clone, Copy, Default)]
+struct IpsecLine {
+    shown: bool,
+    tunnels: usize,
+    out: u64,
+    inb: u64,
+    icmp_too_big: u64,
+    batches: u64,
+}
+
+impl IpsecLine {
+    fn of(p: &Pipeline) -> IpsecLine {
+        match p.ipsec().filter(|g| !g.is_empty() || g.stats().batches > 0) {
+            Some(g) => {
+                let st = g.stats();
+                IpsecLine {
+                    shown: true,
+                    tunnels: g.tunnels().len(),
+                    out: st.out_packets,
+                    inb: st.in_packets,
+                    icmp_too_big: st.icmp_too_big,
+                    batches: st.batches,
+                }
+            }
+            None => IpsecLine::default(),
+        }
+    }
+
+    fn add(&mut self, o: &IpsecLine) {
+        self.shown |= o.shown;
+        // Every worker holds the same tunnels.
+        self.tunnels = self.tunnels.max(o.tunnels);
+        self.out += o.out;
+        self.inb += o.inb;
+        self.icmp_too_big += o.icmp_too_big;
+        self.batches += o.batches;
+    }
+}
+
+fn peer_snap(w: &Worker<PpIo>) -> PeerSnap {
+    PeerSnap {
+        snap: crate::metrics::worker_snapshot(w),
+        io: w.io.stats(),
+        ipsec: IpsecLine::of(&w.pipeline),
+    }
+}
+
+struct Peer {
+    cmds: crossbeam_channel::Sender<WorkerCmd>,
+    snap: Arc<std::sync::Mutex<Option<PeerSnap>>>,
+    thread: Option<JoinHandle<Result<(), PpNodeError>>>,
+}
+
+/// The latest snapshots of the other workers (a worker that has not published yet
+/// counts as nothing).
+fn peer_snaps(peers: &[Peer]) -> Vec<PeerSnap> {
+    peers
+        .iter()
+        .filter_map(|p| telemetry::lock(&p.snap).clone())
+        .collect()
+}
+
+/// Hand every other worker the change `f` makes (one command each).
+fn broadcast(peers: &[Peer], f: impl Fn() -> WorkerCmd) {
+    for p in peers {
+        // A worker that is gone has failed; the control loop finds it by its thread.
+        let _ = p.cmds.send(f());
+    }
+}
+
+struct PeerCtx {
+    cmds: crossbeam_channel::Receiver<WorkerCmd>,
+    snap: Arc<std::sync::Mutex<Option<PeerSnap>>>,
+    notices: Option<crate::fm_client::NoticeSender>,
+    reports: Option<crate::ReportSender>,
+    stop: Arc<AtomicBool>,
+    flush_every: Duration,
+}
+
+/// A worker other than 0: the data path, its miss path's notices and counter
+/// reports, and the node-wide changes the control loop sends it.
+fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
+    let mut next_pub = Instant::now();
+    let mut next_flush = Instant::now();
+    let mut report_buf = Vec::new();
+    let publish = |w: &Worker<PpIo>| *telemetry::lock(&c.snap) = Some(peer_snap(w));
+    publish(&w);
+    while !c.stop.load(Ordering::Relaxed) {
+        while let Ok(cmd) = c.cmds.try_recv() {
+            let now_ms = w.now_ms();
+            cmd(&mut w.pipeline, now_ms);
+        }
+        let now = Instant::now();
+        if now >= next_flush {
+            // The node thread ticks the rate managers; this worker's spending reaches
+            // them on its flushes.
+            w.pipeline.flush_policer();
+            next_flush = now + c.flush_every;
+        }
+        if now >= next_pub {
+            publish(&w);
+            next_pub = now + PP_PUBLISH_EVERY;
+        }
+        w.run_once()
+            .map_err(|e| PpNodeError::Worker(e.to_string()))?;
+        let n = w.pipeline.take_notices();
+        if let Some(tx) = &c.notices {
+            tx.send(n);
+        }
+        if let Some(tx) = &c.reports {
+            send_reports(&mut w.pipeline, tx, &mut report_buf);
+        }
+    }
+    if let Some(tx) = &c.reports {
+        w.pipeline.report_all_counters();
+        send_reports(&mut w.pipeline, tx, &mut report_buf);
+    }
+    publish(&w);
+    Ok(())
+}
+
+/// What the control loop works on (worker 0's thread).
+struct ControlState<'a> {
+    worker: &'a mut Worker<PpIo>,
+    peers: &'a mut Vec<Peer>,
+    stop: &'a AtomicBool,
+    ready: Ready,
+    local: SocketAddrV4,
+    nrules: usize,
+    io_detail: String,
+    fm_addr: Option<&'a str>,
+    fm_client: Option<&'a FmClient>,
+    fm_stats: Option<Arc<crate::FmClientStats>>,
+    notices: Option<&'a crate::fm_client::NoticeSender>,
+    reports_tx: Option<&'a crate::ReportSender>,
+    rates: &'a mut RateLimits,
+    agent: Option<&'a mut NodeAgent>,
+    vip_member: Option<&'a mut crate::VipMember>,
+    vip_rx: &'a crossbeam_channel::Receiver<proto::v1::VipAssign>,
+    xdp: Option<&'a mut crate::XdpAttached>,
+    fastpath: Option<&'a mut FastPath>,
+    rx_packets: &'a AtomicU64,
+    start: Instant,
+    next_report: &'a mut Instant,
+    report_rate: &'a mut telemetry::CounterRates<2>,
+    next_stats: &'a mut Option<Instant>,
+}
+
+/// Worker 0's loop: its own data path, and everything node-wide (directives, rates,
+/// vIPs, fast path, `/metrics`, trace, stats line, node report), broadcast to the
+/// other workers as commands and summed from their snapshots.
+fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError> {
+    let say = |l: &str| a.lines.say(l);
+    let ControlState {
+        worker,
+        peers,
+        stop,
+        ready,
+        local,
+        nrules,
+        io_detail,
+        fm_addr,
+        fm_client,
+        fm_stats,
+        notices,
+        reports_tx,
+        rates,
+        mut agent,
+        mut vip_member,
+        vip_rx,
+        mut xdp,
+        mut fastpath,
+        rx_packets,
+        start,
+        next_report,
+        report_rate,
+        next_stats,
+    } = s;
+    let nworkers = peers.len() + 1;
     // Tests and scripts wait for this line before sending traffic.
     say(&format!(
-        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}{}",
+        "pp: listening on {local}, {nrules} static rules, {} flows{}, {io_detail}{}{}",
         a.flows,
         match &fm_addr {
             Some(fm) => format!(", rules from FM {fm}"),
@@ -436,10 +815,16 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             ", XDP fast path on"
         } else {
             ""
+        },
+        if nworkers > 1 {
+            format!(
+                ", {nworkers} workers of {} flows each",
+                worker.pipeline.table().capacity()
+            )
+        } else {
+            String::new()
         }
     ));
-    let fm_stats = fm_client.as_ref().map(|c| c.stats_shared());
-    let notices = fm_client.as_ref().map(|c| c.notice_sender());
     // `starfabric trace` arms traces over the metrics endpoint.
     let trace = Arc::new(crate::trace::TraceControl::default());
     let mut metrics = a
@@ -451,15 +836,33 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         ag.set_metrics(metrics_addr);
     }
     let metrics_field = metrics_addr.map(tracing::field::display);
-    tracing::info!(%local, rules = nrules, io = worker.io.name(), metrics = metrics_field, "PP worker running");
+    tracing::info!(%local, rules = nrules, io = worker.io.name(), workers = nworkers, metrics = metrics_field, "PP worker running");
     let _ = ready.send(Some((local, metrics_addr)));
 
     let mut report_buf = Vec::new();
+    // The other workers' latest snapshots, re-read every PP_PUBLISH_EVERY.
+    let mut others: Vec<PeerSnap> = Vec::new();
+    let mut next_others = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
-        if let (Some(t), Some(i)) = (next_stats, a.stats_interval) {
+        if !peers.is_empty() && now >= next_others {
+            next_others = now + PP_PUBLISH_EVERY;
+            others = peer_snaps(peers);
+            // A worker that ended on its own failed: the node stops with its error.
+            if let Some(p) = peers
+                .iter_mut()
+                .find(|p| p.thread.as_ref().is_some_and(|t| t.is_finished()))
+            {
+                return match p.thread.take().map(|t| t.join()) {
+                    Some(Ok(Err(e))) => Err(e),
+                    Some(Err(_)) => Err(PpNodeError::Panicked),
+                    _ => Err(PpNodeError::Worker("a worker stopped".into())),
+                };
+            }
+        }
+        if let (Some(t), Some(i)) = (*next_stats, a.stats_interval) {
             if now >= t {
-                let mut line = summary(&worker, start.elapsed());
+                let mut line = summary(worker, &others, start.elapsed());
                 if let Some(c) = &fm_client {
                     // Which FM the node is on (FM failover); `none` while it has none.
                     let _ = write!(line, " fm={}", c.current_fm().as_deref().unwrap_or("none"));
@@ -477,7 +880,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                     );
                 }
                 say(&line);
-                next_stats = Some(t + i);
+                *next_stats = Some(t + i);
             }
         }
         if rates.due(now) {
@@ -485,21 +888,46 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             rates.tick(now);
         }
         if let Some(m) = &mut metrics {
-            m.tick(&worker, &rates, now);
+            let snaps: Vec<PpSnapshot> = others.iter().map(|o| o.snap.clone()).collect();
+            m.tick(worker, &snaps, rates, now);
         }
         if let Some(ag) = agent.as_mut() {
-            if now >= next_report {
-                next_report = now + Duration::from_millis(250);
+            if now >= *next_report {
+                *next_report = now + Duration::from_millis(250);
                 if let Some(d) = ag.new_directive() {
                     let now_ms = worker.now_ms();
-                    apply_directive(&mut worker.pipeline, &mut rates, &a.vpcs, &d, now_ms);
+                    let before = rates.policed_tenants();
+                    for e in rates.apply(&d.rates, &mut worker.pipeline) {
+                        tracing::warn!(error = %e, "rates refused; the tenant keeps its last ones");
+                    }
+                    let st = Arc::new(directive_state(
+                        &a.vpcs,
+                        &d,
+                        &before,
+                        &rates.policed_tenants(),
+                    ));
+                    apply_state(&mut worker.pipeline, &st, now_ms);
+                    broadcast(peers, || {
+                        let st = st.clone();
+                        Box::new(move |p, now_ms| apply_state(p, &st, now_ms))
+                    });
                     ag.set_applied(d.version);
                 }
-                let mut r = report(&worker, fm_client.as_ref());
+                let mut r = report(worker, &others, fm_client);
                 if let Some(l) = r.load.as_mut() {
-                    let st = worker.pipeline.stats();
-                    [l.packets_per_s, l.requests_per_s] =
-                        report_rate.observe(now, [st.rx_packets, st.rule_requests]);
+                    let (rx, req) = others.iter().fold(
+                        {
+                            let st = worker.pipeline.stats();
+                            (st.rx_packets, st.rule_requests)
+                        },
+                        |(rx, req), o| {
+                            (
+                                rx + o.snap.stats.rx_packets,
+                                req + o.snap.stats.rule_requests,
+                            )
+                        },
+                    );
+                    [l.packets_per_s, l.requests_per_s] = report_rate.observe(now, [rx, req]);
                 }
                 r.rates = rates.status();
                 ag.set_report(r);
@@ -513,8 +941,17 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             }
             m.tick(&mut x.program, now);
         }
-        rx_packets.store(worker.pipeline.stats().rx_packets, Ordering::Relaxed);
-        trace.poll(&mut worker.pipeline);
+        rx_packets.store(
+            worker.pipeline.stats().rx_packets
+                + others.iter().map(|o| o.snap.stats.rx_packets).sum::<u64>(),
+            Ordering::Relaxed,
+        );
+        trace.poll_with(&mut worker.pipeline, |t| {
+            broadcast(peers, || {
+                let t = t.map(pipeline::Tracer::fork);
+                Box::new(move |p, _| p.set_tracer(t))
+            })
+        });
         worker
             .run_once()
             .map_err(|e| PpNodeError::Worker(e.to_string()))?;
@@ -531,22 +968,6 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             send_reports(&mut worker.pipeline, tx, &mut report_buf);
         }
     }
-    if let (Some(fp), Some(x)) = (fastpath.as_mut(), xdp.as_mut()) {
-        let now_ms = worker.now_ms();
-        fp.flush(&mut x.program, &mut worker.pipeline, now_ms);
-        say(&format!("pp: fast path:{}", fp.summary()));
-    }
-    if let Some(tx) = &reports_tx {
-        // The counts since the last pass, so a stopping node loses none it could send.
-        worker.pipeline.report_all_counters();
-        send_reports(&mut worker.pipeline, tx, &mut report_buf);
-    }
-    say(&summary(&worker, start.elapsed()));
-    drop(xdp);
-    if let Some(mut c) = fm_client {
-        c.stop();
-    }
-    say("pp: stopped");
     Ok(())
 }
 
@@ -585,17 +1006,24 @@ fn install_rules_file(pipeline: &mut Pipeline, path: &PathBuf) -> Result<usize, 
     Ok(rules.len())
 }
 
-/// Bind the directive's VNIs (plus the static ones, which win) and take its rates.
-fn apply_directive(
-    p: &mut Pipeline,
-    rates: &mut RateLimits,
+/// The node-wide part of a directive that every worker's pipeline takes.
+struct DirectiveState {
+    /// The directive's VNI bindings, then the static ones (which win).
+    bindings: Vec<(u32, VpcBinding)>,
+    /// Tenants whose policing changed: off for those that lost their packet rates,
+    /// on for every tenant that has them.
+    policed: Vec<(u32, bool)>,
+    ipsec: Vec<proto::v1::IpsecTunnel>,
+}
+
+/// What directive `d` means for each pipeline, its rates already taken by the node's
+/// rate managers (`before`, `after`: the policed tenants around that).
+fn directive_state(
     fixed: &[(u32, VpcBinding)],
     d: &proto::v1::Directive,
-    now_ms: u32,
-) {
-    for e in rates.apply(&d.rates, p) {
-        tracing::warn!(error = %e, "rates refused; the tenant keeps its last ones");
-    }
+    before: &std::collections::BTreeSet<u32>,
+    after: &std::collections::BTreeSet<u32>,
+) -> DirectiveState {
     let bindings: Vec<(u32, VpcBinding)> = d
         .vpcs
         .iter()
@@ -617,8 +1045,24 @@ fn apply_directive(
         ipsec = d.ipsec.len(),
         "directive applied"
     );
-    p.replace_vpcs(bindings);
-    apply_ipsec(p, &d.ipsec, now_ms);
+    DirectiveState {
+        bindings,
+        policed: before
+            .difference(after)
+            .map(|t| (*t, false))
+            .chain(after.iter().map(|t| (*t, true)))
+            .collect(),
+        ipsec: d.ipsec.clone(),
+    }
+}
+
+/// Bind the directive's VNIs, mark its policed tenants and take its IPsec tunnels.
+fn apply_state(p: &mut Pipeline, st: &DirectiveState, now_ms: u32) {
+    for (t, on) in &st.policed {
+        p.set_tenant_policed(*t, *on);
+    }
+    p.replace_vpcs(st.bindings.iter().copied());
+    apply_ipsec(p, &st.ipsec, now_ms);
 }
 
 /// Take the directive's IPsec tunnels. A tunnel that does not convert is left out (and
@@ -670,15 +1114,29 @@ pub fn tunnel_config(t: &proto::v1::IpsecTunnel) -> Result<ipsec::TunnelConfig, 
     })
 }
 
-/// What a PP node tells the orchestrator.
-fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
+/// What a PP node tells the orchestrator: worker 0's pipeline plus the others'
+/// snapshots, summed.
+fn report(w: &Worker<PpIo>, others: &[PeerSnap], fm: Option<&FmClient>) -> proto::v1::NodeReport {
     let p = &w.pipeline;
-    let s = p.stats();
+    let mut s = p.stats().clone();
+    let mut flows = p.table().len() as u64;
+    let mut tenants: Vec<(u32, pipeline::TenantCounters)> =
+        p.tenants().map(|(t, c)| (t, *c)).collect();
+    for o in others {
+        s.merge(&o.snap.stats);
+        flows += o.snap.flow_entries as u64;
+        for (t, c) in &o.snap.tenants {
+            match tenants.iter_mut().find(|(u, _)| u == t) {
+                Some((_, u)) => u.merge(c),
+                None => tenants.push((*t, *c)),
+            }
+        }
+    }
     let ready = fm.is_none_or(|c| c.connected());
     proto::v1::NodeReport {
         load: Some(proto::v1::Load {
             requests_per_s: 0.0,
-            flows: p.table().len() as u64,
+            flows,
             groups: 0,
             ..Default::default()
         }),
@@ -703,12 +1161,14 @@ fn report(w: &Worker<PpIo>, fm: Option<&FmClient>) -> proto::v1::NodeReport {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
+        // Worker 0's gateway: the tunnels are the same on every worker (their counters
+        // are worker 0's; the stats line sums them).
         ipsec: p
             .ipsec()
             .map(|g| g.tunnels().into_iter().map(ipsec_status).collect())
             .unwrap_or_default(),
-        tenants: p
-            .tenants()
+        tenants: tenants
+            .into_iter()
             .map(|(t, c)| proto::v1::TenantCounters {
                 tenant: t,
                 packets: c.packets,
@@ -742,11 +1202,38 @@ fn ipsec_status(t: ipsec::TunnelStatus) -> proto::v1::IpsecTunnelStatus {
     }
 }
 
-/// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`
-fn summary(w: &Worker<PpIo>, t: Duration) -> String {
+/// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`, summed
+/// over worker 0 and the other workers' snapshots; with several workers also
+/// `workers=N rx_per_worker=a/b/..` before the I/O part.
+fn summary(w: &Worker<PpIo>, others: &[PeerSnap], t: Duration) -> String {
     let p = &w.pipeline;
-    let s = p.stats();
-    let io = w.io.stats();
+    let mut s = p.stats().clone();
+    let mut io = w.io.stats();
+    let mut ipsec = IpsecLine::of(p);
+    let mut reasons: Vec<(String, u64)> = DropReason::FIXED
+        .iter()
+        .map(|&r| (p.drop_name(r), s.dropped(r)))
+        .collect();
+    reasons.extend(
+        (0..p.rules().reasons().len())
+            .map(|i| (p.drop_name(DropReason::Rule(i as u8)), s.rule_drops[i])),
+    );
+    let mut rx_per_worker = vec![s.rx_packets];
+    for o in others {
+        rx_per_worker.push(o.snap.stats.rx_packets);
+        s.merge(&o.snap.stats);
+        if let Some(sum) = IoStats::sum(&[io, o.io]) {
+            io = sum;
+        }
+        ipsec.add(&o.ipsec);
+        // By name: each worker numbers its rule reasons itself.
+        for (name, n) in &o.snap.drops {
+            match reasons.iter_mut().find(|(m, _)| m == name) {
+                Some((_, m)) => *m += n,
+                None => reasons.push((name.clone(), *n)),
+            }
+        }
+    }
     let mut line = format!(
         "pp: t={:.1}s rx={} tx={} hits={} misses={} drops={}",
         t.as_secs_f64(),
@@ -755,14 +1242,6 @@ fn summary(w: &Worker<PpIo>, t: Duration) -> String {
         s.hits,
         s.misses,
         s.total_drops()
-    );
-    let mut reasons: Vec<(String, u64)> = DropReason::FIXED
-        .iter()
-        .map(|&r| (p.drop_name(r), s.dropped(r)))
-        .collect();
-    reasons.extend(
-        (0..p.rules().reasons().len())
-            .map(|i| (p.drop_name(DropReason::Rule(i as u8)), s.rule_drops[i])),
     );
     let nonzero: Vec<String> = reasons
         .into_iter()
@@ -787,18 +1266,61 @@ fn summary(w: &Worker<PpIo>, t: Duration) -> String {
             s.fabric_injected, s.fabric_first_via_fm
         );
     }
-    if let Some(g) = p.ipsec().filter(|g| !g.is_empty() || g.stats().batches > 0) {
-        let st = g.stats();
+    if ipsec.shown {
         let _ = write!(
             line,
             " ipsec: tunnels={} out={} in={} icmp_too_big={} batches={}",
-            g.tunnels().len(),
-            st.out_packets,
-            st.in_packets,
-            st.icmp_too_big,
-            st.batches
+            ipsec.tunnels, ipsec.out, ipsec.inb, ipsec.icmp_too_big, ipsec.batches
+        );
+    }
+    if !others.is_empty() {
+        let per: Vec<String> = rx_per_worker.iter().map(u64::to_string).collect();
+        let _ = write!(
+            line,
+            " workers={} rx_per_worker={}",
+            rx_per_worker.len(),
+            per.join("/")
         );
     }
     line.push_str(&io.summary());
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flow_table_is_split_evenly_rounding_up() {
+        assert_eq!(worker_flows(1 << 16, 1), 1 << 16);
+        assert_eq!(worker_flows(1 << 16, 2), 1 << 15);
+        assert_eq!(worker_flows(10, 3), 4);
+        assert_eq!(worker_flows(5, 0), 5);
+    }
+
+    #[test]
+    fn worker_counts_the_node_cannot_run_are_refused() {
+        let cfg = |workers: usize, flows: usize, offload: bool| {
+            let mut c = PpNodeConfig {
+                workers,
+                flows,
+                ..PpNodeConfig::default()
+            };
+            c.offload.offload = offload;
+            check_workers(&c)
+        };
+        assert!(cfg(1, 1 << 16, true).is_ok());
+        assert!(cfg(4, 1 << 16, false).is_ok());
+        for (w, f, o, needle) in [
+            (0, 1 << 16, false, "--workers 0 is not in 1..=64"),
+            (65, 1 << 16, false, "--workers 65"),
+            (2, 1 << 16, true, "--offload runs with one worker only"),
+            (4, 3, false, "--flows 3 is fewer than --workers 4"),
+        ] {
+            match cfg(w, f, o) {
+                Err(PpNodeError::Config(why)) => assert!(why.contains(needle), "{why}"),
+                r => panic!("{w} workers, {f} flows, offload {o}: {:?}", r.err()),
+            }
+        }
+    }
 }

@@ -27,6 +27,22 @@ pub fn snat_chain(j: usize) -> ChainDef {
     chains::chain(j as u32 + 1, 1, j, Toward::Internet, &[chains::snat(j)]).expect("SNAT chain")
 }
 
+/// `--workers N` of `SF_E2E_PP_ARGS` (1 without): the PP veth gets that many queues,
+/// so the suite runs again on a multi-worker PP node on AF_XDP.
+pub fn suite_workers() -> usize {
+    let extra = std::env::var("SF_E2E_PP_ARGS").unwrap_or_default();
+    let mut w = extra.split_whitespace();
+    while let Some(a) = w.next() {
+        if let Some(n) = a.strip_prefix("--workers=") {
+            return n.parse().unwrap_or(1);
+        }
+        if a == "--workers" {
+            return w.next().and_then(|n| n.parse().ok()).unwrap_or(1);
+        }
+    }
+    1
+}
+
 /// A test's testbed; deletes it on drop and checks nothing is left.
 pub struct Lab {
     tb: Option<Testbed>,
@@ -45,6 +61,11 @@ impl Lab {
     /// router's ECMP route over the vIPs.
     pub fn cluster(tenants: usize, backends: usize, pp_nodes: usize) -> Option<Lab> {
         Lab::with_topology(tenants, backends, |t| t.pp_cluster(pp_nodes))
+    }
+
+    /// One PP node whose underlay veth has `queues` receive queues (for `--workers`).
+    pub fn queues(tenants: usize, backends: usize, queues: usize) -> Option<Lab> {
+        Lab::with_topology(tenants, backends, |t| t.pp_queues(queues))
     }
 
     fn with_topology(
@@ -72,7 +93,8 @@ impl Lab {
             more(
                 TopologySpec::new(&prefix)
                     .tenants(tenants)
-                    .backends(backends),
+                    .backends(backends)
+                    .pp_queues(suite_workers()),
             ),
             res.clone(),
         )
