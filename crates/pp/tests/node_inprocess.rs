@@ -62,8 +62,16 @@ fn node_config(rules: &tempfile::NamedTempFile, listener: &UdpSocket) -> PpNodeC
     }
 }
 
-#[test]
-fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
+/// A node of `workers` workers started in-process on the static rules (which reflect
+/// to a listener of the test's): the rules file, the listener, the node's lines.
+fn start_reflector(
+    workers: usize,
+) -> (
+    tempfile::NamedTempFile,
+    UdpSocket,
+    Arc<Mutex<Vec<String>>>,
+    pp::node::PpHandle,
+) {
     let mut rules = tempfile::NamedTempFile::new().unwrap();
     rules.write_all(RULES.as_bytes()).unwrap();
     let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -73,12 +81,19 @@ fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
     let lines = Arc::new(Mutex::new(Vec::<String>::new()));
     let l = lines.clone();
     let cfg = PpNodeConfig {
+        workers,
         lines: telemetry::Lines::new(move |s: &str| l.lock().unwrap().push(s.to_string())),
         ..node_config(&rules, &listener)
     };
     let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
         .expect("node starts")
         .expect("not stopped");
+    (rules, listener, lines, node)
+}
+
+#[test]
+fn a_pp_node_starts_in_process_forwards_by_its_rules_and_stops() {
+    let (_rules, listener, lines, node) = start_reflector(1);
     let addr = node.local_addr();
     assert_ne!(addr.port(), 0);
     assert!(
@@ -228,22 +243,7 @@ fn an_active_interval_longer_than_the_cap_is_refused() {
 /// worker's share.
 #[test]
 fn two_workers_share_the_port_and_both_take_traffic_by_the_same_rules() {
-    let mut rules = tempfile::NamedTempFile::new().unwrap();
-    rules.write_all(RULES.as_bytes()).unwrap();
-    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
-    listener
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let l = lines.clone();
-    let cfg = PpNodeConfig {
-        workers: 2,
-        lines: telemetry::Lines::new(move |s: &str| l.lock().unwrap().push(s.to_string())),
-        ..node_config(&rules, &listener)
-    };
-    let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
-        .expect("node starts")
-        .expect("not stopped");
+    let (_rules, listener, lines, node) = start_reflector(2);
     let addr = node.local_addr();
     {
         let first = &lines.lock().unwrap()[0];

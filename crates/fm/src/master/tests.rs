@@ -976,6 +976,11 @@ fn pp_open(s: &mut Sim, id: &str, fabric_mac: Vec<u8>) -> u64 {
         fabric_mac,
         ..Default::default()
     };
+    pp_open_info(s, session, info)
+}
+
+/// Session `session` opens for a PP node saying `info`, and FM's answers are pumped.
+fn pp_open_info(s: &mut Sim, session: u64, info: v1::NodeInfo) -> u64 {
     let seen = Arc::new(AtomicU64::new(s.now_ms()));
     let open = Opened {
         session,
@@ -1454,16 +1459,7 @@ fn an_older_pp_node_gets_no_first_packets_and_its_flows_still_work() {
         fabric_mac: vec![2, 0, 0, 0, 0, 0xb],
         ..Default::default()
     };
-    let seen = Arc::new(AtomicU64::new(s.now_ms()));
-    let open = Opened {
-        session,
-        info,
-        seen: seen.clone(),
-        liveness_token: 0,
-    };
-    s.m.on_pp_open(open, s.now_us);
-    s.pp_seen.push(seen);
-    s.pump();
+    pp_open_info(&mut s, session, info);
     s.pp_out.clear();
     s.m.on_pp_requests(
         a,
