@@ -53,6 +53,9 @@ test: setup
 	# The end-to-end suite again with the XDP fast path on: every test's flows become
 	# elephants after 50 packets in a window and run in the driver.
 	SF_E2E_PP_ARGS="--offload --offload-packets 50" $(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_testbed
+	# And on a PP node of two pipeline workers, AF_XDP on a veth of two queues
+	# (docs/pp-pipeline.md, "Workers").
+	SF_E2E_PP_ARGS="--workers 2" $(CARGO) test --profile $(TEST_PROFILE) --workspace --test e2e_testbed
 	$(MAKE) --no-print-directory test-elastic
 	$(MAKE) --no-print-directory test-isolation
 	$(MAKE) --no-print-directory golden-check
