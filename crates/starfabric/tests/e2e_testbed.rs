@@ -258,7 +258,9 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
 fn a_long_tcp_flow_moves_to_the_xdp_fast_path_and_back_when_idle() {
     // One queue whatever the suite's `--workers`: the fast path runs with one worker,
     // and AF_XDP with one worker refuses a veth of more queues.
-    let Some(lab) = Lab::queues(1, 0, 1) else { return };
+    let Some(lab) = Lab::queues(1, 0, 1) else {
+        return;
+    };
     let tb = lab.tb();
     services::start_inet(tb, false).unwrap();
     let p = lab.start_with(
