@@ -36,7 +36,7 @@ mod scale;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 // hashbrown (foldhash, seeded per map) rather than std's SipHash: `inflight` and `by_id`
 // are probed for every rule request and reply.
@@ -243,6 +243,12 @@ pub struct FmStats {
     pub counter_events_unknown_flow: u64,
     pub counter_events_no_group: u64,
     pub counter_events_queue_full: u64,
+    /// Writes to mirrored NF tables relayed from one group's results to the chain's
+    /// other groups (counted once per receiving group), and those dropped because more
+    /// than [`MAX_QUEUED_EVENTS`] waited for the next flush (docs/nf-api.md, "Mirrored
+    /// tables").
+    pub mirror_relayed: u64,
+    pub mirror_dropped: u64,
     pub cache: CacheStats,
     /// The fabric's PP↔PP routes (docs/fabric.md).
     pub fabric: crate::fabric::FabricStats,
@@ -395,6 +401,10 @@ pub(crate) struct Master {
     events_to_submit: HashMap<u64, Vec<v1::FlowEvent>>,
     /// Events in `events_to_submit` (bounded by [`MAX_QUEUED_EVENTS`]).
     queued_events: usize,
+    /// Other partitions' mirrored writes for each group, and how many writes wait in
+    /// all (bounded by [`MAX_QUEUED_EVENTS`] too).
+    mirror_to_submit: HashMap<u64, Vec<v1::MirrorBatch>>,
+    queued_mirror: usize,
     /// When each group's tail last answered (ms): a group that answers is making
     /// progress, and its unanswered requests are queued, not lost.
     group_progress: HashMap<u64, u64>,
@@ -460,6 +470,8 @@ impl Master {
             to_submit: HashMap::new(),
             events_to_submit: HashMap::new(),
             queued_events: 0,
+            mirror_to_submit: HashMap::new(),
+            queued_mirror: 0,
             group_progress: HashMap::new(),
             last_tick: 0,
             stats: FmStats::default(),
@@ -1361,12 +1373,15 @@ impl Master {
         self.group_progress.insert(results.group, now);
         let part = self.map.group(results.group).map(|g| g.partition);
         let mut withdraw: Vec<[u8; 40]> = Vec::new();
-        for r in results.results {
-            if let Some(p) = r.part {
+        for mut r in results.results {
+            if let Some(p) = r.part.take() {
                 self.on_scale_part(results.group, p);
             }
             if let Some(f) = r.fin {
                 self.on_scale_fin(results.group, f);
+            }
+            if let (Some(p), false) = (part, r.mirror.is_empty()) {
+                self.relay_mirror(results.group, &p, std::mem::take(&mut r.mirror));
             }
             if let Some(p) = part {
                 for k in &r.expired {
@@ -1426,6 +1441,35 @@ impl Master {
         // with state — a port, a backend — the NF has given back. A flow still busy had
         // been refreshed by PP's `Active` reports and is not among them.
         self.revoke_at_pp(withdraw);
+    }
+
+    /// A group's writes to mirrored NF tables, queued for every other group of its
+    /// chain (in the same order, so each receiver applies one group's writes in the
+    /// order they were made). Groups that come later (a scale-out's new one) start from
+    /// their parent's copy instead.
+    fn relay_mirror(&mut self, from: u64, p: &v1::Partition, writes: Vec<v1::MirrorWrite>) {
+        let to: Vec<u64> = (self.map.groups())
+            .filter(|g| g.partition.tenant == p.tenant && g.partition.chain == p.chain)
+            .map(|g| g.group.id)
+            .filter(|&g| g != from)
+            .collect();
+        let n = writes.len();
+        let batch = v1::MirrorBatch {
+            writes,
+            from_group: from,
+        };
+        for g in to {
+            if self.queued_mirror + n > MAX_QUEUED_EVENTS {
+                self.stats.mirror_dropped += n as u64;
+                continue;
+            }
+            self.queued_mirror += n;
+            self.stats.mirror_relayed += n as u64;
+            self.mirror_to_submit
+                .entry(g)
+                .or_default()
+                .push(batch.clone());
+        }
     }
 
     /// Periodic work: failure detection, retries, cache sweep, group creation.
@@ -1851,27 +1895,35 @@ impl Master {
             .to_submit
             .keys()
             .chain(self.events_to_submit.keys())
+            .chain(self.mirror_to_submit.keys())
             .copied()
+            .collect::<BTreeSet<u64>>()
+            .into_iter()
             .collect();
         for gid in groups {
             let mut reqs = self.to_submit.remove(&gid).unwrap_or_default();
             let events = self.events_to_submit.remove(&gid).unwrap_or_default();
             self.queued_events = self.queued_events.saturating_sub(events.len());
-            let Some(g) = self.map.group(gid) else {
-                continue; // retried against the current map later
-            };
-            let Some(session) = g
-                .head()
-                .and_then(|h| self.sc_by_node.get(&h.node_id))
-                .filter(|s| self.sc.contains(*s))
-                .copied()
-            else {
+            let mut mirror = self.mirror_to_submit.remove(&gid).unwrap_or_default();
+            let queued: usize = mirror.iter().map(|b| b.writes.len()).sum();
+            self.queued_mirror = self.queued_mirror.saturating_sub(queued);
+            let head = self.map.group(gid).and_then(|g| {
+                let session = g
+                    .head()
+                    .and_then(|h| self.sc_by_node.get(&h.node_id))
+                    .filter(|s| self.sc.contains(*s))
+                    .copied()?;
+                Some((session, g.group.epoch))
+            });
+            let Some((session, epoch)) = head else {
+                // Requests are retried against the current map later; mirrored writes
+                // are not (the group starts from its parent's or a replica's copy).
+                self.stats.mirror_dropped += queued as u64;
                 continue;
             };
-            let epoch = g.group.epoch;
             *self.group_load.entry(gid).or_insert(0) += reqs.len() as u64;
             let mut events = Some(events).filter(|e| !e.is_empty());
-            while !reqs.is_empty() || events.is_some() {
+            while !reqs.is_empty() || events.is_some() || !mirror.is_empty() {
                 let rest = if reqs.len() > max {
                     reqs.split_off(max)
                 } else {
@@ -1887,6 +1939,7 @@ impl Master {
                             epoch,
                             requests: Some(v1::RuleRequestBatch { requests: reqs }),
                             events: events.take().map(|events| v1::FlowEventBatch { events }),
+                            mirror: std::mem::take(&mut mirror),
                         })),
                     }),
                 });

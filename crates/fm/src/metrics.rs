@@ -104,6 +104,16 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
         .map(|(r, n)| ([("reason", r)], n)),
     )?;
     sc.counter(
+        "mirror_relayed",
+        "Writes to mirrored NF tables relayed from a group to another group of its chain (docs/nf-api.md).",
+        s.mirror_relayed,
+    )?;
+    sc.counter(
+        "mirror_dropped",
+        "Writes to mirrored NF tables not relayed (queue full, or the group had no head).",
+        s.mirror_dropped,
+    )?;
+    sc.counter(
         "fabric_first_packets_forwarded",
         "First packets of new flows FM carried from the ingress PP node to the next-hop PP node (docs/fabric.md).",
         s.fabric.first_forwarded,

@@ -9,6 +9,7 @@ use pipeline::{Action, FlowKey, Rule};
 use thiserror::Error;
 
 use crate::env::{NfEnv, Trigger};
+use crate::state::MirrorWrite;
 use crate::types::{
     FirstPacket, FlowEvent, MergeDecoder, NetworkFunction, NfError, PartitionBy, PreparedPart,
     Rewrite, SplitHalf, Verdict,
@@ -443,6 +444,38 @@ impl Chain {
                 .extend(env.triggers.drain(..).map(|t| (i, t)));
         }
         (n, errors)
+    }
+
+    /// The writes the NFs made to their mirrored tables since the last call, with each
+    /// NF's index in the chain: what the platform carries to the chain's other
+    /// partitions ([`crate::SplitRule::Mirror`]). Taken after every op it applies.
+    pub fn take_mirror(&mut self) -> Vec<(u32, MirrorWrite)> {
+        let mut out = Vec::new();
+        for (i, nf) in self.nfs.iter_mut().enumerate() {
+            if let Some(s) = nf.state_mut() {
+                out.extend(s.take_mirror().into_iter().map(|w| (i as u32, w)));
+            }
+        }
+        out
+    }
+
+    /// Another partition's mirrored writes, into this part's copies. Returns (applied,
+    /// skipped): a write for an NF index this chain does not have, an NF without
+    /// platform tables, or a table that is not mirrored here is skipped, not an error
+    /// (the other partition may run another version of the chain for a moment).
+    pub fn import_mirror(&mut self, writes: &[(u32, MirrorWrite)]) -> (usize, usize) {
+        let (mut applied, mut skipped) = (0, 0);
+        for (i, w) in writes {
+            match self.nfs.get_mut(*i as usize).and_then(|nf| nf.state_mut()) {
+                Some(s) => {
+                    let (a, k) = s.import_mirror(std::slice::from_ref(w));
+                    applied += a;
+                    skipped += k;
+                }
+                None => skipped += 1,
+            }
+        }
+        (applied, skipped)
     }
 
     /// State of every NF, framed as length-prefixed parts.

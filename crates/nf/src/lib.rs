@@ -38,7 +38,7 @@ pub use chain::{
     Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
 };
 pub use env::{DetRng, NfEnv, Trigger};
-pub use state::{RefsFn, StateError, StateTables, WHOLE_SHARE};
+pub use state::{MirrorWrite, RefsFn, StateError, StateTables, WHOLE_SHARE};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,
     NfError, PartitionBy, PreparedPart, Rewrite, Scope, SplitHalf, SplitRule, TableSpec,

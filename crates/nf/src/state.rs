@@ -112,6 +112,7 @@ enum Kind {
     Pool,
     WithFlows,
     Copy,
+    Mirror,
 }
 
 impl Kind {
@@ -121,6 +122,7 @@ impl Kind {
             SplitRule::Pool => return Kind::Pool,
             SplitRule::WithFlows => return Kind::WithFlows,
             SplitRule::Copy => return Kind::Copy,
+            SplitRule::Mirror => return Kind::Mirror,
         }
         match (spec.scope, spec.access, spec.consistency) {
             (Scope::PerFlow, _, _) => Kind::PerFlow,
@@ -139,11 +141,12 @@ impl Kind {
             Kind::Pool => "a pool of free units (partitioned)",
             Kind::WithFlows => "rows that go with their flows (partitioned)",
             Kind::Copy => "shared single-writer, copied to both parts",
+            Kind::Mirror => "a read copy of every partition's rows (mirrored)",
         }
     }
 
     /// Single-writer shared tables of key → value rows.
-    const KEYED: &'static [Kind] = &[Kind::Partitioned, Kind::WithFlows, Kind::Copy];
+    const KEYED: &'static [Kind] = &[Kind::Partitioned, Kind::WithFlows, Kind::Copy, Kind::Mirror];
 }
 
 /// A row's value in postcard form. Inline up to 16 bytes, which holds a conntrack
@@ -413,6 +416,28 @@ pub struct StateTables {
     /// What per-flow rows split by and `flow_hashes` answers with (the chain's
     /// partitioning; configuration, not state, so no snapshot carries it).
     partition: PartitionBy,
+    /// Writes to mirrored tables since the platform last took them
+    /// ([`StateTables::take_mirror`]): on their way to the chain's other partitions, not
+    /// state (no snapshot carries them).
+    mirror_out: Vec<MirrorWrite>,
+    mirror_dropped: u64,
+}
+
+/// Mirrored writes kept for the platform to take, at most. SC takes them after every op,
+/// so only tables used without it (a test, a bench) reach this; the rest are counted.
+pub const MAX_MIRROR_OUT: usize = 1 << 16;
+
+/// One write to a mirrored table ([`SplitRule::Mirror`]), as the platform carries it to
+/// the chain's other partitions: the row's key and value in postcard form. A delete
+/// names the value it deleted, so that it removes only that row: a delete from one
+/// partition never removes a newer row another partition put under the same key
+/// (a port freed here and taken there), whichever arrives first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorWrite {
+    pub table: String,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub deleted: bool,
 }
 
 /// The tables by name, in name order. An NF has a handful, and every call names one: a
@@ -888,7 +913,19 @@ impl StateTables {
         let k = enc(table, key)?;
         let t = self.kinded_mut(table, "delete", Kind::KEYED)?;
         t.shares.remove(&k);
-        Ok(t.rows.remove(&k).is_some())
+        let mirrored = t.kind() == Kind::Mirror;
+        let Some(old) = t.rows.remove(&k) else {
+            return Ok(false);
+        };
+        if mirrored {
+            self.send_mirror(MirrorWrite {
+                table: table.into(),
+                key: k,
+                value: old.value.to_vec(),
+                deleted: true,
+            });
+        }
+        Ok(true)
     }
 
     /// Every row of a shared single-writer or read table, in key order.
@@ -1070,6 +1107,15 @@ impl StateTables {
                 max_rows: t.max_rows.unwrap_or(0),
             });
         }
+        if t.kind() == Kind::Mirror && op == "put" {
+            self.send_mirror(MirrorWrite {
+                table: table.into(),
+                key: k.clone(),
+                value: value.to_vec(),
+                deleted: false,
+            });
+        }
+        let t = self.table_mut(table)?;
         let row = Row {
             value,
             deadline_ms: None,
@@ -1078,6 +1124,68 @@ impl StateTables {
         };
         t.rows.insert(k, row);
         Ok(())
+    }
+
+    // ---- mirrored tables (SplitRule::Mirror) ----
+
+    /// The writes to mirrored tables since the last call: the platform sends them to the
+    /// chain's other partitions. Every replica of a group makes the same writes in the
+    /// same order, so each takes the same list; the group's tail sends it.
+    pub fn take_mirror(&mut self) -> Vec<MirrorWrite> {
+        std::mem::take(&mut self.mirror_out)
+    }
+
+    /// Mirrored writes dropped because nothing took them ([`MAX_MIRROR_OUT`] waited):
+    /// tables used outside a platform that relays them.
+    pub fn mirror_dropped(&self) -> u64 {
+        self.mirror_dropped
+    }
+
+    fn send_mirror(&mut self, w: MirrorWrite) {
+        if self.mirror_out.len() >= MAX_MIRROR_OUT {
+            self.mirror_dropped += 1;
+            return;
+        }
+        self.mirror_out.push(w);
+    }
+
+    /// Apply another partition's writes to this part's copy, without sending them on.
+    /// A write to a table that is not mirrored here (an NF of another version) or that
+    /// does not fit is skipped and counted in the answer (applied, skipped); the rest
+    /// still land.
+    pub fn import_mirror(&mut self, writes: &[MirrorWrite]) -> (usize, usize) {
+        let (mut applied, mut skipped) = (0, 0);
+        for w in writes {
+            let Ok(t) = self.kinded_mut(&w.table, "import_mirror", &[Kind::Mirror]) else {
+                skipped += 1;
+                continue;
+            };
+            if w.deleted {
+                if t.rows
+                    .get(&w.key)
+                    .is_some_and(|r| r.value.as_slice() == w.value)
+                {
+                    t.rows.remove(&w.key);
+                }
+                applied += 1;
+                continue;
+            }
+            if !t.has_room(&w.key) {
+                skipped += 1;
+                continue;
+            }
+            t.rows.insert(
+                w.key.clone(),
+                Row {
+                    value: Value::from_slice(&w.value),
+                    deadline_ms: None,
+                    group: None,
+                    scheduled: None,
+                },
+            );
+            applied += 1;
+        }
+        (applied, skipped)
     }
 
     // ---- shared multi-writer counters ----
@@ -1094,7 +1202,12 @@ impl StateTables {
         let t = self.table_mut(table)?;
         match t.kind() {
             Kind::Replicated => {}
-            Kind::Partitioned | Kind::PerFlow | Kind::Pool | Kind::WithFlows | Kind::Copy => {
+            Kind::Partitioned
+            | Kind::PerFlow
+            | Kind::Pool
+            | Kind::WithFlows
+            | Kind::Copy
+            | Kind::Mirror => {
                 return Err(StateError::MultiWriterWrite {
                     table: table.into(),
                 })
@@ -1270,6 +1383,7 @@ impl StateTables {
         }
         empty.check(&wire, false)?;
         empty.apply(wire);
+        empty.mirror_out.clear();
         *self = empty;
         Ok(())
     }
@@ -1374,7 +1488,7 @@ impl StateTables {
                         out.push((k.clone(), w));
                     }
                 }
-                Kind::Copy | Kind::Read => *out = t.keyed_rows(t.rows.iter()),
+                Kind::Copy | Kind::Mirror | Kind::Read => *out = t.keyed_rows(t.rows.iter()),
                 _ => {}
             }
         }
@@ -1409,6 +1523,8 @@ impl StateTables {
                 })
                 .collect(),
             partition: self.partition,
+            mirror_out: Vec::new(),
+            mirror_dropped: 0,
         };
         Arc::new(move |b: &[u8]| Ok(PreparedPart::new(PreparedTables(shape.decode(b)?))))
     }
@@ -1489,7 +1605,7 @@ impl StateTables {
                 };
                 match present {
                     // Configuration: this part's copy stays (it may be the newer one).
-                    Some(_) if matches!(t.kind(), Kind::Read | Kind::Copy) => {}
+                    Some(_) if matches!(t.kind(), Kind::Read | Kind::Copy | Kind::Mirror) => {}
                     // A flow both parts hold (a late event raced the move): the row
                     // with the later deadline wins, in `apply`.
                     Some(_) if t.kind() == Kind::PerFlow => {}
@@ -1571,7 +1687,7 @@ impl StateTables {
                         }
                     }
                     (Kind::PerFlow, None) => {}
-                    (Kind::Read | Kind::Copy, _) if t.rows.contains_key(&k) => {}
+                    (Kind::Read | Kind::Copy | Kind::Mirror, _) if t.rows.contains_key(&k) => {}
                     (Kind::WithFlows, _) => {
                         let have = if t.rows.contains_key(&k) {
                             t.shares.get(&k).copied().unwrap_or(WHOLE_SHARE)
@@ -1726,7 +1842,13 @@ impl Table {
 }
 
 /// Tables whose rows `get` and `rows` read.
-const READABLE: &[Kind] = &[Kind::Partitioned, Kind::WithFlows, Kind::Copy, Kind::Read];
+const READABLE: &[Kind] = &[
+    Kind::Partitioned,
+    Kind::WithFlows,
+    Kind::Copy,
+    Kind::Mirror,
+    Kind::Read,
+];
 
 fn check_kind(table: &str, kind: Kind, op: &'static str, want: &[Kind]) -> Result<(), StateError> {
     if want.contains(&kind) {
@@ -2275,5 +2397,80 @@ mod tests {
         let mut b = StateTables::create(&specs()).expect("tables");
         b.restore(&old).expect("an SFT1 snapshot");
         assert_eq!(b.snapshot().unwrap(), snap);
+    }
+
+    #[test]
+    fn mirrored_writes_go_out_imports_come_in_and_a_split_copies_the_table() {
+        let specs = [TableSpec::mirror("m"), TableSpec::shared_read("acl")];
+        let mut a = StateTables::create(&specs).expect("tables");
+        a.put("m", &1u16, &"one").unwrap();
+        a.put("m", &2u16, &"two").unwrap();
+        assert!(a.delete("m", &2u16).unwrap());
+        assert!(
+            !a.delete("m", &9u16).unwrap(),
+            "nothing to delete: nothing sent"
+        );
+        let out = a.take_mirror();
+        assert_eq!(out.len(), 3);
+        assert_eq!(
+            (out[2].deleted, &out[2].value),
+            (true, &postcard::to_allocvec(&"two").unwrap())
+        );
+        assert!(a.take_mirror().is_empty(), "taken once");
+
+        // Another partition applies them, sends nothing on, and reads the rows.
+        let mut b = StateTables::create(&specs).expect("tables");
+        assert_eq!(b.import_mirror(&out), (3, 0));
+        assert!(b.take_mirror().is_empty());
+        assert_eq!(
+            b.get::<_, String>("m", &1u16).unwrap().as_deref(),
+            Some("one")
+        );
+        assert_eq!(b.get::<_, String>("m", &2u16).unwrap(), None);
+
+        // A delete removes only the row it names: a newer row under the key (put by
+        // another partition, arrived first) stays.
+        b.import_mirror(&[MirrorWrite {
+            table: "m".into(),
+            key: postcard::to_allocvec(&1u16).unwrap(),
+            value: postcard::to_allocvec(&"older").unwrap(),
+            deleted: true,
+        }]);
+        assert_eq!(
+            b.get::<_, String>("m", &1u16).unwrap().as_deref(),
+            Some("one")
+        );
+        // A write for a table that is not mirrored here is skipped; the rest land.
+        let stray = MirrorWrite {
+            table: "acl".into(),
+            ..out[0].clone()
+        };
+        let mut three = out[0].clone();
+        three.key = postcard::to_allocvec(&3u16).unwrap();
+        assert_eq!(b.import_mirror(&[stray, three]), (1, 1));
+
+        // A split copies the mirror to both parts; a merge keeps this part's rows and
+        // adds the others'. Neither sends anything.
+        let part = b
+            .split(&SplitHalf {
+                moved_lo: 0,
+                moved_hi: u64::MAX,
+            })
+            .unwrap();
+        let mut c = StateTables::create(&specs).expect("tables");
+        c.restore(&part).unwrap();
+        assert_eq!(c.rows::<u16, String>("m").unwrap().len(), 2);
+        assert_eq!(b.rows::<u16, String>("m").unwrap().len(), 2);
+        c.put("m", &4u16, &"four").unwrap();
+        c.take_mirror();
+        b.merge(&c.snapshot().unwrap()).unwrap();
+        assert_eq!(b.rows::<u16, String>("m").unwrap().len(), 3);
+        assert!(b.take_mirror().is_empty() && c.take_mirror().is_empty());
+        // Only the mirrored table takes `put` from the platform's import; the NF's
+        // own `put` on a read table is still refused.
+        assert!(matches!(
+            a.put("acl", &1u16, &"x"),
+            Err(StateError::ReadOnly { .. })
+        ));
     }
 }

@@ -58,6 +58,15 @@ pub enum SplitRule {
     /// A preference both parts keep (an address pairing): copied at a split; at a merge
     /// this part's row stays.
     Copy,
+    /// A read copy of rows that every partition of the chain writes (a NAT's mappings,
+    /// for hairpinning to a host another partition translates): a `put` or `delete`
+    /// here is also handed to the platform ([`crate::StateTables::take_mirror`]), which
+    /// carries it through FM to the chain's other partitions, where it lands in the
+    /// same table as an op of their logs ([`crate::StateTables::import_mirror`]). So
+    /// each part reads every part's rows, eventually (S6's bounded staleness, unbounded
+    /// here: a row reaches the others one FM round trip later). Copied at a split; at a
+    /// merge this part's row stays.
+    Mirror,
 }
 
 /// A state table an NF declares.
@@ -92,6 +101,13 @@ impl TableSpec {
             consistency: None,
             split: SplitRule::ByKey,
         }
+    }
+
+    /// A mirrored table ([`SplitRule::Mirror`]): each partition writes its own rows and
+    /// reads every partition's. Single-writer per key: a key is written by the one
+    /// partition that owns what it names.
+    pub fn mirror(name: &str) -> Self {
+        Self::shared_write(name, Consistency::Partitioned).split_by(SplitRule::Mirror)
     }
 
     pub fn shared_write(name: &str, c: Consistency) -> Self {

@@ -95,3 +95,70 @@ fn the_partition_hash_is_the_hosts() {
     let f = "100 udp 198.18.0.9:5000 > 198.19.0.1:53";
     assert_eq!(PartitionBy::Flow.hash(&key(f)), key(f).hash());
 }
+
+/// A host whose flows the split sent to `b`'s side, and one that stayed on `a`'s: the
+/// first of the inside hosts not among the 40 already talking.
+fn hosts_on_each_side() -> (String, String) {
+    let side = |moved: bool| {
+        (100..200u32)
+            .map(|h| format!("198.18.0.{h}"))
+            .find(|h| {
+                let f = format!("100 udp {h}:7000 > 198.19.0.10:3478");
+                HALF.moves_by(&key(&f), PartitionBy::SourceAddress) == moved
+            })
+            .expect("a host on each side")
+    };
+    (side(false), side(true))
+}
+
+/// RFC 4787 REQ-9 across partitions: the sender's flow is decided where its host is,
+/// and the mapping it reaches was made in the other partition after the split. The
+/// mapping mirror (`TableSpec::mirror`) carries it there, and carries its end too.
+#[test]
+fn hairpinning_reaches_a_mapping_another_partition_made_once_its_mirror_arrives() {
+    let (mut a, mut b) = split(PartitionBy::SourceAddress);
+    for side in [&mut a, &mut b] {
+        side.state_mut().expect("platform tables").take_mirror();
+    }
+    let (sender, target) = hosts_on_each_side();
+    // The target talks out in its own partition: a new mapping there, written to the
+    // mirror.
+    let t_flow = format!("100 udp {target}:7000 > 198.19.0.10:3478");
+    let t_ext = ext(&decide_at(&mut b, &pkt(&t_flow), 2000, 1));
+    let writes = b.state_mut().expect("tables").take_mirror();
+    assert!(
+        writes
+            .iter()
+            .any(|w| !w.deleted && w.table == "mapping-mirror"),
+        "the new mapping is written to the mirror: {writes:?}"
+    );
+    let hairpin = |n: &mut Snat, port: u16| {
+        let f = format!("100 udp {sender}:{port} > {}:{}", t_ext.0, t_ext.1);
+        decide_at(n, &pkt(&f), 2001, 2)
+    };
+    // Before the mirror reaches the sender's partition: no mapping there.
+    let d = hairpin(&mut a, 6000);
+    assert_eq!(drop_reason(&d), nfs::snat::reason::NO_MAPPING);
+    let (applied, skipped) = a.state_mut().expect("tables").import_mirror(&writes);
+    assert_eq!((applied, skipped), (writes.len(), 0));
+    assert!(
+        a.state_mut().expect("tables").take_mirror().is_empty(),
+        "an import is not sent on"
+    );
+    let d = hairpin(&mut a, 6001);
+    assert_eq!(d.forward.dst.addr, Some(ip(&target)));
+    assert_eq!(d.forward.dst.port, Some(7000));
+    assert_eq!(
+        (d.reverse.src.addr, d.reverse.src.port),
+        (Some(t_ext.0), Some(t_ext.1))
+    );
+    assert_eq!(a.stats().hairpinned, 1);
+    // The target's flow ends: its mapping is freed where it lives, and the delete
+    // reaches the mirror.
+    event(&mut b, nf::FlowEvent::Expired { key: key(&t_flow) }, 2002);
+    let writes = b.state_mut().expect("tables").take_mirror();
+    assert!(writes.iter().any(|w| w.deleted), "{writes:?}");
+    a.state_mut().expect("tables").import_mirror(&writes);
+    let d = hairpin(&mut a, 6002);
+    assert_eq!(drop_reason(&d), nfs::snat::reason::NO_MAPPING);
+}

@@ -77,6 +77,21 @@ fn sc_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
         "Rule requests applied by this replica, by group.",
         g.iter().map(|m| (group_pos(m), m.stats.requests_applied)),
     )?;
+    sc.counter_family(
+        "group_mirror_sent",
+        "Writes to mirrored NF tables made here, for the chain's other partitions, by group.",
+        g.iter().map(|m| (group_pos(m), m.stats.mirror_sent)),
+    )?;
+    sc.counter_family(
+        "group_mirror_imported",
+        "Other partitions' mirrored writes applied here, by group.",
+        g.iter().map(|m| (group_pos(m), m.stats.mirror_imported)),
+    )?;
+    sc.counter_family(
+        "group_mirror_skipped",
+        "Other partitions' mirrored writes skipped (no such NF or mirrored table, table full), by group.",
+        g.iter().map(|m| (group_pos(m), m.stats.mirror_skipped)),
+    )?;
     sc.gauge_family(
         "unacked_ops",
         "Ops applied but not yet acknowledged by the tail, by group.",

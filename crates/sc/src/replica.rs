@@ -195,6 +195,13 @@ pub struct ReplicaStats {
     /// `update`/`trigger`); and those that failed.
     pub nf_updates: u64,
     pub nf_update_errors: u64,
+    /// Writes this group's NFs made to mirrored tables, sent for the chain's other
+    /// partitions (docs/nf-api.md, "Mirrored tables"); and other partitions' writes
+    /// applied here, and skipped (an NF or table this chain does not mirror, a full
+    /// table).
+    pub mirror_sent: u64,
+    pub mirror_imported: u64,
+    pub mirror_skipped: u64,
 }
 
 /// The part a split (or retire) took out of the group, kept until the scale ends so an
@@ -872,6 +879,10 @@ impl ReplicaCore {
             let op = self.stamp(wall_ms, v1::op::Body::Events(evs));
             self.apply_and_route(op, out);
         }
+        for m in sub.mirror.into_iter().filter(|m| !m.writes.is_empty()) {
+            let op = self.stamp(wall_ms, v1::op::Body::Mirror(m));
+            self.apply_and_route(op, out);
+        }
         true
     }
 
@@ -1001,9 +1012,35 @@ impl ReplicaCore {
                     self.apply_scale(step, op.seq, &mut result);
                 }
             }
+            Some(v1::op::Body::Mirror(b)) => {
+                if let Ok(chain) = &mut self.chain {
+                    let writes: Vec<(u32, nf::MirrorWrite)> =
+                        b.writes.iter().map(mirror_from).collect();
+                    let (applied, skipped) = chain.import_mirror(&writes);
+                    self.stats.mirror_imported += applied as u64;
+                    self.stats.mirror_skipped += skipped as u64;
+                }
+            }
             None => {}
         }
         self.run_triggers(op);
+        // The range per the group's own log (a scale changes it; the configuration FM
+        // sent at the start does not follow).
+        let alone = self.scale.range == Some((0, u64::MAX))
+            && self.scale.outgoing.is_none()
+            && self.scale.migrating_out.is_none();
+        if let Ok(chain) = &mut self.chain {
+            // After the triggers: an update may write mirrored rows too. Imports write
+            // none (`import_mirror` does not send on), so nothing echoes back. A group
+            // that owns the chain's whole key space, with no scale under way, has
+            // nobody to send them to: its own copy is complete, and a later split
+            // copies it to the new group.
+            let writes = chain.take_mirror();
+            if !alone {
+                result.mirror = writes.into_iter().map(mirror_to).collect();
+                self.stats.mirror_sent += result.mirror.len() as u64;
+            }
+        }
         Outcome {
             rest: result,
             decisions,
@@ -1561,7 +1598,33 @@ fn gradual_pending(o: &Outgoing) -> Vec<u64> {
 }
 
 fn worth_sending(r: &v1::OpResult) -> bool {
-    !r.replies.is_empty() || !r.expired.is_empty() || r.part.is_some() || r.fin.is_some()
+    !r.replies.is_empty()
+        || !r.expired.is_empty()
+        || r.part.is_some()
+        || r.fin.is_some()
+        || !r.mirror.is_empty()
+}
+
+fn mirror_to((nf, w): (u32, nf::MirrorWrite)) -> v1::MirrorWrite {
+    v1::MirrorWrite {
+        nf,
+        table: w.table,
+        key: w.key,
+        value: w.value,
+        deleted: w.deleted,
+    }
+}
+
+fn mirror_from(w: &v1::MirrorWrite) -> (u32, nf::MirrorWrite) {
+    (
+        w.nf,
+        nf::MirrorWrite {
+            table: w.table.clone(),
+            key: w.key.clone(),
+            value: w.value.clone(),
+            deleted: w.deleted,
+        },
+    )
 }
 
 fn build_chain(cfg: &v1::GroupConfig, factory: &dyn ChainFactory) -> Result<Chain, String> {
@@ -1743,6 +1806,7 @@ mod tests {
                 epoch: r.epoch(),
                 requests: Some(v1::RuleRequestBatch { requests: reqs }),
                 events: None,
+                mirror: Vec::new(),
             },
             1_000,
             out,
@@ -1873,6 +1937,94 @@ mod tests {
         fn build_nf(&self, _: &str) -> Result<Box<dyn nf::NetworkFunction>, crate::ScError> {
             Ok(Box::new(Tally { aside: 0, tally: 0 }))
         }
+    }
+
+    /// Two partitions of one SNAT chain, each a group of one replica: what one's SNAT
+    /// writes to its mapping mirror leaves in its op results, and the other applies it
+    /// as an op of its own and hairpins to the mapping (docs/nf-api.md, "Mirrored
+    /// tables").
+    #[test]
+    fn mirrored_writes_leave_in_results_and_land_as_an_op_at_the_other_partition() {
+        let nf = serde_json::json!({"kind": "snat", "pools": [
+            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535},
+             "sources": ["198.18.0.0/16"]}]});
+        let cfg = |gid, node, range| group_config(nf.clone(), gid, 1, &[node], range, &[], 0);
+        // Alone in the chain's key space: nobody to send to, so nothing leaves.
+        let mut whole = replica("w", cfg(6, "w", (0, u64::MAX)));
+        let mut out = Outbox::default();
+        submit(&mut whole, vec![request(0)], &mut out);
+        assert!(out.results.iter().all(|r| r.mirror.is_empty()));
+        assert_eq!(whole.stats.mirror_sent, 0);
+
+        // Two groups that each own (nearly) every key, so that the requests below land
+        // in both whatever their hashes; neither owns the whole space.
+        let a = replica("a", cfg(7, "a", (0, u64::MAX - 1)));
+        let (mut a, mut b) = (a, replica("b", cfg(8, "b", (1, u64::MAX))));
+        let mut out = Outbox::default();
+        submit(&mut a, vec![request(0)], &mut out);
+        let writes: Vec<v1::MirrorWrite> =
+            out.results.iter().flat_map(|r| r.mirror.clone()).collect();
+        assert_eq!(writes.len(), 1, "one new mapping: {writes:?}");
+        assert_eq!((writes[0].nf, writes[0].deleted), (0, false));
+        assert_eq!(a.stats.mirror_sent, 1);
+        let mapped = port(&replies(&out)[0]).expect("a translated port");
+
+        // b has never seen the mapping: a hairpin to it has nothing to reach.
+        let hairpin = |sport| {
+            let key = pipeline::FlowKey::new(
+                100,
+                17,
+                "198.18.10.3".parse().unwrap(),
+                sport,
+                "198.19.255.1".parse().unwrap(),
+                mapped as u16,
+            );
+            let r = RuleRequest::new(key, 1, 1, pipeline::PacketMeta::new(60, 0));
+            proto::request_to_proto(&r, u64::from(sport))
+        };
+        let mut out = Outbox::default();
+        submit(&mut b, vec![hairpin(5000)], &mut out);
+        let dropped = |out: &Outbox| {
+            match &replies(out)[0].result {
+            Some(v1::rule_reply::Result::Rule(r)) => r.actions.iter().any(|x| {
+                matches!(&x.kind, Some(v1::action::Kind::Drop(why)) if why == "snat-no-mapping")
+            }),
+            _ => false,
+        }
+        };
+        assert!(dropped(&out), "{:?}", replies(&out));
+        let mut out = Outbox::default();
+        assert!(b.submit(
+            v1::GroupSubmit {
+                group: 8,
+                epoch: 1,
+                requests: None,
+                events: None,
+                mirror: vec![v1::MirrorBatch {
+                    writes,
+                    from_group: 7,
+                }],
+            },
+            1_000,
+            &mut out,
+        ));
+        assert_eq!((b.stats.mirror_imported, b.stats.mirror_skipped), (1, 0));
+        assert!(
+            out.results.iter().all(|r| r.mirror.is_empty()),
+            "an import is not sent on"
+        );
+        let mut out = Outbox::default();
+        submit(&mut b, vec![hairpin(5001)], &mut out);
+        let Some(v1::rule_reply::Result::Rule(rule)) = &replies(&out)[0].result else {
+            panic!("hairpinned: {:?}", replies(&out));
+        };
+        let rule = pipeline::Rule::try_from(rule).expect("a valid rule");
+        let to = rule.actions.iter().find_map(|x| match x {
+            pipeline::Action::SetDst { addr, port } => Some((*addr, *port)),
+            _ => None,
+        });
+        let inside: std::net::IpAddr = "198.18.10.2".parse().unwrap();
+        assert_eq!(to, Some((Some(inside), Some(1000))), "to a's inside host");
     }
 
     #[test]

@@ -739,6 +739,85 @@ fn assert_split_once(s: &Sim, id: u64) {
     assert_eq!(s.m.map.chain_ranges(1, 1).len(), 2);
 }
 
+/// A group's writes to mirrored NF tables reach every other group of its chain, in one
+/// batch each, and no group of another chain (docs/nf-api.md, "Mirrored tables").
+#[test]
+fn mirrored_writes_are_relayed_to_the_chains_other_groups_only() {
+    let mut s = Sim::new(
+        config(2),
+        vec![chain(1, 1, &["snat"]), chain(1, 2, &["snat"])],
+    );
+    for i in 0..4 {
+        s.sc_join(&format!("sc-{i}"), 1);
+    }
+    s.start();
+    s.settle();
+    let id = s.m.scale(scale_of(true, 1), s.now_us).unwrap();
+    s.pump();
+    s.settle();
+    assert_split_once(&s, id);
+    let groups: Vec<u64> = s.m.map.chain_ranges(1, 1).iter().map(|r| r.2).collect();
+    let other_chain = s.m.map.chain_ranges(1, 2)[0].2;
+    let write = |k: u8| v1::MirrorWrite {
+        nf: 0,
+        table: "mapping-mirror".into(),
+        key: vec![k],
+        value: vec![k, k],
+        deleted: false,
+    };
+    let from = groups[0];
+    let head = |s: &Sim, g: u64| {
+        let node = &s.m.map.group(g).unwrap().head().unwrap().node_id;
+        s.sc[node.as_str()].session
+    };
+    let results = v1::GroupResults {
+        group: from,
+        epoch: 0,
+        results: vec![
+            v1::OpResult {
+                mirror: vec![write(1), write(2)],
+                ..Default::default()
+            },
+            v1::OpResult {
+                mirror: vec![write(3)],
+                ..Default::default()
+            },
+        ],
+    };
+    s.m.on_sc_results(head(&s, from), results, s.now_us);
+    s.submits.clear();
+    s.flush();
+    s.respond(s.to_sc.len());
+    let mirrored: Vec<(u64, Vec<v1::MirrorBatch>)> = (s.submits.iter())
+        .filter(|(_, sub)| !sub.mirror.is_empty())
+        .map(|(session, sub)| {
+            assert_eq!(*session, head(&s, sub.group), "sent to the group's head");
+            (sub.group, sub.mirror.clone())
+        })
+        .collect();
+    assert_eq!(
+        mirrored.len(),
+        1,
+        "one submit, to the other group: {mirrored:?}"
+    );
+    let (to, batches) = &mirrored[0];
+    assert_eq!(*to, groups[1]);
+    assert_ne!(*to, other_chain);
+    let keys: Vec<Vec<u8>> = (batches.iter())
+        .inspect(|b| assert_eq!(b.from_group, from))
+        .flat_map(|b| b.writes.iter().map(|w| w.key.clone()))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![vec![1], vec![2], vec![3]],
+        "in the order written"
+    );
+    assert_eq!(
+        (s.m.stats().mirror_relayed, s.m.stats().mirror_dropped),
+        (3, 0)
+    );
+}
+
 #[test]
 fn a_scale_out_and_back_in_keep_the_map_tiled() {
     let mut s = cluster(4, 2);

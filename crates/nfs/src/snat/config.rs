@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::table::FlowState;
-use super::table::{FLOWS, MAPPINGS, PAIRINGS, PORTS, STATS};
+use super::table::{FLOWS, MAPPINGS, MIRROR, PAIRINGS, PORTS, STATS};
 use ::nf::{Consistency, SplitRule, TableSpec};
 
 /// How a pool maps an internal endpoint to external ones (RFC 4787 §4.1).
@@ -371,6 +371,7 @@ impl Plan {
             TableSpec::shared_write(PAIRINGS, Consistency::Partitioned).split_by(SplitRule::Copy),
             TableSpec::per_flow(FLOWS),
             TableSpec::shared_write(STATS, Consistency::Replicated),
+            TableSpec::mirror(MIRROR),
         ]
     }
 }

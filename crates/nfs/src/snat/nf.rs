@@ -18,7 +18,7 @@ use super::reason;
 use super::snapshot::{is_platform, snap_err};
 use super::table::{
     ExternalEndpoint, FlowEntry, FlowRow, FlowState, MappingInfo, MappingKey, SnatStats, State,
-    FLOWS, PORTS,
+    FLOWS, MIRROR, PORTS,
 };
 
 /// Source NAT. See the module docs and `docs/nf-api.md`.
@@ -320,7 +320,16 @@ impl Snat {
             port: key.dport(),
             proto: key.proto(),
         };
-        let Some(peer) = self.state.mappings.get(&target).map(|m| m.key) else {
+        // This partition's own mapping, else another partition's, from the mirror: a
+        // chain partitioned by inside host has the sender here and the target's
+        // mapping wherever its host went.
+        let peer = (self.state.mappings.get(&target).map(|m| m.key)).or_else(|| {
+            (self.state.tables)
+                .get::<_, MappingKey>(MIRROR, &target)
+                .ok()
+                .flatten()
+        });
+        let Some(peer) = peer else {
             return Ok(self.refuse(reason::NO_MAPPING));
         };
         let Some(pool) = self.plan.pool_for(key.src()) else {

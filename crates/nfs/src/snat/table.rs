@@ -16,7 +16,7 @@ use pipeline::FlowKey;
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::config::Plan;
 use super::snapshot::snap_err;
@@ -67,6 +67,10 @@ pub(super) const MAPPINGS: &str = "mappings";
 pub(super) const PORTS: &str = "port-pool";
 pub(super) const PAIRINGS: &str = "address-pairing";
 pub(super) const STATS: &str = "stats";
+/// Every partition's mappings (external → internal), mirrored to every partition of
+/// the chain: what a hairpinned flow reaches when the host it targets is translated by
+/// another partition (RFC 4787 REQ-9 across partitions; docs/nf-api.md).
+pub(super) const MIRROR: &str = "mapping-mirror";
 
 /// A mapping as the derived index holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -485,6 +489,11 @@ impl State {
         paired: IpAddr,
     ) -> Result<(), NfError> {
         self.tables.put(MAPPINGS, &ext, &mk).map_err(state_err)?;
+        // Best effort: a full mirror costs hairpinning to this host from other
+        // partitions, not the mapping.
+        if let Err(e) = self.tables.put(MIRROR, &ext, &mk) {
+            debug!(?ext, error = %e, "snat: mapping not mirrored");
+        }
         let pk = (mk.vni, mk.addr);
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
@@ -501,6 +510,7 @@ impl State {
             return;
         };
         let _ = self.tables.delete(MAPPINGS, ext);
+        let _ = self.tables.delete(MIRROR, ext);
         if self.by_internal.get(&m.key) == Some(ext) {
             self.by_internal.remove(&m.key);
         }
