@@ -459,6 +459,16 @@ impl Chain {
         out
     }
 
+    /// Whether the NFs record their mirrored writes for [`Chain::take_mirror`]: the
+    /// platform turns it on while the chain has other partitions to send them to.
+    pub fn set_mirror_sending(&mut self, on: bool) {
+        for nf in &mut self.nfs {
+            if let Some(s) = nf.state_mut() {
+                s.set_mirror_sending(on);
+            }
+        }
+    }
+
     /// Another partition's mirrored writes, into this part's copies. Returns (applied,
     /// skipped): a write for an NF index this chain does not have, an NF without
     /// platform tables, or a table that is not mirrored here is skipped, not an error

@@ -221,6 +221,10 @@ struct Table {
     shares: BTreeMap<Vec<u8>, u64>,
     /// With-flows tables: the per-flow table whose rows refer to these, and how.
     refs: Option<(String, RefsFn)>,
+    /// A mirrored table that shadows a source table ([`StateTables::set_mirror_source`]):
+    /// the source's name. The source: its mirror's name, where its writes go.
+    mirror_of: Option<String>,
+    mirrored_by: Option<String>,
     /// Pool tables.
     pools: BTreeMap<Vec<u8>, UnitSet>,
     /// Replicated tables: the folded counters and the untethered deltas not folded yet.
@@ -421,6 +425,11 @@ pub struct StateTables {
     /// state (no snapshot carries them).
     mirror_out: Vec<MirrorWrite>,
     mirror_dropped: u64,
+    /// Whether writes to mirrored tables are recorded for the platform at all: off
+    /// until the platform says a partition elsewhere will read them
+    /// ([`StateTables::set_mirror_sending`]), so a chain alone in its key space pays
+    /// only for its own copy.
+    mirror_sending: bool,
 }
 
 /// Mirrored writes kept for the platform to take, at most. SC takes them after every op,
@@ -911,15 +920,21 @@ impl StateTables {
 
     pub fn delete<K: Serialize>(&mut self, table: &str, key: &K) -> Result<bool, StateError> {
         let k = enc(table, key)?;
+        let sending = self.mirror_sending;
         let t = self.kinded_mut(table, "delete", Kind::KEYED)?;
         t.shares.remove(&k);
-        let mirrored = t.kind() == Kind::Mirror;
+        let mirror = match (&t.mirrored_by, t.kind()) {
+            (Some(m), _) => Some(m.clone()),
+            (None, Kind::Mirror) => Some(table.to_string()),
+            _ => None,
+        }
+        .filter(|_| sending);
         let Some(old) = t.rows.remove(&k) else {
             return Ok(false);
         };
-        if mirrored {
+        if let Some(mirror) = mirror {
             self.send_mirror(MirrorWrite {
-                table: table.into(),
+                table: mirror,
                 key: k,
                 value: old.value.to_vec(),
                 deleted: true,
@@ -1107,9 +1122,15 @@ impl StateTables {
                 max_rows: t.max_rows.unwrap_or(0),
             });
         }
-        if t.kind() == Kind::Mirror && op == "put" {
+        let mirror = match (&t.mirrored_by, t.kind()) {
+            (Some(m), _) => Some(m.clone()),
+            (None, Kind::Mirror) => Some(table.to_string()),
+            _ => None,
+        }
+        .filter(|_| op == "put" && self.mirror_sending);
+        if let Some(mirror) = mirror {
             self.send_mirror(MirrorWrite {
-                table: table.into(),
+                table: mirror,
                 key: k.clone(),
                 value: value.to_vec(),
                 deleted: false,
@@ -1139,6 +1160,51 @@ impl StateTables {
     /// tables used outside a platform that relays them.
     pub fn mirror_dropped(&self) -> u64 {
         self.mirror_dropped
+    }
+
+    /// Make mirrored table `mirror` the shadow of single-writer table `source`: the NF
+    /// writes `source` only, and the platform keeps `mirror` holding the *other*
+    /// partitions' rows of it. Writes to `source` go out as writes to `mirror`
+    /// elsewhere; a split gives each part the other part's `source` rows in its
+    /// `mirror`; a merge drops from `mirror` what became this part's own. So a chain
+    /// alone in its key space pays nothing for its mirror, and no row is held twice.
+    pub fn set_mirror_source(&mut self, mirror: &str, source: &str) -> Result<(), StateError> {
+        self.kinded(source, "set_mirror_source", Kind::KEYED)?;
+        let m = self.kinded_mut(mirror, "set_mirror_source", &[Kind::Mirror])?;
+        m.mirror_of = Some(source.to_string());
+        if let Some(t) = self.tables.get_mut(source) {
+            t.mirrored_by = Some(mirror.to_string());
+        }
+        Ok(())
+    }
+
+    /// The (mirror, source) pairs of [`StateTables::set_mirror_source`].
+    fn shadows(&self) -> Vec<(String, String)> {
+        (self.tables.iter())
+            .filter_map(|(n, t)| Some((n.clone(), t.mirror_of.clone()?)))
+            .collect()
+    }
+
+    /// Drop from each shadow mirror the rows its source holds here (a merge or a
+    /// restore made them this part's own).
+    fn drop_own_from_mirrors(&mut self) {
+        for (m, src) in self.shadows() {
+            let own: Vec<Vec<u8>> = match self.tables.get(&src) {
+                Some(t) => t.rows.keys().cloned().collect(),
+                None => continue,
+            };
+            if let Some(t) = self.tables.get_mut(&m) {
+                for k in own {
+                    t.rows.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Record mirrored writes for [`StateTables::take_mirror`] from now on, or stop
+    /// (the platform's switch: on while other partitions of the chain exist).
+    pub fn set_mirror_sending(&mut self, on: bool) {
+        self.mirror_sending = on;
     }
 
     fn send_mirror(&mut self, w: MirrorWrite) {
@@ -1492,6 +1558,47 @@ impl StateTables {
                 _ => {}
             }
         }
+        // Shadow mirrors: each part's mirror gets the source rows the other part holds
+        // (rows both parts hold, copies of a with-flows row, are each part's own).
+        for (m, src) in self.shadows() {
+            let Some(st) = self.tables.get(&src) else {
+                continue;
+            };
+            let moved_src = moved.get(&src).map(Vec::as_slice).unwrap_or_default();
+            let gone: Vec<(Vec<u8>, Value)> = (moved_src.iter())
+                .filter(|(k, _)| !st.rows.contains_key(k))
+                .map(|(k, w)| (k.clone(), Value::from_slice(&w.value)))
+                .collect();
+            let moved_keys: hashbrown::HashSet<&Vec<u8>> =
+                moved_src.iter().map(|(k, _)| k).collect();
+            let staying: Vec<(Vec<u8>, WireRow)> = (st.rows.iter())
+                .filter(|(k, _)| !moved_keys.contains(k))
+                .map(|(k, r)| {
+                    let w = WireRow {
+                        value: r.value.to_vec(),
+                        deadline_ms: None,
+                        group: None,
+                        share: None,
+                    };
+                    (k.clone(), w)
+                })
+                .collect();
+            drop(moved_keys);
+            let out = moved.entry(m.clone()).or_default();
+            out.extend(staying);
+            out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            if let Some(mt) = self.tables.get_mut(&m) {
+                for (k, value) in gone {
+                    let row = Row {
+                        value,
+                        deadline_ms: None,
+                        group: None,
+                        scheduled: None,
+                    };
+                    mt.rows.insert(k, row);
+                }
+            }
+        }
         self.encode(|name, _| (moved.remove(name).unwrap_or_default(), Vec::new()))
     }
 
@@ -1525,6 +1632,7 @@ impl StateTables {
             partition: self.partition,
             mirror_out: Vec::new(),
             mirror_dropped: 0,
+            mirror_sending: false,
         };
         Arc::new(move |b: &[u8]| Ok(PreparedPart::new(PreparedTables(shape.decode(b)?))))
     }
@@ -1719,6 +1827,7 @@ impl StateTables {
                 add_lanes(t.folded.entry(k).or_default(), &v);
             }
         }
+        self.drop_own_from_mirrors();
     }
 
     #[allow(clippy::type_complexity)]
@@ -2403,6 +2512,12 @@ mod tests {
     fn mirrored_writes_go_out_imports_come_in_and_a_split_copies_the_table() {
         let specs = [TableSpec::mirror("m"), TableSpec::shared_read("acl")];
         let mut a = StateTables::create(&specs).expect("tables");
+        a.put("m", &0u16, &"zero").unwrap();
+        assert!(
+            a.take_mirror().is_empty(),
+            "not sent until the platform asks"
+        );
+        a.set_mirror_sending(true);
         a.put("m", &1u16, &"one").unwrap();
         a.put("m", &2u16, &"two").unwrap();
         assert!(a.delete("m", &2u16).unwrap());
@@ -2420,6 +2535,7 @@ mod tests {
 
         // Another partition applies them, sends nothing on, and reads the rows.
         let mut b = StateTables::create(&specs).expect("tables");
+        b.set_mirror_sending(true);
         assert_eq!(b.import_mirror(&out), (3, 0));
         assert!(b.take_mirror().is_empty());
         assert_eq!(
@@ -2472,5 +2588,68 @@ mod tests {
             a.put("acl", &1u16, &"x"),
             Err(StateError::ReadOnly { .. })
         ));
+    }
+
+    #[test]
+    fn a_shadow_mirror_holds_the_other_parts_source_rows_and_never_this_parts() {
+        let specs = [
+            TableSpec::shared_write("src", Consistency::Partitioned),
+            TableSpec::mirror("m"),
+        ];
+        let mut a = StateTables::create(&specs).expect("tables");
+        a.set_mirror_source("m", "src").unwrap();
+        assert!(matches!(
+            a.set_mirror_source("src", "m"),
+            Err(StateError::WrongKind { .. })
+        ));
+        for k in 0..64u16 {
+            a.put("src", &k, &u32::from(k)).unwrap();
+        }
+        assert!(a.take_mirror().is_empty(), "alone: nothing recorded");
+        assert_eq!(
+            a.rows::<u16, u32>("m").unwrap().len(),
+            0,
+            "nothing held twice"
+        );
+
+        // A split: each part's mirror holds exactly the other part's source rows.
+        let part = a
+            .split(&SplitHalf {
+                moved_lo: 0,
+                moved_hi: u64::MAX / 2,
+            })
+            .unwrap();
+        let mut b = StateTables::create(&specs).expect("tables");
+        b.set_mirror_source("m", "src").unwrap();
+        b.restore(&part).unwrap();
+        let keys = |t: &StateTables, table: &str| -> Vec<u16> {
+            t.rows::<u16, u32>(table)
+                .unwrap()
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect()
+        };
+        let (a_src, b_src) = (keys(&a, "src"), keys(&b, "src"));
+        assert!(!a_src.is_empty() && !b_src.is_empty());
+        assert_eq!(a_src.len() + b_src.len(), 64);
+        assert_eq!(keys(&a, "m"), b_src);
+        assert_eq!(keys(&b, "m"), a_src);
+
+        // With partitions to send to, a write to the source goes out as the mirror's.
+        b.set_mirror_sending(true);
+        b.put("src", &100u16, &100u32).unwrap();
+        assert!(b.delete("src", &b_src[0]).unwrap());
+        let out = b.take_mirror();
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|w| w.table == "m"));
+        assert_eq!((out[0].deleted, out[1].deleted), (false, true));
+        assert_eq!(a.import_mirror(&out), (2, 0));
+        assert!(keys(&a, "m").contains(&100) && !keys(&a, "m").contains(&b_src[0]));
+
+        // A merge: the source rows come home, and the mirror keeps none of them.
+        b.take_mirror();
+        a.merge(&b.snapshot().unwrap()).unwrap();
+        assert_eq!(keys(&a, "src").len(), 64, "63 of the first + the new one");
+        assert!(keys(&a, "m").is_empty(), "{:?}", keys(&a, "m"));
     }
 }

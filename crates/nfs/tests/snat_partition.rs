@@ -118,9 +118,21 @@ fn hosts_on_each_side() -> (String, String) {
 fn hairpinning_reaches_a_mapping_another_partition_made_once_its_mirror_arrives() {
     let (mut a, mut b) = split(PartitionBy::SourceAddress);
     for side in [&mut a, &mut b] {
-        side.state_mut().expect("platform tables").take_mirror();
+        // What SC does while the chain has more than one partition.
+        side.state_mut()
+            .expect("platform tables")
+            .set_mirror_sending(true);
     }
     let (sender, target) = hosts_on_each_side();
+    // The mappings the split moved are in the other side's mirror at once: a host on
+    // a's side reaches one of the hosts that went to b.
+    let moved = b.mappings()[0].external;
+    let f = format!("100 udp {sender}:5999 > {}:{}", moved.addr, moved.port);
+    let d = decide_at(&mut a, &pkt(&f), 1999, 3);
+    assert_eq!(d.forward.dst.addr, Some(b.mappings()[0].key.addr), "{d:?}");
+    // (The sender's new mapping is a's write, on its way to b.)
+    let sent = a.state_mut().expect("tables").take_mirror();
+    assert_eq!(sent.len(), 1, "{sent:?}");
     // The target talks out in its own partition: a new mapping there, written to the
     // mirror.
     let t_flow = format!("100 udp {target}:7000 > 198.19.0.10:3478");
@@ -152,7 +164,7 @@ fn hairpinning_reaches_a_mapping_another_partition_made_once_its_mirror_arrives(
         (d.reverse.src.addr, d.reverse.src.port),
         (Some(t_ext.0), Some(t_ext.1))
     );
-    assert_eq!(a.stats().hairpinned, 1);
+    assert_eq!(a.stats().hairpinned, 2, "the moved host's and this one");
     // The target's flow ends: its mapping is freed where it lives, and the delete
     // reaches the mirror.
     event(&mut b, nf::FlowEvent::Expired { key: key(&t_flow) }, 2002);

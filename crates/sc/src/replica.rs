@@ -978,6 +978,16 @@ impl ReplicaCore {
         };
         let mut decisions = Vec::new();
         let partition = self.cfg.partition.unwrap_or_default();
+        // A group that owns the chain's whole key space (per its own log: a scale
+        // changes the range, the configuration FM sent does not follow), with no scale
+        // under way, has nobody to send mirrored writes to: its own copy is complete,
+        // and a later split copies it to the new group. Its NFs record none.
+        let alone = self.scale.range == Some((0, u64::MAX))
+            && self.scale.outgoing.is_none()
+            && self.scale.migrating_out.is_none();
+        if let Ok(chain) = &mut self.chain {
+            chain.set_mirror_sending(!alone);
+        }
         match &op.body {
             Some(v1::op::Body::Requests(b)) => {
                 decisions.reserve(b.requests.len());
@@ -1026,20 +1036,11 @@ impl ReplicaCore {
         self.run_triggers(op);
         // The range per the group's own log (a scale changes it; the configuration FM
         // sent at the start does not follow).
-        let alone = self.scale.range == Some((0, u64::MAX))
-            && self.scale.outgoing.is_none()
-            && self.scale.migrating_out.is_none();
         if let Ok(chain) = &mut self.chain {
             // After the triggers: an update may write mirrored rows too. Imports write
-            // none (`import_mirror` does not send on), so nothing echoes back. A group
-            // that owns the chain's whole key space, with no scale under way, has
-            // nobody to send them to: its own copy is complete, and a later split
-            // copies it to the new group.
-            let writes = chain.take_mirror();
-            if !alone {
-                result.mirror = writes.into_iter().map(mirror_to).collect();
-                self.stats.mirror_sent += result.mirror.len() as u64;
-            }
+            // none (`import_mirror` does not send on), so nothing echoes back.
+            result.mirror = chain.take_mirror().into_iter().map(mirror_to).collect();
+            self.stats.mirror_sent += result.mirror.len() as u64;
         }
         Outcome {
             rest: result,

@@ -16,7 +16,7 @@ use pipeline::FlowKey;
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::config::Plan;
 use super::snapshot::snap_err;
@@ -67,9 +67,10 @@ pub(super) const MAPPINGS: &str = "mappings";
 pub(super) const PORTS: &str = "port-pool";
 pub(super) const PAIRINGS: &str = "address-pairing";
 pub(super) const STATS: &str = "stats";
-/// Every partition's mappings (external → internal), mirrored to every partition of
-/// the chain: what a hairpinned flow reaches when the host it targets is translated by
-/// another partition (RFC 4787 REQ-9 across partitions; docs/nf-api.md).
+/// The other partitions' mappings (external → internal), the shadow of `mappings`
+/// that the platform keeps (`StateTables::set_mirror_source`): what a hairpinned flow
+/// reaches when the host it targets is translated by another partition (RFC 4787 REQ-9
+/// across partitions; docs/nf-api.md).
 pub(super) const MIRROR: &str = "mapping-mirror";
 
 /// A mapping as the derived index holds it.
@@ -314,6 +315,11 @@ impl State {
         tables
             .set_refs(MAPPINGS, FLOWS, flow_refs)
             .map_err(state_err)?;
+        // Other partitions' mappings, for hairpinning across partitions; the platform
+        // fills it from theirs, so this part's own are never held twice.
+        tables
+            .set_mirror_source(MIRROR, MAPPINGS)
+            .map_err(state_err)?;
         for (addr, proto, lo, hi) in plan.port_rows() {
             tables
                 .pool_define(PORTS, &(addr, proto), lo, hi, full)
@@ -489,11 +495,6 @@ impl State {
         paired: IpAddr,
     ) -> Result<(), NfError> {
         self.tables.put(MAPPINGS, &ext, &mk).map_err(state_err)?;
-        // Best effort: a full mirror costs hairpinning to this host from other
-        // partitions, not the mapping.
-        if let Err(e) = self.tables.put(MIRROR, &ext, &mk) {
-            debug!(?ext, error = %e, "snat: mapping not mirrored");
-        }
         let pk = (mk.vni, mk.addr);
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
@@ -510,7 +511,6 @@ impl State {
             return;
         };
         let _ = self.tables.delete(MAPPINGS, ext);
-        let _ = self.tables.delete(MIRROR, ext);
         if self.by_internal.get(&m.key) == Some(ext) {
             self.by_internal.remove(&m.key);
         }
