@@ -31,6 +31,8 @@ APT_PACKAGES=(
     nftables netsniff-ng
     # The isolation scenario's SYN flood (crates/testbed/src/isolation.rs).
     hping3
+    # Profiling the data path (docs/pp-pipeline.md, "TCP limit"): perf record/report.
+    linux-perf
     # `make k8s-check`: its Python tools go into a venv of Debian's python (below).
     python3-venv
     # The dashboard's browser test (crates/itests/tests/ui_browser.rs): headless

@@ -38,7 +38,8 @@ pub use fm_client::{
 pub use rules_file::{parse_rules, RulesFileError, StaticRule};
 pub use udp::{
     tx_target, write_outer_header, TxTarget, UdpVxlanConfig, UdpVxlanError, UdpVxlanIo,
-    UdpVxlanStats, MAX_DATAGRAM, MAX_IO_BATCH, SYNTH_DST_MAC, SYNTH_HDR_LEN, SYNTH_SRC_MAC,
+    UdpVxlanStats, GRO_BUF, MAX_DATAGRAM, MAX_GSO_BYTES, MAX_GSO_SEGMENTS, MAX_IO_BATCH, MAX_SLOTS,
+    SYNTH_DST_MAC, SYNTH_HDR_LEN, SYNTH_SRC_MAC,
 };
 pub use vip::{OwnedVips, VipError, VipMember, VipStats};
 pub use xdp_node::{open_afxdp, open_afxdp_workers, AfXdpNodeConfig, AfXdpNodeError, XdpAttached};

@@ -368,6 +368,32 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
             io.rx_batches,
         )?;
         sc.counter(
+            "io_gro_buffers",
+            "Received buffers the kernel's GRO had coalesced from several datagrams.",
+            io.gro_buffers,
+        )?;
+        sc.counter(
+            "io_gro_segments",
+            "Datagrams delivered out of GRO-coalesced buffers.",
+            io.gro_segments,
+        )?;
+        sc.counter(
+            "io_gso_sends",
+            "UDP GSO messages (several datagrams in one send) the kernel accepted.",
+            io.gso_sends,
+        )?;
+        sc.counter(
+            "io_gso_segments",
+            "Datagrams sent inside UDP GSO messages.",
+            io.gso_segments,
+        )?;
+        sc.counter(
+            "io_gso_fallbacks",
+            "GSO messages refused by the kernel and sent one datagram per message.",
+            io.gso_fallbacks,
+        )?;
+        sc.counter("io_tx_syscalls", "sendmmsg calls made.", io.tx_syscalls)?;
+        sc.counter(
             "io_rx_oversize",
             "Datagrams too long, dropped.",
             io.rx_oversize,

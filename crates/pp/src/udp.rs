@@ -1,11 +1,24 @@
 //! [`UdpVxlanIo`]: a [`PacketIo`] backend over an ordinary UDP socket on the VXLAN port,
-//! batched with `recvmmsg`/`sendmmsg`.
+//! batched with `recvmmsg`/`sendmmsg`, with UDP GRO on receive and UDP GSO on send.
 //!
 //! The pipeline works on whole Ethernet frames, but a UDP socket sees only the VXLAN
 //! datagram. So RX writes each datagram into a frame slot behind a synthesized outer
 //! Ethernet/IPv4/UDP header (source = the datagram's sender, destination = the socket),
 //! and TX parses the outer headers of each output frame to find where to send its UDP
 //! payload.
+//!
+//! Batching end to end (issue 18): one TCP flow inside VXLAN is one outer 4-tuple (the
+//! sender's per-flow source port), so its datagrams are consecutive and of one size.
+//! - **GRO on receive** (`UDP_GRO`): the kernel hands one buffer of up to 64 KiB holding
+//!   several same-4-tuple datagrams and a `UDP_GRO` control message with the segment
+//!   size. RX receives into per-message staging buffers and splits each into one frame
+//!   slot per segment; segments that do not fit this batch's slots wait for the next
+//!   `rx`, which then makes no syscall. Coalescing happens only where the receiving
+//!   device runs GRO (a NIC; a veth only with GRO or XDP on).
+//! - **GSO on send** (`UDP_SEGMENT`): consecutive output datagrams to the same
+//!   destination and of the same size (the last may be shorter) go as one message with
+//!   one iovec per frame; the kernel (or the device) cuts them back into datagrams. One
+//!   `sendmmsg` carries up to [`MAX_IO_BATCH`] such messages.
 //!
 //! Limits of a socket backend, lifted by the AF_XDP backend to come:
 //! - The kernel writes the outer IPv4/UDP header on TX, so the outer source address and
@@ -29,8 +42,21 @@ use thiserror::Error;
 pub const SYNTH_HDR_LEN: usize = 14 + 20 + 8;
 /// Largest datagram a slot holds behind the headroom and the synthesized header.
 pub const MAX_DATAGRAM: usize = MAX_FRAME - SYNTH_HDR_LEN;
-/// Most datagrams moved by one `recvmmsg`/`sendmmsg` call, and the most frame slots.
+/// Most messages moved by one `recvmmsg`/`sendmmsg` call (with GRO/GSO a message holds
+/// several datagrams).
 pub const MAX_IO_BATCH: usize = 64;
+/// Most frame slots, i.e. the largest RX batch. One GRO buffer alone can hold 44
+/// segments of a 1500-byte MTU, so more slots than messages keep batches full.
+pub const MAX_SLOTS: usize = 256;
+/// Size of one receive staging buffer: the largest buffer GRO hands a socket (an IPv4
+/// datagram's 64 KiB limit).
+pub const GRO_BUF: usize = 65536;
+/// Most datagrams in one GSO send. The kernel's `UDP_MAX_SEGMENTS` is 64 on older
+/// kernels (128 on newer ones); 64 works on both.
+pub const MAX_GSO_SEGMENTS: usize = 64;
+/// Most payload bytes of one GSO send: what fits one IPv4 datagram (65535 - IPv4 20 -
+/// UDP 8), which is how the kernel bounds a corked UDP send.
+pub const MAX_GSO_BYTES: usize = 65535 - 20 - 8;
 
 /// Outer MACs of synthesized frames. A socket has no link layer, and the pipeline never
 /// reads the outer MACs of VXLAN traffic (decap drops them, encap writes its own), so
@@ -50,8 +76,13 @@ pub struct UdpVxlanConfig {
     /// How long `rx` waits for a datagram when none is queued; bounds how long a worker
     /// loop takes to notice it should stop.
     pub poll_timeout: Duration,
-    /// Frame slots, i.e. the largest RX batch (at most [`MAX_IO_BATCH`]).
+    /// Frame slots, i.e. the largest RX batch (at most [`MAX_SLOTS`]).
     pub slots: usize,
+    /// Ask the kernel to coalesce received datagrams (`UDP_GRO`). If the kernel refuses,
+    /// the socket runs without (logged at warn).
+    pub gro: bool,
+    /// Send runs of same-destination, same-size datagrams as one `UDP_SEGMENT` message.
+    pub gso: bool,
     /// `SO_RCVBUF` to ask for (the kernel caps it at `net.core.rmem_max`).
     pub recv_buffer: Option<usize>,
     /// `SO_SNDBUF` to ask for (capped at `net.core.wmem_max`).
@@ -68,6 +99,8 @@ impl UdpVxlanConfig {
             peer_port: None,
             poll_timeout: Duration::from_millis(20),
             slots: MAX_IO_BATCH,
+            gro: true,
+            gso: true,
             recv_buffer: Some(4 << 20),
             send_buffer: Some(4 << 20),
             reuse_port: false,
@@ -91,6 +124,10 @@ pub struct UdpVxlanStats {
     pub rx_bytes: u64,
     /// `recvmmsg` calls that returned at least one datagram.
     pub rx_batches: u64,
+    /// Buffers the kernel's GRO had coalesced from several datagrams.
+    pub gro_buffers: u64,
+    /// Datagrams (segments) delivered out of those coalesced buffers.
+    pub gro_segments: u64,
     /// Datagrams longer than [`MAX_DATAGRAM`], dropped (a NIC would not fit them either).
     pub rx_oversize: u64,
     /// Datagrams the kernel accepted.
@@ -103,6 +140,15 @@ pub struct UdpVxlanStats {
     pub tx_errors: u64,
     /// Frames that are not IPv4/UDP/VXLAN, or are addressed to this socket itself.
     pub tx_unsendable: u64,
+    /// GSO messages (several datagrams in one `UDP_SEGMENT` send) the kernel accepted.
+    pub gso_sends: u64,
+    /// Datagrams sent inside those GSO messages (also counted in `tx_packets`).
+    pub gso_segments: u64,
+    /// GSO messages the kernel refused for a reason other than a full queue, whose
+    /// datagrams were then sent one per message.
+    pub gso_fallbacks: u64,
+    /// `sendmmsg` calls made.
+    pub tx_syscalls: u64,
 }
 
 /// Why a [`UdpVxlanIo`] could not be set up.
@@ -118,7 +164,7 @@ pub enum UdpVxlanError {
         what: &'static str,
         source: std::io::Error,
     },
-    #[error("frame slots {0} not in 1..={MAX_IO_BATCH}")]
+    #[error("frame slots {0} not in 1..={MAX_SLOTS}")]
     BadSlots(usize),
 }
 
@@ -315,6 +361,61 @@ fn bind_reuse_port(addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
     Ok(sock)
 }
 
+/// Set an `int` socket option.
+fn set_int_opt(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> std::io::Result<()> {
+    // SAFETY: `fd` is an open socket owned by the caller; `v` outlives the call and the
+    // length passed is its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// Control-message space of one message: room for one `cmsghdr` and an `int` (what
+/// `UDP_GRO` delivers and, as a `u16`, what `UDP_SEGMENT` takes), 8-byte aligned as
+/// `cmsghdr` needs.
+type CmsgSpace = [u64; 4];
+
+/// What one received message held.
+#[derive(Debug, Clone, Copy)]
+struct RxMsg {
+    src: SocketAddrV4,
+    len: usize,
+    /// Segment size from the `UDP_GRO` control message; 0 when the buffer is one
+    /// datagram.
+    seg: usize,
+}
+
+/// Received messages waiting to be split into frame slots.
+struct Staging {
+    /// [`MAX_IO_BATCH`] buffers of [`GRO_BUF`] bytes.
+    buf: Vec<u8>,
+    msgs: Vec<RxMsg>,
+    /// Next message to split and the offset of its next segment.
+    next: usize,
+    off: usize,
+}
+
+impl Staging {
+    fn is_empty(&self) -> bool {
+        self.next >= self.msgs.len()
+    }
+}
+
 /// A PP port over a UDP socket; see the module docs for what it can and cannot do.
 pub struct UdpVxlanIo {
     sock: UdpSocket,
@@ -322,12 +423,15 @@ pub struct UdpVxlanIo {
     cfg: UdpVxlanConfig,
     /// `slots` frame slots of [`FRAME_SIZE`] bytes, laid out like `MemRing`'s.
     region: Vec<u8>,
+    staging: Staging,
+    /// GSO on this socket (the config's wish, unless the kernel refused it).
+    gso: bool,
     stats: UdpVxlanStats,
 }
 
 impl UdpVxlanIo {
     pub fn bind(cfg: UdpVxlanConfig) -> Result<Self, UdpVxlanError> {
-        if cfg.slots == 0 || cfg.slots > MAX_IO_BATCH {
+        if cfg.slots == 0 || cfg.slots > MAX_SLOTS {
             return Err(UdpVxlanError::BadSlots(cfg.slots));
         }
         let sock = if cfg.reuse_port {
@@ -353,6 +457,15 @@ impl UdpVxlanIo {
         if let Some(b) = cfg.send_buffer {
             set_buffer(fd, libc::SO_SNDBUF, b, "SO_SNDBUF")?;
         }
+        let gro = cfg.gro
+            && match set_int_opt(fd, libc::SOL_UDP, libc::UDP_GRO, 1) {
+                Ok(()) => true,
+                // Kernels before 5.0: the socket still works, one datagram per message.
+                Err(e) => {
+                    tracing::warn!(error = %e, "UDP_GRO refused; receiving without GRO");
+                    false
+                }
+            };
         let local = match sock.local_addr() {
             Ok(std::net::SocketAddr::V4(a)) => a,
             Ok(std::net::SocketAddr::V6(_)) => unreachable!("bound to an IPv4 address"),
@@ -363,11 +476,18 @@ impl UdpVxlanIo {
                 })
             }
         };
-        tracing::info!(%local, peer_port = ?cfg.peer_port, "UDP VXLAN port bound");
+        tracing::info!(%local, peer_port = ?cfg.peer_port, gro, gso = cfg.gso, slots = cfg.slots, "UDP VXLAN port bound");
         Ok(UdpVxlanIo {
             sock,
             local,
             region: vec![0u8; cfg.slots * FRAME_SIZE],
+            staging: Staging {
+                buf: vec![0u8; MAX_IO_BATCH * GRO_BUF],
+                msgs: Vec::with_capacity(MAX_IO_BATCH),
+                next: 0,
+                off: 0,
+            },
+            gso: cfg.gso,
             cfg,
             stats: UdpVxlanStats::default(),
         })
@@ -390,42 +510,43 @@ impl UdpVxlanIo {
     #[inline]
     fn send(&mut self, region: Option<&[u8]>, descs: &[Desc]) -> usize {
         let region = region.unwrap_or(&self.region);
-        send_frames(
-            self.sock.as_raw_fd(),
-            self.local,
-            self.cfg.peer_port,
-            &mut self.stats,
-            region,
-            descs,
-        )
+        let mut tx = Sender {
+            fd: self.sock.as_raw_fd(),
+            gso: self.gso,
+            stats: &mut self.stats,
+        };
+        let n = tx.send_frames(self.local, self.cfg.peer_port, region, descs);
+        self.gso = tx.gso;
+        n
     }
 
-    /// One non-blocking `recvmmsg` of up to `want` datagrams into the slots; returns the
-    /// count received.
-    fn recv_batch(&mut self, want: usize, descs: &mut Vec<Desc>) -> Result<usize, IoError> {
+    /// One non-blocking `recvmmsg` of up to [`MAX_IO_BATCH`] messages into the staging
+    /// buffers; returns the count received. Only called with the staging drained.
+    fn recv_staged(&mut self) -> Result<usize, IoError> {
         let mut names = [SOCKADDR_ZERO; MAX_IO_BATCH];
         let mut iov = [IOVEC_ZERO; MAX_IO_BATCH];
         let mut msgs = [MMSG_ZERO; MAX_IO_BATCH];
-        let data_off = HEADROOM + SYNTH_HDR_LEN;
-        let base_ptr = self.region.as_mut_ptr();
-        for i in 0..want {
-            iov[i].iov_base = base_ptr.wrapping_add(i * FRAME_SIZE + data_off).cast();
-            iov[i].iov_len = MAX_DATAGRAM;
+        let mut ctrl: [CmsgSpace; MAX_IO_BATCH] = [[0; 4]; MAX_IO_BATCH];
+        let base_ptr = self.staging.buf.as_mut_ptr();
+        for i in 0..MAX_IO_BATCH {
+            iov[i].iov_base = base_ptr.wrapping_add(i * GRO_BUF).cast();
+            iov[i].iov_len = GRO_BUF;
             let h = &mut msgs[i].msg_hdr;
             h.msg_name = (&mut names[i] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_iov = &mut iov[i];
             h.msg_iovlen = 1;
+            h.msg_control = ctrl[i].as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of::<CmsgSpace>() as _;
         }
-        // SAFETY: `msgs[..want]` point at `names`, `iov` (both live for the call) and,
-        // through `iov`, at disjoint `MAX_DATAGRAM`-byte ranges inside `self.region`
-        // (slot i spans [i*FRAME_SIZE, (i+1)*FRAME_SIZE) and data_off + MAX_DATAGRAM ==
-        // FRAME_SIZE), which nothing else borrows during the call.
+        // SAFETY: each `msgs[i]` points at `names[i]`, `iov[i]` and `ctrl[i]` (all live
+        // for the call) and, through `iov[i]`, at the disjoint GRO_BUF-byte range i of
+        // `self.staging.buf`, which nothing else borrows during the call.
         let r = unsafe {
             libc::recvmmsg(
                 self.sock.as_raw_fd(),
                 msgs.as_mut_ptr(),
-                want as libc::c_uint,
+                MAX_IO_BATCH as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
@@ -444,6 +565,9 @@ impl UdpVxlanIo {
         }
         let n = r as usize;
         self.stats.rx_batches += (n > 0) as u64;
+        self.staging.msgs.clear();
+        self.staging.next = 0;
+        self.staging.off = 0;
         for i in 0..n {
             let h = &msgs[i].msg_hdr;
             let len = msgs[i].msg_len as usize;
@@ -456,25 +580,58 @@ impl UdpVxlanIo {
             let Some(src) = from_sockaddr(&names[i]) else {
                 continue;
             };
-            let base = i * FRAME_SIZE;
-            let hdr = base + HEADROOM;
-            write_outer_header(
-                &mut self.region[hdr..hdr + SYNTH_HDR_LEN],
+            let seg = gro_segment_size(h);
+            self.staging.msgs.push(RxMsg {
                 src,
-                self.local,
                 len,
-            );
-            descs.push(Desc::new(
-                base,
-                HEADROOM,
-                SYNTH_HDR_LEN + len,
-                FRAME_SIZE,
-                0,
-            ));
-            self.stats.rx_packets += 1;
-            self.stats.rx_bytes += len as u64;
+                seg: if seg > 0 && seg < len { seg } else { 0 },
+            });
         }
         Ok(n)
+    }
+
+    /// Split staged messages into frame slots until `want` frames are in `descs`.
+    fn drain(&mut self, want: usize, descs: &mut Vec<Desc>) {
+        let st = &mut self.staging;
+        while descs.len() < want && st.next < st.msgs.len() {
+            let m = st.msgs[st.next];
+            let seg = if m.seg == 0 { m.len } else { m.seg };
+            let take = seg.min(m.len - st.off);
+            if take > MAX_DATAGRAM {
+                self.stats.rx_oversize += 1;
+            } else {
+                let src = st.next * GRO_BUF + st.off;
+                let slot = descs.len() * FRAME_SIZE;
+                let hdr = slot + HEADROOM;
+                let data = hdr + SYNTH_HDR_LEN;
+                self.region[data..data + take].copy_from_slice(&st.buf[src..src + take]);
+                write_outer_header(
+                    &mut self.region[hdr..hdr + SYNTH_HDR_LEN],
+                    m.src,
+                    self.local,
+                    take,
+                );
+                descs.push(Desc::new(
+                    slot,
+                    HEADROOM,
+                    SYNTH_HDR_LEN + take,
+                    FRAME_SIZE,
+                    0,
+                ));
+                self.stats.rx_packets += 1;
+                self.stats.rx_bytes += take as u64;
+                if m.seg != 0 {
+                    self.stats.gro_segments += 1;
+                    self.stats.gro_buffers += (st.off == 0) as u64;
+                }
+            }
+            st.off += take;
+            // `>=` also moves past an empty datagram (take 0).
+            if st.off >= m.len {
+                st.next += 1;
+                st.off = 0;
+            }
+        }
     }
 
     /// Wait up to the poll timeout for the socket to become readable.
@@ -500,92 +657,222 @@ impl UdpVxlanIo {
     }
 }
 
-/// Send every `Tx` descriptor's UDP payload, [`MAX_IO_BATCH`] per `sendmmsg`.
-fn send_frames(
+/// The segment size of a received message's `UDP_GRO` control message, 0 if none.
+fn gro_segment_size(h: &libc::msghdr) -> usize {
+    // SAFETY: `h` is a msghdr the kernel just filled; its control pointer and length
+    // describe the message's own control buffer, which the CMSG_* macros only walk
+    // within, and the data of a `UDP_GRO` message is an int (read unaligned).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                return v.max(0) as usize;
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    0
+}
+
+/// One datagram to send: its destination and payload.
+#[derive(Clone, Copy)]
+struct Out {
+    dst: SocketAddrV4,
+    ptr: *const u8,
+    len: usize,
+}
+
+/// The TX half: builds messages (GSO runs or single datagrams) and sends them.
+struct Sender<'a> {
     fd: RawFd,
-    local: SocketAddrV4,
-    peer_port: Option<u16>,
-    stats: &mut UdpVxlanStats,
-    region: &[u8],
-    descs: &[Desc],
-) -> usize {
-    let mut sent_total = 0;
-    let mut tx = descs
-        .iter()
-        .filter(|d| matches!(d.verdict, Verdict::Tx(_)))
-        .peekable();
-    while tx.peek().is_some() {
-        let mut names = [SOCKADDR_ZERO; MAX_IO_BATCH];
-        let mut iov = [IOVEC_ZERO; MAX_IO_BATCH];
-        let mut msgs = [MMSG_ZERO; MAX_IO_BATCH];
-        let mut lens = [0usize; MAX_IO_BATCH];
-        let mut count = 0;
-        for d in tx.by_ref() {
+    gso: bool,
+    stats: &'a mut UdpVxlanStats,
+}
+
+/// Most iovecs (datagrams) in one `sendmmsg`.
+const TX_IOVS: usize = MAX_IO_BATCH * 4;
+
+impl Sender<'_> {
+    /// Send every `Tx` descriptor's UDP payload; returns the datagrams the kernel took.
+    fn send_frames(
+        &mut self,
+        local: SocketAddrV4,
+        peer_port: Option<u16>,
+        region: &[u8],
+        descs: &[Desc],
+    ) -> usize {
+        let mut outs: Vec<Out> = Vec::with_capacity(descs.len().min(TX_IOVS));
+        let mut sent = 0;
+        for d in descs.iter().filter(|d| matches!(d.verdict, Verdict::Tx(_))) {
             let frame = d.data(region);
             let Some(t) = tx_target(frame, peer_port).filter(|t| t.dst != local) else {
-                stats.tx_unsendable += 1;
+                self.stats.tx_unsendable += 1;
                 tracing::trace!(len = frame.len(), "output frame is not IPv4 VXLAN; dropped");
                 continue;
             };
             let payload = &frame[t.payload];
-            names[count] = to_sockaddr(t.dst);
-            // sendmmsg only reads through iov_base; the *mut is what the C struct wants.
-            iov[count].iov_base = payload.as_ptr() as *mut libc::c_void;
-            iov[count].iov_len = payload.len();
-            lens[count] = payload.len();
-            count += 1;
-            if count == MAX_IO_BATCH {
-                break;
+            outs.push(Out {
+                dst: t.dst,
+                ptr: payload.as_ptr(),
+                len: payload.len(),
+            });
+            if outs.len() == TX_IOVS {
+                sent += self.send_outs(&outs, self.gso);
+                outs.clear();
             }
         }
-        for i in 0..count {
-            let h = &mut msgs[i].msg_hdr;
-            h.msg_name = (&mut names[i] as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            h.msg_iov = &mut iov[i];
-            h.msg_iovlen = 1;
+        if !outs.is_empty() {
+            sent += self.send_outs(&outs, self.gso);
         }
+        sent
+    }
+
+    /// Send `outs` (at most [`TX_IOVS`]), grouped into GSO runs when `gso`, in as few
+    /// `sendmmsg` calls as the message limit allows.
+    fn send_outs(&mut self, outs: &[Out], gso: bool) -> usize {
+        debug_assert!(outs.len() <= TX_IOVS);
+        let mut iov = [IOVEC_ZERO; TX_IOVS];
+        for (v, o) in iov.iter_mut().zip(outs) {
+            // sendmmsg only reads through iov_base; the *mut is what the C struct wants.
+            v.iov_base = o.ptr as *mut libc::c_void;
+            v.iov_len = o.len;
+        }
+        // Runs of `outs`: (start, count). A run is a GSO message when count > 1.
+        let mut runs: Vec<(usize, usize)> = Vec::with_capacity(MAX_IO_BATCH);
+        let mut i = 0;
+        while i < outs.len() {
+            let first = outs[i];
+            let mut n = 1;
+            let mut bytes = first.len;
+            if gso && first.len > 0 {
+                // Same destination, same size; the last datagram of a run may be shorter
+                // (the kernel cuts the tail into a short last segment).
+                while i + n < outs.len() && n < MAX_GSO_SEGMENTS {
+                    let o = outs[i + n];
+                    if o.dst != first.dst || o.len > first.len || bytes + o.len > MAX_GSO_BYTES {
+                        break;
+                    }
+                    bytes += o.len;
+                    n += 1;
+                    if o.len < first.len {
+                        break;
+                    }
+                }
+            }
+            runs.push((i, n));
+            i += n;
+        }
+        let mut sent = 0;
+        for chunk in runs.chunks(MAX_IO_BATCH) {
+            sent += self.send_runs(outs, &mut iov, chunk);
+        }
+        sent
+    }
+
+    /// One `sendmmsg` per call (more after a partial send) of up to [`MAX_IO_BATCH`]
+    /// runs.
+    fn send_runs(
+        &mut self,
+        outs: &[Out],
+        iov: &mut [libc::iovec; TX_IOVS],
+        runs: &[(usize, usize)],
+    ) -> usize {
+        let mut names = [SOCKADDR_ZERO; MAX_IO_BATCH];
+        let mut msgs = [MMSG_ZERO; MAX_IO_BATCH];
+        let mut ctrl: [CmsgSpace; MAX_IO_BATCH] = [[0; 4]; MAX_IO_BATCH];
+        for (k, &(start, n)) in runs.iter().enumerate() {
+            names[k] = to_sockaddr(outs[start].dst);
+            let h = &mut msgs[k].msg_hdr;
+            h.msg_name = (&mut names[k] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = iov[start..].as_mut_ptr();
+            h.msg_iovlen = n as _;
+            if n > 1 {
+                h.msg_control = ctrl[k].as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE/CMSG_LEN are arithmetic; CMSG_FIRSTHDR reads only
+                // `h`'s control fields, which point at `ctrl[k]` (32 bytes, 8-aligned,
+                // room for a cmsghdr and a u16); the writes stay inside it.
+                unsafe {
+                    h.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) as _;
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+                    std::ptr::write_unaligned(
+                        libc::CMSG_DATA(c) as *mut u16,
+                        outs[start].len as u16,
+                    );
+                }
+            }
+        }
+        let count = runs.len();
+        let mut sent = 0;
         let mut done = 0;
         while done < count {
-            // SAFETY: `msgs[done..count]` point at `names` and `iov` (live for the call),
-            // and through `iov` at payload ranges of `region`, which is borrowed shared
-            // for the whole function; sendmmsg only reads them.
+            // SAFETY: `msgs[done..count]` point at `names`, `ctrl` and `iov` (live for
+            // the call), and through `iov` at payloads in a region the caller borrows
+            // shared for the whole send; sendmmsg only reads them.
             let r = unsafe {
                 libc::sendmmsg(
-                    fd,
+                    self.fd,
                     msgs.as_mut_ptr().add(done),
                     (count - done) as libc::c_uint,
                     libc::MSG_DONTWAIT,
                 )
             };
+            self.stats.tx_syscalls += 1;
             if r > 0 {
-                let r = r as usize;
-                stats.tx_packets += r as u64;
-                stats.tx_bytes += lens[done..done + r].iter().sum::<usize>() as u64;
-                sent_total += r;
-                done += r;
+                for &(start, n) in &runs[done..done + r as usize] {
+                    self.stats.tx_packets += n as u64;
+                    self.stats.tx_bytes += outs[start..start + n]
+                        .iter()
+                        .map(|o| o.len as u64)
+                        .sum::<u64>();
+                    if n > 1 {
+                        self.stats.gso_sends += 1;
+                        self.stats.gso_segments += n as u64;
+                    }
+                    sent += n;
+                }
+                done += r as usize;
                 continue;
             }
             let e = errno();
+            let (start, n) = runs[done];
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 // The socket buffer or the device queue is full: the rest of this batch
                 // would meet the same, so drop it as a full NIC ring would.
                 Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
-                    stats.tx_dropped += (count - done) as u64;
-                    tracing::debug!(dropped = count - done, error = %e, "send queue full");
+                    let left: usize = runs[done..].iter().map(|r| r.1).sum();
+                    self.stats.tx_dropped += left as u64;
+                    tracing::debug!(dropped = left, error = %e, "send queue full");
                     done = count;
+                }
+                // A GSO message refused (no checksum offload on the route's device: EIO;
+                // a segment over the MTU: EINVAL/EMSGSIZE): send its datagrams one per
+                // message, which is what they would have been without GSO.
+                _ if n > 1 => {
+                    self.stats.gso_fallbacks += 1;
+                    tracing::debug!(error = %e, segments = n, "GSO send refused; sending singly");
+                    if e.raw_os_error() == Some(libc::EIO) && self.gso {
+                        tracing::warn!(error = %e, "UDP GSO unsupported on this route; sending without it");
+                        self.gso = false;
+                    }
+                    sent += self.send_outs(&outs[start..start + n], false);
+                    done += 1;
                 }
                 // This message's fault (no route, too long, ...): skip it, send the rest.
                 _ => {
-                    stats.tx_errors += 1;
+                    self.stats.tx_errors += 1;
                     tracing::debug!(error = %e, dst = ?from_sockaddr(&names[done]), "send failed");
                     done += 1;
                 }
             }
         }
+        sent
     }
-    sent_total
 }
 
 impl PacketIo for UdpVxlanIo {
@@ -595,9 +882,12 @@ impl PacketIo for UdpVxlanIo {
         if want == 0 {
             return Ok(0);
         }
-        if self.recv_batch(want, descs)? == 0 && self.wait_readable()? {
-            self.recv_batch(want, descs)?;
+        // Segments left from the last call first, without a syscall; then at most one
+        // recvmmsg (after a wait when nothing is queued).
+        if self.staging.is_empty() && self.recv_staged()? == 0 && self.wait_readable()? {
+            self.recv_staged()?;
         }
+        self.drain(want, descs);
         Ok(descs.len())
     }
 

@@ -97,7 +97,7 @@ pub struct PpArgs {
     /// (4789); for several VXLAN endpoints on one host.
     #[arg(long)]
     peer_port: Option<u16>,
-    /// Largest receive batch (1..=64 for the UDP socket, 1..=256 for AF_XDP).
+    /// Largest receive batch (1..=256 for the UDP socket, 1..=256 for AF_XDP).
     #[arg(long, default_value_t = 64)]
     batch: usize,
     /// Ask this fabric master (`host:port`) for the rules of flows that miss. Several,

@@ -117,14 +117,20 @@ impl IoStats {
             IoStats::Udp(io) => {
                 let _ = write!(
                     s,
-                    " io: rx={} batches={} oversize={} tx={} tx_dropped={} tx_errors={} tx_unsendable={}",
+                    " io: rx={} batches={} oversize={} gro_buffers={} gro_segments={} tx={} tx_dropped={} tx_errors={} tx_unsendable={} tx_syscalls={} gso_sends={} gso_segments={} gso_fallbacks={}",
                     io.rx_packets,
                     io.rx_batches,
                     io.rx_oversize,
+                    io.gro_buffers,
+                    io.gro_segments,
                     io.tx_packets,
                     io.tx_dropped,
                     io.tx_errors,
-                    io.tx_unsendable
+                    io.tx_unsendable,
+                    io.tx_syscalls,
+                    io.gso_sends,
+                    io.gso_segments,
+                    io.gso_fallbacks
                 );
             }
             IoStats::AfXdp(io, kernel) => {
@@ -187,11 +193,17 @@ pub fn add_udp(a: &mut UdpVxlanStats, b: &UdpVxlanStats) {
         rx_bytes,
         rx_batches,
         rx_oversize,
+        gro_buffers,
+        gro_segments,
         tx_packets,
         tx_bytes,
         tx_dropped,
         tx_errors,
-        tx_unsendable
+        tx_unsendable,
+        gso_sends,
+        gso_segments,
+        gso_fallbacks,
+        tx_syscalls
     );
 }
 
