@@ -72,6 +72,11 @@ pub struct PpArgs {
     /// (receive livelock; docs/afxdp.md, "Overload").
     #[arg(long, default_value_t = 10)]
     worker_rt: i32,
+    /// With --worker-rt: SCHED_FIFO always, not only while the kernel drops frames.
+    /// Keeps more of the peak under overload, at a cost to everything else on the
+    /// worker's CPU (docs/afxdp.md, "Overload").
+    #[arg(long)]
+    worker_rt_always: bool,
     /// This node's underlay address, the outer source `encap` writes (default: the
     /// --listen address). The UDP backend's kernel sends from the socket's address
     /// regardless.
@@ -228,6 +233,7 @@ pub fn run(a: PpArgs) -> Result<()> {
             budget: a.busy_poll_budget,
         }),
         worker_rt: (a.worker_rt > 0).then_some(a.worker_rt),
+        worker_rt_always: a.worker_rt_always,
         node_ip: a.node_ip,
         node_mac: a.node_mac,
         gw_mac: a.gw_mac,

@@ -79,6 +79,9 @@ pub struct PpNodeConfig {
     /// Run each packet worker `SCHED_FIFO` at this priority while the kernel drops
     /// frames for it (`--worker-rt`, see [`rt`]); `None`: the ordinary scheduler always.
     pub worker_rt: Option<i32>,
+    /// With `worker_rt`: `SCHED_FIFO` always, not only while overloaded
+    /// (`--worker-rt-always`).
+    pub worker_rt_always: bool,
     /// The outer source `encap` writes (default: the listen address).
     pub node_ip: Option<Ipv4Addr>,
     /// Outer source MAC with the UDP backend (AF_XDP uses the interface's).
@@ -141,6 +144,7 @@ impl Default for PpNodeConfig {
             // `starfabric pp` defaults to SCHED_FIFO 10; an in-process node shares its
             // process with tests and harnesses, so the library leaves the scheduler alone.
             worker_rt: None,
+            worker_rt_always: false,
             node_ip: None,
             node_mac: None,
             gw_mac: None,
@@ -528,7 +532,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             reports: reports_tx.clone(),
             stop: peers_stop.clone(),
             flush_every: rates.tick_period(),
-            rt: a.worker_rt,
+            rt: a.worker_rt.map(|p| (p, a.worker_rt_always)),
         };
         let thread = match std::thread::Builder::new()
             .name(format!("pp-worker-{i}"))
@@ -715,14 +719,23 @@ struct PeerCtx {
     reports: Option<crate::ReportSender>,
     stop: Arc<AtomicBool>,
     flush_every: Duration,
-    /// `SCHED_FIFO` priority of the worker ([`PpNodeConfig::worker_rt`]).
-    rt: Option<i32>,
+    /// `SCHED_FIFO` priority of the worker and whether always
+    /// ([`PpNodeConfig::worker_rt`]).
+    rt: Option<(i32, bool)>,
+}
+
+fn governor(priority: i32, always: bool) -> rt::RtGovernor {
+    if always {
+        rt::RtGovernor::always(priority, Instant::now())
+    } else {
+        rt::RtGovernor::new(priority, Instant::now())
+    }
 }
 
 /// A worker other than 0: the data path, its miss path's notices and counter
 /// reports, and the node-wide changes the control loop sends it.
 fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
-    let mut rt = c.rt.map(|p| rt::RtGovernor::new(p, Instant::now()));
+    let mut rt = c.rt.map(|(p, always)| governor(p, always));
     let mut next_pub = Instant::now();
     let mut next_flush = Instant::now();
     let mut report_buf = Vec::new();
@@ -857,7 +870,7 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
     }
     let metrics_field = metrics_addr.map(tracing::field::display);
     tracing::info!(%local, rules = nrules, io = worker.io.name(), workers = nworkers, metrics = metrics_field, "PP worker running");
-    let mut rt = a.worker_rt.map(|p| rt::RtGovernor::new(p, Instant::now()));
+    let mut rt = a.worker_rt.map(|p| governor(p, a.worker_rt_always));
     let _ = ready.send(Some((local, metrics_addr)));
 
     let mut report_buf = Vec::new();

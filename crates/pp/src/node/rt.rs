@@ -41,6 +41,8 @@ pub struct RtGovernor {
     last_drop_at: Instant,
     /// Switches into `SCHED_FIFO`, for the log and tests.
     pub entered: u64,
+    /// `SCHED_FIFO` from the start, never ordinary again (`--worker-rt-always`).
+    always: bool,
 }
 
 impl RtGovernor {
@@ -52,13 +54,25 @@ impl RtGovernor {
             last_drops: None,
             last_drop_at: now,
             entered: 0,
+            always: false,
         }
+    }
+
+    /// `SCHED_FIFO` now and for good: no drop counter is read.
+    pub fn always(priority: i32, now: Instant) -> Self {
+        let mut g = RtGovernor::new(priority, now);
+        g.always = true;
+        if set_sched(true, priority) {
+            g.rt = true;
+            g.entered = 1;
+        }
+        g
     }
 
     /// Call once per loop iteration; `drops` reads the kernel's drop counter for the
     /// worker's port (called once per window only).
     pub fn tick(&mut self, now: Instant, drops: impl FnOnce() -> Option<u64>) {
-        if now < self.next {
+        if self.always || now < self.next {
             return;
         }
         self.next = now + WINDOW;
