@@ -54,11 +54,24 @@ pub struct E2eBenchArgs {
     /// others are left empty. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Take only these measurements (tcp, udp64, core, cps); the others are left
+    /// empty. `core` is the per-core ladder that gives `udp64_core_pps` and
+    /// `overload_keep`. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub measure: Vec<String>,
+    /// More arguments for the PP node of every starfabric variant, appended to the
+    /// variant's own (e.g. `--pp-arg=--busy-poll=0`, to compare with a setting off).
+    #[arg(long = "pp-arg", allow_hyphen_values = true)]
+    pub pp_args: Vec<String>,
 }
 
 impl E2eBenchArgs {
     fn runs(&self, variant: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|v| v == variant)
+    }
+
+    fn measures(&self, m: &str) -> bool {
+        self.measure.is_empty() || self.measure.iter().any(|v| v == m)
     }
 }
 
@@ -161,6 +174,44 @@ fn starfabric_snat(
     Ok(n)
 }
 
+/// The `setup.udp64` line of a per-core ladder: the peak, the 2× step, the unpaced
+/// step, and every step as `phase asked: offered→forwarded` (k packets/s).
+fn core_line(label: &str, u: &measure::Udp64Core) -> String {
+    let k = |v: f64| format!("{:.0}k", v / 1e3);
+    let steps: Vec<String> = u
+        .ladder
+        .iter()
+        .map(|s| {
+            let phase = match s.phase {
+                testbed::ladder::Phase::Bracket => "x2",
+                testbed::ladder::Phase::Bisect => "bisect",
+                testbed::ladder::Phase::Overload => "2xpeak",
+                testbed::ladder::Phase::Unpaced => "unpaced",
+            };
+            let asked = if s.asked == 0 {
+                "max".to_string()
+            } else {
+                k(s.asked as f64)
+            };
+            format!("{phase} {asked}: {}→{}", k(s.offered), k(s.forwarded))
+        })
+        .collect();
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), k);
+    format!(
+        "{label}, NF on CPU {} (sender on CPU {}): peak {} pps forwarded ({} offered, peak load {}); at 2x the peak load {} offered, {} forwarded, overload_keep {}; unpaced {}; steps: {}",
+        u.nf_cpu,
+        u.gen_cpu,
+        k(u.pps),
+        k(u.offered_pps),
+        u.peak_load_pps.map_or("-".to_string(), |p| k(p as f64)),
+        opt(u.overload2x_offered_pps),
+        opt(u.overload2x_pps),
+        u.overload_keep.map_or("-".to_string(), |v| format!("{v:.2}")),
+        opt(u.overload_pps),
+        steps.join(", ")
+    )
+}
+
 struct Runner<'a> {
     tb: &'a Testbed,
     a: &'a E2eBenchArgs,
@@ -193,55 +244,55 @@ impl Runner<'_> {
     /// host. `nf_pids`: the NF's processes, pinned with it for the per-core rate.
     fn internet(&mut self, label: &str, nf_pids: &[i32]) -> Numbers {
         let (tb, a) = (self.tb, self.a);
-        self.progress(&format!("{label}: iperf3"));
-        let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, a.secs);
-        let tcp_gbps = self.note(&format!("{label} tcp"), tcp);
-        self.progress("trafgen");
-        let udp = measure::udp64_pps(
-            tb,
-            0,
-            a.udp_flows,
-            std::time::Duration::from_secs(1),
-            f64::from(a.secs),
-        );
-        let udp64_pps = self.note(&format!("{label} udp64"), udp).map(|u| {
-            self.offered.push(format!(
-                "{label}: {:.0} pps offered, {:.0} arrived, {:.0} dropped at the PP namespace's UDP socket buffers",
-                u.offered_pps, u.pps, u.pp_socket_drops_pps
-            ));
-            u.pps
-        });
-        self.progress("xdp-gen");
-        let core = measure::udp64_core_pps(
-            tb,
-            self.bin,
-            0,
-            a.udp_flows,
-            nf_pids,
-            std::time::Duration::from_secs(1),
-            1.0,
-        );
-        let udp64_core_pps = self.note(&format!("{label} udp64 core"), core).map(|u| {
-            let steps: Vec<String> = u
-                .steps
-                .iter()
-                .map(|[o, f]| format!("{:.0}k→{:.0}k", o / 1e3, f / 1e3))
-                .collect();
-            self.offered.push(format!(
-                "{label}, NF on CPU {} (sender on CPU {}): at most {:.0} pps forwarded ({:.0} offered), {} unpaced; offered→forwarded: {}",
-                u.nf_cpu,
-                u.gen_cpu,
-                u.pps,
-                u.offered_pps,
-                u.overload_pps.map_or("-".to_string(), |p| format!("{p:.0}")),
-                steps.join(" ")
-            ));
-            u.pps
-        });
-        self.progress("wrk");
-        let url = format!("http://{}/", addr::INET);
-        let c = measure::cps(tb, Node::Client(0), &url, a.secs, a.conns);
-        let cps = self.note(&format!("{label} cps"), c);
+        let mut tcp_gbps = None;
+        if a.measures("tcp") {
+            self.progress(&format!("{label}: iperf3"));
+            let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, a.secs);
+            tcp_gbps = self.note(&format!("{label} tcp"), tcp);
+        }
+        let mut udp64_pps = None;
+        if a.measures("udp64") {
+            self.progress(&format!("{label}: trafgen"));
+            let udp = measure::udp64_pps(
+                tb,
+                0,
+                a.udp_flows,
+                std::time::Duration::from_secs(1),
+                f64::from(a.secs),
+            );
+            udp64_pps = self.note(&format!("{label} udp64"), udp).map(|u| {
+                self.offered.push(format!(
+                    "{label}: {:.0} pps offered, {:.0} arrived, {:.0} dropped at the PP namespace's UDP socket buffers",
+                    u.offered_pps, u.pps, u.pp_socket_drops_pps
+                ));
+                u.pps
+            });
+        }
+        let (mut udp64_core_pps, mut overload_keep) = (None, None);
+        if a.measures("core") {
+            self.progress(&format!("{label}: xdp-gen ladder"));
+            let core = measure::udp64_core_pps(
+                tb,
+                self.bin,
+                0,
+                a.udp_flows,
+                nf_pids,
+                std::time::Duration::from_secs(1),
+                1.0,
+            );
+            if let Some(u) = self.note(&format!("{label} udp64 core"), core) {
+                self.offered.push(core_line(label, &u));
+                udp64_core_pps = Some(u.pps);
+                overload_keep = u.overload_keep;
+            }
+        }
+        let mut cps = None;
+        if a.measures("cps") {
+            self.progress(&format!("{label}: wrk"));
+            let url = format!("http://{}/", addr::INET);
+            let c = measure::cps(tb, Node::Client(0), &url, a.secs, a.conns);
+            cps = self.note(&format!("{label} cps"), c);
+        }
         if !a.json {
             eprintln!("done");
         }
@@ -250,6 +301,7 @@ impl Runner<'_> {
             udp64_pps,
             udp64_core_pps,
             cps,
+            overload_keep,
         }
     }
 
@@ -335,7 +387,9 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         if !a.runs(variant) {
             continue;
         }
-        let n = starfabric_snat(&mut r, &mut out.setup, &bin, label, pp_args)?;
+        let mut pp_args: Vec<&str> = pp_args.to_vec();
+        pp_args.extend(a.pp_args.iter().map(String::as_str));
+        let n = starfabric_snat(&mut r, &mut out.setup, &bin, label, &pp_args)?;
         match variant {
             "starfabric" => out.starfabric = n,
             "afxdp" => out.afxdp = n,
@@ -464,19 +518,20 @@ pub fn print(r: &E2eBench) {
         if r.setup.kernel_rps { ", kernel with RPS" } else { "" }
     );
     println!(
-        "{:<24} {:>10} {:>14} {:>16} {:>12}",
-        "", "TCP Gbit/s", "UDP64 kpps", "UDP64/core kpps", "conn/s"
+        "{:<24} {:>10} {:>14} {:>16} {:>12} {:>14}",
+        "", "TCP Gbit/s", "UDP64 kpps", "UDP64/core kpps", "conn/s", "overload_keep"
     );
     // Numbers in their units (UDP in kpps), or ratios of them to two decimals.
     let row = |name: &str, n: &Numbers, ratio: bool| {
         let (pps_scale, pps_decimals, cps_decimals) = if ratio { (1.0, 2, 2) } else { (1e3, 1, 0) };
         println!(
-            "{:<24} {:>10} {:>14} {:>16} {:>12}",
+            "{:<24} {:>10} {:>14} {:>16} {:>12} {:>14}",
             name,
             cell(n.tcp_gbps, 1.0, 2),
             cell(n.udp64_pps, pps_scale, pps_decimals),
             cell(n.udp64_core_pps, pps_scale, pps_decimals),
-            cell(n.cps, 1.0, cps_decimals)
+            cell(n.cps, 1.0, cps_decimals),
+            cell(n.overload_keep, 1.0, 2)
         );
     };
     for (name, n, ratio) in [

@@ -115,6 +115,96 @@ fn pending_overflow_is_counted_per_flow_and_globally() {
     );
 }
 
+/// Issue 18's bad input: a flood of malformed frames and of new flows far beyond the
+/// pending queue, interleaved with an established flow's packets in the same batches.
+/// Every flood frame is a counted drop with its reason, the worker never stalls (each
+/// batch returns and the next one runs), and the established flow loses nothing and
+/// stays in order. Counts, not time: no timed assertion.
+#[test]
+fn floods_of_malformed_frames_and_new_flows_are_counted_and_established_flows_keep_going() {
+    let pending = PendingConfig {
+        per_flow: 2,
+        global: 16,
+        timeout_ms: 60_000,
+    };
+    let mut r = rig(pending, 8);
+    // The established flow: its rule installed through the miss path, as FM would.
+    r.send([tenant_udp(1000, 0)]);
+    let _ = r
+        .requests
+        .try_recv()
+        .expect("the established flow asked once");
+    r.replies.send(RuleReply::ok(snat_rule(1000))).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+    assert_eq!(r.out().len(), 1);
+
+    let valid = tenant_udp(1000, 0);
+    let mut seq = 1u32;
+    let (mut malformed, mut new_flow_pkts) = (0u64, 0u64);
+    for round in 0..50u32 {
+        let mut batch = Vec::new();
+        for i in 0..40u32 {
+            let n = round * 40 + i;
+            match i % 4 {
+                // Truncated inside the outer headers, inside the inner ones, and junk.
+                0 => batch.push(valid[..20 + (n as usize % 20)].to_vec()),
+                1 => batch.push(valid[..64 + (n as usize % 20)].to_vec()),
+                2 => batch.push(vec![0xff; 60 + (n as usize % 40)]),
+                // A new flow (a new source port) with no rule: far more than the
+                // pending queue and the request channel hold.
+                _ => {
+                    batch.push(tenant_udp(2000 + (n % 60_000) as u16, n));
+                    new_flow_pkts += 1;
+                    continue;
+                }
+            }
+            malformed += 1;
+            // The established flow's packet between the flood's.
+            batch.push(tenant_udp(1000, seq));
+            seq += 1;
+        }
+        r.send(batch);
+    }
+    let out = r.out();
+    let seqs: Vec<u32> = out.iter().map(|f| seq_of(f)).collect();
+    assert_eq!(
+        seqs,
+        (1..seq).collect::<Vec<_>>(),
+        "the established flow: every packet, in order"
+    );
+    let s = r.worker.pipeline.stats();
+    let by_reason = |d| s.dropped(d);
+    let parse_drops = by_reason(DropReason::Truncated)
+        + by_reason(DropReason::BadHeader)
+        + by_reason(DropReason::NotIp);
+    assert_eq!(
+        parse_drops, malformed,
+        "every malformed frame is a parse drop with its reason: {s:?}"
+    );
+    let held = r.worker.pipeline.pending().held() as u64;
+    assert!(
+        held <= 16,
+        "the pending queue stays within its bound: {held}"
+    );
+    let pending_drops = by_reason(DropReason::PendingGlobalFull)
+        + by_reason(DropReason::PendingFlowFull)
+        + by_reason(DropReason::RateLimited);
+    assert!(
+        pending_drops > 0,
+        "the new-flow flood overflowed the queue: {s:?}"
+    );
+    assert_eq!(
+        s.total_drops() + held,
+        malformed + new_flow_pkts,
+        "every flood frame is held or a counted drop: {s:?}"
+    );
+    assert_eq!(
+        s.rx_packets,
+        1 + malformed + new_flow_pkts + u64::from(seq - 1)
+    );
+}
+
 #[test]
 fn pending_timeout_drops_and_counts_then_a_new_packet_asks_again() {
     let mut r = rig(

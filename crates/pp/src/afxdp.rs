@@ -53,6 +53,31 @@ pub const XDP_HEADROOM: usize = 256;
 /// `TX_BATCH_SIZE`); how many kicks a TX batch needs.
 const COPY_MODE_TX_PER_KICK: usize = 32;
 
+/// Preferred busy polling of the socket's NAPI context (`SO_PREFER_BUSY_POLL`): the
+/// PP worker, not the kernel's NAPI thread or softirq, decides when received frames
+/// are processed, and takes at most `budget` per syscall. Under overload the excess
+/// then stays in the device's receive ring and is refused there, where it costs the
+/// PP's CPU nothing, instead of being run through XDP and dropped at an empty fill
+/// ring after the kernel paid for it (receive livelock). Needs a socket with a NAPI id
+/// ([`AfXdpKernelStats::napi_id`]), which Linux 6.13+ gives zero-copy sockets only; on
+/// a veth it does nothing. See `docs/afxdp.md`, "Overload".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyPoll {
+    /// `SO_BUSY_POLL`: how long (µs) one busy-polling syscall spins for frames.
+    pub usecs: u32,
+    /// `SO_BUSY_POLL_BUDGET`: frames per NAPI poll of a busy-polling syscall.
+    pub budget: u16,
+}
+
+impl Default for BusyPoll {
+    fn default() -> Self {
+        BusyPoll {
+            usecs: 20,
+            budget: 64,
+        }
+    }
+}
+
 /// Configuration of an [`AfXdpIo`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AfXdpConfig {
@@ -68,6 +93,8 @@ pub struct AfXdpConfig {
     pub poll_timeout: Duration,
     /// Try zero-copy first (falls back to copy mode when the driver refuses).
     pub zero_copy: bool,
+    /// Preferred busy polling; `None` leaves the socket interrupt (NAPI) driven.
+    pub busy_poll: Option<BusyPoll>,
 }
 
 impl AfXdpConfig {
@@ -79,6 +106,7 @@ impl AfXdpConfig {
             batch: 64,
             poll_timeout: Duration::from_millis(20),
             zero_copy: true,
+            busy_poll: None,
         }
     }
 }
@@ -111,6 +139,9 @@ pub struct AfXdpStats {
     pub tx_kicks: u64,
     /// Kicks that failed with an unexpected error (the frames stay on the ring).
     pub tx_kick_errors: u64,
+    /// Busy-polling `recvfrom` calls (`rx` found the RX ring empty and asked the
+    /// kernel to run the NAPI poll in this thread).
+    pub busy_polls: u64,
 }
 
 /// The kernel's counters of the socket (`XDP_STATISTICS`).
@@ -122,6 +153,11 @@ pub struct AfXdpKernelStats {
     pub rx_fill_ring_empty: u64,
     pub rx_invalid_descs: u64,
     pub tx_invalid_descs: u64,
+    /// The NAPI context the kernel recorded for the socket (`SO_INCOMING_NAPI_ID`): since
+    /// Linux 6.13 set at bind, for zero-copy sockets only, from the queue's NAPI (before,
+    /// from the first frame received). 0 means none: busy polling has nothing to drive,
+    /// as on a veth (copy mode).
+    pub napi_id: u32,
 }
 
 /// How the socket is bound.
@@ -205,6 +241,8 @@ pub struct AfXdpIo {
     scratch: Vec<FrameDesc>,
     tx_batch: Vec<FrameDesc>,
     stats: AfXdpStats,
+    /// Busy polling is on (the socket options took).
+    busy_poll: bool,
 }
 
 // SAFETY: `base` points into the UMEM mapping that `umem` keeps alive; nothing else
@@ -344,14 +382,24 @@ impl AfXdpIo {
             scratch: vec![FrameDesc::default(); AFXDP_MAX_BATCH.max(COPY_MODE_TX_PER_KICK)],
             tx_batch: Vec::with_capacity(AFXDP_MAX_BATCH),
             stats: AfXdpStats::default(),
+            busy_poll: false,
             cfg,
         };
+        if let Some(bp) = io.cfg.busy_poll {
+            set_busy_poll(io.as_raw_fd(), bp).map_err(|e| AfXdpError::Bind {
+                ifname: io.cfg.ifname.clone(),
+                queue: io.cfg.queue_id,
+                reason: format!("busy-poll socket options: {e}"),
+            })?;
+            io.busy_poll = true;
+        }
         io.top_up_fill();
         tracing::info!(
             ifname = %io.cfg.ifname,
             queue = io.cfg.queue_id,
             %mode,
             frames,
+            busy_poll = ?io.cfg.busy_poll,
             "AF_XDP socket bound"
         );
         Ok(io)
@@ -372,7 +420,24 @@ impl AfXdpIo {
     /// The kernel's counters of the socket (one `getsockopt`).
     pub fn kernel_stats(&self) -> std::io::Result<AfXdpKernelStats> {
         let s = self.rx_q.fd().xdp_statistics()?;
+        let mut napi_id: libc::c_uint = 0;
+        let mut len = std::mem::size_of::<libc::c_uint>() as libc::socklen_t;
+        // SAFETY: a valid socket fd, and an out-buffer of the option's size that lives
+        // for the call.
+        let r = unsafe {
+            libc::getsockopt(
+                self.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_INCOMING_NAPI_ID,
+                (&mut napi_id as *mut libc::c_uint).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            napi_id = 0;
+        }
         Ok(AfXdpKernelStats {
+            napi_id,
             rx_dropped: s.rx_dropped(),
             rx_ring_full: s.rx_ring_full(),
             rx_fill_ring_empty: s.rx_fill_ring_empty_descs(),
@@ -600,6 +665,34 @@ impl AfXdpIo {
         Ok(r > 0)
     }
 
+    /// One busy-polling `recvfrom` (`xsk_recvmsg` runs `sk_busy_loop`, the NAPI poll of
+    /// the socket's queue, when `SO_BUSY_POLL` is set). A socket without a NAPI context
+    /// yet returns at once.
+    fn busy_poll_once(&mut self) {
+        self.stats.busy_polls += 1;
+        // SAFETY: a valid socket fd; no buffer (length 0): AF_XDP delivers through the
+        // RX ring, the call only drives the poll.
+        let r = unsafe {
+            libc::recvfrom(
+                self.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::EBUSY)
+            ) {
+                tracing::trace!(error = %e, "AF_XDP busy-poll recvfrom");
+            }
+        }
+    }
+
     fn recv_batch(&mut self, descs: &mut Vec<Desc>, want: usize) -> usize {
         // SAFETY: the RX ring hands back frames of this UMEM that the kernel has
         // finished writing; they are ours until we give them back.
@@ -625,6 +718,84 @@ impl AfXdpIo {
     }
 }
 
+/// Set preferred busy polling on an AF_XDP socket: `SO_PREFER_BUSY_POLL`,
+/// `SO_BUSY_POLL` and `SO_BUSY_POLL_BUDGET` (the budget above the
+/// `net.core.busy_budget`-free default needs CAP_NET_ADMIN, which binding needs anyway).
+fn set_busy_poll(fd: RawFd, bp: BusyPoll) -> std::io::Result<()> {
+    let set = |opt: libc::c_int, v: libc::c_int| -> std::io::Result<()> {
+        // SAFETY: a valid socket fd and an int option value that lives for the call.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    set(libc::SO_PREFER_BUSY_POLL, 1)?;
+    set(libc::SO_BUSY_POLL, bp.usecs as libc::c_int)?;
+    set(libc::SO_BUSY_POLL_BUDGET, libc::c_int::from(bp.budget))
+}
+
+/// The device side of preferred busy polling: `napi_defer_hard_irqs` and
+/// `gro_flush_timeout` of an interface (`/sys/class/net/DEV/`), so that after a busy
+/// poll the kernel defers to a timer instead of re-arming its interrupt (on a veth:
+/// the peer's `napi_schedule`) and the busy-polling thread stays the one that runs
+/// the NAPI poll. Restores the old values on drop.
+#[derive(Debug)]
+pub struct NapiDeferral {
+    ifname: String,
+    old: Vec<(&'static str, String)>,
+}
+
+impl NapiDeferral {
+    /// Set `defer_hard_irqs` and `gro_flush_timeout_ns` on `ifname`.
+    pub fn apply(
+        ifname: &str,
+        defer_hard_irqs: u32,
+        gro_flush_timeout_ns: u64,
+    ) -> std::io::Result<NapiDeferral> {
+        let mut d = NapiDeferral {
+            ifname: ifname.to_string(),
+            old: Vec::new(),
+        };
+        for (name, v) in [
+            ("napi_defer_hard_irqs", defer_hard_irqs.to_string()),
+            ("gro_flush_timeout", gro_flush_timeout_ns.to_string()),
+        ] {
+            let path = format!("/sys/class/net/{ifname}/{name}");
+            let old = std::fs::read_to_string(&path)?.trim().to_string();
+            std::fs::write(&path, &v)?;
+            d.old.push((name, old));
+        }
+        tracing::info!(
+            ifname,
+            defer_hard_irqs,
+            gro_flush_timeout_ns,
+            "NAPI deferral set for busy polling"
+        );
+        Ok(d)
+    }
+}
+
+impl Drop for NapiDeferral {
+    fn drop(&mut self) {
+        for (name, v) in self.old.drain(..).rev() {
+            let path = format!("/sys/class/net/{}/{name}", self.ifname);
+            if let Err(e) = std::fs::write(&path, &v) {
+                tracing::warn!(path, error = %e, "restoring the NAPI deferral");
+            }
+        }
+    }
+}
+
 impl AsRawFd for AfXdpIo {
     /// The socket's fd, for the XDP program's `xsks` map.
     fn as_raw_fd(&self) -> RawFd {
@@ -645,7 +816,17 @@ impl PacketIo for AfXdpIo {
         if want == 0 {
             return Ok(0);
         }
-        if self.recv_batch(descs, want) == 0 {
+        // Refill before draining: the frames freed by the last batch go back to the
+        // kernel before it next runs, so it does not meet an empty fill ring while
+        // this thread has free frames.
+        self.top_up_fill();
+        if self.recv_batch(descs, want) == 0 && self.busy_poll {
+            // Run the device's NAPI poll here, in this thread, for up to `budget`
+            // frames (and `usecs`), then take what it put on the RX ring.
+            self.busy_poll_once();
+            self.recv_batch(descs, want);
+        }
+        if descs.is_empty() {
             // Frames still on the TX ring need kicks, not a long sleep.
             let timeout = if self.census.tx > 0 {
                 Duration::ZERO

@@ -29,8 +29,8 @@ pub mod vip;
 mod xdp_node;
 
 pub use afxdp::{
-    AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, FrameCensus, XskMode,
-    AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
+    AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, BusyPoll, FrameCensus,
+    NapiDeferral, XskMode, AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
 };
 pub use fm_client::{
     FmClient, FmClientConfig, FmClientError, FmClientStats, NoticeSender, ReportSender, WorkerLink,

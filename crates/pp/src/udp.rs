@@ -502,6 +502,29 @@ impl UdpVxlanIo {
         self.stats
     }
 
+    /// Datagrams the kernel dropped for this socket (its receive buffer full):
+    /// `SK_MEMINFO_DROPS` of `SO_MEMINFO`, one `getsockopt`.
+    pub fn kernel_drops(&self) -> std::io::Result<u64> {
+        // SK_MEMINFO_VARS entries; SK_MEMINFO_DROPS is the last (include/uapi/linux/sock_diag.h).
+        let mut mem = [0u32; 9];
+        let mut len = std::mem::size_of_val(&mem) as libc::socklen_t;
+        // SAFETY: a valid socket fd and an out-buffer of `len` bytes that lives for the
+        // call.
+        let r = unsafe {
+            libc::getsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MEMINFO,
+                mem.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(u64::from(mem[8]))
+    }
+
     pub fn config(&self) -> &UdpVxlanConfig {
         &self.cfg
     }

@@ -13,7 +13,7 @@ use pipeline::NodeAddr;
 use thiserror::Error;
 use xdp::{AttachMode, Attachment, XdpError, XdpProgram};
 
-use crate::afxdp::{AfXdpConfig, AfXdpError, AfXdpIo};
+use crate::afxdp::{AfXdpConfig, AfXdpError, AfXdpIo, NapiDeferral};
 use crate::netif::{self, NetifError};
 
 /// What [`open_afxdp`] needs.
@@ -92,6 +92,9 @@ pub struct XdpAttached {
     pub node: NodeAddr,
     /// The gateway whose MAC was resolved (`None` when given).
     pub gateway: Option<Ipv4Addr>,
+    /// The interface's NAPI deferral while the sockets busy-poll (restored on drop);
+    /// `None` without busy polling, or if the interface refused it.
+    pub napi_deferral: Option<NapiDeferral>,
 }
 
 impl XdpAttached {
@@ -169,6 +172,18 @@ pub fn open_afxdp_workers(
         mac,
         gw_mac,
     };
+    // Preferred busy polling needs the device to defer its interrupt to a timer after a
+    // busy poll, or the kernel's own NAPI run takes the frames back (docs/afxdp.md).
+    let napi_deferral = match cfg.io.busy_poll {
+        Some(_) => match NapiDeferral::apply(&ifname, NAPI_DEFER_HARD_IRQS, GRO_FLUSH_TIMEOUT_NS) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                tracing::warn!(%ifname, error = %e, "cannot set the NAPI deferral for busy polling");
+                None
+            }
+        },
+        None => None,
+    };
     let mut program = XdpProgram::load()?;
     program.set_node(&node)?;
     let mut ios = Vec::with_capacity(workers as usize);
@@ -191,6 +206,14 @@ pub fn open_afxdp_workers(
             mode,
             node,
             gateway,
+            napi_deferral,
         },
     ))
 }
+
+/// `napi_defer_hard_irqs` while busy polling: how many empty NAPI polls in a row keep
+/// the interrupt deferred (the kernel's documented example value).
+pub const NAPI_DEFER_HARD_IRQS: u32 = 2;
+/// `gro_flush_timeout` while busy polling, ns: if the PP worker stops busy polling for
+/// this long (idle, or descheduled), the kernel's NAPI takes over again.
+pub const GRO_FLUSH_TIMEOUT_NS: u64 = 200_000;

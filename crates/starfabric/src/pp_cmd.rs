@@ -55,6 +55,28 @@ pub struct PpArgs {
     /// UMEM frames of the AF_XDP socket (a power of two).
     #[arg(long, default_value_t = 4096)]
     xdp_frames: u32,
+    /// Preferred busy polling of the AF_XDP sockets: µs one busy poll spins (0: off,
+    /// the socket is NAPI driven). With it on, the worker runs the device's receive
+    /// poll itself, so overload is refused in the device ring instead of starving the
+    /// worker. Linux 6.13+ gives an AF_XDP socket a NAPI to busy-poll only in zero-copy
+    /// mode, so it does nothing on a veth (copy mode); off by default
+    /// (docs/afxdp.md, "Overload").
+    #[arg(long, default_value_t = 0)]
+    busy_poll: u32,
+    /// Frames per busy poll (`SO_BUSY_POLL_BUDGET`).
+    #[arg(long, default_value_t = 64)]
+    busy_poll_budget: u16,
+    /// Run each packet worker SCHED_FIFO at this priority (1-99; 0: never) while the
+    /// kernel drops frames for it. The kernel's receive work for the worker's queue then
+    /// runs only while the worker waits for frames, so overload cannot starve the worker
+    /// (receive livelock; docs/afxdp.md, "Overload").
+    #[arg(long, default_value_t = 10)]
+    worker_rt: i32,
+    /// With --worker-rt: SCHED_FIFO always, not only while the kernel drops frames.
+    /// Keeps more of the peak under overload, at a cost to everything else on the
+    /// worker's CPU (docs/afxdp.md, "Overload").
+    #[arg(long)]
+    worker_rt_always: bool,
     /// This node's underlay address, the outer source `encap` writes (default: the
     /// --listen address). The UDP backend's kernel sends from the socket's address
     /// regardless.
@@ -206,6 +228,12 @@ pub fn run(a: PpArgs) -> Result<()> {
             IoArg::Udp => IoKind::Udp,
         },
         xdp_frames: a.xdp_frames,
+        busy_poll: (a.busy_poll > 0).then_some(pp::BusyPoll {
+            usecs: a.busy_poll,
+            budget: a.busy_poll_budget,
+        }),
+        worker_rt: (a.worker_rt > 0).then_some(a.worker_rt),
+        worker_rt_always: a.worker_rt_always,
         node_ip: a.node_ip,
         node_mac: a.node_mac,
         gw_mac: a.gw_mac,

@@ -355,6 +355,17 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
         r.overload_pps.is_some(),
         "the unpaced load was tried: {r:?}"
     );
+    // The ladder ends with 2 x the peak load, then unpaced; overload_keep is there.
+    let phases: Vec<_> = r.ladder.iter().map(|s| s.phase).collect();
+    assert_eq!(
+        &phases[phases.len() - 2..],
+        [
+            testbed::ladder::Phase::Overload,
+            testbed::ladder::Phase::Unpaced
+        ],
+        "{r:?}"
+    );
+    assert!(r.overload_keep.is_some_and(|k| k > 0.0), "{r:?}");
     assert_ne!(r.nf_cpu, r.gen_cpu);
     let xdp = tb
         .exec(

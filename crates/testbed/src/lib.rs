@@ -43,6 +43,7 @@ pub mod cmd;
 pub mod elastic;
 pub mod ipsec;
 pub mod isolation;
+pub mod ladder;
 pub mod measure;
 pub mod platform;
 pub mod probe;

@@ -17,6 +17,7 @@ use serde::Serialize;
 use tracing::debug;
 
 use crate::cmd;
+use crate::ladder;
 use crate::services::{self, IPERF_PORT, SINK_PORT};
 use crate::topo::{addr, mac, Node, Testbed};
 use crate::{Error, Result};
@@ -30,6 +31,9 @@ pub struct Numbers {
     /// The NF alone on one CPU ([`udp64_core_pps`]).
     pub udp64_core_pps: Option<f64>,
     pub cps: Option<f64>,
+    /// The NF on one CPU at 2 × its peak offered load: forwarded there over its peak
+    /// forwarded rate ([`Udp64Core::overload_keep`]; issue 18's goal: ≥ 0.9).
+    pub overload_keep: Option<f64>,
 }
 
 impl Numbers {
@@ -44,6 +48,7 @@ impl Numbers {
             udp64_pps: r(self.udp64_pps, base.udp64_pps),
             udp64_core_pps: r(self.udp64_core_pps, base.udp64_core_pps),
             cps: r(self.cps, base.cps),
+            overload_keep: r(self.overload_keep, base.overload_keep),
         }
     }
 }
@@ -321,27 +326,34 @@ pub fn udp64_pps(tb: &Testbed, j: usize, flows: u16, warmup: Duration, secs: f64
 /// What a per-core 64-byte UDP run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Udp64Core {
-    /// The highest rate at which the NF forwarded to the sink over the offered loads
-    /// tried (RFC 2889's maximum forwarding rate): the result.
+    /// The highest rate at which the NF forwarded to the sink over the bracket and
+    /// bisection loads (RFC 2889's maximum forwarding rate): the result.
     pub pps: f64,
     /// Frames/s offered at that load (taken into the PP node's receive ring, plus
     /// refused because the ring was full).
     pub offered_pps: f64,
+    /// The peak offered load: the highest load (asked, packets/s) the NF kept
+    /// (forwarded ≥ [`ladder::KEEP`] of it); `None` if even the first was not kept.
+    pub peak_load_pps: Option<u64>,
+    /// Forwarded at 2 × the peak offered load ([`ladder::Phase::Overload`]).
+    pub overload2x_pps: Option<f64>,
+    /// What that step actually offered (the sender may fall short of 2 ×).
+    pub overload2x_offered_pps: Option<f64>,
+    /// `overload2x_pps / pps`: what the NF keeps of its peak at twice the load it
+    /// peaked at (issue 18's goal: ≥ 0.9).
+    pub overload_keep: Option<f64>,
     /// Forwarded with the sender unpaced (as fast as its CPU goes): how the NF holds up
-    /// under overload (an NF that livelocks forwards far less here than at its peak).
+    /// under the heaviest overload this sender makes.
     pub overload_pps: Option<f64>,
-    /// Every load tried: [offered, forwarded] packets/s.
+    /// Every load tried, in order: [offered, forwarded] packets/s.
     pub steps: Vec<[f64; 2]>,
+    /// The same steps with the load asked for and what each was for.
+    pub ladder: Vec<ladder::Step>,
     /// The CPU the NF ran on (the PP namespace's receive path and the NF's processes).
     pub nf_cpu: usize,
     /// The CPU the generator ran on.
     pub gen_cpu: usize,
 }
-
-/// The offered loads of [`udp64_core_pps`], packets/s; 0 is unpaced.
-pub const CORE_LADDER: [u64; 9] = [
-    50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000, 3_200_000, 6_400_000, 0,
-];
 
 /// 64-byte UDP packets/s that the NF in the PP namespace forwards **on one CPU**, with
 /// the sender on another and the sink a drop at the router's side of the PP link:
@@ -356,13 +368,16 @@ pub const CORE_LADDER: [u64; 9] = [
 /// - `xdp_sink` on the router's `dpp` drops the forwarded frames (on CPU 1 too, as the
 ///   receive softirq of whoever transmits), counted by the veth's `xdp_drops`.
 ///
-/// The sender offers the loads of [`CORE_LADDER`] in turn (paced frame by frame), each
-/// for 0.3 s to settle plus `secs` measured, after a `warmup` at the lowest load; it
-/// skips to the unpaced load after two loads in a row that the NF forwarded less than
-/// 90 % of. The result is the highest forwarded rate (RFC 2889's maximum forwarding
-/// rate); what the NF forwards unpaced is reported next to it, since an NF that
-/// livelocks under overload (a userspace path whose kernel half starves it) forwards
-/// far less there than at its peak.
+/// The sender offers the loads of a [`ladder::Ladder`] in turn (paced frame by frame),
+/// each for 0.3 s to settle plus `secs` measured, after a `warmup` at the lowest load:
+/// doubling from 50k pps until a load is not kept (forwarded < 90 % of offered), then
+/// four bisection steps between the last kept load and that one, then 2 × the highest
+/// kept load, then unpaced. At most 14 steps, so the run takes at most
+/// `warmup + 14 × (secs + 0.8 s)` (the 0.8 s: settling and the sender's start and
+/// stop). The result is the highest forwarded rate (RFC 2889's maximum forwarding
+/// rate); `overload_keep` is what the NF forwards at twice its peak load over that,
+/// since an NF that livelocks under overload (a userspace path whose kernel half
+/// starves it) forwards far less there than at its peak.
 ///
 /// This is the "one core" rate of paper 000 §6 and of the kernel figures in the issue
 /// (nftables masquerade on one core), which the end-to-end [`udp64_pps`] cannot give
@@ -491,20 +506,13 @@ pub fn udp64_core_pps(
         };
         // Warm-up at the lowest load: every flow gets its rule (and, with the fast path
         // on, becomes an elephant and moves to the driver).
-        let gen = spawn(CORE_LADDER[0], warmup.as_secs_f64())?;
+        let gen = spawn(ladder::LADDER_START, warmup.as_secs_f64())?;
         let w = cmd::sleep(warmup + Duration::from_millis(200));
         tb.stop(&gen);
         w?;
         let settle = Duration::from_millis(300);
-        let mut steps: Vec<[f64; 2]> = Vec::new();
-        let mut overload = None;
-        let mut saturated = 0;
-        for &rate in &CORE_LADDER {
-            // Two loads in a row that the NF could not keep up with: its peak is behind;
-            // only the unpaced load is left to try.
-            if saturated >= 2 && rate != 0 {
-                continue;
-            }
+        let mut lad = ladder::Ladder::new();
+        while let Some((phase, rate)) = lad.next() {
             let gen = spawn(rate, settle.as_secs_f64() + secs + 0.5)?;
             let measured = (|| {
                 cmd::sleep(settle)?;
@@ -523,27 +531,21 @@ pub fn udp64_core_pps(
             })();
             tb.stop(&gen);
             let [offered, forwarded] = measured?;
-            tracing::debug!(rate, offered, forwarded, "per-core step");
-            steps.push([offered, forwarded]);
-            if rate == 0 {
-                overload = Some(forwarded);
-            }
-            if forwarded < 0.9 * offered {
-                saturated += 1;
-            } else {
-                saturated = 0;
-            }
+            tracing::debug!(?phase, rate, offered, forwarded, "per-core step");
+            lad.record(phase, rate, offered, forwarded);
         }
-        let best = steps
-            .iter()
-            .copied()
-            .max_by(|a, b| a[1].total_cmp(&b[1]))
-            .unwrap_or([0.0, 0.0]);
+        let best = lad.peak();
+        let over = lad.overload();
         Ok(Udp64Core {
-            pps: best[1],
-            offered_pps: best[0],
-            overload_pps: overload,
-            steps,
+            pps: best.map_or(0.0, |s| s.forwarded),
+            offered_pps: best.map_or(0.0, |s| s.offered),
+            peak_load_pps: lad.peak_load(),
+            overload2x_pps: over.map(|s| s.forwarded),
+            overload2x_offered_pps: over.map(|s| s.offered),
+            overload_keep: lad.overload_keep(),
+            overload_pps: lad.unpaced().map(|s| s.forwarded),
+            steps: lad.steps.iter().map(|s| [s.offered, s.forwarded]).collect(),
+            ladder: lad.steps.clone(),
             nf_cpu,
             gen_cpu,
         })
@@ -877,17 +879,20 @@ Transfer/sec:      1.50MB\n";
             udp64_pps: Some(100.0),
             udp64_core_pps: Some(3.0),
             cps: None,
+            overload_keep: Some(0.5),
         };
         let b = Numbers {
             tcp_gbps: Some(4.0),
             udp64_pps: Some(0.0),
             udp64_core_pps: Some(2.0),
             cps: Some(1.0),
+            overload_keep: Some(1.0),
         };
         let r = a.ratio(&b);
         assert_eq!(r.tcp_gbps, Some(0.5));
         assert_eq!(r.udp64_pps, None);
         assert_eq!(r.udp64_core_pps, Some(1.5));
         assert_eq!(r.cps, None);
+        assert_eq!(r.overload_keep, Some(0.5));
     }
 }

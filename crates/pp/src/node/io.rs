@@ -53,6 +53,19 @@ impl PpIo {
         }
     }
 
+    /// Frames the kernel dropped for this port because the worker fell behind (AF_XDP:
+    /// no fill-ring frame or RX ring full; UDP: receive buffer full); `None` if
+    /// unreadable. What [`super::rt::RtGovernor`] watches.
+    pub fn kernel_drops(&self) -> Option<u64> {
+        match self {
+            PpIo::AfXdp(io) => io
+                .kernel_stats()
+                .ok()
+                .map(|k| k.rx_dropped + k.rx_ring_full),
+            PpIo::Udp(io) => io.kernel_drops().ok(),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             PpIo::AfXdp(_) => "afxdp",
@@ -154,8 +167,8 @@ impl IoStats {
                     // ring, or the RX ring full (the worker fell behind).
                     let _ = write!(
                         s,
-                        " xsk_rx_dropped={} xsk_fill_empty={} xsk_rx_ring_full={}",
-                        k.rx_dropped, k.rx_fill_ring_empty, k.rx_ring_full
+                        " xsk_rx_dropped={} xsk_fill_empty={} xsk_rx_ring_full={} busy_polls={} napi_id={}",
+                        k.rx_dropped, k.rx_fill_ring_empty, k.rx_ring_full, io.busy_polls, k.napi_id
                     );
                 }
             }
@@ -180,7 +193,8 @@ pub fn add_afxdp(a: &mut AfXdpStats, b: &AfXdpStats) {
         tx_moved,
         tx_completed,
         tx_kicks,
-        tx_kick_errors
+        tx_kick_errors,
+        busy_polls
     );
 }
 
@@ -250,6 +264,8 @@ pub struct IoOptions {
     pub poll_timeout: Duration,
     pub gw_mac: Option<[u8; 6]>,
     pub frames: u32,
+    /// Preferred busy polling of the AF_XDP sockets.
+    pub busy_poll: Option<crate::BusyPoll>,
     /// One port per worker: AF_XDP sockets on queues `0..workers`, or UDP sockets
     /// sharing the address with `SO_REUSEPORT`.
     pub workers: usize,
@@ -276,6 +292,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
             c.io.batch = o.batch.min(crate::AFXDP_MAX_BATCH);
             c.io.poll_timeout = o.poll_timeout;
             c.io.frames = o.frames;
+            c.io.busy_poll = o.busy_poll;
             c.workers = o.workers as u32;
             if o.listen.port() != packet::VXLAN_PORT {
                 Some(format!(
@@ -288,10 +305,19 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
                 match open_afxdp_workers(c) {
                     Ok((ios, xdp)) => {
                         let detail = format!(
-                            "io afxdp ({} XDP on {}, {} mode, node mac {}, gateway mac {}{})",
+                            "io afxdp ({} XDP on {}, {} mode, {}, node mac {}, gateway mac {}{})",
                             xdp.mode,
                             xdp.ifname,
                             ios[0].mode(),
+                            match (o.busy_poll, xdp.napi_deferral.is_some()) {
+                                (Some(b), true) =>
+                                    format!("busy poll {} us budget {}", b.usecs, b.budget),
+                                (Some(b), false) => format!(
+                                    "busy poll {} us budget {} without NAPI deferral",
+                                    b.usecs, b.budget
+                                ),
+                                (None, _) => "NAPI driven".to_string(),
+                            },
                             mac_str(&xdp.node.mac),
                             mac_str(&xdp.node.gw_mac),
                             if ios.len() > 1 {

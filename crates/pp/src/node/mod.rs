@@ -17,6 +17,7 @@
 
 mod fastpath;
 mod io;
+pub mod rt;
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -61,7 +62,8 @@ pub enum PpNodeError {
     Panicked,
 }
 
-/// What a PP node runs with; [`Default`] is `starfabric pp` with no flags.
+/// What a PP node runs with; [`Default`] is `starfabric pp` with no flags, except
+/// `worker_rt` (the CLI's `--worker-rt` defaults to 10, the library to `None`).
 #[derive(Clone)]
 pub struct PpNodeConfig {
     /// Underlay IPv4 address and UDP port to receive VXLAN on.
@@ -71,6 +73,15 @@ pub struct PpNodeConfig {
     pub io: IoKind,
     /// UMEM frames of the AF_XDP socket (a power of two).
     pub xdp_frames: u32,
+    /// Preferred busy polling of the AF_XDP sockets (`--busy-poll`); `None`: NAPI
+    /// (interrupt) driven.
+    pub busy_poll: Option<crate::BusyPoll>,
+    /// Run each packet worker `SCHED_FIFO` at this priority while the kernel drops
+    /// frames for it (`--worker-rt`, see [`rt`]); `None`: the ordinary scheduler always.
+    pub worker_rt: Option<i32>,
+    /// With `worker_rt`: `SCHED_FIFO` always, not only while overloaded
+    /// (`--worker-rt-always`).
+    pub worker_rt_always: bool,
     /// The outer source `encap` writes (default: the listen address).
     pub node_ip: Option<Ipv4Addr>,
     /// Outer source MAC with the UDP backend (AF_XDP uses the interface's).
@@ -129,6 +140,11 @@ impl Default for PpNodeConfig {
             rules: None,
             io: IoKind::Auto,
             xdp_frames: 4096,
+            busy_poll: None,
+            // `starfabric pp` defaults to SCHED_FIFO 10; an in-process node shares its
+            // process with tests and harnesses, so the library leaves the scheduler alone.
+            worker_rt: None,
+            worker_rt_always: false,
             node_ip: None,
             node_mac: None,
             gw_mac: None,
@@ -297,6 +313,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         },
         gw_mac: a.gw_mac,
         frames: a.xdp_frames,
+        busy_poll: a.busy_poll,
         workers: nworkers,
     })?;
     let mut ios = opened.ios;
@@ -515,6 +532,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             reports: reports_tx.clone(),
             stop: peers_stop.clone(),
             flush_every: rates.tick_period(),
+            rt: a.worker_rt.map(|p| (p, a.worker_rt_always)),
         };
         let thread = match std::thread::Builder::new()
             .name(format!("pp-worker-{i}"))
@@ -701,11 +719,23 @@ struct PeerCtx {
     reports: Option<crate::ReportSender>,
     stop: Arc<AtomicBool>,
     flush_every: Duration,
+    /// `SCHED_FIFO` priority of the worker and whether always
+    /// ([`PpNodeConfig::worker_rt`]).
+    rt: Option<(i32, bool)>,
+}
+
+fn governor(priority: i32, always: bool) -> rt::RtGovernor {
+    if always {
+        rt::RtGovernor::always(priority, Instant::now())
+    } else {
+        rt::RtGovernor::new(priority, Instant::now())
+    }
 }
 
 /// A worker other than 0: the data path, its miss path's notices and counter
 /// reports, and the node-wide changes the control loop sends it.
 fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
+    let mut rt = c.rt.map(|(p, always)| governor(p, always));
     let mut next_pub = Instant::now();
     let mut next_flush = Instant::now();
     let mut report_buf = Vec::new();
@@ -726,6 +756,9 @@ fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
         if now >= next_pub {
             publish(&w);
             next_pub = now + PP_PUBLISH_EVERY;
+        }
+        if let Some(g) = rt.as_mut() {
+            g.tick(now, || w.io.kernel_drops());
         }
         w.run_once()
             .map_err(|e| PpNodeError::Worker(e.to_string()))?;
@@ -837,6 +870,7 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
     }
     let metrics_field = metrics_addr.map(tracing::field::display);
     tracing::info!(%local, rules = nrules, io = worker.io.name(), workers = nworkers, metrics = metrics_field, "PP worker running");
+    let mut rt = a.worker_rt.map(|p| governor(p, a.worker_rt_always));
     let _ = ready.send(Some((local, metrics_addr)));
 
     let mut report_buf = Vec::new();
@@ -845,6 +879,9 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
     let mut next_others = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
+        if let Some(g) = rt.as_mut() {
+            g.tick(now, || worker.io.kernel_drops());
+        }
         if !peers.is_empty() && now >= next_others {
             next_others = now + PP_PUBLISH_EVERY;
             others = peer_snaps(peers);
