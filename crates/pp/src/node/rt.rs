@@ -43,6 +43,8 @@ pub struct RtGovernor {
     pub entered: u64,
     /// `SCHED_FIFO` from the start, never ordinary again (`--worker-rt-always`).
     always: bool,
+    /// A switch was refused: the governor stops trying (and warning).
+    disabled: bool,
 }
 
 impl RtGovernor {
@@ -55,6 +57,7 @@ impl RtGovernor {
             last_drop_at: now,
             entered: 0,
             always: false,
+            disabled: false,
         }
     }
 
@@ -72,7 +75,7 @@ impl RtGovernor {
     /// Call once per loop iteration; `drops` reads the kernel's drop counter for the
     /// worker's port (called once per window only).
     pub fn tick(&mut self, now: Instant, drops: impl FnOnce() -> Option<u64>) {
-        if self.always || now < self.next {
+        if self.always || self.disabled || now < self.next {
             return;
         }
         self.next = now + WINDOW;
@@ -83,12 +86,19 @@ impl RtGovernor {
             self.last_drop_at = now;
         }
         let want = decide(self.rt, delta, now - self.last_drop_at);
-        if want != self.rt && set_sched(want, self.priority) {
+        if want == self.rt {
+            return;
+        }
+        if set_sched(want, self.priority) {
             self.rt = want;
             if want {
                 self.entered += 1;
             }
             tracing::debug!(rt = want, dropped = delta, "PP worker scheduling");
+        } else {
+            // Not allowed here (no CAP_SYS_NICE, or a cgroup without real-time
+            // runtime): asking again every window would only repeat the warning.
+            self.disabled = true;
         }
     }
 }
@@ -159,5 +169,12 @@ mod tests {
             !g.rt && g.entered == 0,
             "the switch failed, so still ordinary"
         );
+        // And it does not ask again: no more reads, however many drops come.
+        let mut more = 0;
+        g.tick(t0 + WINDOW * 5, || {
+            more += 1;
+            Some(10_000)
+        });
+        assert_eq!(more, 0, "a refused switch disables the governor");
     }
 }
