@@ -69,16 +69,7 @@ fn fm_records_scales_refusals_deaths_and_repairs_and_reports_load_per_group() {
         6
     );
 
-    let out = cluster
-        .rt
-        .block_on(cluster.fm.scale(ScaleRequest::Out {
-            tenant: 1,
-            chain: 1,
-            group: None,
-            migration: None,
-        }))
-        .unwrap();
-    assert_eq!(out.aborted, None);
+    let out = common::scale_out(&cluster.rt, &cluster.fm);
     let g2 = out.to_group;
     // No spare nodes are left: refused, and the refusal is an event too.
     let refused = cluster.rt.block_on(cluster.fm.scale(ScaleRequest::Out {

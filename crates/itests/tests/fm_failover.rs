@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{ask, fm_pair, mapping, pp_config, pp_session, snat_chain, wait, wait_groups, FmPair};
-use fm::ScaleRequest;
 use pipeline::{FlowKey, RuleSource};
 
 /// [`fm_pair`] over one SNAT chain, with `n_sc` SC nodes.
@@ -64,15 +63,7 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
     let (a, b) = (active.addr().to_string(), standby.addr().to_string());
     let both = format!("{a},{b}");
     wait_groups(&rt, &active, 1, 3);
-    let out = rt
-        .block_on(active.scale(ScaleRequest::Out {
-            tenant: 1,
-            chain: 1,
-            group: None,
-            migration: None,
-        }))
-        .unwrap();
-    assert_eq!(out.aborted, None);
+    common::scale_out(&rt, &active);
 
     let (client, link) = pp_session(pp_config(Some(&pki), &both, "pp-1"));
     assert_eq!(client.current_fm().as_deref(), Some(a.as_str()));

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{chain, pp_session, Cluster};
-use fm::{FmConfig, ScaleRequest};
+use fm::FmConfig;
 use nf::PartitionBy;
 use pipeline::{Action, FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
 
@@ -69,16 +69,7 @@ fn a_host_reaches_a_host_the_other_partition_translates_by_its_mapping() {
     };
     let cluster = Cluster::start_with(cfg, 2, Arc::new(sc::BuiltinNfs));
     cluster.wait_groups(1, 1);
-    let out = cluster
-        .rt
-        .block_on(cluster.fm.scale(ScaleRequest::Out {
-            tenant: 1,
-            chain: 1,
-            group: None,
-            migration: None,
-        }))
-        .unwrap();
-    assert_eq!(out.aborted, None);
+    common::scale_out(&cluster.rt, &cluster.fm);
     let (_client, link) = pp_session(cluster.pp_config("pp-1"));
 
     // Forty hosts talk out, after the split: each mapping is made in its host's

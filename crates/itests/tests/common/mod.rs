@@ -84,6 +84,21 @@ pub fn spawn_tuned_scs(
         .collect()
 }
 
+/// Scale tenant 1's chain 1 out by one group (FM picks the group to split) and check
+/// that the scale finished.
+pub fn scale_out(rt: &Runtime, fm: &FmHandle) -> fm::ScaleOutcome {
+    let out = rt
+        .block_on(fm.scale(fm::ScaleRequest::Out {
+            tenant: 1,
+            chain: 1,
+            group: None,
+            migration: None,
+        }))
+        .unwrap();
+    assert_eq!(out.aborted, None);
+    out
+}
+
 /// Wait until `fm`'s map has `chains` groups, each of `replicas`.
 pub fn wait_groups(
     rt: &Runtime,
