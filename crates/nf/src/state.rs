@@ -166,6 +166,18 @@ struct Row {
     scheduled: Option<u64>,
 }
 
+impl Row {
+    /// A shared table's row: a value, no timer, no group.
+    fn keyed(value: Value) -> Row {
+        Row {
+            value,
+            deadline_ms: None,
+            group: None,
+            scheduled: None,
+        }
+    }
+}
+
 /// A row as snapshots and parts carry it.
 #[derive(Serialize, Deserialize)]
 struct WireRow {
@@ -250,6 +262,16 @@ struct Table {
 impl Table {
     fn kind(&self) -> Kind {
         self.kind.unwrap_or(Kind::Read)
+    }
+
+    /// Where this table's writes go for other partitions, if anywhere: its shadow
+    /// mirror, or itself if it is a mirror the NF writes directly.
+    fn mirror_name<'a>(&'a self, table: &'a str) -> Option<&'a str> {
+        match (&self.mirrored_by, self.kind()) {
+            (Some(m), _) => Some(m),
+            (None, Kind::Mirror) => Some(table),
+            _ => None,
+        }
     }
 
     fn len(&self) -> usize {
@@ -923,12 +945,10 @@ impl StateTables {
         let sending = self.mirror_sending;
         let t = self.kinded_mut(table, "delete", Kind::KEYED)?;
         t.shares.remove(&k);
-        let mirror = match (&t.mirrored_by, t.kind()) {
-            (Some(m), _) => Some(m.clone()),
-            (None, Kind::Mirror) => Some(table.to_string()),
-            _ => None,
-        }
-        .filter(|_| sending);
+        // Named only while sending: no allocation per write otherwise.
+        let mirror = sending
+            .then(|| t.mirror_name(table).map(str::to_string))
+            .flatten();
         let Some(old) = t.rows.remove(&k) else {
             return Ok(false);
         };
@@ -1102,6 +1122,7 @@ impl StateTables {
         k: Vec<u8>,
         value: Value,
     ) -> Result<(), StateError> {
+        let sending = op == "put" && self.mirror_sending;
         let t = self.table_mut(table)?;
         match (t.kind(), op) {
             (Kind::Replicated, _) => {
@@ -1122,12 +1143,9 @@ impl StateTables {
                 max_rows: t.max_rows.unwrap_or(0),
             });
         }
-        let mirror = match (&t.mirrored_by, t.kind()) {
-            (Some(m), _) => Some(m.clone()),
-            (None, Kind::Mirror) => Some(table.to_string()),
-            _ => None,
-        }
-        .filter(|_| op == "put" && self.mirror_sending);
+        let mirror = sending
+            .then(|| t.mirror_name(table).map(str::to_string))
+            .flatten();
         if let Some(mirror) = mirror {
             self.send_mirror(MirrorWrite {
                 table: mirror,
@@ -1137,13 +1155,7 @@ impl StateTables {
             });
         }
         let t = self.table_mut(table)?;
-        let row = Row {
-            value,
-            deadline_ms: None,
-            group: None,
-            scheduled: None,
-        };
-        t.rows.insert(k, row);
+        t.rows.insert(k, Row::keyed(value));
         Ok(())
     }
 
@@ -1240,15 +1252,8 @@ impl StateTables {
                 skipped += 1;
                 continue;
             }
-            t.rows.insert(
-                w.key.clone(),
-                Row {
-                    value: Value::from_slice(&w.value),
-                    deadline_ms: None,
-                    group: None,
-                    scheduled: None,
-                },
-            );
+            t.rows
+                .insert(w.key.clone(), Row::keyed(Value::from_slice(&w.value)));
             applied += 1;
         }
         (applied, skipped)
@@ -1589,13 +1594,7 @@ impl StateTables {
             out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             if let Some(mt) = self.tables.get_mut(&m) {
                 for (k, value) in gone {
-                    let row = Row {
-                        value,
-                        deadline_ms: None,
-                        group: None,
-                        scheduled: None,
-                    };
-                    mt.rows.insert(k, row);
+                    mt.rows.insert(k, Row::keyed(value));
                 }
             }
         }
