@@ -186,6 +186,8 @@ fn core_line(label: &str, u: &measure::Udp64Core) -> String {
                 testbed::ladder::Phase::Bracket => "x2",
                 testbed::ladder::Phase::Bisect => "bisect",
                 testbed::ladder::Phase::Overload => "2xpeak",
+                testbed::ladder::Phase::PairPeak => "pair peak",
+                testbed::ladder::Phase::PairOverload => "pair 2xpeak",
                 testbed::ladder::Phase::Unpaced => "unpaced",
             };
             let asked = if s.asked == 0 {
@@ -193,12 +195,17 @@ fn core_line(label: &str, u: &measure::Udp64Core) -> String {
             } else {
                 k(s.asked as f64)
             };
-            format!("{phase} {asked}: {}→{}", k(s.offered), k(s.forwarded))
+            // How much of the step the NF ran real-time (PP's `--worker-rt`).
+            let rt = match s.rt_share {
+                Some(r) if r > 0.0 => format!(" rt {:.0}%", r * 100.0),
+                _ => String::new(),
+            };
+            format!("{phase} {asked}: {}→{}{rt}", k(s.offered), k(s.forwarded))
         })
         .collect();
     let opt = |v: Option<f64>| v.map_or("-".to_string(), k);
     format!(
-        "{label}, NF on CPU {} (sender on CPU {}): peak {} pps forwarded ({} offered, peak load {}); at 2x the peak load {} offered, {} forwarded, overload_keep {}; unpaced {}; steps: {}",
+        "{label}, NF on CPU {} (sender on CPU {}): peak {} pps forwarded ({} offered, peak load {}); at 2x the peak load {} offered, {} forwarded, overload_keep {}, overload_keep_paired {}; unpaced {}; steps: {}",
         u.nf_cpu,
         u.gen_cpu,
         k(u.pps),
@@ -207,6 +214,8 @@ fn core_line(label: &str, u: &measure::Udp64Core) -> String {
         opt(u.overload2x_offered_pps),
         opt(u.overload2x_pps),
         u.overload_keep.map_or("-".to_string(), |v| format!("{v:.2}")),
+        u.overload_keep_paired
+            .map_or("-".to_string(), |v| format!("{v:.2}")),
         opt(u.overload_pps),
         steps.join(", ")
     )
@@ -268,7 +277,7 @@ impl Runner<'_> {
                 u.pps
             });
         }
-        let (mut udp64_core_pps, mut overload_keep) = (None, None);
+        let (mut udp64_core_pps, mut overload_keep, mut overload_keep_paired) = (None, None, None);
         if a.measures("core") {
             self.progress(&format!("{label}: xdp-gen ladder"));
             let core = measure::udp64_core_pps(
@@ -284,6 +293,7 @@ impl Runner<'_> {
                 self.offered.push(core_line(label, &u));
                 udp64_core_pps = Some(u.pps);
                 overload_keep = u.overload_keep;
+                overload_keep_paired = u.overload_keep_paired;
             }
         }
         let mut cps = None;
@@ -302,6 +312,7 @@ impl Runner<'_> {
             udp64_core_pps,
             cps,
             overload_keep,
+            overload_keep_paired,
         }
     }
 
@@ -518,20 +529,21 @@ pub fn print(r: &E2eBench) {
         if r.setup.kernel_rps { ", kernel with RPS" } else { "" }
     );
     println!(
-        "{:<24} {:>10} {:>14} {:>16} {:>12} {:>14}",
-        "", "TCP Gbit/s", "UDP64 kpps", "UDP64/core kpps", "conn/s", "overload_keep"
+        "{:<24} {:>10} {:>14} {:>16} {:>12} {:>14} {:>8}",
+        "", "TCP Gbit/s", "UDP64 kpps", "UDP64/core kpps", "conn/s", "overload_keep", "paired"
     );
     // Numbers in their units (UDP in kpps), or ratios of them to two decimals.
     let row = |name: &str, n: &Numbers, ratio: bool| {
         let (pps_scale, pps_decimals, cps_decimals) = if ratio { (1.0, 2, 2) } else { (1e3, 1, 0) };
         println!(
-            "{:<24} {:>10} {:>14} {:>16} {:>12} {:>14}",
+            "{:<24} {:>10} {:>14} {:>16} {:>12} {:>14} {:>8}",
             name,
             cell(n.tcp_gbps, 1.0, 2),
             cell(n.udp64_pps, pps_scale, pps_decimals),
             cell(n.udp64_core_pps, pps_scale, pps_decimals),
             cell(n.cps, 1.0, cps_decimals),
-            cell(n.overload_keep, 1.0, 2)
+            cell(n.overload_keep, 1.0, 2),
+            cell(n.overload_keep_paired, 1.0, 2)
         );
     };
     for (name, n, ratio) in [

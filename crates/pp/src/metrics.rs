@@ -38,6 +38,8 @@ pub struct PpSnapshot {
     pub rates: Vec<proto::v1::TenantRateStatus>,
     /// Packets each worker received, by worker id; exported only with several workers.
     pub worker_rx: Vec<u64>,
+    /// The real-time governor of each worker that has one (`--worker-rt`).
+    pub rt: Vec<crate::node::rt::RtStats>,
 }
 
 impl PpSnapshot {
@@ -63,6 +65,7 @@ impl PpSnapshot {
             afxdp: None,
             rates: Vec::new(),
             worker_rx: vec![s.rx_packets],
+            rt: Vec::new(),
         }
     }
 
@@ -94,6 +97,7 @@ impl PpSnapshot {
             crate::node::add_afxdp(a, b);
         }
         self.worker_rx.extend_from_slice(&o.worker_rx);
+        self.rt.extend_from_slice(&o.rt);
     }
 }
 
@@ -119,6 +123,24 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
                 .iter()
                 .enumerate()
                 .map(|(i, n)| ([("worker", i.to_string())], *n)),
+        )?;
+    }
+    if !p.rt.is_empty() {
+        let (now_rt, g) = crate::node::rt::RtStats::sum(&p.rt);
+        sc.gauge(
+            "worker_rt",
+            "Workers running SCHED_FIFO now because the kernel dropped frames for them (--worker-rt).",
+            now_rt as u64,
+        )?;
+        sc.counter(
+            "worker_rt_entered",
+            "Times a worker became SCHED_FIFO under overload.",
+            g.entered,
+        )?;
+        sc.counter(
+            "worker_rt_milliseconds",
+            "Time workers spent SCHED_FIFO, summed over workers.",
+            g.rt_time.as_millis() as u64,
         )?;
     }
     sc.counter("hits", "Flow table hits.", s.hits)?;
@@ -482,6 +504,7 @@ impl PpMetrics {
     pub fn tick(
         &mut self,
         w: &Worker<PpIo>,
+        rt: Option<crate::node::rt::RtStats>,
         others: &[PpSnapshot],
         rates: &RateLimits,
         now: Instant,
@@ -490,12 +513,19 @@ impl PpMetrics {
             return;
         }
         self.next = now + PP_PUBLISH_EVERY;
-        self.publish(w, others, rates);
+        self.publish(w, rt, others, rates);
     }
 
     /// Publish now (built outside the lock; the lock only swaps it in).
-    pub fn publish(&self, w: &Worker<PpIo>, others: &[PpSnapshot], rates: &RateLimits) {
+    pub fn publish(
+        &self,
+        w: &Worker<PpIo>,
+        rt: Option<crate::node::rt::RtStats>,
+        others: &[PpSnapshot],
+        rates: &RateLimits,
+    ) {
         let mut s = worker_snapshot(w);
+        s.rt.extend(rt);
         for o in others {
             s.merge(o);
         }

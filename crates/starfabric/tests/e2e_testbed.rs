@@ -255,6 +255,11 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
         "{stats}"
     );
     assert_eq!(platform::field(&stats, "gso_fallbacks"), Some(0), "{stats}");
+    // The worker's real-time governor (`--worker-rt`, on by default) reports itself.
+    assert!(
+        platform::field(&stats, "rt_entered").is_some() && stats.contains(" rt: workers_rt="),
+        "{stats}"
+    );
 }
 
 /// The XDP fast path on the real interface: a long iperf3 TCP flow becomes an elephant,

@@ -9,10 +9,18 @@
 //!    known within about 6 % of it.
 //! 3. **Overload**: offer 2 × the highest kept load (the peak offered load). What the NF
 //!    forwards there over its peak forwarded rate is `overload_keep`.
-//! 4. **Unpaced**: the sender as fast as its CPU goes.
+//! 4. **Pairs**: [`PAIRS`] times, the peak offered load again and then 2 × it, back to
+//!    back. `overload_keep_paired` is the median over the pairs of what the NF forwarded
+//!    at 2 × over what it forwarded at the peak load just before. Step 3's figure divides
+//!    one sample by the *highest* of a dozen: on a shared machine, where one step's rate
+//!    moves by ±10 % with the neighbours, that maximum sits above what the NF sustains,
+//!    and a flat NF reads 0.7–0.9. Both are reported; the pairs are the estimate, the
+//!    single step the figure the goal was first written against.
+//! 5. **Unpaced**: the sender as fast as its CPU goes.
 //!
 //! At most `log2(LADDER_MAX / LADDER_START) + 1` = 8 bracket steps, 4 bisection steps,
-//! one 2× and one unpaced step: 14 steps, each `settle + secs` of sending.
+//! one 2×, 2 × [`PAIRS`] paired and one unpaced step: 20 steps, each `settle + secs` of
+//! sending.
 
 /// The first load, packets/s: within any NF's reach.
 pub const LADDER_START: u64 = 50_000;
@@ -27,6 +35,9 @@ pub const KEEP: f64 = 0.9;
 pub const BISECT_STEPS: usize = 4;
 /// The overload step offers this multiple of the peak offered load.
 pub const OVERLOAD_FACTOR: u64 = 2;
+/// Peak-load / overload pairs after the overload step (their median is
+/// `overload_keep_paired`).
+pub const PAIRS: usize = 3;
 
 /// What a step is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -36,6 +47,10 @@ pub enum Phase {
     Bisect,
     /// [`OVERLOAD_FACTOR`] × the peak offered load.
     Overload,
+    /// The peak offered load again, first of a pair.
+    PairPeak,
+    /// [`OVERLOAD_FACTOR`] × the peak offered load, right after a [`Phase::PairPeak`].
+    PairOverload,
     /// 0: the sender unpaced.
     Unpaced,
 }
@@ -50,6 +65,11 @@ pub struct Step {
     pub offered: f64,
     /// What the NF forwarded to the sink.
     pub forwarded: f64,
+    /// The share of the step's window in which one of the NF's threads ran real-time
+    /// (`SCHED_FIFO`; PP's `--worker-rt` governor), sampled every 20 ms. `None` when
+    /// not sampled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rt_share: Option<f64>,
 }
 
 impl Step {
@@ -69,6 +89,8 @@ pub struct Ladder {
     hi: Option<u64>,
     bisected: usize,
     overload_done: bool,
+    /// Paired steps done.
+    paired: usize,
     unpaced_done: bool,
 }
 
@@ -100,11 +122,18 @@ impl Ladder {
                 return Some((Phase::Bisect, lo + (hi - lo) / 2));
             }
         }
+        // Nothing kept at all (even the first load overwhelmed the NF): overload
+        // relative to the first load.
+        let peak = self.lo.unwrap_or(LADDER_START);
         if !self.overload_done {
-            // Nothing kept at all (even the first load overwhelmed the NF): overload
-            // relative to the first load.
-            let peak = self.lo.unwrap_or(LADDER_START);
             return Some((Phase::Overload, peak * OVERLOAD_FACTOR));
+        }
+        if self.paired < 2 * PAIRS {
+            return Some(if self.paired % 2 == 0 {
+                (Phase::PairPeak, peak)
+            } else {
+                (Phase::PairOverload, peak * OVERLOAD_FACTOR)
+            });
         }
         if !self.unpaced_done {
             return Some((Phase::Unpaced, 0));
@@ -119,6 +148,7 @@ impl Ladder {
             asked,
             offered,
             forwarded,
+            rt_share: None,
         };
         match phase {
             Phase::Bracket | Phase::Bisect => {
@@ -132,9 +162,17 @@ impl Ladder {
                 }
             }
             Phase::Overload => self.overload_done = true,
+            Phase::PairPeak | Phase::PairOverload => self.paired += 1,
             Phase::Unpaced => self.unpaced_done = true,
         }
         self.steps.push(s);
+    }
+
+    /// What [`Step::rt_share`] was for the step just recorded.
+    pub fn note_rt_share(&mut self, share: f64) {
+        if let Some(s) = self.steps.last_mut() {
+            s.rt_share = Some(share);
+        }
     }
 
     /// The highest forwarded rate of the bracket and bisection steps (RFC 2889's
@@ -176,6 +214,30 @@ impl Ladder {
         let over = self.overload()?.forwarded;
         (peak > 0.0).then(|| over / peak)
     }
+
+    /// The median over the [`PAIRS`] pairs of forwarded at [`OVERLOAD_FACTOR`] × the
+    /// peak offered load over forwarded at the peak offered load just before: what the
+    /// NF keeps under overload, each sample against a neighbour in time rather than the
+    /// run's maximum. `None` until a pair is complete.
+    pub fn overload_keep_paired(&self) -> Option<f64> {
+        let mut ratios: Vec<f64> = self
+            .steps
+            .windows(2)
+            .filter(|w| w[0].phase == Phase::PairPeak && w[1].phase == Phase::PairOverload)
+            .filter(|w| w[0].forwarded > 0.0)
+            .map(|w| w[1].forwarded / w[0].forwarded)
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        Some(if n % 2 == 1 {
+            ratios[n / 2]
+        } else {
+            (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+        })
+    }
 }
 
 #[cfg(test)]
@@ -189,7 +251,7 @@ mod tests {
         let mut n = 0;
         while let Some((phase, asked)) = l.next() {
             n += 1;
-            assert!(n <= 14, "the ladder is bounded: {:?}", l.steps);
+            assert!(n <= 20, "the ladder is bounded: {:?}", l.steps);
             let offered = if asked == 0 {
                 sender
             } else {
@@ -230,6 +292,18 @@ mod tests {
         let o = l.overload().unwrap();
         assert_eq!(o.asked, 2 * peak);
         assert_eq!(l.overload_keep(), Some(1.0));
+        // Then the pairs: peak load, 2 × it, three times, before the unpaced step.
+        let pairs: Vec<(Phase, u64)> = l
+            .steps
+            .iter()
+            .filter(|s| matches!(s.phase, Phase::PairPeak | Phase::PairOverload))
+            .map(|s| (s.phase, s.asked))
+            .collect();
+        assert_eq!(
+            pairs,
+            [(Phase::PairPeak, peak), (Phase::PairOverload, 2 * peak)].repeat(PAIRS)
+        );
+        assert_eq!(l.overload_keep_paired(), Some(1.0));
         assert_eq!(l.unpaced().unwrap().asked, 0);
         assert_eq!(l.next(), None);
     }
@@ -241,6 +315,8 @@ mod tests {
         let l = run(cap, 7e6, |o| (cap - 2.0 * (o - cap)).max(10_000.0));
         let keep = l.overload_keep().unwrap();
         assert!(keep < 0.2, "keep {keep}: {:?}", l.steps);
+        let paired = l.overload_keep_paired().unwrap();
+        assert!(paired < 0.2, "paired {paired}");
         assert!(l.peak().unwrap().forwarded >= cap * 0.9);
     }
 
@@ -260,6 +336,36 @@ mod tests {
         );
         assert!(l.steps.iter().all(|s| s.phase != Phase::Bisect));
         assert_eq!(l.peak().unwrap().forwarded, 900_000.0);
+    }
+
+    #[test]
+    fn the_paired_keep_is_a_median_of_neighbours_not_a_ratio_to_the_maximum() {
+        // A flat NF at 500k whose rate moves with the neighbours: one bracket step read
+        // 600k. The single step divides by that outlier; the pairs do not.
+        let mut l = Ladder::new();
+        let noisy = [
+            1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 0.95, 0.9, 1.0, 0.98, 1.0, 1.05, 0.92, 1.0,
+        ];
+        let mut i = 0;
+        while let Some((phase, asked)) = l.next() {
+            let offered = if asked == 0 { 7e6 } else { asked as f64 };
+            let k = noisy.get(i).copied().unwrap_or(1.0);
+            l.record(phase, asked, offered, offered.min(500_000.0) * k);
+            i += 1;
+        }
+        let single = l.overload_keep().unwrap();
+        let paired = l.overload_keep_paired().unwrap();
+        assert!(single < 0.9, "single {single}: {:?}", l.steps);
+        assert!(paired >= 0.9, "paired {paired}: {:?}", l.steps);
+        // The median of the three pairs, computed by hand from the steps.
+        let steps = &l.steps;
+        let mut r: Vec<f64> = (0..steps.len() - 1)
+            .filter(|&j| steps[j].phase == Phase::PairPeak)
+            .map(|j| steps[j + 1].forwarded / steps[j].forwarded)
+            .collect();
+        assert_eq!(r.len(), PAIRS);
+        r.sort_by(f64::total_cmp);
+        assert_eq!(paired, r[1]);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct Numbers {
     /// The NF on one CPU at 2 × its peak offered load: forwarded there over its peak
     /// forwarded rate ([`Udp64Core::overload_keep`]; issue 18's goal: ≥ 0.9).
     pub overload_keep: Option<f64>,
+    /// The same from back-to-back pairs of peak and 2 × peak load, median
+    /// ([`Udp64Core::overload_keep_paired`]).
+    pub overload_keep_paired: Option<f64>,
 }
 
 impl Numbers {
@@ -49,6 +52,7 @@ impl Numbers {
             udp64_core_pps: r(self.udp64_core_pps, base.udp64_core_pps),
             cps: r(self.cps, base.cps),
             overload_keep: r(self.overload_keep, base.overload_keep),
+            overload_keep_paired: r(self.overload_keep_paired, base.overload_keep_paired),
         }
     }
 }
@@ -342,6 +346,10 @@ pub struct Udp64Core {
     /// `overload2x_pps / pps`: what the NF keeps of its peak at twice the load it
     /// peaked at (issue 18's goal: ≥ 0.9).
     pub overload_keep: Option<f64>,
+    /// The median over [`ladder::PAIRS`] back-to-back pairs of forwarded at 2 × the peak
+    /// load over forwarded at the peak load ([`ladder::Ladder::overload_keep_paired`]):
+    /// the same question as `overload_keep`, without dividing by the run's maximum.
+    pub overload_keep_paired: Option<f64>,
     /// Forwarded with the sender unpaced (as fast as its CPU goes): how the NF holds up
     /// under the heaviest overload this sender makes.
     pub overload_pps: Option<f64>,
@@ -520,19 +528,47 @@ pub fn udp64_core_pps(
                     let log = std::fs::read_to_string(&gen.log).unwrap_or_default();
                     return Err(Error::Setup(format!("xdp-gen exited: {log}")));
                 }
+                // The NF's threads and the receive kthread it competes with.
+                let mut tasks = nf_tasks(nf_pids);
+                tasks.extend(napi.iter().map(|p| format!("/proc/{p}/stat")));
+                let switches0: Vec<(u64, u64)> = tasks.iter().map(|t| ctxt_switches(t)).collect();
                 let (d0, o0, t0) = read()?;
-                cmd::sleep(Duration::from_secs_f64(secs))?;
+                // Whether the NF ran real-time during the window (PP's governor
+                // switches with the kernel's drops): sampled while the step runs.
+                let (mut samples, mut rt_samples) = (0u32, 0u32);
+                let end = t0 + Duration::from_secs_f64(secs);
+                while Instant::now() < end {
+                    cmd::sleep((end - Instant::now()).min(RT_SAMPLE_EVERY))?;
+                    samples += 1;
+                    rt_samples += u32::from(tasks.iter().any(|t| task_is_rt(t)));
+                }
                 let (d1, o1, t1) = read()?;
                 let secs = (t1 - t0).as_secs_f64();
+                // Per NF thread: voluntary (it waited: a wakeup each) and involuntary
+                // (preempted) context switches per second, and its name.
+                for (t, (v0, n0)) in tasks.iter().zip(&switches0) {
+                    let (v1, n1) = ctxt_switches(t);
+                    if v1 + n1 > v0 + n0 + 10 {
+                        debug!(
+                            task = %t.trim_end_matches("/stat"),
+                            comm = std::fs::read_to_string(t.replace("/stat", "/comm")).unwrap_or_default().trim(),
+                            voluntary_per_s = (v1.saturating_sub(*v0)) as f64 / secs,
+                            preempted_per_s = (n1.saturating_sub(*n0)) as f64 / secs,
+                            "per-core step: NF thread switches"
+                        );
+                    }
+                }
                 Ok([
                     o1.saturating_sub(o0) as f64 / secs,
                     d1.saturating_sub(d0) as f64 / secs,
+                    f64::from(rt_samples) / f64::from(samples.max(1)),
                 ])
             })();
             tb.stop(&gen);
-            let [offered, forwarded] = measured?;
-            tracing::debug!(?phase, rate, offered, forwarded, "per-core step");
+            let [offered, forwarded, rt_share] = measured?;
+            tracing::debug!(?phase, rate, offered, forwarded, rt_share, "per-core step");
             lad.record(phase, rate, offered, forwarded);
+            lad.note_rt_share(rt_share);
         }
         let best = lad.peak();
         let over = lad.overload();
@@ -543,6 +579,7 @@ pub fn udp64_core_pps(
             overload2x_pps: over.map(|s| s.forwarded),
             overload2x_offered_pps: over.map(|s| s.offered),
             overload_keep: lad.overload_keep(),
+            overload_keep_paired: lad.overload_keep_paired(),
             overload_pps: lad.unpaced().map(|s| s.forwarded),
             steps: lad.steps.iter().map(|s| [s.offered, s.forwarded]).collect(),
             ladder: lad.steps.clone(),
@@ -615,6 +652,54 @@ fn comm_of(pid: i32) -> Option<String> {
 fn nice_of(tid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
     parse_nice(&stat)
+}
+
+/// How often a per-core step looks at the NF's scheduling policy.
+const RT_SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+/// The `/proc` stat files of every thread of the NF's processes.
+fn nf_tasks(nf_pids: &[i32]) -> Vec<String> {
+    nf_pids
+        .iter()
+        .flat_map(|&p| {
+            threads_of(p)
+                .into_iter()
+                .map(move |t| format!("/proc/{p}/task/{t}/stat"))
+        })
+        .collect()
+}
+
+/// A task's (voluntary, involuntary) context switches, from its `status` file next to
+/// `stat_path`; zeros when it is gone.
+fn ctxt_switches(stat_path: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(stat_path.replace("/stat", "/status")).unwrap_or_default();
+    let get = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        get("voluntary_ctxt_switches:"),
+        get("nonvoluntary_ctxt_switches:"),
+    )
+}
+
+/// The task runs a real-time policy (`SCHED_FIFO` or `SCHED_RR`).
+fn task_is_rt(stat_path: &str) -> bool {
+    std::fs::read_to_string(stat_path)
+        .ok()
+        .and_then(|s| parse_policy(&s))
+        .is_some_and(|p| p == libc::SCHED_FIFO as u32 || p == libc::SCHED_RR as u32)
+}
+
+/// Field 41 of `/proc/TID/stat`, the scheduling policy, counted after the command's
+/// closing parenthesis.
+fn parse_policy(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")": state is field 3, so policy (field 41) is the 39th.
+    rest.split_whitespace().nth(38)?.parse().ok()
 }
 
 fn parse_nice(stat: &str) -> Option<i32> {
@@ -826,6 +911,23 @@ Transfer/sec:      1.50MB\n";
     }
 
     #[test]
+    fn the_scheduling_policy_is_read_after_the_command() {
+        // A SCHED_FIFO (1) task at priority 10 (rt_priority is field 40).
+        let mut f: Vec<String> = (3..=52).map(|i| i.to_string()).collect();
+        f[0] = "R".into();
+        f[40 - 3] = "10".into();
+        f[41 - 3] = "1".into();
+        let stat = format!("7 (pp worker (0)) {}", f.join(" "));
+        assert_eq!(parse_policy(&stat), Some(1));
+        assert_eq!(parse_policy("7 (x) R 1 2"), None);
+        assert!(
+            !task_is_rt("/proc/thread-self/stat"),
+            "the test thread is ordinary"
+        );
+        assert!(!task_is_rt("/proc/0/task/0/stat"), "no such task: not RT");
+    }
+
+    #[test]
     fn ethtool_statistics_parse() {
         let t = "NIC statistics:\n     peer_ifindex: 2\n     rx_queue_0_xdp_drops: 1234\n     odd line\n";
         let s = parse_ethtool_stats(t);
@@ -880,6 +982,7 @@ Transfer/sec:      1.50MB\n";
             udp64_core_pps: Some(3.0),
             cps: None,
             overload_keep: Some(0.5),
+            overload_keep_paired: Some(0.9),
         };
         let b = Numbers {
             tcp_gbps: Some(4.0),
@@ -887,6 +990,7 @@ Transfer/sec:      1.50MB\n";
             udp64_core_pps: Some(2.0),
             cps: Some(1.0),
             overload_keep: Some(1.0),
+            overload_keep_paired: None,
         };
         let r = a.ratio(&b);
         assert_eq!(r.tcp_gbps, Some(0.5));
@@ -894,5 +998,6 @@ Transfer/sec:      1.50MB\n";
         assert_eq!(r.udp64_core_pps, Some(1.5));
         assert_eq!(r.cps, None);
         assert_eq!(r.overload_keep, Some(0.5));
+        assert_eq!(r.overload_keep_paired, None);
     }
 }

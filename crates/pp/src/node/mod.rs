@@ -556,6 +556,8 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             thread: Some(thread),
         });
     }
+    // Worker 0's real-time governor; here so the final stats line has it too.
+    let mut rt0: Option<rt::RtGovernor> = None;
     let r = control_loop(
         &a,
         ControlState {
@@ -582,6 +584,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
             next_report: &mut next_report,
             report_rate: &mut report_rate,
             next_stats: &mut next_stats,
+            rt: &mut rt0,
         },
     );
     // Whatever ended the loop ends the other workers too; they report their last
@@ -613,7 +616,8 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         worker.pipeline.report_all_counters();
         send_reports(&mut worker.pipeline, tx, &mut Vec::new());
     }
-    say(&summary(&worker, &peer_snaps(&peers), start.elapsed()));
+    let rt0 = rt0.as_ref().map(|g| g.stats(Instant::now()));
+    say(&summary(&worker, rt0, &peer_snaps(&peers), start.elapsed()));
     drop(xdp);
     if let Some(mut c) = fm_client {
         c.stop();
@@ -681,9 +685,11 @@ impl IpsecLine {
     }
 }
 
-fn peer_snap(w: &Worker<PpIo>) -> PeerSnap {
+fn peer_snap(w: &Worker<PpIo>, rt: Option<rt::RtStats>) -> PeerSnap {
+    let mut snap = crate::metrics::worker_snapshot(w);
+    snap.rt.extend(rt);
     PeerSnap {
-        snap: crate::metrics::worker_snapshot(w),
+        snap,
         io: w.io.stats(),
         ipsec: IpsecLine::of(&w.pipeline),
     }
@@ -739,8 +745,11 @@ fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
     let mut next_pub = Instant::now();
     let mut next_flush = Instant::now();
     let mut report_buf = Vec::new();
-    let publish = |w: &Worker<PpIo>| *telemetry::lock(&c.snap) = Some(peer_snap(w));
-    publish(&w);
+    let publish = |w: &Worker<PpIo>, rt: &Option<rt::RtGovernor>| {
+        let rt = rt.as_ref().map(|g| g.stats(Instant::now()));
+        *telemetry::lock(&c.snap) = Some(peer_snap(w, rt));
+    };
+    publish(&w, &rt);
     while !c.stop.load(Ordering::Relaxed) {
         while let Ok(cmd) = c.cmds.try_recv() {
             let now_ms = w.now_ms();
@@ -754,7 +763,7 @@ fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
             next_flush = now + c.flush_every;
         }
         if now >= next_pub {
-            publish(&w);
+            publish(&w, &rt);
             next_pub = now + PP_PUBLISH_EVERY;
         }
         if let Some(g) = rt.as_mut() {
@@ -774,7 +783,7 @@ fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
         w.pipeline.report_all_counters();
         send_reports(&mut w.pipeline, tx, &mut report_buf);
     }
-    publish(&w);
+    publish(&w, &rt);
     Ok(())
 }
 
@@ -803,6 +812,7 @@ struct ControlState<'a> {
     next_report: &'a mut Instant,
     report_rate: &'a mut telemetry::CounterRates<2>,
     next_stats: &'a mut Option<Instant>,
+    rt: &'a mut Option<rt::RtGovernor>,
 }
 
 /// Worker 0's loop: its own data path, and everything node-wide (directives, rates,
@@ -834,6 +844,7 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
         next_report,
         report_rate,
         next_stats,
+        rt,
     } = s;
     let nworkers = peers.len() + 1;
     // Tests and scripts wait for this line before sending traffic.
@@ -870,7 +881,7 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
     }
     let metrics_field = metrics_addr.map(tracing::field::display);
     tracing::info!(%local, rules = nrules, io = worker.io.name(), workers = nworkers, metrics = metrics_field, "PP worker running");
-    let mut rt = a.worker_rt.map(|p| governor(p, a.worker_rt_always));
+    *rt = a.worker_rt.map(|p| governor(p, a.worker_rt_always));
     let _ = ready.send(Some((local, metrics_addr)));
 
     let mut report_buf = Vec::new();
@@ -899,7 +910,8 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
         }
         if let (Some(t), Some(i)) = (*next_stats, a.stats_interval) {
             if now >= t {
-                let mut line = summary(worker, &others, start.elapsed());
+                let rt0 = rt.as_ref().map(|g| g.stats(now));
+                let mut line = summary(worker, rt0, &others, start.elapsed());
                 if let Some(c) = &fm_client {
                     // Which FM the node is on (FM failover); `none` while it has none.
                     let _ = write!(line, " fm={}", c.current_fm().as_deref().unwrap_or("none"));
@@ -926,7 +938,13 @@ fn control_loop(a: &PpNodeConfig, s: ControlState<'_>) -> Result<(), PpNodeError
         }
         if let Some(m) = &mut metrics {
             let snaps: Vec<PpSnapshot> = others.iter().map(|o| o.snap.clone()).collect();
-            m.tick(worker, &snaps, rates, now);
+            m.tick(
+                worker,
+                rt.as_ref().map(|g| g.stats(now)),
+                &snaps,
+                rates,
+                now,
+            );
         }
         if let Some(ag) = agent.as_mut() {
             if now >= *next_report {
@@ -1242,7 +1260,7 @@ fn ipsec_status(t: ipsec::TunnelStatus) -> proto::v1::IpsecTunnelStatus {
 /// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`, summed
 /// over worker 0 and the other workers' snapshots; with several workers also
 /// `workers=N rx_per_worker=a/b/..` before the I/O part.
-fn summary(w: &Worker<PpIo>, others: &[PeerSnap], t: Duration) -> String {
+fn summary(w: &Worker<PpIo>, rt0: Option<rt::RtStats>, others: &[PeerSnap], t: Duration) -> String {
     let p = &w.pipeline;
     let mut s = p.stats().clone();
     let mut io = w.io.stats();
@@ -1317,6 +1335,22 @@ fn summary(w: &Worker<PpIo>, others: &[PeerSnap], t: Duration) -> String {
             " workers={} rx_per_worker={}",
             rx_per_worker.len(),
             per.join("/")
+        );
+    }
+    // The real-time governors (docs/afxdp.md, "Overload"): whether and how long the
+    // workers ran SCHED_FIFO because the kernel dropped frames for them.
+    let govs: Vec<rt::RtStats> = rt0
+        .into_iter()
+        .chain(others.iter().flat_map(|o| o.snap.rt.iter().copied()))
+        .collect();
+    if !govs.is_empty() {
+        let (now_rt, g) = rt::RtStats::sum(&govs);
+        let _ = write!(
+            line,
+            " rt: workers_rt={now_rt} rt_entered={} rt_ms={}{}",
+            g.entered,
+            g.rt_time.as_millis(),
+            if g.disabled { " rt_disabled" } else { "" }
         );
     }
     line.push_str(&io.summary());

@@ -32,6 +32,31 @@ pub fn decide(rt: bool, dropped_in_window: u64, quiet_for: Duration) -> bool {
     }
 }
 
+/// What a worker's governor has done, for the stats line and `/metrics`: whether it is
+/// `SCHED_FIFO` now, how often it became so, and for how long in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RtStats {
+    pub rt: bool,
+    pub entered: u64,
+    pub rt_time: Duration,
+    /// A switch was refused, so the governor stopped.
+    pub disabled: bool,
+}
+
+impl RtStats {
+    /// Several workers' governors as one: how many are `SCHED_FIFO` now, switches and
+    /// time summed.
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a RtStats>) -> (usize, RtStats) {
+        all.into_iter()
+            .fold((0, RtStats::default()), |(n, mut acc), s| {
+                acc.entered += s.entered;
+                acc.rt_time += s.rt_time;
+                acc.disabled |= s.disabled;
+                (n + usize::from(s.rt), acc)
+            })
+    }
+}
+
 /// The per-worker state.
 pub struct RtGovernor {
     priority: i32,
@@ -41,6 +66,9 @@ pub struct RtGovernor {
     last_drop_at: Instant,
     /// Switches into `SCHED_FIFO`, for the log and tests.
     pub entered: u64,
+    /// Since when the worker is `SCHED_FIFO` (while it is), and its earlier spells.
+    rt_since: Option<Instant>,
+    rt_before: Duration,
     /// `SCHED_FIFO` from the start, never ordinary again (`--worker-rt-always`).
     always: bool,
     /// A switch was refused: the governor stops trying (and warning).
@@ -56,8 +84,20 @@ impl RtGovernor {
             last_drops: None,
             last_drop_at: now,
             entered: 0,
+            rt_since: None,
+            rt_before: Duration::ZERO,
             always: false,
             disabled: false,
+        }
+    }
+
+    /// What the governor has done so far.
+    pub fn stats(&self, now: Instant) -> RtStats {
+        RtStats {
+            rt: self.rt,
+            entered: self.entered,
+            rt_time: self.rt_before + self.rt_since.map_or(Duration::ZERO, |t| now - t),
+            disabled: self.disabled,
         }
     }
 
@@ -68,6 +108,7 @@ impl RtGovernor {
         if set_sched(true, priority) {
             g.rt = true;
             g.entered = 1;
+            g.rt_since = Some(now);
         }
         g
     }
@@ -93,6 +134,9 @@ impl RtGovernor {
             self.rt = want;
             if want {
                 self.entered += 1;
+                self.rt_since = Some(now);
+            } else if let Some(t) = self.rt_since.take() {
+                self.rt_before += now - t;
             }
             tracing::debug!(rt = want, dropped = delta, "PP worker scheduling");
         } else {
@@ -138,6 +182,32 @@ mod tests {
         );
         assert!(!decide(true, 0, HOLD), "quiet for the hold: ordinary");
         assert!(decide(true, 5, HOLD * 3), "drops again: RT");
+    }
+
+    #[test]
+    fn rt_time_counts_every_spell_and_sums_over_workers() {
+        let t0 = Instant::now();
+        let mut g = RtGovernor::new(0, t0);
+        assert_eq!(g.stats(t0), RtStats::default());
+        // One closed spell of 2 s and an open one since t0 + 5 s.
+        g.rt_before = Duration::from_secs(2);
+        g.rt_since = Some(t0 + Duration::from_secs(5));
+        g.rt = true;
+        g.entered = 2;
+        let s = g.stats(t0 + Duration::from_secs(6));
+        assert_eq!(s.rt_time, Duration::from_secs(3));
+        assert!(s.rt && s.entered == 2);
+        let other = RtStats {
+            rt: false,
+            entered: 1,
+            rt_time: Duration::from_millis(500),
+            disabled: true,
+        };
+        let (now_rt, sum) = RtStats::sum(&[s, other]);
+        assert_eq!(now_rt, 1);
+        assert_eq!(sum.entered, 3);
+        assert_eq!(sum.rt_time, Duration::from_millis(3500));
+        assert!(sum.disabled, "one refused switch shows");
     }
 
     #[test]
