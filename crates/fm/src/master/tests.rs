@@ -227,13 +227,7 @@ impl Sim {
                 self.reset.push((p.tenant, p.chain, p.hash_lo, p.hash_hi));
             }
         }
-        let open = Opened {
-            session,
-            info,
-            seen: seen.clone(),
-            liveness_token: 0,
-        };
-        self.m.on_sc_open(open, self.now_us);
+        self.m.on_sc_open(opened(session, info, &seen), self.now_us);
         // A fresh node hosts nothing; a returning one reports what FM gave it, which
         // the master ignores once it owns the map (these tests start past recovery).
         self.m.on_sc_hosted(session, id, Vec::new(), self.now_us);
@@ -1058,16 +1052,21 @@ fn pp_open(s: &mut Sim, id: &str, fabric_mac: Vec<u8>) -> u64 {
     pp_open_info(s, session, info)
 }
 
-/// Session `session` opens for a PP node saying `info`, and FM's answers are pumped.
-fn pp_open_info(s: &mut Sim, session: u64, info: v1::NodeInfo) -> u64 {
-    let seen = Arc::new(AtomicU64::new(s.now_ms()));
-    let open = Opened {
+/// A session's open as the node's reader hands it to the master (SC and PP alike);
+/// the test keeps `seen` to stamp the node's liveness.
+fn opened(session: u64, info: v1::NodeInfo, seen: &Arc<AtomicU64>) -> Opened {
+    Opened {
         session,
         info,
         seen: seen.clone(),
         liveness_token: 0,
-    };
-    s.m.on_pp_open(open, s.now_us);
+    }
+}
+
+/// Session `session` opens for a PP node saying `info`, and FM's answers are pumped.
+fn pp_open_info(s: &mut Sim, session: u64, info: v1::NodeInfo) -> u64 {
+    let seen = Arc::new(AtomicU64::new(s.now_ms()));
+    s.m.on_pp_open(opened(session, info, &seen), s.now_us);
     s.pp_seen.push(seen);
     s.pump();
     session
@@ -1099,11 +1098,17 @@ fn answered(s: &mut Sim, session: u64) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
+/// What FM sent down to `session` so far (not taken), in order.
+fn sent_to(s: &Sim, session: u64) -> impl Iterator<Item = &pp_down::Msg> {
     s.pp_out
         .iter()
-        .filter(|(x, _)| *x == session)
-        .filter_map(|(_, m)| match m {
+        .filter(move |(x, _)| *x == session)
+        .map(|(_, m)| m)
+}
+
+fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
+    sent_to(s, session)
+        .filter_map(|m| match m {
             pp_down::Msg::Revoked(r) => Some(r.keys.clone()),
             _ => None,
         })
@@ -1274,10 +1279,8 @@ fn a_drained_stage_node_loses_its_fabric_routes() {
 
 /// What FM handed to `session` as first packets: (frame, the install's rule as text).
 fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
-    s.pp_out
-        .iter()
-        .filter(|(x, _)| *x == session)
-        .filter_map(|(_, m)| match m {
+    sent_to(s, session)
+        .filter_map(|m| match m {
             pp_down::Msg::Fabric(f) => {
                 let install = f.install.clone().expect("an install with the frame");
                 let Some(v1::rule_reply::Result::Rule(r)) = &install.result else {
@@ -1297,10 +1300,8 @@ fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
 
 /// The replies to `session` so far (not taken).
 fn replies_to(s: &Sim, session: u64) -> Vec<v1::RuleReply> {
-    s.pp_out
-        .iter()
-        .filter(|(x, _)| *x == session)
-        .filter_map(|(_, m)| match m {
+    sent_to(s, session)
+        .filter_map(|m| match m {
             pp_down::Msg::Replies(b) => Some(b.replies.clone()),
             _ => None,
         })
@@ -1328,6 +1329,17 @@ fn fabric_sim() -> (Sim, u64, u64) {
     (s, a, b)
 }
 
+/// Whether each registration FM answered so far asked its PP node for first packets.
+fn fabric_acks(s: &Sim) -> Vec<bool> {
+    s.pp_out
+        .iter()
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
+            _ => None,
+        })
+        .collect()
+}
+
 fn with_frame(mut r: v1::RuleRequest, frame: &[u8]) -> v1::RuleRequest {
     r.frame = frame.to_vec();
     r
@@ -1337,14 +1349,7 @@ fn with_frame(mut r: v1::RuleRequest, frame: &[u8]) -> v1::RuleRequest {
 fn a_flows_first_packet_goes_through_fm_to_its_next_hop_exactly_once() {
     let (mut s, a, b) = fabric_sim();
     // FM serves a split chain: it asks PP nodes for first packets.
-    let acks: Vec<bool> = s
-        .pp_out
-        .iter()
-        .filter_map(|(_, m)| match m {
-            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
-            _ => None,
-        })
-        .collect();
+    let acks = fabric_acks(&s);
     assert_eq!(acks, vec![true, true]);
     s.pp_out.clear();
 
@@ -1566,13 +1571,6 @@ fn an_older_pp_node_gets_no_first_packets_and_its_flows_still_work() {
 fn without_a_split_chain_fm_asks_for_no_first_packets() {
     let mut s = Sim::new(config(2), vec![chain(1, 1, &["fw"])]);
     pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
-    let acks: Vec<bool> = s
-        .pp_out
-        .iter()
-        .filter_map(|(_, m)| match m {
-            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
-            _ => None,
-        })
-        .collect();
+    let acks = fabric_acks(&s);
     assert_eq!(acks, vec![false]);
 }
