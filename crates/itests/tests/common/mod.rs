@@ -280,12 +280,25 @@ fn group_query(
 
 /// Two FMs with the same chains, `fm-a` (active: the nodes try it first) and `fm-b`
 /// (standby), and SC nodes given both, all on mTLS with one CA.
+///
+/// Fields drop in the order they are declared: the SC nodes before the FMs, and the
+/// runtime the FMs run on last.
 pub struct FmPair {
-    pub rt: Runtime,
-    pub active: FmHandle,
-    pub standby: FmHandle,
-    pub scs: Vec<ScProcess>,
     pub pki: Pki,
+    pub scs: Vec<ScProcess>,
+    pub standby: FmHandle,
+    pub active: FmHandle,
+    pub rt: Runtime,
+}
+
+impl FmPair {
+    /// The two FMs' addresses: (active, standby).
+    pub fn addrs(&self) -> (String, String) {
+        (
+            self.active.addr().to_string(),
+            self.standby.addr().to_string(),
+        )
+    }
 }
 
 /// [`FmPair`] of these chains with `n_sc` SC nodes.
