@@ -205,6 +205,14 @@ impl Sim {
         self.pump();
     }
 
+    /// The PP node asks for flow `k`'s rule on chain 1/1 (request `id`), and FM flushes.
+    fn ask(&mut self, id: u64, k: &FlowKey) {
+        let pp = self.pp.unwrap();
+        self.m
+            .on_pp_requests(pp, vec![request(id, 1, 1, k)], self.now_us);
+        self.flush();
+    }
+
     fn sc_join(&mut self, id: &str, incarnation: u64) {
         let session = self.next_session;
         self.next_session += 1;
@@ -549,10 +557,8 @@ fn cluster(nodes: usize, replicas: usize) -> Sim {
 #[test]
 fn cache_hit_answers_without_an_sc_submit() {
     let mut s = cluster(2, 2);
-    let pp = s.pp.unwrap();
     let k = key(7);
-    s.m.on_pp_requests(pp, vec![request(11, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(11, &k);
     assert_eq!(s.submit_count(), 1);
     s.settle();
     let r = s.pp_replies();
@@ -560,8 +566,7 @@ fn cache_hit_answers_without_an_sc_submit() {
     assert_eq!(r[0].id, 11);
     assert!(matches!(r[0].result, Some(v1::rule_reply::Result::Rule(_))));
 
-    s.m.on_pp_requests(pp, vec![request(12, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(12, &k);
     assert!(s.to_sc.is_empty(), "a cache hit went to SC: {:?}", s.to_sc);
     assert_eq!(s.submit_count(), 1);
     let r = s.pp_replies();
@@ -575,10 +580,8 @@ fn flows_the_nf_timer_forgot_are_withdrawn_at_pp() {
     // PP's rule for a TCP flow outlives the NF's transitory deadline (docs/nf-api.md,
     // "Timeouts"), so FM must withdraw it when SC reports the flow expired.
     let mut s = cluster(2, 2);
-    let pp = s.pp.unwrap();
     let k = key(7);
-    s.m.on_pp_requests(pp, vec![request(11, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(11, &k);
     s.settle();
     assert_eq!(s.pp_replies().len(), 1);
     let (session, sub) = s.submits[0].clone();
@@ -602,8 +605,7 @@ fn flows_the_nf_timer_forgot_are_withdrawn_at_pp() {
         .collect();
     assert_eq!(revoked, vec![v1::FlowKey::from(&k)]);
     // And the cache forgot it: the next request goes to SC again.
-    s.m.on_pp_requests(pp, vec![request(12, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(12, &k);
     assert_eq!(s.submit_count(), 2);
 }
 
@@ -616,8 +618,7 @@ fn identical_requests_in_flight_coalesce_into_one_submit() {
     let k = key(9);
     s.m.on_pp_requests(pp, vec![request(1, 1, 1, &k)], s.now_us);
     s.m.on_pp_requests(other, vec![request(2, 1, 1, &k)], s.now_us);
-    s.m.on_pp_requests(pp, vec![request(3, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(3, &k);
     let submits: Vec<&sc_down::Msg> = s
         .to_sc
         .iter()
@@ -649,9 +650,7 @@ fn sc_death_repairs_the_group_with_a_spare_and_bumps_the_epoch() {
         .unwrap();
     // A request in flight at the head when it dies.
     s.answer_submits = false;
-    let pp = s.pp.unwrap();
-    s.m.on_pp_requests(pp, vec![request(5, 1, 1, &key(3))], s.now_us);
-    s.flush();
+    s.ask(5, &key(3));
     s.respond(s.to_sc.len());
     s.to_sc.clear();
 
@@ -700,9 +699,7 @@ fn sc_death_repairs_the_group_with_a_spare_and_bumps_the_epoch() {
 fn torn_down_chain_dissolves_its_groups() {
     let mut s = cluster(2, 2);
     let gid = s.m.map.groups().next().unwrap().group.id;
-    let pp = s.pp.unwrap();
-    s.m.on_pp_requests(pp, vec![request(1, 1, 1, &key(1))], s.now_us);
-    s.flush();
+    s.ask(1, &key(1));
     s.settle();
     assert!(s.m.group_load.contains_key(&gid));
     // A new configuration of the chain: its group is rebuilt.
@@ -1119,18 +1116,10 @@ fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
 
 #[test]
 fn a_split_chain_is_routed_over_the_fabric_and_rerouted_when_its_node_dies() {
-    let mut cfg = config(2);
-    cfg.fabric = vec![crate::fabric::FabricStage {
-        tenant: 1,
-        chain: 1,
-        nodes: vec!["pp-b".into(), "pp-c".into()],
-    }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
-    s.sc_join("sc-0", 1);
-    s.sc_join("sc-1", 1);
-    s.start();
-    s.settle();
-    s.forwarding_rules = true;
+    let mut s = staged_sim(
+        &["pp-b", "pp-c"],
+        vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])],
+    );
     let (ma, mb, mc) = (
         [2, 0, 0, 0, 0, 0xa],
         [2, 0, 0, 0, 0, 0xb],
@@ -1225,18 +1214,7 @@ fn a_drained_stage_node_loses_its_fabric_routes() {
     // Scale-in of a stage node: its flows must be routed to the stage's other nodes
     // before it leaves, not when it is gone. pp-b owns no vIP here, so the drain moves
     // none: the withdrawal must not depend on one moving.
-    let mut cfg = config(2);
-    cfg.fabric = vec![crate::fabric::FabricStage {
-        tenant: 1,
-        chain: 1,
-        nodes: vec!["pp-b".into(), "pp-c".into()],
-    }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"])]);
-    s.sc_join("sc-0", 1);
-    s.sc_join("sc-1", 1);
-    s.start();
-    s.settle();
-    s.forwarding_rules = true;
+    let mut s = staged_sim(&["pp-b", "pp-c"], vec![chain(1, 1, &["fw"])]);
     let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
     let _b = pp_join_fabric(&mut s, "pp-b", [2, 0, 0, 0, 0, 0xb]);
     let c = pp_join_fabric(&mut s, "pp-c", [2, 0, 0, 0, 0, 0xc]);
@@ -1309,21 +1287,28 @@ fn replies_to(s: &Sim, session: u64) -> Vec<v1::RuleReply> {
         .collect()
 }
 
-/// A cluster with tenant 1 chain 1 split (stage on pp-b) and chain 2 whole, pp-a and
-/// pp-b registered with fabric MACs. Returns (sim, pp-a's session, pp-b's session).
-fn fabric_sim() -> (Sim, u64, u64) {
+/// Two SC nodes serving `chains`, tenant 1's chain 1 split over a fabric stage on the
+/// PP nodes `stage`, started and settled, FM giving forwarding rules.
+fn staged_sim(stage: &[&str], chains: Vec<v1::ChainConfig>) -> Sim {
     let mut cfg = config(2);
     cfg.fabric = vec![crate::fabric::FabricStage {
         tenant: 1,
         chain: 1,
-        nodes: vec!["pp-b".into()],
+        nodes: stage.iter().map(|n| n.to_string()).collect(),
     }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
+    let mut s = Sim::new(cfg, chains);
     s.sc_join("sc-0", 1);
     s.sc_join("sc-1", 1);
     s.start();
     s.settle();
     s.forwarding_rules = true;
+    s
+}
+
+/// A cluster with tenant 1 chain 1 split (stage on pp-b) and chain 2 whole, pp-a and
+/// pp-b registered with fabric MACs. Returns (sim, pp-a's session, pp-b's session).
+fn fabric_sim() -> (Sim, u64, u64) {
+    let mut s = staged_sim(&["pp-b"], vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
     let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
     let b = pp_join_fabric(&mut s, "pp-b", [2, 0, 0, 0, 0, 0xb]);
     (s, a, b)
@@ -1498,18 +1483,7 @@ fn a_first_packet_fm_cannot_carry_is_counted_and_left_to_the_ingress_node() {
     // A next hop FM has a fabric address for but no member of that name: dropped,
     // counted. (The route table and membership are kept apart; they can disagree for
     // a moment while a node leaves.)
-    let mut cfg = config(2);
-    cfg.fabric = vec![crate::fabric::FabricStage {
-        tenant: 1,
-        chain: 1,
-        nodes: vec!["pp-x".into()],
-    }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"])]);
-    s.sc_join("sc-0", 1);
-    s.sc_join("sc-1", 1);
-    s.start();
-    s.settle();
-    s.forwarding_rules = true;
+    let mut s = staged_sim(&["pp-x"], vec![chain(1, 1, &["fw"])]);
     let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
     s.m.fabric.join("pp-x", [2, 0, 0, 0, 0, 0x11]);
     s.m.on_pp_requests(
