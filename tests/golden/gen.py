@@ -57,7 +57,7 @@ import logging
 import struct
 import sys
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
 
@@ -1071,10 +1071,17 @@ def main(argv: List[str]) -> int:
     if argv[1:]:
         print(__doc__, file=sys.stderr)
         return 2
-    lines = [HEADER, f"node ip={NODE_IP} mac={NODE_MAC} gw-mac={GW_MAC}"]
-    for c in build_cases():
+    node = f"node ip={NODE_IP} mac={NODE_MAC} gw-mac={GW_MAC}"
+    return write_corpus([HEADER, node], (c.lines() for c in build_cases()))
+
+
+def write_corpus(head: List[str], cases: Iterable[List[str]]) -> int:
+    """Print a corpus: the `head` lines, then each case's lines after a blank line.
+    Both generators (this one and nf_gen.py) write their corpus so."""
+    lines = list(head)
+    for case in cases:
         lines.append("")
-        lines += c.lines()
+        lines += case
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen import Ep as GenEp, Key as GenKey, flow_hash  # noqa: E402
+from gen import Ep as GenEp, Key as GenKey, flow_hash, write_corpus  # noqa: E402
 
 M64 = (1 << 64) - 1
 TCP, UDP, ICMP, ICMP6 = 6, 17, 1, 58
@@ -1249,15 +1249,12 @@ def main(argv: List[str]) -> int:
     # The key layout here is gen.py's (docs/golden-corpus.md), so flow_hash means the same.
     probe = K(7, UDP, IN1, 1025, OUT1, 53)
     assert probe.canonical() == GenKey(7, "udp", GenEp(IN1, 1025), GenEp(OUT1, 53)).canonical()
-    out = [HEADER]
+    cases = build()
     names = set()
-    for c in build():
+    for c in cases:
         assert c.name not in names, c.name
         names.add(c.name)
-        out.append("")
-        out += c.text()
-    sys.stdout.write("\n".join(out) + "\n")
-    return 0
+    return write_corpus([HEADER], (c.text() for c in cases))
 
 
 if __name__ == "__main__":

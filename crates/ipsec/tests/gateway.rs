@@ -367,17 +367,20 @@ fn inner_packets_outside_the_selectors_are_dropped() {
 #[test]
 fn too_big_with_df_is_answered_with_icmp_fragmentation_needed() {
     let (mut a, _) = pair();
+    // A TCP segment from the VM with `len` bytes of payload (40 bytes of headers).
+    let segment = |len: usize| {
+        tcp_v4(
+            VM,
+            40000,
+            REMOTE_HOST,
+            80,
+            packet::tcp_flags::ACK,
+            1,
+            &vec![7u8; len],
+        )
+    };
     // 1450 bytes of IP with DF (TCP sets it): 1450 + 58 > 1500.
-    let seg = tcp_v4(
-        VM,
-        40000,
-        REMOTE_HOST,
-        80,
-        packet::tcp_flags::ACK,
-        1,
-        &[7u8; 1410],
-    );
-    let mut seg = seg;
+    let mut seg = segment(1410);
     seg[14 + 6] |= 0x40;
     let c = packet::csum::checksum(0, &{
         let mut h = seg[14..34].to_vec();
@@ -415,15 +418,7 @@ fn too_big_with_df_is_answered_with_icmp_fragmentation_needed() {
     burst.run(&mut a, 0);
     assert_eq!(burst.out()[0], Err(EspDrop::TooBig));
     // 1446 bytes fit exactly: a 1500-byte ESP packet.
-    let fits = tcp_v4(
-        VM,
-        40000,
-        REMOTE_HOST,
-        80,
-        packet::tcp_flags::ACK,
-        1,
-        &[7u8; 1406],
-    );
+    let fits = segment(1406);
     let mut burst = Burst::new();
     burst.vpc(&a, &fits);
     burst.run(&mut a, 0);

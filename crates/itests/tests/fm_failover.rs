@@ -53,40 +53,35 @@ fn shape(m: &proto::v1::PartitionMap) -> Shape {
 
 #[test]
 fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
-    let FmPair {
-        rt,
-        active,
-        standby,
-        mut scs,
-        pki,
-    } = start(7);
-    let (a, b) = (active.addr().to_string(), standby.addr().to_string());
+    let mut fms = start(7);
+    let (a, b) = fms.addrs();
     let both = format!("{a},{b}");
-    wait_groups(&rt, &active, 1, 3);
-    common::scale_out(&rt, &active);
+    wait_groups(&fms.rt, &fms.active, 1, 3);
+    common::scale_out(&fms.rt, &fms.active);
 
-    let (client, link) = pp_session(pp_config(Some(&pki), &both, "pp-1"));
+    let (client, link) = pp_session(pp_config(Some(&fms.pki), &both, "pp-1"));
     assert_eq!(client.current_fm().as_deref(), Some(a.as_str()));
     let before = mappings(&link.source, 0..1000);
     assert_eq!(before.len(), 1000);
-    let map_a = rt.block_on(active.partition_map()).unwrap();
+    let map_a = fms.rt.block_on(fms.active.partition_map()).unwrap();
     let shape_a = shape(&map_a);
     assert_eq!(shape_a.0.len(), 2, "two partitions after the scale-out");
     // The standby has seen no node at all.
-    assert!(rt
-        .block_on(standby.partition_map())
+    assert!(fms
+        .rt
+        .block_on(fms.standby.partition_map())
         .unwrap()
         .groups
         .is_empty());
 
     let killed = Instant::now();
-    active.stop();
+    fms.active.stop();
     let map_b = wait(
         Duration::from_secs(10),
         "the standby to adopt the groups",
         || {
-            let m = rt.block_on(standby.partition_map())?;
-            let members = rt.block_on(standby.members())?;
+            let m = fms.rt.block_on(fms.standby.partition_map())?;
+            let members = fms.rt.block_on(fms.standby.members())?;
             let sc = members
                 .members
                 .iter()
@@ -97,8 +92,10 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
                             .is_some_and(|n| n.role == proto::v1::Role::Sc as i32)
                 })
                 .count();
-            (shape(&m) == shape_a && sc == scs.len() && client.current_fm().as_deref() == Some(&b))
-                .then_some(m)
+            (shape(&m) == shape_a
+                && sc == fms.scs.len()
+                && client.current_fm().as_deref() == Some(&b))
+            .then_some(m)
         },
     );
     println!(
@@ -112,7 +109,7 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
         v
     };
     assert_eq!(epochs(&map_b), epochs(&map_a));
-    let stats = rt.block_on(standby.stats()).unwrap();
+    let stats = fms.rt.block_on(fms.standby.stats()).unwrap();
     assert_eq!(stats.groups_adopted, 2);
 
     // NF state survived: the standby's cache is empty, so these reach SC, and SNAT
@@ -130,10 +127,10 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
     // The standby owns the map now: a replica that dies is repaired.
     let victim = map_b.groups[0].replicas[1].node_id.clone();
     let i: usize = victim.strip_prefix("sc-").unwrap().parse().unwrap();
-    scs[i].kill();
+    fms.scs[i].kill();
     let gid = map_b.groups[0].id;
     wait(Duration::from_secs(10), "the standby to repair", || {
-        let m = rt.block_on(standby.partition_map())?;
+        let m = fms.rt.block_on(fms.standby.partition_map())?;
         let g = m.groups.iter().find(|g| g.id == gid)?;
         (g.replicas.len() == 3 && !g.replicas.iter().any(|r| r.node_id == victim)).then_some(())
     });
@@ -143,7 +140,7 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
         assert_eq!(last.get(k), Some(m));
     }
     drop(client);
-    standby.stop();
+    fms.standby.stop();
 }
 
 /// The FM dies together with an SC replica, after a repair gave the group a later
@@ -152,42 +149,36 @@ fn standby_fm_adopts_a_scaled_out_partition_map_and_keeps_nf_state() {
 /// takes its place and no flow changes its mapping.
 #[test]
 fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
-    let FmPair {
-        rt,
-        active,
-        standby,
-        mut scs,
-        pki,
-    } = start(5);
-    let (a, b) = (active.addr().to_string(), standby.addr().to_string());
+    let mut fms = start(5);
+    let (a, b) = fms.addrs();
     let both = format!("{a},{b}");
     let idx = |id: &str| -> usize { id.strip_prefix("sc-").unwrap().parse().unwrap() };
-    let first = wait_groups(&rt, &active, 1, 3);
+    let first = wait_groups(&fms.rt, &fms.active, 1, 3);
     // A repair first, so the group's epoch is past the one a fresh FM would give it.
     let head = first.groups[0].replicas[0].node_id.clone();
-    scs[idx(&head)].kill();
+    fms.scs[idx(&head)].kill();
     let repaired = wait(Duration::from_secs(10), "the active FM to repair", || {
-        let m = rt.block_on(active.partition_map())?;
+        let m = fms.rt.block_on(fms.active.partition_map())?;
         let g = &m.groups[0];
         (g.replicas.len() == 3 && !g.replicas.iter().any(|r| r.node_id == head)).then_some(m)
     });
     let epoch = repaired.groups[0].epoch;
     assert!(epoch > 1);
 
-    let (client, link) = pp_session(pp_config(Some(&pki), &both, "pp-1"));
+    let (client, link) = pp_session(pp_config(Some(&fms.pki), &both, "pp-1"));
     let before = mappings(&link.source, 0..500);
     assert_eq!(before.len(), 500);
 
     // The FM goes, and a replica with it, before the nodes reach the standby.
     let victim = repaired.groups[0].replicas[1].node_id.clone();
-    active.stop();
-    scs[idx(&victim)].kill();
+    fms.active.stop();
+    fms.scs[idx(&victim)].kill();
     let gid = repaired.groups[0].id;
     let after = wait(
         Duration::from_secs(10),
         "the standby to adopt and repair",
         || {
-            let m = rt.block_on(standby.partition_map())?;
+            let m = fms.rt.block_on(fms.standby.partition_map())?;
             let g = m.groups.iter().find(|g| g.id == gid)?;
             (g.replicas.len() == 3
                 && !g
@@ -199,12 +190,15 @@ fn standby_fm_replaces_a_replica_that_died_with_the_fm() {
     );
     assert_eq!(after.groups.len(), 1, "no new group was formed");
     assert!(after.groups[0].epoch > epoch, "the repair is a new epoch");
-    assert_eq!(rt.block_on(standby.stats()).unwrap().groups_adopted, 1);
+    assert_eq!(
+        fms.rt.block_on(fms.standby.stats()).unwrap().groups_adopted,
+        1
+    );
     wait(Duration::from_secs(5), "PP on the standby", || {
         (client.current_fm().as_deref() == Some(b.as_str())).then_some(())
     });
     let again = mappings(&link.source, 0..500);
     assert_eq!(again, before, "flows got other mappings after the failover");
     drop(client);
-    standby.stop();
+    fms.standby.stop();
 }

@@ -13,9 +13,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{chain, flow, flow_index, mapping, nf_part, pp_session, snat_chain, wait, Cluster};
+use common::{chain, flow, mapping, nf_part, pp_session, snat_chain, wait, Cluster};
 use pipeline::{FlowKey, RuleSource};
 use sc::testing::TestSnat;
+use testkit::flows::flow_index;
 
 const ADDRS: [&str; 4] = [
     "198.19.255.1",

@@ -13,14 +13,16 @@
 //!   The answer must carry the SNAT mapping the flow got before the first park:
 //!   `state_intact` counts the rounds where it did.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pipeline::{FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pipeline::{RuleReply, RuleSource};
 use pp::{FmClient, FmClientConfig};
 use serde::Serialize;
+// The plane tests' flows (tenant 1's chain 1 on VNI 100): the bench asks for the same.
+use testkit::flows::{flow, CHAIN, TENANT, VNI};
 
 #[derive(Args, Clone, Debug)]
 pub struct WorkersBenchArgs {
@@ -82,10 +84,6 @@ pub struct WorkersBench {
     pub chain: String,
 }
 
-const TENANT: u32 = 1;
-const CHAIN: u32 = 1;
-const VNI: u32 = 100;
-
 fn chain(nfs: &str) -> Result<proto::ChainDef> {
     let nfs = match nfs {
         "test" => serde_json::json!([
@@ -106,19 +104,6 @@ fn chain(nfs: &str) -> Result<proto::ChainDef> {
         "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 1},
         "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": VNI}, "output": 1}
     }))?)
-}
-
-fn flow(i: u32) -> RuleRequest {
-    let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250);
-    let key = FlowKey::new(
-        VNI,
-        packet::proto::UDP,
-        IpAddr::V4(client),
-        1024 + (i / 250) as u16,
-        "198.19.0.9".parse().expect("an address"),
-        53,
-    );
-    RuleRequest::new(key, TENANT, CHAIN, PacketMeta::new(60, 0))
 }
 
 fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {

@@ -12,8 +12,8 @@ use clap::Args;
 use packet::build::{udp_v4, vxlan_wrap};
 use packet::{parse_frame, L4};
 use pipeline::{
-    format_actions, Action, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, Rule,
-    RuleReply, RuleSource, VecSource, VpcBinding, Worker,
+    format_actions, ManualClock, MemRing, NodeAddr, Pipeline, PipelineConfig, Rule, RuleReply,
+    RuleSource, VecSource, VpcBinding, Worker,
 };
 
 use crate::bench::{pipeline_bench, PipelineBenchArgs};
@@ -146,24 +146,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         3,
         "SNAT answers with a rule for the flow: one composed action list",
     );
-    let rule = Rule::new(
-        req.key,
-        vec![
-            Action::DecapVxlan,
-            Action::SetSrc {
-                addr: Some(IpAddr::V4(Ipv4Addr::new(198, 19, 255, 1))),
-                port: Some(40000),
-            },
-            Action::EncapVxlan {
-                dst: Ipv4Addr::new(198, 18, 0, 9),
-                vni: 200,
-                inner_dmac: None,
-                inner_smac: None,
-            },
-            Action::Count,
-            Action::Output(1),
-        ],
-    );
+    let rule = Rule::new(req.key, testkit::flows::snat_actions(40000));
     println!("    match {}", rule.key);
     println!("    rule  {}", format_actions(&rule.actions));
     rep_tx.send(RuleReply::ok(rule))?;

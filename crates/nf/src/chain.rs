@@ -508,21 +508,24 @@ impl Chain {
 
     /// Split every NF's state (Fig. 3); the result is the new owner's snapshot.
     pub fn split(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
-        let parts = self
-            .nfs
-            .iter_mut()
-            .map(|nf| nf.split(half))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(frame_parts(&parts))
+        self.take_parts(|nf| nf.split(half))
     }
 
     /// Move out the per-flow state `half` names, every NF's (gradual migration: shared
     /// state stays); the result merges like a split's part.
     pub fn split_flows(&mut self, half: &SplitHalf) -> Result<Vec<u8>, NfError> {
+        self.take_parts(|nf| nf.split_flows(half))
+    }
+
+    /// One part from every NF, in chain order, framed as a snapshot is (both splits).
+    fn take_parts(
+        &mut self,
+        take: impl FnMut(&mut Box<dyn NetworkFunction>) -> Result<Vec<u8>, NfError>,
+    ) -> Result<Vec<u8>, NfError> {
         let parts = self
             .nfs
             .iter_mut()
-            .map(|nf| nf.split_flows(half))
+            .map(take)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(frame_parts(&parts))
     }
@@ -682,24 +685,49 @@ mod tests {
         FirstPacket::new(key.parse().unwrap(), 1, PacketMeta::new(60, 2))
     }
 
+    /// A stub NF that passes with these rewrites.
+    fn rewriter(
+        kind: &'static str,
+        forward: Rewrite,
+        reverse: Rewrite,
+    ) -> Box<dyn NetworkFunction> {
+        Box::new(Fixed(
+            kind,
+            Decision {
+                forward,
+                reverse,
+                ..Decision::pass()
+            },
+        ))
+    }
+
+    /// What the stub SNAT decides for [`pkt`]'s flow.
+    fn snat_rewrites() -> Decision {
+        Decision {
+            forward: Rewrite::src(ip("198.19.255.1"), 50000),
+            reverse: Rewrite::dst(ip("198.18.10.2"), 40000),
+            ..Decision::pass()
+        }
+    }
+
+    /// These three NFs in sequence, both directions leaving locally.
+    fn local_chain(nfs: Vec<Box<dyn NetworkFunction>>) -> Chain {
+        Chain::new(nfs, ChainSpec::seq(3), Egress::LOCAL, Egress::LOCAL).unwrap()
+    }
+
     fn fw_lb_snat() -> Vec<Box<dyn NetworkFunction>> {
         vec![
             Box::new(Fixed("fw", Decision::pass())),
-            Box::new(Fixed(
+            rewriter(
                 "lb",
-                Decision {
-                    forward: Rewrite::dst(ip("198.19.1.7"), 8080),
-                    reverse: Rewrite::src(ip("198.19.0.100"), 80),
-                    ..Decision::pass()
-                },
-            )),
+                Rewrite::dst(ip("198.19.1.7"), 8080),
+                Rewrite::src(ip("198.19.0.100"), 80),
+            ),
             Box::new(Fixed(
                 "snat",
                 Decision {
-                    forward: Rewrite::src(ip("198.19.255.1"), 50000),
-                    reverse: Rewrite::dst(ip("198.18.10.2"), 40000),
                     idle_timeout: Some(Duration::from_secs(240)),
-                    ..Decision::pass()
+                    ..snat_rewrites()
                 },
             )),
         ]
@@ -760,17 +788,10 @@ mod tests {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let nfs: Vec<Box<dyn NetworkFunction>> = vec![
             Box::new(Recorder(seen.clone())),
-            Box::new(Fixed(
-                "snat",
-                Decision {
-                    forward: Rewrite::src(ip("198.19.255.1"), 50000),
-                    reverse: Rewrite::dst(ip("198.18.10.2"), 40000),
-                    ..Decision::pass()
-                },
-            )),
+            Box::new(Fixed("snat", snat_rewrites())),
             Box::new(Recorder(seen.clone())),
         ];
-        let mut c = Chain::new(nfs, ChainSpec::seq(3), Egress::LOCAL, Egress::LOCAL).unwrap();
+        let mut c = local_chain(nfs);
         let p = FirstPacket::new(pkt().key, 1, pkt().meta);
         c.decide(&p, &mut NfEnv::new(0, 1)).unwrap();
         let seen = seen.lock().unwrap();
@@ -910,7 +931,7 @@ mod tests {
     fn a_drop_stops_the_chain_and_yields_a_drop_rule() {
         let mut nfs = fw_lb_snat();
         nfs[0] = Box::new(Fixed("fw", Decision::drop("acl-deny")));
-        let mut c = Chain::new(nfs, ChainSpec::seq(3), Egress::LOCAL, Egress::LOCAL).unwrap();
+        let mut c = local_chain(nfs);
         let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
         assert_eq!(r.path, ["fw"]);
         assert_eq!(format_actions(&r.forward.actions), "count; drop acl-deny");
@@ -927,20 +948,12 @@ mod tests {
                     ..Decision::pass()
                 },
             )),
-            Box::new(Fixed(
-                "web-lb",
-                Decision {
-                    forward: Rewrite::dst(ip("198.19.1.1"), 80),
-                    ..Decision::pass()
-                },
-            )),
-            Box::new(Fixed(
+            rewriter("web-lb", Rewrite::dst(ip("198.19.1.1"), 80), Rewrite::NONE),
+            rewriter(
                 "other-lb",
-                Decision {
-                    forward: Rewrite::dst(ip("198.19.2.2"), 80),
-                    ..Decision::pass()
-                },
-            )),
+                Rewrite::dst(ip("198.19.2.2"), 80),
+                Rewrite::NONE,
+            ),
             Box::new(Fixed("monitor", Decision::pass())),
         ];
         let spec = ChainSpec::Seq(vec![
@@ -970,13 +983,7 @@ mod tests {
             Chain::new(vec![], ChainSpec::seq(0), Egress::LOCAL, Egress::LOCAL),
             Err(ChainError::Empty)
         ));
-        let mut c = Chain::new(
-            fw_lb_snat(),
-            ChainSpec::seq(3),
-            Egress::LOCAL,
-            Egress::LOCAL,
-        )
-        .unwrap();
+        let mut c = local_chain(fw_lb_snat());
         let s = c.snapshot().unwrap();
         c.restore(&s).unwrap();
         assert!(c.restore(&s[..s.len() - 1]).is_err());
@@ -988,13 +995,7 @@ mod tests {
     #[test]
     fn only_platform_tables_split_by_something_else_than_the_flow() {
         // The stub NFs of these tests keep state of their own: by the flow hash only.
-        let mut c = Chain::new(
-            fw_lb_snat(),
-            ChainSpec::seq(3),
-            Egress::LOCAL,
-            Egress::LOCAL,
-        )
-        .unwrap();
+        let mut c = local_chain(fw_lb_snat());
         assert_eq!(c.partition_by(), PartitionBy::Flow);
         let err = c.set_partition(PartitionBy::SourceAddress).unwrap_err();
         assert!(err.to_string().contains("flow hash only"), "{err}");

@@ -542,62 +542,61 @@ const MAGIC: &[u8; 4] = b"SFT2";
 /// The form before with-flows shares, still taken from older builds.
 const MAGIC_V1: &[u8; 4] = b"SFT1";
 
-#[derive(Serialize, Deserialize)]
-struct WireV1 {
-    tables: Vec<WireTableV1>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct WireTableV1 {
-    name: String,
-    kind: Kind,
-    rows: Vec<(Vec<u8>, WireRowV1)>,
-    counters: Vec<(Vec<u8>, Vec<u64>)>,
-    lanes: usize,
-}
+/// An `SFT1` snapshot: the tables as now, with rows of the older form.
+type WireV1 = WireOf<WireRowV1>;
 
 impl From<WireV1> for Wire {
     fn from(w: WireV1) -> Wire {
-        let tables = (w.tables.into_iter())
-            .map(|t| WireTable {
-                name: t.name,
-                kind: t.kind,
-                rows: (t.rows.into_iter())
-                    .map(|(k, r)| {
-                        let r = WireRow {
-                            value: r.value,
-                            deadline_ms: r.deadline_ms,
-                            group: r.group,
-                            share: None,
-                        };
-                        (k, r)
-                    })
-                    .collect(),
-                counters: t.counters,
-                lanes: t.lanes,
-            })
-            .collect();
-        Wire { tables }
+        w.map_rows(|r| WireRow {
+            value: r.value,
+            deadline_ms: r.deadline_ms,
+            group: r.group,
+            share: None,
+        })
     }
 }
 
 /// A part decoded ahead of its merge ([`StateTables::merge_decoder`]).
 struct PreparedTables(Wire);
 
+type Wire = WireOf<WireRow>;
+type WireTable = WireTableOf<WireRow>;
+
+/// The tables of a snapshot or part. Generic in the row only because the two wire
+/// versions differ in the row alone: one table layout serves both, and a version
+/// change maps rows ([`WireOf::map_rows`]). Postcard carries no field names, so the
+/// bytes are those of the plain structs.
 #[derive(Serialize, Deserialize)]
-struct Wire {
-    tables: Vec<WireTable>,
+struct WireOf<R> {
+    tables: Vec<WireTableOf<R>>,
 }
 
 #[derive(Serialize, Deserialize)]
-struct WireTable {
+struct WireTableOf<R> {
     name: String,
     kind: Kind,
     /// A pool table's rows hold a `PoolWire` each.
-    rows: Vec<(Vec<u8>, WireRow)>,
+    rows: Vec<(Vec<u8>, R)>,
     counters: Vec<(Vec<u8>, Vec<u64>)>,
     /// A counter table's lanes (0 until its first add), so an empty part keeps them.
     lanes: usize,
+}
+
+impl<R> WireOf<R> {
+    /// The same tables with every row converted by `f` (from one wire version to
+    /// another).
+    fn map_rows<S>(self, mut f: impl FnMut(R) -> S) -> WireOf<S> {
+        let tables = (self.tables.into_iter())
+            .map(|t| WireTableOf {
+                name: t.name,
+                kind: t.kind,
+                rows: (t.rows.into_iter()).map(|(k, r)| (k, f(r))).collect(),
+                counters: t.counters,
+                lanes: t.lanes,
+            })
+            .collect();
+        WireOf { tables }
+    }
 }
 
 fn enc_value<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Value, StateError> {
@@ -2481,26 +2480,11 @@ mod tests {
         // The same state, written as SFT1 wrote it.
         let snap = a.snapshot().unwrap();
         let wire: Wire = whole(postcard::take_from_bytes(&snap[4..]).unwrap()).unwrap();
-        let v1 = WireV1 {
-            tables: (wire.tables.into_iter())
-                .map(|t| WireTableV1 {
-                    name: t.name,
-                    kind: t.kind,
-                    rows: (t.rows.into_iter())
-                        .map(|(k, r)| {
-                            let r = WireRowV1 {
-                                value: r.value,
-                                deadline_ms: r.deadline_ms,
-                                group: r.group,
-                            };
-                            (k, r)
-                        })
-                        .collect(),
-                    counters: t.counters,
-                    lanes: t.lanes,
-                })
-                .collect(),
-        };
+        let v1: WireV1 = wire.map_rows(|r| WireRowV1 {
+            value: r.value,
+            deadline_ms: r.deadline_ms,
+            group: r.group,
+        });
         let old = postcard::to_extend(&v1, MAGIC_V1.to_vec()).unwrap();
         let mut b = StateTables::create(&specs()).expect("tables");
         b.restore(&old).expect("an SFT1 snapshot");

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use pipeline::{
-    Action, Desc, FlowKey, FlowTable, MemRing, PacketIo, Pipeline, PipelineConfig, Rule,
-    RuleSource, TraceCounters, TraceFilter, Tracer, VecSource,
+    Desc, FlowKey, FlowTable, MemRing, PacketIo, Pipeline, PipelineConfig, Rule, RuleSource,
+    TraceCounters, TraceFilter, Tracer, VecSource,
 };
+use testkit::flows::snat_actions;
 use testkit::rig::{client_udp, node};
 
 fn tenant_frame(sport: u16) -> Vec<u8> {
@@ -73,28 +74,8 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(64));
     let mut p = Pipeline::new(PipelineConfig::new(node()), RuleSource::None).unwrap();
     for s in 0..64u16 {
-        p.install_rule(
-            &Rule::new(
-                key(s),
-                vec![
-                    Action::DecapVxlan,
-                    Action::SetSrc {
-                        addr: Some(IpAddr::V4(Ipv4Addr::new(198, 19, 255, 1))),
-                        port: Some(40000 + s),
-                    },
-                    Action::EncapVxlan {
-                        dst: Ipv4Addr::new(198, 18, 0, 9),
-                        vni: 200,
-                        inner_dmac: None,
-                        inner_smac: None,
-                    },
-                    Action::Count,
-                    Action::Output(1),
-                ],
-            ),
-            0,
-        )
-        .unwrap();
+        p.install_rule(&Rule::new(key(s), snat_actions(40000 + s)), 0)
+            .unwrap();
     }
     g.bench_function("hit_batch_64_snat_reencap", |b| {
         b.iter_batched_ref(

@@ -47,6 +47,18 @@ fn seq_of(frame: &[u8]) -> u32 {
     u32::from_be_bytes(frame[92..96].try_into().unwrap())
 }
 
+/// FM's `reply` reaches the worker, which takes it on its next run.
+fn answer(r: &mut Rig, reply: RuleReply) {
+    r.replies.send(reply).unwrap();
+    r.send([]);
+    r.worker.run_once().unwrap();
+}
+
+/// The sequence numbers of the frames sent since the last look, in order.
+fn sent_seqs(r: &mut Rig) -> Vec<u32> {
+    r.out().iter().map(|f| seq_of(f)).collect()
+}
+
 #[test]
 fn miss_holds_requests_once_then_releases_in_order_and_hits() {
     let mut r = rig(PendingConfig::default(), 16);
@@ -61,9 +73,7 @@ fn miss_holds_requests_once_then_releases_in_order_and_hits() {
     assert_eq!((s.misses, s.rule_requests, s.hits), (5, 1, 0));
     assert_eq!(r.worker.pipeline.pending().held(), 5);
 
-    r.replies.send(RuleReply::ok(snat_rule(1000))).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
+    answer(&mut r, RuleReply::ok(snat_rule(1000)));
     let out = r.out();
     assert_eq!(out.len(), 5);
     assert_eq!(
@@ -134,9 +144,7 @@ fn floods_of_malformed_frames_and_new_flows_are_counted_and_established_flows_ke
         .requests
         .try_recv()
         .expect("the established flow asked once");
-    r.replies.send(RuleReply::ok(snat_rule(1000))).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
+    answer(&mut r, RuleReply::ok(snat_rule(1000)));
     assert_eq!(r.out().len(), 1);
 
     let valid = tenant_udp(1000, 0);
@@ -343,25 +351,71 @@ fn replacing_a_rule_takes_effect_at_once() {
     );
 }
 
-/// Admits while `left` is not spent, spending one per admission.
-fn spend(left: &mut u32) -> bool {
-    let admit = *left > 0;
-    *left = left.saturating_sub(1);
-    admit
+/// The policer hook a [`Spend`] answers from its budget.
+#[derive(Clone, Copy, PartialEq)]
+enum Hook {
+    /// `admit`, for police class 4.
+    Police,
+    /// `admit_request`, for tenant 7.
+    Request,
+    /// `admit_packet`, for tenant 7.
+    Packet,
 }
 
-struct Budget(u32);
-impl Policer for Budget {
-    fn admit(&mut self, class: u16, _bytes: u32, _now: u32) -> bool {
-        assert_eq!(class, 4);
-        spend(&mut self.0)
+/// A policer that admits `left` times through `hook`, then refuses. The other hooks
+/// admit as the trait's defaults do, except `admit` outside [`Hook::Police`]: no rule
+/// of those tests has a police action.
+struct Spend {
+    hook: Hook,
+    left: u32,
+}
+
+impl Spend {
+    fn spend(&mut self, hook: Hook) -> bool {
+        if hook != self.hook {
+            return true;
+        }
+        let admit = self.left > 0;
+        self.left = self.left.saturating_sub(1);
+        admit
     }
+}
+
+impl Policer for Spend {
+    fn admit(&mut self, class: u16, _bytes: u32, _now: u32) -> bool {
+        match self.hook {
+            Hook::Police => assert_eq!(class, 4),
+            Hook::Request => {}
+            Hook::Packet => panic!("no rule here has a police action"),
+        }
+        self.spend(Hook::Police)
+    }
+    fn admit_request(&mut self, tenant: u32, _now_us: u64) -> bool {
+        if self.hook == Hook::Request {
+            assert_eq!(tenant, 7);
+        }
+        self.spend(Hook::Request)
+    }
+    fn admit_packet(&mut self, tenant: u32, _bytes: u32, _now: u32) -> bool {
+        if self.hook == Hook::Packet {
+            assert_eq!(tenant, 7);
+        }
+        self.spend(Hook::Packet)
+    }
+}
+
+/// [`rig`] with `channel_cap`, policed by a [`Spend`] of `left` through `hook`.
+fn policed_rig(channel_cap: usize, hook: Hook, left: u32) -> Rig {
+    let mut r = rig(PendingConfig::default(), channel_cap);
+    r.worker
+        .pipeline
+        .set_policer(Box::new(Spend { hook, left }));
+    r
 }
 
 #[test]
 fn police_hook_drops_what_the_policer_refuses() {
-    let mut r = rig(PendingConfig::default(), 16);
-    r.worker.pipeline.set_policer(Box::new(Budget(3)));
+    let mut r = policed_rig(16, Hook::Police, 3);
     let rule = Rule::new(
         tenant_key(20),
         parse_actions("decap; police 4; out 1").unwrap(),
@@ -372,22 +426,10 @@ fn police_hook_drops_what_the_policer_refuses() {
     assert_eq!(r.worker.pipeline.stats().dropped(DropReason::Police), 2);
 }
 
-/// Admits `n` new flows of tenant 7, then refuses.
-struct NewFlows(u32);
-impl Policer for NewFlows {
-    fn admit(&mut self, _class: u16, _bytes: u32, _now: u32) -> bool {
-        true
-    }
-    fn admit_request(&mut self, tenant: u32, _now_us: u64) -> bool {
-        assert_eq!(tenant, 7);
-        spend(&mut self.0)
-    }
-}
-
 #[test]
 fn new_flows_over_the_request_rate_are_dropped_as_rate_limited() {
-    let mut r = rig(PendingConfig::default(), 64);
-    r.worker.pipeline.set_policer(Box::new(NewFlows(2)));
+    // Two new flows of tenant 7 are admitted, then none.
+    let mut r = policed_rig(64, Hook::Request, 2);
     // Flow 1000's second packet finds it pending: it spends no second admission.
     r.send([tenant_udp(1000, 0), tenant_udp(1000, 1)]);
     r.send((1001..1004).map(|sport| tenant_udp(sport, 0)));
@@ -410,22 +452,10 @@ fn new_flows_over_the_request_rate_are_dropped_as_rate_limited() {
     );
 }
 
-/// Admits `n` packets of tenant 7 through `admit_packet`.
-struct TenantPackets(u32);
-impl Policer for TenantPackets {
-    fn admit(&mut self, _class: u16, _bytes: u32, _now: u32) -> bool {
-        panic!("no rule here has a police action")
-    }
-    fn admit_packet(&mut self, tenant: u32, _bytes: u32, _now: u32) -> bool {
-        assert_eq!(tenant, 7);
-        spend(&mut self.0)
-    }
-}
-
 #[test]
 fn a_policed_tenant_meets_its_packet_rate_without_a_police_action() {
-    let mut r = rig(PendingConfig::default(), 16);
-    r.worker.pipeline.set_policer(Box::new(TenantPackets(3)));
+    // Three packets of tenant 7 through `admit_packet`.
+    let mut r = policed_rig(16, Hook::Packet, 3);
     r.worker.pipeline.install_rule(&snat_rule(30), 0).unwrap();
     r.send((0..2).map(|i| tenant_udp(30, i)));
     assert_eq!(
@@ -522,11 +552,9 @@ fn the_first_packet_fm_carried_on_is_not_released_again() {
     assert_eq!(req.frame.as_deref(), Some(tenant_udp(1000, 0).as_slice()));
     let mut reply = RuleReply::ok(snat_rule(1000));
     reply.frame_forwarded = true;
-    r.replies.send(reply).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
+    answer(&mut r, reply);
     assert_eq!(
-        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
+        sent_seqs(&mut r),
         [1, 2],
         "the first packet went through FM, the others from here"
     );
@@ -537,13 +565,8 @@ fn the_first_packet_fm_carried_on_is_not_released_again() {
     // FM did not carry it (the answer does not say so): every held packet goes.
     r.send((0..2).map(|i| tenant_udp(1001, i)));
     assert!(r.requests.try_recv().unwrap().frame.is_some());
-    r.replies.send(RuleReply::ok(snat_rule(1001))).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
-    assert_eq!(
-        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
-        [0, 1]
-    );
+    answer(&mut r, RuleReply::ok(snat_rule(1001)));
+    assert_eq!(sent_seqs(&mut r), [0, 1]);
 
     // Without FM's ask, no frame travels, and an answer claiming one left out nothing.
     flag.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -551,13 +574,8 @@ fn the_first_packet_fm_carried_on_is_not_released_again() {
     assert!(r.requests.try_recv().unwrap().frame.is_none());
     let mut reply = RuleReply::ok(snat_rule(1002));
     reply.frame_forwarded = true;
-    r.replies.send(reply).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
-    assert_eq!(
-        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
-        [0, 1]
-    );
+    answer(&mut r, reply);
+    assert_eq!(sent_seqs(&mut r), [0, 1]);
     assert_eq!(r.worker.pipeline.stats().fabric_first_via_fm, 1);
 }
 
@@ -568,9 +586,7 @@ fn a_packet_fm_carried_here_runs_after_its_rule_is_installed() {
     let mut r = rig(PendingConfig::default(), 16);
     let mut install = RuleReply::ok(snat_rule(2000));
     install.inject = Some(tenant_udp(2000, 0).into());
-    r.replies.send(install).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
+    answer(&mut r, install);
     let out = r.out();
     assert_eq!(out.iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [0]);
     // Translated by the rule that came with it.
@@ -586,7 +602,7 @@ fn a_packet_fm_carried_here_runs_after_its_rule_is_installed() {
     );
     // The flow's next packets, over the fabric, hit the same rule.
     r.send([tenant_udp(2000, 1)]);
-    assert_eq!(r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [1]);
+    assert_eq!(sent_seqs(&mut r), [1]);
 
     // Packets of the flow that came over the fabric before FM's message were held as a
     // miss: they go first, then the carried one.
@@ -595,34 +611,23 @@ fn a_packet_fm_carried_here_runs_after_its_rule_is_installed() {
     assert_eq!(r.requests.try_recv().unwrap().key, tenant_key(2001));
     let mut install = RuleReply::ok(snat_rule(2001));
     install.inject = Some(tenant_udp(2001, 0).into());
-    r.replies.send(install).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
-    assert_eq!(
-        r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(),
-        [1, 0]
-    );
+    answer(&mut r, install);
+    assert_eq!(sent_seqs(&mut r), [1, 0]);
 
     // Carried without a usable rule: it is a miss like any packet, held while the node
     // asks for the rule itself.
     let mut install = RuleReply::err(tenant_key(2002), "no rule for you");
     install.inject = Some(tenant_udp(2002, 0).into());
-    r.replies.send(install).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
+    answer(&mut r, install);
     assert!(r.out().is_empty());
     assert_eq!(r.requests.try_recv().unwrap().key, tenant_key(2002));
-    r.replies.send(RuleReply::ok(snat_rule(2002))).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
-    assert_eq!(r.out().iter().map(|f| seq_of(f)).collect::<Vec<_>>(), [0]);
+    answer(&mut r, RuleReply::ok(snat_rule(2002)));
+    assert_eq!(sent_seqs(&mut r), [0]);
 
     // A frame past a slot is dropped, counted, never a panic.
     let mut install = RuleReply::ok(snat_rule(2003));
     install.inject = Some(vec![0u8; pipeline::MAX_FRAME + 1].into());
-    r.replies.send(install).unwrap();
-    r.send([]);
-    r.worker.run_once().unwrap();
+    answer(&mut r, install);
     assert!(r.out().is_empty());
     assert_eq!(r.worker.pipeline.stats().dropped(DropReason::BadHeader), 1);
 }

@@ -1276,7 +1276,9 @@ mod tests {
         }
     }
 
-    async fn refused(s: &Server, r: Refusal) {
+    /// A client with `cfg` knocks on `s`, which must refuse it and count `r`.
+    async fn refuses(s: &Server, cfg: Arc<ClientConfig>, r: Refusal) {
+        knock(cfg, s.addr).await;
         // The refusal is counted by the handshake task; wait for it (bounded).
         for _ in 0..500 {
             if s.tls.refusals().get(r) > 0 {
@@ -1291,20 +1293,35 @@ mod tests {
         );
     }
 
+    /// FM `fm-1` of `ca`, taking sessions from `allowed` roles.
+    async fn fm_server(ca: &Ca, allowed: &[Role]) -> Server {
+        server(node(ca, Role::Fm, "fm-1"), allowed).await
+    }
+
     async fn accepted(s: &mut Server) -> Conn {
         s.conns.next().await.unwrap().unwrap()
+    }
+
+    /// A session to `s` dialled with `cfg` (as `as_role`'s server name), opened by the
+    /// client's `hello` (the server accepts once the client's handshake is done):
+    /// both ends, the client's kept open.
+    async fn session(
+        s: &mut Server,
+        cfg: Arc<ClientConfig>,
+        as_role: Role,
+        hello: &[u8],
+    ) -> (tokio_rustls::client::TlsStream<TcpStream>, Conn) {
+        let mut c = dial(cfg, s.addr, as_role).await.unwrap();
+        c.write_all(hello).await.unwrap();
+        (c, accepted(s).await)
     }
 
     #[tokio::test]
     async fn a_node_of_an_allowed_role_is_accepted_with_its_identity() {
         let ca = Ca::generate().unwrap();
-        let mut s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Pp]).await;
+        let mut s = fm_server(&ca, &[Role::Pp]).await;
         let pp = node(&ca, Role::Pp, "pp-7");
-        let mut c = dial(pp.client_config().unwrap(), s.addr, Role::Fm)
-            .await
-            .unwrap();
-        c.write_all(b"hi").await.unwrap();
-        let mut conn = accepted(&mut s).await;
+        let (_c, mut conn) = session(&mut s, pp.client_config().unwrap(), Role::Fm, b"hi").await;
         let info = tonic::transport::server::Connected::connect_info(&conn);
         assert_eq!(
             info.identity,
@@ -1319,7 +1336,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_without_a_certificate_is_refused_and_counted() {
         let ca = Ca::generate().unwrap();
-        let s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Pp]).await;
+        let s = fm_server(&ca, &[Role::Pp]).await;
         let mut roots = RootCertStore::empty();
         roots
             .add(pem_certs(&ca.cert_pem()).unwrap().remove(0))
@@ -1330,15 +1347,14 @@ mod tests {
                 .unwrap()
                 .with_root_certificates(roots)
                 .with_no_client_auth();
-        knock(Arc::new(cfg), s.addr).await;
-        refused(&s, Refusal::NoCert).await;
+        refuses(&s, Arc::new(cfg), Refusal::NoCert).await;
         assert!(s.tls.refusals().render().contains("reason=\"no_cert\"} 1"));
     }
 
     #[tokio::test]
     async fn an_expired_certificate_is_refused_and_counted() {
         let ca = Ca::generate().unwrap();
-        let s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Sc]).await;
+        let s = fm_server(&ca, &[Role::Sc]).await;
         let id = Identity::new(Role::Sc, "sc-1").unwrap();
         let key = NodeKey::generate().unwrap();
         let now = SystemTime::now();
@@ -1351,15 +1367,14 @@ mod tests {
             key_pem: key.pem(),
         })
         .unwrap();
-        knock(old.client_config().unwrap(), s.addr).await;
-        refused(&s, Refusal::Expired).await;
+        refuses(&s, old.client_config().unwrap(), Refusal::Expired).await;
     }
 
     #[tokio::test]
     async fn a_certificate_from_another_ca_is_refused_both_ways() {
         let ca = Ca::generate().unwrap();
         let rogue_ca = Ca::generate().unwrap();
-        let s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Sc]).await;
+        let s = fm_server(&ca, &[Role::Sc]).await;
         let rogue = node(&rogue_ca, Role::Sc, "sc-1");
         // The rogue does not trust our FM either: its own handshake fails.
         assert!(dial(rogue.client_config().unwrap(), s.addr, Role::Fm)
@@ -1370,17 +1385,15 @@ mod tests {
             Bundle::issue(&rogue_ca, &Identity::new(Role::Sc, "sc-1").unwrap(), HOUR).unwrap();
         b.ca_pem = ca.cert_pem();
         let rogue = NodeTls::new(&b).unwrap();
-        knock(rogue.client_config().unwrap(), s.addr).await;
-        refused(&s, Refusal::UnknownCa).await;
+        refuses(&s, rogue.client_config().unwrap(), Refusal::UnknownCa).await;
     }
 
     #[tokio::test]
     async fn a_certificate_of_the_wrong_role_is_refused_and_counted() {
         let ca = Ca::generate().unwrap();
-        let s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Sc]).await;
+        let s = fm_server(&ca, &[Role::Sc]).await;
         let pp = node(&ca, Role::Pp, "pp-1");
-        knock(pp.client_config().unwrap(), s.addr).await;
-        refused(&s, Refusal::WrongRole).await;
+        refuses(&s, pp.client_config().unwrap(), Refusal::WrongRole).await;
     }
 
     #[tokio::test]
@@ -1398,13 +1411,9 @@ mod tests {
     #[tokio::test]
     async fn revocation_cuts_live_sessions_and_refuses_reconnects() {
         let ca = Ca::generate().unwrap();
-        let mut s = server(node(&ca, Role::Fm, "fm-1"), &[Role::Sc]).await;
+        let mut s = fm_server(&ca, &[Role::Sc]).await;
         let sc = node(&ca, Role::Sc, "sc-9");
-        let mut c = dial(sc.client_config().unwrap(), s.addr, Role::Fm)
-            .await
-            .unwrap();
-        c.write_all(b"a").await.unwrap();
-        let mut conn = accepted(&mut s).await;
+        let (_c, mut conn) = session(&mut s, sc.client_config().unwrap(), Role::Fm, b"a").await;
         let mut b = [0u8; 1];
         conn.read_exact(&mut b).await.unwrap();
         let reader = tokio::spawn(async move {
@@ -1414,8 +1423,7 @@ mod tests {
         s.tls.revoke("sc-9");
         let e = reader.await.unwrap().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
-        knock(sc.client_config().unwrap(), s.addr).await;
-        refused(&s, Refusal::Revoked).await;
+        refuses(&s, sc.client_config().unwrap(), Refusal::Revoked).await;
     }
 
     #[tokio::test]
@@ -1425,9 +1433,7 @@ mod tests {
         let mut s = server(fm.clone(), &[Role::Sc]).await;
         let sc = node(&ca, Role::Sc, "sc-1");
         let cfg = sc.client_config().unwrap();
-        let mut c1 = dial(cfg.clone(), s.addr, Role::Fm).await.unwrap();
-        c1.write_all(b"1").await.unwrap();
-        let mut conn1 = accepted(&mut s).await;
+        let (mut c1, mut conn1) = session(&mut s, cfg.clone(), Role::Fm, b"1").await;
         let old = c1.get_ref().1.peer_certificates().unwrap()[0].clone();
 
         let renewed = Bundle::issue(&ca, fm.identity(), HOUR).unwrap();
@@ -1463,11 +1469,13 @@ mod tests {
         let again = Ca::from_pem(&ca.cert_pem(), &ca.key_pem()).unwrap();
         let mut s = server(node(&ca, Role::Orchestrator, "o"), &Role::NODES).await;
         let sc = node(&again, Role::Sc, "sc-1");
-        let mut c = dial(sc.client_config().unwrap(), s.addr, Role::Orchestrator)
-            .await
-            .unwrap();
-        c.write_all(b"x").await.unwrap();
-        let conn = accepted(&mut s).await;
+        let (_c, conn) = session(
+            &mut s,
+            sc.client_config().unwrap(),
+            Role::Orchestrator,
+            b"x",
+        )
+        .await;
         let info = tonic::transport::server::Connected::connect_info(&conn);
         assert_eq!(info.identity.unwrap().role, Role::Sc);
     }

@@ -285,18 +285,33 @@ fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
         "Affinity or nice calls the kernel refused.",
         w.os_errors,
     )?;
-    sc.histogram_seconds(
+    worker_latency(
+        sc,
         "replica_start",
         "From the input that needs a worker to a new replica's first decision on it.",
-        w.start.sum_ns as f64 / 1e9,
-        w.start.count,
-        &w.start.buckets_seconds(),
+        &w.start,
     )?;
-    sc.histogram_seconds(
+    worker_latency(
+        sc,
         "replica_wake",
         "From the input that wakes a parked replica to its first decision on a worker.",
-        w.wake.sum_ns as f64 / 1e9,
-        w.wake.count,
-        &w.wake.buckets_seconds(),
+        &w.wake,
+    )
+}
+
+/// A worker pool latency histogram as a `_seconds` histogram (SC's counterpart of
+/// [`telemetry::latency`], whose histograms are the pipeline's).
+fn worker_latency(
+    sc: &mut Scrape<'_>,
+    name: &str,
+    help: &str,
+    h: &crate::workers::HistInner,
+) -> std::fmt::Result {
+    sc.histogram_seconds(
+        name,
+        help,
+        h.sum_ns as f64 / 1e9,
+        h.count,
+        &h.buckets_seconds(),
     )
 }

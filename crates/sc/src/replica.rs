@@ -1766,15 +1766,22 @@ mod tests {
 
     const MID: u64 = 1 << 63;
 
-    fn snat_config(
+    /// Epoch 1 of group `gid` running `nfs` (one NF or an array), no joiners: what
+    /// the scaling and migration tests start from.
+    fn scaling_config(
+        nfs: serde_json::Value,
         gid: u64,
         members: &[&str],
         range: (u64, u64),
         awaiting: u64,
     ) -> v1::GroupConfig {
-        let nf = serde_json::json!({"kind": "snat", "pools": [
-            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]});
-        group_config(nf, gid, 1, members, range, &[], awaiting)
+        group_config(nfs, gid, 1, members, range, &[], awaiting)
+    }
+
+    /// A SNAT with 512 ports on one address.
+    fn snat() -> serde_json::Value {
+        serde_json::json!({"kind": "snat", "pools": [
+            {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]})
     }
 
     fn replica(node: &str, cfg: v1::GroupConfig) -> ReplicaCore {
@@ -1832,7 +1839,7 @@ mod tests {
 
     /// A head `a` and a tail `b` linked (connection 1), with 64 flows decided.
     fn chain_of_two() -> (ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
-        chain_of_two_with(snat_config(7, &["a", "b"], (0, u64::MAX), 0))
+        chain_of_two_with(scaling_config(snat(), 7, &["a", "b"], (0, u64::MAX), 0))
     }
 
     fn chain_of_two_with(cfg: v1::GroupConfig) -> (ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
@@ -1862,7 +1869,7 @@ mod tests {
         let (mut a, _b, decided) = chain_of_two();
         assert_eq!(a.unacked_len(), 1, "the head still holds the op unacked");
         let mut out = Outbox::default();
-        let mut cfg = snat_config(7, &["a"], (0, u64::MAX), 0);
+        let mut cfg = scaling_config(snat(), 7, &["a"], (0, u64::MAX), 0);
         cfg.group.as_mut().unwrap().epoch = 2;
         a.configure(cfg, &mut out);
         assert!(a.is_tail());
@@ -2159,7 +2166,7 @@ mod tests {
         assert_eq!(tail2.results[0].part.as_ref().unwrap().part, part);
 
         // The new group (awaiting scale 1) serves nothing before its install op...
-        let mut c = replica("c", snat_config(8, &["c"], (0, MID - 1), 1));
+        let mut c = replica("c", scaling_config(snat(), 8, &["c"], (0, MID - 1), 1));
         let moved_req: Vec<v1::RuleRequest> =
             (0..128).map(request).filter(|r| hash_of(r) < MID).collect();
         let mut co = Outbox::default();
@@ -2168,14 +2175,9 @@ mod tests {
         let mut co = Outbox::default();
         assert!(c.scale(
             v1::scale_op::Step::Install(v1::ScaleInstall {
-                scale_id: 1,
-                kind: v1::ScaleKind::Out as i32,
-                group: 8,
                 part,
-                range_lo: 0,
-                range_hi: MID - 1,
                 delta: false,
-                ..Default::default()
+                ..install_to_8()
             }),
             4_000,
             &mut co,
@@ -2205,14 +2207,9 @@ mod tests {
         let mut co = Outbox::default();
         c.scale(
             v1::scale_op::Step::Install(v1::ScaleInstall {
-                scale_id: 1,
-                kind: v1::ScaleKind::Out as i32,
-                group: 8,
                 part: fins[0].delta.clone(),
-                range_lo: 0,
-                range_hi: MID - 1,
                 delta: true,
-                ..Default::default()
+                ..install_to_8()
             }),
             6_000,
             &mut co,
@@ -2332,8 +2329,10 @@ mod tests {
         let mut tail = Outbox::default();
         b.on_ops(1, out.down, &mut tail).unwrap();
         // b serves a snapshot to a joiner c.
-        let (mut c, mut bo, hello) =
-            joiner_c(&mut b, snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0));
+        let (mut c, mut bo, hello) = joiner_c(
+            &mut b,
+            scaling_config(snat(), 7, &["a", "b", "c"], (0, u64::MAX), 0),
+        );
         let ack = c.predecessor_hello(9, &hello).unwrap();
         assert!(!ack.initialized);
         b.successor_ready(9, &ack, &mut bo);
@@ -2350,10 +2349,11 @@ mod tests {
     /// its predecessor then sends a fresh snapshot, which brings it in.
     #[test]
     fn a_corrupt_snapshot_is_refused_and_the_joiner_rejoins_by_a_fresh_one() {
-        let (_a, mut b, _) = chain_of_two_with(fw_snat_config(7, &["a", "b"], (0, u64::MAX), 0));
+        let (_a, mut b, _) =
+            chain_of_two_with(scaling_config(fw_snat(), 7, &["a", "b"], (0, u64::MAX), 0));
         let (mut c, mut bo, hello) = joiner_c(
             &mut b,
-            fw_snat_config(7, &["a", "b", "c"], (0, u64::MAX), 0),
+            scaling_config(fw_snat(), 7, &["a", "b", "c"], (0, u64::MAX), 0),
         );
         let ack = c.predecessor_hello(9, &hello).unwrap();
         b.successor_ready(9, &ack, &mut bo);
@@ -2382,19 +2382,23 @@ mod tests {
     // ------------------------------------------------------------ gradual migration
 
     /// FW (conntrack, outbound only) then SNAT: both keep per-flow state.
-    fn fw_snat_config(
-        gid: u64,
-        members: &[&str],
-        range: (u64, u64),
-        awaiting: u64,
-    ) -> v1::GroupConfig {
-        let nfs = serde_json::json!([
-            {"kind": "fw", "tenants": [{"tenant": 1, "default_action": "deny",
-                "rules": [{"action": "allow", "src": ["198.18.0.0/16"]}]}]},
-            {"kind": "snat", "pools": [
-                {"addresses": ["198.19.255.1"], "ports": {"lo": 1024, "hi": 1535}}]}
-        ]);
-        group_config(nfs, gid, 1, members, range, &[], awaiting)
+    fn fw_snat() -> serde_json::Value {
+        let fw = serde_json::json!({"kind": "fw", "tenants": [{"tenant": 1, "default_action": "deny",
+            "rules": [{"action": "allow", "src": ["198.18.0.0/16"]}]}]});
+        serde_json::json!([fw, snat()])
+    }
+
+    /// The scale-out install the migration tests send to the new group 8: scale 1,
+    /// the lower half of the range; each test adds what it carries.
+    fn install_to_8() -> v1::ScaleInstall {
+        v1::ScaleInstall {
+            scale_id: 1,
+            kind: v1::ScaleKind::Out as i32,
+            group: 8,
+            range_lo: 0,
+            range_hi: MID - 1,
+            ..Default::default()
+        }
     }
 
     /// Run `step` through the old group `a` → `b`; the tail's fins.
@@ -2421,7 +2425,7 @@ mod tests {
     /// end step at the old group and the merge of its list of flows still there.
     fn gradual_until_switch() -> (ReplicaCore, ReplicaCore, ReplicaCore, Vec<v1::RuleReply>) {
         let (mut a, mut b, decided) =
-            chain_of_two_with(fw_snat_config(7, &["a", "b"], (0, u64::MAX), 0));
+            chain_of_two_with(scaling_config(fw_snat(), 7, &["a", "b"], (0, u64::MAX), 0));
         let mut st = split_step(1);
         if let v1::scale_op::Step::Split(s) = &mut st {
             s.gradual = true;
@@ -2443,18 +2447,13 @@ mod tests {
         );
         assert_eq!(part.pending, moved, "the part names the flows that stayed");
         assert_eq!(held(&b).len(), 64);
-        let mut c = replica("c", fw_snat_config(8, &["c"], (0, MID - 1), 1));
+        let mut c = replica("c", scaling_config(fw_snat(), 8, &["c"], (0, MID - 1), 1));
         let fin = new_step(
             &mut c,
             v1::scale_op::Step::Install(v1::ScaleInstall {
-                scale_id: 1,
-                kind: v1::ScaleKind::Out as i32,
-                group: 8,
                 part: part.part,
-                range_lo: 0,
-                range_hi: MID - 1,
                 pending: part.pending,
-                ..Default::default()
+                ..install_to_8()
             }),
         );
         assert_eq!(fin.error, "");
@@ -2475,14 +2474,9 @@ mod tests {
         let fin = new_step(
             &mut c,
             v1::scale_op::Step::Install(v1::ScaleInstall {
-                scale_id: 1,
-                kind: v1::ScaleKind::Out as i32,
-                group: 8,
-                range_lo: 0,
-                range_hi: MID - 1,
                 delta: true,
                 pending: end.pending,
-                ..Default::default()
+                ..install_to_8()
             }),
         );
         assert_eq!(fin.error, "");
@@ -2512,11 +2506,6 @@ mod tests {
     ) -> v1::scale_op::Step {
         let (swept_lo, swept_hi) = chunk.unwrap_or((0, 0));
         v1::scale_op::Step::Install(v1::ScaleInstall {
-            scale_id: 1,
-            kind: v1::ScaleKind::Out as i32,
-            group: 8,
-            range_lo: 0,
-            range_hi: MID - 1,
             pull: id,
             parts,
             keys,
@@ -2524,7 +2513,7 @@ mod tests {
             swept_lo,
             swept_hi,
             last,
-            ..Default::default()
+            ..install_to_8()
         })
     }
 
@@ -2672,7 +2661,7 @@ mod tests {
     fn a_joiner_of_the_new_group_gets_the_flows_it_must_wait_for() {
         let (_a, _b, c, _) = gradual_until_switch();
         let snap = c.state(true);
-        let mut cfg = fw_snat_config(8, &["c", "d"], (0, MID - 1), 0);
+        let mut cfg = scaling_config(fw_snat(), 8, &["c", "d"], (0, MID - 1), 0);
         cfg.group.as_mut().unwrap().epoch = 2;
         let mut d = ReplicaCore::new("d", cfg.clone(), &TestNfs);
         d.configure(cfg, &mut Outbox::default());

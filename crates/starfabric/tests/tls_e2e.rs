@@ -274,24 +274,21 @@ fn a_bootstrap_token_from_a_file_admits_several_nodes_of_its_role() {
             .map(|r| r.split(' ').next().unwrap().to_string())
     })
     .unwrap();
-    let join = |id: &str, role: &str| {
+    // `node join` with `token` as `id`, asking for `role` if given: (the CLI's answer,
+    // the node's TLS dir).
+    let join_with = |token: &str, id: &str, role: Option<&str>| {
         let d = dir.path().join(id);
-        let r = cli(&[
-            "--server",
-            &api,
-            "node",
-            "join",
-            "--token",
-            &token,
-            "--id",
-            id,
-            "--role",
-            role,
-            "--tls-dir",
-            d.to_str().unwrap(),
-        ]);
+        let mut args = vec![
+            "--server", &api, "node", "join", "--token", token, "--id", id,
+        ];
+        if let Some(role) = role {
+            args.extend(["--role", role]);
+        }
+        args.extend(["--tls-dir", d.to_str().unwrap()]);
+        let r = cli(&args);
         (r, d)
     };
+    let join = |id: &str, role: &str| join_with(&token, id, Some(role));
     // Two SC nodes with the one token, as a StatefulSet's pods do.
     for id in ["sc-0", "sc-1"] {
         let ((ok, _, err), d) = join(id, "sc");
@@ -306,18 +303,7 @@ fn a_bootstrap_token_from_a_file_admits_several_nodes_of_its_role() {
     assert_eq!(NodeTls::from_dir(&d).unwrap().identity().role, Role::Sc);
     // A token of the right form the orchestrator was not given is refused.
     let other = format!("sfj_{}", "a5".repeat(16));
-    let r = cli(&[
-        "--server",
-        &api,
-        "node",
-        "join",
-        "--token",
-        &other,
-        "--id",
-        "sc-2",
-        "--tls-dir",
-        dir.path().join("sc-2").to_str().unwrap(),
-    ]);
+    let (r, _) = join_with(&other, "sc-2", None);
     assert!(!r.0 && r.2.contains("unknown"), "{}", r.2);
 }
 

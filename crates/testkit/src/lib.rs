@@ -15,6 +15,8 @@
 //!   with what it waited for on timeout.
 //! - [`rig`] (feature `rig`): a [`pipeline::Pipeline`] on in-memory I/O with its rule
 //!   channel and a manual clock, as the pipeline's own tests drive it.
+//! - [`flows`] (feature `flows`): the client flows plane tests and benches ask rules
+//!   for, and a SNAT's rule for one.
 //! - [`pki`] (feature `pki`): a test CA issuing each in-process node a certificate of
 //!   its role, so harnesses run their planes on mTLS.
 //!
@@ -23,6 +25,8 @@
 
 pub mod child;
 pub mod docs;
+#[cfg(feature = "flows")]
+pub mod flows;
 pub mod netns;
 #[cfg(feature = "pki")]
 pub mod pki;

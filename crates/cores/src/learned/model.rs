@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::Device;
+use learnkit::QWeights;
 use serde::{Deserialize, Serialize};
 
 use super::net::{QNet, ATT_DENSE, HEADS, HEAD_DIM, HIDDEN};

@@ -8,8 +8,6 @@
 //!   dense layers of 48 (ReLU).
 //! - Dueling head (§IV-D): Q(s, m) = V(s) + A(s, m) − mean_m A(s, m).
 
-use std::collections::HashMap;
-
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{linear, Linear, VarBuilder, VarMap};
 
@@ -23,6 +21,12 @@ pub const HIDDEN: [usize; 2] = [48, 48];
 
 pub(crate) fn net_err(what: &str, e: impl std::fmt::Display) -> CoresError {
     CoresError::Model(ModelError::Net(format!("{what}: {e}")))
+}
+
+impl From<learnkit::WeightError> for CoresError {
+    fn from(e: learnkit::WeightError) -> Self {
+        CoresError::Model(ModelError::Net(e.0))
+    }
 }
 
 /// One Q-network for one core count.
@@ -121,74 +125,14 @@ impl QNet {
             .and_then(|q| q.to_vec1::<f32>())
             .map_err(|e| net_err("forward", e))
     }
+}
 
-    /// Named weights (copies), for the model file.
-    pub fn tensors(&self) -> HashMap<String, Tensor> {
-        let data = self.vars.data().lock().unwrap_or_else(|p| p.into_inner());
-        data.iter()
-            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-            .collect()
-    }
+/// Copying, loading and seeding the weights: shared with placement's DDQN.
+impl learnkit::QWeights for QNet {
+    type Error = CoresError;
 
-    /// Overwrites every weight from `src` (names and shapes must match).
-    pub fn load_tensors(&mut self, src: &HashMap<String, Tensor>) -> Result<(), CoresError> {
-        let bad = |m: String| CoresError::Model(ModelError::Net(m));
-        let data = self.vars.data().lock().unwrap_or_else(|p| p.into_inner());
-        if data.len() != src.len() {
-            return Err(bad(format!(
-                "the weights hold {} tensors, the network needs {}",
-                src.len(),
-                data.len()
-            )));
-        }
-        for (name, var) in data.iter() {
-            let t = src
-                .get(name)
-                .ok_or_else(|| bad(format!("weight {name:?} is missing")))?;
-            if t.dims() != var.dims() {
-                return Err(bad(format!(
-                    "weight {name:?} has shape {:?}, the network needs {:?}",
-                    t.dims(),
-                    var.dims()
-                )));
-            }
-            let t = t
-                .to_dtype(DType::F32)
-                .and_then(|t| t.copy())
-                .map_err(|e| net_err(name, e))?;
-            var.set(&t).map_err(|e| net_err(name, e))?;
-        }
-        Ok(())
-    }
-
-    /// Re-initialises every weight uniformly in ±1/√fan_in (candle's default scheme)
-    /// from a seeded generator, so a training run is reproducible.
-    pub fn reseed(&mut self, seed: u64) -> Result<(), CoresError> {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let current = self.tensors();
-        let mut names: Vec<&String> = current.keys().collect();
-        names.sort();
-        let mut fresh = HashMap::new();
-        for name in names {
-            let dims = current[name].dims().to_vec();
-            let w = name.replace("bias", "weight");
-            let fan_in = current
-                .get(&w)
-                .and_then(|t| t.dims().get(1).copied())
-                .unwrap_or(1);
-            let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
-            let n: usize = dims.iter().product();
-            let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-bound..bound)).collect();
-            let t = Tensor::from_vec(v, dims.as_slice(), &Device::Cpu)
-                .map_err(|e| net_err("init", e))?;
-            fresh.insert(name.clone(), t);
-        }
-        self.load_tensors(&fresh)
-    }
-
-    pub fn param_count(&self) -> usize {
-        self.tensors().values().map(|t| t.elem_count()).sum()
+    fn vars(&self) -> &VarMap {
+        &self.vars
     }
 }
 
@@ -197,6 +141,7 @@ mod tests {
     use super::*;
     use crate::generate::{generate, GenSpec, Seed};
     use crate::learned::Game;
+    use learnkit::QWeights;
 
     #[test]
     fn q_values_are_permutation_invariant_and_ignore_padding() {

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use learnkit::QWeights;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -529,21 +530,14 @@ fn train_one(
     }
     let mut net = t.net;
     net.load_tensors(&best.2)?;
-    let fifth = (losses.len() / 5).max(1);
-    let mean = |s: &[f64]| {
-        if s.is_empty() {
-            0.0
-        } else {
-            s.iter().sum::<f64>() / s.len() as f64
-        }
-    };
+    let (loss_first, loss_last) = learnkit::fifth_means(&losses);
     let metrics = TrainMetrics {
         rounds: round,
         games: games_played,
         grad_steps: t.grad_steps,
         wall_secs: t0.elapsed().as_secs_f64(),
-        loss_first: mean(&losses[..fifth.min(losses.len())]),
-        loss_last: mean(&losses[losses.len().saturating_sub(fifth)..]),
+        loss_first,
+        loss_last,
         valid_ratio: best.0,
         valid_ratio_rr: valid_rr,
         best_round: best.1,

@@ -205,6 +205,14 @@ impl Sim {
         self.pump();
     }
 
+    /// The PP node asks for flow `k`'s rule on chain 1/1 (request `id`), and FM flushes.
+    fn ask(&mut self, id: u64, k: &FlowKey) {
+        let pp = self.pp.unwrap();
+        self.m
+            .on_pp_requests(pp, vec![request(id, 1, 1, k)], self.now_us);
+        self.flush();
+    }
+
     fn sc_join(&mut self, id: &str, incarnation: u64) {
         let session = self.next_session;
         self.next_session += 1;
@@ -227,13 +235,7 @@ impl Sim {
                 self.reset.push((p.tenant, p.chain, p.hash_lo, p.hash_hi));
             }
         }
-        let open = Opened {
-            session,
-            info,
-            seen: seen.clone(),
-            liveness_token: 0,
-        };
-        self.m.on_sc_open(open, self.now_us);
+        self.m.on_sc_open(opened(session, info, &seen), self.now_us);
         // A fresh node hosts nothing; a returning one reports what FM gave it, which
         // the master ignores once it owns the map (these tests start past recovery).
         self.m.on_sc_hosted(session, id, Vec::new(), self.now_us);
@@ -555,10 +557,8 @@ fn cluster(nodes: usize, replicas: usize) -> Sim {
 #[test]
 fn cache_hit_answers_without_an_sc_submit() {
     let mut s = cluster(2, 2);
-    let pp = s.pp.unwrap();
     let k = key(7);
-    s.m.on_pp_requests(pp, vec![request(11, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(11, &k);
     assert_eq!(s.submit_count(), 1);
     s.settle();
     let r = s.pp_replies();
@@ -566,8 +566,7 @@ fn cache_hit_answers_without_an_sc_submit() {
     assert_eq!(r[0].id, 11);
     assert!(matches!(r[0].result, Some(v1::rule_reply::Result::Rule(_))));
 
-    s.m.on_pp_requests(pp, vec![request(12, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(12, &k);
     assert!(s.to_sc.is_empty(), "a cache hit went to SC: {:?}", s.to_sc);
     assert_eq!(s.submit_count(), 1);
     let r = s.pp_replies();
@@ -581,10 +580,8 @@ fn flows_the_nf_timer_forgot_are_withdrawn_at_pp() {
     // PP's rule for a TCP flow outlives the NF's transitory deadline (docs/nf-api.md,
     // "Timeouts"), so FM must withdraw it when SC reports the flow expired.
     let mut s = cluster(2, 2);
-    let pp = s.pp.unwrap();
     let k = key(7);
-    s.m.on_pp_requests(pp, vec![request(11, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(11, &k);
     s.settle();
     assert_eq!(s.pp_replies().len(), 1);
     let (session, sub) = s.submits[0].clone();
@@ -608,8 +605,7 @@ fn flows_the_nf_timer_forgot_are_withdrawn_at_pp() {
         .collect();
     assert_eq!(revoked, vec![v1::FlowKey::from(&k)]);
     // And the cache forgot it: the next request goes to SC again.
-    s.m.on_pp_requests(pp, vec![request(12, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(12, &k);
     assert_eq!(s.submit_count(), 2);
 }
 
@@ -622,8 +618,7 @@ fn identical_requests_in_flight_coalesce_into_one_submit() {
     let k = key(9);
     s.m.on_pp_requests(pp, vec![request(1, 1, 1, &k)], s.now_us);
     s.m.on_pp_requests(other, vec![request(2, 1, 1, &k)], s.now_us);
-    s.m.on_pp_requests(pp, vec![request(3, 1, 1, &k)], s.now_us);
-    s.flush();
+    s.ask(3, &k);
     let submits: Vec<&sc_down::Msg> = s
         .to_sc
         .iter()
@@ -655,9 +650,7 @@ fn sc_death_repairs_the_group_with_a_spare_and_bumps_the_epoch() {
         .unwrap();
     // A request in flight at the head when it dies.
     s.answer_submits = false;
-    let pp = s.pp.unwrap();
-    s.m.on_pp_requests(pp, vec![request(5, 1, 1, &key(3))], s.now_us);
-    s.flush();
+    s.ask(5, &key(3));
     s.respond(s.to_sc.len());
     s.to_sc.clear();
 
@@ -706,9 +699,7 @@ fn sc_death_repairs_the_group_with_a_spare_and_bumps_the_epoch() {
 fn torn_down_chain_dissolves_its_groups() {
     let mut s = cluster(2, 2);
     let gid = s.m.map.groups().next().unwrap().group.id;
-    let pp = s.pp.unwrap();
-    s.m.on_pp_requests(pp, vec![request(1, 1, 1, &key(1))], s.now_us);
-    s.flush();
+    s.ask(1, &key(1));
     s.settle();
     assert!(s.m.group_load.contains_key(&gid));
     // A new configuration of the chain: its group is rebuilt.
@@ -1058,16 +1049,21 @@ fn pp_open(s: &mut Sim, id: &str, fabric_mac: Vec<u8>) -> u64 {
     pp_open_info(s, session, info)
 }
 
-/// Session `session` opens for a PP node saying `info`, and FM's answers are pumped.
-fn pp_open_info(s: &mut Sim, session: u64, info: v1::NodeInfo) -> u64 {
-    let seen = Arc::new(AtomicU64::new(s.now_ms()));
-    let open = Opened {
+/// A session's open as the node's reader hands it to the master (SC and PP alike);
+/// the test keeps `seen` to stamp the node's liveness.
+fn opened(session: u64, info: v1::NodeInfo, seen: &Arc<AtomicU64>) -> Opened {
+    Opened {
         session,
         info,
         seen: seen.clone(),
         liveness_token: 0,
-    };
-    s.m.on_pp_open(open, s.now_us);
+    }
+}
+
+/// Session `session` opens for a PP node saying `info`, and FM's answers are pumped.
+fn pp_open_info(s: &mut Sim, session: u64, info: v1::NodeInfo) -> u64 {
+    let seen = Arc::new(AtomicU64::new(s.now_ms()));
+    s.m.on_pp_open(opened(session, info, &seen), s.now_us);
     s.pp_seen.push(seen);
     s.pump();
     session
@@ -1099,11 +1095,17 @@ fn answered(s: &mut Sim, session: u64) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
+/// What FM sent down to `session` so far (not taken), in order.
+fn sent_to(s: &Sim, session: u64) -> impl Iterator<Item = &pp_down::Msg> {
     s.pp_out
         .iter()
-        .filter(|(x, _)| *x == session)
-        .filter_map(|(_, m)| match m {
+        .filter(move |(x, _)| *x == session)
+        .map(|(_, m)| m)
+}
+
+fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
+    sent_to(s, session)
+        .filter_map(|m| match m {
             pp_down::Msg::Revoked(r) => Some(r.keys.clone()),
             _ => None,
         })
@@ -1114,18 +1116,10 @@ fn revoked(s: &mut Sim, session: u64) -> Vec<FlowKey> {
 
 #[test]
 fn a_split_chain_is_routed_over_the_fabric_and_rerouted_when_its_node_dies() {
-    let mut cfg = config(2);
-    cfg.fabric = vec![crate::fabric::FabricStage {
-        tenant: 1,
-        chain: 1,
-        nodes: vec!["pp-b".into(), "pp-c".into()],
-    }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
-    s.sc_join("sc-0", 1);
-    s.sc_join("sc-1", 1);
-    s.start();
-    s.settle();
-    s.forwarding_rules = true;
+    let mut s = staged_sim(
+        &["pp-b", "pp-c"],
+        vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])],
+    );
     let (ma, mb, mc) = (
         [2, 0, 0, 0, 0, 0xa],
         [2, 0, 0, 0, 0, 0xb],
@@ -1220,18 +1214,7 @@ fn a_drained_stage_node_loses_its_fabric_routes() {
     // Scale-in of a stage node: its flows must be routed to the stage's other nodes
     // before it leaves, not when it is gone. pp-b owns no vIP here, so the drain moves
     // none: the withdrawal must not depend on one moving.
-    let mut cfg = config(2);
-    cfg.fabric = vec![crate::fabric::FabricStage {
-        tenant: 1,
-        chain: 1,
-        nodes: vec!["pp-b".into(), "pp-c".into()],
-    }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"])]);
-    s.sc_join("sc-0", 1);
-    s.sc_join("sc-1", 1);
-    s.start();
-    s.settle();
-    s.forwarding_rules = true;
+    let mut s = staged_sim(&["pp-b", "pp-c"], vec![chain(1, 1, &["fw"])]);
     let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
     let _b = pp_join_fabric(&mut s, "pp-b", [2, 0, 0, 0, 0, 0xb]);
     let c = pp_join_fabric(&mut s, "pp-c", [2, 0, 0, 0, 0, 0xc]);
@@ -1274,10 +1257,8 @@ fn a_drained_stage_node_loses_its_fabric_routes() {
 
 /// What FM handed to `session` as first packets: (frame, the install's rule as text).
 fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
-    s.pp_out
-        .iter()
-        .filter(|(x, _)| *x == session)
-        .filter_map(|(_, m)| match m {
+    sent_to(s, session)
+        .filter_map(|m| match m {
             pp_down::Msg::Fabric(f) => {
                 let install = f.install.clone().expect("an install with the frame");
                 let Some(v1::rule_reply::Result::Rule(r)) = &install.result else {
@@ -1297,10 +1278,8 @@ fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
 
 /// The replies to `session` so far (not taken).
 fn replies_to(s: &Sim, session: u64) -> Vec<v1::RuleReply> {
-    s.pp_out
-        .iter()
-        .filter(|(x, _)| *x == session)
-        .filter_map(|(_, m)| match m {
+    sent_to(s, session)
+        .filter_map(|m| match m {
             pp_down::Msg::Replies(b) => Some(b.replies.clone()),
             _ => None,
         })
@@ -1308,24 +1287,42 @@ fn replies_to(s: &Sim, session: u64) -> Vec<v1::RuleReply> {
         .collect()
 }
 
-/// A cluster with tenant 1 chain 1 split (stage on pp-b) and chain 2 whole, pp-a and
-/// pp-b registered with fabric MACs. Returns (sim, pp-a's session, pp-b's session).
-fn fabric_sim() -> (Sim, u64, u64) {
+/// Two SC nodes serving `chains`, tenant 1's chain 1 split over a fabric stage on the
+/// PP nodes `stage`, started and settled, FM giving forwarding rules.
+fn staged_sim(stage: &[&str], chains: Vec<v1::ChainConfig>) -> Sim {
     let mut cfg = config(2);
     cfg.fabric = vec![crate::fabric::FabricStage {
         tenant: 1,
         chain: 1,
-        nodes: vec!["pp-b".into()],
+        nodes: stage.iter().map(|n| n.to_string()).collect(),
     }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
+    let mut s = Sim::new(cfg, chains);
     s.sc_join("sc-0", 1);
     s.sc_join("sc-1", 1);
     s.start();
     s.settle();
     s.forwarding_rules = true;
+    s
+}
+
+/// A cluster with tenant 1 chain 1 split (stage on pp-b) and chain 2 whole, pp-a and
+/// pp-b registered with fabric MACs. Returns (sim, pp-a's session, pp-b's session).
+fn fabric_sim() -> (Sim, u64, u64) {
+    let mut s = staged_sim(&["pp-b"], vec![chain(1, 1, &["fw"]), chain(1, 2, &["fw"])]);
     let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
     let b = pp_join_fabric(&mut s, "pp-b", [2, 0, 0, 0, 0, 0xb]);
     (s, a, b)
+}
+
+/// Whether each registration FM answered so far asked its PP node for first packets.
+fn fabric_acks(s: &Sim) -> Vec<bool> {
+    s.pp_out
+        .iter()
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
+            _ => None,
+        })
+        .collect()
 }
 
 fn with_frame(mut r: v1::RuleRequest, frame: &[u8]) -> v1::RuleRequest {
@@ -1337,14 +1334,7 @@ fn with_frame(mut r: v1::RuleRequest, frame: &[u8]) -> v1::RuleRequest {
 fn a_flows_first_packet_goes_through_fm_to_its_next_hop_exactly_once() {
     let (mut s, a, b) = fabric_sim();
     // FM serves a split chain: it asks PP nodes for first packets.
-    let acks: Vec<bool> = s
-        .pp_out
-        .iter()
-        .filter_map(|(_, m)| match m {
-            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
-            _ => None,
-        })
-        .collect();
+    let acks = fabric_acks(&s);
     assert_eq!(acks, vec![true, true]);
     s.pp_out.clear();
 
@@ -1493,18 +1483,7 @@ fn a_first_packet_fm_cannot_carry_is_counted_and_left_to_the_ingress_node() {
     // A next hop FM has a fabric address for but no member of that name: dropped,
     // counted. (The route table and membership are kept apart; they can disagree for
     // a moment while a node leaves.)
-    let mut cfg = config(2);
-    cfg.fabric = vec![crate::fabric::FabricStage {
-        tenant: 1,
-        chain: 1,
-        nodes: vec!["pp-x".into()],
-    }];
-    let mut s = Sim::new(cfg, vec![chain(1, 1, &["fw"])]);
-    s.sc_join("sc-0", 1);
-    s.sc_join("sc-1", 1);
-    s.start();
-    s.settle();
-    s.forwarding_rules = true;
+    let mut s = staged_sim(&["pp-x"], vec![chain(1, 1, &["fw"])]);
     let a = pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
     s.m.fabric.join("pp-x", [2, 0, 0, 0, 0, 0x11]);
     s.m.on_pp_requests(
@@ -1566,13 +1545,6 @@ fn an_older_pp_node_gets_no_first_packets_and_its_flows_still_work() {
 fn without_a_split_chain_fm_asks_for_no_first_packets() {
     let mut s = Sim::new(config(2), vec![chain(1, 1, &["fw"])]);
     pp_join_fabric(&mut s, "pp-a", [2, 0, 0, 0, 0, 0xa]);
-    let acks: Vec<bool> = s
-        .pp_out
-        .iter()
-        .filter_map(|(_, m)| match m {
-            pp_down::Msg::Registered(r) => Some(r.fabric_frames),
-            _ => None,
-        })
-        .collect();
+    let acks = fabric_acks(&s);
     assert_eq!(acks, vec![false]);
 }

@@ -9,12 +9,12 @@
 
 #![allow(dead_code)]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fm::{FmConfig, FmHandle};
-use pipeline::{FlowKey, PacketMeta, RuleReply, RuleRequest, RuleSource};
+use pipeline::{RuleReply, RuleSource};
 use pp::{FmClient, FmClientConfig, WorkerLink};
 use proto::tls::{NodeTls, Role};
 use proto::{v1, ChainDef};
@@ -280,12 +280,25 @@ fn group_query(
 
 /// Two FMs with the same chains, `fm-a` (active: the nodes try it first) and `fm-b`
 /// (standby), and SC nodes given both, all on mTLS with one CA.
+///
+/// Fields drop in the order they are declared: the SC nodes before the FMs, and the
+/// runtime the FMs run on last.
 pub struct FmPair {
-    pub rt: Runtime,
-    pub active: FmHandle,
-    pub standby: FmHandle,
-    pub scs: Vec<ScProcess>,
     pub pki: Pki,
+    pub scs: Vec<ScProcess>,
+    pub standby: FmHandle,
+    pub active: FmHandle,
+    pub rt: Runtime,
+}
+
+impl FmPair {
+    /// The two FMs' addresses: (active, standby).
+    pub fn addrs(&self) -> (String, String) {
+        (
+            self.active.addr().to_string(),
+            self.standby.addr().to_string(),
+        )
+    }
 }
 
 /// [`FmPair`] of these chains with `n_sc` SC nodes.
@@ -335,31 +348,9 @@ pub fn snat_chain(addrs: &[&str]) -> ChainDef {
         {"addresses": addrs, "ports": {"lo": 1024, "hi": 65535}}]}]))
 }
 
-/// The VNI of every [`flow`].
-pub const VNI: u32 = 100;
-
-/// Flow `i` of [`chain`], as a PP worker asks for its rule: one of 250 clients, a
-/// distinct source port each (so a distinct SNAT mapping per flow).
-pub fn flow(i: u32) -> RuleRequest {
-    let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 10, 0)) + i % 250);
-    let key = FlowKey::new(
-        VNI,
-        packet::proto::UDP,
-        IpAddr::V4(client),
-        1024 + (i / 250) as u16,
-        "198.19.0.9".parse().unwrap(),
-        53,
-    );
-    RuleRequest::new(key, 1, 1, PacketMeta::new(60, 0))
-}
-
-/// Inverse of [`flow`].
-pub fn flow_index(k: &FlowKey) -> u32 {
-    let IpAddr::V4(a) = k.src() else {
-        unreachable!()
-    };
-    (u32::from(a) - u32::from(Ipv4Addr::new(198, 18, 10, 0))) + 250 * u32::from(k.sport() - 1024)
-}
+/// Flow `i` of [`chain`] (tenant 1's chain 1), as a PP worker asks for its rule; shared
+/// with the lab's benches.
+pub use testkit::flows::flow;
 
 /// The source address and port a rule maps a flow to (SNAT); None for an error reply.
 pub fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {

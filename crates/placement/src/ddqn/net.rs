@@ -1,16 +1,21 @@
 //! The Q-network: one MLP shared by every node, scoring a node from its feature row
 //! (see [`super::features`]). Q(S, e) = mlp(φ(S, e)).
 
-use std::collections::HashMap;
-
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, VarBuilder, VarMap};
+use learnkit::QWeights;
 
 use super::features::N_FEATURES;
 use crate::problem::PlaceError;
 
 pub(crate) fn model_err(what: &str, e: impl std::fmt::Display) -> PlaceError {
     PlaceError::Model(format!("{what}: {e}"))
+}
+
+impl From<learnkit::WeightError> for PlaceError {
+    fn from(e: learnkit::WeightError) -> Self {
+        PlaceError::Model(e.0)
+    }
 }
 
 /// One layer for the plain forward pass: weight transposed (`in × out`), bias.
@@ -153,88 +158,24 @@ impl QNet {
         q.to_vec1::<f32>().map_err(|e| model_err("forward", e))
     }
 
-    /// Named weights (copies), for the model file and for the target network.
-    pub fn tensors(&self) -> HashMap<String, Tensor> {
-        let data = self.vars.data().lock().unwrap_or_else(|p| p.into_inner());
-        data.iter()
-            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-            .collect()
-    }
-
-    /// Overwrites every weight from `src` (names and shapes must match).
-    pub fn load_tensors(&mut self, src: &HashMap<String, Tensor>) -> Result<(), PlaceError> {
-        let data = self.vars.data().lock().unwrap_or_else(|p| p.into_inner());
-        if data.len() != src.len() {
-            return Err(PlaceError::Model(format!(
-                "the weights hold {} tensors, the network needs {}",
-                src.len(),
-                data.len()
-            )));
-        }
-        for (name, var) in data.iter() {
-            let t = src
-                .get(name)
-                .ok_or_else(|| PlaceError::Model(format!("weight {name:?} is missing")))?;
-            if t.dims() != var.dims() {
-                return Err(PlaceError::Model(format!(
-                    "weight {name:?} has shape {:?}, the network needs {:?}",
-                    t.dims(),
-                    var.dims()
-                )));
-            }
-            let t = t
-                .to_dtype(DType::F32)
-                .and_then(|t| t.copy())
-                .map_err(|e| model_err(name, e))?;
-            var.set(&t).map_err(|e| model_err(name, e))?;
-        }
-        drop(data);
-        self.plain = None;
-        Ok(())
-    }
-
     /// A copy with its own weights (the target network θ').
     pub fn duplicate(&self) -> Result<QNet, PlaceError> {
         let mut n = QNet::new(&self.hidden)?;
         n.load_tensors(&self.tensors())?;
         Ok(n)
     }
+}
 
-    /// Re-initialises every weight uniformly in ±1/√fan_in (candle's own default
-    /// scheme) from a seeded generator, so a training run is reproducible.
-    pub fn reseed(&mut self, seed: u64) -> Result<(), PlaceError> {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mut names: Vec<(String, Vec<usize>)> = self
-            .tensors()
-            .into_iter()
-            .map(|(k, t)| (k, t.dims().to_vec()))
-            .collect();
-        names.sort();
-        let mut fresh = HashMap::new();
-        for (name, dims) in names {
-            let fan_in = if name.ends_with("weight") {
-                dims.get(1).copied().unwrap_or(1)
-            } else {
-                // A bias takes the fan-in of its layer's weight.
-                let w = name.replace("bias", "weight");
-                self.tensors()
-                    .get(&w)
-                    .and_then(|t| t.dims().get(1).copied())
-                    .unwrap_or(1)
-            };
-            let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
-            let n: usize = dims.iter().product();
-            let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-bound..bound)).collect();
-            let t = Tensor::from_vec(v, dims.as_slice(), &Device::Cpu)
-                .map_err(|e| model_err("init", e))?;
-            fresh.insert(name, t);
-        }
-        self.load_tensors(&fresh)
+/// Copying, loading and seeding the weights: shared with cores' learned assigner.
+impl learnkit::QWeights for QNet {
+    type Error = PlaceError;
+
+    fn vars(&self) -> &VarMap {
+        &self.vars
     }
 
-    pub fn param_count(&self) -> usize {
-        self.tensors().values().map(|t| t.elem_count()).sum()
+    fn weights_changed(&mut self) {
+        self.invalidate();
     }
 }
 

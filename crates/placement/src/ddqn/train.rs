@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use learnkit::QWeights;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -418,20 +419,13 @@ pub fn train(
         );
         progress(&er);
     }
-    let fifth = (ep_losses.len() / 5).max(1);
-    let mean = |s: &[f64]| {
-        if s.is_empty() {
-            0.0
-        } else {
-            s.iter().sum::<f64>() / s.len() as f64
-        }
-    };
+    let (loss_first, loss_last) = learnkit::fifth_means(&ep_losses);
     let metrics = TrainMetrics {
         episodes: cfg.episodes,
         grad_steps: agent.learner.as_ref().map(|l| l.grad_steps).unwrap_or(0),
         wall_secs: t0.elapsed().as_secs_f64(),
-        loss_first: mean(&ep_losses[..fifth.min(ep_losses.len())]),
-        loss_last: mean(&ep_losses[ep_losses.len().saturating_sub(fifth)..]),
+        loss_first,
+        loss_last,
         train_seeds: seeds,
     };
     let header = ModelHeader {
