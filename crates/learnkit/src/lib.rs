@@ -12,16 +12,9 @@ use candle_nn::VarMap;
 
 /// Why weights could not be loaded or made: a message, which each agent wraps in its
 /// own error type (`From<WeightError>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct WeightError(pub String);
-
-impl std::fmt::Display for WeightError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for WeightError {}
 
 /// A network whose weights live in a candle [`VarMap`]: copying, loading and seeding
 /// them does not depend on the network's shape, so both agents' `QNet`s get it here.
@@ -54,6 +47,7 @@ pub trait QWeights {
     /// scheme) from a generator seeded with `seed`, so a training run is reproducible.
     fn reseed(&mut self, seed: u64) -> Result<(), Self::Error> {
         let fresh = uniform_init(&self.tensors(), seed)?;
+        tracing::debug!(seed, tensors = fresh.len(), "weights re-initialised");
         self.load_tensors(&fresh)
     }
 

@@ -360,17 +360,18 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
         r.overload_pps.is_some(),
         "the unpaced load was tried: {r:?}"
     );
-    // The ladder ends with 2 x the peak load, then unpaced; overload_keep is there.
+    // The ladder ends with 2 x the peak load, the pairs of (peak, 2 x peak), then
+    // unpaced; both overload figures are there.
+    use testbed::ladder::{Phase, PAIRS};
     let phases: Vec<_> = r.ladder.iter().map(|s| s.phase).collect();
-    assert_eq!(
-        &phases[phases.len() - 2..],
-        [
-            testbed::ladder::Phase::Overload,
-            testbed::ladder::Phase::Unpaced
-        ],
-        "{r:?}"
-    );
+    let mut tail = vec![Phase::Overload];
+    tail.extend([Phase::PairPeak, Phase::PairOverload].repeat(PAIRS));
+    tail.push(Phase::Unpaced);
+    assert_eq!(&phases[phases.len() - tail.len()..], tail, "{r:?}");
     assert!(r.overload_keep.is_some_and(|k| k > 0.0), "{r:?}");
+    assert!(r.overload_keep_paired.is_some_and(|k| k > 0.0), "{r:?}");
+    // The NF's scheduling was sampled in every step.
+    assert!(r.ladder.iter().all(|s| s.rt_share.is_some()), "{r:?}");
     assert_ne!(r.nf_cpu, r.gen_cpu);
     let xdp = tb
         .exec(
