@@ -336,6 +336,20 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
     services::start_inet(tb, false).unwrap();
     let p = lab.start(vec![snat_chain(0)]);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The ladder pins and renices the thread that reads its counters (this one) for the
+    // run; both come back.
+    let thread_sched = || {
+        let st = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let cpus = st
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .map(str::to_string);
+        // Field 19, nice, counted after the command's closing parenthesis.
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        (cpus, rest.split_whitespace().nth(16).map(str::to_string))
+    };
+    let sched_before = thread_sched();
     let r = measure::udp64_core_pps(
         tb,
         Path::new(BIN),
@@ -349,6 +363,11 @@ fn the_per_core_udp_rate_goes_through_the_pp_node_and_every_setting_is_undone() 
         assert!(r.is_err(), "one CPU cannot host a sender and an NF");
         return;
     }
+    assert_eq!(
+        thread_sched(),
+        sched_before,
+        "the reading thread's CPUs and nice"
+    );
     let r = r.unwrap_or_else(|e| panic!("udp64_core_pps: {e}; pp: {}", p.pp_stats()));
     println!("per-core rate: {r:?}; pp: {}", p.pp_stats());
     assert!(r.pps > 1000.0, "{r:?}");

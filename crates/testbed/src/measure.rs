@@ -445,6 +445,9 @@ pub fn udp64_core_pps(
     // same machine takes a few percent of the NF's CPU rather than half of it. Their
     // old nice values come back afterwards.
     let mut reniced: Vec<(i32, i32)> = Vec::new();
+    let me = own_tid();
+    let my_cpus = allowed_cpus();
+    let gen_s_cpu = gen_cpu.to_string();
     let result = (|| {
         attach(&sink)?;
         // A veth receives into a NAPI ring only with XDP or GRO on; the ring is what
@@ -470,9 +473,20 @@ pub fn udp64_core_pps(
         for &p in nf_pids {
             pin(p, &nf, true)?;
         }
+        // The counter reads (this thread and the ethtool it forks) run beside the
+        // sender, never on the NF's CPU: there a real-time PP worker leaves ordinary
+        // tasks only the kernel's RT-throttling slack, and a read waited up to 0.5 s.
+        if let Some(t) = me {
+            pin(t, &gen_s_cpu, false)?;
+        }
         let mut boost: Vec<i32> = napi.clone();
         boost.extend(nf_pids.iter().flat_map(|&p| threads_of(p)));
         boost.extend(kthreads_named(&format!("ksoftirqd/{nf_cpu}")));
+        // This thread too: it reads the counters that bracket each step (an ethtool
+        // process it forks, which inherits its nice value). At nice 0 beside the sender
+        // at -20 it got about 1 % of a CPU, and a read took up to half a second of a
+        // 1 s window.
+        boost.extend(own_tid());
         for tid in boost {
             if let Some(old) = nice_of(tid) {
                 set_nice(tid, -20)?;
@@ -503,13 +517,24 @@ pub fn udp64_core_pps(
                 ],
             )
         };
+        // The counters are read by an ethtool process at some moment during its run,
+        // and with the sender and the NF each holding a CPU that run can take tens of
+        // milliseconds: stamped at its end, a slow first read and a fast second one
+        // shorten the window against the counts and inflate the rates. The middle of
+        // the run is the stamp; the error is at most half of each read's duration.
         let read = || -> Result<(u64, u64, Instant)> {
+            let before = Instant::now();
             let st = ethtool_stats(tb, Node::Router, "dpp")?;
+            let took = before.elapsed();
+            debug!(
+                read_ms = took.as_secs_f64() * 1e3,
+                "per-core step: counters read"
+            );
             let get = |k: &str| st.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
             Ok((
                 get("rx_queue_0_xdp_drops"),
                 get("tx_queue_0_xdp_xmit") + get("tx_queue_0_xdp_xmit_errors"),
-                Instant::now(),
+                before + took / 2,
             ))
         };
         // Warm-up at the lowest load: every flow gets its rule (and, with the fast path
@@ -596,6 +621,9 @@ pub fn udp64_core_pps(
     for &p in nf_pids {
         let _ = pin(p, &all, true);
     }
+    if let (Some(t), Some(c)) = (me, &my_cpus) {
+        let _ = pin(t, c, false);
+    }
     let _ = set("echo 0 > /sys/class/net/up0/threaded");
     if !gro_was_on {
         let _ = cmd::in_ns(
@@ -652,6 +680,21 @@ fn comm_of(pid: i32) -> Option<String> {
 fn nice_of(tid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
     parse_nice(&stat)
+}
+
+/// The calling thread's ID (`/proc/thread-self` links to `PID/task/TID`).
+fn own_tid() -> Option<i32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// The CPUs the calling thread may run on, as a list `taskset -c` takes.
+fn allowed_cpus() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
 }
 
 /// How often a per-core step looks at the NF's scheduling policy.
@@ -925,6 +968,11 @@ Transfer/sec:      1.50MB\n";
             "the test thread is ordinary"
         );
         assert!(!task_is_rt("/proc/0/task/0/stat"), "no such task: not RT");
+        // The test thread's own ID names a task of this process.
+        assert!(allowed_cpus().is_some_and(|c| !c.is_empty()));
+        let tid = own_tid().expect("a thread id");
+        let me = std::process::id();
+        assert!(std::path::Path::new(&format!("/proc/{me}/task/{tid}")).exists());
     }
 
     #[test]
