@@ -5,8 +5,8 @@
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
 use packet::build::{ip_frame, udp_v4, L4Spec};
 use packet::csum;
-use packet::parse_frame;
 use packet::rewrite::{rewrite_endpoint, rewrite_icmp_error, Addr, Side};
+use packet::{parse_frame, VXLAN_PORT};
 use proptest::prelude::*;
 
 fn addr(v6: bool) -> impl Strategy<Value = Addr> {
@@ -25,7 +25,11 @@ fn addr(v6: bool) -> impl Strategy<Value = Addr> {
 
 fn l4() -> impl Strategy<Value = L4Spec> {
     prop_oneof![
-        (any::<u16>(), any::<u16>()).prop_map(|(s, d)| L4Spec::Udp { sport: s, dport: d }),
+        // UDP to the VXLAN port is parsed as VXLAN by design (wire_props covers it), so a
+        // random payload there is a correct parse error, not a checksum case.
+        (any::<u16>(), any::<u16>())
+            .prop_filter("not VXLAN", |(_, d)| *d != VXLAN_PORT)
+            .prop_map(|(s, d)| L4Spec::Udp { sport: s, dport: d }),
         (any::<u16>(), any::<u16>(), any::<u8>(), any::<u32>()).prop_map(|(s, d, f, q)| {
             L4Spec::Tcp {
                 sport: s,
