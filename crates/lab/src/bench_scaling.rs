@@ -22,9 +22,11 @@
 //! Each gives failed and reset connections and a 100 ms timeline of bytes sent per
 //! node; `--plot` draws the timelines as SVG. The SC scenarios also run unpaced iperf3
 //! flows beside the paced ones and give `throughput_dip` (their worst 100 ms during the
-//! event over their mean before it) and `p99_ratio` (new-flow setup p99 during over
-//! before); docs/elastic-tests.md defines both windows. `--workload FILE` sets the load
-//! ([`ScalingWorkload`]).
+//! event over their mean before it, as the receiver counted) and `p99_ratio` (new-flow
+//! setup p99 during over before); docs/elastic-tests.md defines both windows. Beside
+//! them, the metric's floor with no event: `sc_no_event_floor` through the platform and
+//! `kernel_floor` through Linux forwarding on a testbed of its own, run first.
+//! `--workload FILE` sets the load ([`ScalingWorkload`]).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -33,8 +35,11 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use testbed::baseline::{self, KernelMode};
 use testbed::chains::{self, Toward};
-use testbed::elastic::{self, Event, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec};
+use testbed::elastic::{
+    self, ConnLoop, DipFloor, Event, Iperf, IperfSpec, LoadSpec, ScenarioReport, ScenarioSpec,
+};
 use testbed::platform::{self, PlatformSpec};
 use testbed::probe::ProbeSpec;
 use testbed::topo::vni;
@@ -164,6 +169,19 @@ pub struct ScalingBench {
     /// The same load with no event (a 300 ms pause where the event would be): the
     /// noise floor of `throughput_dip` on this machine.
     pub sc_no_event: ScenarioReport,
+    /// `throughput_dip` over every 1 s window of `sc_no_event`'s load (its pause
+    /// included): the spread of the metric through the platform with no event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sc_no_event_floor: Option<DipFloor>,
+    /// What `p99_ratio` reads with no event: `sc_no_event`'s new-flow setup p99 in the
+    /// pause's window (its start to 1 s after its end) over p99 before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sc_no_event_p99_ratio: Option<f64>,
+    /// The same iperf3 flows and connection load with Linux forwarding in place of the
+    /// platform (no PP, SC or FM running), and the same windows: the machine's own
+    /// floor under `throughput_dip`. Absent without unpaced flows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_floor: Option<KernelFloor>,
     pub sc_scale_out: ScenarioReport,
     pub sc_scale_in: ScenarioReport,
     pub sc_replica_failover: ScenarioReport,
@@ -174,6 +192,81 @@ pub struct ScalingBench {
     /// The PP and FM scenarios: absent with `--sc-only`.
     #[serde(flatten)]
     pub rest: Option<RestScenarios>,
+}
+
+/// [`ScalingBench::kernel_floor`].
+#[derive(Debug, Serialize)]
+pub struct KernelFloor {
+    /// The unpaced flows' mean, Mbit/s, as the receiver counted it.
+    pub unpaced_mbps: f64,
+    pub seconds: u32,
+    pub connections: usize,
+    pub floor: DipFloor,
+}
+
+/// The window [`DipFloor`] slides: an event's "during" window is its own length plus
+/// 1 s, so 1 s is the shortest any event has and the floor's most lenient reading.
+const FLOOR_WINDOW_MS: f64 = 1000.0;
+
+/// [`KernelFloor`]: a testbed of its own (prefix `sfk-<pid>-`, one PP namespace that
+/// runs Linux forwarding, `baseline::KernelMode::Forward`), the scenarios' iperf3 flows
+/// and connection load for `secs`, and [`elastic::dip_floor`] over the receiver's
+/// intervals from 1 s in to 0.5 s before the end.
+fn kernel_floor(w: &ScalingWorkload, secs: u32) -> Result<KernelFloor> {
+    let (prefix, res) = crate::testbed_cmd::testbed_run("sfk-")?;
+    let tb = Testbed::build(TopologySpec::new(&prefix).tenants(1), res.clone())?;
+    let run = || -> Result<KernelFloor> {
+        services::start_inet(&tb, false)?;
+        services::start_iperf3_unpaced(&tb)?;
+        let k = baseline::start_kernel(&tb, KernelMode::Forward)?;
+        let measured = (|| -> Result<KernelFloor> {
+            let iperf = Iperf::start(
+                &tb,
+                &IperfSpec {
+                    streams: w.paced_streams,
+                    bitrate: w.paced_bitrate.clone(),
+                    unpaced_streams: w.unpaced_streams,
+                    ..IperfSpec::new(secs)
+                },
+            )?;
+            let conns = ConnLoop::start(
+                &tb,
+                &LoadSpec {
+                    rate: w.rate,
+                    limit: Duration::from_secs(secs.into()),
+                    ..LoadSpec::new()
+                },
+            )?;
+            let report = iperf.wait(&tb)?;
+            let connections = conns.stop()?.len();
+            let u = report
+                .unpaced
+                .context("the unpaced iperf3 run gave no report")?;
+            ensure!(u.error.is_none(), "unpaced iperf3: {:?}", u.error);
+            let tl = &u.receiver_timeline;
+            let floor = elastic::dip_floor(
+                tl,
+                0.0,
+                FLOOR_WINDOW_MS,
+                1000.0,
+                f64::from(secs) * 1000.0 - 500.0,
+            )
+            .context("the kernel run's receiver timeline is too short for a window")?;
+            let mbps = tl.iter().map(|x| x.1).sum::<f64>() / tl.len().max(1) as f64;
+            Ok(KernelFloor {
+                unpaced_mbps: mbps,
+                seconds: secs,
+                connections,
+                floor,
+            })
+        })();
+        k.stop(&tb);
+        measured
+    };
+    let out = run();
+    drop(tb);
+    res.cleanup();
+    out
 }
 
 /// One scale-out with a given migration mode, and the scale-in after it (always bulk).
@@ -240,6 +333,12 @@ pub struct FmFailoverReport {
 
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     let w = ScalingWorkload::from_args(a)?;
+    // First, alone on the machine: the platform's processes are not started yet.
+    let kernel_floor = if w.unpaced_streams > 0 {
+        Some(kernel_floor(&w, 12).context("the kernel floor run")?)
+    } else {
+        None
+    };
     let (prefix, res) = crate::testbed_cmd::testbed_run("sfs-")?;
     let tb = Testbed::build(
         TopologySpec::new(&prefix).tenants(1).pp_cluster(3),
@@ -305,6 +404,23 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
         "sc_no_event",
         vec![Event::Pause(Duration::from_millis(300))],
     )?;
+    let sc_no_event_floor = sc_no_event.iperf.unpaced.as_ref().and_then(|u| {
+        let end = sc_no_event.events.last()?.end_ms as f64 + w.settle * 1000.0;
+        elastic::dip_floor(
+            &u.receiver_timeline,
+            sc_no_event.iperf_offset_ms,
+            FLOOR_WINDOW_MS,
+            1000.0,
+            end,
+        )
+    });
+    let sc_no_event_p99_ratio = match (
+        sc_no_event.events.first().and_then(|e| e.p99_setup_us),
+        sc_no_event.p99_setup_before_us,
+    ) {
+        (Some(d), Some(b)) if b > 0 => Some(d as f64 / b as f64),
+        _ => None,
+    };
     let modes: Vec<&str> = match a.migration.as_deref() {
         Some("both") => vec!["bulk", "gradual"],
         Some(m) => vec![m],
@@ -376,6 +492,9 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     let out = ScalingBench {
         workload: w.clone(),
         sc_no_event,
+        sc_no_event_floor,
+        sc_no_event_p99_ratio,
+        kernel_floor,
         sc_scale_out,
         sc_scale_in,
         sc_replica_failover,
@@ -611,6 +730,31 @@ fn ms(us: Option<u64>) -> String {
 }
 
 pub fn print(b: &ScalingBench) {
+    let floor = |f: &DipFloor| {
+        format!(
+            "median {:.2}, p10 {:.2}, min {:.2} over {} windows of {:.0} ms; 100 ms intervals vary by {:.0}% (cv)",
+            f.median,
+            f.p10,
+            f.min,
+            f.windows,
+            f.window_ms,
+            f.interval_cv * 100.0
+        )
+    };
+    if let Some(k) = &b.kernel_floor {
+        println!(
+            "throughput_dip with no event, Linux forwarding ({:.0} Mbit/s unpaced, {} connections): {}",
+            k.unpaced_mbps,
+            k.connections,
+            floor(&k.floor)
+        );
+    }
+    if let Some(f) = &b.sc_no_event_floor {
+        println!("throughput_dip with no event, starfabric: {}", floor(f));
+    }
+    if let Some(r) = b.sc_no_event_p99_ratio {
+        println!("p99_ratio with no event (the pause's window), starfabric: {r:.2}");
+    }
     println!(
         "{:<20} {:>6} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>6} {:>9} {:>8} {:>8} {:>6}",
         "scenario",

@@ -443,6 +443,57 @@ fn iperf3_tcp_through_snat_for_5_seconds() {
     assert_eq!(platform::field(&stats, "tx_errors"), Some(0), "{stats}");
 }
 
+/// The unpaced flows of `bench scaling` are read where they arrive: the iperf3 server's
+/// own 100 ms intervals, fetched by the client (`throughput_dip` is computed from them).
+#[test]
+fn unpaced_iperf3_reports_the_receivers_intervals_beside_the_senders() {
+    use testbed::elastic::{self, Iperf, IperfSpec};
+    let Some(lab) = Lab::new(1, 0) else { return };
+    let tb = lab.tb();
+    services::start_inet(tb, false).unwrap();
+    services::start_iperf3_unpaced(tb).unwrap();
+    let p = lab.start(vec![snat_chain(0)]);
+    let iperf = Iperf::start(
+        tb,
+        &IperfSpec {
+            unpaced_streams: 1,
+            ..IperfSpec::new(3)
+        },
+    )
+    .unwrap();
+    let r = iperf
+        .wait(tb)
+        .unwrap_or_else(|e| panic!("iperf3: {e}; pp: {}", p.pp_stats()));
+    let u = r.unpaced.expect("the unpaced run's report");
+    assert!(u.error.is_none(), "{u:?}");
+    // The paced run's server reports text, so it has no receiver's view.
+    assert!(r.receiver_timeline.is_empty(), "{:?}", r.receiver_timeline);
+    // 3 s in 100 ms intervals, on both sides (each may end with a short one).
+    for tl in [&u.timeline, &u.receiver_timeline] {
+        assert!((29..=32).contains(&tl.len()), "{tl:?}");
+        assert!(tl.windows(2).all(|w| w[1].0 > w[0].0), "{tl:?}");
+    }
+    // Bits over seconds, so a short last interval weighs what it lasted.
+    let mean = |tl: &[(f64, f64)]| {
+        let (mut prev, mut bits) = (0.0, 0.0);
+        for &(end, mbps) in tl {
+            bits += mbps * (end - prev);
+            prev = end;
+        }
+        bits / prev
+    };
+    let (sent, got) = (mean(&u.timeline), mean(&u.receiver_timeline));
+    println!("unpaced iperf3: sender {sent:.0} Mbit/s, receiver {got:.0} Mbit/s");
+    // What arrived is what was sent, give or take what was in flight at the ends.
+    assert!(got > 0.0 && (got / sent - 1.0).abs() < 0.1, "{sent} {got}");
+    let f = elastic::dip_floor(&u.receiver_timeline, 0.0, 1000.0, 1000.0, 2900.0)
+        .expect("a window fits in 3 s");
+    assert!(
+        f.windows >= 9 && f.min <= f.median && f.median > 0.0,
+        "{f:?}"
+    );
+}
+
 /// Requests per backend name, from nginx bodies.
 fn shares(bodies: &[String]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();

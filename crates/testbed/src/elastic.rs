@@ -391,8 +391,13 @@ pub struct IperfReport {
     /// The longest time any one stream moved no byte (in 100 ms intervals).
     pub max_stall_s: f64,
     pub retransmits: u64,
-    /// (interval end s, Mbit/s over all streams).
+    /// (interval end s, Mbit/s over all streams), as the sender counted it: bytes its
+    /// writes handed to the socket.
     pub timeline: Vec<(f64, f64)>,
+    /// The same, as the receiver (the iperf3 server) counted it: bytes delivered. Only
+    /// for a run whose server reports JSON ([`services::start_iperf3_unpaced`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receiver_timeline: Vec<(f64, f64)>,
     /// The unpaced streams' run ([`IperfSpec::unpaced_streams`]), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpaced: Option<Box<IperfReport>>,
@@ -433,31 +438,36 @@ impl Iperf {
         let (secs, streams) = (spec.secs.to_string(), streams.to_string());
         let json_s = json.display().to_string();
         let server = addr::INET.to_string();
+        let receiver = port == IPERF_UNPACED_PORT;
         let port = port.to_string();
-        tb.spawn(
-            Node::Client(spec.client),
-            "iperf3 elastic",
-            &[
-                "iperf3",
-                "-c",
-                &server,
-                "-p",
-                &port,
-                "-t",
-                &secs,
-                "-P",
-                &streams,
-                "-b",
-                bitrate,
-                "-i",
-                "0.1",
-                "--connect-timeout",
-                "5000",
-                "-J",
-                "--logfile",
-                &json_s,
-            ],
-        )
+        let mut args = vec![
+            "iperf3",
+            "-c",
+            &server,
+            "-p",
+            &port,
+            "-t",
+            &secs,
+            "-P",
+            &streams,
+            "-b",
+            bitrate,
+            "-i",
+            "0.1",
+            "--connect-timeout",
+            "5000",
+            "-J",
+            "--logfile",
+            &json_s,
+        ];
+        if receiver {
+            // The unpaced flows' throughput is what arrives: the server's own 100 ms
+            // intervals. The sender counts what its writes handed to the socket, which
+            // on the testbed moved in steps of about 1.3 MB (10% of a 100 ms interval
+            // at 1 Gbit/s).
+            args.push("--get-server-output");
+        }
+        tb.spawn(Node::Client(spec.client), "iperf3 elastic", &args)
     }
 
     /// When it was started (its intervals start a connect later).
@@ -529,6 +539,17 @@ pub fn parse_iperf(text: &str) -> Result<IperfReport> {
         }
     }
     r.streams = stall.len();
+    for iv in v["server_output_json"]["intervals"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let sum = &iv["sum"];
+        r.receiver_timeline.push((
+            sum["end"].as_f64().unwrap_or(0.0),
+            sum["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+        ));
+    }
     let end = &v["end"]["sum_sent"];
     r.mean_mbps = end["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6;
     r.retransmits = end["retransmits"].as_u64().unwrap_or(0);
@@ -883,11 +904,20 @@ pub struct ScenarioReport {
     pub p99_ratio: Option<f64>,
     /// The unpaced iperf3 flows' worst 100 ms throughput during the first event (the
     /// intervals overlapping its start to 1 s after its end) over their mean before it
-    /// (after 0.5 s of slow start); see [`throughput_dip`]. None without unpaced flows.
+    /// (after 0.5 s of slow start), as the receiver counted it; see [`throughput_dip`].
+    /// None without unpaced flows.
     pub throughput_dip: Option<f64>,
     /// The two sides of `throughput_dip`, Mbit/s.
     pub unpaced_mbps_before: Option<f64>,
     pub unpaced_worst_mbps_during: Option<f64>,
+    /// The same from the sender's intervals (the metric before stop 38; kept beside
+    /// it: the sender counts bytes written, in steps, not bytes delivered).
+    pub throughput_dip_sender: Option<f64>,
+    pub unpaced_sender_mbps_before: Option<f64>,
+    pub unpaced_sender_worst_mbps_during: Option<f64>,
+    /// Where iperf3's interval 0 starts on the load's clock, ms (negative: before the
+    /// load), for reading `iperf`'s timelines against `events`.
+    pub iperf_offset_ms: f64,
     pub events: Vec<EventReport>,
     pub iperf: IperfReport,
     /// Connections that started more than 1 s after the last event ended: the
@@ -1682,15 +1712,15 @@ pub fn run_scenario_probed(
         .filter(|s| s.start_us >= after_us)
         .cloned()
         .collect();
-    let dip = match (&iperf_report.unpaced, events_first(&events)) {
-        (Some(u), Some((a, z))) => throughput_dip(
-            &u.timeline,
-            iperf_offset_ms,
-            a as f64,
-            (a as f64, z as f64 + 1000.0),
-        ),
-        _ => None,
+    let dip_of = |tl: &[(f64, f64)]| match events_first(&events) {
+        Some((a, z)) => {
+            throughput_dip(tl, iperf_offset_ms, a as f64, (a as f64, z as f64 + 1000.0))
+        }
+        None => None,
     };
+    let unpaced = iperf_report.unpaced.as_deref();
+    let dip = unpaced.and_then(|u| dip_of(&u.receiver_timeline));
+    let dip_sender = unpaced.and_then(|u| dip_of(&u.timeline));
     let p99_before = p99_setup_us(&samples, 0, first_event_us);
     let p99_during = p99_setup_us(&during, 0, u64::MAX);
     let fm = FM_COUNTERS
@@ -1719,6 +1749,10 @@ pub fn run_scenario_probed(
         throughput_dip: dip.map(|d| d.2),
         unpaced_mbps_before: dip.map(|d| d.0),
         unpaced_worst_mbps_during: dip.map(|d| d.1),
+        throughput_dip_sender: dip_sender.map(|d| d.2),
+        unpaced_sender_mbps_before: dip_sender.map(|d| d.0),
+        unpaced_sender_worst_mbps_during: dip_sender.map(|d| d.1),
+        iperf_offset_ms,
         events,
         connections_after_events: after.len(),
         failed_after_events: after.iter().filter(failed).count(),
@@ -1791,9 +1825,93 @@ pub fn throughput_dip(
     Some((mean, worst, worst / mean))
 }
 
+/// What [`throughput_dip`] reads with no event at all: the same statistic over every
+/// window of `window_ms` that starts, in 100 ms steps, between `from_ms` and `to_ms -
+/// window_ms` (the load's clock, as for [`throughput_dip`]). The metric cannot tell an
+/// event's dip from one under this floor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DipFloor {
+    pub window_ms: f64,
+    pub windows: usize,
+    /// The windows' `throughput_dip`: median, 10th percentile and lowest.
+    pub median: f64,
+    pub p10: f64,
+    pub min: f64,
+    /// Coefficient of variation of the 100 ms intervals inside [`from_ms`, `to_ms`]
+    /// (the first [`SLOW_START_MS`] left out).
+    pub interval_cv: f64,
+}
+
+/// [`DipFloor`] of `timeline` (iperf3's (interval end s, Mbit/s), interval 0 starting
+/// at `offset_ms`); None if no window fits.
+pub fn dip_floor(
+    timeline: &[(f64, f64)],
+    offset_ms: f64,
+    window_ms: f64,
+    from_ms: f64,
+    to_ms: f64,
+) -> Option<DipFloor> {
+    let mut dips = Vec::new();
+    let mut t = from_ms;
+    while t + window_ms <= to_ms {
+        if let Some((_, _, d)) = throughput_dip(timeline, offset_ms, t, (t, t + window_ms)) {
+            dips.push(d);
+        }
+        t += 100.0;
+    }
+    if dips.is_empty() {
+        return None;
+    }
+    dips.sort_by(f64::total_cmp);
+    let at = |q: f64| dips[((dips.len() - 1) as f64 * q).round() as usize];
+    let mut prev_end = 0.0;
+    let inside: Vec<f64> = timeline
+        .iter()
+        .filter_map(|&(end_s, mbps)| {
+            let (a, z) = (offset_ms + prev_end * 1000.0, offset_ms + end_s * 1000.0);
+            prev_end = end_s;
+            (z - a >= 50.0 && z - offset_ms > SLOW_START_MS && a >= from_ms && z <= to_ms)
+                .then_some(mbps)
+        })
+        .collect();
+    let n = inside.len().max(1) as f64;
+    let mean = inside.iter().sum::<f64>() / n;
+    let var = inside.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+    Some(DipFloor {
+        window_ms,
+        windows: dips.len(),
+        median: at(0.5),
+        p10: at(0.1),
+        min: dips[0],
+        interval_cv: if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dip_floor_slides_the_dip_window_over_a_run_with_no_event() {
+        // 100 ms intervals from the load's start; one slow interval at 3.0-3.1 s.
+        let t: Vec<(f64, f64)> = (1..=60)
+            .map(|i| (i as f64 / 10.0, if i == 31 { 500.0 } else { 1000.0 }))
+            .collect();
+        let f = dip_floor(&t, 0.0, 1000.0, 1000.0, 5000.0).unwrap();
+        // Windows start at 1.0, 1.1, ..., 4.0 s: 31 of them; those from 2.1 to 3.0 s
+        // overlap the slow interval (10 of 31), the rest read 1.0.
+        assert_eq!(f.windows, 31);
+        assert_eq!(f.median, 1.0);
+        assert!((f.min - 500.0 / 1000.0).abs() < 0.01, "{f:?}");
+        assert!(f.p10 < 0.6, "{f:?}");
+        assert!(f.interval_cv > 0.05 && f.interval_cv < 0.2, "{f:?}");
+        // A window that does not fit: none.
+        assert!(dip_floor(&t, 0.0, 1000.0, 5500.0, 6000.0).is_none());
+        // A steady run has a floor of exactly 1 and no spread.
+        let flat: Vec<(f64, f64)> = (1..=60).map(|i| (i as f64 / 10.0, 800.0)).collect();
+        let f = dip_floor(&flat, 0.0, 1000.0, 1000.0, 5000.0).unwrap();
+        assert_eq!((f.median, f.min, f.interval_cv), (1.0, 1.0, 0.0));
+    }
 
     #[test]
     fn throughput_dip_is_the_worst_interval_during_over_the_mean_before() {

@@ -135,23 +135,36 @@ pub fn start_backends(tb: &Testbed) -> Result<Vec<Nginx>> {
 
 /// Start `iperf3 -s` on `addr` in `n`'s namespace.
 pub fn start_iperf3(tb: &Testbed, n: Node, addr: Ipv4Addr) -> Result<Proc> {
-    start_iperf3_on(tb, n, addr, IPERF_PORT)
+    start_iperf3_on(tb, n, addr, IPERF_PORT, &[])
 }
 
 /// The internet host's second iperf3 server, on [`IPERF_UNPACED_PORT`], for the unpaced
 /// flows of `elastic::IperfSpec::unpaced_streams`.
+///
+/// It reports JSON in 100 ms intervals, which the client fetches with
+/// `--get-server-output`: the receiver's count of the unpaced throughput.
 pub fn start_iperf3_unpaced(tb: &Testbed) -> Result<Proc> {
-    start_iperf3_on(tb, Node::Inet, addr::INET, IPERF_UNPACED_PORT)
+    start_iperf3_on(
+        tb,
+        Node::Inet,
+        addr::INET,
+        IPERF_UNPACED_PORT,
+        &["-J", "-i", "0.1"],
+    )
 }
 
-fn start_iperf3_on(tb: &Testbed, n: Node, addr: Ipv4Addr, port: u16) -> Result<Proc> {
+fn start_iperf3_on(
+    tb: &Testbed,
+    n: Node,
+    addr: Ipv4Addr,
+    port: u16,
+    extra: &[&str],
+) -> Result<Proc> {
     let a = addr.to_string();
     let port = port.to_string();
-    let p = tb.spawn(
-        n,
-        &format!("iperf3 server {a}"),
-        &["iperf3", "-s", "-B", &a, "-p", &port],
-    )?;
+    let mut args = vec!["iperf3", "-s", "-B", &a, "-p", &port];
+    args.extend_from_slice(extra);
+    let p = tb.spawn(n, &format!("iperf3 server {a}"), &args)?;
     // Its "Server listening" line sits in stdio's buffer (stdout is a file): wait for
     // the socket instead.
     wait_listening(tb, n, &p, "-Hltn", &format!("{a}:{port}"))?;

@@ -1259,7 +1259,9 @@ fn ipsec_status(t: ipsec::TunnelStatus) -> proto::v1::IpsecTunnelStatus {
 
 /// `pp: t=5.0s rx=.. tx=.. hits=.. misses=.. drops=N (reason=n ...) io: ...`, summed
 /// over worker 0 and the other workers' snapshots; with several workers also
-/// `workers=N rx_per_worker=a/b/..` before the I/O part.
+/// `workers=N rx_per_worker=a/b/..`, and with real-time governors
+/// `rt: workers_rt=.. rt_entered=.. rt_ms=..` (`rt_disabled` when the kernel refused
+/// SCHED_FIFO), before the I/O part.
 fn summary(w: &Worker<PpIo>, rt0: Option<rt::RtStats>, others: &[PeerSnap], t: Duration) -> String {
     let p = &w.pipeline;
     let mut s = p.stats().clone();
