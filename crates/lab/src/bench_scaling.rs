@@ -179,9 +179,12 @@ pub struct ScalingBench {
     pub sc_no_event_p99_ratio: Option<f64>,
     /// The same iperf3 flows and connection load with Linux forwarding in place of the
     /// platform (no PP, SC or FM running), and the same windows: the machine's own
-    /// floor under `throughput_dip`. Absent without unpaced flows.
+    /// floor under `throughput_dip`. Absent without unpaced flows, or when the run
+    /// failed (`kernel_floor_error`): a baseline does not stop the platform's bench.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_floor: Option<KernelFloor>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_floor_error: Option<String>,
     pub sc_scale_out: ScenarioReport,
     pub sc_scale_in: ScenarioReport,
     pub sc_replica_failover: ScenarioReport,
@@ -334,10 +337,16 @@ pub struct FmFailoverReport {
 pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     let w = ScalingWorkload::from_args(a)?;
     // First, alone on the machine: the platform's processes are not started yet.
-    let kernel_floor = if w.unpaced_streams > 0 {
-        Some(kernel_floor(&w, 12).context("the kernel floor run")?)
+    let (kernel_floor, kernel_floor_error) = if w.unpaced_streams > 0 {
+        match kernel_floor(&w, 12) {
+            Ok(k) => (Some(k), None),
+            Err(e) => {
+                tracing::warn!("the kernel floor run failed: {e:#}");
+                (None, Some(format!("{e:#}")))
+            }
+        }
     } else {
-        None
+        (None, None)
     };
     let (prefix, res) = crate::testbed_cmd::testbed_run("sfs-")?;
     let tb = Testbed::build(
@@ -495,6 +504,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
         sc_no_event_floor,
         sc_no_event_p99_ratio,
         kernel_floor,
+        kernel_floor_error,
         sc_scale_out,
         sc_scale_in,
         sc_replica_failover,
@@ -748,6 +758,9 @@ pub fn print(b: &ScalingBench) {
             k.connections,
             floor(&k.floor)
         );
+    }
+    if let Some(e) = &b.kernel_floor_error {
+        println!("throughput_dip with no event, Linux forwarding: not measured ({e})");
     }
     if let Some(f) = &b.sc_no_event_floor {
         println!("throughput_dip with no event, starfabric: {}", floor(f));

@@ -1837,7 +1837,7 @@ pub struct DipFloor {
     pub median: f64,
     pub p10: f64,
     pub min: f64,
-    /// Coefficient of variation of the 100 ms intervals inside [`from_ms`, `to_ms`]
+    /// Coefficient of variation of the 100 ms intervals between `from_ms` and `to_ms`
     /// (the first [`SLOW_START_MS`] left out).
     pub interval_cv: f64,
 }
