@@ -74,6 +74,11 @@ pub struct ScalingBenchArgs {
     /// With `--migration`: scale-out/scale-in pairs per mode.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub rounds: u32,
+    /// More arguments for every PP node, after the platform's own (e.g.
+    /// `--pp-arg=--worker-rt-always`), as in `bench e2e`. Not `--io=udp`: the PP
+    /// nodes here hold vIP groups, which need the AF_XDP backend's XDP program.
+    #[arg(long = "pp-arg", allow_hyphen_values = true)]
+    pub pp_args: Vec<String>,
 }
 
 /// `--workload FILE`: the load every scenario runs under. Every field is optional.
@@ -166,6 +171,9 @@ impl ScalingWorkload {
 #[derive(Debug, Serialize)]
 pub struct ScalingBench {
     pub workload: ScalingWorkload,
+    /// `--pp-arg`s, if any: what every PP node ran with beyond the platform's own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pp_args: Vec<String>,
     /// The same load with no event (a 300 ms pause where the event would be): the
     /// noise floor of `throughput_dip` on this machine.
     pub sc_no_event: ScenarioReport,
@@ -365,6 +373,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     spec.pp_active = 2;
     // For the last scenario: PP and SC nodes know both FMs.
     spec.standby_fm = true;
+    spec.pp_args.extend(a.pp_args.iter().cloned());
     let mut p = platform::start_starfabric(&tb, &std::env::current_exe()?, &spec)?;
     let settle = Duration::from_secs_f64(w.settle);
     let probes = ProbeSpec::new();
@@ -500,6 +509,7 @@ pub fn run(a: &ScalingBenchArgs) -> Result<ScalingBench> {
     };
     let out = ScalingBench {
         workload: w.clone(),
+        pp_args: a.pp_args.clone(),
         sc_no_event,
         sc_no_event_floor,
         sc_no_event_p99_ratio,
@@ -1016,6 +1026,7 @@ mod tests {
             workload,
             migration: None,
             rounds: 1,
+            pp_args: Vec::new(),
         }
     }
 
