@@ -89,6 +89,10 @@ pub struct UpArgs {
     /// addresses: `testbed kill fm` then makes them fail over to it.
     #[arg(long)]
     standby_fm: bool,
+    /// More arguments for the PP node (starfabric), after the platform's own, e.g.
+    /// `--pp-arg=--io=udp` for the UDP-socket backend instead of AF_XDP.
+    #[arg(long = "pp-arg", allow_hyphen_values = true)]
+    pp_args: Vec<String>,
 }
 
 pub fn run(c: TestbedCmd) -> Result<()> {
@@ -177,6 +181,7 @@ fn up(a: UpArgs) -> Result<()> {
             let mut spec = PlatformSpec::new(chains, vpcs);
             spec.sc_nodes = a.sc_nodes;
             spec.standby_fm = a.standby_fm;
+            spec.pp_args.extend(a.pp_args.iter().cloned());
             let p = platform::start_starfabric(&tb, &bin, &spec)?;
             if let Some((s, addr)) = &p.standby {
                 println!("starfabric: standby FM on {addr}, log {}", s.log.display());

@@ -137,10 +137,10 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
             "Times a worker became SCHED_FIFO under overload.",
             g.entered,
         )?;
-        sc.counter(
-            "worker_rt_milliseconds",
+        sc.counter_seconds(
+            "worker_rt",
             "Time workers spent SCHED_FIFO, summed over workers.",
-            g.rt_time.as_millis() as u64,
+            g.rt_time.as_secs_f64(),
         )?;
     }
     sc.counter("hits", "Flow table hits.", s.hits)?;
@@ -415,6 +415,13 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
             io.gso_fallbacks,
         )?;
         sc.counter("io_tx_syscalls", "sendmmsg calls made.", io.tx_syscalls)?;
+        if let Some(n) = crate::udp::netns_udp_sndbuf_errors() {
+            sc.counter(
+                "netns_udp_sndbuf_errors",
+                "The network namespace's UDP SndbufErrors: datagrams sends handed to the kernel that the device then dropped, its queue full (not in io_tx_dropped).",
+                n,
+            )?;
+        }
         sc.counter(
             "io_rx_oversize",
             "Datagrams too long, dropped.",
@@ -548,6 +555,34 @@ pub fn worker_snapshot(w: &Worker<PpIo>) -> PpSnapshot {
 #[cfg(test)]
 mod worker_tests {
     use super::*;
+
+    #[test]
+    fn the_real_time_governors_are_exported_summed_and_in_seconds() {
+        use crate::node::rt::RtStats;
+        let gov = |rt: bool, entered: u64, ms: u64| RtStats {
+            rt,
+            entered,
+            rt_time: Duration::from_millis(ms),
+            disabled: false,
+        };
+        let snap = PpSnapshot {
+            rt: vec![gov(true, 3, 1_500), gov(false, 2, 250)],
+            ..Default::default()
+        };
+        let text = pp_exporter(Arc::new(Mutex::new(snap)), None)
+            .encode()
+            .unwrap();
+        let samples = telemetry::scrape::parse(&text);
+        let v = |name: &str| telemetry::scrape::value(&samples, name, &[]);
+        assert_eq!(v("starfabric_pp_worker_rt"), Some(1.0), "{text}");
+        assert_eq!(v("starfabric_pp_worker_rt_entered_total"), Some(5.0));
+        assert_eq!(v("starfabric_pp_worker_rt_seconds_total"), Some(1.75));
+        // Without a governor (--worker-rt 0) the three are absent.
+        let text = pp_exporter(Arc::new(Mutex::new(PpSnapshot::default())), None)
+            .encode()
+            .unwrap();
+        assert!(!text.contains("worker_rt"), "{text}");
+    }
 
     #[test]
     fn snapshots_of_workers_merge_drops_by_name_and_tenants_by_id() {

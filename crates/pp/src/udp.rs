@@ -528,7 +528,31 @@ impl UdpVxlanIo {
     pub fn config(&self) -> &UdpVxlanConfig {
         &self.cfg
     }
+}
 
+/// The calling thread's network namespace's `Udp: SndbufErrors` (`/proc/net/snmp`):
+/// datagrams a UDP send handed to the kernel that the device then dropped, its queue
+/// full. Without `IP_RECVERR` the kernel does not return that `ENOBUFS` to the sender
+/// (`udp_send_skb`), so the backend's own `tx_packets` counts them as sent. On the
+/// testbed the router side of the PP node's veth runs an XDP program, so its receive
+/// ring holds 256 frames, and a TCP flow's GSO bursts overflow it. The counter covers
+/// every UDP socket of the namespace, since the namespace was made.
+pub fn netns_udp_sndbuf_errors() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/snmp").ok()?;
+    snmp_field(&text, "Udp:", "SndbufErrors")
+}
+
+/// One field of `/proc/net/snmp`'s `proto` section: a line of names, then a line of
+/// values, both starting with `proto`.
+fn snmp_field(text: &str, proto: &str, field: &str) -> Option<u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with(proto));
+    let names = lines.next()?;
+    let values = lines.next()?;
+    let at = names.split_whitespace().position(|n| n == field)?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
+impl UdpVxlanIo {
     /// Sends `descs`, whose frames are in `region` (this socket's own slots when `None`).
     #[inline]
     fn send(&mut self, region: Option<&[u8]>, descs: &[Desc]) -> usize {
@@ -931,6 +955,24 @@ impl PacketIo for UdpVxlanIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_snmp_udp_section_gives_its_named_field() {
+        let text = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    Udp: 10 2 0 30 0 7\n\
+                    UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    UdpLite: 0 0 0 0 0 0\n";
+        assert_eq!(snmp_field(text, "Udp:", "SndbufErrors"), Some(7));
+        assert_eq!(snmp_field(text, "Udp:", "OutDatagrams"), Some(30));
+        assert_eq!(snmp_field(text, "Udp:", "Nope"), None);
+        assert_eq!(
+            snmp_field("Udp: SndbufErrors\n", "Udp:", "SndbufErrors"),
+            None
+        );
+        // This machine's own file has the field.
+        assert!(netns_udp_sndbuf_errors().is_some());
+    }
     use packet::build::{ip_frame, udp_v4, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
     use packet::csum;
     use packet::rewrite::Addr;

@@ -255,6 +255,11 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
         "{stats}"
     );
     assert_eq!(platform::field(&stats, "gso_fallbacks"), Some(0), "{stats}");
+    // What the device dropped after a send was taken is counted too (it may be 0 here).
+    assert!(
+        platform::field(&stats, "netns_udp_sndbuf_errors").is_some(),
+        "{stats}"
+    );
     // The worker's real-time governor (`--worker-rt`, on by default) reports itself.
     assert!(
         platform::field(&stats, "rt_entered").is_some() && stats.contains(" rt: workers_rt="),

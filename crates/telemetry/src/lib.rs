@@ -144,6 +144,16 @@ impl Scrape<'_> {
         )
     }
 
+    /// A counter of time in seconds, Prometheus' base unit: `name` gets `_seconds`,
+    /// then `_total`.
+    pub fn counter_seconds(&mut self, name: &str, help: &str, secs: f64) -> fmt::Result {
+        let c = ConstCounter::new(secs);
+        c.encode(
+            self.enc
+                .encode_descriptor(name, help, Some(&Unit::Seconds), c.metric_type())?,
+        )
+    }
+
     pub fn gauge<V: EncodeGaugeValue>(&mut self, name: &str, help: &str, v: V) -> fmt::Result {
         let g = ConstGauge::new(v);
         g.encode(
@@ -457,6 +467,7 @@ mod tests {
             let n = *n.lock().unwrap();
             s.counter("things", "Things.", n)?;
             s.gauge("level", "Level.", 0.5f64)?;
+            s.counter_seconds("busy", "Busy time.", 1.25)?;
             s.counter_family(
                 "per_tenant",
                 "Per tenant.",
@@ -483,6 +494,15 @@ mod tests {
         let samples = scrape::parse(&r.body);
         assert_eq!(scrape::value(&samples, "t_things_total", &[]), Some(5.0));
         assert_eq!(scrape::value(&samples, "t_level", &[]), Some(0.5));
+        assert_eq!(
+            scrape::value(&samples, "t_busy_seconds_total", &[]),
+            Some(1.25)
+        );
+        assert!(
+            r.body.contains("# UNIT t_busy_seconds seconds"),
+            "{}",
+            r.body
+        );
         assert_eq!(
             scrape::value(&samples, "t_per_tenant_total", &[("tenant", "2")]),
             Some(4.0)

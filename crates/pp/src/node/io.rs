@@ -145,6 +145,11 @@ impl IoStats {
                     io.gso_segments,
                     io.gso_fallbacks
                 );
+                // Sends the kernel took and its device then dropped: not in `tx_dropped`,
+                // which only sees what a send call refused (crate::udp's doc).
+                if let Some(n) = crate::udp::netns_udp_sndbuf_errors() {
+                    let _ = write!(s, " netns_udp_sndbuf_errors={n}");
+                }
             }
             IoStats::AfXdp(io, kernel) => {
                 let _ = write!(
