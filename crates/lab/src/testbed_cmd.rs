@@ -159,6 +159,9 @@ fn up(a: UpArgs) -> Result<()> {
     if a.platform == PlatformKind::KernelLb && a.backends == 0 {
         bail!("--platform kernel-lb needs --backends > 0");
     }
+    if a.platform != PlatformKind::Starfabric && !a.pp_args.is_empty() {
+        bail!("--pp-arg is for the starfabric PP node (--platform starfabric)");
+    }
     std::fs::create_dir_all(STATE_DIR).with_context(|| STATE_DIR.to_string())?;
     let res = Resources::with_state_file(PREFIX, state_file());
     let mut spec = TopologySpec::new(PREFIX)

@@ -956,6 +956,10 @@ impl PacketIo for UdpVxlanIo {
 mod tests {
     use super::*;
 
+    use packet::build::{ip_frame, udp_v4, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
+    use packet::csum;
+    use packet::rewrite::Addr;
+
     #[test]
     fn the_snmp_udp_section_gives_its_named_field() {
         let text = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
@@ -973,9 +977,6 @@ mod tests {
         // This machine's own file has the field.
         assert!(netns_udp_sndbuf_errors().is_some());
     }
-    use packet::build::{ip_frame, udp_v4, vxlan_wrap, L4Spec, VXLAN_V4_OVERHEAD};
-    use packet::csum;
-    use packet::rewrite::Addr;
 
     fn inner() -> Vec<u8> {
         udp_v4([198, 19, 10, 2], 40000, [198, 19, 10, 9], 7, b"ping")
