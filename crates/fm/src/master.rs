@@ -1776,8 +1776,8 @@ impl Master {
         }
     }
 
-    /// Create groups for chains that have none, and refill degraded groups, when
-    /// enough SC nodes are live.
+    /// Create groups for chains that have none, form groups over ranges a reset left
+    /// with no owner, and refill degraded groups, when enough SC nodes are live.
     fn ensure_groups(&mut self) {
         if self.recovery != Recovery::Done {
             // Groups may still be reported: a group formed now could be a second owner
@@ -1787,6 +1787,7 @@ impl Master {
         for i in 0..self.chains.len() {
             let (tenant, chain) = (self.chains[i].tenant, self.chains[i].chain);
             if self.map.has_chain(tenant, chain) {
+                self.fill_gaps(tenant, chain);
                 continue;
             }
             let mut ranges: Vec<(u64, u64)> = self
@@ -1861,6 +1862,46 @@ impl Master {
                     json!({"added": added}),
                 );
             }
+        }
+    }
+
+    /// A group reset by its restarted last replica left its range with no owner while
+    /// the chain's other groups serve on: form a fresh (empty) group over each such gap,
+    /// as the chain's first groups are formed. Not while one of the chain's scales is
+    /// under way: its switch moves ranges, and a group formed in between could be a
+    /// second owner of a key hash the switch hands out.
+    fn fill_gaps(&mut self, tenant: u32, chain: u32) {
+        if self
+            .scales
+            .values()
+            .any(|j| (j.tenant, j.chain) == (tenant, chain))
+        {
+            return;
+        }
+        for (lo, hi) in self.map.chain_gaps(tenant, chain) {
+            let mut replicas = Vec::new();
+            while replicas.len() < self.cfg.replicas {
+                match self.spare_for(tenant, &replicas) {
+                    Some(r) => replicas.push(r),
+                    None => return,
+                }
+            }
+            let gid = self.map.create(tenant, chain, lo, hi, replicas);
+            warn!(
+                tenant,
+                chain,
+                group = gid,
+                hash_lo = lo,
+                hash_hi = hi,
+                "SC group formed over a range left with no owner"
+            );
+            self.push_config(gid);
+            self.group_event(
+                EventKind::ScGroupCreated,
+                gid,
+                format!("group {gid} formed for tenant {tenant} chain {chain} over a range with no owner"),
+                json!({"hash_lo": lo, "hash_hi": hi}),
+            );
         }
     }
 

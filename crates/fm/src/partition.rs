@@ -233,6 +233,26 @@ impl PartitionMap {
     }
 
     /// The groups owning ranges of (tenant, chain), ascending by range.
+    /// The parts of (tenant, chain)'s key space no group owns, as inclusive ranges in
+    /// order. Empty for a chain with no group at all (it has no key space yet).
+    pub fn chain_gaps(&self, tenant: u32, chain: u32) -> Vec<(u64, u64)> {
+        let Some(v) = self.ranges.get(&(tenant, chain)).filter(|v| !v.is_empty()) else {
+            return Vec::new();
+        };
+        let mut gaps = Vec::new();
+        let mut next = Some(0u64);
+        for &(lo, hi, _) in v {
+            if let Some(n) = next.filter(|&n| n < lo) {
+                gaps.push((n, lo - 1));
+            }
+            next = hi.checked_add(1);
+        }
+        if let Some(n) = next {
+            gaps.push((n, u64::MAX));
+        }
+        gaps
+    }
+
     pub fn chain_ranges(&self, tenant: u32, chain: u32) -> Vec<(u64, u64, u64)> {
         self.ranges
             .get(&(tenant, chain))

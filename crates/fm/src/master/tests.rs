@@ -460,10 +460,27 @@ impl Sim {
             // the key space. (SNAT ports are not FM state: SC splits a group's port
             // pool with its range in the scale part, so a port has two owners only if
             // a key hash has; this is the invariant that rules that out on FM's side.)
+            // A hole is a range whose groups were reset (their restarted last replica
+            // lost the state), possibly several adjacent ones, that FM could not yet
+            // form a fresh group over.
             let hole_ok = |lo: u64, hi: u64| {
-                self.reset
+                let mut resets: Vec<(u64, u64)> = self
+                    .reset
                     .iter()
-                    .any(|r| (r.0, r.1) == (t, c) && r.2 <= lo && hi <= r.3)
+                    .filter(|r| (r.0, r.1) == (t, c))
+                    .map(|r| (r.2, r.3))
+                    .collect();
+                resets.sort_unstable();
+                let mut covered = lo;
+                for (rlo, rhi) in resets {
+                    if rlo <= covered && covered <= rhi {
+                        if rhi >= hi {
+                            return true;
+                        }
+                        covered = rhi + 1;
+                    }
+                }
+                false
             };
             let mut next = Some(0u64);
             for &(lo, hi, g) in &ranges {
@@ -1014,7 +1031,64 @@ fn run_model(replicas: usize, steps: Vec<Step>) -> Result<(), TestCaseError> {
         })
     });
     prop_assert!(stuck.is_empty() || lost, "scales never ended: {stuck:?}");
+    // A reset group's range gets a fresh owner once nodes are there to form it.
+    let live = s.sc.values().filter(|n| n.alive && !n.hung).count();
+    if stuck.is_empty() && live >= replicas {
+        for c in [1, 2] {
+            let gaps = s.m.map.chain_gaps(1, c);
+            prop_assert!(
+                gaps.is_empty(),
+                "chain 1/{c} keeps ranges with no owner: {gaps:?}"
+            );
+        }
+    }
     Ok(())
+}
+
+/// CI's failure (seed e7965ae6): with two partitions and one replica each, both of the
+/// restarted node's groups were reset while the scaled-out group served on, and the
+/// chain kept the two ranges with no owner, refusing their flows for good. FM now forms
+/// a fresh group over them.
+#[test]
+fn a_reset_groups_range_gets_a_fresh_owner_beside_the_chains_others() {
+    use Step::*;
+    let steps = vec![
+        Join,
+        Join,
+        Desired(1, 0, 2),
+        Join,
+        Join,
+        ScaleOut(0),
+        Respond(4),
+        Close(7),
+        Return(0, true),
+    ];
+    run_model(1, steps.clone()).unwrap();
+    let mut s = Sim::new(config(1), vec![chain(1, 1, &["fw"])]);
+    for i in 0..3 {
+        s.sc_join(&format!("sc-{i}"), 1);
+    }
+    s.start();
+    s.pp_join();
+    let (chains, partitions) = desired(1, 0, 2);
+    s.m.set_desired(chains, partitions, Vec::new(), s.now_us);
+    s.pump();
+    let before = s.m.map.chain_ranges(1, 1);
+    assert_eq!(before.len(), 2);
+    let (_, _, g) = before[1];
+    let node = s.m.map.group(g).unwrap().group.replicas[0].node_id.clone();
+    s.sc_close(&node);
+    s.sc_join(&node, 2);
+    s.check().unwrap();
+    assert!(s.m.stats().groups_reset >= 1);
+    assert!(s.m.map.chain_gaps(1, 1).is_empty());
+    let after = s.m.map.chain_ranges(1, 1);
+    assert_eq!(after.first().map(|r| r.0), Some(0));
+    assert_eq!(after.last().map(|r| r.1), Some(u64::MAX));
+    assert!(
+        after.iter().all(|r| r.2 != g),
+        "the reset group is gone: {after:?}"
+    );
 }
 
 proptest! {
