@@ -1729,6 +1729,7 @@ impl Master {
             if restarted {
                 warn!(group = gid, %node, "last replica restarted: partition state lost, starting over");
                 self.stats.groups_reset += 1;
+                self.scale_group_reset(gid);
                 self.map.remove(gid);
                 continue;
             }

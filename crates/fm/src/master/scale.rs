@@ -175,6 +175,10 @@ pub(super) struct ScaleJob {
     pull: Option<PullJob>,
     next_pull: u64,
     sweep_from: u64,
+    /// Gradual, after the switch: the old owner's group was reset (its restarted last
+    /// replica lost the state), so nothing more can be pulled. The new owner is told,
+    /// by one last merge of nothing, to stop refusing the flows it was waiting for.
+    source_lost: bool,
 }
 
 impl ScaleJob {
@@ -511,6 +515,7 @@ impl Master {
             pull: None,
             next_pull: 1,
             sweep_from: 0,
+            source_lost: false,
         }
     }
 
@@ -870,8 +875,12 @@ impl Master {
         }
         // Rounded up, so the range takes at most SWEEP_CHUNKS chunks.
         let width = (j.moved.1 - j.moved.0) / SWEEP_CHUNKS + 1;
-        let lo = j.sweep_from;
-        let hi = lo.saturating_add(width - 1).min(j.moved.1);
+        let lo = j.sweep_from.min(j.moved.1);
+        let hi = if j.source_lost {
+            j.moved.1
+        } else {
+            lo.saturating_add(width - 1).min(j.moved.1)
+        };
         let last = hi >= j.moved.1;
         j.sweep_from = hi.saturating_add(1);
         j.pull = Some(PullJob {
@@ -879,7 +888,9 @@ impl Master {
             keys: std::mem::take(&mut j.wanted).into_iter().collect(),
             chunk: (lo, hi),
             last,
-            parts: None,
+            // With the old owner gone, the new owner merges nothing: what it waited for
+            // is lost, and it decides those flows afresh.
+            parts: j.source_lost.then(Vec::new),
         });
         j.next_pull += 1;
         self.stats.scale_pulls += 1;
@@ -1060,6 +1071,85 @@ impl Master {
                 self.answer_scale(&mut j, now_us);
             }
         }
+    }
+
+    /// Group `gid` is about to be reset: its restarted last replica lost the state.
+    /// End or steer every scale it is in, so that no scale waits forever on a step the
+    /// group can no longer answer and no switch hands out a range FM then forms a fresh
+    /// group over (two owners of a key hash).
+    /// - Before fin, the new owner lost: the old owner takes its part back (an abort).
+    /// - Before fin (or aborting), the old owner lost: nobody can take the part back or
+    ///   hand it over; the scale ends, and a scale-out's new group (outside dispatch) is
+    ///   dissolved.
+    /// - After fin, the new owner lost: the scale ends; its range is formed afresh.
+    /// - After fin, the old owner lost: its delta and unpulled flows are gone; the scale
+    ///   goes on without them (an empty delta, then one last empty merge if gradual).
+    pub(super) fn scale_group_reset(&mut self, gid: u64) {
+        let ids: Vec<u64> = self
+            .scales
+            .values()
+            .filter(|j| j.from == gid || j.to == gid)
+            .map(|j| j.id)
+            .collect();
+        for id in ids {
+            let Some(j) = self.scales.get(&id) else {
+                continue;
+            };
+            let (phase, kind, from, to) = (j.phase, j.kind, j.from, j.to);
+            let reason = format!("group {gid} reset: its restarted last replica lost the state");
+            if phase.before_fin() && gid == to {
+                self.abort_scale(id, reason);
+            } else if phase.before_fin() || phase == Phase::Aborting {
+                if gid == from {
+                    self.end_scale(id, reason);
+                    if kind == v1::ScaleKind::Out {
+                        self.dissolve(to);
+                    }
+                }
+                // Aborting, the new owner lost: the old owner still answers the abort,
+                // and `finish_abort` dissolves the new group.
+            } else if gid == to {
+                self.end_scale(id, reason);
+                if kind == v1::ScaleKind::In && self.map.group(from).is_some() {
+                    // A retired group outside dispatch, its hand-over now pointless.
+                    self.dissolve(from);
+                }
+            } else {
+                warn!(scale = id, group = gid, "scale's old owner reset after the switch; its state is lost, the scale goes on without it");
+                if let Some(j) = self.scales.get_mut(&id) {
+                    j.source_lost = true;
+                    if j.pull.as_ref().is_some_and(|p| p.parts.is_none()) {
+                        j.pull = None; // asked of the old owner, which cannot answer
+                    }
+                }
+                match phase {
+                    Phase::HandingOver => self.on_delta(id, Vec::new()),
+                    Phase::Migrating => self.next_pull(id),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// End scale `id` where it stands: neither owner is asked for anything more. Its
+    /// requester is told it was aborted, for `reason`.
+    fn end_scale(&mut self, id: u64, reason: String) {
+        let Some(mut j) = self.scales.remove(&id) else {
+            return;
+        };
+        warn!(scale = id, reason = %reason, "scale ended");
+        self.stats.scale_aborts += 1;
+        self.parked.append(&mut j.waiting);
+        self.unpin(j.tenant, j.chain, j.moved);
+        j.aborted = Some(reason.clone());
+        self.event(
+            EventKind::ScaleAborted,
+            format!("scale {id} ended: {reason}"),
+            job_detail(&j, json!({"reason": reason})),
+        );
+        let now_us = self.now_us();
+        self.answer_scale(&mut j, now_us);
+        self.unpark();
     }
 
     /// Remove a group FM no longer needs and tell its members to drop it.
