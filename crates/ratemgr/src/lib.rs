@@ -32,6 +32,12 @@
 //! - **Credit**: `credit += (base − x)·dt`, clamped to `[floor, base·credit_cap_secs]`;
 //!   `floor = −debt` when `debt > 0` and the node is abundant, else
 //!   `min(0, credit)`: debt is only entered while abundant, and is never forgiven.
+//!   What a tick spends below the floor is not forgiven either: it is *owed* (at most
+//!   `base·credit_cap_secs`) and repaid from the next earnings before credit grows.
+//!   Data paths admit whole packets, so the tick that exhausts a burst's credit can
+//!   admit up to a packet more than the credit paid for; clamped and forgotten, that
+//!   packet recurred at every exhaustion and a low-rate tenant got well above its base
+//!   with no credit earned (a property test's find: base 1 packet/s, 12 admitted in 8 s).
 //! - **Transitions** (Fig. 6b), with "credit available" meaning `credit > 0` or
 //!   (`debt > 0`, abundant and `credit > −debt`):
 //!   - `Base`: heavy ∧ credit available → `Burst`; light ∧ abundant → `Min`.

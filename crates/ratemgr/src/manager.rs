@@ -16,6 +16,9 @@ struct Tenant {
     rates: TenantRates,
     state: CreditState,
     credit: f64,
+    /// Spending below the credit's floor, repaid from earnings before credit grows
+    /// (see the crate docs); never negative, at most the credit cap.
+    owed: f64,
     /// Unscaled guarantee of the current allocation (what `g_min` compares against).
     guarantee: f64,
     allowance: f64,
@@ -30,6 +33,7 @@ impl Tenant {
             rates,
             state: CreditState::Base,
             credit: 0.0,
+            owed: 0.0,
             guarantee: rates.base,
             allowance: rates.base,
             offered_rate: 0.0,
@@ -104,6 +108,7 @@ impl RateManager {
             .and_modify(|t| {
                 t.rates = rates;
                 t.credit = t.credit.clamp(-rates.debt, cap);
+                t.owed = t.owed.min(cap);
             })
             .or_insert_with(|| Tenant::new(rates));
         self.allocate();
@@ -295,12 +300,20 @@ fn step(t: &mut Tenant, cfg: &RateConfig, dt: f64, abundant: bool) {
         t.credit.min(0.0)
     };
     let ceil = t.credit_cap(cfg);
-    let next = t.credit + (r.base - t.admitted_rate) * dt;
-    t.credit = if next.is_nan() {
-        t.credit
-    } else {
-        next.clamp(floor, ceil)
-    };
+    let earned = (r.base - t.admitted_rate) * dt;
+    if !earned.is_nan() {
+        let repaid = if earned > 0.0 {
+            t.owed.min(earned)
+        } else {
+            0.0
+        };
+        t.owed -= repaid;
+        let next = t.credit + earned - repaid;
+        if next < floor {
+            t.owed = (t.owed + (floor - next)).min(ceil);
+        }
+        t.credit = next.clamp(floor, ceil);
+    }
     let eps = r.base * CREDIT_EPS_SECS;
     let heavy = t.offered_rate > r.base;
     let has_credit = t.credit > eps || (r.debt > 0.0 && abundant && t.credit > -r.debt + eps);
