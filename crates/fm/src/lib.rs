@@ -40,7 +40,7 @@ pub use membership::Membership;
 pub use partition::PartitionMap;
 #[cfg(feature = "fuzzing")]
 pub use service::fuzzing;
-pub use service::{start, FmHandle, FmObserver, FmWireCounters};
+pub use service::{start, DownFullCounters, DownStream, FmHandle, FmObserver, FmWireCounters};
 
 use proto::ChainDef;
 use serde::{Deserialize, Serialize};

@@ -106,6 +106,12 @@ pub struct FmConfig {
     /// taken). A PP session's reader answers the excess with
     /// [`proto::ERR_SETUP_OVERLOAD`] itself, so the session never blocks.
     pub max_queued: usize,
+    /// Most messages waiting in one session's down stream (FM → a node) before FM
+    /// drops what the node will ask for again: rule replies and first packets to a PP
+    /// node, request-only submits to an SC node, each counted
+    /// (`starfabric_fm_down_queue_full_total`). Control messages always go. Without it
+    /// a node that reads slower than FM writes would grow FM's memory without bound.
+    pub max_down_queue: usize,
     /// How a scale-out moves the flows' state when the request does not say
     /// (docs/scaling.md): in bulk at st, or gradually (S6).
     pub migration: Migration,
@@ -176,6 +182,7 @@ impl Default for FmConfig {
             pp_heartbeat: Duration::from_millis(10),
             max_inflight: 32 * 1024,
             max_queued: 64 * 1024,
+            max_down_queue: 8 * 1024,
             migration: Migration::default(),
             tls: None,
             fabric: Vec::new(),

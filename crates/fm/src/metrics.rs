@@ -22,6 +22,8 @@ pub struct FmSnapshot {
     pub liveness_rejected: u64,
     /// Peers refused by plane security, per [`proto::tls::Refusal`] (empty: --insecure).
     pub tls_refused: Vec<(&'static str, u64)>,
+    /// Messages dropped on full session down queues: replies, frames, submits.
+    pub down_full: [u64; 3],
 }
 
 impl FmSnapshot {
@@ -56,6 +58,10 @@ impl FmSnapshot {
                         .collect()
                 })
                 .unwrap_or_default(),
+            down_full: {
+                let c = &o.wire_counters().down_full;
+                [&c.replies, &c.frames, &c.submits].map(|n| n.load(Ordering::Relaxed))
+            },
         })
     }
 }
@@ -74,6 +80,14 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
         "tls_refused",
         "Peers refused by plane security (mTLS handshake or role), by reason.",
         f.tls_refused.iter().map(|(r, n)| ([("reason", *r)], *n)),
+    )?;
+    sc.counter_family(
+        "down_queue_full",
+        "Messages FM dropped because the session's down queue held max_down_queue (the node reads slower than FM writes), by kind: rule reply batches and first packets to PP nodes, request-only submits to SC nodes. Each is asked for again or lost as on a full link.",
+        ["replies", "frames", "submits"]
+            .into_iter()
+            .zip(f.down_full)
+            .map(|(k, n)| ([("kind", k)], n)),
     )?;
     sc.counter_family(
         "tenant_requests",

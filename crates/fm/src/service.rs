@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 use crate::liveness::LivenessRegistry;
 use proto::tls::Role;
 use proto::v1::fabric_master_server::{FabricMaster, FabricMasterServer};
-use proto::v1::{self, pp_down, pp_up, sc_up};
+use proto::v1::{self, pp_down, pp_up, sc_down, sc_up};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
@@ -26,8 +25,8 @@ use crate::FmError;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 
-type PpTx = mpsc::UnboundedSender<Result<v1::PpDown, Status>>;
-type ScTx = mpsc::UnboundedSender<Result<v1::ScDown, Status>>;
+type PpTx = DownTx<v1::PpDown>;
+type ScTx = DownTx<v1::ScDown>;
 type ScaleDone = oneshot::Sender<Result<ScaleOutcome, String>>;
 
 /// The master task's input: what the session readers and the RPCs send it. Queries
@@ -126,6 +125,92 @@ pub struct FmWireCounters {
     /// [`proto::ERR_SETUP_OVERLOAD`] because the master's queue was over
     /// `FmConfig::max_queued` (counted into `FmStats::setup_overload` too).
     pub setup_overload: AtomicU64,
+    /// Messages dropped because their session's down queue was full.
+    pub down_full: Arc<DownFullCounters>,
+}
+
+/// Messages not sent down a session because its queue already held
+/// `FmConfig::max_down_queue` (the node reads slower than FM writes). Only what the
+/// node asks for again is dropped this way; control messages always go.
+#[derive(Debug, Default)]
+pub struct DownFullCounters {
+    /// Rule reply batches to a PP node: its pending flows time out and ask again.
+    pub replies: AtomicU64,
+    /// First packets for a fabric next hop: lost, as a full link would lose them.
+    pub frames: AtomicU64,
+    /// Request-only submits to an SC group head: FM retries them when unanswered.
+    pub submits: AtomicU64,
+}
+
+/// A session's down stream as FM writes it: an unbounded channel, so the master task
+/// never waits on a node, and the count of messages in it, which `Links::deliver` bounds
+/// by dropping what the node asks for again (see [`DownFullCounters`]). Why not a
+/// bounded channel: a full one would make the master block or lose control messages
+/// (a group's configuration, a vIP move) along with the droppable ones.
+pub(crate) struct DownTx<D> {
+    tx: mpsc::UnboundedSender<Result<D, Status>>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<D> DownTx<D> {
+    /// Queue `msg`; false if the stream is gone.
+    fn send(&self, msg: D) -> bool {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(Ok(msg)).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+}
+
+/// The node's side of a [`DownTx`]: what tonic writes to the node, counted out as it is
+/// taken.
+pub struct DownStream<D> {
+    rx: mpsc::UnboundedReceiver<Result<D, Status>>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<D> DownStream<D> {
+    /// A message if one is queued (the fuzz harness drains with it).
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
+    pub(crate) fn try_recv(&mut self) -> Option<Result<D, Status>> {
+        let m = self.rx.try_recv().ok()?;
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        Some(m)
+    }
+}
+
+impl<D> tokio_stream::Stream for DownStream<D> {
+    type Item = Result<D, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let polled = self.rx.poll_recv(cx);
+        if let std::task::Poll::Ready(Some(_)) = &polled {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+/// A session's down channel: the master's end and the stream's.
+pub(crate) fn down_channel<D>() -> (DownTx<D>, DownStream<D>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    (
+        DownTx {
+            tx,
+            queued: queued.clone(),
+        },
+        DownStream { rx, queued },
+    )
 }
 
 struct Shared {
@@ -138,6 +223,8 @@ struct Shared {
     queued: Arc<AtomicUsize>,
     /// Bound on `queued` (`FmConfig::max_queued`).
     max_queued: usize,
+    /// `FmConfig::max_down_queue`.
+    max_down: usize,
     /// Epoch of FM's millisecond clock.
     start: Instant,
     next_session: AtomicU64,
@@ -245,6 +332,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         ctl,
         queued: queued.clone(),
         max_queued: cfg.max_queued.max(1),
+        max_down: cfg.max_down_queue.max(1),
         start,
         next_session: AtomicU64::new(1),
         wire: FmWireCounters::default(),
@@ -257,6 +345,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
     let liveness_port =
         crate::liveness::start_or_warn(addr, shared.liveness.clone(), shared.liveness_stop.clone());
     let heartbeat = cfg.tick_period();
+    let max_down = cfg.max_down_queue;
     // Opened before anything listens, so a bad path fails the start, not a later event.
     let events = match &cfg.events_file {
         Some(p) => Some(EventLog::with_file(cfg.events_capacity, p)?),
@@ -272,7 +361,8 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         data: rx,
         queued,
     };
-    shared.spawn(run_master(master, lanes, heartbeat, start));
+    let links = Links::new(max_down, shared.wire.down_full.clone());
+    shared.spawn(run_master(master, lanes, links, heartbeat, start));
     let svc = FabricMasterServer::new(FmService {
         shared: shared.clone(),
     })
@@ -303,11 +393,47 @@ const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// What the master task holds for the master, which does no I/O: the sessions' down
 /// channels and the callers waiting for scales.
-#[derive(Default)]
 struct Links {
     pp: HashMap<u64, PpTx>,
     sc: HashMap<u64, ScTx>,
     scales: HashMap<u64, ScaleDone>,
+    /// `FmConfig::max_down_queue`.
+    max_down: usize,
+    down_full: Arc<DownFullCounters>,
+}
+
+impl Links {
+    fn new(max_down: usize, down_full: Arc<DownFullCounters>) -> Self {
+        Links {
+            pp: HashMap::new(),
+            sc: HashMap::new(),
+            scales: HashMap::new(),
+            max_down: max_down.max(1),
+            down_full,
+        }
+    }
+}
+
+/// Which counter a message dropped on a full down queue goes to; `None`: never dropped.
+fn pp_droppable<'a>(msg: &v1::PpDown, c: &'a DownFullCounters) -> Option<&'a AtomicU64> {
+    match msg.msg {
+        Some(pp_down::Msg::Replies(_)) => Some(&c.replies),
+        Some(pp_down::Msg::Fabric(_)) => Some(&c.frames),
+        _ => None,
+    }
+}
+
+/// [`pp_droppable`] for SC: a submit of requests only (events and mirrored writes are
+/// not retried, so a submit carrying them always goes).
+fn sc_droppable<'a>(msg: &v1::ScDown, c: &'a DownFullCounters) -> Option<&'a AtomicU64> {
+    match &msg.msg {
+        Some(sc_down::Msg::Submit(s))
+            if s.events.as_ref().is_none_or(|e| e.events.is_empty()) && s.mirror.is_empty() =>
+        {
+            Some(&c.submits)
+        }
+        _ => None,
+    }
 }
 
 impl Links {
@@ -319,12 +445,36 @@ impl Links {
             match o {
                 Out::Pp { session, msg } => {
                     if let Some(tx) = self.pp.get(&session) {
-                        let _ = tx.send(Ok(msg));
+                        match pp_droppable(&msg, &self.down_full) {
+                            Some(c) if tx.queued() >= self.max_down => {
+                                c.fetch_add(1, Ordering::Relaxed);
+                                debug!(
+                                    session,
+                                    queued = tx.queued(),
+                                    "PP down queue full; dropped"
+                                );
+                            }
+                            _ => {
+                                tx.send(msg);
+                            }
+                        }
                     }
                 }
                 Out::Sc { session, msg } => {
                     if let Some(tx) = self.sc.get(&session) {
-                        let _ = tx.send(Ok(*msg));
+                        match sc_droppable(&msg, &self.down_full) {
+                            Some(c) if tx.queued() >= self.max_down => {
+                                c.fetch_add(1, Ordering::Relaxed);
+                                debug!(
+                                    session,
+                                    queued = tx.queued(),
+                                    "SC down queue full; dropped"
+                                );
+                            }
+                            _ => {
+                                tx.send(*msg);
+                            }
+                        }
                     }
                 }
                 Out::Close { session } => {
@@ -452,11 +602,11 @@ impl MasterLanes {
 async fn run_master(
     mut m: Master,
     mut lanes: MasterLanes,
+    mut links: Links,
     period: std::time::Duration,
     start: Instant,
 ) {
     let now_us = || start.elapsed().as_micros() as u64;
-    let mut links = Links::default();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -861,10 +1011,10 @@ async fn session<U, D>(
     req: Request<Streaming<U>>,
     role: v1::Role,
     register: impl Fn(U) -> Option<v1::NodeInfo>,
-    open: impl FnOnce(Opened, mpsc::UnboundedSender<Result<D, Status>>) -> MasterIn,
+    open: impl FnOnce(Opened, DownTx<D>) -> MasterIn,
     up: impl Fn(U, u64, &str) -> Option<MasterIn> + Send + 'static,
     shed: fn(Vec<v1::RuleReply>) -> D,
-) -> Result<Response<UnboundedReceiverStream<Result<D, Status>>>, Status>
+) -> Result<Response<DownStream<D>>, Status>
 where
     U: prost::Message + Default + 'static,
     D: Send + 'static,
@@ -889,10 +1039,12 @@ where
     }
     let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
     shared.wire.sessions.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = down_channel();
     // Weak: the master's drop of the session's sender is what ends the down stream
     // (and tells the node its session is gone); the reader must not keep it open.
-    let down = tx.downgrade();
+    let down = tx.tx.downgrade();
+    let down_queued = tx.queued.clone();
+    let max_down = shared.max_down;
     let node = info.id.clone();
     let seen = Arc::new(AtomicU64::new(0));
     shared.mark_seen(&seen);
@@ -930,8 +1082,13 @@ where
                 MasterIn::PpRequests { session, requests } => match s.admit(requests) {
                     Ok(requests) => MasterIn::PpRequests { session, requests },
                     Err(replies) => {
-                        if let Some(down) = down.upgrade() {
-                            let _ = down.send(Ok(shed(replies)));
+                        if down_queued.load(Ordering::Relaxed) >= max_down {
+                            s.wire.down_full.replies.fetch_add(1, Ordering::Relaxed);
+                        } else if let Some(down) = down.upgrade() {
+                            down_queued.fetch_add(1, Ordering::Relaxed);
+                            if down.send(Ok(shed(replies))).is_err() {
+                                down_queued.fetch_sub(1, Ordering::Relaxed);
+                            }
                         }
                         continue;
                     }
@@ -945,7 +1102,7 @@ where
         s.liveness.remove(liveness_token);
         let _ = s.send(MasterIn::Closed { session, node });
     });
-    Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    Ok(Response::new(rx))
 }
 
 /// What a PP session's message after its registration asks of the master (`None`: a
@@ -987,8 +1144,8 @@ fn sc_in(m: v1::ScUp, session: u64, node: &str) -> Option<MasterIn> {
 
 #[tonic::async_trait]
 impl FabricMaster for FmService {
-    type PpSessionStream = UnboundedReceiverStream<Result<v1::PpDown, Status>>;
-    type ScSessionStream = UnboundedReceiverStream<Result<v1::ScDown, Status>>;
+    type PpSessionStream = DownStream<v1::PpDown>;
+    type ScSessionStream = DownStream<v1::ScDown>;
 
     async fn pp_session(
         &self,
@@ -1181,5 +1338,80 @@ impl FabricMaster for FmService {
         self.ask(|tx| MasterIn::Flows(req, tx))
             .await
             .map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pp(msg: pp_down::Msg) -> Out {
+        Out::Pp {
+            session: 1,
+            msg: v1::PpDown { msg: Some(msg) },
+        }
+    }
+
+    fn submit(events: bool) -> Out {
+        let events = events.then(|| v1::FlowEventBatch {
+            events: vec![v1::FlowEvent::default()],
+        });
+        Out::Sc {
+            session: 2,
+            msg: Box::new(v1::ScDown {
+                msg: Some(sc_down::Msg::Submit(v1::GroupSubmit {
+                    events,
+                    ..Default::default()
+                })),
+            }),
+        }
+    }
+
+    /// A node that does not read: FM keeps at most `max_down_queue` messages for it,
+    /// drops (and counts) only what the node asks for again, and always sends control.
+    #[test]
+    fn a_full_down_queue_drops_only_what_is_asked_again_and_counts_it() {
+        let c = Arc::new(DownFullCounters::default());
+        let mut links = Links::new(2, c.clone());
+        let (tx, mut pp_rx) = down_channel::<v1::PpDown>();
+        links.pp.insert(1, tx);
+        let (tx, mut sc_rx) = down_channel::<v1::ScDown>();
+        links.sc.insert(2, tx);
+        let replies = || pp(pp_down::Msg::Replies(v1::RuleReplyBatch::default()));
+        links.deliver(vec![
+            replies(),
+            pp(pp_down::Msg::Fabric(v1::FabricFrame::default())),
+            replies(),
+            pp(pp_down::Msg::Fabric(v1::FabricFrame::default())),
+            pp(pp_down::Msg::Revoked(v1::RuleRevoke::default())),
+        ]);
+        assert_eq!(c.replies.load(Ordering::Relaxed), 1);
+        assert_eq!(c.frames.load(Ordering::Relaxed), 1);
+        let mut got = Vec::new();
+        while let Some(m) = pp_rx.try_recv() {
+            got.push(m.unwrap().msg.unwrap());
+        }
+        assert_eq!(got.len(), 3, "two under the bound, then the revoke over it");
+        assert!(matches!(got[0], pp_down::Msg::Replies(_)));
+        assert!(matches!(got[1], pp_down::Msg::Fabric(_)));
+        assert!(matches!(got[2], pp_down::Msg::Revoked(_)));
+        // Read out: room again.
+        links.deliver(vec![replies()]);
+        assert!(pp_rx.try_recv().is_some());
+        assert_eq!(c.replies.load(Ordering::Relaxed), 1);
+
+        // SC: a request-only submit is retried by FM, one with events is not.
+        links.deliver(vec![
+            submit(false),
+            submit(false),
+            submit(false),
+            submit(true),
+        ]);
+        assert_eq!(c.submits.load(Ordering::Relaxed), 1);
+        let mut n = 0;
+        while sc_rx.try_recv().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
     }
 }

@@ -39,6 +39,7 @@ fn expositions() -> Vec<Vec<scrape::Sample>> {
         ..FmSnapshot::default()
     };
     f.stats.pp_requests = 5;
+    f.down_full = [0, 0, 2];
     f.metrics.tenant_requests = vec![(7, 5)];
     f.metrics.request_latency.observe_us(800);
     let fm = fm_exporter(Arc::new(Mutex::new(f)));
@@ -112,6 +113,11 @@ fn snapshots_render_the_named_series() {
         ),
         ("starfabric_fm_live_nodes", &[("role", "sc")], 3.0),
         ("starfabric_fm_request_seconds_count", &[], 1.0),
+        (
+            "starfabric_fm_down_queue_full_total",
+            &[("kind", "submits")],
+            2.0,
+        ),
     ];
     let sc_wants: &[Want] = &[
         (

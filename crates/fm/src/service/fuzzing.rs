@@ -13,9 +13,12 @@ use std::sync::Arc;
 
 use prost::Message;
 use proto::v1;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::{check_registration, dispatch, pp_in, sc_in, Links, MasterIn, PpTx, ScTx, ScaleDone};
+use super::{
+    check_registration, dispatch, down_channel, pp_in, sc_in, DownFullCounters, DownStream, Links,
+    MasterIn, PpTx, ScTx, ScaleDone,
+};
 use crate::master::{FmConfig, Master, Opened, ScaleRequest};
 
 /// What the harness did with one input.
@@ -38,8 +41,8 @@ pub struct ControlHarness {
     next_session: u64,
     /// Open sessions: session id, node id, role.
     sessions: Vec<(u64, String, v1::Role)>,
-    pp_down: Vec<mpsc::UnboundedReceiver<Result<v1::PpDown, tonic::Status>>>,
-    sc_down: Vec<mpsc::UnboundedReceiver<Result<v1::ScDown, tonic::Status>>>,
+    pp_down: Vec<DownStream<v1::PpDown>>,
+    sc_down: Vec<DownStream<v1::ScDown>>,
     scales: Vec<oneshot::Receiver<Result<crate::ScaleOutcome, String>>>,
     /// Messages the master sent down sessions (what the fuzz target can report).
     pub delivered: u64,
@@ -50,7 +53,10 @@ impl ControlHarness {
     pub fn new(chains: Vec<v1::ChainConfig>) -> Self {
         ControlHarness {
             master: Master::new(FmConfig::default(), chains),
-            links: Links::default(),
+            links: Links::new(
+                FmConfig::default().max_down_queue,
+                Arc::new(DownFullCounters::default()),
+            ),
             now_us: 1,
             next_session: 1,
             sessions: Vec::new(),
@@ -92,11 +98,11 @@ impl ControlHarness {
             liveness_token: session,
         };
         let msg = if role == v1::Role::Pp {
-            let (tx, rx): (PpTx, _) = mpsc::unbounded_channel();
+            let (tx, rx): (PpTx, _) = down_channel();
             self.pp_down.push(rx);
             MasterIn::PpOpen { open, tx }
         } else {
-            let (tx, rx): (ScTx, _) = mpsc::unbounded_channel();
+            let (tx, rx): (ScTx, _) = down_channel();
             self.sc_down.push(rx);
             MasterIn::ScOpen { open, tx }
         };
@@ -246,12 +252,12 @@ impl ControlHarness {
         self.master.flush(self.now_us);
         self.links.deliver(self.master.take_out());
         for rx in &mut self.pp_down {
-            while rx.try_recv().is_ok() {
+            while rx.try_recv().is_some() {
                 self.delivered += 1;
             }
         }
         for rx in &mut self.sc_down {
-            while rx.try_recv().is_ok() {
+            while rx.try_recv().is_some() {
                 self.delivered += 1;
             }
         }
