@@ -3,11 +3,16 @@
 //! the underlay next hop. With AF_XDP the kernel no longer writes outer Ethernet headers,
 //! so `encap`'s node MAC → gateway MAC must be the real ones.
 //!
-//! Read from `getifaddrs`, sysfs and procfs (`/proc/net/route`, `/proc/net/arp`), as
-//! the node sees them from inside its network namespace.
+//! Read from `getifaddrs`, interface ioctls and procfs (`/proc/net/route`,
+//! `/proc/net/arp`), as the node sees them from inside its network namespace. Not from
+//! sysfs: `/sys/class/net` shows the namespace of whoever mounted `/sys`, which is not
+//! the thread's own after an in-process `setns` (only `ip netns exec` remounts it), so
+//! a node started on such a thread would have read another namespace's interface, or
+//! none. An ioctl goes through a socket, and a socket belongs to its creator's namespace.
 
 use std::ffi::CStr;
 use std::net::{Ipv4Addr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -87,27 +92,102 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     parts.next().is_none().then_some(m)
 }
 
-/// The interface's MAC address.
-pub fn mac_of(ifname: &str) -> Result<[u8; 6], NetifError> {
-    let path = format!("/sys/class/net/{ifname}/address");
-    let s = read(&path)?;
-    parse_mac(&s).ok_or(NetifError::Parse {
-        path,
-        what: format!("MAC {s:?}"),
-    })
+/// An `ifreq` naming `ifname`, or `None` if the name does not fit.
+fn ifreq(ifname: &str) -> Option<libc::ifreq> {
+    let name = ifname.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
+        return None;
+    }
+    // SAFETY: ifreq is plain old data (a name array and a union of integers, pointers
+    // and sockaddrs), for which all-zero bytes are a valid value.
+    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, b) in r.ifr_name.iter_mut().zip(name) {
+        *d = *b as libc::c_char;
+    }
+    Some(r)
 }
 
-/// How many receive queues the interface has.
-pub fn rx_queues(ifname: &str) -> Result<u32, NetifError> {
-    let path = format!("/sys/class/net/{ifname}/queues");
-    let dir = std::fs::read_dir(&path).map_err(|source| NetifError::Read {
-        path: path.clone(),
+/// Run interface ioctl `req` on `r` through a socket of the calling thread's namespace.
+fn if_ioctl(req: libc::c_ulong, r: &mut libc::ifreq) -> std::io::Result<()> {
+    // A datagram socket, unbound: only the handle the ioctl goes through.
+    // SAFETY: plain socket(2); the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is the socket just made, owned by nothing else; `sock` closes it.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: `sock` is an open socket; `r` is a valid ifreq that outlives the call and
+    // is the argument type `req` (SIOCGIFHWADDR, SIOCETHTOOL) takes; for SIOCETHTOOL its
+    // data pointer points at a live, correctly sized ethtool struct.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), req as _, r as *mut libc::ifreq) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn ioctl_error(ifname: &str, what: &str, source: std::io::Error) -> NetifError {
+    NetifError::Read {
+        path: format!("{ifname} ({what})"),
         source,
+    }
+}
+
+/// The interface's MAC address (`SIOCGIFHWADDR`).
+pub fn mac_of(ifname: &str) -> Result<[u8; 6], NetifError> {
+    let mut r = ifreq(ifname).ok_or_else(|| NetifError::Parse {
+        path: ifname.to_string(),
+        what: "interface name".into(),
     })?;
-    Ok(dir
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-        .count() as u32)
+    if_ioctl(libc::SIOCGIFHWADDR, &mut r).map_err(|e| ioctl_error(ifname, "SIOCGIFHWADDR", e))?;
+    // SAFETY: SIOCGIFHWADDR succeeded, so the union holds `ifru_hwaddr`.
+    let sa = unsafe { r.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (m, b) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *m = *b as u8;
+    }
+    Ok(mac)
+}
+
+/// `struct ethtool_channels` (linux/ethtool.h).
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+/// How many receive queues the interface has: its channels (`ETHTOOL_GCHANNELS`),
+/// combined plus receive-only, which is what AF_XDP queue ids range over.
+pub fn rx_queues(ifname: &str) -> Result<u32, NetifError> {
+    let mut r = ifreq(ifname).ok_or_else(|| NetifError::Parse {
+        path: ifname.to_string(),
+        what: "interface name".into(),
+    })?;
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..Default::default()
+    };
+    r.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
+    if_ioctl(libc::SIOCETHTOOL, &mut r).map_err(|e| ioctl_error(ifname, "ETHTOOL_GCHANNELS", e))?;
+    let n = ch.combined_count.saturating_add(ch.rx_count);
+    if n == 0 {
+        return Err(NetifError::Parse {
+            path: format!("{ifname} (ETHTOOL_GCHANNELS)"),
+            what: "zero receive channels".into(),
+        });
+    }
+    Ok(n)
 }
 
 /// The gateway of the routes through `ifname` in `/proc/net/route` text: the default

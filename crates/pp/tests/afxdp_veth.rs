@@ -463,3 +463,56 @@ fn tx_from_counts_frames_it_cannot_send_and_conserves_frames() {
     .unwrap();
     drop(ns);
 }
+
+/// What AF_XDP setup reads of the interface (its MAC and receive queues) comes from the
+/// thread's own namespace after an in-process setns, where `/sys/class/net` still shows
+/// the host's: sysfs has no `xa` here, and a name both had would be the host's device.
+#[test]
+fn the_interface_is_read_in_the_threads_own_namespace() {
+    let Some(lab) = netns() else { return };
+    let pp = lab.pp.clone();
+    // A second receive queue on a veth of its own, so the count is not the default 1.
+    ip(&[
+        "-n",
+        &pp,
+        "link",
+        "add",
+        "xq",
+        "numrxqueues",
+        "3",
+        "numtxqueues",
+        "3",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "xq-p",
+    ]);
+    ip(&[
+        "-n",
+        &pp,
+        "link",
+        "set",
+        "xq",
+        "address",
+        "02:5f:fa:00:00:33",
+    ]);
+    let sysfs_sees_it = std::path::Path::new("/sys/class/net/xq").exists();
+    let (mac, queues, xa_queues, missing) = testkit::netns::in_ns(&pp, || {
+        (
+            pp::netif::mac_of("xq").map_err(|e| e.to_string()),
+            pp::netif::rx_queues("xq").map_err(|e| e.to_string()),
+            pp::netif::rx_queues("xa").map_err(|e| e.to_string()),
+            pp::netif::mac_of("sf-none").map_err(|e| e.to_string()),
+        )
+    });
+    assert!(
+        !sysfs_sees_it,
+        "the host's sysfs does not show the lab's veth"
+    );
+    assert_eq!(mac, Ok([0x02, 0x5f, 0xfa, 0, 0, 0x33]));
+    assert_eq!(queues, Ok(3));
+    assert_eq!(xa_queues, Ok(1));
+    let e = missing.expect_err("no such interface");
+    assert!(e.contains("sf-none"), "{e}");
+}
