@@ -506,6 +506,15 @@ fn the_interface_is_read_in_the_threads_own_namespace() {
             pp::netif::mac_of("sf-none").map_err(|e| e.to_string()),
         )
     });
+    // Busy polling's NAPI deferral writes sysfs: it refuses a view that is not the
+    // thread's (here sysfs has no `xq` at all) rather than write another's device.
+    let deferral = testkit::netns::in_ns(&pp, || {
+        pp::NapiDeferral::apply("xq", 2, 200_000)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    let e = deferral.expect_err("sysfs is the host's here");
+    assert!(e.contains("another network namespace"), "{e}");
     assert!(
         !sysfs_sees_it,
         "the host's sysfs does not show the lab's veth"
