@@ -71,12 +71,16 @@ pub struct XdpGenArgs {
 
 /// Send until the deadline; print the frames handed to the device.
 fn xdp_gen(a: &XdpGenArgs) -> Result<()> {
-    let path = format!("/sys/class/net/{}/ifindex", a.dev);
-    let ifindex: u32 = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading {path}"))?
-        .trim()
-        .parse()
-        .with_context(|| format!("parsing {path}"))?;
+    // The calling thread's namespace's index (sysfs would show the mounting one's).
+    let name = std::ffi::CString::new(a.dev.as_str()).context("--dev has a NUL")?;
+    // SAFETY: a NUL-terminated name that outlives the call.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    anyhow::ensure!(
+        ifindex != 0,
+        "no interface {}: {}",
+        a.dev,
+        std::io::Error::last_os_error()
+    );
     let frame = (0..a.frame.len() / 2)
         .map(|i| u8::from_str_radix(a.frame.get(2 * i..2 * i + 2).unwrap_or("zz"), 16))
         .collect::<Result<Vec<u8>, _>>()
