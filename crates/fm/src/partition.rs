@@ -232,7 +232,6 @@ impl PartitionMap {
             .map(|(lo, hi, _)| (*lo, *hi))
     }
 
-    /// The groups owning ranges of (tenant, chain), ascending by range.
     /// The parts of (tenant, chain)'s key space no group owns, as inclusive ranges in
     /// order. Empty for a chain with no group at all (it has no key space yet).
     pub fn chain_gaps(&self, tenant: u32, chain: u32) -> Vec<(u64, u64)> {
@@ -253,6 +252,7 @@ impl PartitionMap {
         gaps
     }
 
+    /// The groups owning ranges of (tenant, chain), ascending by range.
     pub fn chain_ranges(&self, tenant: u32, chain: u32) -> Vec<(u64, u64, u64)> {
         self.ranges
             .get(&(tenant, chain))
