@@ -762,7 +762,7 @@ impl NapiDeferral {
         defer_hard_irqs: u32,
         gro_flush_timeout_ns: u64,
     ) -> std::io::Result<NapiDeferral> {
-        sysfs_is_ours(ifname)?;
+        crate::netif::sysfs_is_ours(ifname)?;
         let mut d = NapiDeferral {
             ifname: ifname.to_string(),
             old: Vec::new(),
@@ -784,36 +784,6 @@ impl NapiDeferral {
         );
         Ok(d)
     }
-}
-
-/// Whether `/sys/class/net/IFNAME` is this thread's `ifname`: sysfs shows the namespace
-/// that mounted it, which after an in-process setns is not the thread's, and a device of
-/// the same name there (say the host's) must not be written to. Same index and MAC as
-/// the thread's own namespace reports, or an error.
-fn sysfs_is_ours(ifname: &str) -> std::io::Result<()> {
-    let mismatch = |what: &str| {
-        std::io::Error::other(format!(
-            "/sys/class/net/{ifname} is another network namespace's device ({what} differs); \
-             run the node in its namespace with `ip netns exec`, which mounts its own /sys"
-        ))
-    };
-    let name = std::ffi::CString::new(ifname).map_err(std::io::Error::other)?;
-    // SAFETY: a NUL-terminated name that outlives the call.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if index == 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let sys_index = std::fs::read_to_string(format!("/sys/class/net/{ifname}/ifindex"))
-        .map_err(|_| mismatch("presence"))?;
-    if sys_index.trim().parse::<u32>().ok() != Some(index) {
-        return Err(mismatch("ifindex"));
-    }
-    let sys_mac = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))?;
-    let mac = crate::netif::mac_of(ifname).map_err(std::io::Error::other)?;
-    if crate::netif::parse_mac(&sys_mac) != Some(mac) {
-        return Err(mismatch("MAC"));
-    }
-    Ok(())
 }
 
 impl Drop for NapiDeferral {

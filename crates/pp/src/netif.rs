@@ -179,7 +179,22 @@ pub fn rx_queues(ifname: &str) -> Result<u32, NetifError> {
         ..Default::default()
     };
     r.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
-    if_ioctl(libc::SIOCETHTOOL, &mut r).map_err(|e| ioctl_error(ifname, "ETHTOOL_GCHANNELS", e))?;
+    if let Err(e) = if_ioctl(libc::SIOCETHTOOL, &mut r) {
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(ioctl_error(ifname, "ETHTOOL_GCHANNELS", e));
+        }
+        // A driver without channels: its sysfs queues, if sysfs shows this namespace.
+        sysfs_is_ours(ifname).map_err(|e| ioctl_error(ifname, "ETHTOOL_GCHANNELS", e))?;
+        let path = format!("/sys/class/net/{ifname}/queues");
+        let dir = std::fs::read_dir(&path).map_err(|source| NetifError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        return Ok(dir
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+            .count() as u32);
+    }
     let n = ch.combined_count.saturating_add(ch.rx_count);
     if n == 0 {
         return Err(NetifError::Parse {
@@ -265,6 +280,36 @@ pub fn gateway_mac(ifname: &str, wait: Duration) -> Result<(Ipv4Addr, [u8; 6]), 
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Whether `/sys/class/net/IFNAME` is this thread's `ifname`: sysfs shows the namespace
+/// that mounted it, which after an in-process setns is not the thread's, and a device of
+/// the same name there (say the host's) must not be read or written as this one. Same
+/// index and MAC as the thread's own namespace reports, or an error.
+pub fn sysfs_is_ours(ifname: &str) -> std::io::Result<()> {
+    let mismatch = |what: &str| {
+        std::io::Error::other(format!(
+            "/sys/class/net/{ifname} is another network namespace's device ({what} differs); \
+             run the node in its namespace with `ip netns exec`, which mounts its own /sys"
+        ))
+    };
+    let name = std::ffi::CString::new(ifname).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated name that outlives the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let sys_index = std::fs::read_to_string(format!("/sys/class/net/{ifname}/ifindex"))
+        .map_err(|_| mismatch("presence"))?;
+    if sys_index.trim().parse::<u32>().ok() != Some(index) {
+        return Err(mismatch("ifindex"));
+    }
+    let sys_mac = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))?;
+    let mac = mac_of(ifname).map_err(std::io::Error::other)?;
+    if parse_mac(&sys_mac) != Some(mac) {
+        return Err(mismatch("MAC"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
