@@ -1811,38 +1811,16 @@ impl Master {
             // of its key space unowned would refuse some flows and not others.
             let mut planned: Vec<Vec<v1::Replica>> = Vec::new();
             for _ in &ranges {
-                let mut replicas = Vec::new();
-                while replicas.len() < self.cfg.replicas {
-                    match self.spare_for(tenant, &replicas) {
-                        Some(r) => replicas.push(r),
-                        None => break,
-                    }
+                match self.plan_replicas(tenant) {
+                    Some(replicas) => planned.push(replicas),
+                    None => break,
                 }
-                if replicas.len() < self.cfg.replicas {
-                    break;
-                }
-                planned.push(replicas);
             }
             if planned.len() < ranges.len() {
                 continue;
             }
             for ((lo, hi), replicas) in ranges.into_iter().zip(planned) {
-                let gid = self.map.create(tenant, chain, lo, hi, replicas);
-                info!(
-                    tenant,
-                    chain,
-                    group = gid,
-                    hash_lo = lo,
-                    hash_hi = hi,
-                    "SC group created"
-                );
-                self.push_config(gid);
-                self.group_event(
-                    EventKind::ScGroupCreated,
-                    gid,
-                    format!("group {gid} formed for tenant {tenant} chain {chain}"),
-                    json!({}),
-                );
+                self.form_group(tenant, chain, (lo, hi), replicas, "");
             }
         }
         let degraded: Vec<u64> = self
@@ -1886,31 +1864,63 @@ impl Master {
         {
             return;
         }
-        for (lo, hi) in self.map.chain_gaps(tenant, chain) {
-            let mut replicas = Vec::new();
-            while replicas.len() < self.cfg.replicas {
-                match self.spare_for(tenant, &replicas) {
-                    Some(r) => replicas.push(r),
-                    None => return,
-                }
-            }
-            let gid = self.map.create(tenant, chain, lo, hi, replicas);
+        for range in self.map.chain_gaps(tenant, chain) {
+            let Some(replicas) = self.plan_replicas(tenant) else {
+                return;
+            };
             warn!(
                 tenant,
                 chain,
-                group = gid,
-                hash_lo = lo,
-                hash_hi = hi,
-                "SC group formed over a range left with no owner"
+                hash_lo = range.0,
+                hash_hi = range.1,
+                "a range has no owner; forming a group over it"
             );
-            self.push_config(gid);
-            self.group_event(
-                EventKind::ScGroupCreated,
-                gid,
-                format!("group {gid} formed for tenant {tenant} chain {chain} over a range with no owner"),
-                json!({"hash_lo": lo, "hash_hi": hi}),
+            self.form_group(
+                tenant,
+                chain,
+                range,
+                replicas,
+                " over a range with no owner",
             );
         }
+    }
+
+    /// `cfg.replicas` live SC nodes for a new group of `tenant`, or `None` if there are
+    /// not that many.
+    fn plan_replicas(&self, tenant: u32) -> Option<Vec<v1::Replica>> {
+        let mut replicas = Vec::new();
+        while replicas.len() < self.cfg.replicas {
+            replicas.push(self.spare_for(tenant, &replicas)?);
+        }
+        Some(replicas)
+    }
+
+    /// Create a group owning `range` of (tenant, chain) on `replicas`, configure its
+    /// nodes and record the event (`why` is appended to its message).
+    fn form_group(
+        &mut self,
+        tenant: u32,
+        chain: u32,
+        (lo, hi): (u64, u64),
+        replicas: Vec<v1::Replica>,
+        why: &str,
+    ) {
+        let gid = self.map.create(tenant, chain, lo, hi, replicas);
+        info!(
+            tenant,
+            chain,
+            group = gid,
+            hash_lo = lo,
+            hash_hi = hi,
+            "SC group created"
+        );
+        self.push_config(gid);
+        self.group_event(
+            EventKind::ScGroupCreated,
+            gid,
+            format!("group {gid} formed for tenant {tenant} chain {chain}{why}"),
+            json!({"hash_lo": lo, "hash_hi": hi}),
+        );
     }
 
     fn push_config(&mut self, gid: u64) {
