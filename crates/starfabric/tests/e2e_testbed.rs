@@ -498,27 +498,29 @@ fn unpaced_iperf3_reports_the_receivers_intervals_beside_the_senders() {
     // The paced run's server reports text, so it has no receiver's view.
     assert!(r.receiver_timeline.is_empty(), "{:?}", r.receiver_timeline);
     // 3 s in intervals of about 100 ms on both sides, in order. A starved iperf3 (the
-    // other testbed tests run beside this one) reports late and stretches some
-    // intervals (CI read 27 with one of 300 ms), so the count is only bounded.
+    // other testbed tests run beside this one) reports late: CI read 27 intervals with
+    // one of 300 ms, and a server that drained until 3.2 s in 33. So the count is
+    // bounded by the span, and the span by the run plus its drain.
     for tl in [&u.timeline, &u.receiver_timeline] {
-        assert!((15..=32).contains(&tl.len()), "{tl:?}");
-        assert!(tl.windows(2).all(|w| w[1].0 > w[0].0), "{tl:?}");
+        let end = tl.last().map_or(0.0, |l| l.0);
+        assert!((2.9..4.0).contains(&end), "{tl:?}");
         assert!(
-            tl.last().is_some_and(|l| (2.9..3.3).contains(&l.0)),
+            tl.len() >= 15 && tl.len() as f64 <= end / 0.1 + 2.0,
             "{tl:?}"
         );
+        assert!(tl.windows(2).all(|w| w[1].0 > w[0].0), "{tl:?}");
     }
-    // Bits over seconds, so a short last interval weighs what it lasted.
-    let mean = |tl: &[(f64, f64)]| {
-        let (mut prev, mut bits) = (0.0, 0.0);
+    // Megabits in all, so a short or stretched interval weighs what it lasted.
+    let total = |tl: &[(f64, f64)]| {
+        let (mut prev, mut mbit) = (0.0, 0.0);
         for &(end, mbps) in tl {
-            bits += mbps * (end - prev);
+            mbit += mbps * (end - prev);
             prev = end;
         }
-        bits / prev
+        mbit
     };
-    let (sent, got) = (mean(&u.timeline), mean(&u.receiver_timeline));
-    println!("unpaced iperf3: sender {sent:.0} Mbit/s, receiver {got:.0} Mbit/s");
+    let (sent, got) = (total(&u.timeline), total(&u.receiver_timeline));
+    println!("unpaced iperf3: sender {sent:.0} Mbit, receiver {got:.0} Mbit");
     // What arrived is what was sent, give or take what was in flight at the ends.
     assert!(got > 0.0 && (got / sent - 1.0).abs() < 0.1, "{sent} {got}");
     let f = elastic::dip_floor(&u.receiver_timeline, 0.0, 1000.0, 1000.0, 2900.0)
