@@ -541,7 +541,7 @@ struct Stage {
     key: FlowKey,
     hash: u64,
     probe: Probe,
-    cand: Option<u32>,
+    cand: Option<crate::table::Way>,
     cls: Classified,
 }
 
@@ -959,7 +959,8 @@ impl Pipeline {
         for st in stages[..descs.len()].iter_mut().flatten() {
             st.cand = self.table.candidate(&st.probe);
             if let Some(c) = st.cand {
-                self.table.prefetch_entry(c);
+                // Elephant detection counts every hit's bytes in the counters.
+                self.table.prefetch_entry(c, self.cfg.elephant.is_some());
             }
         }
         // Pass 3: confirm, act or miss. Per-tenant counts: a run of packets of one VNI
