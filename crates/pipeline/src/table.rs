@@ -974,6 +974,103 @@ mod tests {
             .all(|bk| !bk.idx.contains(&(ib | WAY_COUNTS))));
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert { k: u32, sport: u16, counts: bool },
+        Remove { k: u32 },
+        Expire { k: u32 },
+        Sweep { budget: usize },
+        Advance { ms: u32 },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        // 96 keys over a 48-flow table: full pairs, relocations and evictions are common.
+        prop_oneof![
+            6 => (0u32..96, any::<u16>(), any::<bool>())
+                .prop_map(|(k, sport, counts)| Op::Insert { k, sport, counts }),
+            1 => (0u32..96).prop_map(|k| Op::Remove { k }),
+            1 => (0u32..96).prop_map(|k| Op::Expire { k }),
+            1 => (1usize..64).prop_map(|budget| Op::Sweep { budget }),
+            1 => (0u32..400).prop_map(|ms| Op::Advance { ms }),
+        ]
+    }
+
+    /// The table against a map of what it should hold: every key the table reports
+    /// gone (evicted, expired, removed) leaves the model, and after every step each model
+    /// key is found by both lookups with its rule, its way says whether that rule
+    /// counts, and the buckets hold exactly the live entries, once each.
+    fn check_against(t: &FlowTable, model: &std::collections::HashMap<u32, (u16, bool)>) {
+        assert_eq!(t.len(), model.len());
+        for (&k, &(sport, counts)) in model {
+            let key = key(k);
+            let p = t.probe(t.hash(&key));
+            let (b, w, i) = t.find(&p, &key).unwrap_or_else(|| panic!("key {k} lost"));
+            assert_eq!(t.lookup(&key), Some(i));
+            assert_eq!(t.confirm(&p, t.candidate(&p), &key), Some(i));
+            let way = Way(t.buckets[b as usize].idx[w]);
+            assert_eq!((way.idx(), way.counts()), (i, counts), "key {k}");
+            assert_eq!(t.rule(i).sport, sport);
+        }
+        let mut seen = vec![0u8; t.entries.len()];
+        for bk in &t.buckets {
+            for w in 0..WAYS {
+                if bk.sig[w] != 0 {
+                    let i = Way(bk.idx[w]).idx() as usize;
+                    assert!(t.entries[i].is_live(), "a way names a dead entry");
+                    seen[i] += 1;
+                }
+            }
+        }
+        for (i, e) in t.entries.iter().enumerate() {
+            assert_eq!(seen[i], u8::from(e.is_live()), "entry {i}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        #[test]
+        fn the_table_keeps_what_a_map_keeps(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut t = FlowTable::new(48, 5).unwrap();
+            let mut model = std::collections::HashMap::new();
+            let mut now = 0u32;
+            let timeout = |_: &RuleSlot| 500u32;
+            let num = |k: &FlowKey| (0..96).find(|&i| key(i) == *k).expect("a test key");
+            for op in ops {
+                match op {
+                    Op::Insert { k, sport, counts } => {
+                        let rule = if counts { counting(sport) } else { slot(sport) };
+                        if let Inserted::New { victim: Some((v, _, _)), .. } =
+                            t.insert(&key(k), rule, 0, now, timeout)
+                        {
+                            model.remove(&num(&v));
+                        }
+                        model.insert(k, (sport, counts));
+                    }
+                    Op::Remove { k } => {
+                        let gone = t.remove(&key(k)).map(|r| r.sport);
+                        proptest::prop_assert_eq!(gone, model.remove(&k).map(|m| m.0));
+                    }
+                    Op::Expire { k } => {
+                        if let Some(i) = t.lookup(&key(k)) {
+                            proptest::prop_assert_eq!(t.expire(i).sport, model[&k].0);
+                            model.remove(&k);
+                        }
+                    }
+                    Op::Sweep { budget } => {
+                        let mut gone = Vec::new();
+                        t.sweep(now, budget, timeout, |k, _| gone.push(*k));
+                        for k in &gone {
+                            proptest::prop_assert!(model.remove(&num(k)).is_some());
+                        }
+                    }
+                    Op::Advance { ms } => now = now.wrapping_add(ms),
+                }
+                check_against(&t, &model);
+            }
+        }
+    }
+
     #[test]
     fn rejects_bad_capacity() {
         assert_eq!(FlowTable::new(0, 0).err(), Some(TableError::BadCapacity(0)));
