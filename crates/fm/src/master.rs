@@ -112,6 +112,11 @@ pub struct FmConfig {
     /// (`starfabric_fm_down_queue_full_total`). Control messages always go. Without it
     /// a node that reads slower than FM writes would grow FM's memory without bound.
     pub max_down_queue: usize,
+    /// The same bound in encoded bytes: a session's down stream also stops taking
+    /// droppable messages once it holds this many. Messages differ in size by 100× (a
+    /// one-reply batch, a 9 KB first packet, a submit of 64 requests), so a count alone
+    /// let a stalled session hold from a megabyte to half a gigabyte.
+    pub max_down_bytes: usize,
     /// How a scale-out moves the flows' state when the request does not say
     /// (docs/scaling.md): in bulk at st, or gradually (S6).
     pub migration: Migration,
@@ -183,6 +188,7 @@ impl Default for FmConfig {
             max_inflight: 32 * 1024,
             max_queued: 64 * 1024,
             max_down_queue: 8 * 1024,
+            max_down_bytes: 32 << 20,
             migration: Migration::default(),
             tls: None,
             fabric: Vec::new(),

@@ -83,7 +83,7 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
     )?;
     sc.counter_family(
         "down_queue_full",
-        "Messages FM dropped because the session's down queue held max_down_queue (the node reads slower than FM writes), by kind: rule reply batches and first packets to PP nodes, request-only submits to SC nodes. Each is asked for again or lost as on a full link.",
+        "Messages FM dropped because the session's down queue held max_down_queue messages or max_down_bytes bytes (the node reads slower than FM writes), by kind: rule reply batches and first packets to PP nodes, request-only submits to SC nodes. Each is asked for again or lost as on a full link.",
         ["replies", "frames", "submits"]
             .into_iter()
             .zip(f.down_full)

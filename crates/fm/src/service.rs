@@ -130,7 +130,8 @@ pub struct FmWireCounters {
 }
 
 /// Messages not sent down a session because its queue already held
-/// `FmConfig::max_down_queue` (the node reads slower than FM writes). Only what the
+/// `FmConfig::max_down_queue` messages or `FmConfig::max_down_bytes` bytes (the node
+/// reads slower than FM writes). Only what the
 /// node asks for again is dropped this way; control messages always go.
 #[derive(Debug, Default)]
 pub struct DownFullCounters {
@@ -143,44 +144,98 @@ pub struct DownFullCounters {
 }
 
 /// A session's down stream as FM writes it: an unbounded channel, so the master task
-/// never waits on a node, and the count of messages in it, which `Links::deliver` bounds
-/// by dropping what the node asks for again (see [`DownFullCounters`]). Why not a
-/// bounded channel: a full one would make the master block or lose control messages
-/// (a group's configuration, a vIP move) along with the droppable ones.
+/// never waits on a node, and the count and encoded size of the messages in it, which
+/// `Links::deliver` bounds by dropping what the node asks for again (see
+/// [`DownFullCounters`]). Why not a bounded channel: a full one would make the master
+/// block or lose control messages (a group's configuration, a vIP move) along with the
+/// droppable ones.
 pub(crate) struct DownTx<D> {
-    tx: mpsc::UnboundedSender<Result<D, Status>>,
-    queued: Arc<AtomicUsize>,
+    tx: mpsc::UnboundedSender<(Result<D, Status>, usize)>,
+    queued: Arc<DownQueued>,
 }
 
-impl<D> DownTx<D> {
+/// What waits in one down stream.
+#[derive(Debug, Default)]
+struct DownQueued {
+    messages: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl DownQueued {
+    fn add(&self, bytes: usize) {
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn sub(&self, bytes: usize) {
+        self.messages.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether the stream holds as much as `bound` allows.
+    fn full(&self, bound: DownBound) -> bool {
+        self.messages.load(Ordering::Relaxed) >= bound.messages
+            || self.bytes.load(Ordering::Relaxed) >= bound.bytes
+    }
+}
+
+/// How much one session's down stream may hold before droppable messages are dropped
+/// (`FmConfig::max_down_queue`, `FmConfig::max_down_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DownBound {
+    pub messages: usize,
+    pub bytes: usize,
+}
+
+impl DownBound {
+    pub(crate) fn of(cfg: &FmConfig) -> Self {
+        DownBound {
+            messages: cfg.max_down_queue.max(1),
+            bytes: cfg.max_down_bytes.max(1),
+        }
+    }
+}
+
+impl<D: prost::Message> DownTx<D> {
     /// Queue `msg`; false if the stream is gone.
     fn send(&self, msg: D) -> bool {
-        self.queued.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(Ok(msg)).is_err() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+        let bytes = msg.encoded_len();
+        self.queued.add(bytes);
+        if self.tx.send((Ok(msg), bytes)).is_err() {
+            self.queued.sub(bytes);
             return false;
         }
         true
     }
+}
 
+impl<D> DownTx<D> {
     fn queued(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
+        self.queued.messages.load(Ordering::Relaxed)
+    }
+
+    fn queued_bytes(&self) -> usize {
+        self.queued.bytes.load(Ordering::Relaxed)
+    }
+
+    fn full(&self, bound: DownBound) -> bool {
+        self.queued.full(bound)
     }
 }
 
 /// The node's side of a [`DownTx`]: what tonic writes to the node, counted out as it is
 /// taken.
 pub struct DownStream<D> {
-    rx: mpsc::UnboundedReceiver<Result<D, Status>>,
-    queued: Arc<AtomicUsize>,
+    rx: mpsc::UnboundedReceiver<(Result<D, Status>, usize)>,
+    queued: Arc<DownQueued>,
 }
 
 impl<D> DownStream<D> {
     /// A message if one is queued (the fuzz harness drains with it).
     #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
     pub(crate) fn try_recv(&mut self) -> Option<Result<D, Status>> {
-        let m = self.rx.try_recv().ok()?;
-        self.queued.fetch_sub(1, Ordering::Relaxed);
+        let (m, bytes) = self.rx.try_recv().ok()?;
+        self.queued.sub(bytes);
         Some(m)
     }
 }
@@ -192,18 +247,21 @@ impl<D> tokio_stream::Stream for DownStream<D> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        let polled = self.rx.poll_recv(cx);
-        if let std::task::Poll::Ready(Some(_)) = &polled {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+        match self.rx.poll_recv(cx) {
+            std::task::Poll::Ready(Some((m, bytes))) => {
+                self.queued.sub(bytes);
+                std::task::Poll::Ready(Some(m))
+            }
+            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => std::task::Poll::Pending,
         }
-        polled
     }
 }
 
 /// A session's down channel: the master's end and the stream's.
 pub(crate) fn down_channel<D>() -> (DownTx<D>, DownStream<D>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let queued = Arc::new(AtomicUsize::new(0));
+    let queued = Arc::new(DownQueued::default());
     (
         DownTx {
             tx,
@@ -223,8 +281,8 @@ struct Shared {
     queued: Arc<AtomicUsize>,
     /// Bound on `queued` (`FmConfig::max_queued`).
     max_queued: usize,
-    /// `FmConfig::max_down_queue`.
-    max_down: usize,
+    /// `FmConfig::max_down_queue`, `FmConfig::max_down_bytes`.
+    max_down: DownBound,
     /// Epoch of FM's millisecond clock.
     start: Instant,
     next_session: AtomicU64,
@@ -332,7 +390,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
         ctl,
         queued: queued.clone(),
         max_queued: cfg.max_queued.max(1),
-        max_down: cfg.max_down_queue.max(1),
+        max_down: DownBound::of(&cfg),
         start,
         next_session: AtomicU64::new(1),
         wire: FmWireCounters::default(),
@@ -345,7 +403,7 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
     let liveness_port =
         crate::liveness::start_or_warn(addr, shared.liveness.clone(), shared.liveness_stop.clone());
     let heartbeat = cfg.tick_period();
-    let max_down = cfg.max_down_queue;
+    let max_down = DownBound::of(&cfg);
     // Opened before anything listens, so a bad path fails the start, not a later event.
     let events = match &cfg.events_file {
         Some(p) => Some(EventLog::with_file(cfg.events_capacity, p)?),
@@ -397,18 +455,18 @@ struct Links {
     pp: HashMap<u64, PpTx>,
     sc: HashMap<u64, ScTx>,
     scales: HashMap<u64, ScaleDone>,
-    /// `FmConfig::max_down_queue`.
-    max_down: usize,
+    /// `FmConfig::max_down_queue`, `FmConfig::max_down_bytes`.
+    max_down: DownBound,
     down_full: Arc<DownFullCounters>,
 }
 
 impl Links {
-    fn new(max_down: usize, down_full: Arc<DownFullCounters>) -> Self {
+    fn new(max_down: DownBound, down_full: Arc<DownFullCounters>) -> Self {
         Links {
             pp: HashMap::new(),
             sc: HashMap::new(),
             scales: HashMap::new(),
-            max_down: max_down.max(1),
+            max_down,
             down_full,
         }
     }
@@ -446,11 +504,12 @@ impl Links {
                 Out::Pp { session, msg } => {
                     if let Some(tx) = self.pp.get(&session) {
                         match pp_droppable(&msg, &self.down_full) {
-                            Some(c) if tx.queued() >= self.max_down => {
+                            Some(c) if tx.full(self.max_down) => {
                                 c.fetch_add(1, Ordering::Relaxed);
                                 debug!(
                                     session,
                                     queued = tx.queued(),
+                                    bytes = tx.queued_bytes(),
                                     "PP down queue full; dropped"
                                 );
                             }
@@ -463,11 +522,12 @@ impl Links {
                 Out::Sc { session, msg } => {
                     if let Some(tx) = self.sc.get(&session) {
                         match sc_droppable(&msg, &self.down_full) {
-                            Some(c) if tx.queued() >= self.max_down => {
+                            Some(c) if tx.full(self.max_down) => {
                                 c.fetch_add(1, Ordering::Relaxed);
                                 debug!(
                                     session,
                                     queued = tx.queued(),
+                                    bytes = tx.queued_bytes(),
                                     "SC down queue full; dropped"
                                 );
                             }
@@ -1017,7 +1077,7 @@ async fn session<U, D>(
 ) -> Result<Response<DownStream<D>>, Status>
 where
     U: prost::Message + Default + 'static,
-    D: Send + 'static,
+    D: prost::Message + Send + 'static,
 {
     if shared.stopped.load(Ordering::Relaxed) {
         return Err(stopped());
@@ -1082,12 +1142,14 @@ where
                 MasterIn::PpRequests { session, requests } => match s.admit(requests) {
                     Ok(requests) => MasterIn::PpRequests { session, requests },
                     Err(replies) => {
-                        if down_queued.load(Ordering::Relaxed) >= max_down {
+                        if down_queued.full(max_down) {
                             s.wire.down_full.replies.fetch_add(1, Ordering::Relaxed);
                         } else if let Some(down) = down.upgrade() {
-                            down_queued.fetch_add(1, Ordering::Relaxed);
-                            if down.send(Ok(shed(replies))).is_err() {
-                                down_queued.fetch_sub(1, Ordering::Relaxed);
+                            let msg = shed(replies);
+                            let bytes = msg.encoded_len();
+                            down_queued.add(bytes);
+                            if down.send((Ok(msg), bytes)).is_err() {
+                                down_queued.sub(bytes);
                             }
                         }
                         continue;
@@ -1372,7 +1434,11 @@ mod tests {
     #[test]
     fn a_full_down_queue_drops_only_what_is_asked_again_and_counts_it() {
         let c = Arc::new(DownFullCounters::default());
-        let mut links = Links::new(2, c.clone());
+        let bound = DownBound {
+            messages: 2,
+            bytes: usize::MAX,
+        };
+        let mut links = Links::new(bound, c.clone());
         let (tx, mut pp_rx) = down_channel::<v1::PpDown>();
         links.pp.insert(1, tx);
         let (tx, mut sc_rx) = down_channel::<v1::ScDown>();
@@ -1413,5 +1479,47 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 3);
+    }
+
+    /// The byte bound holds on its own: first packets of 1 KB fill a 2.5 KB bound after
+    /// three, far under the message bound, and the bytes taken out make room again.
+    #[test]
+    fn a_down_queue_full_of_bytes_drops_before_its_message_bound() {
+        use prost::Message;
+        let c = Arc::new(DownFullCounters::default());
+        let bound = DownBound {
+            messages: 1000,
+            bytes: 2500,
+        };
+        let mut links = Links::new(bound, c.clone());
+        let (tx, mut pp_rx) = down_channel::<v1::PpDown>();
+        links.pp.insert(1, tx);
+        let frame = || {
+            pp(pp_down::Msg::Fabric(v1::FabricFrame {
+                frame: vec![0xab; 1000],
+                ..Default::default()
+            }))
+        };
+        let Out::Pp { msg, .. } = frame() else {
+            unreachable!()
+        };
+        let size = msg.encoded_len();
+        assert!((1000..1100).contains(&size), "{size}");
+        let revoke = pp(pp_down::Msg::Revoked(v1::RuleRevoke::default()));
+        links.deliver(vec![frame(), frame(), frame(), frame(), frame(), revoke]);
+        assert_eq!(c.frames.load(Ordering::Relaxed), 2, "the 4th and 5th");
+        assert_eq!(links.pp[&1].queued(), 4, "three frames and the revoke");
+        assert_eq!(links.pp[&1].queued_bytes(), 3 * size + 2);
+        // One read out (1 KB): room for one more, and the count follows.
+        assert!(pp_rx.try_recv().is_some());
+        assert_eq!(links.pp[&1].queued_bytes(), 2 * size + 2);
+        links.deliver(vec![frame(), frame()]);
+        assert_eq!(c.frames.load(Ordering::Relaxed), 3);
+        let mut left = 0;
+        while pp_rx.try_recv().is_some() {
+            left += 1;
+        }
+        assert_eq!(left, 4);
+        assert_eq!((links.pp[&1].queued(), links.pp[&1].queued_bytes()), (0, 0));
     }
 }

@@ -16,8 +16,8 @@ use proto::v1;
 use tokio::sync::oneshot;
 
 use super::{
-    check_registration, dispatch, down_channel, pp_in, sc_in, DownFullCounters, DownStream, Links,
-    MasterIn, PpTx, ScTx, ScaleDone,
+    check_registration, dispatch, down_channel, pp_in, sc_in, DownBound, DownFullCounters,
+    DownStream, Links, MasterIn, PpTx, ScTx, ScaleDone,
 };
 use crate::master::{FmConfig, Master, Opened, ScaleRequest};
 
@@ -54,7 +54,7 @@ impl ControlHarness {
         ControlHarness {
             master: Master::new(FmConfig::default(), chains),
             links: Links::new(
-                FmConfig::default().max_down_queue,
+                DownBound::of(&FmConfig::default()),
                 Arc::new(DownFullCounters::default()),
             ),
             now_us: 1,
