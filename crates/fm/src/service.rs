@@ -131,8 +131,8 @@ pub struct FmWireCounters {
 
 /// Messages not sent down a session because its queue already held
 /// `FmConfig::max_down_queue` messages or `FmConfig::max_down_bytes` bytes (the node
-/// reads slower than FM writes). Only what the
-/// node asks for again is dropped this way; control messages always go.
+/// reads slower than FM writes). Only what the node asks for again is dropped this way;
+/// control messages always go.
 #[derive(Debug, Default)]
 pub struct DownFullCounters {
     /// Rule reply batches to a PP node: its pending flows time out and ask again.
