@@ -150,7 +150,7 @@ pub struct DownFullCounters {
 /// block or lose control messages (a group's configuration, a vIP move) along with the
 /// droppable ones.
 pub(crate) struct DownTx<D> {
-    tx: mpsc::UnboundedSender<(Result<D, Status>, usize)>,
+    tx: DownSender<D>,
     queued: Arc<DownQueued>,
 }
 
@@ -177,7 +177,22 @@ impl DownQueued {
         self.messages.load(Ordering::Relaxed) >= bound.messages
             || self.bytes.load(Ordering::Relaxed) >= bound.bytes
     }
+
+    /// Queue `msg` on `tx`, counted in; false (and counted out) if the stream is gone.
+    /// The master's [`DownTx`] and a PP reader's shed replies both send through here.
+    fn send<D: prost::Message>(&self, tx: &DownSender<D>, msg: D) -> bool {
+        let bytes = msg.encoded_len();
+        self.add(bytes);
+        if tx.send((Ok(msg), bytes)).is_err() {
+            self.sub(bytes);
+            return false;
+        }
+        true
+    }
 }
+
+/// A down channel's sending end: each message with its encoded size.
+type DownSender<D> = mpsc::UnboundedSender<(Result<D, Status>, usize)>;
 
 /// How much one session's down stream may hold before droppable messages are dropped
 /// (`FmConfig::max_down_queue`, `FmConfig::max_down_bytes`).
@@ -199,13 +214,7 @@ impl DownBound {
 impl<D: prost::Message> DownTx<D> {
     /// Queue `msg`; false if the stream is gone.
     fn send(&self, msg: D) -> bool {
-        let bytes = msg.encoded_len();
-        self.queued.add(bytes);
-        if self.tx.send((Ok(msg), bytes)).is_err() {
-            self.queued.sub(bytes);
-            return false;
-        }
-        true
+        self.queued.send(&self.tx, msg)
     }
 }
 
@@ -1145,12 +1154,7 @@ where
                         if down_queued.full(max_down) {
                             s.wire.down_full.replies.fetch_add(1, Ordering::Relaxed);
                         } else if let Some(down) = down.upgrade() {
-                            let msg = shed(replies);
-                            let bytes = msg.encoded_len();
-                            down_queued.add(bytes);
-                            if down.send((Ok(msg), bytes)).is_err() {
-                                down_queued.sub(bytes);
-                            }
+                            down_queued.send(&down, shed(replies));
                         }
                         continue;
                     }
