@@ -60,9 +60,10 @@ struct Shard {
 pub struct RuleCache {
     shards: Vec<Shard>,
     /// Flow key → the (tenant, chain) it was last cached under, for requests from PP
-    /// nodes that do not know the flow's tenant (`proto::UNBOUND_TENANT`). Not kept
-    /// exact on removal: a lookup checks the entry is still there, and the index is
-    /// rebuilt when stale keys have made it twice the cache's size.
+    /// nodes that do not know the flow's tenant (`proto::UNBOUND_TENANT`). An entry
+    /// leaves with the cache entry it names, so the index never outgrows the cache and
+    /// never needs a rebuild. (It used to keep stale keys and, on the insert that found
+    /// it twice the cache's size, rebuild itself from every shard in one step.)
     owners: HashMap<[u8; 40], (u32, u32)>,
     len: usize,
     capacity: usize,
@@ -91,6 +92,14 @@ fn shard_of(key: &CacheKey) -> usize {
         ^ (u64::from(key.0) << 17)
         ^ (u64::from(key.1) << 41);
     (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS
+}
+
+/// Drop `key`'s owner entry if it names `key`'s tenant chain (the same flow key cached
+/// under another chain since keeps its entry).
+fn forget_owner(owners: &mut HashMap<[u8; 40], (u32, u32)>, key: &CacheKey) {
+    if owners.get(&key.2) == Some(&(key.0, key.1)) {
+        owners.remove(&key.2);
+    }
 }
 
 impl RuleCache {
@@ -124,6 +133,7 @@ impl RuleCache {
         };
         if e.deadline_ms <= now_ms {
             shard.map.remove(key);
+            forget_owner(&mut self.owners, key);
             self.len -= 1;
             self.stats.expired += 1;
             self.stats.misses += 1;
@@ -138,6 +148,7 @@ impl RuleCache {
             None => {
                 // Cannot happen (we encoded it); treat as a miss.
                 shard.map.remove(key);
+                forget_owner(&mut self.owners, key);
                 self.len -= 1;
                 self.stats.misses += 1;
                 None
@@ -207,15 +218,6 @@ impl RuleCache {
 
     fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64, companion: bool) {
         self.owners.insert(key.2, (key.0, key.1));
-        if self.owners.len() > 2 * self.capacity + 1024 {
-            let live: HashMap<[u8; 40], (u32, u32)> = self
-                .shards
-                .iter()
-                .flat_map(|s| s.map.keys().map(|k| (k.2, (k.0, k.1))))
-                .collect();
-            self.owners = live;
-            self.owners.insert(key.2, (key.0, key.1));
-        }
         let ttl_ms = match &reply.result {
             Some(v1::rule_reply::Result::Rule(r)) => {
                 r.idle_timeout_ms.unwrap_or(self.default_ttl_ms)
@@ -295,6 +297,7 @@ impl RuleCache {
         let Some(e) = self.shards[shard_of(key)].map.remove(key) else {
             return companions;
         };
+        forget_owner(&mut self.owners, key);
         self.len -= 1;
         self.stats.invalidated += 1;
         let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) else {
@@ -308,6 +311,7 @@ impl RuleCache {
             {
                 let ck = (key.0, key.1, b);
                 if self.shards[shard_of(&ck)].map.remove(&ck).is_some() {
+                    forget_owner(&mut self.owners, &ck);
                     self.len -= 1;
                     self.stats.invalidated += 1;
                 }
@@ -335,6 +339,7 @@ impl RuleCache {
                 if !(k.0 == tenant && k.1 == chain) {
                     return true;
                 }
+                forget_owner(&mut self.owners, k);
                 keys.push(k.2);
                 if let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) {
                     for a in &r.also {
@@ -392,6 +397,7 @@ impl RuleCache {
             match live {
                 Some((eg, deadline)) if eg == g => {
                     shard.map.remove(&k);
+                    forget_owner(&mut self.owners, &k);
                     self.len -= 1;
                     if deadline <= now_ms {
                         self.stats.expired += 1;
@@ -421,6 +427,7 @@ impl RuleCache {
                     Some(e) if e.generation == g => {
                         if e.deadline_ms <= now_ms {
                             shard.map.remove(&k);
+                            forget_owner(&mut self.owners, &k);
                             self.len -= 1;
                             self.stats.expired += 1;
                         } else {
@@ -571,6 +578,40 @@ mod tests {
         c.invalidate(&key(2));
         assert_eq!(c.len(), 0);
         assert_eq!(c.stats.invalidated, 4);
+    }
+
+    #[test]
+    fn the_owner_index_leaves_with_its_entries() {
+        let mut c = RuleCache::new(8, 1000);
+        // Churn far past the capacity, by every way an entry leaves: eviction when full,
+        // idle expiry met by a lookup or the sweep, invalidation, a chain's removal.
+        for i in 0..200u32 {
+            let k = (1 + i % 2, 1, [(i % 251) as u8; 40]);
+            c.insert(k, &reply(Some(5)), u64::from(i));
+            if i % 5 == 0 {
+                c.invalidate(&k);
+            }
+            c.sweep(u64::from(i), 4);
+            assert!(
+                c.owners.len() <= c.len(),
+                "{} owners for {} entries",
+                c.owners.len(),
+                c.len()
+            );
+        }
+        assert!(c.get_by_flow(&[199; 40], 1_000_000).is_none());
+        c.remove_chain(1, 1);
+        c.remove_chain(2, 1);
+        assert_eq!((c.len(), c.owners.len()), (0, 0));
+        // A flow key cached under two chains: the index names the later one, and
+        // losing the earlier one's entry keeps it.
+        c.insert((1, 1, [7; 40]), &reply(None), 0);
+        c.insert((2, 1, [7; 40]), &reply(None), 0);
+        c.invalidate(&(1, 1, [7; 40]));
+        let (ck, _) = c
+            .get_by_flow(&[7; 40], 1)
+            .expect("still cached under chain 2");
+        assert_eq!(ck.0, 2);
     }
 
     #[test]
