@@ -61,6 +61,13 @@ pub struct SetupBenchArgs {
     /// mTLS, the default: accepted so older scripts that ask for it keep working.
     #[arg(long, hide = true, conflicts_with = "insecure")]
     pub tls: bool,
+    /// Write every set-up flow of the saturated and paced measurements to FILE, one line
+    /// each: `phase done_us latency_us` (phase `saturated` or `paced`; `done_us`, when
+    /// the flow's packet was released, counts from the measurement's start). Shows where
+    /// in a run the slow flows are: a pause stalls a block of consecutive flows, where
+    /// load alone spreads them out.
+    #[arg(long, value_name = "FILE")]
+    pub latency_log: Option<std::path::PathBuf>,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -166,7 +173,12 @@ struct FlowGen {
     start: Instant,
     /// Arrival time (ns since `start`) by flow, relative to `base`.
     t_in: Vec<u64>,
+    /// Each set-up flow's latency, in the order the flows completed.
     lat_ns: Vec<u64>,
+    /// When the latest flow completed (ns since `start`).
+    last_done_ns: u64,
+    /// When each set-up flow completed, in `lat_ns`' order (kept for `--latency-log`).
+    done_at: Option<Vec<u64>>,
     /// Flows known to have failed (set by the driver from pipeline drop counters).
     failed: u64,
 }
@@ -184,6 +196,8 @@ impl FlowGen {
             start: Instant::now(),
             t_in: Vec::new(),
             lat_ns: Vec::new(),
+            last_done_ns: 0,
+            done_at: None,
             failed: 0,
         }
     }
@@ -239,6 +253,10 @@ impl FlowGen {
                     .and_then(|i| self.t_in.get(i as usize))
                 {
                     self.lat_ns.push(now.saturating_sub(*t));
+                    self.last_done_ns = now;
+                    if let Some(d) = self.done_at.as_mut() {
+                        d.push(now);
+                    }
                     n += 1;
                 }
             }
@@ -301,12 +319,16 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
+/// The `--latency-log` file, with the name of the measurement being written.
+type LatencyLog<'a> = (&'static str, &'a mut std::io::BufWriter<std::fs::File>);
+
 /// Run one measurement on a fresh pipeline (fresh flow table) sharing the FM session.
 fn phase(
     link: &mut Option<pp::WorkerLink>,
     base: u64,
     pace: Pace,
     seconds: f64,
+    log: Option<LatencyLog<'_>>,
 ) -> Result<(Phase, u64, pp::WorkerLink)> {
     let l = link.take().context("worker link")?;
     let mut cfg = PipelineConfig::new(NodeAddr {
@@ -325,7 +347,10 @@ fn phase(
             chain: 1,
         },
     );
-    let gen = FlowGen::new(base, pace, pipeline::MAX_BATCH);
+    let mut gen = FlowGen::new(base, pace, pipeline::MAX_BATCH);
+    if log.is_some() {
+        gen.done_at = Some(Vec::new());
+    }
     let mut w = Worker::new(p, gen, pipeline::MAX_BATCH, Box::new(MonotonicClock::new()));
     let doorbell = l.doorbell;
     let cpu0 = process_cpu_s();
@@ -357,12 +382,21 @@ fn phase(
         tracing::warn!(drops = s.total_drops(), "flows dropped in the setup bench");
     }
     let elapsed = w.io.start.elapsed().as_secs_f64().min(seconds + 5.0);
-    let last = (w.io.t_in.iter().zip(&w.io.lat_ns))
-        .map(|(t, l)| t + l)
-        .max()
-        .unwrap_or(0) as f64
-        / 1e9;
+    let last = w.io.last_done_ns as f64 / 1e9;
     let span = if last > 0.0 { last } else { elapsed };
+    if let (Some(log), Some(done)) = (log, &w.io.done_at) {
+        use std::io::Write;
+        for (t, l) in done.iter().zip(&w.io.lat_ns) {
+            writeln!(
+                log.1,
+                "{} {:.1} {:.1}",
+                log.0,
+                *t as f64 / 1e3,
+                *l as f64 / 1e3
+            )
+            .context("writing the latency log")?;
+        }
+    }
     let mut lat_us: Vec<f64> = w.io.lat_ns.iter().map(|n| *n as f64 / 1e3).collect();
     lat_us.sort_by(f64::total_cmp);
     let next = w.io.next;
@@ -513,7 +547,13 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let doorbell = link.doorbell;
 
     // Warm up connections, allocators and caches.
-    let (_, next, _) = phase(&mut Some(mk(&doorbell)), 0, Pace::Window(512), 0.3)?;
+    let (_, next, _) = phase(&mut Some(mk(&doorbell)), 0, Pace::Window(512), 0.3, None)?;
+    let mut log = match &a.latency_log {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
     let s0 = rt.block_on(fm.stats()).context("FM")?;
     // Requests and batches the PP client has sent so far.
     let sent = || {
@@ -529,13 +569,19 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         next,
         Pace::Window(a.window),
         a.seconds,
+        log.as_mut().map(|l| ("saturated", l)),
     )?;
     let (paced, _, _) = phase(
         &mut Some(mk(&doorbell)),
         next,
         Pace::Rate(a.rate),
         a.seconds,
+        log.as_mut().map(|l| ("paced", l)),
     )?;
+    if let Some(mut l) = log {
+        use std::io::Write;
+        l.flush().context("writing the latency log")?;
+    }
     let s1 = rt.block_on(fm.stats()).context("FM")?;
     let c1 = sent();
     // Let FM judge the last heartbeat periods of the run before the count is taken.
