@@ -645,3 +645,46 @@ pub fn print(r: &SetupBench) {
         r.cpu_us_per_flow, r.saturated_flows
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A short run through the real path (FM, three SC nodes, PP over loopback gRPC):
+    /// the log holds one line per flow set up, in both measurements, and its saturated
+    /// lines are the flows the cost figure divides by.
+    #[test]
+    fn the_latency_log_has_a_line_per_flow_set_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lat.txt");
+        let r = run(SetupBenchArgs {
+            json: true,
+            seconds: 0.3,
+            rate: 2000.0,
+            window: 64,
+            linger_us: 100,
+            nfs: "test".into(),
+            groups: 1,
+            insecure: true,
+            tls: false,
+            latency_log: Some(path.clone()),
+        })
+        .expect("bench setup");
+        let log = std::fs::read_to_string(&path).expect("log");
+        let (mut sat, mut paced) = (0u64, 0u64);
+        for line in log.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!(f.len(), 3, "{line}");
+            let done: f64 = f[1].parse().expect("done_us");
+            let lat: f64 = f[2].parse().expect("latency_us");
+            assert!(lat > 0.0 && done >= lat, "{line}");
+            match f[0] {
+                "saturated" => sat += 1,
+                "paced" => paced += 1,
+                other => panic!("phase {other}"),
+            }
+        }
+        assert_eq!(sat, r.saturated_flows);
+        assert!(sat > 0 && paced > 0, "{sat} saturated, {paced} paced lines");
+    }
+}
