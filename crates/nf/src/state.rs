@@ -151,19 +151,47 @@ impl Kind {
 
 /// A row's value in postcard form. Inline up to 16 bytes, which holds a conntrack
 /// entry or a backend: a row then costs no allocation and its read no pointer chase,
-/// and a per-flow table stays close to the size of the NFs' own maps it replaced.
+/// and a per-flow table stays close to the size of the NFs' own maps it replaced. 24
+/// bytes in all: the workspace builds smallvec with `union`, which drops the enum tag
+/// that would make it 32.
 type Value = SmallVec<[u8; 16]>;
+
+/// An optional time in ms in 8 bytes, where `Option<u64>` takes 16: a per-flow table
+/// holds a row per flow at every replica, and its rows' size is what a table doubling
+/// moves and faults in (docs/setup-path.md). `u64::MAX` is none; a time of `u64::MAX`
+/// itself (584 million years on) is kept as one ms earlier, which never fires either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OptMs(u64);
+
+impl OptMs {
+    const NONE: OptMs = OptMs(u64::MAX);
+
+    fn new(t: Option<u64>) -> OptMs {
+        match t {
+            Some(t) => OptMs(t.min(u64::MAX - 1)),
+            None => OptMs::NONE,
+        }
+    }
+
+    fn some(t: u64) -> OptMs {
+        OptMs::new(Some(t))
+    }
+
+    fn get(self) -> Option<u64> {
+        (self != OptMs::NONE).then_some(self.0)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Row {
     value: Value,
     /// Serpens `timer(table, key, timeout)`: the row is removed at this time (per-flow).
-    deadline_ms: Option<u64>,
+    deadline_ms: OptMs,
     /// The group a per-flow row counts in ([`StateTables::put_flow_in`]).
     group: Option<Box<[u8]>>,
     /// When the row's live entry in the timer queue fires (at or before `deadline_ms`);
     /// an index detail, not carried in snapshots, rebuilt on restore and merge.
-    scheduled: Option<u64>,
+    scheduled: OptMs,
 }
 
 impl Row {
@@ -171,9 +199,9 @@ impl Row {
     fn keyed(value: Value) -> Row {
         Row {
             value,
-            deadline_ms: None,
+            deadline_ms: OptMs::NONE,
             group: None,
-            scheduled: None,
+            scheduled: OptMs::NONE,
         }
     }
 }
@@ -200,9 +228,9 @@ impl From<WireRow> for Row {
     fn from(w: WireRow) -> Row {
         Row {
             value: Value::from_slice(&w.value),
-            deadline_ms: w.deadline_ms,
+            deadline_ms: OptMs::new(w.deadline_ms),
             group: w.group.map(Vec::into_boxed_slice),
-            scheduled: None,
+            scheduled: OptMs::NONE,
         }
     }
 }
@@ -211,7 +239,7 @@ impl From<Row> for WireRow {
     fn from(r: Row) -> WireRow {
         WireRow {
             value: r.value.to_vec(),
-            deadline_ms: r.deadline_ms,
+            deadline_ms: r.deadline_ms.get(),
             group: r.group.map(Vec::from),
             share: None,
         }
@@ -304,10 +332,10 @@ impl Table {
     /// later than the new deadline.
     fn insert_flow(&mut self, f: FlowKey, mut row: Row) {
         self.count(row.group.as_deref(), true);
-        let old = self.flows.get(&f).and_then(|r| r.scheduled);
-        row.scheduled = None;
-        if let Some(d) = row.deadline_ms {
-            row.scheduled = Some(self.schedule(&f, old, d));
+        let old = self.flows.get(&f).and_then(|r| r.scheduled.get());
+        row.scheduled = OptMs::NONE;
+        if let Some(d) = row.deadline_ms.get() {
+            row.scheduled = OptMs::some(self.schedule(&f, old, d));
         }
         if let Some(old) = self.flows.insert(f, row) {
             self.count(old.group.as_deref(), false);
@@ -326,13 +354,13 @@ impl Table {
 
     /// A present row's timer; false if there is no such row.
     fn set_timer(&mut self, f: &FlowKey, deadline_ms: u64) -> bool {
-        let Some(scheduled) = self.flows.get(f).map(|r| r.scheduled) else {
+        let Some(scheduled) = self.flows.get(f).map(|r| r.scheduled.get()) else {
             return false;
         };
         let at = self.schedule(f, scheduled, deadline_ms);
         if let Some(row) = self.flows.get_mut(f) {
-            row.deadline_ms = Some(deadline_ms);
-            row.scheduled = Some(at);
+            row.deadline_ms = OptMs::some(deadline_ms);
+            row.scheduled = OptMs::some(at);
         }
         true
     }
@@ -346,22 +374,22 @@ impl Table {
             }
             self.timers.pop();
             let f = FlowKey::from_bytes(k);
-            let Some(row) = self.flows.get(&f).filter(|r| r.scheduled == Some(at)) else {
+            let Some(row) = self.flows.get(&f).filter(|r| r.scheduled.get() == Some(at)) else {
                 continue;
             };
-            match row.deadline_ms {
+            match row.deadline_ms.get() {
                 Some(d) if d <= now_ms => {
                     gone.extend(self.remove_flow(&f).map(|r| (f, r)));
                 }
                 Some(d) => {
                     self.timers.push(Reverse((d, k)));
                     if let Some(row) = self.flows.get_mut(&f) {
-                        row.scheduled = Some(d);
+                        row.scheduled = OptMs::some(d);
                     }
                 }
                 None => {
                     if let Some(row) = self.flows.get_mut(&f) {
-                        row.scheduled = None;
+                        row.scheduled = OptMs::NONE;
                     }
                 }
             }
@@ -765,7 +793,7 @@ impl StateTables {
     ) -> Result<Option<(V, Option<u64>)>, StateError> {
         let t = self.kinded(table, "get_flow_timed", &[Kind::PerFlow])?;
         (t.flows.get(flow))
-            .map(|r| Ok((dec(table, &r.value)?, r.deadline_ms)))
+            .map(|r| Ok((dec(table, &r.value)?, r.deadline_ms.get())))
             .transpose()
     }
 
@@ -842,8 +870,8 @@ impl StateTables {
                 }
                 r.value = value;
                 if let Some(d) = deadline {
-                    r.scheduled = Some(schedule_in(timers, flow, r.scheduled, d));
-                    r.deadline_ms = Some(d);
+                    r.scheduled = OptMs::some(schedule_in(timers, flow, r.scheduled.get(), d));
+                    r.deadline_ms = OptMs::some(d);
                 }
             }
             Entry::Vacant(_) if !room => {
@@ -857,9 +885,9 @@ impl StateTables {
                 let scheduled = deadline.map(|d| schedule_in(timers, flow, None, d));
                 e.insert(Row {
                     value,
-                    deadline_ms: deadline,
+                    deadline_ms: OptMs::new(deadline),
                     group,
-                    scheduled,
+                    scheduled: OptMs::new(scheduled),
                 });
             }
         }
@@ -893,7 +921,7 @@ impl StateTables {
     /// A flow's timer ([`StateTables::set_timer`]), if it has a row with one.
     pub fn timer(&self, table: &str, flow: &FlowKey) -> Result<Option<u64>, StateError> {
         let t = self.kinded(table, "timer", &[Kind::PerFlow])?;
-        Ok(t.flows.get(flow).and_then(|r| r.deadline_ms))
+        Ok(t.flows.get(flow).and_then(|r| r.deadline_ms.get()))
     }
 
     /// Every flow with a row, in key order, and its value.
@@ -1787,7 +1815,7 @@ impl StateTables {
                     }
                     (Kind::PerFlow, Some(f)) => {
                         let row = Row::from(w);
-                        let later = |r: &Row| r.deadline_ms.unwrap_or(u64::MAX);
+                        let later = |r: &Row| r.deadline_ms.get().unwrap_or(u64::MAX);
                         if t.flows.get(&f).is_none_or(|mine| later(mine) < later(&row)) {
                             t.insert_flow(f, row);
                         }
@@ -1970,6 +1998,19 @@ fn check_kind(table: &str, kind: Kind, op: &'static str, want: &[Kind]) -> Resul
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_row_is_56_bytes_and_an_opt_ms_keeps_every_time_but_the_last() {
+        // A per-flow table moves and faults in this much per flow at every replica
+        // when it doubles: a value inline (24 with smallvec's `union`), two times (8
+        // each), a group (16).
+        assert_eq!(std::mem::size_of::<Row>(), 56);
+        for t in [0, 1, 30_000, u64::MAX - 1] {
+            assert_eq!(OptMs::some(t).get(), Some(t));
+        }
+        assert_eq!(OptMs::some(u64::MAX).get(), Some(u64::MAX - 1));
+        assert_eq!(OptMs::new(None).get(), None);
+        assert_eq!(OptMs::NONE.get(), None);
+    }
     use super::*;
 
     fn specs() -> Vec<TableSpec> {
