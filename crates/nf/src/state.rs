@@ -1998,6 +1998,8 @@ fn check_kind(table: &str, kind: Kind, op: &'static str, want: &[Kind]) -> Resul
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_row_is_56_bytes_and_an_opt_ms_keeps_every_time_but_the_last() {
         // A per-flow table moves and faults in this much per flow at every replica
@@ -2011,7 +2013,6 @@ mod tests {
         assert_eq!(OptMs::new(None).get(), None);
         assert_eq!(OptMs::NONE.get(), None);
     }
-    use super::*;
 
     fn specs() -> Vec<TableSpec> {
         vec![
