@@ -203,6 +203,10 @@ pub struct FlowTable {
     pub stats: TableStats,
 }
 
+/// Most slots a sweep prefetches for its next call: the default budget's 16 and then
+/// some, but never a large budget's worth of lines at once.
+const SWEEP_PREFETCH: usize = 32;
+
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
@@ -812,7 +816,7 @@ impl FlowTable {
         // The next call's slots, so that its reads hit: the hardware's stream prefetcher
         // does not carry a run of 16 lines across a batch of packets' random misses.
         self.sweep_cursor = i;
-        for j in 0..budget.min(n) {
+        for j in 0..budget.min(n).min(SWEEP_PREFETCH) {
             let at = i + j;
             prefetch(&self.entries[if at >= n { at - n } else { at }]);
         }
