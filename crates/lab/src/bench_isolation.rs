@@ -109,6 +109,15 @@ pub fn print(r: &IsolationReport) {
         ("victim_p99 ms flood", ms(r.victim_p99_us_flood)),
         ("victim_p99_ratio", opt(r.victim_p99_ratio)),
         (
+            "victim_p50 ms baseline / flood",
+            format!(
+                "{} / {}",
+                ms(r.victim_p50_us_baseline),
+                ms(r.victim_p50_us_flood)
+            ),
+        ),
+        ("victim_p50_ratio", opt(r.victim_p50_ratio)),
+        (
             "victim_p99 ms while A bursts / after",
             format!(
                 "{} / {}",

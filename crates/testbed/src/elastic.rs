@@ -300,6 +300,12 @@ fn parse_answer(buf: &[u8]) -> Option<std::io::Result<SocketAddrV4>> {
 /// The 99th percentile of the setup times of the connections that started in
 /// `[from_us, to_us)` and were established (failures have no setup time).
 pub fn p99_setup_us(samples: &[ConnSample], from_us: u64, to_us: u64) -> Option<u64> {
+    setup_quantile_us(samples, from_us, to_us, 0.99)
+}
+
+/// The `q` quantile (0 < q ≤ 1, nearest rank) of the setup times of the connections
+/// started in `[from_us, to_us)` that did not fail.
+pub fn setup_quantile_us(samples: &[ConnSample], from_us: u64, to_us: u64, q: f64) -> Option<u64> {
     let mut v: Vec<u64> = samples
         .iter()
         .filter(|s| s.start_us >= from_us && s.start_us < to_us)
@@ -310,7 +316,7 @@ pub fn p99_setup_us(samples: &[ConnSample], from_us: u64, to_us: u64) -> Option<
         return None;
     }
     v.sort_unstable();
-    let i = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
     Some(v[i])
 }
 
@@ -2032,6 +2038,10 @@ mod tests {
         assert_eq!(p99_setup_us(&v, 0, u64::MAX), Some(99));
         assert_eq!(p99_setup_us(&v, 0, 100), Some(10));
         assert_eq!(p99_setup_us(&v, 10_000, 20_000), None);
+        // The median by nearest rank: the 50th of 1..=100, and of a window's 1..=10 the 5th.
+        assert_eq!(setup_quantile_us(&v, 0, u64::MAX, 0.5), Some(50));
+        assert_eq!(setup_quantile_us(&v, 0, 100, 0.5), Some(5));
+        assert_eq!(setup_quantile_us(&v, 0, u64::MAX, 1.0), Some(100));
     }
 
     #[test]

@@ -45,7 +45,9 @@ use telemetry::scrape::{self, Sample};
 use tracing::info;
 
 use crate::chains::{self, Toward};
-use crate::elastic::{enter_netns, p99_setup_us, ConnLoop, ConnSample, LoadSpec, Outcome};
+use crate::elastic::{
+    enter_netns, p99_setup_us, setup_quantile_us, ConnLoop, ConnSample, LoadSpec, Outcome,
+};
 use crate::platform::{self, Platform, PlatformSpec};
 use crate::services::{self, HTTP_PORT};
 use crate::topo::{addr, vni, Node, Proc, Testbed};
@@ -170,6 +172,15 @@ pub struct IsolationReport {
     pub victim_p99_us_flood: Option<u64>,
     /// p99 during the flood ÷ p99 of the baseline.
     pub victim_p99_ratio: Option<f64>,
+    /// B's median setup time in the baseline and during the flood, and their ratio:
+    /// beside the p99 (the goal's figure, the ~3rd slowest of a baseline's ~250
+    /// connections), whether the flood moves B's whole distribution or only its tail.
+    #[serde(default)]
+    pub victim_p50_us_baseline: Option<u64>,
+    #[serde(default)]
+    pub victim_p50_us_flood: Option<u64>,
+    #[serde(default)]
+    pub victim_p50_ratio: Option<f64>,
     /// B's p99 while A was in S_burst (A at up to `burst` new flows/s), and after A's
     /// credit ran out (A held to `base`).
     pub victim_p99_us_flood_burst: Option<u64>,
@@ -543,6 +554,8 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
     let aggressor_rate_limited = limited_at(TENANT_A, &before.0);
     let p99_base = p99_setup_us(&baseline, 0, u64::MAX);
     let p99_flood = p99_setup_us(&victim, 0, u64::MAX);
+    let p50_base = setup_quantile_us(&baseline, 0, u64::MAX, 0.5);
+    let p50_flood = setup_quantile_us(&victim, 0, u64::MAX, 0.5);
     let max = |v: &[f64]| {
         v.iter()
             .cloned()
@@ -607,6 +620,12 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
         victim_p99_us_baseline: p99_base,
         victim_p99_us_flood: p99_flood,
         victim_p99_ratio: match (p99_base, p99_flood) {
+            (Some(b), Some(f)) if b > 0 => Some(f as f64 / b as f64),
+            _ => None,
+        },
+        victim_p50_us_baseline: p50_base,
+        victim_p50_us_flood: p50_flood,
+        victim_p50_ratio: match (p50_base, p50_flood) {
             (Some(b), Some(f)) if b > 0 => Some(f as f64 / b as f64),
             _ => None,
         },
@@ -890,6 +909,9 @@ mod tests {
             victim_p99_us_baseline: None,
             victim_p99_us_flood: None,
             victim_p99_ratio: None,
+            victim_p50_us_baseline: None,
+            victim_p50_us_flood: None,
+            victim_p50_ratio: None,
             victim_p99_us_flood_burst: None,
             victim_p99_us_flood_after: None,
             victim_max_setup_us_flood: 0,
