@@ -554,6 +554,12 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
     let aggressor_rate_limited = limited_at(TENANT_A, &before.0);
     let p99_base = p99_setup_us(&baseline, 0, u64::MAX);
     let p99_flood = p99_setup_us(&victim, 0, u64::MAX);
+    // A setup time during the flood over the same figure of the baseline (none without
+    // both, or over a zero).
+    let flood_over_baseline = |b: Option<u64>, f: Option<u64>| match (b, f) {
+        (Some(b), Some(f)) if b > 0 => Some(f as f64 / b as f64),
+        _ => None,
+    };
     let p50_base = setup_quantile_us(&baseline, 0, u64::MAX, 0.5);
     let p50_flood = setup_quantile_us(&victim, 0, u64::MAX, 0.5);
     let max = |v: &[f64]| {
@@ -619,16 +625,10 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
         victim_connections_baseline: baseline.len(),
         victim_p99_us_baseline: p99_base,
         victim_p99_us_flood: p99_flood,
-        victim_p99_ratio: match (p99_base, p99_flood) {
-            (Some(b), Some(f)) if b > 0 => Some(f as f64 / b as f64),
-            _ => None,
-        },
+        victim_p99_ratio: flood_over_baseline(p99_base, p99_flood),
         victim_p50_us_baseline: p50_base,
         victim_p50_us_flood: p50_flood,
-        victim_p50_ratio: match (p50_base, p50_flood) {
-            (Some(b), Some(f)) if b > 0 => Some(f as f64 / b as f64),
-            _ => None,
-        },
+        victim_p50_ratio: flood_over_baseline(p50_base, p50_flood),
         victim_p99_us_flood_burst,
         victim_p99_us_flood_after,
         victim_max_setup_us_flood,
