@@ -6,7 +6,9 @@
 //! Runs, in one topology, one after the other: the kernel routing only, the kernel with
 //! nftables SNAT, the kernel as an nftables DNAT load balancer; then starfabric with a
 //! SNAT chain on the UDP-socket backend (`starfabric`), the same on the AF_XDP backend
-//! (`afxdp`), and starfabric with an LB chain (UDP socket). The ratios are over kernel
+//! (`afxdp`; in copy mode it transmits through a packet socket in UDP GSO runs), the
+//! same with the AF_XDP TX ring instead (`afxdp_ring`), and starfabric with an LB chain
+//! (UDP socket). The ratios are over kernel
 //! nftables SNAT. Every measurement is bounded in time; a failed one is reported as
 //! missing (null) with its error, and the run goes on.
 //!
@@ -50,7 +52,8 @@ pub struct E2eBenchArgs {
     #[arg(long)]
     pub kernel_rps: bool,
     /// Run only these variants (by their JSON names: kernel_forward, kernel,
-    /// kernel_dnat_lb, starfabric, afxdp, xdp_fastpath, starfabric_lb, ipsec); the
+    /// kernel_dnat_lb, starfabric, afxdp, afxdp_ring, xdp_fastpath, starfabric_lb,
+    /// ipsec); the
     /// others are left empty. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -84,6 +87,12 @@ pub struct E2eBench {
     pub afxdp: Numbers,
     /// afxdp / kernel.
     pub ratio_afxdp: Numbers,
+    /// The same on AF_XDP transmitting through the socket's TX ring
+    /// (`--afxdp-tx ring`: one skb per frame in copy mode), the backend's transmit
+    /// before the packet socket; beside `afxdp` so both are measured in one run.
+    pub afxdp_ring: Numbers,
+    /// afxdp_ring / kernel.
+    pub ratio_afxdp_ring: Numbers,
     /// starfabric with a SNAT chain on AF_XDP with the XDP fast path on (`--offload`):
     /// elephant flows' rules run in the driver.
     pub xdp_fastpath: Numbers,
@@ -381,13 +390,18 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         // starfabric runs without it, as it always does.
         baseline::disable_rps(&tb, Node::Pp, "up0")?;
     }
-    let snat_variants: [(&str, &str, &[&str]); 3] = [
+    let snat_variants: [(&str, &str, &[&str]); 4] = [
         (
             "starfabric",
             "starfabric SNAT (UDP socket)",
             &["--io", "udp"],
         ),
         ("afxdp", "starfabric SNAT (AF_XDP)", &["--io", "afxdp"]),
+        (
+            "afxdp_ring",
+            "starfabric SNAT (AF_XDP, TX ring)",
+            &["--io", "afxdp", "--afxdp-tx", "ring"],
+        ),
         (
             "xdp_fastpath",
             "starfabric SNAT (XDP fast path)",
@@ -404,6 +418,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         match variant {
             "starfabric" => out.starfabric = n,
             "afxdp" => out.afxdp = n,
+            "afxdp_ring" => out.afxdp_ring = n,
             _ => out.xdp_fastpath = n,
         }
     }
@@ -423,6 +438,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
 
     out.ratio = out.starfabric.ratio(&out.kernel);
     out.ratio_afxdp = out.afxdp.ratio(&out.kernel);
+    out.ratio_afxdp_ring = out.afxdp_ring.ratio(&out.kernel);
     out.ratio_xdp_fastpath = out.xdp_fastpath.ratio(&out.kernel);
     out.fastpath_over_userspace = out.xdp_fastpath.ratio(&out.afxdp);
     out.ratio_lb = out.starfabric_lb.ratio(&out.kernel_dnat_lb);
@@ -549,6 +565,7 @@ pub fn print(r: &E2eBench) {
     for (name, n, ratio) in [
         ("starfabric SNAT (UDP)", &r.starfabric, false),
         ("starfabric SNAT (AF_XDP)", &r.afxdp, false),
+        ("sf SNAT (AF_XDP ring)", &r.afxdp_ring, false),
         ("starfabric SNAT (XDP fp)", &r.xdp_fastpath, false),
         ("kernel nft SNAT", &r.kernel, false),
         ("kernel forward", &r.kernel_forward, false),
@@ -556,6 +573,7 @@ pub fn print(r: &E2eBench) {
         ("kernel nft DNAT LB", &r.kernel_dnat_lb, false),
         ("ratio SNAT (sf/kernel)", &r.ratio, true),
         ("ratio AF_XDP (/kernel)", &r.ratio_afxdp, true),
+        ("ratio AF_XDP ring", &r.ratio_afxdp_ring, true),
         ("ratio XDP fp (/kernel)", &r.ratio_xdp_fastpath, true),
         ("XDP fp / AF_XDP", &r.fastpath_over_userspace, true),
         ("ratio LB (sf/kernel)", &r.ratio_lb, true),

@@ -25,6 +25,12 @@
 //! outstanding, not only when the need-wakeup flag asks for it, and again on every `rx`.
 //! Ring full and no free frame are counted drops, never a panic or a leaked frame.
 //!
+//! In copy mode that is one skb per frame, with no segmentation offload, so by default
+//! ([`AfXdpTx::Auto`]) a copy-mode port sends a batch whose frames form runs of one
+//! outer flow (a TCP flow's segments, after its rule) through a packet socket instead,
+//! one UDP GSO skb per run ([`crate::gso_tx`]); batches of scattered frames still use
+//! the ring. See `docs/afxdp.md`, "Transmit".
+//!
 //! The socket only receives what an XDP program on the interface redirects to it: the
 //! PP node attaches `xdp::XdpProgram` and registers this socket's fd in its `xsks` map
 //! ([`AfXdpIo::as_raw_fd`]). Binding uses `XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`, so
@@ -37,6 +43,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use pipeline::{Desc, IoError, PacketIo, Verdict, FRAME_SIZE, HEADROOM};
+
+use crate::gso_tx::PacketGsoTx;
 use thiserror::Error;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
@@ -48,6 +56,10 @@ pub const AFXDP_MAX_BATCH: usize = 256;
 
 /// The kernel's headroom in front of received data (`XDP_PACKET_HEADROOM`).
 pub const XDP_HEADROOM: usize = 256;
+
+/// A batch goes through the packet socket ([`AfXdpTx::Gso`]) when its frames make at
+/// least this many per message on average; else through the TX ring.
+const GSO_MIN_RUN: usize = 2;
 
 /// How many descriptors copy-mode `sendto` transmits per call (the kernel's
 /// `TX_BATCH_SIZE`); how many kicks a TX batch needs.
@@ -95,6 +107,23 @@ pub struct AfXdpConfig {
     pub zero_copy: bool,
     /// Preferred busy polling; `None` leaves the socket interrupt (NAPI) driven.
     pub busy_poll: Option<BusyPoll>,
+    /// How frames are transmitted.
+    pub tx: AfXdpTx,
+}
+
+/// How an [`AfXdpIo`] transmits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AfXdpTx {
+    /// [`AfXdpTx::Gso`] in copy mode (where the packet socket opens), the TX ring in
+    /// zero-copy mode (no skb per frame there to save).
+    #[default]
+    Auto,
+    /// The socket's TX ring only: one skb per frame in copy mode.
+    Ring,
+    /// A packet socket with UDP GSO runs ([`crate::gso_tx`]) for every batch whose
+    /// frames make runs of two or more on average, the TX ring for the others; an error
+    /// if the packet socket cannot open.
+    Gso,
 }
 
 impl AfXdpConfig {
@@ -107,12 +136,13 @@ impl AfXdpConfig {
             poll_timeout: Duration::from_millis(20),
             zero_copy: true,
             busy_poll: None,
+            tx: AfXdpTx::Auto,
         }
     }
 }
 
 /// Counters of an [`AfXdpIo`]. Every `Tx` descriptor handed to the backend ends in exactly
-/// one of `tx_packets`, `tx_ring_full`, `tx_no_frame`, `tx_oversize`.
+/// one of `tx_packets`, `tx_ring_full`, `tx_no_frame`, `tx_oversize`, `tx_send_dropped`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AfXdpStats {
     /// Frames delivered to the pipeline.
@@ -142,6 +172,14 @@ pub struct AfXdpStats {
     /// Busy-polling `recvfrom` calls (`rx` found the RX ring empty and asked the
     /// kernel to run the NAPI poll in this thread).
     pub busy_polls: u64,
+    /// Packet-socket transmit ([`AfXdpTx::Gso`]): messages of more than one frame (one
+    /// GSO skb each), the frames in them, GSO messages refused and re-sent frame by
+    /// frame, `sendmmsg`/`sendmsg` calls, and frames the kernel refused (dropped).
+    pub tx_gso_sends: u64,
+    pub tx_gso_segments: u64,
+    pub tx_gso_fallbacks: u64,
+    pub tx_syscalls: u64,
+    pub tx_send_dropped: u64,
 }
 
 /// The kernel's counters of the socket (`XDP_STATISTICS`).
@@ -243,6 +281,12 @@ pub struct AfXdpIo {
     stats: AfXdpStats,
     /// Busy polling is on (the socket options took).
     busy_poll: bool,
+    /// The packet socket that transmits instead of the TX ring ([`AfXdpTx`]).
+    gso: Option<PacketGsoTx>,
+    /// Scratch: the `(start, len)` of each frame `tx` hands to `gso`.
+    gso_frames: Vec<(usize, usize)>,
+    /// Entries of the TX ring.
+    tx_ring_size: u32,
 }
 
 // SAFETY: `base` points into the UMEM mapping that `umem` keeps alive; nothing else
@@ -255,6 +299,11 @@ fn queue_size(n: u32) -> Result<QueueSize, AfXdpError> {
 }
 
 type Rings = (TxQueue, RxQueue, FillQueue, CompQueue);
+
+/// Entries of the RX and TX rings for a UMEM of `frames`.
+fn ring_size(frames: u32) -> u32 {
+    (frames / 2).max(64)
+}
 
 fn make_umem(frames: u32) -> Result<(Umem, Vec<FrameDesc>), AfXdpError> {
     let cfg = UmemConfig::builder()
@@ -277,7 +326,7 @@ fn bind(cfg: &AfXdpConfig, umem: &Umem, flags: BindFlags) -> Result<Rings, AfXdp
         queue: cfg.queue_id,
         reason,
     };
-    let ring = (cfg.frames / 2).max(64);
+    let ring = ring_size(cfg.frames);
     let scfg = SocketConfig::builder()
         .rx_queue_size(queue_size(ring)?)
         .tx_queue_size(queue_size(ring)?)
@@ -383,8 +432,32 @@ impl AfXdpIo {
             tx_batch: Vec::with_capacity(AFXDP_MAX_BATCH),
             stats: AfXdpStats::default(),
             busy_poll: false,
+            gso: None,
+            gso_frames: Vec::with_capacity(AFXDP_MAX_BATCH),
+            tx_ring_size: ring_size(cfg.frames),
             cfg,
         };
+        let want_gso = match io.cfg.tx {
+            AfXdpTx::Ring => false,
+            AfXdpTx::Gso => true,
+            AfXdpTx::Auto => mode == XskMode::Copy,
+        };
+        if want_gso {
+            let opened = crate::netif::ifindex(&io.cfg.ifname).and_then(PacketGsoTx::open);
+            match (opened, io.cfg.tx) {
+                (Ok(g), _) => io.gso = Some(g),
+                (Err(e), AfXdpTx::Gso) => {
+                    return Err(AfXdpError::Bind {
+                        ifname: io.cfg.ifname.clone(),
+                        queue: io.cfg.queue_id,
+                        reason: format!("packet socket for GSO transmit: {e}"),
+                    })
+                }
+                (Err(e), _) => {
+                    tracing::warn!(error = %e, "no packet socket for GSO transmit; the TX ring sends")
+                }
+            }
+        }
         if let Some(bp) = io.cfg.busy_poll {
             set_busy_poll(io.as_raw_fd(), bp).map_err(|e| AfXdpError::Bind {
                 ifname: io.cfg.ifname.clone(),
@@ -400,6 +473,7 @@ impl AfXdpIo {
             %mode,
             frames,
             busy_poll = ?io.cfg.busy_poll,
+            tx = io.tx_path(),
             "AF_XDP socket bound"
         );
         Ok(io)
@@ -407,6 +481,15 @@ impl AfXdpIo {
 
     pub fn mode(&self) -> XskMode {
         self.mode
+    }
+
+    /// How this port transmits: `gso` (packet socket) or `ring`.
+    pub fn tx_path(&self) -> &'static str {
+        if self.gso.is_some() {
+            "gso"
+        } else {
+            "ring"
+        }
     }
 
     pub fn config(&self) -> &AfXdpConfig {
@@ -852,6 +935,11 @@ impl PacketIo for AfXdpIo {
     }
 
     fn tx(&mut self, descs: &[Desc]) -> Result<usize, IoError> {
+        if self.gso.is_some() {
+            if let Some(sent) = self.tx_gso(descs) {
+                return Ok(sent);
+            }
+        }
         let before = self.stats.tx_packets;
         self.tx_batch.clear();
         for d in descs {
@@ -934,6 +1022,73 @@ impl PacketIo for AfXdpIo {
         self.top_up_fill();
         self.check_census();
         Ok((self.stats.tx_packets - before) as usize)
+    }
+}
+
+impl AfXdpIo {
+    /// `tx` through the packet socket, if the batch's frames make runs of
+    /// [`GSO_MIN_RUN`] on average; `None` leaves the whole batch to the TX ring (one skb
+    /// per frame either way, and the ring's is the cheaper). With `Some`, every frame
+    /// of the batch is free again, sent or not (the kernel copies what it takes).
+    fn tx_gso(&mut self, descs: &[Desc]) -> Option<usize> {
+        self.gso_frames.clear();
+        let mut oversize = 0;
+        for d in descs {
+            if let Verdict::Tx(_) = d.verdict {
+                let slot = d.base as usize / FRAME_SIZE;
+                let len = d.len as usize;
+                if d.off as usize + len > FRAME_SIZE || slot >= self.owner.len() {
+                    oversize += 1;
+                    continue;
+                }
+                self.gso_frames
+                    .push((slot * FRAME_SIZE + d.off as usize, len));
+            }
+        }
+        let gso = self.gso.as_mut()?;
+        // SAFETY: as in `region`: the UMEM mapping, alive with `self.umem`; the frames
+        // read and written are the pipeline's (owner User), which no ring holds.
+        let region = unsafe { std::slice::from_raw_parts_mut(self.base, self.len) };
+        let msgs = gso.plan(region, &self.gso_frames);
+        if self.gso_frames.len() < GSO_MIN_RUN * msgs {
+            return None;
+        }
+        // Frames an earlier batch put on the TX ring leave before these, so a flow
+        // switching paths between batches stays in order: copy mode transmits in the
+        // kick, so a ring the kernel has consumed is a ring that has sent.
+        let mut tries = 4;
+        while self.census.tx > 0 && self.tx_q.nb_free_exact() < self.tx_ring_size && tries > 0 {
+            tries -= 1;
+            self.stats.tx_kicks += 1;
+            if self.tx_q.wakeup().is_err() {
+                self.stats.tx_kick_errors += 1;
+                break;
+            }
+        }
+        let gso = self.gso.as_mut()?;
+        let before = gso.stats();
+        let sent = gso.send(region, &self.gso_frames);
+        let after = gso.stats();
+        for d in descs {
+            let slot = d.base as usize / FRAME_SIZE;
+            let Some(fd) = self.user.get_mut(slot).and_then(Option::take) else {
+                debug_assert!(false, "descriptor of slot {slot} not from the last rx");
+                continue;
+            };
+            self.give(slot, Owner::User, Owner::Free);
+            self.free.push_back(fd);
+        }
+        self.stats.tx_oversize += oversize;
+        self.stats.tx_packets += sent as u64;
+        self.stats.tx_bytes += after.bytes - before.bytes;
+        self.stats.tx_gso_sends += after.gso_sends - before.gso_sends;
+        self.stats.tx_gso_segments += after.gso_segments - before.gso_segments;
+        self.stats.tx_gso_fallbacks += after.gso_fallbacks - before.gso_fallbacks;
+        self.stats.tx_syscalls += after.syscalls - before.syscalls;
+        self.stats.tx_send_dropped += after.dropped - before.dropped;
+        self.top_up_fill();
+        self.check_census();
+        Some(sent)
     }
 }
 

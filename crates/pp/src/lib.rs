@@ -18,6 +18,7 @@
 
 mod afxdp;
 pub mod fm_client;
+pub mod gso_tx;
 pub mod metrics;
 pub mod netif;
 pub mod node;
@@ -29,7 +30,7 @@ pub mod vip;
 mod xdp_node;
 
 pub use afxdp::{
-    AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, BusyPoll, FrameCensus,
+    AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, AfXdpTx, BusyPoll, FrameCensus,
     NapiDeferral, XskMode, AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
 };
 pub use fm_client::{

@@ -466,6 +466,31 @@ fn pp_encode(sc: &mut Scrape<'_>, p: &PpSnapshot, fm: Option<&FmClientStats>) ->
             x.tx_completed,
         )?;
         sc.counter("afxdp_tx_kicks", "sendto kicks of the TX ring.", x.tx_kicks)?;
+        sc.counter(
+            "afxdp_tx_gso_sends",
+            "Packet-socket messages of more than one frame (one UDP GSO skb each).",
+            x.tx_gso_sends,
+        )?;
+        sc.counter(
+            "afxdp_tx_gso_segments",
+            "Frames sent inside packet-socket GSO messages.",
+            x.tx_gso_segments,
+        )?;
+        sc.counter(
+            "afxdp_tx_gso_fallbacks",
+            "GSO messages the kernel refused, re-sent one frame per message.",
+            x.tx_gso_fallbacks,
+        )?;
+        sc.counter(
+            "afxdp_tx_send_dropped",
+            "Frames dropped: the packet socket's send was refused.",
+            x.tx_send_dropped,
+        )?;
+        sc.counter(
+            "afxdp_tx_syscalls",
+            "Packet-socket send calls.",
+            x.tx_syscalls,
+        )?;
     }
     Ok(())
 }

@@ -282,6 +282,17 @@ pub fn gateway_mac(ifname: &str, wait: Duration) -> Result<(Ipv4Addr, [u8; 6]), 
     }
 }
 
+/// The index of `ifname` in this thread's network namespace.
+pub fn ifindex(ifname: &str) -> std::io::Result<u32> {
+    let name = std::ffi::CString::new(ifname).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated name that outlives the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(index)
+}
+
 /// Whether `/sys/class/net/IFNAME` is this thread's `ifname`: sysfs shows the namespace
 /// that mounted it, which after an in-process setns is not the thread's, and a device of
 /// the same name there (say the host's) must not be read or written as this one. Same
@@ -293,12 +304,7 @@ pub fn sysfs_is_ours(ifname: &str) -> std::io::Result<()> {
              run the node in its namespace with `ip netns exec`, which mounts its own /sys"
         ))
     };
-    let name = std::ffi::CString::new(ifname).map_err(std::io::Error::other)?;
-    // SAFETY: a NUL-terminated name that outlives the call.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if index == 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let index = ifindex(ifname)?;
     let sys_index = std::fs::read_to_string(format!("/sys/class/net/{ifname}/ifindex"))
         .map_err(|_| mismatch("presence"))?;
     if sys_index.trim().parse::<u32>().ok() != Some(index) {

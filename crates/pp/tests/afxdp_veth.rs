@@ -249,6 +249,8 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
         let mut cfg = AfXdpConfig::new("xa");
         cfg.poll_timeout = Duration::from_millis(5);
         cfg.frames = 256;
+        // The TX ring's accounting is what this test checks (completions below).
+        cfg.tx = pp::AfXdpTx::Ring;
         let io = AfXdpIo::bind(cfg).expect("AF_XDP bind");
         let mode = io.mode();
         program.register_xsk(0, &io).unwrap();
@@ -524,4 +526,146 @@ fn the_interface_is_read_in_the_threads_own_namespace() {
     assert_eq!(xa_queues, Ok(1));
     let e = missing.expect_err("no such interface");
     assert!(e.contains("sf-none"), "{e}");
+}
+
+/// Copy mode with `AfXdpTx::Gso`: frames of one flow that arrive in one batch leave as
+/// one UDP GSO message through the packet socket. With the PP side's veth unable to
+/// take UDP GSO whole (`tx-udp-segmentation off`, as on the testbed, where the router
+/// side runs XDP), the kernel cuts it at the device: the peer sees every datagram, in
+/// order, each with its own lengths, a valid IP header and a UDP checksum that is
+/// either complete or the pseudo-header sum of its own length (unfinished
+/// `CHECKSUM_PARTIAL`, which the receiving kernel trusts on a veth), and its UDP stack
+/// takes every one.
+#[test]
+fn a_batch_of_one_flow_leaves_as_one_gso_send_and_arrives_as_its_datagrams() {
+    let Some(ns) = netns() else { return };
+    const PORT: u16 = 40002;
+    const N: usize = 40;
+    ns_exec(
+        &ns.pp,
+        &["ethtool", "-K", "xa", "tx-udp-segmentation", "off"],
+    );
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<()>(1);
+    let (sent_tx, sent_rx) = crossbeam_channel::bounded::<()>(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pp_ns = ns.pp.clone();
+    let stop2 = stop.clone();
+    let pp = std::thread::spawn(move || {
+        enter(&pp_ns);
+        let mut pcfg = PipelineConfig::new(node());
+        pcfg.flow_capacity = 1024;
+        let (mut p, _req_rx, _rep_tx) = channel_pipeline(pcfg, 16);
+        p.bind_vpc(
+            100,
+            VpcBinding {
+                tenant: 1,
+                chain: 1,
+            },
+        );
+        let mut r = reflect_rule(PORT);
+        r.idle_timeout = Some(Duration::MAX);
+        p.install_rule(&r, 0).unwrap();
+        let mut program = xdp::XdpProgram::load().expect("load the XDP program");
+        program.set_node(&node()).unwrap();
+        let mut cfg = AfXdpConfig::new("xa");
+        cfg.poll_timeout = Duration::from_millis(5);
+        cfg.frames = 256;
+        cfg.tx = pp::AfXdpTx::Gso;
+        let io = AfXdpIo::bind(cfg).expect("AF_XDP bind");
+        assert_eq!(io.tx_path(), "gso");
+        program.register_xsk(0, &io).unwrap();
+        let attachment = program.attach("xa").expect("attach");
+        let mut w = Worker::new(p, io, 64, Box::new(MonotonicClock::new()));
+        ready_tx.send(()).unwrap();
+        // Let the whole burst queue on the RX ring, so one batch holds it.
+        sent_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !stop2.load(Ordering::Relaxed) && Instant::now() < deadline {
+            w.run_once().unwrap();
+        }
+        w.io.verify_frames().expect("frame accounting");
+        program.detach(attachment).unwrap();
+        (w.io.stats(), w.io.frame_census())
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let peer_ns = ns.peer.clone();
+    let peer = std::thread::spawn(move || {
+        enter(&peer_ns);
+        let sock = RawSock::open("xb");
+        let udp = UdpSocket::bind("198.18.250.2:4789").unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        // N - 1 frames of 1,000 bytes of payload and a shorter last one, each its own
+        // bytes, so order and content show.
+        let payloads: Vec<Vec<u8>> = (0..N)
+            .map(|i| vec![i as u8; if i == N - 1 { 300 } else { 1000 }])
+            .collect();
+        for pl in &payloads {
+            sock.send(&vxlan_to_pp(100, &request(PORT, pl)));
+        }
+        sent_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < N && Instant::now() < deadline {
+            match sock.recv() {
+                Some(f) if f.len() > 42 && f[12..14] == [0x08, 0x00] && f[6..12] == PP_MAC => {
+                    got.push(f)
+                }
+                _ => {}
+            }
+        }
+        let mut datagrams = 0;
+        let mut buf = vec![0u8; 2048];
+        while datagrams < N {
+            match udp.recv_from(&mut buf) {
+                Ok(_) => datagrams += 1,
+                Err(_) => break,
+            }
+        }
+        (payloads, got, datagrams)
+    });
+    let (payloads, got, datagrams) = peer.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (stats, census) = pp.join().unwrap();
+
+    assert_eq!(got.len(), N, "one datagram on the wire per frame");
+    let (mut complete, mut partial) = (0, 0);
+    for (f, pl) in got.iter().zip(&payloads) {
+        let inner = check_output(f);
+        assert_eq!(inner, expected_reply(PORT, pl), "in order, content intact");
+        assert_eq!(csum::get16(f, 16) as usize, f.len() - 14, "IP total length");
+        let udp_len = csum::get16(f, 38);
+        assert_eq!(udp_len as usize, f.len() - 34, "UDP length");
+        let src: [u8; 4] = f[26..30].try_into().unwrap();
+        let dst: [u8; 4] = f[30..34].try_into().unwrap();
+        let pseudo = csum::pseudo_v4(&src, &dst, 17, udp_len);
+        if csum::fold(pseudo + csum::sum(&f[34..])) == 0xffff {
+            complete += 1;
+        } else {
+            assert_eq!(
+                csum::get16(f, 40),
+                csum::fold(pseudo),
+                "an unfinished UDP checksum is this datagram's pseudo-header sum"
+            );
+            partial += 1;
+        }
+    }
+    assert_eq!(complete + partial, N);
+    assert_eq!(datagrams, N, "the peer's UDP stack took every datagram");
+    assert!(
+        stats.tx_gso_sends >= 1 && stats.tx_gso_segments >= 2,
+        "{stats:?}"
+    );
+    assert_eq!(stats.tx_packets, N as u64, "{stats:?}");
+    assert_eq!(
+        (
+            stats.tx_send_dropped,
+            stats.tx_gso_fallbacks,
+            stats.tx_ring_full
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!((census.user, census.tx), (0, 0), "{census:?}");
+    drop(ns);
 }

@@ -20,6 +20,17 @@ enum IoArg {
     Udp,
 }
 
+/// `--afxdp-tx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AfxdpTxArg {
+    /// The packet socket in copy mode, the TX ring in zero-copy mode.
+    Auto,
+    /// The AF_XDP TX ring.
+    Ring,
+    /// The packet socket with UDP GSO, or fail.
+    Gso,
+}
+
 #[derive(Args, Debug, Clone)]
 struct OffloadArgs {
     /// Run elephant flows' rules in the XDP program on the node's interface (the XDP
@@ -66,6 +77,11 @@ pub struct PpArgs {
     /// Frames per busy poll (`SO_BUSY_POLL_BUDGET`).
     #[arg(long, default_value_t = 64)]
     busy_poll_budget: u16,
+    /// How AF_XDP ports transmit: `auto` (a packet socket sending UDP GSO runs in copy
+    /// mode, the TX ring in zero-copy mode), `ring` (the TX ring: one skb per frame in
+    /// copy mode), `gso` (the packet socket, or fail). docs/afxdp.md, "Transmit".
+    #[arg(long, value_enum, default_value_t = AfxdpTxArg::Auto)]
+    afxdp_tx: AfxdpTxArg,
     /// Run each packet worker SCHED_FIFO at this priority (1-99; 0: never) while the
     /// kernel drops frames for it. The kernel's receive work for the worker's queue then
     /// runs only while the worker waits for frames, so overload cannot starve the worker
@@ -232,6 +248,11 @@ pub fn run(a: PpArgs) -> Result<()> {
             usecs: a.busy_poll,
             budget: a.busy_poll_budget,
         }),
+        afxdp_tx: match a.afxdp_tx {
+            AfxdpTxArg::Auto => pp::AfXdpTx::Auto,
+            AfxdpTxArg::Ring => pp::AfXdpTx::Ring,
+            AfxdpTxArg::Gso => pp::AfXdpTx::Gso,
+        },
         worker_rt: (a.worker_rt > 0).then_some(a.worker_rt),
         worker_rt_always: a.worker_rt_always,
         node_ip: a.node_ip,

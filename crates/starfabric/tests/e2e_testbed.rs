@@ -107,7 +107,10 @@ fn pp_takes_af_xdp_by_default_on_the_testbed() {
     let p = lab.start(vec![snat_chain(0)]);
     let line = p.pp_listening();
     assert_eq!(p.pp_io(), Some("afxdp"), "{line}");
-    assert!(line.contains("native XDP on up0, copy mode"), "{line}");
+    assert!(
+        line.contains("native XDP on up0, copy mode, tx gso"),
+        "{line}"
+    );
     // The outer MACs it writes are the veth's and the router's (resolved, not made up).
     let pp_mac = tb
         .exec_full(
@@ -470,6 +473,16 @@ fn iperf3_tcp_through_snat_for_5_seconds() {
     // Every datagram the PP node handed to its socket was taken by the kernel.
     let stats = p.pp_stats();
     assert_eq!(platform::field(&stats, "tx_errors"), Some(0), "{stats}");
+    // On the default backend (AF_XDP, copy mode) the flow's segments left in UDP GSO
+    // runs through the packet socket, none refused.
+    let stats = p.pp_stats_when(|s| platform::field(s, "gso_segments").unwrap_or(0) > 0);
+    assert!(stats.contains(" io: afxdp "), "{stats}");
+    let (sends, segments) = (
+        platform::field(&stats, "gso_sends").unwrap_or(0),
+        platform::field(&stats, "gso_segments").unwrap_or(0),
+    );
+    assert!(sends > 0 && segments >= 2 * sends, "{stats}");
+    assert_eq!(platform::field(&stats, "gso_fallbacks"), Some(0), "{stats}");
 }
 
 /// The unpaced flows of `bench scaling` are read where they arrive: the iperf3 server's

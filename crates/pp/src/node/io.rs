@@ -154,18 +154,23 @@ impl IoStats {
             IoStats::AfXdp(io, kernel) => {
                 let _ = write!(
                     s,
-                    " io: afxdp rx={} batches={} tx={} tx_dropped={} tx_errors={} ring_full={} no_frame={} oversize={} moved={} completed={} kicks={}",
+                    " io: afxdp rx={} batches={} tx={} tx_dropped={} tx_errors={} ring_full={} no_frame={} oversize={} moved={} completed={} kicks={} gso_sends={} gso_segments={} gso_fallbacks={} send_dropped={} tx_syscalls={}",
                     io.rx_packets,
                     io.rx_batches,
                     io.tx_packets,
-                    io.tx_ring_full + io.tx_no_frame,
+                    io.tx_ring_full + io.tx_no_frame + io.tx_send_dropped,
                     io.tx_oversize + io.tx_kick_errors,
                     io.tx_ring_full,
                     io.tx_no_frame,
                     io.tx_oversize,
                     io.tx_moved,
                     io.tx_completed,
-                    io.tx_kicks
+                    io.tx_kicks,
+                    io.tx_gso_sends,
+                    io.tx_gso_segments,
+                    io.tx_gso_fallbacks,
+                    io.tx_send_dropped,
+                    io.tx_syscalls
                 );
                 if let Some(k) = kernel {
                     // Frames the kernel dropped before the socket: no frame on the fill
@@ -199,7 +204,12 @@ pub fn add_afxdp(a: &mut AfXdpStats, b: &AfXdpStats) {
         tx_completed,
         tx_kicks,
         tx_kick_errors,
-        busy_polls
+        busy_polls,
+        tx_gso_sends,
+        tx_gso_segments,
+        tx_gso_fallbacks,
+        tx_syscalls,
+        tx_send_dropped
     );
 }
 
@@ -271,6 +281,8 @@ pub struct IoOptions {
     pub frames: u32,
     /// Preferred busy polling of the AF_XDP sockets.
     pub busy_poll: Option<crate::BusyPoll>,
+    /// How the AF_XDP ports transmit.
+    pub afxdp_tx: crate::AfXdpTx,
     /// One port per worker: AF_XDP sockets on queues `0..workers`, or UDP sockets
     /// sharing the address with `SO_REUSEPORT`.
     pub workers: usize,
@@ -298,6 +310,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
             c.io.poll_timeout = o.poll_timeout;
             c.io.frames = o.frames;
             c.io.busy_poll = o.busy_poll;
+            c.io.tx = o.afxdp_tx;
             c.workers = o.workers as u32;
             if o.listen.port() != packet::VXLAN_PORT {
                 Some(format!(
@@ -310,10 +323,11 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
                 match open_afxdp_workers(c) {
                     Ok((ios, xdp)) => {
                         let detail = format!(
-                            "io afxdp ({} XDP on {}, {} mode, {}, node mac {}, gateway mac {}{})",
+                            "io afxdp ({} XDP on {}, {} mode, tx {}, {}, node mac {}, gateway mac {}{})",
                             xdp.mode,
                             xdp.ifname,
                             ios[0].mode(),
+                            ios[0].tx_path(),
                             match (o.busy_poll, xdp.napi_deferral.is_some()) {
                                 (Some(b), true) =>
                                     format!("busy poll {} us budget {}", b.usecs, b.budget),

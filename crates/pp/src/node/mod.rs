@@ -76,6 +76,8 @@ pub struct PpNodeConfig {
     /// Preferred busy polling of the AF_XDP sockets (`--busy-poll`); `None`: NAPI
     /// (interrupt) driven.
     pub busy_poll: Option<crate::BusyPoll>,
+    /// How the AF_XDP ports transmit (`--afxdp-tx`).
+    pub afxdp_tx: crate::AfXdpTx,
     /// Run each packet worker `SCHED_FIFO` at this priority while the kernel drops
     /// frames for it (`--worker-rt`, see [`rt`]); `None`: the ordinary scheduler always.
     pub worker_rt: Option<i32>,
@@ -141,6 +143,7 @@ impl Default for PpNodeConfig {
             io: IoKind::Auto,
             xdp_frames: 4096,
             busy_poll: None,
+            afxdp_tx: crate::AfXdpTx::Auto,
             // `starfabric pp` defaults to SCHED_FIFO 10; an in-process node shares its
             // process with tests and harnesses, so the library leaves the scheduler alone.
             worker_rt: None,
@@ -314,6 +317,7 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         gw_mac: a.gw_mac,
         frames: a.xdp_frames,
         busy_poll: a.busy_poll,
+        afxdp_tx: a.afxdp_tx,
         workers: nworkers,
     })?;
     let mut ios = opened.ios;
