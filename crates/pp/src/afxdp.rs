@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use pipeline::{Desc, IoError, PacketIo, Verdict, FRAME_SIZE, HEADROOM};
 
-use crate::gso_tx::PacketGsoTx;
+use crate::gso_tx::{self, PacketGsoTx};
 use thiserror::Error;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
@@ -57,9 +57,11 @@ pub const AFXDP_MAX_BATCH: usize = 256;
 /// The kernel's headroom in front of received data (`XDP_PACKET_HEADROOM`).
 pub const XDP_HEADROOM: usize = 256;
 
-/// A batch goes through the packet socket ([`AfXdpTx::Gso`]) when its frames make at
-/// least this many per message on average; else through the TX ring.
-const GSO_MIN_RUN: usize = 2;
+/// The shortest run of one outer flow that goes through the packet socket as one GSO
+/// message ([`AfXdpTx::Gso`]); shorter ones go through the TX ring. Two 64-byte frames
+/// in one packet-socket message cost more than two on the ring (measured: the per-core
+/// 64 B rate fell 23% with runs of two on the socket; docs/afxdp.md, "Transmit").
+const GSO_MIN_RUN: usize = 4;
 
 /// How many descriptors copy-mode `sendto` transmits per call (the kernel's
 /// `TX_BATCH_SIZE`); how many kicks a TX batch needs.
@@ -283,8 +285,14 @@ pub struct AfXdpIo {
     busy_poll: bool,
     /// The packet socket that transmits instead of the TX ring ([`AfXdpTx`]).
     gso: Option<PacketGsoTx>,
-    /// Scratch: the `(start, len)` of each frame `tx` hands to `gso`.
+    /// Scratch of `tx_runs`: the `(start, len)` of each `Tx` frame of the batch and its
+    /// index in the batch, their runs, and the current phase's runs and ring frames
+    /// (indices into `gso_frames`).
     gso_frames: Vec<(usize, usize)>,
+    gso_desc: Vec<usize>,
+    gso_runs: Vec<gso_tx::Run>,
+    phase_runs: Vec<gso_tx::Run>,
+    phase_ring: Vec<usize>,
     /// Entries of the TX ring.
     tx_ring_size: u32,
 }
@@ -434,6 +442,10 @@ impl AfXdpIo {
             busy_poll: false,
             gso: None,
             gso_frames: Vec::with_capacity(AFXDP_MAX_BATCH),
+            gso_desc: Vec::with_capacity(AFXDP_MAX_BATCH),
+            gso_runs: Vec::with_capacity(AFXDP_MAX_BATCH),
+            phase_runs: Vec::with_capacity(AFXDP_MAX_BATCH),
+            phase_ring: Vec::with_capacity(AFXDP_MAX_BATCH),
             tx_ring_size: ring_size(cfg.frames),
             cfg,
         };
@@ -935,45 +947,16 @@ impl PacketIo for AfXdpIo {
     }
 
     fn tx(&mut self, descs: &[Desc]) -> Result<usize, IoError> {
-        if self.gso.is_some() {
-            if let Some(sent) = self.tx_gso(descs) {
-                return Ok(sent);
-            }
-        }
         let before = self.stats.tx_packets;
         self.tx_batch.clear();
-        for d in descs {
-            let slot = d.base as usize / FRAME_SIZE;
-            let Some(mut fd) = self.user.get_mut(slot).and_then(Option::take) else {
-                // Not a frame of the last rx (or seen twice): nothing of ours to recycle.
-                debug_assert!(false, "descriptor of slot {slot} not from the last rx");
-                continue;
-            };
-            let Verdict::Tx(_) = d.verdict else {
-                self.give(slot, Owner::User, Owner::Free);
-                self.free.push_back(fd);
-                continue;
-            };
-            let base = slot * FRAME_SIZE;
-            let start = base + d.off as usize;
-            let len = d.len as usize;
-            let tx_at = fd.addr();
-            if tx_at - base + len > FRAME_SIZE {
-                self.stats.tx_oversize += 1;
-                self.give(slot, Owner::User, Owner::Free);
-                self.free.push_back(fd);
-                continue;
+        if self.gso.is_some() {
+            self.tx_runs(descs);
+        } else {
+            for d in descs {
+                self.ring_frame(d);
             }
-            if start != tx_at {
-                // The descriptor's TX address is fixed (see the module docs): move the data.
-                self.region().copy_within(start..start + len, tx_at);
-                self.stats.tx_moved += 1;
-            }
-            // SAFETY: the frame is the pipeline's until now (owner User), no ring holds it.
-            unsafe { self.umem.data_mut(&mut fd) }.cursor().set_pos(len);
-            self.tx_batch.push(fd);
+            self.submit_tx();
         }
-        self.submit_tx();
         self.top_up_fill();
         self.check_census();
         Ok((self.stats.tx_packets - before) as usize)
@@ -1026,69 +1009,148 @@ impl PacketIo for AfXdpIo {
 }
 
 impl AfXdpIo {
-    /// `tx` through the packet socket, if the batch's frames make runs of
-    /// [`GSO_MIN_RUN`] on average; `None` leaves the whole batch to the TX ring (one skb
-    /// per frame either way, and the ring's is the cheaper). With `Some`, every frame
-    /// of the batch is free again, sent or not (the kernel copies what it takes).
-    fn tx_gso(&mut self, descs: &[Desc]) -> Option<usize> {
-        self.gso_frames.clear();
-        let mut oversize = 0;
-        for d in descs {
-            if let Verdict::Tx(_) = d.verdict {
-                let slot = d.base as usize / FRAME_SIZE;
-                let len = d.len as usize;
-                if d.off as usize + len > FRAME_SIZE || slot >= self.owner.len() {
-                    oversize += 1;
-                    continue;
-                }
-                self.gso_frames
-                    .push((slot * FRAME_SIZE + d.off as usize, len));
-            }
-        }
-        let gso = self.gso.as_mut()?;
-        // SAFETY: as in `region`: the UMEM mapping, alive with `self.umem`; the frames
-        // read and written are the pipeline's (owner User), which no ring holds.
-        let region = unsafe { std::slice::from_raw_parts_mut(self.base, self.len) };
-        let msgs = gso.plan(region, &self.gso_frames);
-        if self.gso_frames.len() < GSO_MIN_RUN * msgs {
-            return None;
-        }
-        // Frames an earlier batch put on the TX ring leave before these, so a flow
-        // switching paths between batches stays in order: copy mode transmits in the
-        // kick, so a ring the kernel has consumed is a ring that has sent.
-        let mut tries = 4;
-        while self.census.tx > 0 && self.tx_q.nb_free_exact() < self.tx_ring_size && tries > 0 {
-            tries -= 1;
-            self.stats.tx_kicks += 1;
-            if self.tx_q.wakeup().is_err() {
-                self.stats.tx_kick_errors += 1;
-                break;
-            }
-        }
-        let gso = self.gso.as_mut()?;
-        let before = gso.stats();
-        let sent = gso.send(region, &self.gso_frames);
-        let after = gso.stats();
-        for d in descs {
-            let slot = d.base as usize / FRAME_SIZE;
-            let Some(fd) = self.user.get_mut(slot).and_then(Option::take) else {
-                debug_assert!(false, "descriptor of slot {slot} not from the last rx");
-                continue;
-            };
+    /// The UMEM mapping, read only.
+    fn umem_bytes(&self) -> &[u8] {
+        // SAFETY: `base..base+len` is the UMEM mapping, kept alive by `self.umem`; the
+        // borrow of `self` keeps any `&mut` view of it (`region`) from coexisting.
+        unsafe { std::slice::from_raw_parts(self.base, self.len) }
+    }
+
+    /// Take descriptor `d` of the last `rx` from the pipeline: a `Tx` frame goes on
+    /// `tx_batch` (moved back to its descriptor's fixed TX address if the pipeline moved
+    /// its start), any other frame back to the free list.
+    fn ring_frame(&mut self, d: &Desc) {
+        let slot = d.base as usize / FRAME_SIZE;
+        let Some(mut fd) = self.user.get_mut(slot).and_then(Option::take) else {
+            // Not a frame of the last rx (or seen twice): nothing of ours to recycle.
+            debug_assert!(false, "descriptor of slot {slot} not from the last rx");
+            return;
+        };
+        let Verdict::Tx(_) = d.verdict else {
             self.give(slot, Owner::User, Owner::Free);
             self.free.push_back(fd);
+            return;
+        };
+        let base = slot * FRAME_SIZE;
+        let start = base + d.off as usize;
+        let len = d.len as usize;
+        let tx_at = fd.addr();
+        if tx_at - base + len > FRAME_SIZE {
+            self.stats.tx_oversize += 1;
+            self.give(slot, Owner::User, Owner::Free);
+            self.free.push_back(fd);
+            return;
         }
-        self.stats.tx_oversize += oversize;
-        self.stats.tx_packets += sent as u64;
-        self.stats.tx_bytes += after.bytes - before.bytes;
-        self.stats.tx_gso_sends += after.gso_sends - before.gso_sends;
-        self.stats.tx_gso_segments += after.gso_segments - before.gso_segments;
-        self.stats.tx_gso_fallbacks += after.gso_fallbacks - before.gso_fallbacks;
-        self.stats.tx_syscalls += after.syscalls - before.syscalls;
-        self.stats.tx_send_dropped += after.dropped - before.dropped;
-        self.top_up_fill();
-        self.check_census();
-        Some(sent)
+        if start != tx_at {
+            // The descriptor's TX address is fixed (see the module docs): move the data.
+            self.region().copy_within(start..start + len, tx_at);
+            self.stats.tx_moved += 1;
+        }
+        // SAFETY: the frame is the pipeline's until now (owner User), no ring holds it.
+        unsafe { self.umem.data_mut(&mut fd) }.cursor().set_pos(len);
+        self.tx_batch.push(fd);
+    }
+
+    /// `tx` with the packet socket ([`AfXdpTx::Gso`]): the batch's `Tx` frames are cut
+    /// into runs of one outer flow ([`gso_tx::plan_runs`]); a run of [`GSO_MIN_RUN`] or
+    /// more goes through the packet socket as one GSO message, every other frame
+    /// through the TX ring (one skb per frame either way, and the ring's is the
+    /// cheaper). Within a phase the socket sends first and the ring after, which keeps
+    /// each outer flow in batch order unless a ring frame of a flow comes before a run of
+    /// the same flow: that run then starts a new phase, after the ring has sent.
+    fn tx_runs(&mut self, descs: &[Desc]) {
+        self.gso_frames.clear();
+        self.gso_desc.clear();
+        for (i, d) in descs.iter().enumerate() {
+            let slot = d.base as usize / FRAME_SIZE;
+            let in_slot = (d.off as usize).saturating_add(d.len as usize) <= FRAME_SIZE;
+            if matches!(d.verdict, Verdict::Tx(_)) && in_slot && slot < self.owner.len() {
+                self.gso_frames
+                    .push((slot * FRAME_SIZE + d.off as usize, d.len as usize));
+                self.gso_desc.push(i);
+            }
+        }
+        let mut runs = std::mem::take(&mut self.gso_runs);
+        gso_tx::plan_runs(self.umem_bytes(), &self.gso_frames, &mut runs);
+        self.phase_runs.clear();
+        self.phase_ring.clear();
+        for r in &runs {
+            if r.count < GSO_MIN_RUN {
+                self.phase_ring.extend(r.first..r.first + r.count);
+                continue;
+            }
+            let region = self.umem_bytes();
+            let (s0, l0) = self.gso_frames[r.first];
+            let first = &region[s0..s0 + l0];
+            let ring_has_flow = self.phase_ring.iter().any(|&k| {
+                let (s, l) = self.gso_frames[k];
+                gso_tx::same_flow(&region[s..s + l], first)
+            });
+            if ring_has_flow {
+                self.flush_phase(descs);
+            }
+            self.phase_runs.push(*r);
+        }
+        self.flush_phase(descs);
+        self.gso_runs = runs;
+        // What is left with the pipeline (sent through the socket, not Tx, oversize)
+        // goes back to the free list; the socket has copied what it sent.
+        for d in descs {
+            let slot = d.base as usize / FRAME_SIZE;
+            if let Some(fd) = self.user.get_mut(slot).and_then(Option::take) {
+                let in_slot = (d.off as usize).saturating_add(d.len as usize) <= FRAME_SIZE;
+                if matches!(d.verdict, Verdict::Tx(_)) && !in_slot {
+                    self.stats.tx_oversize += 1;
+                }
+                self.give(slot, Owner::User, Owner::Free);
+                self.free.push_back(fd);
+            }
+        }
+    }
+
+    /// Send one phase of [`Self::tx_runs`]: its runs through the socket, then its ring
+    /// frames.
+    fn flush_phase(&mut self, descs: &[Desc]) {
+        if !self.phase_runs.is_empty() {
+            // Frames already on the TX ring (an earlier phase or batch) leave first:
+            // copy mode transmits in the kick, so a ring the kernel has consumed is a
+            // ring that has sent.
+            let mut tries = 4;
+            while self.census.tx > 0 && self.tx_q.nb_free_exact() < self.tx_ring_size && tries > 0 {
+                tries -= 1;
+                self.stats.tx_kicks += 1;
+                if self.tx_q.wakeup().is_err() {
+                    self.stats.tx_kick_errors += 1;
+                    break;
+                }
+            }
+            if let Some(gso) = self.gso.as_mut() {
+                // SAFETY: as in `region`: the UMEM mapping, alive with `self.umem`; only
+                // the frames of this batch (owner User, on no ring) are read and
+                // written, and no other slice of the mapping is alive during the call.
+                let region = unsafe { std::slice::from_raw_parts_mut(self.base, self.len) };
+                let before = gso.stats();
+                let sent = gso.send(region, &self.gso_frames, &self.phase_runs);
+                let after = gso.stats();
+                self.stats.tx_packets += sent as u64;
+                self.stats.tx_bytes += after.bytes - before.bytes;
+                self.stats.tx_gso_sends += after.gso_sends - before.gso_sends;
+                self.stats.tx_gso_segments += after.gso_segments - before.gso_segments;
+                self.stats.tx_gso_fallbacks += after.gso_fallbacks - before.gso_fallbacks;
+                self.stats.tx_syscalls += after.syscalls - before.syscalls;
+                self.stats.tx_send_dropped += after.dropped - before.dropped;
+            }
+            self.phase_runs.clear();
+        }
+        if !self.phase_ring.is_empty() {
+            let ring = std::mem::take(&mut self.phase_ring);
+            for &k in &ring {
+                self.ring_frame(&descs[self.gso_desc[k]]);
+            }
+            self.phase_ring = ring;
+            self.phase_ring.clear();
+            self.submit_tx();
+        }
     }
 }
 

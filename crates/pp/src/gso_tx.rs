@@ -105,10 +105,18 @@ fn gso_payload(f: &[u8]) -> Option<usize> {
 /// Whether `b` has the header of `a` (everything the segmenter copies from the first
 /// frame into every datagram, but the lengths, the IP id and the checksums).
 fn same_header(a: &[u8], b: &[u8]) -> bool {
-    a[..IP] == b[..IP]
+    a.len() >= HDRS
+        && b.len() >= HDRS
+        && a[..IP] == b[..IP]
         && a[IP + 1] == b[IP + 1]
         && a[IP + 6..IP + 10] == b[IP + 6..IP + 10]
         && a[IP + 12..UDP + 4] == b[IP + 12..UDP + 4]
+}
+
+/// Whether frames `a` and `b` belong to one outer flow in the sense of [`plan_runs`]
+/// (both can be in a run, with the same header): what must leave in order.
+pub fn same_flow(a: &[u8], b: &[u8]) -> bool {
+    gso_payload(a).is_some() && gso_payload(b).is_some() && same_header(a, b)
 }
 
 /// Cut a batch of frames (`(start, len)` in `region`, in sending order) into runs.
@@ -189,7 +197,6 @@ pub struct PacketGsoTx {
     fd: OwnedFd,
     addr: libc::sockaddr_ll,
     stats: GsoTxStats,
-    runs: Vec<Run>,
     hdrs: Vec<[u8; VNET_HDR_LEN]>,
     iovs: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
@@ -257,7 +264,6 @@ impl PacketGsoTx {
             fd,
             addr,
             stats: GsoTxStats::default(),
-            runs: Vec::with_capacity(MAX_MSGS),
             hdrs: Vec::with_capacity(MAX_MSGS),
             iovs: Vec::with_capacity(MAX_MSGS * 4),
             msgs: Vec::with_capacity(MAX_MSGS),
@@ -268,21 +274,13 @@ impl PacketGsoTx {
         self.stats
     }
 
-    /// Cut `frames` (`(start, len)` in `region`, in order) into runs for [`Self::send`]
-    /// and return how many messages that makes.
-    pub fn plan(&mut self, region: &[u8], frames: &[(usize, usize)]) -> usize {
-        plan_runs(region, frames, &mut self.runs);
-        self.runs.len()
-    }
-
-    /// Send the `frames` last given to [`Self::plan`] and return how many the kernel
-    /// took; the rest are counted in `dropped`. The first frame of each run is rewritten
-    /// in place ([`write_run_header`]); every frame is free again on return (the kernel
-    /// copies what it sends).
-    pub fn send(&mut self, region: &mut [u8], frames: &[(usize, usize)]) -> usize {
+    /// Send `runs` of `frames` (`(start, len)` in `region`; the runs from
+    /// [`plan_runs`] over them, or some of them) and return how many frames the kernel
+    /// took; the rest are counted in `dropped`. The first frame of each run of more than
+    /// one is rewritten in place ([`write_run_header`]); every frame is free again on
+    /// return (the kernel copies what it sends).
+    pub fn send(&mut self, region: &mut [u8], frames: &[(usize, usize)], runs: &[Run]) -> usize {
         let before = self.stats.frames;
-        let runs = std::mem::take(&mut self.runs);
-        debug_assert_eq!(runs.iter().map(|r| r.count).sum::<usize>(), frames.len());
         for chunk in runs.chunks(MAX_MSGS) {
             for r in chunk.iter().filter(|r| r.count > 1) {
                 let (s, l) = frames[r.first];
@@ -290,7 +288,6 @@ impl PacketGsoTx {
             }
             self.send_chunk(region, frames, chunk);
         }
-        self.runs = runs;
         (self.stats.frames - before) as usize
     }
 
