@@ -22,6 +22,7 @@ pub mod gso_tx;
 pub mod metrics;
 pub mod netif;
 pub mod node;
+pub mod qdisc;
 pub mod rates;
 mod rules_file;
 pub mod trace;

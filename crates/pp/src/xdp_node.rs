@@ -15,6 +15,11 @@ use xdp::{AttachMode, Attachment, XdpError, XdpProgram};
 
 use crate::afxdp::{AfXdpConfig, AfXdpError, AfXdpIo, NapiDeferral};
 use crate::netif::{self, NetifError};
+use crate::qdisc::FifoQdisc;
+
+/// Packets (GSO skbs count one each) the `pfifo` put on a `noqueue` interface holds: the
+/// length Linux gives an Ethernet device's transmit queue.
+const TX_QDISC_LIMIT: u32 = 1000;
 
 /// What [`open_afxdp`] needs.
 #[derive(Debug, Clone)]
@@ -95,6 +100,10 @@ pub struct XdpAttached {
     /// The interface's NAPI deferral while the sockets busy-poll (restored on drop);
     /// `None` without busy polling, or if the interface refused it.
     pub napi_deferral: Option<NapiDeferral>,
+    /// The `pfifo` root qdisc put on a `noqueue` interface for the packet-socket
+    /// transmit (removed on drop); `None` when no port sends through the packet socket
+    /// or the interface has a qdisc of its own.
+    pub tx_qdisc: Option<FifoQdisc>,
 }
 
 impl XdpAttached {
@@ -195,6 +204,19 @@ pub fn open_afxdp_workers(
         program.register_xsk(q, &io)?;
         ios.push(io);
     }
+    // GSO sends burst up to 64 datagrams into the device at once; without a qdisc, a
+    // veth drops what its peer's ring cannot take (crate::qdisc).
+    let tx_qdisc = if ios.iter().any(|io| io.tx_path() == "gso") {
+        match FifoQdisc::attach_if_noqueue(&ifname, TX_QDISC_LIMIT) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::warn!(%ifname, error = %e, "no pfifo qdisc for the GSO transmit; bursts may drop");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let attachment = program.attach(&ifname)?;
     let mode = attachment.mode;
     Ok((
@@ -207,6 +229,7 @@ pub fn open_afxdp_workers(
             node,
             gateway,
             napi_deferral,
+            tx_qdisc,
         },
     ))
 }

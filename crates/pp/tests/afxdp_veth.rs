@@ -692,3 +692,46 @@ fn a_batch_of_one_flow_leaves_as_one_gso_send_and_arrives_as_its_datagrams() {
     assert_eq!((census.user, census.tx), (0, 0), "{census:?}");
     drop(ns);
 }
+
+/// The packet-socket transmit's qdisc: a `noqueue` veth gets a `pfifo` root for as long
+/// as the guard lives and `noqueue` back after; an interface that already has a qdisc
+/// of its own is left alone.
+#[test]
+fn a_noqueue_interface_gets_a_pfifo_root_for_as_long_as_the_guard_lives() {
+    let Some(ns) = netns() else { return };
+    let (before, attached, during, again, after) = testkit::netns::in_ns(&ns.pp, || {
+        let ifindex = pp::netif::ifindex("xa").unwrap();
+        let root = || pp::qdisc::root_qdisc(ifindex).unwrap().map(|q| q.kind);
+        let before = root();
+        let guard = pp::qdisc::FifoQdisc::attach_if_noqueue("xa", 1000).unwrap();
+        let attached = guard.is_some();
+        let during = root();
+        // A second caller finds a qdisc there and leaves it.
+        let again = pp::qdisc::FifoQdisc::attach_if_noqueue("xa", 1000)
+            .unwrap()
+            .is_some();
+        drop(guard);
+        let after = root();
+        (before, attached, during, again, after)
+    });
+    // A qdisc someone else put there is neither replaced nor removed.
+    ns_exec(
+        &ns.pp,
+        &["tc", "qdisc", "add", "dev", "xa", "root", "bfifo"],
+    );
+    let (own, kept) = testkit::netns::in_ns(&ns.pp, || {
+        let ifindex = pp::netif::ifindex("xa").unwrap();
+        let own = pp::qdisc::FifoQdisc::attach_if_noqueue("xa", 1000)
+            .unwrap()
+            .is_some();
+        (own, pp::qdisc::root_qdisc(ifindex).unwrap().map(|q| q.kind))
+    });
+    assert_eq!(before.as_deref(), Some("noqueue"));
+    assert!(attached);
+    assert_eq!(during.as_deref(), Some("pfifo"));
+    assert!(!again);
+    assert_eq!(after.as_deref(), Some("noqueue"));
+    assert!(!own);
+    assert_eq!(kept.as_deref(), Some("bfifo"));
+    drop(ns);
+}

@@ -108,7 +108,7 @@ fn pp_takes_af_xdp_by_default_on_the_testbed() {
     let line = p.pp_listening();
     assert_eq!(p.pp_io(), Some("afxdp"), "{line}");
     assert!(
-        line.contains("native XDP on up0, copy mode, tx gso"),
+        line.contains("native XDP on up0, copy mode, tx gso (pfifo qdisc)"),
         "{line}"
     );
     // The outer MACs it writes are the veth's and the router's (resolved, not made up).

@@ -323,11 +323,16 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
                 match open_afxdp_workers(c) {
                     Ok((ios, xdp)) => {
                         let detail = format!(
-                            "io afxdp ({} XDP on {}, {} mode, tx {}, {}, node mac {}, gateway mac {}{})",
+                            "io afxdp ({} XDP on {}, {} mode, tx {}{}, {}, node mac {}, gateway mac {}{})",
                             xdp.mode,
                             xdp.ifname,
                             ios[0].mode(),
                             ios[0].tx_path(),
+                            if xdp.tx_qdisc.is_some() {
+                                " (pfifo qdisc)"
+                            } else {
+                                ""
+                            },
                             match (o.busy_poll, xdp.napi_deferral.is_some()) {
                                 (Some(b), true) =>
                                     format!("busy poll {} us budget {}", b.usecs, b.budget),
