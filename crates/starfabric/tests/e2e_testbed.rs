@@ -238,6 +238,12 @@ fn curl_and_iperf3_through_snat_on_the_udp_socket_backend() {
     services::start_inet(tb, false).unwrap();
     let p = lab.start_with(vec![snat_chain(0)], &["--io", "udp"]);
     assert_eq!(p.pp_io(), Some("udp"), "{}", p.pp_listening());
+    // Its GSO sends go out behind a pfifo the node put on the veth (no qdisc of its own).
+    assert!(
+        p.pp_listening().contains("io udp (pfifo qdisc)"),
+        "{}",
+        p.pp_listening()
+    );
     for i in 0..3 {
         let body = curl(tb, 0, &format!("http://{}/", addr::INET));
         assert_eq!(peer(&body).1, addr::pool(0), "request {i}: {body}");

@@ -270,6 +270,9 @@ impl PacketIo for PpIo {
     }
 }
 
+/// Packets the `pfifo` on the UDP backend's interface holds (as `xdp_node`'s).
+const UDP_TX_QDISC_LIMIT: u32 = 1000;
+
 /// How to open the backend.
 pub struct IoOptions {
     pub kind: IoKind,
@@ -294,6 +297,9 @@ pub struct IoOptions {
 pub struct OpenedIo {
     pub ios: Vec<PpIo>,
     pub xdp: Option<XdpAttached>,
+    /// UDP socket backend: the `pfifo` put on the listen address's `noqueue`
+    /// interface (removed on drop); must live as long as the workers.
+    pub udp_qdisc: Option<crate::qdisc::FifoQdisc>,
     pub detail: String,
 }
 
@@ -353,6 +359,7 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
                         return Ok(OpenedIo {
                             ios: ios.into_iter().map(PpIo::AfXdp).collect(),
                             xdp: Some(xdp),
+                            udp_qdisc: None,
                             detail,
                         });
                     }
@@ -386,14 +393,39 @@ pub fn open(o: &IoOptions) -> Result<OpenedIo, PpNodeError> {
         io_cfg.bind = io.local_addr();
         ios.push(PpIo::Udp(io));
     }
+    // Its UDP_SEGMENT sends burst up to 64 datagrams into the device at once: as for
+    // AF_XDP's GSO transmit, a veth without a qdisc drops what its peer's ring cannot
+    // take (crate::qdisc). Only where the listen address names the interface.
+    let ip = *o.listen.ip();
+    let udp_qdisc = if ip.is_unspecified() || ip.is_loopback() {
+        None
+    } else {
+        crate::netif::interface_of(ip)
+            .map_err(|e| e.to_string())
+            .and_then(|ifname| {
+                crate::qdisc::FifoQdisc::attach_if_noqueue(&ifname, UDP_TX_QDISC_LIMIT)
+                    .map_err(|e| format!("{ifname}: {e}"))
+            })
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "no pfifo qdisc for the GSO sends; bursts may drop");
+                None
+            })
+    };
+    let workers = if o.workers > 1 {
+        format!(" ({} SO_REUSEPORT sockets)", o.workers)
+    } else {
+        String::new()
+    };
+    let qdisc = if udp_qdisc.is_some() {
+        " (pfifo qdisc)"
+    } else {
+        ""
+    };
     Ok(OpenedIo {
         ios,
         xdp: None,
-        detail: if o.workers > 1 {
-            format!("io udp ({} SO_REUSEPORT sockets)", o.workers)
-        } else {
-            "io udp".to_string()
-        },
+        udp_qdisc,
+        detail: format!("io udp{workers}{qdisc}"),
     })
 }
 

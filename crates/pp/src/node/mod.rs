@@ -324,6 +324,8 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
     // Kept for as long as the workers run: dropping it detaches the XDP program. Its
     // `program` is where offloaded rules go.
     let mut xdp = opened.xdp;
+    // Kept, like `xdp`, for as long as the workers send.
+    let _udp_qdisc = opened.udp_qdisc;
     let io_detail = opened.detail;
     let local = match &ios[0] {
         PpIo::Udp(u) => u.local_addr(),
