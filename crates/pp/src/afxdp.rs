@@ -817,23 +817,7 @@ impl AfXdpIo {
 /// `SO_BUSY_POLL` and `SO_BUSY_POLL_BUDGET` (the budget above the
 /// `net.core.busy_budget`-free default needs CAP_NET_ADMIN, which binding needs anyway).
 fn set_busy_poll(fd: RawFd, bp: BusyPoll) -> std::io::Result<()> {
-    let set = |opt: libc::c_int, v: libc::c_int| -> std::io::Result<()> {
-        // SAFETY: a valid socket fd and an int option value that lives for the call.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
+    let set = |opt, v| crate::udp::set_int_opt(fd, libc::SOL_SOCKET, opt, v);
     set(libc::SO_PREFER_BUSY_POLL, 1)?;
     set(libc::SO_BUSY_POLL, bp.usecs as libc::c_int)?;
     set(libc::SO_BUSY_POLL_BUDGET, libc::c_int::from(bp.budget))

@@ -217,23 +217,7 @@ impl PacketGsoTx {
         }
         // SAFETY: a new fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let set = |level: libc::c_int, opt: libc::c_int, v: libc::c_int| {
-            // SAFETY: a valid fd and an int option that lives for the call.
-            let r = unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    level,
-                    opt,
-                    (&v as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if r == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        };
+        let set = |level, opt, v| crate::udp::set_int_opt(fd.as_raw_fd(), level, opt, v);
         set(libc::SOL_PACKET, PACKET_VNET_HDR, 1)?;
         // A full batch of 64 KiB messages is in flight at once; the default send buffer
         // (212,992 bytes) would refuse most of it. FORCE needs CAP_NET_ADMIN; without it,

@@ -362,7 +362,7 @@ fn bind_reuse_port(addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
 }
 
 /// Set an `int` socket option.
-fn set_int_opt(
+pub(crate) fn set_int_opt(
     fd: RawFd,
     level: libc::c_int,
     opt: libc::c_int,

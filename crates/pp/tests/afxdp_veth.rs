@@ -92,6 +92,31 @@ fn reflect_rule(sport: u16) -> Rule {
     common::reflect_rule(sport, "198.18.250.2", "count; ")
 }
 
+/// A pipeline for VNI 100 with `port`'s reflect rule installed for good, and its FM
+/// channels (rule requests out, replies in).
+fn reflect_pipeline(
+    port: u16,
+) -> (
+    pipeline::Pipeline,
+    crossbeam_channel::Receiver<pipeline::RuleRequest>,
+    crossbeam_channel::Sender<RuleReply>,
+) {
+    let mut pcfg = PipelineConfig::new(node());
+    pcfg.flow_capacity = 1024;
+    let (mut p, req_rx, rep_tx) = channel_pipeline(pcfg, 16);
+    p.bind_vpc(
+        100,
+        VpcBinding {
+            tenant: 1,
+            chain: 1,
+        },
+    );
+    let mut r = reflect_rule(port);
+    r.idle_timeout = Some(Duration::MAX);
+    p.install_rule(&r, 0).unwrap();
+    (p, req_rx, rep_tx)
+}
+
 /// A raw packet socket on `dev` in the calling thread's namespace.
 struct RawSock {
     fd: libc::c_int,
@@ -231,19 +256,7 @@ fn vxlan_through_the_pipeline_on_af_xdp_with_static_and_fm_rules() {
     let stop2 = stop.clone();
     let pp = std::thread::spawn(move || -> PpResult {
         enter(&pp_ns);
-        let mut pcfg = PipelineConfig::new(node());
-        pcfg.flow_capacity = 1024;
-        let (mut p, req_rx, rep_tx) = channel_pipeline(pcfg, 16);
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 1,
-                chain: 1,
-            },
-        );
-        let mut r = reflect_rule(STATIC_PORT);
-        r.idle_timeout = Some(Duration::MAX);
-        p.install_rule(&r, 0).unwrap();
+        let (p, req_rx, rep_tx) = reflect_pipeline(STATIC_PORT);
         let mut program = xdp::XdpProgram::load().expect("load the XDP program");
         program.set_node(&node()).unwrap();
         let mut cfg = AfXdpConfig::new("xa");
@@ -555,19 +568,7 @@ fn a_batch_of_one_flow_leaves_as_one_gso_send_and_arrives_as_its_datagrams() {
     let stop2 = stop.clone();
     let pp = std::thread::spawn(move || {
         enter(&pp_ns);
-        let mut pcfg = PipelineConfig::new(node());
-        pcfg.flow_capacity = 1024;
-        let (mut p, _req_rx, _rep_tx) = channel_pipeline(pcfg, 16);
-        p.bind_vpc(
-            100,
-            VpcBinding {
-                tenant: 1,
-                chain: 1,
-            },
-        );
-        let mut r = reflect_rule(PORT);
-        r.idle_timeout = Some(Duration::MAX);
-        p.install_rule(&r, 0).unwrap();
+        let (p, _req_rx, _rep_tx) = reflect_pipeline(PORT);
         let mut program = xdp::XdpProgram::load().expect("load the XDP program");
         program.set_node(&node()).unwrap();
         let mut cfg = AfXdpConfig::new("xa");
