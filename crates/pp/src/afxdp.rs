@@ -26,10 +26,10 @@
 //! Ring full and no free frame are counted drops, never a panic or a leaked frame.
 //!
 //! In copy mode that is one skb per frame, with no segmentation offload, so by default
-//! ([`AfXdpTx::Auto`]) a copy-mode port sends a batch whose frames form runs of one
-//! outer flow (a TCP flow's segments, after its rule) through a packet socket instead,
-//! one UDP GSO skb per run ([`crate::gso_tx`]); batches of scattered frames still use
-//! the ring. See `docs/afxdp.md`, "Transmit".
+//! ([`AfXdpTx::Auto`]) a copy-mode port sends runs of one outer flow (a TCP flow's
+//! segments, after its rule) through a packet socket instead, one UDP GSO skb per run
+//! ([`crate::gso_tx`]); scattered frames still use the ring. See `docs/afxdp.md`,
+//! "Transmit".
 //!
 //! The socket only receives what an XDP program on the interface redirects to it: the
 //! PP node attaches `xdp::XdpProgram` and registers this socket's fd in its `xsks` map
@@ -43,13 +43,13 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use pipeline::{Desc, IoError, PacketIo, Verdict, FRAME_SIZE, HEADROOM};
-
-use crate::gso_tx::{self, PacketGsoTx};
 use thiserror::Error;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
 };
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, TxQueue, Umem};
+
+use crate::gso_tx::{self, PacketGsoTx};
 
 /// Largest RX batch, and the most descriptors moved per ring operation.
 pub const AFXDP_MAX_BATCH: usize = 256;
@@ -122,9 +122,9 @@ pub enum AfXdpTx {
     Auto,
     /// The socket's TX ring only: one skb per frame in copy mode.
     Ring,
-    /// A packet socket with UDP GSO runs ([`crate::gso_tx`]) for every batch whose
-    /// frames make runs of two or more on average, the TX ring for the others; an error
-    /// if the packet socket cannot open.
+    /// A packet socket for runs of [`GSO_MIN_RUN`] or more frames of one outer flow,
+    /// one UDP GSO message each ([`crate::gso_tx`]), the TX ring for every other frame;
+    /// an error if the packet socket cannot open.
     Gso,
 }
 
