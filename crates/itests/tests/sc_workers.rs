@@ -204,7 +204,8 @@ fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
 #[test]
 fn single_start_probes_start_and_leave_without_disturbing_the_groups() {
     let c = uncached_cluster(600, |_| {});
-    c.wait_groups(1, 3);
+    // One group of three replicas on three nodes: every node hosts one of them.
+    let map = c.wait_groups(1, 3);
     let node = c.scs[0].observer();
     // The groups the node hosts, by id: FM may still form one of its own while the
     // probes run (a formation, not a reconfiguration), so the check is by id.
@@ -214,7 +215,12 @@ fn single_start_probes_start_and_leave_without_disturbing_the_groups() {
             .map(|m| m.state.group)
             .collect()
     };
-    let before_groups = hosted(&c);
+    // FM counts a group formed once its replicas joined; the node may not list its
+    // replica yet.
+    let before_groups = wait(Duration::from_secs(10), "the node hosts FM's group", || {
+        let h = hosted(&c);
+        map.groups.iter().all(|g| h.contains(&g.id)).then_some(h)
+    });
     let started = || {
         node.counters()
             .starts
