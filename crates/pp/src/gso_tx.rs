@@ -199,6 +199,8 @@ pub struct PacketGsoTx {
     stats: GsoTxStats,
     hdrs: Vec<[u8; VNET_HDR_LEN]>,
     iovs: Vec<libc::iovec>,
+    /// Where each message's iovecs start in `iovs`.
+    iov_at: Vec<usize>,
     msgs: Vec<libc::mmsghdr>,
 }
 
@@ -250,6 +252,7 @@ impl PacketGsoTx {
             stats: GsoTxStats::default(),
             hdrs: Vec::with_capacity(MAX_MSGS),
             iovs: Vec::with_capacity(MAX_MSGS * 4),
+            iov_at: Vec::with_capacity(MAX_MSGS),
             msgs: Vec::with_capacity(MAX_MSGS),
         })
     }
@@ -288,7 +291,8 @@ impl PacketGsoTx {
         }
         // iovecs: per run, its virtio-net header, the first frame whole, then the UDP
         // payload of every other frame (their headers are the segmenter's to write).
-        let mut iov_at = Vec::with_capacity(chunk.len());
+        let mut iov_at = std::mem::take(&mut self.iov_at);
+        iov_at.clear();
         for (k, r) in chunk.iter().enumerate() {
             iov_at.push(self.iovs.len());
             self.iovs.push(libc::iovec {
@@ -318,6 +322,7 @@ impl PacketGsoTx {
                 msg_len: 0,
             });
         }
+        self.iov_at = iov_at;
         let mut at = 0;
         while at < chunk.len() {
             self.stats.syscalls += 1;
