@@ -231,6 +231,7 @@ impl Platform {
                         capacity: None,
                         lines: telemetry::Lines::default(),
                         workers: Some(2),
+                        worker_cpus: Some(sc::workers::rotated(&sc::workers::allowed_cpus(), i)),
                         idle: None,
                         assigner: None,
                         assigner_model: None,

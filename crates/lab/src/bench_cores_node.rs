@@ -250,7 +250,7 @@ fn run_once(
     samples: usize,
 ) -> Result<(NodeRun, Vec<f64>)> {
     let n = p.vnfs.len();
-    let pool = WorkerPool::start("bench", n).context("worker pool")?;
+    let pool = WorkerPool::start("bench", n, None).context("worker pool")?;
     if pool.cores() < p.cores {
         bail!(
             "the instance has {} cores; this machine has {}",

@@ -499,10 +499,14 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
             .context("FM")?;
     }
     let d0 = rt.block_on(fm.stats()).context("FM")?.nodes_dead;
+    let cpus = sc::workers::allowed_cpus();
     let scs = (0..3)
         .map(|i| {
             let id = format!("sc-{i}");
             let mut c = sc::ScConfig::new(&id, local, &fm_addr);
+            // Three nodes on one host: each takes the CPU list turned by its index, as
+            // nodes sharing a host should (`ScConfig::worker_cpus`).
+            c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             c.tls = tls(proto::tls::Role::Sc, &id)?;
             Ok(sc::ScProcess::spawn(c, factory.clone())?)
         })

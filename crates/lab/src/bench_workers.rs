@@ -147,11 +147,13 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let local = "127.0.0.1:0".parse()?;
     let fm = rt.block_on(fm::start(fm_cfg, local))?;
     let fm_addr = fm.addr().to_string();
+    let cpus = sc::workers::allowed_cpus();
     let scs = (0..3)
         .map(|i| {
             let id = format!("sc-{i}");
             let mut c = sc::ScConfig::new(&id, local, &fm_addr);
             c.workers = a.workers as usize;
+            c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             // Parking is on demand here (`park`), so every round parks at a known time.
             c.idle = None;
             c.tls = pki.node(proto::tls::Role::Sc, &id)?;

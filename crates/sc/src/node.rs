@@ -67,6 +67,12 @@ pub struct ScConfig {
     pub reconnect: Duration,
     /// Pre-started workers replicas run on (default: two per core).
     pub workers: usize,
+    /// The CPUs the workers are pinned to, in round-robin order (`--worker-cpus`);
+    /// None: every CPU the process may run on, ascending. Nodes that share a host take
+    /// disjoint lists, or one list rotated ([`crate::workers::rotated`]): with the
+    /// same list, every node's first worker, and so every node's first replica, is on
+    /// the same CPU.
+    pub worker_cpus: Option<Vec<usize>>,
     /// A replica without input for this long parks (scale to zero); None: never.
     pub idle: Option<Duration>,
     /// Backpressure at dispatch: a submit for a replica with this many inputs queued
@@ -117,6 +123,7 @@ impl ScConfig {
             timer_period: Duration::from_secs(1),
             reconnect: Duration::from_millis(20),
             workers: default_workers(),
+            worker_cpus: None,
             idle: None,
             queue_limit: None,
             lag_limit: None,
@@ -380,7 +387,7 @@ pub async fn start_on(
         .map_err(|e| ScError::Io(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
     let (to_fm, to_fm_rx) = mpsc::unbounded_channel();
-    let pool = WorkerPool::start(&cfg.node_id, cfg.workers)?;
+    let pool = WorkerPool::start(&cfg.node_id, cfg.workers, cfg.worker_cpus.as_deref())?;
     let cfg_watch = cfg.assign_watch;
     let shared = Arc::new(Shared {
         cfg,
@@ -650,7 +657,7 @@ impl ScObserver {
                 .pool
                 .workers()
                 .iter()
-                .map(|w| (w.core(), w.nice(), w.replicas()))
+                .map(|w| (sh.pool.cpu(w.core()), w.nice(), w.replicas()))
                 .collect(),
             os_errors: sh.pool.counters.os_errors.load(Ordering::Relaxed),
             reassignments: sh.pool.counters.reassignments.load(Ordering::Relaxed),

@@ -43,6 +43,9 @@ pub struct ScProcessConfig {
     pub lines: telemetry::Lines,
     /// Pre-started workers (None: two per core).
     pub workers: Option<usize>,
+    /// The CPUs workers are pinned to, in round-robin order (None: every CPU the
+    /// process may run on).
+    pub worker_cpus: Option<Vec<usize>>,
     /// Idle time after which a replica parks (None: never).
     pub idle: Option<Duration>,
     /// Core assigner (one of [`crate::ASSIGNER_NAMES`]; None: RR).
@@ -126,6 +129,15 @@ pub fn start(
             ));
         }
         cfg.workers = n;
+    }
+    if let Some(cpus) = &a.worker_cpus {
+        let allowed = crate::workers::allowed_cpus();
+        if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
+            return Err(ScProcessError::Config(format!(
+                "--worker-cpus: CPU {c} is not one this process may run on (allowed: {allowed:?})"
+            )));
+        }
+        cfg.worker_cpus = Some(cpus.clone());
     }
     cfg.idle = a.idle;
     if let Some(name) = &a.assigner {

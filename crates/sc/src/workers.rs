@@ -167,6 +167,7 @@ pub struct Worker {
     /// Rule requests applied by replicas on it, and the time they kept it busy.
     requests: AtomicU64,
     busy_ns: AtomicU64,
+    /// Its core in the assigner's terms: an index into the pool's CPU list.
     core: AtomicUsize,
     nice: AtomicI32,
 }
@@ -228,6 +229,8 @@ pub struct WorkerPool {
     workers: Vec<Arc<Worker>>,
     stop: tokio::sync::watch::Sender<bool>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The CPUs workers are pinned to: the assigners' core `i` is `cpus[i]`.
+    cpus: Vec<usize>,
     cores: usize,
     pub counters: PoolCounters,
     last: Mutex<Option<Sample>>,
@@ -235,10 +238,19 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
-    /// Start `n` workers (at least one), placed on cores round robin until the first
-    /// assignment.
-    pub fn start(node: &str, n: usize) -> Result<WorkerPool, ScError> {
-        let cores = online_cores();
+    /// Start `n` workers (at least one) on `cpus` (None: every CPU this process may
+    /// run on), placed round robin over that list, in its order, until the first
+    /// assignment. A CPU outside the process's affinity mask is a configuration error.
+    pub fn start(node: &str, n: usize, cpus: Option<&[usize]>) -> Result<WorkerPool, ScError> {
+        let allowed = allowed_cpus();
+        let cpus = match cpus {
+            None => allowed,
+            Some(list) => {
+                check_cpus(list, &allowed)?;
+                list.to_vec()
+            }
+        };
+        let cores = cpus.len();
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut workers = Vec::new();
         let mut threads = Vec::new();
@@ -281,6 +293,7 @@ impl WorkerPool {
             workers,
             stop,
             threads: Mutex::new(threads),
+            cpus,
             cores,
             counters: PoolCounters::default(),
             last: Mutex::new(None),
@@ -302,6 +315,11 @@ impl WorkerPool {
 
     pub fn cores(&self) -> usize {
         self.cores
+    }
+
+    /// The CPU behind the assigners' core `core`.
+    pub fn cpu(&self, core: usize) -> usize {
+        self.cpus.get(core).copied().unwrap_or(core)
     }
 
     pub fn workers(&self) -> &[Arc<Worker>] {
@@ -419,9 +437,10 @@ impl WorkerPool {
 
     fn pin(&self, w: &Worker, core: usize) {
         w.core.store(core, Ordering::Relaxed);
-        if let Err(e) = set_affinity(w.tid.load(Ordering::Relaxed), core) {
+        let cpu = self.cpu(core);
+        if let Err(e) = set_affinity(w.tid.load(Ordering::Relaxed), cpu) {
             self.counters.os_errors.fetch_add(1, Ordering::Relaxed);
-            debug!(worker = w.id, core, error = %e, "sched_setaffinity");
+            debug!(worker = w.id, core, cpu, error = %e, "sched_setaffinity");
         }
     }
 
@@ -519,6 +538,82 @@ pub fn rate_cost_nice(hosts_replicas: bool, demand: f64, top: f64) -> i32 {
         .clamp(0.0, WEAKEST) as i32
 }
 
+/// The CPUs this process may run on (its affinity mask), ascending. Falls back to
+/// `0..online_cores()` if the kernel will not say.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is a plain bit array that sched_getaffinity fills; zeroed is the
+    // empty set, and CPU_ISSET only reads inside it (indices below CPU_SETSIZE).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            let all: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
+            if !all.is_empty() {
+                return all;
+            }
+        }
+    }
+    (0..online_cores()).collect()
+}
+
+/// Parse a CPU list as `taskset -c` and VPP's `corelist-workers` write it: `0-3,6,8-9`.
+/// The order is kept (it is the round-robin order); a CPU named twice is an error.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+    let mut out: Vec<usize> = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let num = |x: &str| {
+            x.parse::<usize>()
+                .map_err(|_| format!("{part:?} is not a CPU number or range (e.g. 0-3,6)"))
+        };
+        let (lo, hi) = (num(lo)?, num(hi)?);
+        if lo > hi {
+            return Err(format!("range {part:?} runs backwards"));
+        }
+        if hi >= libc::CPU_SETSIZE as usize {
+            return Err(format!(
+                "CPU {hi} is beyond the {} a CPU set holds",
+                libc::CPU_SETSIZE
+            ));
+        }
+        for c in lo..=hi {
+            if out.contains(&c) {
+                return Err(format!("CPU {c} is listed twice"));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// `cpus` turned left by `by`: the list a node takes when several share a host (node
+/// `i` takes `rotated(cpus, i)`), so that their first workers, where a node's first
+/// replicas go, land on different CPUs instead of all on the first.
+pub fn rotated(cpus: &[usize], by: usize) -> Vec<usize> {
+    let mut v = cpus.to_vec();
+    if !v.is_empty() {
+        let k = by % v.len();
+        v.rotate_left(k);
+    }
+    v
+}
+
+fn check_cpus(list: &[usize], allowed: &[usize]) -> Result<(), ScError> {
+    if list.is_empty() {
+        return Err(ScError::Config("worker CPUs: the list is empty".into()));
+    }
+    if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
+        return Err(ScError::Config(format!(
+            "worker CPUs: CPU {c} is not one this process may run on (allowed: {allowed:?})"
+        )));
+    }
+    Ok(())
+}
+
 /// Cores this process may run on.
 pub fn online_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -587,6 +682,58 @@ mod tests {
     }
 
     #[test]
+    fn cpu_lists_parse_as_taskset_writes_them() {
+        assert_eq!(parse_cpu_list("0-3,6"), Ok(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("1, 0"), Ok(vec![1, 0]));
+        assert_eq!(parse_cpu_list("5"), Ok(vec![5]));
+        for bad in ["", "a", "3-1", "0,0", "0-2,1", "1-", "99999"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn rotated_lists_start_each_node_on_another_cpu() {
+        let cpus = [0, 1, 2];
+        assert_eq!(rotated(&cpus, 0), vec![0, 1, 2]);
+        assert_eq!(rotated(&cpus, 1), vec![1, 2, 0]);
+        assert_eq!(rotated(&cpus, 4), vec![1, 2, 0]);
+        assert!(rotated(&[], 3).is_empty());
+    }
+
+    #[test]
+    fn a_pool_pins_to_its_cpu_list_and_refuses_foreign_cpus() {
+        let allowed = allowed_cpus();
+        assert!(!allowed.is_empty());
+        let list = rotated(&allowed, 1);
+        let pool = WorkerPool::start("t", 2, Some(&list)).unwrap();
+        assert_eq!(pool.cores(), list.len());
+        // Worker 0 is on core 0, which is the list's first CPU.
+        assert_eq!(pool.cpu(pool.workers()[0].core()), list[0]);
+        assert_eq!(pool.counters.os_errors.load(Ordering::Relaxed), 0);
+        // The pinned thread's own view agrees.
+        let tid = pool.workers()[0].tid.load(Ordering::Relaxed);
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .unwrap();
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some(list[0].to_string().as_str())
+        );
+        drop(pool);
+        let foreign = libc::CPU_SETSIZE as usize - 1;
+        let err = WorkerPool::start("t", 1, Some(&[foreign]))
+            .err()
+            .expect("a CPU outside the mask is refused");
+        assert!(
+            err.to_string().contains("not one this process may run on"),
+            "{err}"
+        );
+        assert!(WorkerPool::start("t", 1, Some(&[])).is_err());
+    }
+
+    #[test]
     fn rate_cost_nice_follows_demand_ratio() {
         assert_eq!(rate_cost_nice(true, 100.0, 100.0), 0);
         // A tenth of the demand: log1.25(10) = 10.3.
@@ -599,7 +746,7 @@ mod tests {
 
     #[test]
     fn take_prefers_idle_workers_then_the_least_shared() {
-        let pool = WorkerPool::start("t", 3).unwrap();
+        let pool = WorkerPool::start("t", 3, None).unwrap();
         let placed = |group| Placed {
             group,
             tenant: 1,
@@ -617,7 +764,7 @@ mod tests {
 
     #[test]
     fn sample_measures_rate_and_cost() {
-        let pool = WorkerPool::start("t", 2).unwrap();
+        let pool = WorkerPool::start("t", 2, None).unwrap();
         assert!(pool.sample().iter().all(|l| l.arrival_per_s == 0.0));
         pool.workers()[1].record(100, Duration::from_micros(500));
         std::thread::sleep(Duration::from_millis(20));
@@ -638,7 +785,7 @@ mod tests {
                 vec![cores]
             }
         }
-        let pool = WorkerPool::start("t", 2).unwrap();
+        let pool = WorkerPool::start("t", 2, None).unwrap();
         let loads = pool.sample();
         assert!(pool.reassign(&Bad, &loads).is_err());
         let got = pool.reassign(&RoundRobin, &loads).unwrap();

@@ -50,6 +50,12 @@ pub struct ScArgs {
     /// Pre-started worker threads replicas run on (default: two per core).
     #[arg(long)]
     workers: Option<usize>,
+    /// The CPUs workers are pinned to, in round-robin order, as `taskset -c` writes
+    /// them: `0-3,6`. Default: every CPU the process may run on. Nodes sharing a host
+    /// should take disjoint lists or one list rotated (`1,0` beside `0,1`), else every
+    /// node's first replica lands on the same CPU (docs/workers.md).
+    #[arg(long)]
+    worker_cpus: Option<String>,
     /// Park a replica idle this long (scale to zero; docs/workers.md). Default: never.
     #[arg(long)]
     idle_ms: Option<u64>,
@@ -113,6 +119,12 @@ pub fn run(a: ScArgs) -> Result<()> {
         capacity: a.capacity,
         lines: telemetry::Lines::stdout(),
         workers: a.workers,
+        worker_cpus: a
+            .worker_cpus
+            .as_deref()
+            .map(sc::workers::parse_cpu_list)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--worker-cpus: {e}"))?,
         idle: a.idle_ms.map(Duration::from_millis),
         assigner: Some(a.assigner),
         assigner_model: a.assigner_model,

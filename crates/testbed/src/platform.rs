@@ -129,6 +129,35 @@ impl Certs {
 }
 
 /// The plane-security arguments of node `id`: its `--tls-dir`, or `--insecure`.
+/// This process's CPUs (its affinity mask, which the nodes it spawns inherit) turned
+/// left by `by`, as a `--worker-cpus` list: node `i` of several on this host takes turn
+/// `i` (sc's `workers::rotated`; the testbed does not link the SC crate for it).
+/// None if the kernel will not say.
+fn rotated_cpu_list(by: usize) -> Option<String> {
+    // SAFETY: cpu_set_t is a plain bit array that sched_getaffinity fills; zeroed is the
+    // empty set, and CPU_ISSET only reads inside it (indices below CPU_SETSIZE).
+    let mut cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    };
+    if cpus.is_empty() {
+        return None;
+    }
+    let k = by % cpus.len();
+    cpus.rotate_left(k);
+    Some(
+        cpus.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
 fn security(certs: Option<&Certs>, role: Role, id: &str) -> Result<Vec<String>> {
     Ok(match certs {
         Some(c) => vec!["--tls-dir".into(), c.dir(role, id)?.display().to_string()],
@@ -640,6 +669,14 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         argv.extend(sec.iter().map(String::as_str));
         if spec.sc_metrics {
             argv.extend(["--metrics", &metrics]);
+        }
+        // The SC nodes share this host: each takes the CPU list turned by its index,
+        // so their first replicas do not all land on one CPU.
+        let cpus = rotated_cpu_list(i);
+        if !spec.sc_args.iter().any(|a| a.starts_with("--worker-cpus")) {
+            if let Some(c) = &cpus {
+                argv.extend(["--worker-cpus", c]);
+            }
         }
         argv.extend(spec.sc_args.iter().map(String::as_str));
         let p = tb.spawn(Node::Ctl, &format!("starfabric {id}"), &argv)?;

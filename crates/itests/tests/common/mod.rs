@@ -73,11 +73,13 @@ pub fn spawn_tuned_scs(
     pki: Option<&Pki>,
     tune: impl Fn(&mut ScConfig),
 ) -> Vec<ScProcess> {
+    let cpus = sc::workers::allowed_cpus();
     (0..n)
         .map(|i| {
             let id = format!("sc-{i}");
             let mut c = ScConfig::new(&id, local(), fm_addrs);
             c.tls = pki.map(|p| p.node(Role::Sc, &id));
+            c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             tune(&mut c);
             ScProcess::spawn(c, factory.clone()).unwrap()
         })
