@@ -261,7 +261,7 @@ fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
     )?;
     sc.gauge_family(
         "worker_core",
-        "The core each worker is pinned to.",
+        "The CPU each worker is pinned to (from the node's CPU list).",
         w.placement
             .iter()
             .enumerate()

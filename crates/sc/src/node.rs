@@ -702,7 +702,7 @@ pub struct WorkerStats {
     pub shed_chain_lag: u64,
     /// The latest load sample.
     pub loads: Vec<WorkerLoad>,
-    /// Per worker: (core, nice, replicas).
+    /// Per worker: (the CPU it is pinned to, nice, replicas).
     pub placement: Vec<(usize, i32, usize)>,
     pub os_errors: u64,
     pub reassignments: u64,
