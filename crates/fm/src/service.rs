@@ -458,6 +458,13 @@ pub async fn start(cfg: FmConfig, listen: SocketAddr) -> Result<FmHandle, FmErro
 /// Longest the master works through queued input before it flushes and yields.
 const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// Within a burst, the master flushes each time it has taken this many requests and
+/// results (PP's largest batch). Flushing only at the burst's end kept a window of
+/// new flows together as one clump that the stages worked on in turn, PP, FM, the
+/// chain, each idle while another had it; flushing every 256 lets SC start on the
+/// first part while FM takes the rest (docs/setup-path.md, "Clumps").
+const FLUSH_AFTER: usize = 256;
+
 /// What the master task holds for the master, which does no I/O: the sessions' down
 /// channels and the callers waiting for scales.
 struct Links {
@@ -668,6 +675,19 @@ impl MasterLanes {
     }
 }
 
+impl MasterIn {
+    /// Requests and results it carries.
+    fn work(&self) -> usize {
+        match self {
+            MasterIn::PpRequests { requests, .. } => requests.len(),
+            MasterIn::ScResults { results, .. } => {
+                results.results.iter().map(|r| r.replies.len()).sum()
+            }
+            _ => 0,
+        }
+    }
+}
+
 async fn run_master(
     mut m: Master,
     mut lanes: MasterLanes,
@@ -696,6 +716,7 @@ async fn run_master(
         };
         let Some(msg) = msg else { break };
         lanes.taken(&msg);
+        let mut unflushed = msg.work();
         dispatch(&mut m, &mut links, msg, now_us());
         // Everything already queued joins this burst: that is what batches submits to
         // SC and replies to PP without a timer. Bounded in time, so the session readers
@@ -703,7 +724,15 @@ async fn run_master(
         let burst = std::time::Instant::now();
         while burst.elapsed() < MAX_BURST {
             match lanes.try_next() {
-                Some(msg) => dispatch(&mut m, &mut links, msg, now_us()),
+                Some(msg) => {
+                    unflushed += msg.work();
+                    dispatch(&mut m, &mut links, msg, now_us());
+                    if unflushed >= FLUSH_AFTER {
+                        m.flush(now_us());
+                        links.deliver(m.take_out());
+                        unflushed = 0;
+                    }
+                }
                 None => break,
             }
         }

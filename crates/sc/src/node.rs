@@ -1080,6 +1080,11 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
 /// Longest a replica works through queued input before it flushes and yields.
 const MAX_BURST: Duration = Duration::from_millis(2);
 
+/// Within a burst, a replica flushes (ops to its successor, results to FM, acks) each
+/// time it has applied this many requests, so the next replica starts on them while
+/// this one takes the rest of its queue (FM does the same; docs/setup-path.md).
+const FLUSH_AFTER: u64 = 256;
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -1306,6 +1311,7 @@ async fn replica_task(
         // worker's other replicas share this thread.
         let burst = Instant::now();
         let before = core.stats.requests_applied;
+        let mut flushed_at = before;
         let mut next = Some(first);
         while let Some(m) = next.take() {
             if !m.maintenance() {
@@ -1316,6 +1322,10 @@ async fn replica_task(
                 break 'run;
             }
             run.first_decision();
+            if core.stats.requests_applied - flushed_at >= FLUSH_AFTER {
+                flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
+                flushed_at = core.stats.requests_applied;
+            }
             if burst.elapsed() < MAX_BURST {
                 next = rx.try_recv().ok();
                 if next.is_some() {
