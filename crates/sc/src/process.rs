@@ -131,12 +131,8 @@ pub fn start(
         cfg.workers = n;
     }
     if let Some(cpus) = &a.worker_cpus {
-        let allowed = crate::workers::allowed_cpus();
-        if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
-            return Err(ScProcessError::Config(format!(
-                "--worker-cpus: CPU {c} is not one this process may run on (allowed: {allowed:?})"
-            )));
-        }
+        crate::workers::check_cpus(cpus, &crate::workers::allowed_cpus())
+            .map_err(|e| ScProcessError::Config(format!("--worker-cpus: {e}")))?;
         cfg.worker_cpus = Some(cpus.clone());
     }
     cfg.idle = a.idle;

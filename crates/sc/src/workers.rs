@@ -246,7 +246,8 @@ impl WorkerPool {
         let cpus = match cpus {
             None => allowed,
             Some(list) => {
-                check_cpus(list, &allowed)?;
+                check_cpus(list, &allowed)
+                    .map_err(|e| ScError::Config(format!("worker CPUs: {e}")))?;
                 list.to_vec()
             }
         };
@@ -538,7 +539,9 @@ pub fn rate_cost_nice(hosts_replicas: bool, demand: f64, top: f64) -> i32 {
         .clamp(0.0, WEAKEST) as i32
 }
 
-/// The CPUs this process may run on (its affinity mask), ascending. Falls back to
+/// The CPUs this process may run on, ascending: the calling thread's affinity mask,
+/// which every thread inherits from the process unless something pinned it (call it
+/// from a thread nobody pinned, as node start does). Falls back to
 /// `0..online_cores()` if the kernel will not say.
 pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is a plain bit array that sched_getaffinity fills; zeroed is the
@@ -602,14 +605,16 @@ pub fn rotated(cpus: &[usize], by: usize) -> Vec<usize> {
     v
 }
 
-fn check_cpus(list: &[usize], allowed: &[usize]) -> Result<(), ScError> {
+/// Whether `list` names CPUs only from `allowed` (and at least one); the error says
+/// which CPU is not.
+pub fn check_cpus(list: &[usize], allowed: &[usize]) -> Result<(), String> {
     if list.is_empty() {
-        return Err(ScError::Config("worker CPUs: the list is empty".into()));
+        return Err("the list is empty".into());
     }
     if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
-        return Err(ScError::Config(format!(
-            "worker CPUs: CPU {c} is not one this process may run on (allowed: {allowed:?})"
-        )));
+        return Err(format!(
+            "CPU {c} is not one this process may run on (allowed: {allowed:?})"
+        ));
     }
     Ok(())
 }
