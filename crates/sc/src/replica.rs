@@ -8,9 +8,10 @@
 //!   applying the same ops in the same order holds the same state and computes the same
 //!   rules (`nf::Chain::decide`).
 //! - Every replica applies each op in sequence order, then forwards it and keeps it,
-//!   with its result, in an *unacked* buffer. (Scale ops, which carry or produce a
-//!   partition's bulk state, are forwarded first and then applied, so the replicas
-//!   apply them side by side: [`ReplicaCore::forward_first`].)
+//!   with its result, in an *unacked* buffer. (With [`ReplicaCore::forward_first`], as
+//!   the SC node runs it, scale ops, which carry or produce a partition's bulk state,
+//!   and, behind the head, request ops are forwarded first and then applied, so the
+//!   replicas apply them side by side.)
 //! - The tail sends the results to FM (it "answers") and acknowledges the op upstream;
 //!   an op is *committed* once the tail has applied it. Acks flow tail → head, and each
 //!   replica trims its unacked buffer as they pass.
@@ -475,9 +476,11 @@ impl ReplicaCore {
     }
 
     /// Let a non-tail replica send a scale op (a split, install or merge, which carries
-    /// or produces a partition's bulk state) to its successor before it applies it, so
-    /// the replicas of the chain apply it side by side instead of one after the other:
-    /// the requests queued behind it wait for one apply, not one per replica. The op then
+    /// or produces a partition's bulk state), and a middle replica a request op too, to
+    /// its successor before it applies it, so the replicas of the chain apply it side by
+    /// side instead of one after the other: the requests queued behind it wait for one
+    /// apply, not one per replica, and a table that doubles under one op stalls the
+    /// chain once. The op then
     /// waits in [`ReplicaCore::has_pending`] until the caller has sent the outbox and
     /// calls [`ReplicaCore::run_pending`]; nothing else may happen in between. Chain
     /// replication allows it: the successor may apply an op before this replica did,
@@ -512,12 +515,20 @@ impl ReplicaCore {
         }
     }
 
-    /// Whether `op` is sent on before it is applied (see `forward_first`).
-    fn defer(&self, op: &v1::Op) -> bool {
+    /// Whether `op` is sent on before it is applied (see `forward_first`): scale ops
+    /// anywhere but at the tail, and, at a middle replica (`from_pred`), request ops
+    /// too, so that the replicas behind the head apply a batch side by side rather
+    /// than one after the other (the head stamps several ops per submit and applies
+    /// each before it numbers the next, so it never defers them).
+    fn defer(&self, op: &v1::Op, from_pred: bool) -> bool {
         self.forward_first
             && !self.is_tail()
             && matches!(self.succ, Succ::Ready { .. })
-            && matches!(op.body, Some(v1::op::Body::Scale(_)))
+            && match op.body {
+                Some(v1::op::Body::Scale(_)) => true,
+                Some(v1::op::Body::Requests(_)) => from_pred,
+                _ => false,
+            }
     }
 
     pub fn group_id(&self) -> u64 {
@@ -849,7 +860,7 @@ impl ReplicaCore {
                     op.seq, self.applied
                 ));
             }
-            if self.defer(&op) {
+            if self.defer(&op, true) {
                 out.down.push(op.clone());
                 self.pending = Some(Pending {
                     op,
@@ -923,7 +934,7 @@ impl ReplicaCore {
     }
 
     fn apply_and_route(&mut self, op: v1::Op, out: &mut Outbox) {
-        if self.defer(&op) {
+        if self.defer(&op, false) {
             out.down.push(op.clone());
             self.pending = Some(Pending {
                 op,
@@ -2105,6 +2116,58 @@ mod tests {
                 .any(|x| matches!(x.op.body, Some(v1::op::Body::Scale(_)))),
             "the split is kept unacked like any op"
         );
+    }
+
+    #[test]
+    fn a_middle_replica_forwards_request_ops_before_applying_them() {
+        let cfg = scaling_config(snat(), 7, &["a", "b", "c"], (0, u64::MAX), 0);
+        let (mut a, mut b, mut c) = (
+            replica("a", cfg.clone()),
+            replica("b", cfg.clone()),
+            replica("c", cfg),
+        );
+        for r in [&mut a, &mut b, &mut c] {
+            r.forward_first(true);
+        }
+        let mut out = Outbox::default();
+        let hello = |from: &str| v1::ReplicaHello {
+            group: 7,
+            epoch: 1,
+            from: from.into(),
+        };
+        let ack = b.predecessor_hello(1, &hello("a")).unwrap();
+        a.successor_ready(1, &ack, &mut out);
+        let ack = c.predecessor_hello(2, &hello("b")).unwrap();
+        let mut mid = Outbox::default();
+        b.successor_ready(2, &ack, &mut mid);
+        // The head applies as it numbers: two submits, two ops, nothing pending.
+        submit(&mut a, (0..8).map(request).collect(), &mut out);
+        submit(&mut a, (8..16).map(request).collect(), &mut out);
+        assert!(!a.has_pending());
+        assert_eq!(out.down.len(), 2);
+        // The middle forwards each op before it applies it, one at a time.
+        b.on_ops(1, std::mem::take(&mut out.down), &mut mid)
+            .unwrap();
+        assert!(b.has_pending());
+        assert_eq!(mid.down.len(), 1, "the first op only");
+        assert_eq!(b.applied, 0, "sent on, not yet applied");
+        let mut to_tail = std::mem::take(&mut mid.down);
+        b.run_pending(&mut mid).unwrap();
+        assert_eq!(b.applied, 1);
+        assert!(b.has_pending(), "the second op waits its turn");
+        to_tail.append(&mut mid.down);
+        b.run_pending(&mut mid).unwrap();
+        assert!(!b.has_pending());
+        assert_eq!(b.applied, 2);
+        assert_eq!(to_tail.len(), 2);
+        // The tail applies at once and answers every request; all three agree.
+        let mut tail = Outbox::default();
+        c.on_ops(2, to_tail, &mut tail).unwrap();
+        assert!(!c.has_pending());
+        assert_eq!(replies(&tail).len(), 16);
+        assert_eq!(a.state(true).snapshot, b.state(true).snapshot);
+        assert_eq!(b.state(true).snapshot, c.state(true).snapshot);
+        assert_eq!(b.unacked_len(), 2, "kept unacked like any forwarded op");
     }
 
     #[test]
