@@ -480,11 +480,10 @@ impl ReplicaCore {
     /// its successor before it applies it, so the replicas of the chain apply it side by
     /// side instead of one after the other: the requests queued behind it wait for one
     /// apply, not one per replica, and a table that doubles under one op stalls the
-    /// chain once. The op then
-    /// waits in [`ReplicaCore::has_pending`] until the caller has sent the outbox and
-    /// calls [`ReplicaCore::run_pending`]; nothing else may happen in between. Chain
-    /// replication allows it: the successor may apply an op before this replica did,
-    /// and results and acks still come from the tail.
+    /// chain once. The op then waits in [`ReplicaCore::has_pending`] until the caller
+    /// has sent the outbox and calls [`ReplicaCore::run_pending`]; nothing else may
+    /// happen in between. Chain replication allows it: the successor may apply an op
+    /// before this replica did, and results and acks still come from the tail.
     pub fn forward_first(&mut self, on: bool) {
         self.forward_first = on;
     }

@@ -128,7 +128,6 @@ impl Certs {
     }
 }
 
-/// The plane-security arguments of node `id`: its `--tls-dir`, or `--insecure`.
 /// This process's CPUs (its affinity mask, which the nodes it spawns inherit) turned
 /// left by `by`, as a `--worker-cpus` list: node `i` of several on this host takes turn
 /// `i` (sc's `workers::rotated`; the testbed does not link the SC crate for it).
@@ -158,6 +157,7 @@ fn rotated_cpu_list(by: usize) -> Option<String> {
     )
 }
 
+/// The plane-security arguments of node `id`: its `--tls-dir`, or `--insecure`.
 fn security(certs: Option<&Certs>, role: Role, id: &str) -> Result<Vec<String>> {
     Ok(match certs {
         Some(c) => vec!["--tls-dir".into(), c.dir(role, id)?.display().to_string()],
