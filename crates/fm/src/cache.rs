@@ -55,6 +55,9 @@ struct Entry {
 struct Shard {
     map: HashMap<CacheKey, Entry>,
     order: VecDeque<(CacheKey, u64)>,
+    /// When `map` doubles ([`nf::grow`]): the shards fill alike, so with one growth
+    /// point all 64 would double within a few thousand flows of each other.
+    grow_seed: u8,
 }
 
 pub struct RuleCache {
@@ -65,6 +68,7 @@ pub struct RuleCache {
     /// never needs a rebuild. (It used to keep stale keys and, on the insert that found
     /// it twice the cache's size, rebuild itself from every shard in one step.)
     owners: HashMap<[u8; 40], (u32, u32)>,
+    owners_grow_seed: u8,
     len: usize,
     capacity: usize,
     default_ttl_ms: u64,
@@ -105,8 +109,14 @@ fn forget_owner(owners: &mut HashMap<[u8; 40], (u32, u32)>, key: &CacheKey) {
 impl RuleCache {
     pub fn new(capacity: usize, default_ttl_ms: u64) -> Self {
         RuleCache {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Shard {
+                    grow_seed: nf::grow::next_seed(),
+                    ..Shard::default()
+                })
+                .collect(),
             owners: HashMap::new(),
+            owners_grow_seed: nf::grow::next_seed(),
             len: 0,
             capacity: capacity.max(1),
             default_ttl_ms,
@@ -217,6 +227,7 @@ impl RuleCache {
     }
 
     fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64, companion: bool) {
+        nf::grow::stagger(&mut self.owners, self.owners_grow_seed);
         self.owners.insert(key.2, (key.0, key.1));
         let ttl_ms = match &reply.result {
             Some(v1::rule_reply::Result::Rule(r)) => {
@@ -252,6 +263,7 @@ impl RuleCache {
         self.next_gen += 1;
         let capacity = self.capacity;
         let shard = &mut self.shards[s];
+        nf::grow::stagger(&mut shard.map, shard.grow_seed);
         shard.map.insert(
             key,
             Entry {

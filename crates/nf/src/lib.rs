@@ -30,6 +30,7 @@
 
 mod chain;
 mod env;
+pub mod grow;
 pub mod pool;
 mod state;
 mod types;

@@ -259,6 +259,8 @@ struct Table {
     rows: HashMap<Vec<u8>, Row>,
     /// With-flows rows holding less than the whole share (absent: whole).
     shares: BTreeMap<Vec<u8>, u64>,
+    /// When `flows` and `rows` double ([`crate::grow`]).
+    grow_seed: u8,
     /// With-flows tables: the per-flow table whose rows refer to these, and how.
     refs: Option<(String, RefsFn)>,
     /// A mirrored table that shadows a source table ([`StateTables::set_mirror_source`]):
@@ -337,6 +339,7 @@ impl Table {
         if let Some(d) = row.deadline_ms.get() {
             row.scheduled = OptMs::some(self.schedule(&f, old, d));
         }
+        crate::grow::stagger(&mut self.flows, self.grow_seed);
         if let Some(old) = self.flows.insert(f, row) {
             self.count(old.group.as_deref(), false);
         }
@@ -741,6 +744,7 @@ impl StateTables {
         }
         let table = Table {
             kind: Some(Kind::of(spec)),
+            grow_seed: crate::grow::next_seed(),
             ..Table::default()
         };
         self.tables.insert(spec.name.clone(), table);
@@ -901,6 +905,7 @@ impl StateTables {
         }
         check_kind(table, t.kind(), op, &[Kind::PerFlow])?;
         let room = t.max_rows.is_none_or(|m| t.flows.len() < m);
+        crate::grow::stagger(&mut t.flows, t.grow_seed);
         // One probe: this runs for every first packet, at every replica.
         let Table {
             flows,
@@ -1231,6 +1236,7 @@ impl StateTables {
             });
         }
         let t = self.table_mut(table)?;
+        crate::grow::stagger(&mut t.rows, t.grow_seed);
         t.rows.insert(k, Row::keyed(value));
         Ok(())
     }
@@ -1699,6 +1705,7 @@ impl StateTables {
                 .map(|(n, t)| {
                     let kind = Table {
                         kind: t.kind,
+                        grow_seed: t.grow_seed,
                         ..Table::default()
                     };
                     (n.clone(), kind)

@@ -306,6 +306,8 @@ pub(super) struct State {
     pub(super) free: HashMap<(IpAddr, u8), u32>,
     /// What this op counted, not yet added to the `stats` table ([`State::flush`]).
     pub(super) stats: SnatStats,
+    /// When the three indexes above double ([`nf::grow`]), each at its own point.
+    pub(super) grow_seed: u8,
 }
 
 impl State {
@@ -331,6 +333,7 @@ impl State {
             by_internal: HashMap::new(),
             pairings: HashMap::new(),
             by_reply: HashMap::new(),
+            grow_seed: nf::grow::next_seed(),
             free: HashMap::new(),
             stats: SnatStats::default(),
         };
@@ -420,6 +423,7 @@ impl State {
             .put_flow_timed(FLOWS, &key, &FlowRow::of(&f), f.deadline_ms)
             .map_err(state_err)?;
         let translated = f.forward.apply(&key);
+        nf::grow::stagger(&mut self.by_reply, self.grow_seed);
         self.by_reply.insert(reply_key(&translated), key);
         for e in std::iter::once(f.own).chain(f.peer) {
             if let Some(m) = self.mappings.get_mut(&e) {
@@ -499,7 +503,9 @@ impl State {
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
         }
+        nf::grow::stagger(&mut self.mappings, self.grow_seed.wrapping_add(5));
         self.mappings.insert(ext, Mapping { key: mk, flows: 0 });
+        nf::grow::stagger(&mut self.by_internal, self.grow_seed.wrapping_add(10));
         self.by_internal.insert(mk, ext);
         self.pairings.entry(pk).or_insert((paired, 0)).1 += 1;
         Ok(())
