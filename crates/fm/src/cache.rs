@@ -227,7 +227,7 @@ impl RuleCache {
     }
 
     fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64, companion: bool) {
-        nf::grow::stagger(&mut self.owners, self.owners_grow_seed);
+        nf::grow::stagger(&mut self.owners, self.owners_grow_seed, self.capacity);
         self.owners.insert(key.2, (key.0, key.1));
         let ttl_ms = match &reply.result {
             Some(v1::rule_reply::Result::Rule(r)) => {
@@ -263,7 +263,7 @@ impl RuleCache {
         self.next_gen += 1;
         let capacity = self.capacity;
         let shard = &mut self.shards[s];
-        nf::grow::stagger(&mut shard.map, shard.grow_seed);
+        nf::grow::stagger(&mut shard.map, shard.grow_seed, capacity.div_ceil(SHARDS));
         shard.map.insert(
             key,
             Entry {

@@ -41,11 +41,17 @@ pub fn grow_at(capacity: usize, seed: u8) -> usize {
 }
 
 /// Call before an insert: doubles `map` now if it has reached its staggered growth
-/// point (and is large enough for it to matter).
+/// point (and is large enough for it to matter). A map bounded to `limit` entries
+/// (`usize::MAX`: unbounded) that its capacity already holds never grows early: it
+/// would never have grown at all.
 #[inline]
-pub fn stagger<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>, seed: u8) {
+pub fn stagger<K: Eq + Hash, V, S: BuildHasher>(
+    map: &mut HashMap<K, V, S>,
+    seed: u8,
+    limit: usize,
+) {
     let cap = map.capacity();
-    if cap >= STAGGER_FROM {
+    if cap >= STAGGER_FROM && limit > cap {
         let len = map.len();
         if len >= grow_at(cap, seed) && len < cap {
             map.reserve(cap - len + 1);
@@ -65,7 +71,7 @@ mod tests {
             let mut at = None;
             for i in 0..200_000u64 {
                 let before = m.capacity();
-                stagger(&mut m, seed);
+                stagger(&mut m, seed, usize::MAX);
                 m.insert(i, i);
                 if before == 114_688 && m.capacity() != before {
                     // Still a doubling, never a smaller step.
@@ -84,6 +90,24 @@ mod tests {
         distinct.dedup();
         assert_eq!(distinct.len(), LEVELS, "{doubled_at:?}");
         assert!(distinct[0] > 114_688 * 3 / 4, "{doubled_at:?}");
+    }
+
+    #[test]
+    fn a_map_bounded_within_its_capacity_never_grows_early() {
+        let mut m: HashMap<u64, u64> = HashMap::with_capacity(100_000);
+        let cap = m.capacity();
+        for i in 0..cap as u64 {
+            stagger(&mut m, 15, cap);
+            m.insert(i, i);
+        }
+        assert_eq!(m.capacity(), cap);
+        // Bounded past it: it grows at its staggered point, before it is full.
+        let mut m2: HashMap<u64, u64> = HashMap::with_capacity(100_000);
+        for i in 0..(cap as u64 - 1) {
+            stagger(&mut m2, 15, cap + 1);
+            m2.insert(i, i);
+        }
+        assert!(m2.capacity() > cap);
     }
 
     #[test]

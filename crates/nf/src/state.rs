@@ -339,7 +339,11 @@ impl Table {
         if let Some(d) = row.deadline_ms.get() {
             row.scheduled = OptMs::some(self.schedule(&f, old, d));
         }
-        crate::grow::stagger(&mut self.flows, self.grow_seed);
+        crate::grow::stagger(
+            &mut self.flows,
+            self.grow_seed,
+            self.max_rows.unwrap_or(usize::MAX),
+        );
         if let Some(old) = self.flows.insert(f, row) {
             self.count(old.group.as_deref(), false);
         }
@@ -905,7 +909,7 @@ impl StateTables {
         }
         check_kind(table, t.kind(), op, &[Kind::PerFlow])?;
         let room = t.max_rows.is_none_or(|m| t.flows.len() < m);
-        crate::grow::stagger(&mut t.flows, t.grow_seed);
+        crate::grow::stagger(&mut t.flows, t.grow_seed, t.max_rows.unwrap_or(usize::MAX));
         // One probe: this runs for every first packet, at every replica.
         let Table {
             flows,
@@ -1236,7 +1240,7 @@ impl StateTables {
             });
         }
         let t = self.table_mut(table)?;
-        crate::grow::stagger(&mut t.rows, t.grow_seed);
+        crate::grow::stagger(&mut t.rows, t.grow_seed, t.max_rows.unwrap_or(usize::MAX));
         t.rows.insert(k, Row::keyed(value));
         Ok(())
     }

@@ -490,7 +490,7 @@ impl LoadBalancer {
         // share a backend; PP's reverse rules collide then too. Keep the smaller forward
         // key so every replica, and a restored one, resolves it alike.
         let rk = Self::reply_key(&key, backend);
-        nf::grow::stagger(&mut self.replies, self.grow_seed);
+        nf::grow::stagger(&mut self.replies, self.grow_seed, usize::MAX);
         let slot = self.replies.entry(rk).or_insert(key);
         if *slot == key {
             return;

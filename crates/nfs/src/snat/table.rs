@@ -423,7 +423,7 @@ impl State {
             .put_flow_timed(FLOWS, &key, &FlowRow::of(&f), f.deadline_ms)
             .map_err(state_err)?;
         let translated = f.forward.apply(&key);
-        nf::grow::stagger(&mut self.by_reply, self.grow_seed);
+        nf::grow::stagger(&mut self.by_reply, self.grow_seed, usize::MAX);
         self.by_reply.insert(reply_key(&translated), key);
         for e in std::iter::once(f.own).chain(f.peer) {
             if let Some(m) = self.mappings.get_mut(&e) {
@@ -503,9 +503,17 @@ impl State {
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
         }
-        nf::grow::stagger(&mut self.mappings, self.grow_seed.wrapping_add(5));
+        nf::grow::stagger(
+            &mut self.mappings,
+            self.grow_seed.wrapping_add(5),
+            usize::MAX,
+        );
         self.mappings.insert(ext, Mapping { key: mk, flows: 0 });
-        nf::grow::stagger(&mut self.by_internal, self.grow_seed.wrapping_add(10));
+        nf::grow::stagger(
+            &mut self.by_internal,
+            self.grow_seed.wrapping_add(10),
+            usize::MAX,
+        );
         self.by_internal.insert(mk, ext);
         self.pairings.entry(pk).or_insert((paired, 0)).1 += 1;
         Ok(())
