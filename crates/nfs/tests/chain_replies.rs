@@ -90,3 +90,32 @@ fn a_reply_of_a_flow_no_nf_knows_is_still_refused() {
     assert!(drops(&r.forward), "{r:?}");
     assert_eq!(r.path, ["fw"], "asked forward, as any unknown flow");
 }
+
+/// Replicas of a chain whose per-flow maps double at other fills (`nf::grow`: the seeds
+/// go by creation order, so two processes, or two replicas in one, can differ) decide
+/// alike and hold the same state: no decision and no snapshot byte depends on a map's
+/// capacity.
+#[test]
+fn replicas_whose_maps_grow_at_other_fills_agree() {
+    let mut a = chain(&["fw", "snat", "lb"]);
+    // Shift every seed of the second replica's maps.
+    for _ in 0..7 {
+        nf::grow::next_seed();
+    }
+    let mut b = chain(&["fw", "snat", "lb"]);
+    // Past several growth points of the maps (from 3,584 entries up).
+    for i in 0..30_000u32 {
+        let src = format!("198.18.{}.{}", 1 + i / 250 % 250, 1 + i % 250);
+        let key: FlowKey = format!("100 tcp {src}:{} > 198.19.0.9:443", 1024 + i % 50_000)
+            .parse()
+            .expect("key");
+        let now = u64::from(i);
+        let (x, y) = (ask(&mut a, key, SYN, now), ask(&mut b, key, SYN, now));
+        same_rule(&x.forward, &y.forward);
+        match (&x.reverse, &y.reverse) {
+            (Some(p), Some(q)) => same_rule(p, q),
+            (p, q) => assert_eq!(p.is_some(), q.is_some(), "flow {i}"),
+        }
+    }
+    assert_eq!(a.snapshot().expect("a"), b.snapshot().expect("b"));
+}
