@@ -4,7 +4,7 @@
 //! indexes, the LB's reply index) holds about one entry per flow, so with hashbrown's
 //! fixed growth point (7/8 of a power of two) they would all double on the same flow,
 //! and that one request would pay for rehashing every map of the replica: at 229,376
-//! rows about 10 ms a map (docs/setup-path.md, "Staggered doublings"). A chain near its
+//! rows 20–35 ms a map (docs/setup-path.md, "Staggered doublings"). A chain near its
 //! capacity then queues for several times the stall. Here each map doubles at its own
 //! fill, from 3/4 to all of its capacity, set by a seed handed out in creation order,
 //! so the same work comes as separate short stalls spread over the growth.
