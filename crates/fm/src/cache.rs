@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 
 // hashbrown's default hasher (foldhash, seeded per map) rather than std's SipHash:
 // these maps are probed for every rule request and reply, with 48-byte keys.
-use hashbrown::HashMap;
+use nf::SlabMap;
 
 use prost::Message;
 use proto::v1;
@@ -53,11 +53,10 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<CacheKey, Entry>,
+    /// A [`SlabMap`]: the shards fill alike, so hashbrown maps would all double within
+    /// a few thousand flows of each other, one FM stall each.
+    map: SlabMap<CacheKey, Entry>,
     order: VecDeque<(CacheKey, u64)>,
-    /// When `map` doubles ([`nf::grow`]): the shards fill alike, so with one growth
-    /// point all 64 would double within a few thousand flows of each other.
-    grow_seed: u8,
 }
 
 pub struct RuleCache {
@@ -67,8 +66,7 @@ pub struct RuleCache {
     /// leaves with the cache entry it names, so the index never outgrows the cache and
     /// never needs a rebuild. (It used to keep stale keys and, on the insert that found
     /// it twice the cache's size, rebuild itself from every shard in one step.)
-    owners: HashMap<[u8; 40], (u32, u32)>,
-    owners_grow_seed: u8,
+    owners: SlabMap<[u8; 40], (u32, u32)>,
     len: usize,
     capacity: usize,
     default_ttl_ms: u64,
@@ -100,7 +98,7 @@ fn shard_of(key: &CacheKey) -> usize {
 
 /// Drop `key`'s owner entry if it names `key`'s tenant chain (the same flow key cached
 /// under another chain since keeps its entry).
-fn forget_owner(owners: &mut HashMap<[u8; 40], (u32, u32)>, key: &CacheKey) {
+fn forget_owner(owners: &mut SlabMap<[u8; 40], (u32, u32)>, key: &CacheKey) {
     if owners.get(&key.2) == Some(&(key.0, key.1)) {
         owners.remove(&key.2);
     }
@@ -109,14 +107,8 @@ fn forget_owner(owners: &mut HashMap<[u8; 40], (u32, u32)>, key: &CacheKey) {
 impl RuleCache {
     pub fn new(capacity: usize, default_ttl_ms: u64) -> Self {
         RuleCache {
-            shards: (0..SHARDS)
-                .map(|_| Shard {
-                    grow_seed: nf::grow::next_seed(),
-                    ..Shard::default()
-                })
-                .collect(),
-            owners: HashMap::new(),
-            owners_grow_seed: nf::grow::next_seed(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            owners: SlabMap::new(),
             len: 0,
             capacity: capacity.max(1),
             default_ttl_ms,
@@ -227,7 +219,6 @@ impl RuleCache {
     }
 
     fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64, companion: bool) {
-        nf::grow::stagger(&mut self.owners, self.owners_grow_seed, self.capacity);
         self.owners.insert(key.2, (key.0, key.1));
         let ttl_ms = match &reply.result {
             Some(v1::rule_reply::Result::Rule(r)) => {
@@ -263,7 +254,6 @@ impl RuleCache {
         self.next_gen += 1;
         let capacity = self.capacity;
         let shard = &mut self.shards[s];
-        nf::grow::stagger(&mut shard.map, shard.grow_seed, capacity.div_ceil(SHARDS));
         shard.map.insert(
             key,
             Entry {

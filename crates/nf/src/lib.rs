@@ -30,8 +30,8 @@
 
 mod chain;
 mod env;
-pub mod grow;
 pub mod pool;
+pub mod slabmap;
 mod state;
 mod types;
 
@@ -39,6 +39,7 @@ pub use chain::{
     Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
 };
 pub use env::{DetRng, NfEnv, Trigger};
+pub use slabmap::SlabMap;
 pub use state::{MirrorWrite, RefsFn, StateError, StateTables, WHOLE_SHARE};
 pub use types::{
     Access, Consistency, Decision, Endpoint, FirstPacket, FlowEvent, MergeDecoder, NetworkFunction,

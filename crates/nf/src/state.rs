@@ -38,8 +38,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 // hashbrown with its default hasher (foldhash) rather than SipHash, as the NFs' own maps
 // were: per-flow rows are probed for every first packet, at every replica.
-use hashbrown::hash_map::Entry;
-use hashbrown::HashMap;
+use crate::slabmap::{Entry, SlabMap};
 use smallvec::SmallVec;
 
 use pipeline::FlowKey;
@@ -249,18 +248,17 @@ impl From<Row> for WireRow {
 #[derive(Debug, Clone, Default)]
 struct Table {
     kind: Option<Kind>,
-    /// Per-flow tables. A hash map, as the NFs' own conntrack maps were: it is probed
-    /// for every first packet at every replica. Nothing iterates it where order could
-    /// reach a decision or a snapshot's bytes; those paths sort.
-    flows: HashMap<FlowKey, Row>,
+    /// Per-flow tables. A hash map whose growth never stalls ([`SlabMap`]): it is
+    /// probed for every first packet at every replica, and holds a row per flow.
+    /// Nothing iterates it where order could reach a decision or a snapshot's bytes;
+    /// those paths sort.
+    flows: SlabMap<FlowKey, Row>,
     /// Partitioned, with-flows, copied and read tables. A hash map, probed for every
     /// mapping an NF makes or frees; whatever leaves it (reads of every row, snapshots,
     /// parts) is sorted by key.
-    rows: HashMap<Vec<u8>, Row>,
+    rows: SlabMap<Vec<u8>, Row>,
     /// With-flows rows holding less than the whole share (absent: whole).
     shares: BTreeMap<Vec<u8>, u64>,
-    /// When `flows` and `rows` double ([`crate::grow`]).
-    grow_seed: u8,
     /// With-flows tables: the per-flow table whose rows refer to these, and how.
     refs: Option<(String, RefsFn)>,
     /// A mirrored table that shadows a source table ([`StateTables::set_mirror_source`]):
@@ -339,11 +337,6 @@ impl Table {
         if let Some(d) = row.deadline_ms.get() {
             row.scheduled = OptMs::some(self.schedule(&f, old, d));
         }
-        crate::grow::stagger(
-            &mut self.flows,
-            self.grow_seed,
-            self.max_rows.unwrap_or(usize::MAX),
-        );
         if let Some(old) = self.flows.insert(f, row) {
             self.count(old.group.as_deref(), false);
         }
@@ -748,7 +741,6 @@ impl StateTables {
         }
         let table = Table {
             kind: Some(Kind::of(spec)),
-            grow_seed: crate::grow::next_seed(),
             ..Table::default()
         };
         self.tables.insert(spec.name.clone(), table);
@@ -909,7 +901,6 @@ impl StateTables {
         }
         check_kind(table, t.kind(), op, &[Kind::PerFlow])?;
         let room = t.max_rows.is_none_or(|m| t.flows.len() < m);
-        crate::grow::stagger(&mut t.flows, t.grow_seed, t.max_rows.unwrap_or(usize::MAX));
         // One probe: this runs for every first packet, at every replica.
         let Table {
             flows,
@@ -1240,7 +1231,6 @@ impl StateTables {
             });
         }
         let t = self.table_mut(table)?;
-        crate::grow::stagger(&mut t.rows, t.grow_seed, t.max_rows.unwrap_or(usize::MAX));
         t.rows.insert(k, Row::keyed(value));
         Ok(())
     }
@@ -1569,7 +1559,7 @@ impl StateTables {
             if t.kind() != Kind::PerFlow {
                 continue;
             }
-            let (part, keep): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut t.flows)
+            let (part, keep): (SlabMap<_, _>, SlabMap<_, _>) = std::mem::take(&mut t.flows)
                 .into_iter()
                 .partition(|(k, _)| half.moves_by(k, by));
             t.flows = keep;
@@ -1611,7 +1601,7 @@ impl StateTables {
             match t.kind() {
                 Kind::PerFlow => *out = wire_rows(leaving.remove(name).unwrap_or_default()),
                 Kind::Partitioned if shared => {
-                    let (part, keep): (HashMap<_, _>, _) = std::mem::take(&mut t.rows)
+                    let (part, keep): (SlabMap<_, _>, _) = std::mem::take(&mut t.rows)
                         .into_iter()
                         .partition(|(k, _)| in_half(key_hash(k)));
                     t.rows = keep;
@@ -1709,7 +1699,6 @@ impl StateTables {
                 .map(|(n, t)| {
                     let kind = Table {
                         kind: t.kind,
-                        grow_seed: t.grow_seed,
                         ..Table::default()
                     };
                     (n.clone(), kind)
@@ -1985,7 +1974,7 @@ fn whole<T>((v, rest): (T, &[u8])) -> Result<T, NfError> {
 }
 
 /// A hash map's rows in key order: what reaches a decision or a snapshot's bytes.
-fn sorted<V>(m: &HashMap<Vec<u8>, V>) -> Vec<(&Vec<u8>, &V)> {
+fn sorted<V>(m: &SlabMap<Vec<u8>, V>) -> Vec<(&Vec<u8>, &V)> {
     let mut v: Vec<(&Vec<u8>, &V)> = m.iter().collect();
     v.sort_unstable_by(|a, b| a.0.cmp(b.0));
     v

@@ -270,9 +270,7 @@ pub struct LoadBalancer {
     state: StateTables,
     /// Reply key (backend → client) → forward key; derived from `conntrack`, never
     /// snapshotted.
-    replies: HashMap<FlowKey, FlowKey>,
-    /// When `replies` doubles ([`nf::grow`]).
-    grow_seed: u8,
+    replies: nf::SlabMap<FlowKey, FlowKey>,
     /// The other forward keys of reply keys two or more flows share (one client port
     /// reaching two VIPs with a common backend), so that when `replies`' owner goes the
     /// next one takes over, as a replica rebuilt from a snapshot would resolve it.
@@ -363,8 +361,7 @@ impl LoadBalancer {
             cfg,
             services,
             state,
-            replies: HashMap::new(),
-            grow_seed: nf::grow::next_seed(),
+            replies: nf::SlabMap::new(),
             shared_replies: HashMap::new(),
         })
     }
@@ -490,7 +487,6 @@ impl LoadBalancer {
         // share a backend; PP's reverse rules collide then too. Keep the smaller forward
         // key so every replica, and a restored one, resolves it alike.
         let rk = Self::reply_key(&key, backend);
-        nf::grow::stagger(&mut self.replies, self.grow_seed, usize::MAX);
         let slot = self.replies.entry(rk).or_insert(key);
         if *slot == key {
             return;

@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use ::nf::{Endpoint, NfError, Rewrite, StateTables, WHOLE_SHARE};
+use ::nf::{Endpoint, NfError, Rewrite, SlabMap, StateTables, WHOLE_SHARE};
 use pipeline::FlowKey;
 // hashbrown's default hasher (foldhash) rather than SipHash: splits and merges of a
 // partition hash every flow key and endpoint several times (docs/scaling.md).
@@ -296,18 +296,16 @@ fn state_err(e: ::nf::StateError) -> NfError {
 pub(super) struct State {
     pub(super) tables: StateTables,
     /// Derived: every mapping of the tables, with the flows of this part using it.
-    pub(super) mappings: HashMap<ExternalEndpoint, Mapping>,
-    pub(super) by_internal: HashMap<MappingKey, ExternalEndpoint>,
+    pub(super) mappings: SlabMap<ExternalEndpoint, Mapping>,
+    pub(super) by_internal: SlabMap<MappingKey, ExternalEndpoint>,
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
-    pub(super) by_reply: HashMap<FlowKey, FlowKey>,
+    pub(super) by_reply: SlabMap<FlowKey, FlowKey>,
     /// Derived: free ports per (pool address, protocol), read for every new mapping's
     /// choice of address.
     pub(super) free: HashMap<(IpAddr, u8), u32>,
     /// What this op counted, not yet added to the `stats` table ([`State::flush`]).
     pub(super) stats: SnatStats,
-    /// When the three indexes above double ([`nf::grow`]), each at its own point.
-    pub(super) grow_seed: u8,
 }
 
 impl State {
@@ -329,11 +327,10 @@ impl State {
         }
         let mut st = State {
             tables,
-            mappings: HashMap::new(),
-            by_internal: HashMap::new(),
+            mappings: SlabMap::new(),
+            by_internal: SlabMap::new(),
             pairings: HashMap::new(),
-            by_reply: HashMap::new(),
-            grow_seed: nf::grow::next_seed(),
+            by_reply: SlabMap::new(),
             free: HashMap::new(),
             stats: SnatStats::default(),
         };
@@ -423,7 +420,6 @@ impl State {
             .put_flow_timed(FLOWS, &key, &FlowRow::of(&f), f.deadline_ms)
             .map_err(state_err)?;
         let translated = f.forward.apply(&key);
-        nf::grow::stagger(&mut self.by_reply, self.grow_seed, usize::MAX);
         self.by_reply.insert(reply_key(&translated), key);
         for e in std::iter::once(f.own).chain(f.peer) {
             if let Some(m) = self.mappings.get_mut(&e) {
@@ -503,17 +499,7 @@ impl State {
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
         }
-        nf::grow::stagger(
-            &mut self.mappings,
-            self.grow_seed.wrapping_add(5),
-            usize::MAX,
-        );
         self.mappings.insert(ext, Mapping { key: mk, flows: 0 });
-        nf::grow::stagger(
-            &mut self.by_internal,
-            self.grow_seed.wrapping_add(10),
-            usize::MAX,
-        );
         self.by_internal.insert(mk, ext);
         self.pairings.entry(pk).or_insert((paired, 0)).1 += 1;
         Ok(())

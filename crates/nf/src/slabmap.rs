@@ -1,0 +1,779 @@
+//! [`SlabMap`]: the per-flow maps' hash map, whose doubling never stops the chain.
+//!
+//! A hashbrown map doubles by allocating a table twice the size and moving every row
+//! into it on one insert. For the per-flow maps of a replica (a row per flow, 229,376
+//! of them at the doubling the setup bench meets) that insert took 20–35 ms a map, most
+//! of it the kernel faulting in and zeroing the new table (docs/setup-path.md): a chain
+//! near its capacity queues behind it for longer still. Staggering the maps' growth
+//! points ([`crate::grow`]) spread those stalls but kept each one.
+//!
+//! Here the rows never move. They live in a slab of fixed-size chunks (a new chunk is a
+//! few pages, faulted in as flows arrive), and a hashbrown [`HashTable`] of 8-byte
+//! entries (32 bits of hash, the row's slot) indexes them. When the index is full, a new
+//! one of twice its capacity is made (its control bytes only: a few hundred KiB) and
+//! the old one stays, read-only, while each later insert or removal moves the next few
+//! slots' entries across. Lookups probe the new index, then the old. The old index is
+//! never erased from (erasing leaves tombstones that lengthen every miss's probe, which
+//! is what sank the incremental-resize crate `griddle` here): an entry whose row has
+//! since been removed or reused is harmless, because every probe compares the row's
+//! key. Each row records the index generation it is in, so the move skips rows inserted
+//! into the new index meanwhile. The old index is dropped when the move reaches the
+//! slab's end.
+//!
+//! Why not a crate: hashbrown has no resumable cursor to move rows a few at a time, and
+//! `griddle` (the one incremental-resize map) erases from the old half as above.
+//!
+//! Iteration is in slot order, so it is a function of the map's history, never of the
+//! hasher's seed or of when the index grew.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+
+use hashbrown::hash_table::HashTable;
+use hashbrown::DefaultHashBuilder;
+
+/// Rows per slab chunk: 512 rows of a per-flow table are about 40 KiB.
+const CHUNK_BITS: u32 = 9;
+const CHUNK: usize = 1 << CHUNK_BITS;
+/// Slots whose index entries each insert or removal moves while the index grows. The
+/// new index has twice the old one's capacity; moving 4 slots an insert finishes before
+/// a quarter of the old capacity's inserts more, so the new index never fills first.
+const MOVE_PER_OP: usize = 4;
+/// Smallest index made.
+const MIN_INDEX: usize = 16;
+
+#[derive(Clone, Copy)]
+struct Idx {
+    tag: u32,
+    slot: u32,
+}
+
+/// The 64-bit hash the index tables are keyed by, rebuilt from the 32 bits kept: the low
+/// bits pick the bucket, the top seven are hashbrown's control tag.
+#[inline]
+fn wide(tag: u32) -> u64 {
+    ((tag as u64) << 32) | tag as u64
+}
+
+struct Slot<K, V> {
+    tag: u32,
+    /// The index generation this row's entry is in ([`SlabMap`]'s `generation`).
+    generation: u32,
+    row: Option<(K, V)>,
+}
+
+impl<K: Clone, V: Clone> Clone for Slot<K, V> {
+    fn clone(&self) -> Self {
+        Slot {
+            tag: self.tag,
+            generation: self.generation,
+            row: self.row.clone(),
+        }
+    }
+}
+
+/// A hash map for per-flow state whose growth moves no rows and stalls no insert; see
+/// the module doc. The API is the subset of `HashMap` the NFs use.
+pub struct SlabMap<K, V, S = DefaultHashBuilder> {
+    hasher: S,
+    chunks: Vec<Box<[Slot<K, V>]>>,
+    /// Slots ever used (the high-water mark); below it, `free` holds the empty ones.
+    slots: usize,
+    free: Vec<u32>,
+    len: usize,
+    index: HashTable<Idx>,
+    /// While the index grows: the previous one, read-only.
+    old: Option<HashTable<Idx>>,
+    /// While the index grows: the next slot whose entry moves.
+    cursor: usize,
+    generation: u32,
+}
+
+impl<K, V, S: Default> Default for SlabMap<K, V, S> {
+    fn default() -> Self {
+        SlabMap {
+            hasher: S::default(),
+            chunks: Vec::new(),
+            slots: 0,
+            free: Vec::new(),
+            len: 0,
+            index: HashTable::new(),
+            old: None,
+            cursor: 0,
+            generation: 0,
+        }
+    }
+}
+
+impl<K: Clone, V: Clone, S: Clone> Clone for SlabMap<K, V, S> {
+    fn clone(&self) -> Self {
+        SlabMap {
+            hasher: self.hasher.clone(),
+            chunks: self.chunks.clone(),
+            slots: self.slots,
+            free: self.free.clone(),
+            len: self.len,
+            index: self.index.clone(),
+            old: self.old.clone(),
+            cursor: self.cursor,
+            generation: self.generation,
+        }
+    }
+}
+
+impl<K: fmt::Debug, V: fmt::Debug, S> fmt::Debug for SlabMap<K, V, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<K, V> SlabMap<K, V, DefaultHashBuilder> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<K, V, S> SlabMap<K, V, S> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows the index holds before it next grows.
+    pub fn capacity(&self) -> usize {
+        self.index.capacity()
+    }
+
+    /// Whether the index is growing (an old index is still being moved from).
+    pub fn is_growing(&self) -> bool {
+        self.old.is_some()
+    }
+
+    pub fn clear(&mut self) {
+        self.chunks.clear();
+        self.slots = 0;
+        self.free.clear();
+        self.len = 0;
+        self.index.clear();
+        self.old = None;
+        self.cursor = 0;
+    }
+
+    /// Rows in slot order.
+    pub fn iter(&self) -> Iter<'_, K, V> {
+        Iter {
+            chunks: &self.chunks,
+            at: 0,
+            left: self.len,
+        }
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+        self.chunks
+            .iter_mut()
+            .flat_map(|c| c.iter_mut())
+            .filter_map(|s| s.row.as_mut().map(|(k, v)| (&*k, v)))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.iter().map(|(k, _)| k)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.iter().map(|(_, v)| v)
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.iter_mut().map(|(_, v)| v)
+    }
+
+    #[inline]
+    fn slot(&self, s: u32) -> &Slot<K, V> {
+        let s = s as usize;
+        &self.chunks[s >> CHUNK_BITS][s & (CHUNK - 1)]
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, s: u32) -> &mut Slot<K, V> {
+        let s = s as usize;
+        &mut self.chunks[s >> CHUNK_BITS][s & (CHUNK - 1)]
+    }
+
+    /// Moves the next `n` slots' entries into the new index, and drops the old one
+    /// when the move reaches the slab's end.
+    fn advance(&mut self, n: usize) {
+        if self.old.is_none() {
+            return;
+        }
+        let end = (self.cursor + n).min(self.slots);
+        for s in self.cursor..end {
+            let generation = self.generation;
+            let slot = self.slot_mut(s as u32);
+            if slot.row.is_some() && slot.generation != generation {
+                slot.generation = generation;
+                let tag = slot.tag;
+                self.index.insert_unique(
+                    wide(tag),
+                    Idx {
+                        tag,
+                        slot: s as u32,
+                    },
+                    |e| wide(e.tag),
+                );
+            }
+        }
+        self.cursor = end;
+        if self.cursor >= self.slots {
+            self.old = None;
+        }
+    }
+
+    /// Before an insert of a new row: starts growing the index if it is full, so that
+    /// the insert never makes hashbrown rehash it.
+    fn make_room(&mut self) {
+        if self.old.is_some() {
+            self.advance(MOVE_PER_OP);
+        }
+        if self.old.is_none() && self.index.len() >= self.index.capacity() {
+            let cap = (self.index.capacity() * 2).max(MIN_INDEX);
+            let old = std::mem::replace(&mut self.index, HashTable::with_capacity(cap));
+            self.generation = self.generation.wrapping_add(1);
+            self.cursor = 0;
+            if old.is_empty() {
+                return;
+            }
+            self.old = Some(old);
+            self.advance(MOVE_PER_OP);
+        }
+    }
+
+    fn alloc(&mut self, tag: u32, key: K, value: V) -> u32 {
+        let generation = self.generation;
+        let s = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = self.slots;
+                if s >> CHUNK_BITS == self.chunks.len() {
+                    self.chunks.push(
+                        (0..CHUNK)
+                            .map(|_| Slot {
+                                tag: 0,
+                                generation: 0,
+                                row: None,
+                            })
+                            .collect(),
+                    );
+                }
+                self.slots += 1;
+                s as u32
+            }
+        };
+        *self.slot_mut(s) = Slot {
+            tag,
+            generation,
+            row: Some((key, value)),
+        };
+        s
+    }
+}
+
+impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
+    pub fn with_hasher(hasher: S) -> Self {
+        SlabMap {
+            hasher,
+            chunks: Vec::new(),
+            slots: 0,
+            free: Vec::new(),
+            len: 0,
+            index: HashTable::new(),
+            old: None,
+            cursor: 0,
+            generation: 0,
+        }
+    }
+
+    #[inline]
+    fn tag<Q: Hash + ?Sized>(&self, key: &Q) -> u32 {
+        self.hasher.hash_one(key) as u32
+    }
+
+    /// The slot holding `key`, and whether its entry is in the current index.
+    #[inline]
+    fn find<Q>(&self, key: &Q) -> Option<(u32, bool)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if self.len == 0 {
+            return None;
+        }
+        let tag = self.tag(key);
+        let hit = |e: &Idx| {
+            e.tag == tag && matches!(&self.slot(e.slot).row, Some((k, _)) if k.borrow() == key)
+        };
+        if let Some(e) = self.index.find(wide(tag), hit) {
+            return Some((e.slot, true));
+        }
+        let old = self.old.as_ref()?;
+        old.find(wide(tag), hit).and_then(|e| {
+            // An old entry whose row is in the new index is found there first; one found
+            // here is a row the move has not reached.
+            (self.slot(e.slot).generation != self.generation).then_some((e.slot, false))
+        })
+    }
+
+    pub fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (s, _) = self.find(key)?;
+        self.slot(s).row.as_ref().map(|(_, v)| v)
+    }
+
+    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (s, _) = self.find(key)?;
+        self.slot(s).row.as_ref().map(|(k, v)| (k, v))
+    }
+
+    pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (s, _) = self.find(key)?;
+        self.slot_mut(s).row.as_mut().map(|(_, v)| v)
+    }
+
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(key).is_some()
+    }
+
+    /// Inserts or replaces; returns the value replaced.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        if let Some((s, _)) = self.find(&key) {
+            let row = self
+                .slot_mut(s)
+                .row
+                .as_mut()
+                .expect("a found slot holds a row");
+            return Some(std::mem::replace(&mut row.1, value));
+        }
+        self.insert_new(key, value);
+        None
+    }
+
+    /// The row of `key`, to read, change or fill with one probe.
+    pub fn entry(&mut self, key: K) -> Entry<'_, K, V, S> {
+        match self.find(&key) {
+            Some((slot, _)) => Entry::Occupied(OccupiedEntry { map: self, slot }),
+            None => Entry::Vacant(VacantEntry { map: self, key }),
+        }
+    }
+
+    /// The value of `key`, inserting `make()` first if it is absent.
+    pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
+        let s = match self.find(&key) {
+            Some((s, _)) => s,
+            None => self.insert_new(key, make()),
+        };
+        &mut self.slot_mut(s).row.as_mut().expect("a row").1
+    }
+
+    fn insert_new(&mut self, key: K, value: V) -> u32 {
+        self.make_room();
+        let tag = self.tag(&key);
+        let s = self.alloc(tag, key, value);
+        self.index
+            .insert_unique(wide(tag), Idx { tag, slot: s }, |e| wide(e.tag));
+        self.len += 1;
+        s
+    }
+
+    pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.remove_entry(key).map(|(_, v)| v)
+    }
+
+    pub fn remove_entry<Q>(&mut self, key: &Q) -> Option<(K, V)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (s, current) = self.find(key)?;
+        Some(self.remove_slot(s, current))
+    }
+
+    /// Empties slot `s`; its entry leaves the current index (one in the old index is
+    /// left: a probe meeting it compares the key and goes on).
+    fn remove_slot(&mut self, s: u32, current: bool) -> (K, V) {
+        let tag = self.slot(s).tag;
+        if current {
+            if let Ok(e) = self.index.find_entry(wide(tag), |e| e.slot == s) {
+                e.remove();
+            }
+        }
+        let row = self
+            .slot_mut(s)
+            .row
+            .take()
+            .expect("a found slot holds a row");
+        self.free.push(s);
+        self.len -= 1;
+        self.advance(MOVE_PER_OP);
+        row
+    }
+
+    /// Keeps the rows for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+        for s in 0..self.slots as u32 {
+            let generation = self.generation;
+            let slot = self.slot_mut(s);
+            let current = slot.generation == generation;
+            let drop = match slot.row.as_mut() {
+                Some((k, v)) => !keep(k, v),
+                None => false,
+            };
+            if drop {
+                self.remove_slot(s, current);
+            }
+        }
+    }
+
+    /// Removes every row and returns them in slot order; the map keeps nothing.
+    pub fn drain(&mut self) -> IntoIter<K, V> {
+        let taken = std::mem::take(&mut self.chunks);
+        let left = self.len;
+        self.clear();
+        IntoIter::new(taken, left)
+    }
+}
+
+/// A row of a [`SlabMap`], present or not ([`SlabMap::entry`]).
+pub enum Entry<'a, K, V, S> {
+    Occupied(OccupiedEntry<'a, K, V, S>),
+    Vacant(VacantEntry<'a, K, V, S>),
+}
+
+pub struct OccupiedEntry<'a, K, V, S> {
+    map: &'a mut SlabMap<K, V, S>,
+    slot: u32,
+}
+
+pub struct VacantEntry<'a, K, V, S> {
+    map: &'a mut SlabMap<K, V, S>,
+    key: K,
+}
+
+impl<'a, K: Eq + Hash, V, S: BuildHasher> Entry<'a, K, V, S> {
+    /// The value, inserting `default` first if the row is absent.
+    pub fn or_insert(self, default: V) -> &'a mut V {
+        match self {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(default),
+        }
+    }
+}
+
+impl<'a, K, V, S> OccupiedEntry<'a, K, V, S> {
+    pub fn get(&self) -> &V {
+        &self
+            .map
+            .slot(self.slot)
+            .row
+            .as_ref()
+            .expect("an occupied slot")
+            .1
+    }
+
+    pub fn get_mut(&mut self) -> &mut V {
+        &mut self
+            .map
+            .slot_mut(self.slot)
+            .row
+            .as_mut()
+            .expect("an occupied slot")
+            .1
+    }
+
+    pub fn into_mut(self) -> &'a mut V {
+        &mut self
+            .map
+            .slot_mut(self.slot)
+            .row
+            .as_mut()
+            .expect("an occupied slot")
+            .1
+    }
+}
+
+impl<'a, K: Eq + Hash, V, S: BuildHasher> VacantEntry<'a, K, V, S> {
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    pub fn insert(self, value: V) -> &'a mut V {
+        let s = self.map.insert_new(self.key, value);
+        &mut self.map.slot_mut(s).row.as_mut().expect("a row").1
+    }
+}
+
+impl<K: Eq + Hash, V, S: BuildHasher + Default> FromIterator<(K, V)> for SlabMap<K, V, S> {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut m = SlabMap::with_hasher(S::default());
+        m.extend(iter);
+        m
+    }
+}
+
+impl<K: Eq + Hash, V, S: BuildHasher> Extend<(K, V)> for SlabMap<K, V, S> {
+    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
+        for (k, v) in iter {
+            self.insert(k, v);
+        }
+    }
+}
+
+impl<K: Eq + Hash, V: PartialEq, S: BuildHasher> PartialEq for SlabMap<K, V, S> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().all(|(k, v)| other.get(k) == Some(v))
+    }
+}
+
+/// Rows by reference, in slot order.
+pub struct Iter<'a, K, V> {
+    chunks: &'a [Box<[Slot<K, V>]>],
+    at: usize,
+    left: usize,
+}
+
+impl<'a, K, V> Iterator for Iter<'a, K, V> {
+    type Item = (&'a K, &'a V);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.left > 0 {
+            let s = &self.chunks[self.at >> CHUNK_BITS][self.at & (CHUNK - 1)];
+            self.at += 1;
+            if let Some((k, v)) = &s.row {
+                self.left -= 1;
+                return Some((k, v));
+            }
+        }
+        None
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<K, V> ExactSizeIterator for Iter<'_, K, V> {}
+
+/// Rows by value, in slot order.
+pub struct IntoIter<K, V> {
+    chunks: std::vec::IntoIter<Box<[Slot<K, V>]>>,
+    chunk: std::vec::IntoIter<Slot<K, V>>,
+    left: usize,
+}
+
+impl<K, V> Iterator for IntoIter<K, V> {
+    type Item = (K, V);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.left > 0 {
+            let Some(s) = self.chunk.next() else {
+                self.chunk = self.chunks.next()?.into_vec().into_iter();
+                continue;
+            };
+            if let Some(row) = s.row {
+                self.left -= 1;
+                return Some(row);
+            }
+        }
+        None
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<K, V> ExactSizeIterator for IntoIter<K, V> {}
+
+impl<K, V> IntoIter<K, V> {
+    fn new(chunks: Vec<Box<[Slot<K, V>]>>, left: usize) -> Self {
+        IntoIter {
+            chunks: chunks.into_iter(),
+            chunk: Vec::new().into_iter(),
+            left,
+        }
+    }
+}
+
+impl<K, V, S> IntoIterator for SlabMap<K, V, S> {
+    type Item = (K, V);
+    type IntoIter = IntoIter<K, V>;
+
+    fn into_iter(self) -> IntoIter<K, V> {
+        IntoIter::new(self.chunks, self.len)
+    }
+}
+
+impl<'a, K, V, S> IntoIterator for &'a SlabMap<K, V, S> {
+    type Item = (&'a K, &'a V);
+    type IntoIter = Iter<'a, K, V>;
+
+    fn into_iter(self) -> Iter<'a, K, V> {
+        self.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap as StdMap;
+
+    #[test]
+    fn grows_without_losing_rows_and_drops_the_old_index() {
+        let mut m: SlabMap<u64, u64> = SlabMap::new();
+        let mut model = std::collections::HashSet::new();
+        let mut growths = 0;
+        let mut was_growing = false;
+        for i in 0..300_000u64 {
+            m.insert(i, i * 3);
+            model.insert(i);
+            if i % 3 == 0 {
+                // Removals mid-growth free slots the move has not reached yet.
+                assert_eq!(m.remove(&(i / 3)).is_some(), model.remove(&(i / 3)));
+            }
+            growths += usize::from(m.is_growing() && !was_growing);
+            was_growing = m.is_growing();
+        }
+        assert!(growths >= 10, "the index grew {growths} times");
+        assert_eq!(m.len(), model.len());
+        for i in 0..300_000u64 {
+            assert_eq!(
+                m.get(&i).copied(),
+                model.contains(&i).then_some(i * 3),
+                "{i}"
+            );
+        }
+        assert_eq!(m.iter().count(), m.len());
+        // Enough inserts more finish the move and drop the old index.
+        for i in 300_000..400_000u64 {
+            m.insert(i, i * 3);
+        }
+        assert!(!m.is_growing() || m.capacity() > 400_000);
+    }
+
+    #[test]
+    fn no_insert_ever_rehashes_the_whole_index() {
+        // The index a growth starts holds every row until the next one: hashbrown
+        // never grows it itself, which is what would move all of its entries at once.
+        let mut m: SlabMap<u64, ()> = SlabMap::new();
+        let mut cap = m.capacity();
+        for i in 0..500_000u64 {
+            let growing = m.is_growing();
+            m.insert(i, ());
+            if m.capacity() != cap {
+                assert!(!growing, "the index grew again while it was growing");
+                assert!(m.capacity() >= 2 * cap, "{} after {cap}", m.capacity());
+                cap = m.capacity();
+            }
+        }
+    }
+
+    #[test]
+    fn iteration_is_in_slot_order_whatever_the_hasher() {
+        let a: SlabMap<u32, u32> = (0..5_000).map(|i| (i * 7919 % 10_007, i)).collect();
+        let b: SlabMap<u32, u32> = (0..5_000).map(|i| (i * 7919 % 10_007, i)).collect();
+        let ka: Vec<_> = a.keys().copied().collect();
+        let kb: Vec<_> = b.keys().copied().collect();
+        assert_eq!(ka, kb);
+        assert_eq!(ka[..3], [0, 7919, 15_838 % 10_007]);
+    }
+
+    #[test]
+    fn borrowed_lookups_find_owned_keys() {
+        let mut m: SlabMap<Vec<u8>, u32> = SlabMap::new();
+        m.insert(b"abc".to_vec(), 1);
+        assert_eq!(m.get(&b"abc"[..]), Some(&1));
+        assert_eq!(m.remove(&b"abc"[..]), Some(1));
+        assert!(m.is_empty());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u16, u32),
+        Remove(u16),
+        Get(u16),
+        Retain(u8),
+        Drain,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (any::<u16>(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k % 4096, v)),
+            4 => any::<u16>().prop_map(|k| Op::Remove(k % 4096)),
+            4 => any::<u16>().prop_map(|k| Op::Get(k % 4096)),
+            1 => any::<u8>().prop_map(|m| Op::Retain(m % 5 + 2)),
+            1 => Just(Op::Drain).prop_filter("rare", |_| true),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Against std's map as the model, over sequences long enough to grow the index
+        /// several times with removals, reinsertions and slot reuse mid-growth.
+        #[test]
+        fn behaves_as_a_hash_map(ops in proptest::collection::vec(op(), 1..6_000)) {
+            let mut m: SlabMap<u16, u32> = SlabMap::new();
+            let mut model: StdMap<u16, u32> = StdMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(k, v) => prop_assert_eq!(m.insert(k, v), model.insert(k, v)),
+                    Op::Remove(k) => prop_assert_eq!(m.remove(&k), model.remove(&k)),
+                    Op::Get(k) => prop_assert_eq!(m.get(&k), model.get(&k)),
+                    Op::Retain(d) => {
+                        m.retain(|k, _| k % d as u16 != 0);
+                        model.retain(|k, _| k % d as u16 != 0);
+                    }
+                    Op::Drain => {
+                        if model.len() > 3_000 {
+                            let mut got: Vec<_> = m.drain().collect();
+                            got.sort();
+                            let mut want: Vec<_> = model.drain().collect();
+                            want.sort();
+                            prop_assert_eq!(got, want);
+                        }
+                    }
+                }
+                prop_assert_eq!(m.len(), model.len());
+            }
+            for (k, v) in &model {
+                prop_assert_eq!(m.get(k), Some(v));
+            }
+            let mut rows: Vec<_> = m.iter().map(|(k, v)| (*k, *v)).collect();
+            rows.sort();
+            let mut want: Vec<_> = model.into_iter().collect();
+            want.sort();
+            prop_assert_eq!(rows, want);
+        }
+    }
+}
