@@ -5,7 +5,7 @@
 //! of them at the doubling the setup bench meets) that insert took 20–35 ms a map, most
 //! of it the kernel faulting in and zeroing the new table (docs/setup-path.md): a chain
 //! near its capacity queues behind it for longer still. Staggering the maps' growth
-//! points ([`crate::grow`]) spread those stalls but kept each one.
+//! points (what `nf::grow` did) spread those stalls but kept each one.
 //!
 //! Here the rows never move. They live in a slab of fixed-size chunks (a new chunk is a
 //! few pages, faulted in as flows arrive), and a hashbrown [`HashTable`] of 8-byte
@@ -33,7 +33,8 @@ use std::hash::{BuildHasher, Hash};
 use hashbrown::hash_table::HashTable;
 use hashbrown::DefaultHashBuilder;
 
-/// Rows per slab chunk: 512 rows of a per-flow table are about 40 KiB.
+/// Rows per slab chunk: 512 rows of a per-flow table are a few dozen KiB, so a new
+/// chunk faults in a handful of pages.
 const CHUNK_BITS: u32 = 9;
 const CHUNK: usize = 1 << CHUNK_BITS;
 /// Slots whose index entries each insert or removal moves while the index grows.
@@ -178,6 +179,7 @@ impl<K, V, S> SlabMap<K, V, S> {
         self.index.clear();
         self.old = None;
         self.cursor = 0;
+        self.move_end = 0;
     }
 
     /// Rows in slot order.
@@ -189,13 +191,6 @@ impl<K, V, S> SlabMap<K, V, S> {
         }
     }
 
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
-        self.chunks
-            .iter_mut()
-            .flat_map(|c| c.iter_mut())
-            .filter_map(|s| s.row.as_mut().map(|(k, v)| (&*k, v)))
-    }
-
     pub fn keys(&self) -> impl Iterator<Item = &K> {
         self.iter().map(|(k, _)| k)
     }
@@ -204,14 +199,25 @@ impl<K, V, S> SlabMap<K, V, S> {
         self.iter().map(|(_, v)| v)
     }
 
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.iter_mut().map(|(_, v)| v)
-    }
-
     #[inline]
     fn slot(&self, s: u32) -> &Slot<K, V> {
         let s = s as usize;
         &self.chunks[s >> CHUNK_BITS][s & (CHUNK - 1)]
+    }
+
+    /// The value in slot `s`, which holds a row (a slot found by a probe, or just
+    /// filled).
+    fn value(&self, s: u32) -> &V {
+        &self.slot(s).row.as_ref().expect("the slot holds a row").1
+    }
+
+    fn value_mut(&mut self, s: u32) -> &mut V {
+        &mut self
+            .slot_mut(s)
+            .row
+            .as_mut()
+            .expect("the slot holds a row")
+            .1
     }
 
     #[inline]
@@ -269,6 +275,9 @@ impl<K, V, S> SlabMap<K, V, S> {
         }
     }
 
+    /// A free slot, or a new one at the slab's end. Slots are numbered in 32 bits: four
+    /// billion rows of a per-flow table would be hundreds of GiB, far past any node's
+    /// memory and any table's `max_rows`.
     fn alloc(&mut self, tag: u32, key: K, value: V) -> u32 {
         let generation = self.generation;
         let s = match self.free.pop() {
@@ -340,16 +349,7 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         let (s, _) = self.find(key)?;
-        self.slot(s).row.as_ref().map(|(_, v)| v)
-    }
-
-    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let (s, _) = self.find(key)?;
-        self.slot(s).row.as_ref().map(|(k, v)| (k, v))
+        Some(self.value(s))
     }
 
     pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
@@ -358,7 +358,7 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         let (s, _) = self.find(key)?;
-        self.slot_mut(s).row.as_mut().map(|(_, v)| v)
+        Some(self.value_mut(s))
     }
 
     pub fn contains_key<Q>(&self, key: &Q) -> bool
@@ -372,12 +372,7 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         if let Some((s, _)) = self.find(&key) {
-            let row = self
-                .slot_mut(s)
-                .row
-                .as_mut()
-                .expect("a found slot holds a row");
-            return Some(std::mem::replace(&mut row.1, value));
+            return Some(std::mem::replace(self.value_mut(s), value));
         }
         self.insert_new(key, value);
         None
@@ -389,15 +384,6 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
             Some((slot, _)) => Entry::Occupied(OccupiedEntry { map: self, slot }),
             None => Entry::Vacant(VacantEntry { map: self, key }),
         }
-    }
-
-    /// The value of `key`, inserting `make()` first if it is absent.
-    pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
-        let s = match self.find(&key) {
-            Some((s, _)) => s,
-            None => self.insert_new(key, make()),
-        };
-        &mut self.slot_mut(s).row.as_mut().expect("a row").1
     }
 
     fn insert_new(&mut self, key: K, value: V) -> u32 {
@@ -500,33 +486,15 @@ impl<'a, K: Eq + Hash, V, S: BuildHasher> Entry<'a, K, V, S> {
 
 impl<'a, K, V, S> OccupiedEntry<'a, K, V, S> {
     pub fn get(&self) -> &V {
-        &self
-            .map
-            .slot(self.slot)
-            .row
-            .as_ref()
-            .expect("an occupied slot")
-            .1
+        self.map.value(self.slot)
     }
 
     pub fn get_mut(&mut self) -> &mut V {
-        &mut self
-            .map
-            .slot_mut(self.slot)
-            .row
-            .as_mut()
-            .expect("an occupied slot")
-            .1
+        self.map.value_mut(self.slot)
     }
 
     pub fn into_mut(self) -> &'a mut V {
-        &mut self
-            .map
-            .slot_mut(self.slot)
-            .row
-            .as_mut()
-            .expect("an occupied slot")
-            .1
+        self.map.value_mut(self.slot)
     }
 }
 
@@ -537,7 +505,7 @@ impl<'a, K: Eq + Hash, V, S: BuildHasher> VacantEntry<'a, K, V, S> {
 
     pub fn insert(self, value: V) -> &'a mut V {
         let s = self.map.insert_new(self.key, value);
-        &mut self.map.slot_mut(s).row.as_mut().expect("a row").1
+        self.map.value_mut(s)
     }
 }
 
