@@ -11,8 +11,8 @@
 //! few pages, faulted in as flows arrive), and a hashbrown [`HashTable`] of 8-byte
 //! entries (32 bits of hash, the row's slot) indexes them. When the index is full, a new
 //! one of four times its capacity is made (its control bytes only: a few hundred KiB)
-//! and the old one stays, read-only, while each later insert or removal moves the next
-//! slot's entry across. Lookups probe the new index, then the old. The old index is
+//! and the old one stays, read-only, while each later insert or removal moves one more
+//! slot's entry across (16 at a time, every 16th op). Lookups probe the new index, then the old. The old index is
 //! never erased from (erasing leaves tombstones that lengthen every miss's probe, which
 //! is what sank the incremental-resize crate `griddle` here): an entry whose row has
 //! since been removed or reused is harmless, because every probe compares the row's
