@@ -347,7 +347,16 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
         if self.len == 0 {
             return None;
         }
-        let tag = self.tag(key);
+        self.find_tagged(key, self.tag(key))
+    }
+
+    /// [`Self::find`] with the key's hash already taken (an insert hashes once).
+    #[inline]
+    fn find_tagged<Q>(&self, key: &Q, tag: u32) -> Option<(u32, bool)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hit = |e: &Idx| {
             e.tag == tag && matches!(&self.slot(e.slot).row, Some((k, _)) if k.borrow() == key)
         };
@@ -390,24 +399,29 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
 
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        if let Some((s, _)) = self.find(&key) {
+        let tag = self.tag(&key);
+        if let Some((s, _)) = self.find_tagged(&key, tag) {
             return Some(std::mem::replace(self.value_mut(s), value));
         }
-        self.insert_new(key, value);
+        self.insert_new(tag, key, value);
         None
     }
 
     /// The row of `key`, to read, change or fill with one probe.
     pub fn entry(&mut self, key: K) -> Entry<'_, K, V, S> {
-        match self.find(&key) {
+        let tag = self.tag(&key);
+        match self.find_tagged(&key, tag) {
             Some((slot, _)) => Entry::Occupied(OccupiedEntry { map: self, slot }),
-            None => Entry::Vacant(VacantEntry { map: self, key }),
+            None => Entry::Vacant(VacantEntry {
+                map: self,
+                key,
+                tag,
+            }),
         }
     }
 
-    fn insert_new(&mut self, key: K, value: V) -> u32 {
+    fn insert_new(&mut self, tag: u32, key: K, value: V) -> u32 {
         self.make_room();
-        let tag = self.tag(&key);
         let s = self.alloc(tag, key, value);
         self.index
             .insert_unique(wide(tag), Idx { tag, slot: s }, |e| wide(e.tag));
@@ -491,6 +505,7 @@ pub struct OccupiedEntry<'a, K, V, S> {
 pub struct VacantEntry<'a, K, V, S> {
     map: &'a mut SlabMap<K, V, S>,
     key: K,
+    tag: u32,
 }
 
 impl<'a, K: Eq + Hash, V, S: BuildHasher> Entry<'a, K, V, S> {
@@ -523,7 +538,7 @@ impl<'a, K: Eq + Hash, V, S: BuildHasher> VacantEntry<'a, K, V, S> {
     }
 
     pub fn insert(self, value: V) -> &'a mut V {
-        let s = self.map.insert_new(self.key, value);
+        let s = self.map.insert_new(self.tag, self.key, value);
         self.map.value_mut(s)
     }
 }
