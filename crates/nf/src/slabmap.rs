@@ -69,6 +69,7 @@ fn wide(tag: u32) -> u64 {
     ((tag as u64) << 32) | tag as u64
 }
 
+#[derive(Clone)]
 struct Slot<K, V> {
     tag: u32,
     /// The index generation this row's entry is in ([`SlabMap`]'s `generation`).
@@ -76,18 +77,9 @@ struct Slot<K, V> {
     row: Option<(K, V)>,
 }
 
-impl<K: Clone, V: Clone> Clone for Slot<K, V> {
-    fn clone(&self) -> Self {
-        Slot {
-            tag: self.tag,
-            generation: self.generation,
-            row: self.row.clone(),
-        }
-    }
-}
-
 /// A hash map for per-flow state whose growth moves no rows and stalls no insert; see
 /// the module doc. The API is the subset of `HashMap` the NFs use.
+#[derive(Clone)]
 pub struct SlabMap<K, V, S = DefaultHashBuilder> {
     hasher: S,
     chunks: Vec<Box<[Slot<K, V>]>>,
@@ -111,24 +103,6 @@ pub struct SlabMap<K, V, S = DefaultHashBuilder> {
 impl<K, V, S: Default> Default for SlabMap<K, V, S> {
     fn default() -> Self {
         SlabMap::empty(S::default())
-    }
-}
-
-impl<K: Clone, V: Clone, S: Clone> Clone for SlabMap<K, V, S> {
-    fn clone(&self) -> Self {
-        SlabMap {
-            hasher: self.hasher.clone(),
-            chunks: self.chunks.clone(),
-            slots: self.slots,
-            free: self.free.clone(),
-            len: self.len,
-            index: self.index.clone(),
-            old: self.old.clone(),
-            cursor: self.cursor,
-            move_end: self.move_end,
-            owed: self.owed,
-            generation: self.generation,
-        }
     }
 }
 
