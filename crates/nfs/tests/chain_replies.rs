@@ -110,7 +110,7 @@ fn a_replica_restored_midway_agrees_with_one_that_ran_every_request() {
     }
     let mut b = chain(&["fw", "snat", "lb"]);
     b.restore(&a.snapshot().expect("a")).expect("restored");
-    // Past several more growths of every map (to 30,000 rows).
+    // Past the next growth of every map's index (at 28,672 rows).
     for i in 12_000..30_000u32 {
         let now = u64::from(i);
         let (x, y) = (
