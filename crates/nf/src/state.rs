@@ -33,8 +33,7 @@
 //! group's op log (every replica runs the same ops), and must serialise byte-identically
 //! across replicas; ordered maps and postcard give that directly.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 
 // hashbrown with its default hasher (foldhash) rather than SipHash, as the NFs' own maps
 // were: per-flow rows are probed for every first packet, at every replica.
@@ -368,28 +367,26 @@ impl Table {
     /// Pop the queue up to `now_ms`: remove the rows whose deadline passed, re-queue
     /// those whose deadline moved later, drop orphaned entries.
     fn expire(&mut self, now_ms: u64, gone: &mut Vec<(FlowKey, Row)>) {
-        while let Some(Reverse((at, k))) = self.timers.peek().copied() {
-            if at > now_ms {
-                break;
-            }
-            self.timers.pop();
-            let f = FlowKey::from_bytes(k);
-            let Some(row) = self.flows.get(&f).filter(|r| r.scheduled.get() == Some(at)) else {
-                continue;
-            };
-            match row.deadline_ms.get() {
-                Some(d) if d <= now_ms => {
-                    gone.extend(self.remove_flow(&f).map(|r| (f, r)));
-                }
-                Some(d) => {
-                    self.timers.push(Reverse((d, k)));
-                    if let Some(row) = self.flows.get_mut(&f) {
-                        row.scheduled = OptMs::some(d);
+        while let Some((at, due)) = self.timers.pop_due(now_ms) {
+            for k in due {
+                let f = FlowKey::from_bytes(k);
+                let Some(row) = self.flows.get(&f).filter(|r| r.scheduled.get() == Some(at)) else {
+                    continue;
+                };
+                match row.deadline_ms.get() {
+                    Some(d) if d <= now_ms => {
+                        gone.extend(self.remove_flow(&f).map(|r| (f, r)));
                     }
-                }
-                None => {
-                    if let Some(row) = self.flows.get_mut(&f) {
-                        row.scheduled = OptMs::NONE;
+                    Some(d) => {
+                        self.timers.push(d, k);
+                        if let Some(row) = self.flows.get_mut(&f) {
+                            row.scheduled = OptMs::some(d);
+                        }
+                    }
+                    None => {
+                        if let Some(row) = self.flows.get_mut(&f) {
+                            row.scheduled = OptMs::NONE;
+                        }
                     }
                 }
             }
@@ -434,7 +431,44 @@ fn count_in(groups: &mut BTreeMap<Vec<u8>, usize>, group: Option<&[u8]>, up: boo
     }
 }
 
-type TimerQueue = BinaryHeap<Reverse<(u64, [u8; FlowKey::LEN])>>;
+/// The per-flow timer queue: each deadline (in ms) with the flows queued for it.
+///
+/// Why not `BinaryHeap`: its one array doubles by copying, and at 400k-odd flows that
+/// copy (about 10 MiB into 20 MiB of fresh pages, per table, at all three replicas at
+/// once) stopped every replica's chain for a tenth of a second in `bench setup`. Here
+/// no insert copies more than one millisecond's list, and the map's nodes are small.
+/// Pops keep the heap's order exactly: by deadline, then by key (a due list is sorted
+/// when it is taken), so replicas whose queues were filled in different orders (one
+/// restored from a snapshot) expire the same flows in the same order.
+#[derive(Debug, Clone, Default)]
+struct TimerQueue {
+    by_ms: BTreeMap<u64, Vec<[u8; FlowKey::LEN]>>,
+}
+
+impl TimerQueue {
+    fn push(&mut self, at_ms: u64, key: [u8; FlowKey::LEN]) {
+        self.by_ms.entry(at_ms).or_default().push(key);
+    }
+
+    /// The earliest deadline's entries, in key order, if that deadline is `now_ms` or
+    /// earlier.
+    fn pop_due(&mut self, now_ms: u64) -> Option<(u64, Vec<[u8; FlowKey::LEN]>)> {
+        let first = self.by_ms.first_entry().filter(|e| *e.key() <= now_ms)?;
+        let (at, mut due) = first.remove_entry();
+        due.sort_unstable();
+        Some((at, due))
+    }
+
+    /// Entries queued, orphans included.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_ms.values().map(Vec::len).sum()
+    }
+
+    fn clear(&mut self) {
+        self.by_ms.clear();
+    }
+}
 
 /// The queue time of a row whose entry fires at `scheduled` (if any) and whose deadline
 /// is now `deadline_ms`: the old entry if it fires no later, else a new one.
@@ -447,7 +481,7 @@ fn schedule_in(
     match scheduled {
         Some(at) if at <= deadline_ms => at,
         _ => {
-            timers.push(Reverse((deadline_ms, *f.as_bytes())));
+            timers.push(deadline_ms, *f.as_bytes());
             deadline_ms
         }
     }
@@ -2362,6 +2396,34 @@ mod tests {
         assert_eq!(a.snapshot().expect("snapshot"), whole);
         assert_eq!(a.count_group("conns", &0u16), Ok(19));
         assert!(a.count_group("ports", &0u16).is_err());
+    }
+
+    proptest::proptest! {
+        /// The queue pops what a min-heap of (deadline, key) pops, in the same order,
+        /// whatever order the entries went in.
+        #[test]
+        fn timer_queue_pops_in_heap_order(
+            entries in proptest::collection::vec((0u64..40, 0u16..30), 0..300),
+            cut in 0u64..45,
+        ) {
+            let mut q = TimerQueue::default();
+            let mut heap = std::collections::BinaryHeap::new();
+            for (at, i) in &entries {
+                let k = *flow(*i).as_bytes();
+                q.push(*at, k);
+                heap.push(std::cmp::Reverse((*at, k)));
+            }
+            let mut popped = Vec::new();
+            while let Some((at, due)) = q.pop_due(cut) {
+                popped.extend(due.into_iter().map(|k| (at, k)));
+            }
+            let mut want = Vec::new();
+            while heap.peek().is_some_and(|e| e.0 .0 <= cut) {
+                want.extend(heap.pop().map(|e| e.0));
+            }
+            proptest::prop_assert_eq!(&popped, &want);
+            proptest::prop_assert_eq!(q.len(), heap.len());
+        }
     }
 
     #[test]
