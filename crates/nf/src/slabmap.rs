@@ -33,6 +33,8 @@ use std::hash::{BuildHasher, Hash};
 use hashbrown::hash_table::HashTable;
 use hashbrown::DefaultHashBuilder;
 
+use crate::index_alloc::IndexAlloc;
+
 /// Rows per slab chunk: 512 rows of a per-flow table are a few dozen KiB, so a new
 /// chunk faults in a handful of pages.
 const CHUNK_BITS: u32 = 9;
@@ -55,6 +57,9 @@ const MOVE_BATCH: usize = 16;
 const GROWTH: usize = 4;
 /// Smallest index made.
 const MIN_INDEX: usize = 16;
+/// Indexes from this size (in bytes) up have their successor's memory faulted in ahead
+/// ([`SlabMap::prepare`], `index_alloc`): about 29,000 rows.
+const PREPARE_MIN: usize = 256 << 10;
 
 #[derive(Clone, Copy)]
 struct Idx {
@@ -87,9 +92,12 @@ pub struct SlabMap<K, V, S = DefaultHashBuilder> {
     slots: usize,
     free: Vec<u32>,
     len: usize,
-    index: HashTable<Idx>,
+    index: HashTable<Idx, IndexAlloc>,
     /// While the index grows: the previous one, read-only.
-    old: Option<HashTable<Idx>>,
+    old: Option<HashTable<Idx, IndexAlloc>>,
+    /// The next index's memory, zeroed (so faulted in) a little per insert from when
+    /// the index is 3/4 full ([`Self::prepare`]); its capacity is the block's size.
+    next: Vec<u128>,
     /// While the index grows: the next slot whose entry moves, and the end of the
     /// slots to move (the slab's end when the growth began: later slots were filled
     /// into the new index).
@@ -126,7 +134,8 @@ impl<K, V, S> SlabMap<K, V, S> {
             slots: 0,
             free: Vec::new(),
             len: 0,
-            index: HashTable::new(),
+            index: HashTable::new_in(IndexAlloc::default()),
+            next: Vec::new(),
             old: None,
             cursor: 0,
             move_end: 0,
@@ -160,6 +169,7 @@ impl<K, V, S> SlabMap<K, V, S> {
         self.len = 0;
         self.index.clear();
         self.old = None;
+        self.next = Vec::new();
         self.cursor = 0;
         self.move_end = 0;
         self.owed = 0;
@@ -250,13 +260,51 @@ impl<K, V, S> SlabMap<K, V, S> {
         }
     }
 
+    /// Zeroes a share of the next index's block, so that it is all faulted in by the
+    /// time the index is 7/8 full: from 3/4 full, each insert zeroes what is left over
+    /// the inserts left to 7/8 (a few hundred bytes, a page fault every dozen inserts).
+    /// Small indexes are not prepared: their faults are few.
+    fn prepare(&mut self) {
+        let bytes = self.index.allocation_size();
+        let (len, cap) = (self.index.len(), self.index.capacity());
+        if bytes < PREPARE_MIN || len < cap - cap / 4 {
+            return;
+        }
+        let want = (bytes * GROWTH).div_ceil(std::mem::size_of::<u128>());
+        if self.next.capacity() != want {
+            self.next = Vec::with_capacity(want);
+        }
+        let left = want - self.next.len();
+        let inserts_left = (cap - cap / 8).saturating_sub(len).max(1);
+        let n = left.div_ceil(inserts_left);
+        self.next.resize(self.next.len() + n, 0);
+    }
+
+    /// The allocator of the next index, with its block made ahead if there is one (the
+    /// rest of it zeroed now if the index filled sooner than planned).
+    fn ready_block(&mut self) -> IndexAlloc {
+        let mut next = std::mem::take(&mut self.next);
+        if next.capacity() == 0 {
+            return IndexAlloc::default();
+        }
+        next.resize(next.capacity(), 0);
+        IndexAlloc::with_ready(next.into_boxed_slice())
+    }
+
     /// Before an insert of a new row: starts growing the index if it is full, so that
     /// the insert never makes hashbrown rehash it.
     fn make_room(&mut self) {
         self.step();
-        if self.old.is_none() && self.index.len() >= self.index.capacity() {
+        if self.old.is_some() {
+            return;
+        }
+        if self.index.len() < self.index.capacity() {
+            self.prepare();
+        } else {
             let cap = (self.index.capacity() * GROWTH).max(MIN_INDEX);
-            let old = std::mem::replace(&mut self.index, HashTable::with_capacity(cap));
+            let index = HashTable::with_capacity_in(cap, self.ready_block());
+            index.allocator().drop_unused();
+            let old = std::mem::replace(&mut self.index, index);
             self.generation = self.generation.wrapping_add(1);
             self.cursor = 0;
             self.move_end = self.slots;
@@ -685,6 +733,28 @@ mod tests {
                 cap = m.capacity();
             }
         }
+    }
+
+    #[test]
+    fn a_big_index_grows_into_memory_made_ahead() {
+        let mut m: SlabMap<u64, ()> = SlabMap::new();
+        let mut big_growths = 0;
+        let mut was_growing = false;
+        for i in 0..400_000u64 {
+            let bytes = m.index.allocation_size();
+            m.insert(i, ());
+            if m.is_growing() && !was_growing && bytes >= PREPARE_MIN {
+                big_growths += 1;
+                assert!(
+                    m.index.allocator().gave_ready_block(),
+                    "the index of {bytes} bytes grew into fresh memory at {i}"
+                );
+            }
+            was_growing = m.is_growing();
+        }
+        assert!(big_growths >= 1);
+        assert_eq!(m.len(), 400_000);
+        assert!((0..400_000u64).all(|i| m.contains_key(&i)));
     }
 
     #[test]
