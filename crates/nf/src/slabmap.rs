@@ -10,13 +10,15 @@
 //! Here the rows never move. They live in a slab of fixed-size chunks (a new chunk is a
 //! few pages, faulted in as flows arrive), and a hashbrown [`HashTable`] of 8-byte
 //! entries (32 bits of hash, the row's slot) indexes them. When the index is full, a new
-//! one of four times its capacity is made (its control bytes only: a few hundred KiB)
-//! and the old one stays, read-only, while each later insert or removal moves one more
-//! slot's entry across (16 at a time, every 16th op). Lookups probe the new index, then the old. The old index is
-//! never erased from (erasing leaves tombstones that lengthen every miss's probe, which
-//! is what sank the incremental-resize crate `griddle` here): an entry whose row has
-//! since been removed or reused is harmless, because every probe compares the row's
-//! key. Each row records the index generation it is in, so the move skips rows inserted
+//! one of four times its capacity is made, in memory the map faulted in a little per
+//! insert since the index was 3/4 full (`index_alloc`: the first few thousand inserts
+//! into a fresh table would otherwise take all its page faults at once), and the old
+//! one stays, read-only, while each later insert or removal moves one more slot's entry
+//! across (16 at a time, every 16th op). Lookups probe the new index, then the old. The
+//! old index is never erased from (erasing leaves tombstones that lengthen every miss's
+//! probe, which is what sank the incremental-resize crate `griddle` here): an entry
+//! whose row has since been removed or reused is harmless, because every probe compares
+//! the row's key. Each row records the index generation it is in, so the move skips rows inserted
 //! into the new index meanwhile. The old index is dropped when the move reaches the
 //! slab's end.
 //!
