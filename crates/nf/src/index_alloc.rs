@@ -4,9 +4,9 @@
 //! A per-flow map's index grows to four times its size in one allocation, and the
 //! inserts that follow touch its pages at random: within the first few thousand, nearly
 //! every page of it. Every per-flow map of a chain's three replicas grows on about the
-//! same flow, so in `bench setup` (about 430k flows in) the replicas took some 30,000
-//! page faults within a tenth of a second, each charged to the cgroup and zeroed by a
-//! hypervisor that had never backed those pages, and the chain stopped for 150 ms.
+//! same flow, so in `bench setup --seconds 5` (about 430k flows in) page faults took
+//! 301 of the replica workers' 489 samples in the 200 ms after the growth, and the
+//! chain fell to a tenth of its rate (docs/setup-path.md).
 //! The map knows the next table's size long before it needs it, so it fills a block of
 //! that size with zeros a few hundred bytes per insert once its index is 3/4 full
 //! ([`crate::slabmap::SlabMap`]'s `prepare`), and the growth's table is made in it.

@@ -60,7 +60,7 @@ const GROWTH: usize = 4;
 /// Smallest index made.
 const MIN_INDEX: usize = 16;
 /// Indexes from this size (in bytes) up have their successor's memory faulted in ahead
-/// ([`SlabMap::prepare`], `index_alloc`): about 29,000 rows.
+/// ([`SlabMap::prepare`], `index_alloc`): from 32,768 buckets (28,672 rows).
 const PREPARE_MIN: usize = 256 << 10;
 
 #[derive(Clone, Copy)]
