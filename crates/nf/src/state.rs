@@ -1278,7 +1278,7 @@ impl StateTables {
         std::mem::take(&mut self.mirror_out)
     }
 
-    /// Mirrored writes dropped because nothing took them ([`MAX_MIRROR_OUT`] waited):
+    /// Mirrored writes dropped because nothing took them (`MAX_MIRROR_OUT` waited):
     /// tables used outside a platform that relays them.
     pub fn mirror_dropped(&self) -> u64 {
         self.mirror_dropped
