@@ -30,11 +30,16 @@ type Block = (usize, usize);
 /// with [`IndexAlloc::with_ready`] gets that block if it fits.
 #[derive(Default)]
 pub(crate) struct IndexAlloc {
+    blocks: Mutex<Blocks>,
+}
+
+#[derive(Default)]
+struct Blocks {
     /// A block made ahead (zeroed, so every page of it is faulted in), for the next
     /// table this allocator allocates.
-    ready: Mutex<Option<Box<[u128]>>>,
+    ready: Option<Box<[u128]>>,
     /// The block `ready` gave out, freed as the `Box` it was and not by `Global`.
-    given: Mutex<Option<Block>>,
+    given: Option<Block>,
 }
 
 impl Clone for IndexAlloc {
@@ -47,25 +52,27 @@ impl Clone for IndexAlloc {
 impl IndexAlloc {
     pub(crate) fn with_ready(block: Box<[u128]>) -> Self {
         IndexAlloc {
-            ready: Mutex::new(Some(block)),
-            given: Mutex::new(None),
+            blocks: Mutex::new(Blocks {
+                ready: Some(block),
+                given: None,
+            }),
         }
     }
 
     /// Drops a ready block no table took (it did not fit).
     pub(crate) fn drop_unused(&self) {
-        lock(&self.ready).take();
+        lock(&self.blocks).ready.take();
     }
 
     /// Whether a table lives in a block made ahead.
     #[cfg(test)]
     pub(crate) fn gave_ready_block(&self) -> bool {
-        lock(&self.given).is_some()
+        lock(&self.blocks).given.is_some()
     }
 }
 
 /// The lock's data: a panic while it was held cannot have left it half-changed (every
-/// critical section is one `Option` swap).
+/// critical section is an `Option` swap or two).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -77,29 +84,29 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 // 16 at least the layout's), and is handed out once.
 unsafe impl Allocator for IndexAlloc {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let mut ready = lock(&self.ready);
-        let fits = ready.as_ref().is_some_and(|b| {
+        let mut blocks = lock(&self.blocks);
+        let fits = blocks.ready.as_ref().is_some_and(|b| {
             let bytes = std::mem::size_of_val::<[u128]>(b);
             // A block more than twice the size asked for is not worth its memory.
             layout.align() <= std::mem::align_of::<u128>()
                 && bytes >= layout.size()
                 && bytes <= 2 * layout.size()
         });
-        let Some(block) = ready.take().filter(|_| fits) else {
-            drop(ready);
+        // A block that does not fit is dropped here: nothing else will take it.
+        let Some(block) = blocks.ready.take().filter(|_| fits) else {
             return Global.allocate(layout);
         };
         let len = block.len();
         let ptr = NonNull::from(Box::leak(block)).cast::<u8>();
-        *lock(&self.given) = Some((ptr.as_ptr() as usize, len));
+        blocks.given = Some((ptr.as_ptr() as usize, len));
         Ok(NonNull::slice_from_raw_parts(ptr, len * 16))
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        let mut given = lock(&self.given);
-        if let Some((at, len)) = *given {
+        let mut blocks = lock(&self.blocks);
+        if let Some((at, len)) = blocks.given {
             if at == ptr.as_ptr() as usize {
-                *given = None;
+                blocks.given = None;
                 let slice = std::ptr::slice_from_raw_parts_mut(ptr.as_ptr().cast::<u128>(), len);
                 // SAFETY: this is the block `allocate` leaked from its `Box<[u128]>` of
                 // `len` elements, handed back once by the table that was using it.
@@ -107,7 +114,7 @@ unsafe impl Allocator for IndexAlloc {
                 return;
             }
         }
-        drop(given);
+        drop(blocks);
         // SAFETY: any other block came from `Global` with this layout (see `allocate`).
         unsafe { Global.deallocate(ptr, layout) };
     }
