@@ -24,8 +24,8 @@ use crate::pending::{PendingConfig, PendingQueue};
 use crate::rule::{slot_flag, NodeAddr, Rule, RuleContext, RuleError, RuleSlot};
 use crate::stats::{DropReason, Stats, TenantCounters};
 use crate::table::{
-    age, newer, FlowTable, Inserted, Probe, TableError, CLOSING_SEEN, ESTABLISHED_SEEN, REPLY_OF,
-    REPORTS,
+    age, newer, FlowTable, Inserted, Near, Probe, TableError, CLOSING_SEEN, ESTABLISHED_SEEN,
+    REPLY_OF, REPORTS,
 };
 use crate::trace::{wall_us, Lookup, TraceDecision, TracePacket, TraceRecord, Tracer};
 
@@ -955,12 +955,36 @@ impl Pipeline {
                 cls,
             });
         }
-        // Pass 2: signature match, prefetch entry and rule.
-        for st in stages[..descs.len()].iter_mut().flatten() {
-            st.cand = self.table.candidate(&st.probe);
-            if let Some(c) = st.cand {
-                // Elephant detection counts every hit's bytes in the counters.
-                self.table.prefetch_entry(c, self.cfg.elephant.is_some());
+        // Pass 2: signature match in the first bucket, prefetch entry and rule. A key
+        // not in its first bucket has its second one prefetched and is matched in pass
+        // 2b, so that read overlaps the rest of this pass instead of stalling it.
+        let counters = self.cfg.elephant.is_some();
+        let mut far = [0u8; MAX_BATCH];
+        let mut n_far = 0;
+        for (i, st) in stages[..descs.len()].iter_mut().enumerate() {
+            let Some(st) = st else { continue };
+            st.cand = match self.table.candidate_near(&st.probe) {
+                Near::Hit(c) => {
+                    // Elephant detection counts every hit's bytes in the counters.
+                    self.table.prefetch_entry(c, counters);
+                    Some(c)
+                }
+                Near::Far => {
+                    self.table.prefetch_far(&st.probe);
+                    far[n_far] = i as u8;
+                    n_far += 1;
+                    None
+                }
+                Near::Absent => None,
+            };
+        }
+        // Pass 2b: the second buckets.
+        for &i in &far[..n_far] {
+            if let Some(st) = &mut stages[i as usize] {
+                st.cand = self.table.candidate_far(&st.probe);
+                if let Some(c) = st.cand {
+                    self.table.prefetch_entry(c, counters);
+                }
             }
         }
         // Pass 3: confirm, act or miss. Per-tenant counts: a run of packets of one VNI

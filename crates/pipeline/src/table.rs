@@ -167,6 +167,17 @@ pub enum Inserted {
     Replaced { idx: u32, old: RuleSlot },
 }
 
+/// What the first candidate bucket says about a key ([`FlowTable::candidate_near`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Near {
+    /// A way whose signature matches.
+    Hit(Way),
+    /// No match in the first bucket; the key may be in the second.
+    Far,
+    /// No match, and there is no second bucket to look in.
+    Absent,
+}
+
 /// Signature and the two candidate buckets of a hash.
 #[derive(Debug, Clone, Copy)]
 pub struct Probe {
@@ -307,6 +318,26 @@ impl FlowTable {
         self.len == 0
     }
 
+    /// Flows that sit in their second candidate bucket (inserted there when the first
+    /// was full, or moved there by a displacement). A batched lookup of these takes the
+    /// extra pass of [`FlowTable::candidate_near`]. Walks the whole table.
+    pub fn second_bucket_residents(&self) -> usize {
+        let mut n = 0;
+        for (b, bk) in self.buckets.iter().enumerate() {
+            for w in 0..WAYS {
+                if bk.sig[w] == 0 {
+                    continue;
+                }
+                let i = Way(bk.idx[w]).idx() as usize;
+                let p = self.probe(self.hash(&self.entries[i].key));
+                if p.b2 as usize == b && p.b1 != p.b2 {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// Bytes the table holds for `capacity` flows once every arena slot is used: the
     /// buckets, and per flow its entry (key and rule), its counters and its companion
     /// index. (Until 2026-11-26 this counted a `RuleSlot`, which is inside the entry,
@@ -368,6 +399,39 @@ impl FlowTable {
     #[inline]
     pub fn prefetch_buckets(&self, p: &Probe) {
         prefetch(&self.buckets[p.b1 as usize]);
+    }
+
+    /// Stage 2, first bucket only: the entry whose signature matches in `b1`, or
+    /// [`Near::Far`] when the key can only be in `b2` (a bucket not yet prefetched; the
+    /// caller prefetches it with [`FlowTable::prefetch_far`] and asks
+    /// [`FlowTable::candidate_far`] a pass later), or [`Near::Absent`] when `b2` is
+    /// `b1`. At 60% load about 2% of keys live in `b2`, and reading it here cost a full
+    /// memory latency each.
+    #[inline]
+    pub fn candidate_near(&self, p: &Probe) -> Near {
+        let bk = &self.buckets[p.b1 as usize];
+        let m = Self::sig_mask(bk, p.sig);
+        if m != 0 {
+            Near::Hit(Way(bk.idx[m.trailing_zeros() as usize]))
+        } else if p.b2 != p.b1 {
+            Near::Far
+        } else {
+            Near::Absent
+        }
+    }
+
+    /// Bring a key's second bucket toward the core (see [`FlowTable::candidate_near`]).
+    #[inline]
+    pub fn prefetch_far(&self, p: &Probe) {
+        prefetch(&self.buckets[p.b2 as usize]);
+    }
+
+    /// The entry whose signature matches in the second bucket, if any.
+    #[inline]
+    pub fn candidate_far(&self, p: &Probe) -> Option<Way> {
+        let bk = &self.buckets[p.b2 as usize];
+        let m = Self::sig_mask(bk, p.sig);
+        (m != 0).then(|| Way(bk.idx[m.trailing_zeros() as usize]))
     }
 
     /// Stage 2: the entry index whose signature matches, if any. A signature match still

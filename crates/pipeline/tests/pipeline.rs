@@ -477,6 +477,43 @@ fn a_policed_tenant_meets_its_packet_rate_without_a_police_action() {
     assert_eq!(r.out().len(), 3);
 }
 
+/// A full table holds some flows in their second bucket. The batched lookup matches
+/// those in a pass of its own (after prefetching that bucket); every one must still hit.
+#[test]
+fn flows_in_their_second_bucket_hit_in_a_batch() {
+    let n = 4096u16;
+    let mut cfg = PipelineConfig::new(node());
+    cfg.flow_capacity = usize::from(n);
+    let mut p = Pipeline::new(cfg, RuleSource::None).unwrap();
+    for i in 0..n {
+        p.install_rule(&snat_rule(1024 + i), 0).unwrap();
+    }
+    assert_eq!(p.table().len(), usize::from(n));
+    let far = p.table().second_bucket_residents();
+    assert!(far > 0, "a full table has flows in their second bucket");
+    let mut src = VecSource::default();
+    for i in 0..n {
+        src.push(tenant_udp(1024 + i, u32::from(i)), 0);
+    }
+    let mut io = MemRing::new(src, 64);
+    let mut descs = Vec::new();
+    let mut sent = 0;
+    while io.rx(&mut descs, 64).unwrap() > 0 {
+        p.process(io.region(), &mut descs, 0);
+        for d in &descs {
+            assert_eq!(d.verdict, Verdict::Tx(1), "every flow is in the table");
+        }
+        sent += descs.len();
+    }
+    assert_eq!(sent, usize::from(n));
+    let s = p.stats();
+    assert_eq!(
+        (s.hits, s.misses),
+        (u64::from(n), 0),
+        "{far} in second buckets"
+    );
+}
+
 #[test]
 fn ten_million_flow_capacity_is_accepted() {
     // Allocation is lazy for the arenas; the bucket array is 128 MiB.
