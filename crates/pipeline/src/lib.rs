@@ -10,6 +10,7 @@
 //! [`MemRing`] serves tests and benchmarks, and the PP node adds socket, AF_XDP and XDP
 //! backends behind the same trait.
 
+mod arena;
 pub mod golden;
 mod io;
 mod key;
@@ -37,8 +38,8 @@ pub use rule::{
 };
 pub use stats::{DropReason, LatencyHistogram, Stats, TenantCounters, LATENCY_BOUNDS_US};
 pub use table::{
-    age, EvictReason, FlowEntry, FlowTable, Inserted, OffloadEvent, TableError, TableStats,
-    MAX_CAPACITY,
+    age, ElephantWindow, EvictReason, FlowEntry, FlowTable, Inserted, OffloadEvent, TableError,
+    TableStats, MAX_CAPACITY,
 };
 pub use trace::{
     Expr, FilterError, Lookup, TraceCounters, TraceDecision, TraceFilter, TracePacket, TraceRecord,

@@ -608,8 +608,12 @@ struct Reports {
 
 impl Pipeline {
     pub fn new(cfg: PipelineConfig, source: RuleSource) -> Result<Self, TableError> {
+        let mut table = FlowTable::new(cfg.flow_capacity, cfg.seed)?;
+        if cfg.elephant.is_some() {
+            table.track_windows();
+        }
         Ok(Pipeline {
-            table: FlowTable::new(cfg.flow_capacity, cfg.seed)?,
+            table,
             ctx: RuleContext::new(cfg.node, cfg.default_idle_timeout),
             pending: PendingQueue::new(cfg.pending),
             stats: Stats::default(),
@@ -958,15 +962,15 @@ impl Pipeline {
         // Pass 2: signature match in the first bucket, prefetch entry and rule. A key
         // not in its first bucket has its second one prefetched and is matched in pass
         // 2b, so that read overlaps the rest of this pass instead of stalling it.
-        let counters = self.cfg.elephant.is_some();
+        let window = self.cfg.elephant.is_some();
         let mut far = [0u8; MAX_BATCH];
         let mut n_far = 0;
         for (i, st) in stages[..descs.len()].iter_mut().enumerate() {
             let Some(st) = st else { continue };
             st.cand = match self.table.candidate_near(&st.probe) {
                 Near::Hit(c) => {
-                    // Elephant detection counts every hit's bytes in the counters.
-                    self.table.prefetch_entry(c, counters);
+                    // Elephant detection counts every hit in its window.
+                    self.table.prefetch_entry(c, window);
                     Some(c)
                 }
                 Near::Far => {
@@ -983,7 +987,7 @@ impl Pipeline {
             if let Some(st) = &mut stages[i as usize] {
                 st.cand = self.table.candidate_far(&st.probe);
                 if let Some(c) = st.cand {
-                    self.table.prefetch_entry(c, counters);
+                    self.table.prefetch_entry(c, window);
                 }
             }
         }
@@ -1303,16 +1307,18 @@ impl Pipeline {
     /// is queued once for the fast path (the offloaded mark stops it queueing again).
     #[inline]
     fn detect_elephant(&mut self, p: &ElephantPolicy, idx: u32, len: u16, now: u32) {
-        let c = self.table.counters_mut(idx);
-        if age(now, c.window_start) > p.window_ms {
-            c.window_start = now;
-            c.window_packets = 1;
-            c.window_bytes = u64::from(len);
+        let Some(w) = self.table.window_mut(idx) else {
+            return;
+        };
+        if age(now, w.start) > p.window_ms {
+            w.start = now;
+            w.packets = 1;
+            w.bytes = u64::from(len);
         } else {
-            c.window_packets = c.window_packets.saturating_add(1);
-            c.window_bytes += u64::from(len);
+            w.packets = w.packets.saturating_add(1);
+            w.bytes += u64::from(len);
         }
-        if (c.window_bytes >= p.bytes || c.window_packets >= p.packets)
+        if (w.bytes >= p.bytes || w.packets >= p.packets)
             && !self.table.entry(idx).is_offloaded()
             && self.elephants.len() < MAX_QUEUED_ELEPHANTS
         {
@@ -1566,8 +1572,9 @@ impl Pipeline {
     pub fn unmark_offloaded(&mut self, key: &FlowKey) {
         if let Some(i) = self.table.lookup(key) {
             self.table.set_offloaded(i, false);
-            let c = self.table.counters_mut(i);
-            (c.window_packets, c.window_bytes) = (0, 0);
+            if let Some(w) = self.table.window_mut(i) {
+                (w.packets, w.bytes) = (0, 0);
+            }
         }
     }
 

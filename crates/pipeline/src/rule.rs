@@ -181,19 +181,18 @@ pub struct RuleSlot {
 const _: () = assert!(std::mem::size_of::<RuleSlot>() == 16);
 
 /// A rule's packet and byte counters, kept apart from the entry: the hit path only
-/// adds to them, so they need not share the line the lookup reads.
+/// adds to them, so they need not share the line the lookup reads. Elephant detection's
+/// window is not here but in an arena of its own that only a pipeline detecting
+/// elephants has ([`crate::table::ElephantWindow`]), so that a flow costs 16 bytes of
+/// counters, not 32.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct RuleCounters {
     pub packets: u64,
     pub bytes: u64,
-    /// Elephant detection (Zeta §IV-C/D): start (ms) of the flow's current measuring
-    /// window and the bytes and packets seen in it. One read and one write per packet:
-    /// a window older than the period restarts in the same write that counts the packet.
-    pub window_start: u32,
-    pub window_packets: u32,
-    pub window_bytes: u64,
 }
+
+const _: () = assert!(std::mem::size_of::<RuleCounters>() == 16);
 
 impl RuleSlot {
     pub fn is_drop(&self) -> bool {

@@ -7,7 +7,8 @@
 //! - `entries`: a dense arena of one-cache-line entries: the 40-byte key, the last-seen
 //!   timestamp, the encap source port and the 16-byte compiled rule ([`RuleSlot`]). A
 //!   hit reads exactly one line. `counters`, parallel to it, takes the per-rule packet and
-//!   byte counts, which the hit path only adds to.
+//!   byte counts, which the hit path only adds to; `windows`, parallel too and only in a
+//!   table that detects elephants, their measuring windows.
 //!
 //! Idle timeout follows Zeta §IV-D: the timestamp lives inside the entry, so a hit is one
 //! read (key compare) and one write (timestamp) of the same line, and no second "timer"
@@ -18,8 +19,10 @@
 //! buckets and arena slots, a bounded eviction policy, and stable entry indices shared by
 //! two arenas, none of which a general map exposes.
 
+use allocator_api2::vec::Vec as ArenaVec;
 use thiserror::Error;
 
+use crate::arena::HugeArena;
 use crate::key::FlowKey;
 use crate::rule::{slot_flag, RuleCounters, RuleSlot};
 
@@ -186,6 +189,18 @@ pub struct Probe {
     b2: u32,
 }
 
+/// Elephant detection's window of one flow (Zeta §IV-C/D): when the current measuring
+/// window started (ms) and the packets and bytes seen in it. One read and one write per
+/// packet: a window older than the period restarts in the same write that counts the
+/// packet. Sixteen bytes, four flows to a line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ElephantWindow {
+    pub start: u32,
+    pub packets: u32,
+    pub bytes: u64,
+}
+
 pub struct FlowTable {
     /// Changes to offloaded entries since the fast path last drained them. Only entries
     /// marked offloaded add to it, so without a fast path it stays empty.
@@ -198,14 +213,18 @@ pub struct FlowTable {
     offloaded_gone: Vec<FlowKey>,
     report_finals: bool,
     report_cursor: usize,
-    buckets: Vec<Bucket>,
+    buckets: ArenaVec<Bucket, HugeArena>,
     mask: usize,
-    entries: Vec<FlowEntry>,
-    counters: Vec<RuleCounters>,
+    entries: ArenaVec<FlowEntry, HugeArena>,
+    counters: ArenaVec<RuleCounters, HugeArena>,
+    /// Parallel to `entries` when the table tracks elephant windows
+    /// ([`FlowTable::track_windows`]), else empty.
+    windows: ArenaVec<ElephantWindow, HugeArena>,
+    tracks_windows: bool,
     /// Per entry, the other direction's entry of the same flow ([`FlowTable::link`]),
     /// or `NO_COMPANION`. Apart from the entry (its line is full), and read only for
     /// news: a FIN/RST on a reply rule, and the activity walk.
-    companion: Vec<u32>,
+    companion: ArenaVec<u32, HugeArena>,
     free: Vec<u32>,
     capacity: usize,
     len: usize,
@@ -232,28 +251,6 @@ fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
-/// Ask for transparent huge pages behind a large arena. Random lookups over a table of
-/// many megabytes miss the TLB on nearly every access with 4 KiB pages; with 2 MiB pages
-/// the whole table fits the second-level TLB. Hosts with THP set to `madvise` (the
-/// common default) only give huge pages to ranges advised like this. Best effort.
-fn advise_huge_pages<T>(v: &Vec<T>) {
-    const HUGE: usize = 2 << 20;
-    let bytes = v.capacity() * std::mem::size_of::<T>();
-    if bytes < 2 * HUGE {
-        return;
-    }
-    let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
-    let end = (v.as_ptr() as usize + bytes) & !(HUGE - 1);
-    if end > start {
-        // SAFETY: madvise only attaches a paging hint to pages of this process's own
-        // allocation (the aligned interior of `v`'s buffer); it neither reads nor
-        // changes their contents, and a failure is harmless.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
-}
-
 /// Age in ms of a wrapping timestamp.
 #[inline]
 pub fn age(now: u32, then: u32) -> u32 {
@@ -278,13 +275,10 @@ impl FlowTable {
             return Err(TableError::BadCapacity(capacity));
         }
         let nb = (capacity * 5 / 4).div_ceil(WAYS).next_power_of_two().max(2);
-        let mut buckets = Vec::with_capacity(nb);
-        let entries = Vec::with_capacity(capacity);
-        let counters = Vec::with_capacity(capacity);
-        // Before the first touch, so the pages fault in as huge pages.
-        advise_huge_pages(&buckets);
-        advise_huge_pages(&entries);
-        advise_huge_pages(&counters);
+        // Each large arena is a fresh mapping advised for huge pages (`HugeArena`).
+        let mut buckets = ArenaVec::with_capacity_in(nb, HugeArena);
+        let entries = ArenaVec::with_capacity_in(capacity, HugeArena);
+        let counters = ArenaVec::with_capacity_in(capacity, HugeArena);
         buckets.resize(nb, EMPTY_BUCKET);
         Ok(FlowTable {
             offload_events: Vec::new(),
@@ -296,7 +290,9 @@ impl FlowTable {
             mask: nb - 1,
             entries,
             counters,
-            companion: Vec::new(),
+            windows: ArenaVec::new_in(HugeArena),
+            tracks_windows: false,
+            companion: ArenaVec::with_capacity_in(capacity, HugeArena),
             free: Vec::new(),
             capacity,
             len: 0,
@@ -338,16 +334,34 @@ impl FlowTable {
         n
     }
 
+    /// Keep an elephant window per flow ([`ElephantWindow`]), for a pipeline that
+    /// detects elephants. Call before the first insert.
+    pub fn track_windows(&mut self) {
+        debug_assert!(
+            self.entries.is_empty(),
+            "windows are tracked from the start"
+        );
+        self.tracks_windows = true;
+        self.windows = ArenaVec::with_capacity_in(self.capacity, HugeArena);
+    }
+
     /// Bytes the table holds for `capacity` flows once every arena slot is used: the
-    /// buckets, and per flow its entry (key and rule), its counters and its companion
-    /// index. (Until 2026-11-26 this counted a `RuleSlot`, which is inside the entry,
-    /// instead of the counters beside it: 16 bytes per flow too few.)
+    /// buckets, and per flow its entry (key and rule), its counters, its companion
+    /// index and, when tracked, its elephant window. (Until 2026-11-26 this counted a
+    /// `RuleSlot`, which is inside the entry, instead of the counters beside it: 16
+    /// bytes per flow too few.)
     pub fn bytes_at_capacity(&self) -> usize {
+        let window = if self.tracks_windows {
+            std::mem::size_of::<ElephantWindow>()
+        } else {
+            0
+        };
         self.buckets.len() * std::mem::size_of::<Bucket>()
             + self.capacity
                 * (std::mem::size_of::<FlowEntry>()
                     + std::mem::size_of::<RuleCounters>()
-                    + std::mem::size_of::<u32>())
+                    + std::mem::size_of::<u32>()
+                    + window)
     }
 
     /// The table's (seeded) hash of a key.
@@ -460,14 +474,20 @@ impl FlowTable {
         m
     }
 
-    /// Prefetch an entry (one line: key and rule) and, if its rule counts or `counters`
-    /// (the caller adds to every hit's counters), its counters: a counted hit adds to
-    /// them, and the add's load would otherwise miss.
+    /// Prefetch an entry (one line: key and rule), its counters if its rule counts (a
+    /// counted hit adds to them, and the add's load would otherwise miss), and its
+    /// elephant window if `window` (the caller counts every hit in it).
     #[inline]
-    pub fn prefetch_entry(&self, way: Way, counters: bool) {
-        prefetch(&self.entries[way.idx() as usize]);
-        if counters || way.counts() {
-            prefetch(&self.counters[way.idx() as usize]);
+    pub fn prefetch_entry(&self, way: Way, window: bool) {
+        let i = way.idx() as usize;
+        prefetch(&self.entries[i]);
+        if way.counts() {
+            prefetch(&self.counters[i]);
+        }
+        if window {
+            // No bounds check: a prefetch never faults, and an untracked table's
+            // window arena is empty.
+            prefetch(self.windows.as_ptr().wrapping_add(i));
         }
     }
 
@@ -664,6 +684,12 @@ impl FlowTable {
         &mut self.counters[idx as usize]
     }
 
+    /// Entry `idx`'s elephant window; `None` unless the table tracks windows.
+    #[inline]
+    pub fn window_mut(&mut self, idx: u32) -> Option<&mut ElephantWindow> {
+        self.windows.get_mut(idx as usize)
+    }
+
     /// Insert or replace the rule for `key`. `timeout_of` gives a rule's idle timeout in
     /// ms; it decides whether a victim had already expired.
     pub fn insert(
@@ -693,6 +719,9 @@ impl FlowTable {
             e.last_seen = now;
             e.encap_sport = encap_sport;
             self.counters[i as usize] = RuleCounters::default();
+            if let Some(w) = self.windows.get_mut(i as usize) {
+                *w = ElephantWindow::default();
+            }
             self.stats.replaces += 1;
             return Inserted::Replaced { idx: i, old };
         }
@@ -715,6 +744,9 @@ impl FlowTable {
                     rule,
                 });
                 self.counters.push(RuleCounters::default());
+                if self.tracks_windows {
+                    self.windows.push(ElephantWindow::default());
+                }
                 self.companion.push(NO_COMPANION);
                 (self.entries.len() - 1) as u32
             }
@@ -727,6 +759,9 @@ impl FlowTable {
             rule,
         };
         self.counters[idx as usize] = RuleCounters::default();
+        if let Some(w) = self.windows.get_mut(idx as usize) {
+            *w = ElephantWindow::default();
+        }
         let way = Way::for_rule(idx, &rule);
         let placed = self.place(p.b1, p.sig, way) || self.place(p.b2, p.sig, way);
         debug_assert!(placed, "eviction freed a way in one of the buckets");
@@ -1025,6 +1060,48 @@ mod tests {
         let w = t.candidate(&p).expect("a signature match");
         assert_eq!(t.confirm(&p, Some(w), k), t.lookup(k));
         w
+    }
+
+    /// Issue 18: at most 64 bytes per flow beyond the 40-byte key, at a million flows
+    /// (buckets, entry, counters, companion). Elephant windows add 16 only to a table
+    /// that tracks them.
+    #[test]
+    fn a_flow_costs_at_most_64_bytes_beyond_its_key() {
+        let n = 1_000_000;
+        let mut t = FlowTable::new(n, 0).unwrap();
+        let plain = t.bytes_at_capacity() as f64 / n as f64;
+        assert!(
+            plain - FlowKey::LEN as f64 <= 64.0,
+            "{plain} bytes per flow"
+        );
+        t.track_windows();
+        let tracked = t.bytes_at_capacity() as f64 / n as f64;
+        assert_eq!(tracked - plain, 16.0);
+    }
+
+    #[test]
+    fn elephant_windows_start_empty_for_every_new_or_replaced_rule() {
+        let mut t = FlowTable::new(100, 3).unwrap();
+        assert!(t.window_mut(0).is_none(), "no windows unless tracked");
+        t.track_windows();
+        let Inserted::New { idx, .. } = t.insert(&key(1), slot(1), 0, 0, NEVER) else {
+            panic!("new")
+        };
+        let w = t.window_mut(idx).expect("tracked");
+        (w.start, w.packets, w.bytes) = (7, 3, 300);
+        let Inserted::Replaced { idx: again, .. } = t.insert(&key(1), slot(2), 0, 0, NEVER) else {
+            panic!("replaced")
+        };
+        assert_eq!(again, idx);
+        assert_eq!(*t.window_mut(idx).unwrap(), ElephantWindow::default());
+        let w = t.window_mut(idx).unwrap();
+        w.packets = 9;
+        t.remove(&key(1)).unwrap();
+        let Inserted::New { idx: reused, .. } = t.insert(&key(2), slot(3), 0, 0, NEVER) else {
+            panic!("new")
+        };
+        assert_eq!(reused, idx, "the freed slot is reused");
+        assert_eq!(*t.window_mut(reused).unwrap(), ElephantWindow::default());
     }
 
     #[test]
