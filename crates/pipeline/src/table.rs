@@ -28,7 +28,7 @@ use crate::rule::{slot_flag, RuleCounters, RuleSlot};
 
 const WAYS: usize = 8;
 /// Largest supported capacity (entry indices are 31-bit: a bucket way's top bit is
-/// [`WAY_COUNTS`]).
+/// `WAY_COUNTS`).
 pub const MAX_CAPACITY: usize = (WAY_IDX - 1) as usize;
 /// A bucket way's index bits.
 const WAY_IDX: u32 = (1 << 31) - 1;
@@ -416,9 +416,9 @@ impl FlowTable {
     }
 
     /// Stage 2, first bucket only: the entry whose signature matches in `b1`, or
-    /// [`Near::Far`] when the key can only be in `b2` (a bucket not yet prefetched; the
+    /// `Near::Far` when the key can only be in `b2` (a bucket not yet prefetched; the
     /// caller prefetches it with [`FlowTable::prefetch_far`] and asks
-    /// [`FlowTable::candidate_far`] a pass later), or [`Near::Absent`] when `b2` is
+    /// [`FlowTable::candidate_far`] a pass later), or `Near::Absent` when `b2` is
     /// `b1`. At 60% load about 2% of keys live in `b2`, and reading it here cost a full
     /// memory latency each.
     #[inline]
