@@ -335,14 +335,16 @@ impl FlowTable {
     }
 
     /// Keep an elephant window per flow ([`ElephantWindow`]), for a pipeline that
-    /// detects elephants. Call before the first insert.
+    /// detects elephants. Flows already in the table start with empty windows.
     pub fn track_windows(&mut self) {
-        debug_assert!(
-            self.entries.is_empty(),
-            "windows are tracked from the start"
-        );
+        if self.tracks_windows {
+            return;
+        }
         self.tracks_windows = true;
         self.windows = ArenaVec::with_capacity_in(self.capacity, HugeArena);
+        // Parallel to `entries` from here on: a window for every slot already used.
+        self.windows
+            .resize(self.entries.len(), ElephantWindow::default());
     }
 
     /// Bytes the table holds for `capacity` flows once every arena slot is used: the
@@ -1082,8 +1084,14 @@ mod tests {
     #[test]
     fn elephant_windows_start_empty_for_every_new_or_replaced_rule() {
         let mut t = FlowTable::new(100, 3).unwrap();
+        t.insert(&key(0), slot(0), 0, 0, NEVER);
         assert!(t.window_mut(0).is_none(), "no windows unless tracked");
         t.track_windows();
+        assert_eq!(
+            *t.window_mut(0)
+                .expect("a slot used before tracking has a window"),
+            ElephantWindow::default()
+        );
         let Inserted::New { idx, .. } = t.insert(&key(1), slot(1), 0, 0, NEVER) else {
             panic!("new")
         };
