@@ -450,18 +450,16 @@ impl FlowTable {
         (m != 0).then(|| Way(bk.idx[m.trailing_zeros() as usize]))
     }
 
-    /// Stage 2: the entry index whose signature matches, if any. A signature match still
-    /// needs the key compare of [`FlowTable::confirm`].
+    /// Stage 2 in one step, both buckets (for callers that do not batch): the entry
+    /// index whose signature matches, if any. A signature match still needs the key
+    /// compare of [`FlowTable::confirm`].
     #[inline]
     pub fn candidate(&self, p: &Probe) -> Option<Way> {
-        for b in [p.b1, p.b2] {
-            let bk = &self.buckets[b as usize];
-            let m = Self::sig_mask(bk, p.sig);
-            if m != 0 {
-                return Some(Way(bk.idx[m.trailing_zeros() as usize]));
-            }
+        match self.candidate_near(p) {
+            Near::Hit(w) => Some(w),
+            Near::Far => self.candidate_far(p),
+            Near::Absent => None,
         }
-        None
     }
 
     /// Bit w set when way w holds `sig`. Branch-free so it compiles to two SSE2 compares
