@@ -12,6 +12,9 @@
 //! rules: entries hold the reply *encoded* (one allocation instead of dozens), and the
 //! cache is split into shards by key hash, so growing a table rehashes 1/64 of it at a
 //! time instead of stalling every request for tens of milliseconds.
+//!
+//! A flow is one encoded reply, under its forward key. Its reverse-direction key holds
+//! only the forward key (`Body::Reverse`) and is answered from the forward entry.
 
 use std::collections::VecDeque;
 
@@ -41,14 +44,23 @@ pub struct CacheStats {
 }
 
 struct Entry {
-    /// The reply, encoded as it came (`get` clears id, worker and decided_by).
-    reply: Vec<u8>,
+    body: Body,
     ttl_ms: u64,
     deadline_ms: u64,
     generation: u64,
-    /// The reverse direction of a flow cached under its own key (see `insert`): not a
-    /// flow of its own, so not listed.
-    companion: bool,
+}
+
+/// What an entry holds.
+enum Body {
+    /// The reply, encoded as it came (`get` clears id, worker and decided_by).
+    Reply(Box<[u8]>),
+    /// The reverse direction of a flow: the forward entry's flow key, under the same
+    /// tenant and chain. The forward reply carries the reverse rule among its
+    /// companions, so this entry needs no copy of it: it is answered from the forward
+    /// entry, lives as long as that one does, and is not a flow of its own (not listed).
+    /// Keeping a second encoded reply per flow was half of what caching cost FM's
+    /// master task in `bench setup` (about 4% of the machine's CPU).
+    Reverse([u8; 40]),
 }
 
 #[derive(Default)]
@@ -127,51 +139,102 @@ impl RuleCache {
     }
 
     /// The cached reply for `key` (id and worker zero), refreshing its idle deadline.
+    /// For a flow's reverse-direction key, that is the reverse rule with the forward
+    /// rule as its companion, and the forward entry's deadline is what is refreshed.
     pub fn get(&mut self, key: &CacheKey, now_ms: u64) -> Option<v1::RuleReply> {
-        let shard = &mut self.shards[shard_of(key)];
-        let Some(e) = shard.map.get_mut(key) else {
-            self.stats.misses += 1;
-            return None;
+        let found = self.shards[shard_of(key)]
+            .map
+            .get(key)
+            .map(|e| match e.body {
+                Body::Reply(_) => None,
+                Body::Reverse(f) => Some(f),
+            });
+        let r = match found {
+            None => None,
+            Some(None) => self.forward(key, now_ms),
+            Some(Some(f)) => {
+                let r = self
+                    .forward(&(key.0, key.1, f), now_ms)
+                    .and_then(|fwd| reverse_reply(fwd, &key.2));
+                if r.is_none() {
+                    // Its flow left (or was replaced by one without this direction).
+                    self.remove_entry(key);
+                    self.stats.expired += 1;
+                }
+                r
+            }
         };
-        if e.deadline_ms <= now_ms {
-            shard.map.remove(key);
-            forget_owner(&mut self.owners, key);
-            self.len -= 1;
-            self.stats.expired += 1;
+        if r.is_some() {
+            self.stats.hits += 1;
+        } else {
             self.stats.misses += 1;
+        }
+        r
+    }
+
+    /// The forward entry under `key`, decoded, its deadline refreshed. An entry past
+    /// its deadline is removed (counted expired). None for a reverse entry.
+    fn forward(&mut self, key: &CacheKey, now_ms: u64) -> Option<v1::RuleReply> {
+        let e = self.shards[shard_of(key)].map.get_mut(key)?;
+        if !matches!(e.body, Body::Reply(_)) {
+            return None;
+        }
+        if e.deadline_ms <= now_ms {
+            self.remove_entry(key);
+            self.stats.expired += 1;
             return None;
         }
         e.deadline_ms = now_ms.saturating_add(e.ttl_ms);
-        match cached_reply(&e.reply) {
-            Some(r) => {
-                self.stats.hits += 1;
-                Some(r)
-            }
-            None => {
-                // Cannot happen (we encoded it); treat as a miss.
-                shard.map.remove(key);
-                forget_owner(&mut self.owners, key);
-                self.len -= 1;
-                self.stats.misses += 1;
-                None
-            }
+        let Body::Reply(bytes) = &e.body else {
+            return None;
+        };
+        let r = cached_reply(bytes);
+        if r.is_none() {
+            // Cannot happen (we encoded it); treat as a miss.
+            self.remove_entry(key);
         }
+        r
+    }
+
+    /// Whether `key` holds a forward entry within its deadline.
+    fn forward_live(&self, key: &CacheKey, now_ms: u64) -> bool {
+        self.shards[shard_of(key)]
+            .map
+            .get(key)
+            .is_some_and(|e| matches!(e.body, Body::Reply(_)) && e.deadline_ms > now_ms)
+    }
+
+    /// Take `key`'s entry out, with its owner index entry; not counted in the stats.
+    fn remove_entry(&mut self, key: &CacheKey) -> Option<Entry> {
+        let e = self.shards[shard_of(key)].map.remove(key)?;
+        forget_owner(&mut self.owners, key);
+        self.len -= 1;
+        Some(e)
     }
 
     /// Cache `reply` (id and worker are cleared; each hit fills in the asker's). Only
     /// rules are cached, never errors.
     ///
-    /// Each companion rule (the reverse direction) is cached under its own key too,
-    /// with the forward rule as *its* companion. In a PP cluster the underlay hashes the
-    /// two directions of a flow independently (each sender picks its own outer source
-    /// port), so the first packet a PP node sees of a flow is often a reply; after a vIP
-    /// moves it is the reply direction's every packet. Without the entry that packet
-    /// would go to SC under a key no NF decided.
+    /// Each companion rule's key (the reverse direction) gets an entry too, which names
+    /// the forward entry (`Body::Reverse`): asked for, it answers with the reverse
+    /// rule and the forward rule as *its* companion. In a PP cluster the underlay
+    /// hashes the two directions of a flow independently (each sender picks its own
+    /// outer source port), so the first packet a PP node sees of a flow is often a
+    /// reply; after a vIP moves it is the reply direction's every packet. Without the
+    /// entry that packet would go to SC under a key no NF decided.
     pub fn insert(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
-        self.insert_one(key, reply, now_ms, false);
         let Some(v1::rule_reply::Result::Rule(fwd)) = &reply.result else {
             return;
         };
+        let ttl_ms = fwd.idle_timeout_ms.unwrap_or(self.default_ttl_ms);
+        // Encoded as it is, without a stripped copy: `get` clears what is the asker's.
+        let mut bytes = Vec::with_capacity(reply.encoded_len());
+        if reply.encode(&mut bytes).is_err() {
+            return;
+        }
+        let deadline_ms = now_ms.saturating_add(ttl_ms);
+        let body = Body::Reply(bytes.into_boxed_slice());
+        self.insert_one(key, body, ttl_ms, deadline_ms, now_ms);
         for a in &reply.also {
             let Some(k) = a
                 .key
@@ -183,20 +246,8 @@ impl RuleCache {
             if k == key.2 {
                 continue;
             }
-            let mut fwd = fwd.clone();
-            if fwd.key.is_none() {
-                fwd.key = reply.key.clone();
-            }
-            let rev = v1::RuleReply {
-                id: 0,
-                worker: 0,
-                key: a.key.clone(),
-                result: Some(v1::rule_reply::Result::Rule(a.clone())),
-                also: vec![fwd],
-                decided_by: String::new(),
-                frame_forwarded: false,
-            };
-            self.insert_one((key.0, key.1, k), &rev, now_ms, true);
+            // Lives as long as the forward entry: its own deadline never passes.
+            self.insert_one((key.0, key.1, k), Body::Reverse(key.2), 0, u64::MAX, now_ms);
         }
     }
 
@@ -218,19 +269,16 @@ impl RuleCache {
         }
     }
 
-    fn insert_one(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64, companion: bool) {
+    /// A reverse entry's `deadline_ms` is `u64::MAX`: it has none of its own.
+    fn insert_one(
+        &mut self,
+        key: CacheKey,
+        body: Body,
+        ttl_ms: u64,
+        deadline_ms: u64,
+        now_ms: u64,
+    ) {
         self.owners.insert(key.2, (key.0, key.1));
-        let ttl_ms = match &reply.result {
-            Some(v1::rule_reply::Result::Rule(r)) => {
-                r.idle_timeout_ms.unwrap_or(self.default_ttl_ms)
-            }
-            _ => return,
-        };
-        // Encoded as it is, without a stripped copy: `get` clears what is the asker's.
-        let mut bytes = Vec::with_capacity(reply.encoded_len());
-        if reply.encode(&mut bytes).is_err() {
-            return;
-        }
         let s = shard_of(&key);
         let replaces = self.shards[s].map.contains_key(&key);
         if !replaces {
@@ -257,11 +305,10 @@ impl RuleCache {
         shard.map.insert(
             key,
             Entry {
-                reply: bytes,
+                body,
                 ttl_ms,
-                deadline_ms: now_ms.saturating_add(ttl_ms),
+                deadline_ms,
                 generation,
-                companion,
             },
         );
         shard.order.push_back((key, generation));
@@ -278,7 +325,6 @@ impl RuleCache {
         }
     }
 
-    /// Forget `key` (its NF state is gone).
     /// Drop every entry (not counted as evictions); returns how many there were.
     pub fn clear(&mut self) -> usize {
         let n = self.len;
@@ -291,36 +337,54 @@ impl RuleCache {
         n
     }
 
-    /// Forget `key` and its companions' entries (the flow's other direction). Returns
-    /// the companions' flow keys the cached reply named (empty when `key` was not
-    /// cached), so their rules can be withdrawn at PP too.
+    /// Forget `key`'s flow: its forward entry and its reverse entries, from either
+    /// direction's key. Returns the other flow keys the flow's rules named (empty when
+    /// `key` was not cached), so their rules can be withdrawn at PP too.
     pub fn invalidate(&mut self, key: &CacheKey) -> Vec<[u8; 40]> {
-        let mut companions = Vec::new();
-        let Some(e) = self.shards[shard_of(key)].map.remove(key) else {
-            return companions;
+        let mut others = Vec::new();
+        let Some(e) = self.remove_entry(key) else {
+            return others;
         };
-        forget_owner(&mut self.owners, key);
-        self.len -= 1;
         self.stats.invalidated += 1;
-        let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) else {
-            return companions;
-        };
-        for a in &r.also {
-            if let Some(Ok(b)) = a
-                .key
-                .as_ref()
-                .map(|k| <[u8; 40]>::try_from(k.raw.as_slice()))
-            {
-                let ck = (key.0, key.1, b);
-                if self.shards[shard_of(&ck)].map.remove(&ck).is_some() {
-                    forget_owner(&mut self.owners, &ck);
-                    self.len -= 1;
-                    self.stats.invalidated += 1;
+        let (fwd, bytes) = match e.body {
+            Body::Reply(b) => (*key, b),
+            Body::Reverse(f) => {
+                let fwd = (key.0, key.1, f);
+                others.push(f);
+                match self.shards[shard_of(&fwd)].map.get(&fwd).map(|e| &e.body) {
+                    Some(Body::Reply(_)) => {}
+                    _ => return others,
                 }
-                companions.push(b);
+                let Some(Entry {
+                    body: Body::Reply(b),
+                    ..
+                }) = self.remove_entry(&fwd)
+                else {
+                    return others;
+                };
+                self.stats.invalidated += 1;
+                (fwd, b)
             }
+        };
+        let Ok(r) = v1::RuleReply::decode(&bytes[..]) else {
+            return others;
+        };
+        for b in also_keys(&r) {
+            if b == key.2 || b == fwd.2 {
+                continue;
+            }
+            let ck = (key.0, key.1, b);
+            let names_fwd = self.shards[shard_of(&ck)]
+                .map
+                .get(&ck)
+                .is_some_and(|e| matches!(e.body, Body::Reverse(f) if f == fwd.2));
+            if names_fwd {
+                self.remove_entry(&ck);
+                self.stats.invalidated += 1;
+            }
+            others.push(b);
         }
-        companions
+        others
     }
 
     /// Forget every rule of one tenant chain (the chain was removed or rebuilt);
@@ -343,15 +407,9 @@ impl RuleCache {
                 }
                 forget_owner(&mut self.owners, k);
                 keys.push(k.2);
-                if let Ok(r) = v1::RuleReply::decode(e.reply.as_slice()) {
-                    for a in &r.also {
-                        if let Some(Ok(b)) = a
-                            .key
-                            .as_ref()
-                            .map(|k| <[u8; 40]>::try_from(k.raw.as_slice()))
-                        {
-                            keys.push(b);
-                        }
+                if let Body::Reply(bytes) = &e.body {
+                    if let Ok(r) = v1::RuleReply::decode(&bytes[..]) {
+                        keys.extend(also_keys(&r));
                     }
                 }
                 false
@@ -365,8 +423,9 @@ impl RuleCache {
         (n, keys)
     }
 
-    /// Live cached flows (not their companion entries) whose tenant passes `filter`: up to `limit` of them (in no
-    /// particular order), each with its time to expiry, and how many matched in all.
+    /// Live cached flows (their forward entries) whose tenant passes `filter`: up to
+    /// `limit` of them (in no particular order), each with its time to expiry, and how
+    /// many matched in all.
     /// A scan of the whole cache: for operators (`starfabric flows`), not the data path.
     pub fn list(
         &self,
@@ -378,12 +437,15 @@ impl RuleCache {
         let mut matched = 0u64;
         for shard in &self.shards {
             for (k, e) in &shard.map {
-                if e.deadline_ms <= now_ms || e.companion || !filter(k.0) {
+                let Body::Reply(bytes) = &e.body else {
+                    continue;
+                };
+                if e.deadline_ms <= now_ms || !filter(k.0) {
                     continue;
                 }
                 matched += 1;
                 if out.len() < limit {
-                    if let Some(r) = cached_reply(&e.reply) {
+                    if let Some(r) = cached_reply(bytes) {
                         out.push((*k, r, e.deadline_ms - now_ms));
                     }
                 }
@@ -392,55 +454,91 @@ impl RuleCache {
         (out, matched)
     }
 
+    /// Whether the entry under `key` (of generation `g`) is past its time: its own
+    /// deadline, or for a reverse entry its forward entry's. None when the order slot
+    /// is stale (the entry left or was replaced since).
+    fn idle(&self, s: usize, key: &CacheKey, g: u64, now_ms: u64) -> Option<bool> {
+        let e = self.shards[s].map.get(key).filter(|e| e.generation == g)?;
+        Some(match e.body {
+            Body::Reply(_) => e.deadline_ms <= now_ms,
+            Body::Reverse(f) => !self.forward_live(&(key.0, key.1, f), now_ms),
+        })
+    }
+
     fn evict_one(&mut self, s: usize, now_ms: u64) -> bool {
-        let shard = &mut self.shards[s];
-        while let Some((k, g)) = shard.order.pop_front() {
-            let live = shard.map.get(&k).map(|e| (e.generation, e.deadline_ms));
-            match live {
-                Some((eg, deadline)) if eg == g => {
-                    shard.map.remove(&k);
-                    forget_owner(&mut self.owners, &k);
-                    self.len -= 1;
-                    if deadline <= now_ms {
-                        self.stats.expired += 1;
-                    } else {
-                        self.stats.evicted_full += 1;
-                    }
-                    return true;
-                }
-                _ => continue,
+        while let Some((k, g)) = self.shards[s].order.pop_front() {
+            let Some(idle) = self.idle(s, &k, g, now_ms) else {
+                continue;
+            };
+            self.remove_entry(&k);
+            if idle {
+                self.stats.expired += 1;
+            } else {
+                self.stats.evicted_full += 1;
             }
+            return true;
         }
         false
     }
 
-    /// Look at up to `budget` entries (of a few shards, round robin): drop expired ones,
-    /// give live ones a second chance at the back.
+    /// Look at up to `budget` entries (of a few shards, round robin): drop expired ones
+    /// (and reverse entries whose flow left), give live ones a second chance at the
+    /// back.
     pub fn sweep(&mut self, now_ms: u64, budget: usize) {
         let per = budget.div_ceil(4).max(1);
         for _ in 0..4 {
             self.sweep_at = (self.sweep_at + 1) % SHARDS;
-            let shard = &mut self.shards[self.sweep_at];
+            let s = self.sweep_at;
             for _ in 0..per {
-                let Some((k, g)) = shard.order.pop_front() else {
+                let Some((k, g)) = self.shards[s].order.pop_front() else {
                     break;
                 };
-                match shard.map.get(&k) {
-                    Some(e) if e.generation == g => {
-                        if e.deadline_ms <= now_ms {
-                            shard.map.remove(&k);
-                            forget_owner(&mut self.owners, &k);
-                            self.len -= 1;
-                            self.stats.expired += 1;
-                        } else {
-                            shard.order.push_back((k, g));
-                        }
+                match self.idle(s, &k, g, now_ms) {
+                    Some(true) => {
+                        self.remove_entry(&k);
+                        self.stats.expired += 1;
                     }
-                    _ => {}
+                    Some(false) => self.shards[s].order.push_back((k, g)),
+                    None => {}
                 }
             }
         }
     }
+}
+
+/// The flow keys of a reply's companion rules.
+fn also_keys(r: &v1::RuleReply) -> impl Iterator<Item = [u8; 40]> + '_ {
+    r.also.iter().filter_map(|a| {
+        a.key
+            .as_ref()
+            .and_then(|k| <[u8; 40]>::try_from(k.raw.as_slice()).ok())
+    })
+}
+
+/// The reply for `rkey`, the reverse direction of the flow whose forward reply is `fwd`:
+/// the companion rule under `rkey`, with the forward rule as its companion. None when
+/// `fwd` names no rule under `rkey`.
+fn reverse_reply(mut fwd: v1::RuleReply, rkey: &[u8; 40]) -> Option<v1::RuleReply> {
+    let i = fwd
+        .also
+        .iter()
+        .position(|a| a.key.as_ref().is_some_and(|k| k.raw.as_slice() == rkey))?;
+    let rev = fwd.also.swap_remove(i);
+    let Some(v1::rule_reply::Result::Rule(mut rule)) = fwd.result.take() else {
+        return None;
+    };
+    if rule.key.is_none() {
+        rule.key = fwd.key.take();
+    }
+    Some(v1::RuleReply {
+        id: 0,
+        worker: 0,
+        key: rev.key.clone(),
+        result: Some(v1::rule_reply::Result::Rule(rev)),
+        also: vec![rule],
+        decided_by: String::new(),
+        frame_forwarded: false,
+    })
 }
 
 #[cfg(test)]
@@ -580,6 +678,86 @@ mod tests {
         c.invalidate(&key(2));
         assert_eq!(c.len(), 0);
         assert_eq!(c.stats.invalidated, 4);
+    }
+
+    /// A reply for flow key `f` whose rules also cover the reverse keys `revs`.
+    fn reply_covering(f: u8, revs: &[u8], timeout: u64) -> v1::RuleReply {
+        let mut r = reply(Some(timeout));
+        r.key = Some(fk(f));
+        r.also = revs
+            .iter()
+            .map(|&k| v1::Rule {
+                key: Some(fk(k)),
+                actions: vec![],
+                idle_timeout_ms: Some(timeout),
+            })
+            .collect();
+        r
+    }
+
+    #[test]
+    fn a_reverse_entry_holds_no_copy_and_lives_as_long_as_its_flow() {
+        let mut c = RuleCache::new(100, 1000);
+        c.insert(key(1), &reply_covering(1, &[2], 100), 0);
+        let s = &c.shards[shard_of(&key(2))];
+        assert!(
+            matches!(s.map.get(&key(2)).map(|e| &e.body), Some(Body::Reverse(f)) if *f == [1; 40])
+        );
+        // Traffic in the reply direction alone keeps the flow: each hit refreshes the
+        // forward entry's deadline.
+        for t in (50..=500).step_by(50) {
+            let r = c.get(&key(2), t).expect("reverse hit");
+            assert_eq!(r.key, Some(fk(2)));
+            assert_eq!(r.also[0].key, Some(fk(1)));
+        }
+        assert!(c.get(&key(1), 590).is_some(), "refreshed at 500");
+        // Idle past the forward's deadline: both directions miss, and the reverse entry
+        // left too, counted as expired.
+        assert!(c.get(&key(2), 700).is_none());
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.stats.expired, 2);
+        assert_eq!(c.owners.len(), 0);
+    }
+
+    #[test]
+    fn reverse_entries_of_a_flow_that_left_are_swept_or_missed() {
+        // A forward entry that leaves other than by invalidation (replaced, idle,
+        // evicted) leaves its reverse entries behind, until a lookup or the sweep finds
+        // their flow gone.
+        let mut c = RuleCache::new(100, 1000);
+        c.insert(key(1), &reply_covering(1, &[2], 100), 0);
+        c.invalidate(&key(1));
+        assert_eq!(c.len(), 0, "invalidation takes both");
+        c.insert(key(1), &reply_covering(1, &[2], 100), 0);
+        // Replaced by a reply that no longer covers key 2: key 2 is a miss and leaves.
+        c.insert(key(1), &reply_covering(1, &[3], 100), 10);
+        assert!(c.get(&key(2), 20).is_none());
+        assert!(c.get(&key(3), 20).is_some());
+        assert_eq!(c.len(), 2);
+        // Expired forward: the sweep removes the reverse entry as well.
+        for _ in 0..SHARDS {
+            c.sweep(1000, 64);
+        }
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.owners.len(), 0);
+    }
+
+    #[test]
+    fn invalidating_either_direction_takes_the_flows_entries_and_no_other() {
+        let mut c = RuleCache::new(100, 1000);
+        c.insert(key(1), &reply_covering(1, &[2, 3], 100), 0);
+        assert_eq!(c.len(), 3);
+        let mut others = c.invalidate(&key(3));
+        others.sort_unstable();
+        assert_eq!(others, vec![[1; 40], [2; 40]]);
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.stats.invalidated, 3);
+        // Key 3 later became another flow's forward key: invalidating flow 1 leaves it.
+        c.insert(key(1), &reply_covering(1, &[2, 3], 100), 0);
+        c.insert(key(3), &reply(Some(100)), 0);
+        c.invalidate(&key(1));
+        assert!(c.get(&key(3), 1).is_some());
+        assert!(c.get(&key(2), 1).is_none());
     }
 
     #[test]

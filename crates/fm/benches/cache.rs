@@ -1,0 +1,175 @@
+//! Criterion benchmarks of FM's rule cache on the setup path: caching a newly decided
+//! flow (forward rule with its reverse rule as companion, as SC's tail returns it) into
+//! a cache already holding `FLOWS` flows at its capacity (so each insert also evicts the
+//! oldest flow), and answering a PP node's re-request by either direction's key (a
+//! restarted node, or a vIP moved to a node that never saw the flow).
+//!
+//! Before the benches it prints the memory the cache takes per flow (resident set growth
+//! while `FLOWS` flows are cached, over `FLOWS`).
+//!
+//! `cargo bench -p fm --bench cache`
+
+use std::net::Ipv4Addr;
+
+use criterion::{black_box, criterion_group, Criterion};
+use fm::{CacheKey, RuleCache};
+use pipeline::{Action, FlowKey, Rule};
+use proto::v1;
+
+const FLOWS: u32 = 200_000;
+/// Cache entries: a flow takes two (one per direction's key).
+const CAPACITY: usize = 2 * FLOWS as usize;
+
+fn key(i: u32) -> FlowKey {
+    let (a, b, p) = ((i >> 16) & 255, (i >> 8) & 255, 1024 + (i & 255) * 200);
+    format!("100 udp 198.18.{a}.{b}:{p} > 198.19.0.9:53")
+        .parse()
+        .expect("flow key")
+}
+
+/// What SC's tail returns for an SNAT → LB flow: decap, source and destination
+/// rewritten, encap toward the next hop; the reverse rule undoes both.
+fn decided(i: u32) -> (CacheKey, v1::RuleReply, [u8; 40]) {
+    let k = key(i);
+    // Ports as SNAT hands them out: 60,000 per public address, so every flow's reverse
+    // key is its own.
+    let ext = Ipv4Addr::new(198, 19, 255, 1 + (i / 60_000) as u8);
+    let eport = 1024 + (i % 60_000) as u16;
+    let backend = Ipv4Addr::new(198, 19, 1, 7 + (i % 2) as u8);
+    let mut fwd = Rule::new(
+        k,
+        vec![
+            Action::DecapVxlan,
+            Action::SetSrc {
+                addr: Some(ext.into()),
+                port: Some(eport),
+            },
+            Action::SetDst {
+                addr: Some(backend.into()),
+                port: Some(5353),
+            },
+            Action::EncapVxlan {
+                dst: Ipv4Addr::new(198, 18, 0, 9),
+                vni: 200,
+                inner_dmac: Some([2, 0, 0, 0, 0, 9]),
+                inner_smac: None,
+            },
+            Action::Output(1),
+        ],
+    );
+    fwd.idle_timeout = Some(std::time::Duration::from_secs(120));
+    let rkey: FlowKey = format!("200 udp {backend}:5353 > {ext}:{eport}")
+        .parse()
+        .expect("reverse key");
+    let mut rev = Rule::new(
+        rkey,
+        vec![
+            Action::DecapVxlan,
+            Action::SetSrc {
+                addr: Some(Ipv4Addr::new(198, 19, 0, 9).into()),
+                port: Some(53),
+            },
+            Action::SetDst {
+                addr: k.src().into(),
+                port: Some(k.sport()),
+            },
+            Action::EncapVxlan {
+                dst: Ipv4Addr::new(198, 18, 0, 3),
+                vni: 100,
+                inner_dmac: Some([2, 0, 0, 0, 0, 3]),
+                inner_smac: None,
+            },
+            Action::Output(1),
+        ],
+    );
+    rev.idle_timeout = fwd.idle_timeout;
+    let reply = v1::RuleReply {
+        id: u64::from(i),
+        worker: 0,
+        key: Some((&k).into()),
+        result: Some(v1::rule_reply::Result::Rule((&fwd).into())),
+        also: vec![(&rev).into()],
+        decided_by: "SC group 1".into(),
+        frame_forwarded: false,
+    };
+    ((1, 1, *k.as_bytes()), reply, *rkey.as_bytes())
+}
+
+/// A cache holding flows 0..FLOWS, and each flow's forward and reverse cache keys.
+fn filled() -> (RuleCache, Vec<(CacheKey, CacheKey)>) {
+    let mut c = RuleCache::new(CAPACITY, 120_000);
+    let mut keys = Vec::with_capacity(FLOWS as usize);
+    for i in 0..FLOWS {
+        let (ck, r, rk) = decided(i);
+        c.insert(ck, &r, 0);
+        keys.push((ck, (ck.0, ck.1, rk)));
+    }
+    (c, keys)
+}
+
+fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn report_memory() {
+    // Built first, so the replies' own memory is not counted.
+    let replies: Vec<_> = (0..FLOWS).map(decided).collect();
+    let before = rss_bytes();
+    let mut c = RuleCache::new(CAPACITY, 120_000);
+    for (ck, r, _) in &replies {
+        c.insert(*ck, r, 0);
+    }
+    if let (Some(a), Some(b)) = (before, rss_bytes()) {
+        println!(
+            "rule cache: {} entries for {FLOWS} flows, {:.0} bytes a flow (resident set growth)",
+            c.len(),
+            b.saturating_sub(a) as f64 / f64::from(FLOWS)
+        );
+    }
+    black_box(&c);
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rule_cache");
+    let (mut cache, _) = filled();
+    let mut next = FLOWS;
+    let mut now = 1;
+    g.bench_function("insert_new_flow_at_capacity", |b| {
+        b.iter_batched(
+            || {
+                next = next.wrapping_add(1);
+                decided(next)
+            },
+            |(ck, r, _)| {
+                now += 1;
+                cache.insert(ck, &r, now);
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    let (mut cache, keys) = filled();
+    let mut i = 0usize;
+    g.bench_function("get_forward", |b| {
+        b.iter(|| {
+            i = (i + 7919) % keys.len();
+            black_box(cache.get(&keys[i].0, 1))
+        })
+    });
+    g.bench_function("get_reverse", |b| {
+        b.iter(|| {
+            i = (i + 7919) % keys.len();
+            black_box(cache.get(&keys[i].1, 1))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+
+fn main() {
+    report_memory();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
