@@ -98,14 +98,23 @@ fn cached_reply(bytes: &[u8]) -> Option<v1::RuleReply> {
 }
 
 fn shard_of(key: &CacheKey) -> usize {
-    // The key bytes are already well mixed by the flow's addresses and ports; fold in
-    // tenant and chain so two tenants' identical keys spread too.
+    // Every byte of the key counts. Reverse-direction keys of SNAT'd flows to one
+    // server differ only in the destination port (the port SNAT gave out); a mix of the
+    // addresses and the source port alone put all of them in 8 of the 64 shards, whose
+    // per-shard cap then evicted them with the cache mostly empty.
     let k = &key.2;
-    let h = u64::from_le_bytes([k[12], k[13], k[14], k[15], k[28], k[29], k[30], k[31]])
-        ^ u64::from(u16::from_le_bytes([k[32], k[33]]))
-        ^ (u64::from(key.0) << 17)
-        ^ (u64::from(key.1) << 41);
-    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS
+    let mut h = (u64::from(key.0) << 32) | u64::from(key.1);
+    for (i, w) in k.chunks_exact(8).enumerate() {
+        let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        h ^= w.rotate_left(13 * i as u32);
+    }
+    // murmur3's 64-bit finaliser: the shard is the top bits.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    (h >> 58) as usize % SHARDS
 }
 
 /// Drop `key`'s owner entry if it names `key`'s tenant chain (the same flow key cached
@@ -758,6 +767,38 @@ mod tests {
         c.invalidate(&key(1));
         assert!(c.get(&key(3), 1).is_some());
         assert!(c.get(&key(2), 1).is_none());
+    }
+
+    /// A reply-direction key of an SNAT'd flow to one server: only the destination port
+    /// (the one SNAT gave out) differs from flow to flow.
+    fn reply_key(port: u16) -> [u8; 40] {
+        let mut k = [0u8; 40];
+        k[10..16].copy_from_slice(&[0xff, 0xff, 198, 19, 1, 7]);
+        k[26..32].copy_from_slice(&[0xff, 0xff, 198, 19, 255, 1]);
+        k[32..34].copy_from_slice(&53u16.to_be_bytes());
+        k[34..36].copy_from_slice(&port.to_be_bytes());
+        k[36..40].copy_from_slice(&[0, 0, 200, 17]);
+        k
+    }
+
+    #[test]
+    fn keys_that_differ_only_in_one_port_spread_over_every_shard() {
+        let mut per = [0usize; SHARDS];
+        for port in 1024..=u16::MAX {
+            per[shard_of(&(1, 1, reply_key(port)))] += 1;
+        }
+        let mean = (u16::MAX as usize - 1023) / SHARDS;
+        assert!(
+            per.iter().all(|&n| n > mean / 2 && n < mean * 3 / 2),
+            "{per:?}"
+        );
+        // So a cache sized for them holds them all: none is evicted.
+        let mut c = RuleCache::new(2 * (u16::MAX as usize - 1023), 1000);
+        for port in 1024..=u16::MAX {
+            c.insert((1, 1, reply_key(port)), &reply(None), 0);
+        }
+        assert_eq!(c.stats.evicted_full, 0);
+        assert_eq!(c.len(), u16::MAX as usize - 1023);
     }
 
     #[test]
