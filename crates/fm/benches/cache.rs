@@ -123,9 +123,11 @@ fn report_memory() {
     }
     if let (Some(a), Some(b)) = (before, rss_bytes()) {
         println!(
-            "rule cache: {} entries for {FLOWS} flows, {:.0} bytes a flow (resident set growth)",
+            "rule cache: {} entries for {FLOWS} flows, {:.0} bytes a flow (resident set growth), \
+             a reply encodes to {} bytes",
             c.len(),
-            b.saturating_sub(a) as f64 / f64::from(FLOWS)
+            b.saturating_sub(a) as f64 / f64::from(FLOWS),
+            prost::Message::encoded_len(&replies[0].1),
         );
     }
     black_box(&c);
