@@ -53,6 +53,8 @@ use pipeline::FlowKey;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tracing::{debug, info, warn};
 
+use crate::reply_index::{End, ReplyIndex};
+
 pub use maglev::{BackendId, MaglevTable, DEFAULT_TABLE_SIZE};
 
 /// Longest timeout accepted (30 days): keeps millisecond deadlines far from overflow and
@@ -270,7 +272,7 @@ pub struct LoadBalancer {
     state: StateTables,
     /// Reply key (backend → client) → forward key; derived from `conntrack`, never
     /// snapshotted.
-    replies: nf::SlabMap<FlowKey, FlowKey>,
+    replies: ReplyIndex,
     /// The other forward keys of reply keys two or more flows share (one client port
     /// reaching two VIPs with a common backend), so that when `replies`' owner goes the
     /// next one takes over, as a replica rebuilt from a snapshot would resolve it.
@@ -361,7 +363,7 @@ impl LoadBalancer {
             cfg,
             services,
             state,
-            replies: nf::SlabMap::new(),
+            replies: ReplyIndex::new(End::Src),
             shared_replies: HashMap::new(),
         })
     }
@@ -487,7 +489,7 @@ impl LoadBalancer {
         // share a backend; PP's reverse rules collide then too. Keep the smaller forward
         // key so every replica, and a restored one, resolves it alike.
         let rk = Self::reply_key(&key, backend);
-        let slot = self.replies.entry(rk).or_insert(key);
+        let slot = self.replies.get_or_insert(rk, key);
         if *slot == key {
             return;
         }

@@ -11,6 +11,7 @@ pub mod fw;
 pub mod lb;
 pub mod monitor;
 pub mod privatelink;
+mod reply_index;
 pub mod snat;
 
 use nf::{NetworkFunction, NfError};

@@ -20,6 +20,7 @@ use tracing::warn;
 
 use super::config::Plan;
 use super::snapshot::snap_err;
+use crate::reply_index::{End, ReplyIndex};
 use ::nf::pool::PROBES;
 
 /// A translated endpoint: what the outside sees.
@@ -300,7 +301,7 @@ pub(super) struct State {
     pub(super) by_internal: SlabMap<MappingKey, ExternalEndpoint>,
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
-    pub(super) by_reply: SlabMap<FlowKey, FlowKey>,
+    pub(super) by_reply: ReplyIndex,
     /// Derived: free ports per (pool address, protocol), read for every new mapping's
     /// choice of address.
     pub(super) free: HashMap<(IpAddr, u8), u32>,
@@ -330,7 +331,7 @@ impl State {
             mappings: SlabMap::new(),
             by_internal: SlabMap::new(),
             pairings: HashMap::new(),
-            by_reply: SlabMap::new(),
+            by_reply: ReplyIndex::new(End::Dst),
             free: HashMap::new(),
             stats: SnatStats::default(),
         };
@@ -561,8 +562,7 @@ impl State {
         for (k, r) in &rows {
             let f = r.entry(k, 0);
             self.by_reply
-                .entry(reply_key(&f.forward.apply(k)))
-                .or_insert(*k);
+                .get_or_insert(reply_key(&f.forward.apply(k)), *k);
             for e in std::iter::once(f.own).chain(f.peer) {
                 if let Some(m) = self.mappings.get_mut(&e) {
                     m.flows = m.flows.saturating_add(1);
