@@ -41,7 +41,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 // hashbrown's default hasher (foldhash) rather than SipHash, as in the SNAT and the FW:
-// `flows` and `replies` are probed for every first packet, at every replica.
+// `flows` is probed for every first packet, at every replica (`replies` only for a key
+// from a backend, see `ReplyIndex`).
 use hashbrown::HashMap;
 
 use nf::{
@@ -270,8 +271,8 @@ pub struct LoadBalancer {
     services: HashMap<ServiceKey, Service>,
     /// `conntrack` keyed on the forward key as this NF saw it (client → VIP:port).
     state: StateTables,
-    /// Reply key (backend → client) → forward key; derived from `conntrack`, never
-    /// snapshotted.
+    /// Reply key (backend → client) → forward key, counted per backend; derived from
+    /// `conntrack`, never snapshotted.
     replies: ReplyIndex,
     /// The other forward keys of reply keys two or more flows share (one client port
     /// reaching two VIPs with a common backend), so that when `replies`' owner goes the

@@ -301,6 +301,8 @@ pub(super) struct State {
     pub(super) by_internal: SlabMap<MappingKey, ExternalEndpoint>,
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
+    /// Derived: reply key (VNI 0) → forward key, counted per external address, so a
+    /// new flow's probe stops at its destination (`ReplyIndex`).
     pub(super) by_reply: ReplyIndex,
     /// Derived: free ports per (pool address, protocol), read for every new mapping's
     /// choice of address.
