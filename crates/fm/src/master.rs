@@ -251,14 +251,14 @@ pub struct FmStats {
     pub counter_events: u64,
     pub counter_events_routed: u64,
     /// Counter reports dropped, by reason: unbound tenant and no cached rule to tell
-    /// it; no partition owns the key; more than [`MAX_QUEUED_EVENTS`] waiting for the
+    /// it; no partition owns the key; more than `MAX_QUEUED_EVENTS` waiting for the
     /// next flush.
     pub counter_events_unknown_flow: u64,
     pub counter_events_no_group: u64,
     pub counter_events_queue_full: u64,
     /// Writes to mirrored NF tables relayed from one group's results to the chain's
     /// other groups (counted once per receiving group), and those dropped because more
-    /// than [`MAX_QUEUED_EVENTS`] waited for the next flush (docs/nf-api.md, "Mirrored
+    /// than `MAX_QUEUED_EVENTS` waited for the next flush (docs/nf-api.md, "Mirrored
     /// tables").
     pub mirror_relayed: u64,
     pub mirror_dropped: u64,

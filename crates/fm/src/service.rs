@@ -232,7 +232,7 @@ impl<D> DownTx<D> {
     }
 }
 
-/// The node's side of a [`DownTx`]: what tonic writes to the node, counted out as it is
+/// The node's side of a `DownTx`: what tonic writes to the node, counted out as it is
 /// taken.
 pub struct DownStream<D> {
     rx: mpsc::UnboundedReceiver<(Result<D, Status>, usize)>,

@@ -42,7 +42,7 @@ pub struct MappingKey {
     pub remote: Option<(IpAddr, u16)>,
 }
 
-/// A mapping as [`Snat::mappings`] shows it.
+/// A mapping as [`Snat::mappings`](crate::snat::Snat::mappings) shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MappingInfo {
     pub key: MappingKey,
