@@ -42,6 +42,8 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# Rustdoc too: a broken or private intra-doc link fails the lint.
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 # Sequential on purpose (also under -j): setup, lint, unit/integration tests, the
 # Kubernetes manifests (with the binary those tests built), golden corpus freshness,

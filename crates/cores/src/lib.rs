@@ -10,7 +10,7 @@
 //! - [`learned`]: §IV's learned assigner (multi-head attention, double Q-learning
 //!   in the twin), its model file and the fallback to RR when it cannot load;
 //! - [`watchdog`]: §III-A's fallback after a learned assignment regresses;
-//! - [`bench`]: the twin half of `starfabric bench cores`;
+//! - [`mod@bench`]: the twin half of `starfabric bench cores`;
 //! - [`machine`]: Spearman's ρ and scaling instances to this machine, for validating
 //!   the twin against the node.
 //!

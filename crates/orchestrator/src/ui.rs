@@ -383,7 +383,7 @@ pub fn visible_tenants<'a>(p: &Principal, snap: &'a Snapshot) -> Vec<&'a Tenant>
 }
 
 /// What of the node table a principal sees: the admin every node, a tenant nothing
-/// (it gets [`role_counts`] instead).
+/// (it gets `role_counts` instead).
 pub fn visible_nodes(p: &Principal, nodes: Vec<NodeEntry>) -> Vec<NodeEntry> {
     if p.tenant().is_none() {
         nodes

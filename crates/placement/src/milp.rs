@@ -9,9 +9,9 @@
 //! - `w[i][k]` (binary) picks G^i = `gs[k]`; `u[e][i][k]` (continuous in [0, 1]) is
 //!   x_e^i ∧ w_i^k through Σ_k u = x_e^i, Σ_e u = g_k·w_i^k and u ≤ w_i^k. With x and
 //!   w integral, u is forced to the product, and the load on e is the linear
-//!   Σ_i Σ_k (b^i/g_k)·u[e][i][k] ≤ U·B_e·y_e.
+//!   Σ_i Σ_k (b^i/g_k)·`u[e][i][k]` ≤ U·B_e·y_e.
 //! - `s[e][p]` ≥ x_e^i + x_e^j − 1 (continuous, ≥ 0) is x_e^i·x_e^j for the pair p =
-//!   (i, j) wherever it matters, and Σ_e s[e][p] ≤ O is Eq. 6.
+//!   (i, j) wherever it matters, and Σ_e `s[e][p]` ≤ O is Eq. 6.
 //!
 //! The search is microlp's branch and bound behind good_lp, with a wall-clock limit,
 //! seeded with the cheapest of First Fit, Best Fit and FFD. The bound it reports is

@@ -122,7 +122,7 @@ pub enum AfXdpTx {
     Auto,
     /// The socket's TX ring only: one skb per frame in copy mode.
     Ring,
-    /// A packet socket for runs of [`GSO_MIN_RUN`] or more frames of one outer flow,
+    /// A packet socket for runs of `GSO_MIN_RUN` or more frames of one outer flow,
     /// one UDP GSO message each ([`crate::gso_tx`]), the TX ring for every other frame;
     /// an error if the packet socket cannot open.
     Gso,

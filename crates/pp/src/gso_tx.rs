@@ -264,7 +264,7 @@ impl PacketGsoTx {
     /// Send `runs` of `frames` (`(start, len)` in `region`; the runs from
     /// [`plan_runs`] over them, or some of them) and return how many frames the kernel
     /// took; the rest are counted in `dropped`. The first frame of each run of more than
-    /// one is rewritten in place ([`write_run_header`]); every frame is free again on
+    /// one is rewritten in place (`write_run_header`); every frame is free again on
     /// return (the kernel copies what it sends).
     pub fn send(&mut self, region: &mut [u8], frames: &[(usize, usize)], runs: &[Run]) -> usize {
         let before = self.stats.frames;

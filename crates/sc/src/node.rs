@@ -19,7 +19,7 @@
 //! every input that is queued before it flushes, so a burst of requests leaves as one
 //! batch to the successor, one ack upstream and one message to FM. Idle for
 //! `ScConfig::idle`, it parks (Serpens' scale to zero, §III-B): its core, link state and
-//! inbox move into its [`ReplicaSlot`] in the node's state manager and its worker goes
+//! inbox move into its `ReplicaSlot` in the node's state manager and its worker goes
 //! back to the pool. Inputs that only maintain state (acks, timer ops from the head,
 //! status queries) are applied there in place; any other input wakes it on a worker.
 //! docs/workers.md has the whole model.

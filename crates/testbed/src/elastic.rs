@@ -401,7 +401,7 @@ pub struct IperfReport {
     /// writes handed to the socket.
     pub timeline: Vec<(f64, f64)>,
     /// The same, as the receiver (the iperf3 server) counted it: bytes delivered. Only
-    /// for a run whose server reports JSON ([`services::start_iperf3_unpaced`]).
+    /// for a run whose server reports JSON ([`crate::services::start_iperf3_unpaced`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub receiver_timeline: Vec<(f64, f64)>,
     /// The unpaced streams' run ([`IperfSpec::unpaced_streams`]), if any.

@@ -13,11 +13,11 @@
 //!   test that runs it.
 //! - [`wait`]: [`wait::wait_until`] polls a closure until it returns `Some`, panicking
 //!   with what it waited for on timeout.
-//! - [`rig`] (feature `rig`): a [`pipeline::Pipeline`] on in-memory I/O with its rule
+//! - `rig` (feature `rig`): a `pipeline::Pipeline` on in-memory I/O with its rule
 //!   channel and a manual clock, as the pipeline's own tests drive it.
-//! - [`flows`] (feature `flows`): the client flows plane tests and benches ask rules
+//! - `flows` (feature `flows`): the client flows plane tests and benches ask rules
 //!   for, and a SNAT's rule for one.
-//! - [`pki`] (feature `pki`): a test CA issuing each in-process node a certificate of
+//! - `pki` (feature `pki`): a test CA issuing each in-process node a certificate of
 //!   its role, so harnesses run their planes on mTLS.
 //!
 //! Everything here panics with a clear message rather than returning errors: a failed

@@ -7,11 +7,11 @@
 //! One network per core count (the output layer is |M| wide), the same architecture
 //! for all: multi-head attention (3 heads, dimension 4, dense 16) from the current
 //! µVNF over all µVNFs, concatenated with the action summary, then two dense layers
-//! of 48 and a dueling head. Training ([`train`]) is §IV-D's: Q-learning with a
+//! of 48 and a dueling head. Training ([`train()`]) is §IV-D's: Q-learning with a
 //! dueling network, prioritized experience replay and ε-greedy exploration, in the
 //! twin (§IV-E).
 //!
-//! Inputs ([`features`]):
+//! Inputs (`Game::features`):
 //! - action summary, per core: its relative load Σ_{j on m} l(j) / c(m) and the
 //!   number of players on it (divided by the most µVNFs a model takes);
 //! - per µVNF: cost, arrival rate, load l(j)/c(m), and whether it has chosen.

@@ -35,7 +35,7 @@ pub struct ModelHeader {
     pub hidden: Vec<usize>,
     pub reward: RewardKind,
     pub filter: FilterParams,
-    /// How it was trained (None for a model not made by [`super::train`]).
+    /// How it was trained (None for a model not made by [`super::train()`]).
     pub train: Option<TrainConfig>,
     pub metrics: TrainMetrics,
 }
