@@ -50,6 +50,13 @@ struct Entry {
     generation: u64,
 }
 
+/// What one probe of the cache found (`RuleCache::lookup`).
+enum Lookup {
+    Missing,
+    Forward(Option<v1::RuleReply>),
+    Reverse([u8; 40]),
+}
+
 /// What an entry holds.
 enum Body {
     /// The reply, encoded as it came (`get` clears id, worker and decided_by).
@@ -151,20 +158,14 @@ impl RuleCache {
     /// For a flow's reverse-direction key, that is the reverse rule with the forward
     /// rule as its companion, and the forward entry's deadline is what is refreshed.
     pub fn get(&mut self, key: &CacheKey, now_ms: u64) -> Option<v1::RuleReply> {
-        let found = self.shards[shard_of(key)]
-            .map
-            .get(key)
-            .map(|e| match e.body {
-                Body::Reply(_) => None,
-                Body::Reverse(f) => Some(f),
-            });
-        let r = match found {
-            None => None,
-            Some(None) => self.forward(key, now_ms),
-            Some(Some(f)) => {
-                let r = self
-                    .forward(&(key.0, key.1, f), now_ms)
-                    .and_then(|fwd| reverse_reply(fwd, &key.2));
+        let r = match self.lookup(key, now_ms) {
+            Lookup::Missing => None,
+            Lookup::Forward(r) => r,
+            Lookup::Reverse(f) => {
+                let r = match self.lookup(&(key.0, key.1, f), now_ms) {
+                    Lookup::Forward(fwd) => fwd.and_then(|fwd| reverse_reply(fwd, &key.2)),
+                    _ => None,
+                };
                 if r.is_none() {
                     // Its flow left (or was replaced by one without this direction).
                     self.remove_entry(key);
@@ -181,28 +182,29 @@ impl RuleCache {
         r
     }
 
-    /// The forward entry under `key`, decoded, its deadline refreshed. An entry past
-    /// its deadline is removed (counted expired). None for a reverse entry.
-    fn forward(&mut self, key: &CacheKey, now_ms: u64) -> Option<v1::RuleReply> {
-        let e = self.shards[shard_of(key)].map.get_mut(key)?;
-        if !matches!(e.body, Body::Reply(_)) {
-            return None;
-        }
+    /// One probe for `key`: a forward entry is decoded and its deadline refreshed (an
+    /// entry past its deadline is removed, counted expired, and reads as `Forward(None)`);
+    /// a reverse entry gives the forward key it names.
+    fn lookup(&mut self, key: &CacheKey, now_ms: u64) -> Lookup {
+        let Some(e) = self.shards[shard_of(key)].map.get_mut(key) else {
+            return Lookup::Missing;
+        };
+        let bytes = match &e.body {
+            Body::Reverse(f) => return Lookup::Reverse(*f),
+            Body::Reply(bytes) => bytes,
+        };
         if e.deadline_ms <= now_ms {
             self.remove_entry(key);
             self.stats.expired += 1;
-            return None;
+            return Lookup::Forward(None);
         }
-        e.deadline_ms = now_ms.saturating_add(e.ttl_ms);
-        let Body::Reply(bytes) = &e.body else {
-            return None;
-        };
         let r = cached_reply(bytes);
+        e.deadline_ms = now_ms.saturating_add(e.ttl_ms);
         if r.is_none() {
             // Cannot happen (we encoded it); treat as a miss.
             self.remove_entry(key);
         }
-        r
+        Lookup::Forward(r)
     }
 
     /// Whether `key` holds a forward entry within its deadline.
