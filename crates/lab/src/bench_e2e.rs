@@ -125,9 +125,66 @@ pub struct E2eBench {
     /// packets, bursts of 64 through the same call the pipeline makes): what the
     /// data path could carry with the I/O and the remote site out of the way.
     pub ipsec_core_gbps: Option<f64>,
+    /// Issue 18's summary: each SNAT backend's TCP Gbit/s over the kernel nftables
+    /// SNAT's (the `tcp_gbps` of `ratio`, `ratio_afxdp`, `ratio_afxdp_ring` and
+    /// `ratio_xdp_fastpath`, gathered by backend).
+    pub tcp_ratio: ByBackend,
+    /// 64-byte UDP packets/s end to end over the kernel's (`udp64_pps` of the ratios).
+    pub udp64_ratio: ByBackend,
+    /// 64-byte UDP packets/s with the NF alone on one CPU over the kernel's
+    /// (`udp64_core_pps` of the ratios): the per-core figure the goals are judged on.
+    pub udp64_core_ratio: ByBackend,
+    /// New TCP connections/s over the kernel's (`cps` of the ratios).
+    pub cps_ratio: ByBackend,
+    /// What each backend, and the kernel, forwards at 2 x its peak offered load over its
+    /// peak, per core (`overload_keep` of each variant; issue 18's goal: >= 0.9).
+    pub overload_keep: ByBackend,
     pub setup: Setup,
     /// Measurements that failed, with why.
     pub errors: Vec<String>,
+}
+
+/// One figure per SNAT variant: the PP node on the UDP-socket backend, on AF_XDP (packet
+/// socket transmit, and TX ring transmit), with the XDP fast path; and the kernel's
+/// nftables SNAT where the figure is not a ratio over it.
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct ByBackend {
+    pub udp_socket: Option<f64>,
+    pub afxdp: Option<f64>,
+    pub afxdp_ring: Option<f64>,
+    pub xdp_fastpath: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<f64>,
+}
+
+impl E2eBench {
+    /// Fill the ratios and the by-backend summary from the measured variants.
+    fn derive(&mut self) {
+        self.ratio = self.starfabric.ratio(&self.kernel);
+        self.ratio_afxdp = self.afxdp.ratio(&self.kernel);
+        self.ratio_afxdp_ring = self.afxdp_ring.ratio(&self.kernel);
+        self.ratio_xdp_fastpath = self.xdp_fastpath.ratio(&self.kernel);
+        self.fastpath_over_userspace = self.xdp_fastpath.ratio(&self.afxdp);
+        self.ratio_lb = self.starfabric_lb.ratio(&self.kernel_dnat_lb);
+        let ratios = |f: fn(&Numbers) -> Option<f64>| ByBackend {
+            udp_socket: f(&self.ratio),
+            afxdp: f(&self.ratio_afxdp),
+            afxdp_ring: f(&self.ratio_afxdp_ring),
+            xdp_fastpath: f(&self.ratio_xdp_fastpath),
+            kernel: None,
+        };
+        self.tcp_ratio = ratios(|n| n.tcp_gbps);
+        self.udp64_ratio = ratios(|n| n.udp64_pps);
+        self.udp64_core_ratio = ratios(|n| n.udp64_core_pps);
+        self.cps_ratio = ratios(|n| n.cps);
+        self.overload_keep = ByBackend {
+            udp_socket: self.starfabric.overload_keep,
+            afxdp: self.afxdp.overload_keep,
+            afxdp_ring: self.afxdp_ring.overload_keep,
+            xdp_fastpath: self.xdp_fastpath.overload_keep,
+            kernel: self.kernel.overload_keep,
+        };
+    }
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -436,12 +493,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         ipsec(&mut r, &mut out)?;
     }
 
-    out.ratio = out.starfabric.ratio(&out.kernel);
-    out.ratio_afxdp = out.afxdp.ratio(&out.kernel);
-    out.ratio_afxdp_ring = out.afxdp_ring.ratio(&out.kernel);
-    out.ratio_xdp_fastpath = out.xdp_fastpath.ratio(&out.kernel);
-    out.fastpath_over_userspace = out.xdp_fastpath.ratio(&out.afxdp);
-    out.ratio_lb = out.starfabric_lb.ratio(&out.kernel_dnat_lb);
+    out.derive();
     out.errors = r.errors;
     out.setup.udp64 = r.offered;
     out.setup.secs = a.secs;
@@ -609,5 +661,52 @@ pub fn print(r: &E2eBench) {
     }
     for e in &r.errors {
         println!("error: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbers(tcp: f64, udp: f64, core: f64, cps: Option<f64>, keep: f64) -> Numbers {
+        Numbers {
+            tcp_gbps: Some(tcp),
+            udp64_pps: Some(udp),
+            udp64_core_pps: Some(core),
+            cps,
+            overload_keep: Some(keep),
+            overload_keep_paired: None,
+        }
+    }
+
+    #[test]
+    fn the_summary_gathers_each_backends_ratio_over_the_kernel() {
+        let mut b = E2eBench {
+            kernel: numbers(2.0, 100.0, 200.0, Some(50.0), 0.8),
+            starfabric: numbers(2.5, 150.0, 220.0, Some(40.0), 1.0),
+            afxdp: numbers(3.0, 200.0, 400.0, None, 0.95),
+            xdp_fastpath: numbers(4.0, 180.0, 3000.0, Some(75.0), 0.5),
+            ..Default::default()
+        };
+        b.derive();
+        assert_eq!(b.tcp_ratio.udp_socket, Some(1.25));
+        assert_eq!(b.tcp_ratio.afxdp, Some(1.5));
+        assert_eq!(b.tcp_ratio.xdp_fastpath, Some(2.0));
+        // Not measured: no figure, not a zero.
+        assert_eq!(b.tcp_ratio.afxdp_ring, None);
+        assert_eq!(b.udp64_ratio.afxdp, Some(2.0));
+        assert_eq!(b.udp64_core_ratio.xdp_fastpath, Some(15.0));
+        assert_eq!(b.cps_ratio.udp_socket, Some(0.8));
+        assert_eq!(b.cps_ratio.afxdp, None);
+        assert_eq!(b.cps_ratio.xdp_fastpath, Some(1.5));
+        // Not a ratio: each backend's own, and the kernel's beside them.
+        assert_eq!(b.overload_keep.afxdp, Some(0.95));
+        assert_eq!(b.overload_keep.kernel, Some(0.8));
+        assert_eq!(b.fastpath_over_userspace.udp64_core_pps, Some(7.5));
+
+        let v = serde_json::to_value(&b).unwrap();
+        assert_eq!(v["udp64_ratio"]["udp_socket"], 1.5);
+        assert_eq!(v["overload_keep"]["kernel"], 0.8);
+        assert!(v["tcp_ratio"].get("kernel").is_none());
     }
 }
