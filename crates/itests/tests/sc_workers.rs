@@ -198,6 +198,33 @@ fn a_queue_over_its_limit_sheds_requests_early_with_setup_overload() {
     assert_eq!(applied, 0);
 }
 
+/// The chain's backpressure at the head: with a lag limit of 0 every head counts as too
+/// far ahead of its successors, so each request is refused at the head, counted under
+/// `chain_lag` (not `queue`), answered `setup-overload`, and applied by no replica.
+#[test]
+fn a_head_over_its_lag_limit_sheds_requests_with_setup_overload() {
+    let c = uncached_cluster(600, |c| c.lag_limit = Some(0));
+    c.wait_groups(1, 3);
+    let (_client, link) = pp_session(c.pp_config("pp-0"));
+    let replies = ask(&link.source, 0..10);
+    for r in &replies {
+        assert_eq!(
+            r.result.as_ref().err().map(String::as_str),
+            Some(proto::ERR_SETUP_OVERLOAD),
+            "{r:?}"
+        );
+    }
+    assert!(workers_sum(&c, |w| w.shed_chain_lag) >= 10);
+    assert_eq!(workers_sum(&c, |w| w.shed_queue), 0);
+    let applied: u64 = c
+        .scs
+        .iter()
+        .flat_map(|s| c.rt.block_on(s.observer().group_metrics()))
+        .map(|g| g.stats.requests_applied)
+        .sum();
+    assert_eq!(applied, 0);
+}
+
 /// `ScObserver::probe_starts` (the single-start figure of `bench workers`) goes through
 /// the configure path and cleans up after itself: every probe replica is counted as a
 /// start with a sample, leaves, and the groups FM made still answer afterwards.

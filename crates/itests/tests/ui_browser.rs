@@ -233,6 +233,8 @@ impl Platform {
                         workers: Some(2),
                         worker_cpus: Some(sc::workers::rotated(&sc::workers::allowed_cpus(), i)),
                         idle: None,
+                        queue_limit: None,
+                        lag_limit: None,
                         assigner: None,
                         assigner_model: None,
                         assign_period: None,

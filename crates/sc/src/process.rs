@@ -48,6 +48,12 @@ pub struct ScProcessConfig {
     pub worker_cpus: Option<Vec<usize>>,
     /// Idle time after which a replica parks (None: never).
     pub idle: Option<Duration>,
+    /// NFVnice's backpressure at dispatch: a replica with this many inputs queued has
+    /// new requests refused as `setup-overload` (None: unbounded; [`ScConfig::queue_limit`]).
+    pub queue_limit: Option<usize>,
+    /// The chain's backpressure: a head this many ops ahead of its successors refuses
+    /// new requests the same way (None: unbounded; [`ScConfig::lag_limit`]).
+    pub lag_limit: Option<usize>,
     /// Core assigner (one of [`crate::ASSIGNER_NAMES`]; None: RR).
     pub assigner: Option<String>,
     /// The learned assigner's model file (None: the one shipped in this build).
@@ -136,6 +142,18 @@ pub fn start(
         cfg.worker_cpus = Some(cpus.clone());
     }
     cfg.idle = a.idle;
+    for (flag, limit) in [
+        ("--queue-limit", a.queue_limit),
+        ("--lag-limit", a.lag_limit),
+    ] {
+        if limit == Some(0) {
+            return Err(ScProcessError::Config(format!(
+                "{flag} must be at least 1 (0 would refuse every request)"
+            )));
+        }
+    }
+    cfg.queue_limit = a.queue_limit;
+    cfg.lag_limit = a.lag_limit;
     if let Some(name) = &a.assigner {
         let (assigner, why) = crate::assigner_by_name(name, a.assigner_model.as_deref())
             .map_err(|e| ScProcessError::Config(format!("--assigner: {e}")))?;

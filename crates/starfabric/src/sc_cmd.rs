@@ -59,6 +59,15 @@ pub struct ScArgs {
     /// Park a replica idle this long (scale to zero; docs/workers.md). Default: never.
     #[arg(long)]
     idle_ms: Option<u64>,
+    /// Backpressure (NFVnice; docs/workers.md): a replica with this many inputs queued
+    /// has new requests refused as `setup-overload` before they reach its worker,
+    /// counted as `shed_requests_total{reason="queue"}`. Default: unbounded.
+    #[arg(long)]
+    queue_limit: Option<usize>,
+    /// Backpressure from the chain: a head this many ops ahead of its successors
+    /// refuses new requests the same way (`reason="chain_lag"`). Default: unbounded.
+    #[arg(long)]
+    lag_limit: Option<usize>,
     /// Which core each worker is pinned to (docs/cores.md): `rr`, `llf`, `ffd` or
     /// `s2c` (the learned sfc2cpu assigner, watched: back to RR on a > 5% regression).
     #[arg(long, default_value = "rr", value_parser = clap::builder::PossibleValuesParser::new(sc::ASSIGNER_NAMES))]
@@ -126,6 +135,8 @@ pub fn run(a: ScArgs) -> Result<()> {
             .transpose()
             .map_err(|e| anyhow::anyhow!("--worker-cpus: {e}"))?,
         idle: a.idle_ms.map(Duration::from_millis),
+        queue_limit: a.queue_limit,
+        lag_limit: a.lag_limit,
         assigner: Some(a.assigner),
         assigner_model: a.assigner_model,
         assign_period: a.assign_period_ms.map(Duration::from_millis),
