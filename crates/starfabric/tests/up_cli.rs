@@ -290,6 +290,66 @@ fn up_then_cli_creates_a_snat_tenant_sees_healthy_nodes_and_metrics_scrape() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // Rates (paper 000 §7.2) through the CLI: set and read back; bad input is refused
+    // whole (the API's 422) and changes nothing; `stats` shows each PP node's credit
+    // state for the tenant.
+    let (ok, out, err) = cli(
+        &cfg,
+        &[
+            "tenant",
+            "rates",
+            "acme",
+            "--requests",
+            "100/1000/3000",
+            "--packets",
+            "0/50000/100000/20000",
+        ],
+    );
+    assert!(ok, "tenant rates: {err}");
+    assert!(
+        out.contains("requests: min 100") && out.contains("burst 3000"),
+        "{out}"
+    );
+    let set = cli_json(&cfg, &["tenant", "rates", "acme"]);
+    assert_eq!(set["rates"]["requests"]["base"], 1000.0, "{set:#}");
+    assert_eq!(set["rates"]["packets"]["debt"], 20000.0, "{set:#}");
+    for (arg, needle) in [
+        ("--requests=100/1000/500", "burst < base"),
+        (
+            "--requests=-1/1000/3000",
+            "`min` must be finite and non-negative",
+        ),
+        ("--packets=1/2", "MIN/BASE/BURST"),
+    ] {
+        let a = ["tenant", "rates", "acme", arg];
+        let (ok, out, err) = cli(&cfg, &a);
+        assert!(!ok, "{a:?} succeeded: {out}");
+        assert!(err.contains(needle), "{a:?}: {err}");
+    }
+    let after = cli_json(&cfg, &["tenant", "rates", "acme"]);
+    assert_eq!(
+        after["rates"], set["rates"],
+        "refused rates changed something"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (ok, table, err) = cli(&cfg, &["stats", "--tenant", "acme"]);
+        assert!(ok, "stats: {err}");
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("acme") && l.contains("pp-1") && l.contains("requests"));
+        if table.contains("STATE") && table.contains("CREDIT") && row.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stats never showed the tenant's rate state: {table}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (ok, out, _) = cli(&cfg, &["tenant", "rates", "acme", "--clear"]);
+    assert!(ok && out.contains("rates cleared"), "{out}");
+
     // The monitor sees traffic: with a monitor in the chain, `stats --monitor` counts
     // every packet of the flow (PP's rule counters, reported each second), not one per
     // flow.
