@@ -20,6 +20,8 @@
 //! the peer sealed with it before switching still arrive.
 
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use hashbrown::HashMap;
 use packet::build::{EncapV4, VXLAN_V4_OVERHEAD};
@@ -172,9 +174,54 @@ pub struct SaCounters {
 struct OutSa {
     cfg: SaConfig,
     key: SaKey,
-    /// The last sequence number sent.
-    seq: u64,
+    /// The last sequence number sent, shared with the node's other workers' gateways
+    /// when they share a [`SeqSpace`].
+    seq: Arc<AtomicU64>,
     counters: SaCounters,
+}
+
+/// The outbound sequence numbers of one PP node's gateways. A node runs a gateway per
+/// worker, and an SA's outbound packets leave from whichever worker their flow's
+/// packets arrive on; RFC 4303 §3.3.3 wants every sequence number used once per SA
+/// (the peer's replay window drops a repeat). Gateways made with the same `SeqSpace`
+/// ([`Gateway::with_seq_space`]) draw an SA's numbers from one counter: an SA is its SPI
+/// and key, so a rekeyed SA starts a counter of its own. An SA no gateway holds any more
+/// is forgotten.
+#[derive(Default)]
+pub struct SeqSpace {
+    sas: Mutex<Vec<(SaConfig, Weak<AtomicU64>)>>,
+}
+
+impl SeqSpace {
+    pub fn new() -> Arc<SeqSpace> {
+        Arc::new(SeqSpace::default())
+    }
+
+    /// The counter of `sa`: the one a gateway already holds, else a new one at 0.
+    fn counter(&self, sa: &SaConfig) -> Arc<AtomicU64> {
+        let mut sas = self.sas.lock().unwrap_or_else(|e| e.into_inner());
+        sas.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(c) = sas
+            .iter()
+            .find(|(c, _)| c == sa)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return c;
+        }
+        let c = Arc::new(AtomicU64::new(0));
+        sas.push((sa.clone(), Arc::downgrade(&c)));
+        c
+    }
+
+    /// SAs some gateway holds.
+    pub fn len(&self) -> usize {
+        let sas = self.sas.lock().unwrap_or_else(|e| e.into_inner());
+        sas.iter().filter(|(_, w)| w.strong_count() > 0).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 struct InSa {
@@ -289,6 +336,8 @@ pub struct Job {
 /// One worker's gateway.
 pub struct Gateway {
     cfg: GatewayConfig,
+    /// Where outbound SAs' sequence numbers come from (None: this gateway's own).
+    seqs: Option<Arc<SeqSpace>>,
     tunnels: Vec<Tunnel>,
     /// VNI → tunnels of that VPC.
     by_vni: HashMap<u32, Vec<u16>>,
@@ -314,11 +363,21 @@ impl Gateway {
     pub fn new(cfg: GatewayConfig) -> Self {
         Gateway {
             cfg,
+            seqs: None,
             tunnels: Vec::new(),
             by_vni: HashMap::new(),
             inbound: HashMap::new(),
             next_retire: None,
             stats: GatewayStats::default(),
+        }
+    }
+
+    /// A gateway whose outbound sequence numbers come from `seqs`, shared with the other
+    /// gateways (workers) of its node.
+    pub fn with_seq_space(cfg: GatewayConfig, seqs: Arc<SeqSpace>) -> Self {
+        Gateway {
+            seqs: Some(seqs),
+            ..Gateway::new(cfg)
         }
     }
 
@@ -414,7 +473,10 @@ impl Gateway {
                 _ => OutSa {
                     key: SaKey::new(&t.outbound.keymat).expect("validated"),
                     cfg: t.outbound.clone(),
-                    seq: 0,
+                    seq: match &self.seqs {
+                        Some(s) => s.counter(&t.outbound),
+                        None => Arc::new(AtomicU64::new(0)),
+                    },
                     counters: SaCounters::default(),
                 },
             };
@@ -540,7 +602,7 @@ impl Gateway {
                     vni: t.cfg.vni,
                     peer: t.cfg.peer,
                     outbound_spi: t.out.cfg.spi,
-                    outbound_seq: t.out.seq,
+                    outbound_seq: t.out.seq.load(Ordering::Relaxed),
                     outbound: t.out.counters,
                     inbound,
                     drops: t.drops,
@@ -553,7 +615,7 @@ impl Gateway {
     #[doc(hidden)]
     pub fn set_outbound_seq_for_test(&mut self, i: usize, seq: u64) {
         if let Some(t) = self.tunnels.get_mut(i) {
-            t.out.seq = seq;
+            t.out.seq.store(seq, Ordering::Relaxed);
         }
     }
 
@@ -628,11 +690,19 @@ impl Gateway {
         } else {
             u64::from(u32::MAX)
         };
-        if t.out.seq >= max {
+        // One atomic step takes the number, so two workers never send the same one. A
+        // seal that fails below leaves a gap, which the peer's window allows.
+        let Ok(last) = t
+            .out
+            .seq
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                (s < max).then_some(s + 1)
+            })
+        else {
             return self.count_drop(EspDrop::SeqExhausted, Some(ti));
-        }
+        };
+        let seq = last + 1;
         let t = &mut self.tunnels[ti];
-        let seq = t.out.seq + 1;
         let buf = &mut region[j.slot..slot_end];
         let Some((s, l)) = esp::seal(
             &t.out.key,
@@ -647,7 +717,6 @@ impl Gateway {
         ) else {
             return self.count_drop(EspDrop::TooBig, Some(ti));
         };
-        t.out.seq = seq;
         t.out.counters.packets += 1;
         t.out.counters.bytes += len as u64;
         self.stats.out_packets += 1;

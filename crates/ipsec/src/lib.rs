@@ -15,6 +15,6 @@ pub mod replay;
 pub use esp::{EspDrop, KeyError, SaKey};
 pub use gateway::{
     ConfigError, Dir, Gateway, GatewayConfig, GatewayStats, Job, Outcome, Prefix, SaConfig,
-    SaCounters, TunnelConfig, TunnelStatus, GATEWAY_MAC,
+    SaCounters, SeqSpace, TunnelConfig, TunnelStatus, GATEWAY_MAC,
 };
 pub use replay::{ReplayError, ReplayWindow};

@@ -521,3 +521,97 @@ fn prefixes_parse_and_match() {
         .unwrap()
         .contains(Ipv4Addr::new(1, 2, 3, 4)));
 }
+
+/// The ESP sequence number of an outbound frame.
+fn esp_seq(f: &[u8]) -> u32 {
+    esp::parse(f).unwrap().seq_lo
+}
+
+/// B's end on a node of two workers: a gateway each, sharing the node's `SeqSpace`.
+fn b_workers(seqs: &std::sync::Arc<ipsec::SeqSpace>) -> (Gateway, Gateway) {
+    let mk = || {
+        let mut g = Gateway::with_seq_space(
+            GatewayConfig::new(B_IP, [2, 0, 0, 0, 2, 1], [2, 0, 0, 0, 2, 2]),
+            seqs.clone(),
+        );
+        g.apply(&[b_side(sa(0x200, 2), vec![sa(0x100, 1)])], 0)
+            .unwrap();
+        g
+    };
+    (mk(), mk())
+}
+
+/// An SA's packets leave from whichever worker their flow arrives on: with the node's
+/// `SeqSpace` the two workers' gateways never send one sequence number twice, so the
+/// peer takes every packet; without it (the control) the second worker repeats the
+/// first one's numbers and the peer drops them as replays.
+#[test]
+fn workers_sharing_a_seq_space_never_repeat_a_sequence_number() {
+    let (mut a, _) = pair();
+    let seqs = ipsec::SeqSpace::new();
+    let (mut b1, mut b2) = b_workers(&seqs);
+    assert_eq!(seqs.len(), 1, "one SA, one counter for both workers");
+    let mut sent = sealed_by_b(&mut b1, 3);
+    sent.extend(sealed_by_b(&mut b2, 3));
+    sent.extend(sealed_by_b(&mut b1, 2));
+    let mut numbers: Vec<u32> = sent.iter().map(|f| esp_seq(f)).collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, (1..=8).collect::<Vec<u32>>());
+    assert!(open_at_a(&mut a, &sent, 0).iter().all(Result::is_ok));
+    assert_eq!(a.stats().dropped(EspDrop::Replay), 0);
+    assert_eq!(b1.tunnels()[0].outbound_seq, 8);
+    assert_eq!(b2.tunnels()[0].outbound_seq, 8);
+
+    // A rekeyed outbound SA (new SPI and key, applied at both workers) starts at 1; the
+    // old SA's counter is forgotten once no gateway holds it.
+    let rekeyed = [b_side(sa(0x201, 3), vec![sa(0x100, 1)])];
+    b1.apply(&rekeyed, 0).unwrap();
+    assert_eq!(seqs.len(), 2, "b2 still holds the old SA");
+    b2.apply(&rekeyed, 0).unwrap();
+    assert_eq!(seqs.len(), 1);
+    let f = sealed_by_b(&mut b2, 1);
+    assert_eq!(esp_seq(&f[0]), 1);
+    assert_eq!(esp::parse(&f[0]).unwrap().spi, 0x201);
+
+    // The control: two gateways with counters of their own.
+    let (mut a, mut c1) = pair();
+    let (_, mut c2) = pair();
+    let mut sent = sealed_by_b(&mut c1, 2);
+    sent.extend(sealed_by_b(&mut c2, 2));
+    let r = open_at_a(&mut a, &sent, 0);
+    assert_eq!(r.iter().filter(|x| **x == Err(EspDrop::Replay)).count(), 2);
+}
+
+/// Exhaustion is judged on the shared counter: once one worker used the last number,
+/// the other's next packet is refused too.
+#[test]
+fn a_shared_counter_runs_out_for_every_worker_at_once() {
+    let seqs = ipsec::SeqSpace::new();
+    let (mut b1, mut b2) = b_workers(&seqs);
+    b1.set_outbound_seq_for_test(0, u64::from(u32::MAX) - 1);
+    assert_eq!(
+        sealed_by_b(&mut b2, 1).len(),
+        1,
+        "the last number is still free"
+    );
+    let resp = udp_v4(REMOTE_HOST, 53, VM, 40000, b"answer");
+    let ip = ip_of(&resp);
+    let mut inner = vec![0u8; 14];
+    inner[12] = 0x08;
+    inner.extend_from_slice(ip);
+    let f = vxlan_wrap(VTEP.octets(), B_IP.octets(), 1, VNI, &inner);
+    let t = b1
+        .outbound_tunnel(VNI, Ipv4Addr::from(REMOTE_HOST), Ipv4Addr::from(VM))
+        .unwrap();
+    let mut burst = Burst::new();
+    burst.push(
+        &f,
+        Dir::Out {
+            tunnel: t,
+            ip_off: 64,
+            ip_end: 64 + ip.len() as u16,
+        },
+    );
+    burst.run(&mut b1, 0);
+    assert_eq!(burst.out(), vec![Err(EspDrop::SeqExhausted)]);
+}

@@ -467,6 +467,8 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         .map_err(|e| PpNodeError::Config(format!("rates: {e}")))?;
     let mut workers = Vec::with_capacity(nworkers);
     let mut nrules = 0;
+    // Outbound ESP sequence numbers, one counter per SA for all the workers.
+    let seqs = ipsec::SeqSpace::new();
     for (i, (source, io)) in sources.into_iter().zip(ios.drain(..)).enumerate() {
         let mut c = cfg.clone();
         c.worker = i as u16;
@@ -478,12 +480,12 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         }
         let mut pipeline = Pipeline::new(c, source)
             .map_err(|e| PpNodeError::Config(format!("flow table: {e}")))?;
-        // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives.
-        pipeline.set_ipsec(Some(ipsec::Gateway::new(ipsec::GatewayConfig::new(
-            node.ip,
-            node.mac,
-            node.gw_mac,
-        ))));
+        // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives. Every
+        // worker seals an SA's packets from the node's one counter (`seqs`).
+        pipeline.set_ipsec(Some(ipsec::Gateway::with_seq_space(
+            ipsec::GatewayConfig::new(node.ip, node.mac, node.gw_mac),
+            seqs.clone(),
+        )));
         for (vni, b) in &a.vpcs {
             pipeline.bind_vpc(*vni, *b);
         }
