@@ -110,12 +110,13 @@ pub struct PpArgs {
     /// Flow table capacity of the node, split evenly over the workers.
     #[arg(long, default_value_t = 1 << 16)]
     flows: usize,
-    /// Pipeline workers, one thread each (docs/pp-pipeline.md, "Workers"). With
-    /// AF_XDP the interface needs exactly this many receive queues (worker i takes
-    /// queue i); with the UDP socket they share the port with SO_REUSEPORT. More than
-    /// one is refused with --offload.
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
+    /// Pipeline workers, one thread each (docs/pp-pipeline.md, "Workers"): a number, or
+    /// `auto` for one per CPU the process may run on (at most the interface's receive
+    /// queues on AF_XDP; one with --offload). With AF_XDP the interface needs exactly
+    /// this many receive queues (worker i takes queue i); with the UDP socket they share
+    /// the port with SO_REUSEPORT. More than one is refused with --offload.
+    #[arg(long, default_value = "auto", value_parser = parse_workers)]
+    workers: Workers,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_parser = parse_secs)]
     duration: Option<Duration>,
@@ -205,6 +206,22 @@ fn parse_vpc(s: &str) -> Result<(u32, VpcBinding), String> {
     Ok((vni, parse_binding(b)?))
 }
 
+/// `--workers`: a count, or `auto` (a worker per CPU the node may use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    Auto,
+    Count(usize),
+}
+
+fn parse_workers(s: &str) -> Result<Workers, String> {
+    if s == "auto" {
+        return Ok(Workers::Auto);
+    }
+    s.parse()
+        .map(Workers::Count)
+        .map_err(|_| format!("{s:?} is neither a number of workers nor `auto`"))
+}
+
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let mut m = [0u8; 6];
     let mut parts = s.split(':');
@@ -259,7 +276,11 @@ pub fn run(a: PpArgs) -> Result<()> {
         node_mac: a.node_mac,
         gw_mac: a.gw_mac,
         flows: a.flows,
-        workers: a.workers,
+        workers: match a.workers {
+            Workers::Auto => 1,
+            Workers::Count(n) => n,
+        },
+        workers_auto: a.workers == Workers::Auto,
         stats_interval: a.stats_interval,
         counter_interval: a.counter_interval,
         active_interval: a.active_interval,
@@ -293,4 +314,21 @@ pub fn run(a: PpArgs) -> Result<()> {
     };
     crate::signals::wait(a.duration, None, || node.is_finished(), || {});
     Ok(node.stop()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_is_a_count_or_auto() {
+        assert_eq!(parse_workers("auto"), Ok(Workers::Auto));
+        assert_eq!(parse_workers("3"), Ok(Workers::Count(3)));
+        // 0 parses; the node refuses it with its own message.
+        assert_eq!(parse_workers("0"), Ok(Workers::Count(0)));
+        for bad in ["", "-1", "two", "Auto"] {
+            let e = parse_workers(bad).unwrap_err();
+            assert!(e.contains("neither a number of workers nor `auto`"), "{e}");
+        }
+    }
 }

@@ -176,6 +176,32 @@ fn two_workers_on_two_queues_share_the_traffic_and_every_connection_succeeds() {
         assert!(!out.ok(), "{args:?} ran: {}", out.stdout);
         assert!(out.stderr.contains(why), "{args:?}: {}", out.stderr);
     }
+    // `--workers auto` (the default) takes a worker per CPU, no more than up0's queues.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = tb
+        .exec_full(
+            Node::Pp,
+            &[
+                BIN,
+                "pp",
+                "--listen",
+                &listen,
+                "--io",
+                "afxdp",
+                "--duration",
+                "1",
+            ],
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    let want = format!(", {} workers of ", cpus.min(2));
+    assert!(
+        out.ok()
+            && (out.stdout.contains(&want) || (cpus == 1 && !out.stdout.contains("workers of"))),
+        "{want}: {} {}",
+        out.stdout,
+        out.stderr
+    );
     services::start_inet(tb, false).unwrap();
     let p = lab.start_with(
         vec![snat_chain(0)],

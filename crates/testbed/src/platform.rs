@@ -710,6 +710,16 @@ pub fn start_starfabric(tb: &Testbed, bin: &Path, spec: &PlatformSpec) -> Result
         argv.push("--vip-group".into());
     }
     argv.extend(spec.pp_args.iter().cloned());
+    // `starfabric pp` takes a worker per CPU by default; the testbed's figures (the
+    // per-core rates above all) and its tests are for one worker unless they ask for
+    // more.
+    let names_workers = |a: &[String]| {
+        a.iter()
+            .any(|x| x == "--workers" || x.starts_with("--workers="))
+    };
+    if !names_workers(&spec.pp_args) && !spec.pp_node_args.iter().any(|(_, a)| names_workers(a)) {
+        argv.extend(["--workers".to_string(), "1".to_string()]);
+    }
     let mut pp_node_argv: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for (i, a) in &spec.pp_node_args {
         pp_node_argv

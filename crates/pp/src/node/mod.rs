@@ -63,7 +63,8 @@ pub enum PpNodeError {
 }
 
 /// What a PP node runs with; [`Default`] is `starfabric pp` with no flags, except
-/// `worker_rt` (the CLI's `--worker-rt` defaults to 10, the library to `None`).
+/// `worker_rt` (the CLI's `--worker-rt` defaults to 10, the library to `None`) and
+/// `workers_auto` (the CLI's `--workers` defaults to `auto`, the library to one worker).
 #[derive(Clone)]
 pub struct PpNodeConfig {
     /// Underlay IPv4 address and UDP port to receive VXLAN on.
@@ -97,6 +98,10 @@ pub struct PpNodeConfig {
     /// link and policer. Worker 0's thread also runs the control loop. See
     /// docs/pp-pipeline.md, "Workers".
     pub workers: usize,
+    /// Choose the worker count at start instead of `workers`: one per CPU the process
+    /// may run on, no more than the interface has receive queues on AF_XDP, and one with
+    /// `offload` ([`resolve_workers`]). `starfabric pp`'s default (`--workers auto`).
+    pub workers_auto: bool,
     /// A stats line to `lines` every this often.
     pub stats_interval: Option<Duration>,
     /// With an FM: how often counted rules report their counters (the monitor's data).
@@ -153,6 +158,7 @@ impl Default for PpNodeConfig {
             gw_mac: None,
             flows: 1 << 16,
             workers: 1,
+            workers_auto: false,
             stats_interval: None,
             counter_interval: Duration::from_secs(1),
             active_interval: Duration::from_secs(10),
@@ -230,7 +236,13 @@ const FM_IDLE: Duration = Duration::from_secs(300);
 
 /// Start a PP node and wait until it listens. `stop` ends it (also while it still
 /// waits for the orchestrator to name an FM, in which case this returns `Ok(None)`).
-pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle>, PpNodeError> {
+pub fn start(
+    mut cfg: PpNodeConfig,
+    stop: Arc<AtomicBool>,
+) -> Result<Option<PpHandle>, PpNodeError> {
+    if cfg.workers_auto {
+        cfg.workers = resolve_workers(&cfg);
+    }
     if cfg.active_interval > MAX_ACTIVE_INTERVAL {
         return Err(PpNodeError::Config(format!(
             "--active-interval {:?} is longer than {:?}: NFs refresh idle deadlines only on \
@@ -268,6 +280,28 @@ pub fn start(cfg: PpNodeConfig, stop: Arc<AtomicBool>) -> Result<Option<PpHandle
 
 /// Most workers a node runs: the XDP program's `xsks` map holds this many queues.
 pub const MAX_WORKERS: usize = xdp::abi::MAX_XSK_QUEUES as usize;
+
+/// The worker count `--workers auto` gives: a worker per CPU the process may run on
+/// (its affinity mask and CPU quota, `available_parallelism`), at most `MAX_WORKERS`
+/// and `flows`; on AF_XDP (or `--io auto` where the listen address's interface has a
+/// queue count) at most the interface's receive queues, since each worker takes one;
+/// one with `--offload`, whose fast path follows one worker's table.
+pub fn resolve_workers(cfg: &PpNodeConfig) -> usize {
+    if cfg.offload.offload {
+        return 1;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cap = cpus.min(MAX_WORKERS).min(cfg.flows).max(1);
+    if cfg.io == IoKind::Udp || cfg.peer_port.is_some() {
+        return cap;
+    }
+    match crate::netif::interface_of(*cfg.listen.ip()).and_then(|i| crate::netif::rx_queues(&i)) {
+        Ok(q) => cap.min(q as usize).max(1),
+        // No interface to read: AF_XDP will not open on it either, and `--io auto`
+        // falls back to the UDP socket, which takes any number.
+        Err(_) => cap,
+    }
+}
 
 /// The worker count's own limits (the interface's queue count is checked when the
 /// AF_XDP backend opens).
@@ -1377,6 +1411,45 @@ mod tests {
         assert_eq!(worker_flows(1 << 16, 2), 1 << 15);
         assert_eq!(worker_flows(10, 3), 4);
         assert_eq!(worker_flows(5, 0), 5);
+    }
+
+    /// `--workers auto`: a worker per CPU on the UDP socket, within the flow count; one
+    /// with the fast path; on AF_XDP no more than the interface's queues (loopback has
+    /// one), and whatever it gives passes the count's own checks.
+    #[test]
+    fn auto_takes_a_worker_per_cpu_within_the_nodes_limits() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cfg = |io: IoKind, flows: usize, offload: bool| {
+            let mut c = PpNodeConfig {
+                io,
+                flows,
+                listen: SocketAddrV4::new(Ipv4Addr::LOCALHOST, packet::VXLAN_PORT),
+                workers_auto: true,
+                ..PpNodeConfig::default()
+            };
+            c.offload.offload = offload;
+            c
+        };
+        let udp = cfg(IoKind::Udp, 1 << 16, false);
+        assert_eq!(resolve_workers(&udp), cpus.min(MAX_WORKERS));
+        assert_eq!(resolve_workers(&cfg(IoKind::Udp, 1, false)), 1);
+        assert_eq!(resolve_workers(&cfg(IoKind::Afxdp, 1 << 16, true)), 1);
+        let lo_queues = crate::netif::rx_queues("lo").map_or(cpus, |q| q as usize);
+        assert_eq!(
+            resolve_workers(&cfg(IoKind::Afxdp, 1 << 16, false)),
+            cpus.min(lo_queues).clamp(1, MAX_WORKERS)
+        );
+        for c in [
+            udp,
+            cfg(IoKind::Auto, 1 << 16, false),
+            cfg(IoKind::Udp, 1, false),
+        ] {
+            let c = PpNodeConfig {
+                workers: resolve_workers(&c),
+                ..c
+            };
+            assert!(check_workers(&c).is_ok(), "{} workers", c.workers);
+        }
     }
 
     #[test]
