@@ -49,10 +49,10 @@ pub struct ScProcessConfig {
     /// Idle time after which a replica parks (None: never).
     pub idle: Option<Duration>,
     /// NFVnice's backpressure at dispatch: a replica with this many inputs queued has
-    /// new requests refused as `setup-overload` (None: unbounded; [`ScConfig::queue_limit`]).
+    /// new requests refused as `setup-overload` (None: unbounded; [`crate::ScConfig::queue_limit`]).
     pub queue_limit: Option<usize>,
     /// The chain's backpressure: a head this many ops ahead of its successors refuses
-    /// new requests the same way (None: unbounded; [`ScConfig::lag_limit`]).
+    /// new requests the same way (None: unbounded; [`crate::ScConfig::lag_limit`]).
     pub lag_limit: Option<usize>,
     /// Core assigner (one of [`crate::ASSIGNER_NAMES`]; None: RR).
     pub assigner: Option<String>,
