@@ -246,6 +246,19 @@ fn sealed_by_b(b: &mut Gateway, n: usize) -> Vec<Vec<u8>> {
 /// `n` copies of the IP packet of `frame` (an Ethernet frame from the site's side) as B
 /// seals them toward A, at time `now`.
 fn seal_at_b(b: &mut Gateway, frame: &[u8], n: usize, now: u32) -> Vec<Vec<u8>> {
+    seal_burst_at_b(b, frame, n, now)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// The same, each packet's outcome: the frame sent, or its drop reason.
+fn seal_burst_at_b(
+    b: &mut Gateway,
+    frame: &[u8],
+    n: usize,
+    now: u32,
+) -> Vec<Result<Vec<u8>, EspDrop>> {
     let ip = ip_of(frame);
     let mut inner = vec![0u8; 14];
     inner[12] = 0x08;
@@ -268,7 +281,7 @@ fn seal_at_b(b: &mut Gateway, frame: &[u8], n: usize, now: u32) -> Vec<Vec<u8>> 
         );
     }
     burst.run(b, now);
-    burst.out().into_iter().map(Result::unwrap).collect()
+    burst.out()
 }
 
 fn open_at_a(a: &mut Gateway, frames: &[Vec<u8>], now: u32) -> Vec<Result<Vec<u8>, EspDrop>> {
@@ -595,23 +608,8 @@ fn a_shared_counter_runs_out_for_every_worker_at_once() {
         "the last number is still free"
     );
     let resp = udp_v4(REMOTE_HOST, 53, VM, 40000, b"answer");
-    let ip = ip_of(&resp);
-    let mut inner = vec![0u8; 14];
-    inner[12] = 0x08;
-    inner.extend_from_slice(ip);
-    let f = vxlan_wrap(VTEP.octets(), B_IP.octets(), 1, VNI, &inner);
-    let t = b1
-        .outbound_tunnel(VNI, Ipv4Addr::from(REMOTE_HOST), Ipv4Addr::from(VM))
-        .unwrap();
-    let mut burst = Burst::new();
-    burst.push(
-        &f,
-        Dir::Out {
-            tunnel: t,
-            ip_off: 64,
-            ip_end: 64 + ip.len() as u16,
-        },
+    assert_eq!(
+        seal_burst_at_b(&mut b1, &resp, 1, 0),
+        vec![Err(EspDrop::SeqExhausted)]
     );
-    burst.run(&mut b1, 0);
-    assert_eq!(burst.out(), vec![Err(EspDrop::SeqExhausted)]);
 }

@@ -156,24 +156,35 @@ fn rate_gauge(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
     )
 }
 
+/// A node on `rules` (the text of a rules file) with the fixed rate `rate`
+/// (`TENANT:KIND=MIN/BASE/BURST`), as [`node_config`] otherwise; the rules file and the
+/// listener live as long as the node needs them.
+fn start_rated(
+    rules: &str,
+    rate: &str,
+) -> (pp::node::PpHandle, tempfile::NamedTempFile, UdpSocket) {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(rules.as_bytes()).unwrap();
+    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (t, limits) = pp::rates::parse_rate_flag(rate).unwrap();
+    let cfg = PpNodeConfig {
+        rates: [(t, limits)].into_iter().collect(),
+        lines: telemetry::Lines::new(|_: &str| {}),
+        ..node_config(&file, &listener)
+    };
+    let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
+        .expect("node starts")
+        .expect("not stopped");
+    (node, file, listener)
+}
+
 /// Paper 000 §7.2 at a node: tenant 1's fixed packet rate (base 200/s, burst 400/s, no
 /// credit at start) holds a 2,000-packet burst of its one flow to what its token bucket
 /// and allowance admit; the rest is dropped as `rate-limited-packets`, counted per
 /// tenant, and the tenant's state and credit are on `/metrics`.
 #[test]
 fn a_tenants_packet_rate_is_enforced_and_exported() {
-    let mut rules = tempfile::NamedTempFile::new().unwrap();
-    rules.write_all(RULES.as_bytes()).unwrap();
-    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (t, limits) = pp::rates::parse_rate_flag("1:packets=0/200/400").unwrap();
-    let cfg = PpNodeConfig {
-        rates: [(t, limits)].into_iter().collect(),
-        lines: telemetry::Lines::new(|_: &str| {}),
-        ..node_config(&rules, &listener)
-    };
-    let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
-        .expect("node starts")
-        .expect("not stopped");
+    let (node, _rules, _listener) = start_rated(RULES, "1:packets=0/200/400");
     let (addr, metrics) = (node.local_addr(), node.metrics_addr().unwrap());
     let client = UdpSocket::bind("127.0.0.1:0").unwrap();
     let t0 = Instant::now();
@@ -233,18 +244,7 @@ rule decap; set-src 198.19.10.9:7; set-dst 198.19.10.2:40000; encap 127.0.0.1 vn
 match 100 udp 198.19.10.2:40001 > 198.19.10.9:7
 rule decap; set-src 198.19.10.9:7; set-dst 198.19.10.2:40001; encap 127.0.0.1 vni 100 dmac 02:c1:00:00:00:02; out 0
 ";
-    let mut rules = tempfile::NamedTempFile::new().unwrap();
-    rules.write_all(POLICED.as_bytes()).unwrap();
-    let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (t, limits) = pp::rates::parse_rate_flag("2:packets=0/200/400").unwrap();
-    let cfg = PpNodeConfig {
-        rates: [(t, limits)].into_iter().collect(),
-        lines: telemetry::Lines::new(|_: &str| {}),
-        ..node_config(&rules, &listener)
-    };
-    let node = pp::node::start(cfg, Arc::new(AtomicBool::new(false)))
-        .expect("node starts")
-        .expect("not stopped");
+    let (node, _rules, _listener) = start_rated(POLICED, "2:packets=0/200/400");
     let (addr, metrics) = (node.local_addr(), node.metrics_addr().unwrap());
     let client = UdpSocket::bind("127.0.0.1:0").unwrap();
     let counters = || {
