@@ -174,10 +174,52 @@ pub struct SaCounters {
 struct OutSa {
     cfg: SaConfig,
     key: SaKey,
-    /// The last sequence number sent, shared with the node's other workers' gateways
-    /// when they share a [`SeqSpace`].
-    seq: Arc<AtomicU64>,
+    /// The last sequence number sent.
+    seq: OutSeq,
     counters: SaCounters,
+}
+
+/// An outbound SA's last sequence number: the gateway's own, or one shared with the
+/// node's other workers' gateways through a [`SeqSpace`]. A lone gateway keeps a plain
+/// counter, so a one-worker node's seal path pays no atomic step per packet.
+enum OutSeq {
+    Own(u64),
+    Shared(Arc<AtomicU64>),
+}
+
+impl OutSeq {
+    /// The next number, if it does not pass `max`. A shared counter takes it in one
+    /// atomic step, so two workers never send the same one; a seal that then fails
+    /// leaves a gap, which the peer's window allows.
+    #[inline]
+    fn take(&mut self, max: u64) -> Option<u64> {
+        match self {
+            OutSeq::Own(s) => (*s < max).then(|| {
+                *s += 1;
+                *s
+            }),
+            OutSeq::Shared(c) => c
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    (s < max).then_some(s + 1)
+                })
+                .ok()
+                .map(|last| last + 1),
+        }
+    }
+
+    fn last(&self) -> u64 {
+        match self {
+            OutSeq::Own(s) => *s,
+            OutSeq::Shared(c) => c.load(Ordering::Relaxed),
+        }
+    }
+
+    fn set(&mut self, v: u64) {
+        match self {
+            OutSeq::Own(s) => *s = v,
+            OutSeq::Shared(c) => c.store(v, Ordering::Relaxed),
+        }
+    }
 }
 
 /// The outbound sequence numbers of one PP node's gateways. A node runs a gateway per
@@ -474,8 +516,8 @@ impl Gateway {
                     key: SaKey::new(&t.outbound.keymat).expect("validated"),
                     cfg: t.outbound.clone(),
                     seq: match &self.seqs {
-                        Some(s) => s.counter(&t.outbound),
-                        None => Arc::new(AtomicU64::new(0)),
+                        Some(s) => OutSeq::Shared(s.counter(&t.outbound)),
+                        None => OutSeq::Own(0),
                     },
                     counters: SaCounters::default(),
                 },
@@ -602,7 +644,7 @@ impl Gateway {
                     vni: t.cfg.vni,
                     peer: t.cfg.peer,
                     outbound_spi: t.out.cfg.spi,
-                    outbound_seq: t.out.seq.load(Ordering::Relaxed),
+                    outbound_seq: t.out.seq.last(),
                     outbound: t.out.counters,
                     inbound,
                     drops: t.drops,
@@ -615,7 +657,7 @@ impl Gateway {
     #[doc(hidden)]
     pub fn set_outbound_seq_for_test(&mut self, i: usize, seq: u64) {
         if let Some(t) = self.tunnels.get_mut(i) {
-            t.out.seq.store(seq, Ordering::Relaxed);
+            t.out.seq.set(seq);
         }
     }
 
@@ -690,18 +732,9 @@ impl Gateway {
         } else {
             u64::from(u32::MAX)
         };
-        // One atomic step takes the number, so two workers never send the same one. A
-        // seal that fails below leaves a gap, which the peer's window allows.
-        let Ok(last) = t
-            .out
-            .seq
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                (s < max).then_some(s + 1)
-            })
-        else {
+        let Some(seq) = self.tunnels[ti].out.seq.take(max) else {
             return self.count_drop(EspDrop::SeqExhausted, Some(ti));
         };
-        let seq = last + 1;
         let t = &mut self.tunnels[ti];
         let buf = &mut region[j.slot..slot_end];
         let Some((s, l)) = esp::seal(

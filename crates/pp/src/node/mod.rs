@@ -514,12 +514,15 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         }
         let mut pipeline = Pipeline::new(c, source)
             .map_err(|e| PpNodeError::Config(format!("flow table: {e}")))?;
-        // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives. Every
-        // worker seals an SA's packets from the node's one counter (`seqs`).
-        pipeline.set_ipsec(Some(ipsec::Gateway::with_seq_space(
-            ipsec::GatewayConfig::new(node.ip, node.mac, node.gw_mac),
-            seqs.clone(),
-        )));
+        // The IPsec VPN gateway (docs/ipsec.md): tunnels come with the directives. With
+        // several workers, each seals an SA's packets from the node's one counter
+        // (`seqs`); a lone worker keeps its own, with no atomic step per packet.
+        let gw = ipsec::GatewayConfig::new(node.ip, node.mac, node.gw_mac);
+        pipeline.set_ipsec(Some(if nworkers > 1 {
+            ipsec::Gateway::with_seq_space(gw, seqs.clone())
+        } else {
+            ipsec::Gateway::new(gw)
+        }));
         for (vni, b) in &a.vpcs {
             pipeline.bind_vpc(*vni, *b);
         }
