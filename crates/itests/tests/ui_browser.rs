@@ -232,6 +232,7 @@ impl Platform {
                         lines: telemetry::Lines::default(),
                         workers: Some(2),
                         worker_cpus: Some(sc::workers::rotated(&sc::workers::allowed_cpus(), i)),
+                        worker_slice: Some(sc::workers::DEFAULT_WORKER_SLICE),
                         idle: None,
                         queue_limit: None,
                         lag_limit: None,

@@ -275,6 +275,16 @@ fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
             .enumerate()
             .map(|(i, p)| ([("worker", i.to_string())], i64::from(p.1))),
     )?;
+    sc.gauge_family(
+        "worker_slice_seconds",
+        "Each worker's scheduler slice (0: the kernel's default).",
+        w.slices.iter().enumerate().map(|(i, d)| {
+            (
+                [("worker", i.to_string())],
+                d.map_or(0.0, |d| d.as_secs_f64()),
+            )
+        }),
+    )?;
     sc.counter(
         "assigner_fallbacks",
         "Learned core assignments that regressed over 5% and were replaced by round robin.",
@@ -282,7 +292,7 @@ fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
     )?;
     sc.counter(
         "worker_os_errors",
-        "Affinity or nice calls the kernel refused.",
+        "Affinity, nice or scheduler-slice calls the kernel refused.",
         w.os_errors,
     )?;
     worker_latency(

@@ -73,6 +73,9 @@ pub struct ScConfig {
     /// same list, every node's first worker, and so every node's first replica, is on
     /// the same CPU.
     pub worker_cpus: Option<Vec<usize>>,
+    /// The fair-scheduler slice worker threads ask for (None: the kernel's default);
+    /// [`crate::workers::DEFAULT_WORKER_SLICE`] unless set.
+    pub worker_slice: Option<Duration>,
     /// A replica without input for this long parks (scale to zero); None: never.
     pub idle: Option<Duration>,
     /// Backpressure at dispatch: a submit for a replica with this many inputs queued
@@ -124,6 +127,7 @@ impl ScConfig {
             reconnect: Duration::from_millis(20),
             workers: default_workers(),
             worker_cpus: None,
+            worker_slice: Some(crate::workers::DEFAULT_WORKER_SLICE),
             idle: None,
             queue_limit: None,
             lag_limit: None,
@@ -387,7 +391,12 @@ pub async fn start_on(
         .map_err(|e| ScError::Io(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
     let (to_fm, to_fm_rx) = mpsc::unbounded_channel();
-    let pool = WorkerPool::start(&cfg.node_id, cfg.workers, cfg.worker_cpus.as_deref())?;
+    let pool = WorkerPool::start_with_slice(
+        &cfg.node_id,
+        cfg.workers,
+        cfg.worker_cpus.as_deref(),
+        cfg.worker_slice,
+    )?;
     let cfg_watch = cfg.assign_watch;
     let shared = Arc::new(Shared {
         cfg,
@@ -659,6 +668,7 @@ impl ScObserver {
                 .iter()
                 .map(|w| (sh.pool.cpu(w.core()), w.nice(), w.replicas()))
                 .collect(),
+            slices: sh.pool.workers().iter().map(|w| w.slice()).collect(),
             os_errors: sh.pool.counters.os_errors.load(Ordering::Relaxed),
             reassignments: sh.pool.counters.reassignments.load(Ordering::Relaxed),
             assigner: active_assigner(sh),
@@ -704,6 +714,8 @@ pub struct WorkerStats {
     pub loads: Vec<WorkerLoad>,
     /// Per worker: (the CPU it is pinned to, nice, replicas).
     pub placement: Vec<(usize, i32, usize)>,
+    /// Each worker's scheduler slice (None: the kernel's default).
+    pub slices: Vec<Option<Duration>>,
     pub os_errors: u64,
     pub reassignments: u64,
     /// The assignment in force: the assigner's name, or `rr (baseline for s2c)` /

@@ -46,6 +46,9 @@ pub struct ScProcessConfig {
     /// The CPUs workers are pinned to, in round-robin order (None: every CPU the
     /// process may run on).
     pub worker_cpus: Option<Vec<usize>>,
+    /// The scheduler slice worker threads ask for (None: the kernel's default;
+    /// [`crate::ScConfig::worker_slice`]).
+    pub worker_slice: Option<Duration>,
     /// Idle time after which a replica parks (None: never).
     pub idle: Option<Duration>,
     /// NFVnice's backpressure at dispatch: a replica with this many inputs queued has
@@ -141,6 +144,7 @@ pub fn start(
             .map_err(|e| ScProcessError::Config(format!("--worker-cpus: {e}")))?;
         cfg.worker_cpus = Some(cpus.clone());
     }
+    cfg.worker_slice = a.worker_slice;
     cfg.idle = a.idle;
     for (flag, limit) in [
         ("--queue-limit", a.queue_limit),

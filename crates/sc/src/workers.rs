@@ -68,6 +68,12 @@ impl CoreAssigner for RoundRobin {
 
 /// Upper bounds (µs, inclusive) of [`StartHistogram`]'s buckets: fine below 100 µs, where
 /// the goals are (Serpens: 34 µs start), coarse up to 1 s.
+/// The scheduler slice a node's workers ask for (`starfabric sc --worker-slice-us`).
+/// `bench workers`, 16 groups configured at once on 2 cores (docs/workers.md): start
+/// p50 470–1,821 µs with the kernel's default slice (1.4 ms here), 37–176 µs with
+/// 100–300 µs slices, worse again from 500 µs up.
+pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(200);
+
 pub const START_BOUNDS_US: [u64; 22] = [
     5, 10, 15, 20, 25, 30, 35, 40, 50, 60, 80, 100, 150, 200, 300, 500, 1_000, 2_000, 5_000,
     10_000, 100_000, 1_000_000,
@@ -170,6 +176,9 @@ pub struct Worker {
     /// Its core in the assigner's terms: an index into the pool's CPU list.
     core: AtomicUsize,
     nice: AtomicI32,
+    /// The slice its thread asked the kernel's fair scheduler for, in ns (0: the
+    /// kernel's default, or the request was refused).
+    slice_ns: AtomicU64,
 }
 
 impl Worker {
@@ -200,6 +209,14 @@ impl Worker {
         self.nice.load(Ordering::Relaxed)
     }
 
+    /// The scheduler slice its thread runs with (None: the kernel's default).
+    pub fn slice(&self) -> Option<Duration> {
+        match self.slice_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
     fn queue_len(&self) -> usize {
         self.placed
             .lock()
@@ -213,7 +230,7 @@ impl Worker {
 /// Counters of the pool.
 #[derive(Debug, Default)]
 pub struct PoolCounters {
-    /// Affinity or nice calls the kernel refused.
+    /// Affinity, nice or scheduler-slice calls the kernel refused.
     pub os_errors: AtomicU64,
     pub reassignments: AtomicU64,
 }
@@ -241,7 +258,26 @@ impl WorkerPool {
     /// Start `n` workers (at least one) on `cpus` (None: every CPU this process may
     /// run on), placed round robin over that list, in its order, until the first
     /// assignment. A CPU outside the process's affinity mask is a configuration error.
+    /// The threads keep the kernel's default scheduler slice ([`WorkerPool::start_with_slice`]).
     pub fn start(node: &str, n: usize, cpus: Option<&[usize]>) -> Result<WorkerPool, ScError> {
+        WorkerPool::start_with_slice(node, n, cpus, None)
+    }
+
+    /// [`WorkerPool::start`], with each worker thread asking the kernel's fair
+    /// scheduler (EEVDF, Linux 6.12 or later) for a slice of `slice`
+    /// ([`DEFAULT_WORKER_SLICE`] on a node). A thread that asks for a shorter slice than
+    /// the one running gets an earlier deadline, so when a replica's input wakes its
+    /// worker, the worker preempts the node's own threads (links, handshakes, gRPC)
+    /// instead of waiting out their slices, as it would on the dedicated core Serpens
+    /// gives each NF. Its share of the CPU is unchanged: that is its weight, which the
+    /// nice levels set. Kernels before 6.12 take the request and keep their default; a
+    /// refusal is counted in `os_errors`, and the worker runs on.
+    pub fn start_with_slice(
+        node: &str,
+        n: usize,
+        cpus: Option<&[usize]>,
+        slice: Option<Duration>,
+    ) -> Result<WorkerPool, ScError> {
         let allowed = allowed_cpus();
         let cpus = match cpus {
             None => allowed,
@@ -255,6 +291,7 @@ impl WorkerPool {
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut workers = Vec::new();
         let mut threads = Vec::new();
+        let mut sliced_workers = Vec::new();
         for id in 0..n.max(1) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
@@ -269,6 +306,7 @@ impl WorkerPool {
                 busy_ns: AtomicU64::new(0),
                 core: AtomicUsize::new(id % cores),
                 nice: AtomicI32::new(0),
+                slice_ns: AtomicU64::new(0),
             });
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (w2, mut stop2) = (w.clone(), stop.subscribe());
@@ -276,8 +314,9 @@ impl WorkerPool {
                 .name(format!("sc-w{id}-{node}"))
                 .spawn(move || {
                     w2.tid.store(gettid(), Ordering::Relaxed);
+                    let sliced = slice.map(set_slice);
                     warm_up(&rt);
-                    let _ = ready_tx.send(());
+                    let _ = ready_tx.send(sliced);
                     rt.block_on(async move {
                         // A closed channel (the pool dropped) stops it too.
                         let _ = stop2.wait_for(|s| *s).await;
@@ -286,9 +325,10 @@ impl WorkerPool {
                     drop(rt);
                 })
                 .map_err(|e| ScError::Io(format!("worker thread: {e}")))?;
-            let _ = ready_rx.recv();
+            let sliced = ready_rx.recv().ok().flatten();
             threads.push(t);
             workers.push(w);
+            sliced_workers.push(sliced);
         }
         let pool = WorkerPool {
             workers,
@@ -300,7 +340,15 @@ impl WorkerPool {
             last: Mutex::new(None),
             loads: Mutex::new(Vec::new()),
         };
-        for w in &pool.workers {
+        for (w, sliced) in pool.workers.iter().zip(sliced_workers) {
+            match sliced {
+                Some(Ok(ns)) => w.slice_ns.store(ns, Ordering::Relaxed),
+                Some(Err(e)) => {
+                    pool.counters.os_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(worker = w.id, error = %e, "sched_setattr: the worker keeps the kernel's default slice");
+                }
+                None => {}
+            }
             pool.pin(w, w.core());
         }
         Ok(pool)
@@ -656,6 +704,28 @@ fn set_affinity(tid: i32, core: usize) -> Result<(), String> {
     }
 }
 
+/// Ask for a fair-scheduler slice of `slice` for the calling thread, keeping its nice
+/// level. Returns the slice asked for, in ns. The kernel clamps it to 0.1–100 ms.
+fn set_slice(slice: Duration) -> Result<u64, String> {
+    let ns = slice.as_nanos().clamp(100_000, 100_000_000) as u64;
+    // SAFETY: sched_attr is plain data, fully initialised here; sched_setattr reads
+    // `size` bytes of it and changes only the calling thread (pid 0). getpriority
+    // only reads the calling thread's nice level.
+    let r = unsafe {
+        let mut a: libc::sched_attr = std::mem::zeroed();
+        a.size = std::mem::size_of::<libc::sched_attr>() as u32;
+        a.sched_policy = libc::SCHED_OTHER as u32;
+        a.sched_nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        a.sched_runtime = ns;
+        libc::syscall(libc::SYS_sched_setattr, 0, &a as *const libc::sched_attr, 0)
+    };
+    if r == 0 {
+        Ok(ns)
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
 fn set_nice(tid: i32, nice: i32) -> Result<(), String> {
     if tid == 0 {
         return Err("thread not started".into());
@@ -673,6 +743,68 @@ fn set_nice(tid: i32, nice: i32) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's view of a thread's fair-scheduler slice in ns, where it shows it
+    /// (`/proc/.../sched` needs CONFIG_SCHED_DEBUG).
+    fn kernel_slice_ns(tid: i32) -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/sched")).ok()?;
+        s.lines()
+            .find(|l| l.starts_with("se.slice"))?
+            .split(':')
+            .nth(1)?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Custom slices for fair tasks came in Linux 6.12; older kernels take the request
+    /// and keep their default.
+    fn kernel_applies_custom_slices() -> bool {
+        let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut v = r
+            .trim()
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        (major, minor) >= (6, 12)
+    }
+
+    #[test]
+    fn workers_run_with_the_slice_the_node_asks_for() {
+        let pool =
+            WorkerPool::start_with_slice("t", 2, None, Some(Duration::from_micros(200))).unwrap();
+        let refused = pool.counters.os_errors.load(Ordering::Relaxed);
+        for w in pool.workers() {
+            if refused == 0 {
+                assert_eq!(w.slice(), Some(Duration::from_micros(200)));
+                if kernel_applies_custom_slices() {
+                    if let Some(ns) = kernel_slice_ns(w.tid.load(Ordering::Relaxed)) {
+                        assert_eq!(ns, 200_000, "worker {}", w.id);
+                    }
+                }
+            } else {
+                // A kernel or sandbox that refuses sched_setattr: counted, and the
+                // worker runs on with the default.
+                assert_eq!(refused, 2);
+                assert_eq!(w.slice(), None);
+            }
+        }
+        // Below the kernel's floor, the request is raised to it rather than refused.
+        let short =
+            WorkerPool::start_with_slice("t", 1, None, Some(Duration::from_micros(10))).unwrap();
+        if short.counters.os_errors.load(Ordering::Relaxed) == 0 {
+            assert_eq!(short.workers()[0].slice(), Some(Duration::from_micros(100)));
+        }
+        // A pool that asks for nothing keeps the kernel's default.
+        let plain = WorkerPool::start("t", 1, None).unwrap();
+        let w = &plain.workers()[0];
+        assert_eq!(w.slice(), None);
+        if kernel_applies_custom_slices() && refused == 0 {
+            if let Some(ns) = kernel_slice_ns(w.tid.load(Ordering::Relaxed)) {
+                assert_ne!(ns, 200_000);
+            }
+        }
+    }
 
     #[test]
     fn round_robin_cycles_over_cores() {

@@ -56,6 +56,12 @@ pub struct ScArgs {
     /// node's first replica lands on the same CPU (docs/workers.md).
     #[arg(long)]
     worker_cpus: Option<String>,
+    /// The scheduler slice each worker thread asks Linux's fair scheduler for, in µs
+    /// (EEVDF, Linux 6.12+): shorter than the node's other threads' slices, so a
+    /// woken worker preempts them and a new or woken replica decides at once
+    /// (docs/workers.md). Its CPU share is unchanged. 0: the kernel's default.
+    #[arg(long, default_value_t = sc::workers::DEFAULT_WORKER_SLICE.as_micros() as u64)]
+    worker_slice_us: u64,
     /// Park a replica idle this long (scale to zero; docs/workers.md). Default: never.
     #[arg(long)]
     idle_ms: Option<u64>,
@@ -134,6 +140,7 @@ pub fn run(a: ScArgs) -> Result<()> {
             .map(sc::workers::parse_cpu_list)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--worker-cpus: {e}"))?,
+        worker_slice: (a.worker_slice_us > 0).then(|| Duration::from_micros(a.worker_slice_us)),
         idle: a.idle_ms.map(Duration::from_millis),
         queue_limit: a.queue_limit,
         lag_limit: a.lag_limit,

@@ -1226,6 +1226,21 @@ fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping_and_conntrack() 
         },
     )
     .unwrap();
+    // Each node's workers run with the CLI's default scheduler slice, unless the
+    // kernel refused it and the node counted that (docs/workers.md).
+    let slices = sc_metric(
+        tb,
+        &p,
+        nodes,
+        "starfabric_sc_worker_slice_seconds{worker=\"0\"}",
+    );
+    let refused = sc_metric(tb, &p, nodes, "starfabric_sc_worker_os_errors_total");
+    for (s, r) in slices.iter().zip(&refused) {
+        assert!(
+            (s - 0.0002).abs() < 1e-9 || (*s == 0.0 && *r >= 1.0),
+            "worker slice {s} s with {r} refusals"
+        );
+    }
     let at_zero = || {
         testbed::cmd::wait_for("every SC replica parked", Duration::from_secs(15), || {
             let parked = sc_metric(tb, &p, nodes, "starfabric_sc_replicas_parked");
