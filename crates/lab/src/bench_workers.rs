@@ -32,6 +32,10 @@ pub struct WorkersBenchArgs {
     /// Worker threads per SC node.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub workers: u64,
+    /// The scheduler slice each worker thread asks for, in µs (`starfabric sc
+    /// --worker-slice-us`; docs/workers.md). 0: the kernel's default, the baseline.
+    #[arg(long, default_value_t = sc::workers::DEFAULT_WORKER_SLICE.as_micros() as u64)]
+    pub worker_slice_us: u64,
     /// SC groups (each three replicas, one per node) started at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub groups: u32,
@@ -80,6 +84,8 @@ pub struct WorkersBench {
     pub state_intact: u32,
     pub rounds: u32,
     pub workers_per_node: u64,
+    /// The slice the workers asked for (0: the kernel's default).
+    pub worker_slice_us: u64,
     pub groups: u32,
     pub chain: String,
 }
@@ -153,6 +159,8 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             let id = format!("sc-{i}");
             let mut c = sc::ScConfig::new(&id, local, &fm_addr);
             c.workers = a.workers as usize;
+            c.worker_slice =
+                (a.worker_slice_us > 0).then(|| Duration::from_micros(a.worker_slice_us));
             c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             // Parking is on demand here (`park`), so every round parks at a known time.
             c.idle = None;
@@ -283,6 +291,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         state_intact: intact,
         rounds: flows.len() as u32,
         workers_per_node: a.workers,
+        worker_slice_us: a.worker_slice_us,
         groups,
         chain: match a.nfs.as_str() {
             "test" => "test-fw → test-snat → test-lb".into(),
