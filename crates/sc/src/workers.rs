@@ -66,14 +66,14 @@ impl CoreAssigner for RoundRobin {
     }
 }
 
-/// Upper bounds (µs, inclusive) of [`StartHistogram`]'s buckets: fine below 100 µs, where
-/// the goals are (Serpens: 34 µs start), coarse up to 1 s.
 /// The scheduler slice a node's workers ask for (`starfabric sc --worker-slice-us`).
 /// `bench workers`, 16 groups configured at once on 2 cores (docs/workers.md): start
 /// p50 470–1,821 µs with the kernel's default slice (1.4 ms here), 37–176 µs with
 /// 100–300 µs slices, worse again from 500 µs up.
 pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(200);
 
+/// Upper bounds (µs, inclusive) of [`StartHistogram`]'s buckets: fine below 100 µs, where
+/// the goals are (Serpens: 34 µs start), coarse up to 1 s.
 pub const START_BOUNDS_US: [u64; 22] = [
     5, 10, 15, 20, 25, 30, 35, 40, 50, 60, 80, 100, 150, 200, 300, 500, 1_000, 2_000, 5_000,
     10_000, 100_000, 1_000_000,
