@@ -110,6 +110,54 @@ pub struct SetupBench {
     pub cpu_us_per_flow: f64,
     /// Flows set up in the saturated measurement.
     pub saturated_flows: u64,
+    /// Allocations per flow set up in the saturated measurement, over the whole
+    /// process, and the bytes they asked for; `null` unless the binary was built with
+    /// `--features alloc-count` (docs/setup-path.md).
+    pub allocs_per_flow: Option<f64>,
+    pub alloc_bytes_per_flow: Option<f64>,
+    /// The same, by thread name (threads of one name added up), largest first; only
+    /// threads with at least 0.01 per flow.
+    pub allocs_per_flow_by_thread: Option<Vec<(String, f64)>>,
+}
+
+/// One thread's allocations so far, as an `alloc-count` build counts them.
+#[derive(Debug, Clone)]
+pub struct ThreadAllocs {
+    /// The counter's slot: a thread's for its life.
+    pub slot: usize,
+    pub name: String,
+    pub allocs: u64,
+    pub bytes: u64,
+}
+
+/// Set by a binary built with `--features alloc-count`: each thread's allocation
+/// counts so far.
+pub static ALLOC_SNAPSHOT: std::sync::OnceLock<fn() -> Vec<ThreadAllocs>> =
+    std::sync::OnceLock::new();
+
+/// Allocations between two snapshots, per flow: (total, bytes, by thread name).
+fn allocs_per_flow(
+    before: &[ThreadAllocs],
+    after: &[ThreadAllocs],
+    flows: u64,
+) -> (f64, f64, Vec<(String, f64)>) {
+    let flows = flows.max(1) as f64;
+    let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+    let (mut total, mut bytes) = (0u64, 0u64);
+    for a in after {
+        let b = before.iter().find(|b| b.slot == a.slot);
+        let n = a.allocs - b.map_or(0, |b| b.allocs);
+        total += n;
+        bytes += a.bytes - b.map_or(0, |b| b.bytes);
+        *by_name.entry(a.name.clone()).or_default() += n;
+    }
+    let mut named: Vec<(String, f64)> = by_name
+        .into_iter()
+        .map(|(k, n)| (k, n as f64 / flows))
+        .filter(|(_, v)| *v >= 0.01)
+        .collect();
+    named.sort_by(|a, b| b.1.total_cmp(&a.1));
+    (total as f64 / flows, bytes as f64 / flows, named)
 }
 
 /// CPU time (user + system) of this process so far, in seconds.
@@ -568,6 +616,8 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         )
     };
     let c0 = sent();
+    let snap = ALLOC_SNAPSHOT.get();
+    let a0 = snap.map(|f| f());
     let (sat, next, _) = phase(
         &mut Some(mk(&doorbell)),
         next,
@@ -575,6 +625,9 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         a.seconds,
         log.as_mut().map(|l| ("saturated", l)),
     )?;
+    let allocs = snap
+        .zip(a0)
+        .map(|(f, a0)| allocs_per_flow(&a0, &f(), sat.lat_us.len() as u64));
     let (paced, _, _) = phase(
         &mut Some(mk(&doorbell)),
         next,
@@ -618,6 +671,9 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         setup_overload: s1.setup_overload - s0.setup_overload,
         cpu_us_per_flow: sat.cpu_s * 1e6 / (sat.lat_us.len().max(1)) as f64,
         saturated_flows: sat.lat_us.len() as u64,
+        allocs_per_flow: allocs.as_ref().map(|a| a.0),
+        alloc_bytes_per_flow: allocs.as_ref().map(|a| a.1),
+        allocs_per_flow_by_thread: allocs.map(|a| a.2),
     })
 }
 
@@ -648,11 +704,47 @@ pub fn print(r: &SetupBench) {
         "  cost: {:.1} µs of process CPU per flow set up (saturated, {} flows)",
         r.cpu_us_per_flow, r.saturated_flows
     );
+    if let (Some(n), Some(b), Some(t)) = (
+        r.allocs_per_flow,
+        r.alloc_bytes_per_flow,
+        &r.allocs_per_flow_by_thread,
+    ) {
+        println!("  allocations: {n:.1} per flow set up ({b:.0} bytes)");
+        for (name, v) in t {
+            println!("    {name}: {v:.2}");
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocations_per_flow_add_up_by_thread_name_between_snapshots() {
+        let t = |slot, name: &str, allocs, bytes| ThreadAllocs {
+            slot,
+            name: name.into(),
+            allocs,
+            bytes,
+        };
+        let before = [t(0, "main", 100, 1000), t(1, "sc-w0-sc-0", 10, 100)];
+        // Slot 2 is a thread started during the measurement; slot 0's thread kept
+        // its slot, whatever its name reads now.
+        let after = [
+            t(0, "main", 300, 3000),
+            t(1, "sc-w0-sc-0", 1010, 10100),
+            t(2, "sc-w0-sc-0", 500, 400),
+            t(3, "idle", 0, 0),
+        ];
+        let (n, b, by) = allocs_per_flow(&before, &after, 100);
+        assert_eq!(n, (200 + 1000 + 500) as f64 / 100.0);
+        assert_eq!(b, (2000 + 10000 + 400) as f64 / 100.0);
+        assert_eq!(
+            by,
+            vec![("sc-w0-sc-0".to_string(), 15.0), ("main".to_string(), 2.0)]
+        );
+    }
 
     /// A short run through the real path (FM, three SC nodes, PP over loopback gRPC):
     /// the log holds one line per flow set up, in both measurements, and its saturated

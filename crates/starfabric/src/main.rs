@@ -11,9 +11,18 @@ use clap::{Parser, Subcommand};
 /// pages, and on a host with THP in `madvise` mode every first touch of a fresh 2 MiB
 /// region then faults in (and zeroes, and may compact for) a whole huge page. That was
 /// 45% of all CPU of `bench setup --nfs builtin` (docs/setup-path.md).
+#[cfg(not(feature = "alloc-count"))]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The same allocator, counted per thread (`--features alloc-count`; `bench setup`
+/// then reports allocations per flow).
+#[cfg(feature = "alloc-count")]
+#[global_allocator]
+static ALLOC: alloc_count::Counting = alloc_count::Counting;
+
+#[cfg(feature = "alloc-count")]
+mod alloc_count;
 mod autoscale_cmd;
 mod fm_cmd;
 mod orchestrator_cmd;
@@ -240,6 +249,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
+    #[cfg(feature = "alloc-count")]
+    let _ = lab::bench_setup::ALLOC_SNAPSHOT.set(alloc_count::snapshot);
     let cli = Cli::parse();
     if cli.check_args {
         println!("starfabric: the command line parses");
