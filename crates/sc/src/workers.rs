@@ -270,8 +270,9 @@ impl WorkerPool {
     /// worker, the worker preempts the node's own threads (links, handshakes, gRPC)
     /// instead of waiting out their slices, as it would on the dedicated core Serpens
     /// gives each NF. Its share of the CPU is unchanged: that is its weight, which the
-    /// nice levels set. Kernels before 6.12 take the request and keep their default; a
-    /// refusal is counted in `os_errors`, and the worker runs on.
+    /// nice levels set. Kernels before 6.12 have no custom slice for fair tasks, so
+    /// there the worker keeps the default; a refusal is counted in `os_errors`, and the
+    /// worker runs on.
     pub fn start_with_slice(
         node: &str,
         n: usize,
