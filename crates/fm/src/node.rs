@@ -29,6 +29,8 @@ pub struct FmNodeConfig {
     /// A status line every this often.
     pub stats_interval: Option<Duration>,
     pub lines: telemetry::Lines,
+    /// The runtime's worker threads (at least one).
+    pub threads: usize,
 }
 
 /// A running FM node.
@@ -47,7 +49,7 @@ pub fn start(cfg: FmNodeConfig) -> Result<FmNode, FmError> {
     let nchains = cfg.fm.chains.len();
     let id = cfg.fm.fm_id.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(cfg.threads.max(1))
         .enable_all()
         .build()
         .map_err(|e| FmError::Io(e.to_string()))?;

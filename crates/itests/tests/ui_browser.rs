@@ -214,6 +214,7 @@ impl Platform {
             metrics: None,
             stats_interval: None,
             lines: telemetry::Lines::default(),
+            threads: 2,
         })
         .expect("FM node starts");
         let scs = (1..=n_sc)

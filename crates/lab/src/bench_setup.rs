@@ -45,6 +45,12 @@ pub struct SetupBenchArgs {
     /// How long the PP FM client waits to fill a batch, in microseconds.
     #[arg(long, default_value_t = 100)]
     pub linger_us: u64,
+    /// FM's runtime threads. One by default: this process is a 2-core node hosting
+    /// every plane, and a second FM thread there costs more in wake-ups and stealing
+    /// than it adds (docs/setup-path.md, "FM on one runtime thread"). 2 is what
+    /// `starfabric fm` runs by default.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub fm_threads: u64,
     /// NFs of the chain: `test` (the SC crate's deterministic FW → SNAT → LB) or
     /// `builtin` (nfs' firewall, SNAT and load balancer).
     #[arg(long, default_value = "test")]
@@ -118,6 +124,8 @@ pub struct SetupBench {
     /// The same, by thread name (threads of one name added up), largest first; only
     /// threads with at least 0.01 per flow.
     pub allocs_per_flow_by_thread: Option<Vec<(String, f64)>>,
+    /// FM's runtime threads in this run (`--fm-threads`).
+    pub fm_threads: u64,
 }
 
 /// One thread's allocations so far, as an `alloc-count` build counts them.
@@ -485,10 +493,10 @@ pub(crate) fn equal_partitions(tenant: u32, chain: u32, groups: u32) -> Vec<prot
         .collect()
 }
 
-/// The runtime a bench's in-process FM runs on (two threads).
-pub(crate) fn fm_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// The runtime a bench's in-process FM runs on (`--fm-threads`).
+pub(crate) fn fm_runtime(threads: u64) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads.max(1) as usize)
         .enable_all()
         .build()
 }
@@ -529,7 +537,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
     let factory = chain_factory(&a.nfs);
-    let rt = fm_runtime()?;
+    let rt = fm_runtime(a.fm_threads)?;
     let pki = BenchPki::new(a.insecure)?;
     let tls = |role, id: &str| pki.node(role, id);
     let fm_cfg = fm::FmConfig {
@@ -674,6 +682,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         allocs_per_flow: allocs.as_ref().map(|a| a.0),
         alloc_bytes_per_flow: allocs.as_ref().map(|a| a.1),
         allocs_per_flow_by_thread: allocs.map(|a| a.2),
+        fm_threads: a.fm_threads,
     })
 }
 
@@ -759,6 +768,7 @@ mod tests {
             rate: 2000.0,
             window: 64,
             linger_us: 100,
+            fm_threads: 1,
             nfs: "test".into(),
             groups: 1,
             insecure: true,

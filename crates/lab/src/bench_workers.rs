@@ -52,6 +52,11 @@ pub struct WorkersBenchArgs {
     /// production runs (a CA made in-process, a certificate per node).
     #[arg(long)]
     pub insecure: bool,
+    /// FM's runtime threads. Two, as `starfabric fm` runs: the start and wake figures
+    /// of earlier runs were taken so, and one moved none of them beyond their spread
+    /// (docs/setup-path.md, "FM on one runtime thread").
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub fm_threads: u64,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -88,6 +93,8 @@ pub struct WorkersBench {
     pub worker_slice_us: u64,
     pub groups: u32,
     pub chain: String,
+    /// FM's runtime threads in this run (`--fm-threads`).
+    pub fm_threads: u64,
 }
 
 fn chain(nfs: &str) -> Result<proto::ChainDef> {
@@ -141,7 +148,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let chain = chain(&a.nfs)?;
     let proto_chain = chain.to_proto()?;
     let factory = crate::bench_setup::chain_factory(&a.nfs);
-    let rt = crate::bench_setup::fm_runtime()?;
+    let rt = crate::bench_setup::fm_runtime(a.fm_threads)?;
     let pki = crate::bench_setup::BenchPki::new(a.insecure)?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
@@ -297,6 +304,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             "test" => "test-fw → test-snat → test-lb".into(),
             _ => "fw → snat".into(),
         },
+        fm_threads: a.fm_threads,
     })
 }
 

@@ -41,6 +41,11 @@ pub struct FmArgs {
     /// (`starfabric events` reads the in-memory log either way).
     #[arg(long)]
     events: Option<PathBuf>,
+    /// Runtime threads. One suits a small node that hosts other planes too: on two
+    /// cores shared with PP and SC, a second FM thread cost more than it gave
+    /// (docs/setup-path.md, "FM on one runtime thread").
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
+    threads: u64,
     #[command(flatten)]
     tls: crate::tls_args::TlsArgs,
 }
@@ -66,6 +71,7 @@ pub fn run(a: FmArgs) -> Result<()> {
         metrics: a.metrics,
         stats_interval: a.stats_interval.map(Duration::from_secs_f64),
         lines: telemetry::Lines::stdout(),
+        threads: a.threads as usize,
     })?;
     crate::signals::wait_secs(a.duration);
     node.stop();
