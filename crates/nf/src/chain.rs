@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline::{Action, FlowKey, Rule};
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use crate::env::{NfEnv, Trigger};
@@ -87,12 +88,19 @@ impl Egress {
         output: 0,
     };
 
-    fn frame(&self, rewrites: Vec<Action>) -> Vec<Action> {
-        let mut v = Vec::with_capacity(rewrites.len() + 4);
+    /// The rule's actions: decap, `rw`'s rewrites, encap, count, output. One allocation,
+    /// sized to fit.
+    fn frame(&self, rw: &Rewrite) -> Vec<Action> {
+        let n = usize::from(self.decap)
+            + usize::from(!rw.src.is_empty())
+            + usize::from(!rw.dst.is_empty())
+            + usize::from(self.encap.is_some())
+            + 2;
+        let mut v = Vec::with_capacity(n);
         if self.decap {
             v.push(Action::DecapVxlan);
         }
-        v.extend(rewrites);
+        rw.push_actions(&mut v);
         if let Some((dst, vni)) = self.encap {
             v.push(Action::EncapVxlan {
                 dst,
@@ -121,6 +129,10 @@ pub enum ChainError {
     },
 }
 
+/// The NFs a decision ran through, by kind, in order. Inline up to four: a decision
+/// makes no allocation for it.
+pub type NfPath = SmallVec<[Arc<str>; 4]>;
+
 /// The rules a chain produced for one flow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComposedRules {
@@ -129,13 +141,22 @@ pub struct ComposedRules {
     /// Keyed on the reverse of the forward-rewritten key, on the forward egress VNI;
     /// absent when the flow is dropped.
     pub reverse: Option<Rule>,
-    /// NF kinds in the order they ran.
-    pub path: Vec<String>,
+    /// NF kinds in the order they ran (shared with the chain: no allocation per flow).
+    pub path: NfPath,
+}
+
+impl ComposedRules {
+    /// [`ComposedRules::path`] as plain names.
+    pub fn path_names(&self) -> Vec<&str> {
+        self.path.iter().map(|k| &**k).collect()
+    }
 }
 
 /// A chain instance: its NFs (with their state) and its shape.
 pub struct Chain {
     nfs: Vec<Box<dyn NetworkFunction>>,
+    /// Each NF's `kind()`, once: what a decision's path holds.
+    kinds: Vec<Arc<str>>,
     /// Updates NFs asked for through `NfEnv::trigger` since the last
     /// [`Chain::run_triggers`], with the asking NF's index.
     triggered: Vec<(usize, Trigger)>,
@@ -175,8 +196,10 @@ impl Chain {
                 order.into_iter().map(ChainSpec::Nf).collect(),
             ))
         });
+        let kinds = nfs.iter().map(|nf| Arc::from(nf.kind())).collect();
         Ok(Chain {
             nfs,
+            kinds,
             triggered: Vec::new(),
             spec: Arc::new(spec),
             reply_spec,
@@ -190,8 +213,9 @@ impl Chain {
         &self.nfs
     }
 
-    pub fn nf_mut(&mut self, i: usize) -> Option<&mut Box<dyn NetworkFunction>> {
-        self.nfs.get_mut(i)
+    /// NF `i`, to change in place (not to replace: its kind is the chain's record of it).
+    pub fn nf_mut(&mut self, i: usize) -> Option<&mut dyn NetworkFunction> {
+        Some(self.nfs.get_mut(i)?.as_mut())
     }
 
     /// What the chain's NFs ask it to be partitioned by: the first answer of theirs that
@@ -243,9 +267,9 @@ impl Chain {
         let mut walk = Walk {
             key: pkt.key,
             forward: Rewrite::NONE,
-            reverses: Vec::new(),
+            reverse: Rewrite::NONE,
             timeout: None,
-            path: Vec::new(),
+            path: NfPath::new(),
             dropped: None,
         };
         // A reply whose rule PP and FM lost (evicted, a PP node that took over a vIP)
@@ -273,19 +297,13 @@ impl Chain {
                 path: walk.path,
             });
         }
-        // Replies meet the NFs in reverse order.
-        let reverse_rw = walk
-            .reverses
-            .iter()
-            .rev()
-            .fold(Rewrite::NONE, |acc, r| acc.then(r));
-        let mut forward = Rule::new(pkt.key, fwd_egress.frame(walk.forward.actions()));
+        let mut forward = Rule::new(pkt.key, fwd_egress.frame(&walk.forward));
         forward.idle_timeout = timeout;
         let mut rkey: FlowKey = walk.key.reversed();
         if let Some((_, vni)) = fwd_egress.encap {
             rkey.set_vni(vni);
         }
-        let mut reverse = Rule::new(rkey, rev_egress.frame(reverse_rw.actions()));
+        let mut reverse = Rule::new(rkey, rev_egress.frame(&walk.reverse));
         reverse.idle_timeout = timeout;
         Ok(ComposedRules {
             forward,
@@ -363,8 +381,7 @@ impl Chain {
             kind: self.nfs[i].kind().to_string(),
             err,
         })?;
-        let nf = &self.nfs[i];
-        w.path.push(nf.kind().to_string());
+        w.path.push(Arc::clone(&self.kinds[i]));
         if let Some(t) = d.idle_timeout {
             w.timeout = Some(w.timeout.map_or(t, |cur: Duration| cur.min(t)));
         }
@@ -376,7 +393,9 @@ impl Chain {
             Verdict::Pass { label } => {
                 w.key = d.forward.apply(&w.key);
                 w.forward = w.forward.then(&d.forward);
-                w.reverses.push(d.reverse);
+                // Replies meet the NFs in reverse order: this NF's reverse rewrite comes
+                // before those of the NFs it follows (`then` is associative).
+                w.reverse = d.reverse.then(&w.reverse);
                 Ok(label)
             }
         }
@@ -606,9 +625,10 @@ pub struct PreparedChainPart(Vec<PreparedPart>);
 struct Walk {
     key: FlowKey,
     forward: Rewrite,
-    reverses: Vec<Rewrite>,
+    /// The reverse rewrites composed so far, last NF's first.
+    reverse: Rewrite,
     timeout: Option<Duration>,
-    path: Vec<String>,
+    path: NfPath,
     dropped: Option<String>,
 }
 
@@ -749,7 +769,7 @@ mod tests {
         };
         let mut c = Chain::new(fw_lb_snat(), ChainSpec::seq(3), fwd, rev).unwrap();
         let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
-        assert_eq!(r.path, ["fw", "lb", "snat"]);
+        assert_eq!(r.path_names(), ["fw", "lb", "snat"]);
         assert_eq!(
             format_actions(&r.forward.actions),
             "decap; set-src 198.19.255.1:50000; set-dst 198.19.1.7:8080; encap 198.18.0.9 vni 200; count; out 1"
@@ -892,7 +912,7 @@ mod tests {
         assert_eq!(pool_state(&c), "2 0 [(\"pool\", 7)]");
         // Refilled: the next flow passes, and nothing is left to run.
         let r = c.decide(&pkt(), env).unwrap();
-        assert_eq!(r.path, ["fw", "pool"]);
+        assert_eq!(r.path_names(), ["fw", "pool"]);
         assert!(r.reverse.is_some());
         assert_eq!(c.run_triggers(env).0, 0);
     }
@@ -933,7 +953,7 @@ mod tests {
         nfs[0] = Box::new(Fixed("fw", Decision::drop("acl-deny")));
         let mut c = local_chain(nfs);
         let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
-        assert_eq!(r.path, ["fw"]);
+        assert_eq!(r.path_names(), ["fw"]);
         assert_eq!(format_actions(&r.forward.actions), "count; drop acl-deny");
         assert!(r.reverse.is_none());
     }
@@ -966,7 +986,7 @@ mod tests {
         ]);
         let mut c = Chain::new(nfs, spec, Egress::LOCAL, Egress::LOCAL).unwrap();
         let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
-        assert_eq!(r.path, ["classify", "web-lb", "monitor"]);
+        assert_eq!(r.path_names(), ["classify", "web-lb", "monitor"]);
         assert_eq!(
             format_actions(&r.forward.actions),
             "set-dst 198.19.1.1:80; count; out 0"

@@ -37,7 +37,7 @@ mod state;
 mod types;
 
 pub use chain::{
-    Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, PreparedChainPart,
+    Chain, ChainDecoder, ChainError, ChainSpec, ComposedRules, Egress, NfPath, PreparedChainPart,
 };
 pub use env::{DetRng, NfEnv, Trigger};
 pub use slabmap::SlabMap;

@@ -724,6 +724,23 @@ fn enc<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Vec<u8>, StateError>
     })
 }
 
+/// A key encoded for a lookup only: on the stack unless longer than 64 bytes, so a read
+/// (and a pool allocation, which only looks its pool up) allocates nothing.
+type KeyBuf = SmallVec<[u8; 64]>;
+
+fn enc_key<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<KeyBuf, StateError> {
+    let mut buf = [0u8; ENC_STACK];
+    let r = match postcard::to_slice(v, &mut buf) {
+        Ok(b) => Ok(KeyBuf::from_slice(b)),
+        Err(postcard::Error::SerializeBufferFull) => postcard::to_allocvec(v).map(KeyBuf::from_vec),
+        Err(e) => Err(e),
+    };
+    r.map_err(|e| StateError::Value {
+        table: table.into(),
+        err: e.to_string(),
+    })
+}
+
 fn dec<T: DeserializeOwned>(table: &str, b: &[u8]) -> Result<T, StateError> {
     postcard::from_bytes(b).map_err(|e| StateError::Value {
         table: table.into(),
@@ -979,9 +996,9 @@ impl StateTables {
 
     /// Rows of a per-flow table in `group`.
     pub fn count_group<G: Serialize>(&self, table: &str, group: &G) -> Result<usize, StateError> {
-        let g = enc(table, group)?;
+        let g = enc_key(table, group)?;
         let t = self.kinded(table, "count_group", &[Kind::PerFlow])?;
-        Ok(t.groups.get(&g).copied().unwrap_or(0))
+        Ok(t.groups.get(g.as_slice()).copied().unwrap_or(0))
     }
 
     pub fn delete_flow(&mut self, table: &str, flow: &FlowKey) -> Result<bool, StateError> {
@@ -1024,9 +1041,12 @@ impl StateTables {
         table: &str,
         key: &K,
     ) -> Result<Option<V>, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded(table, "get", READABLE)?;
-        t.rows.get(&k).map(|r| dec(table, &r.value)).transpose()
+        t.rows
+            .get(k.as_slice())
+            .map(|r| dec(table, &r.value))
+            .transpose()
     }
 
     pub fn put<K: Serialize, V: Serialize>(
@@ -1051,21 +1071,21 @@ impl StateTables {
     }
 
     pub fn delete<K: Serialize>(&mut self, table: &str, key: &K) -> Result<bool, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let sending = self.mirror_sending;
         let t = self.kinded_mut(table, "delete", Kind::KEYED)?;
-        t.shares.remove(&k);
+        t.shares.remove(k.as_slice());
         // Named only while sending: no allocation per write otherwise.
         let mirror = sending
             .then(|| t.mirror_name(table).map(str::to_string))
             .flatten();
-        let Some(old) = t.rows.remove(&k) else {
+        let Some(old) = t.rows.remove(k.as_slice()) else {
             return Ok(false);
         };
         if let Some(mirror) = mirror {
             self.send_mirror(MirrorWrite {
                 table: mirror,
-                key: k,
+                key: k.to_vec(),
                 value: old.value.to_vec(),
                 deleted: true,
             });
@@ -1098,9 +1118,10 @@ impl StateTables {
     /// The share of its whole a with-flows row holds ([`WHOLE_SHARE`] for the only copy),
     /// or None without such a row.
     pub fn share<K: Serialize>(&self, table: &str, key: &K) -> Result<Option<u64>, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded(table, "share", &[Kind::WithFlows])?;
-        Ok((t.rows.contains_key(&k)).then(|| t.shares.get(&k).copied().unwrap_or(WHOLE_SHARE)))
+        Ok((t.rows.contains_key(k.as_slice()))
+            .then(|| t.shares.get(k.as_slice()).copied().unwrap_or(WHOLE_SHARE)))
     }
 
     /// Insert a with-flows row holding `share` of its whole (an import of state written
@@ -1176,9 +1197,9 @@ impl StateTables {
 
     /// A pool row, to read.
     pub fn pool<K: Serialize>(&self, table: &str, key: &K) -> Result<Option<&UnitSet>, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded(table, "pool", &[Kind::Pool])?;
-        Ok(t.pools.get(&k))
+        Ok(t.pools.get(k.as_slice()))
     }
 
     /// Free units of a pool row (0 without the row).
@@ -1195,9 +1216,11 @@ impl StateTables {
         want: u16,
         rng: &mut DetRng,
     ) -> Result<Option<Alloc>, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded_mut(table, "pool_alloc", &[Kind::Pool])?;
-        Ok(t.pools.get_mut(&k).and_then(|p| p.alloc(want, rng)))
+        Ok(t.pools
+            .get_mut(k.as_slice())
+            .and_then(|p| p.alloc(want, rng)))
     }
 
     /// Return a unit to its pool row; false if it was free already, is outside the
@@ -1208,9 +1231,9 @@ impl StateTables {
         key: &K,
         unit: u16,
     ) -> Result<bool, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded_mut(table, "pool_put", &[Kind::Pool])?;
-        Ok(t.pools.get_mut(&k).is_some_and(|p| p.put(unit)))
+        Ok(t.pools.get_mut(k.as_slice()).is_some_and(|p| p.put(unit)))
     }
 
     /// Every pool row, in key order.
@@ -1434,7 +1457,7 @@ impl StateTables {
 
     /// A fresh read: every add so far. Zero lanes for a key never added to.
     pub fn counter<K: Serialize>(&self, table: &str, key: &K) -> Result<Vec<u64>, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded(table, "counter", &[Kind::Replicated])?;
         let mut v = counter_of(&t.folded, &k).cloned().unwrap_or_default();
         if let Some(d) = counter_of(&t.pending, &k) {
@@ -1454,7 +1477,7 @@ impl StateTables {
         now_ms: u64,
         max_stale_ms: u64,
     ) -> Result<Vec<u64>, StateError> {
-        let k = enc(table, key)?;
+        let k = enc_key(table, key)?;
         let t = self.kinded_mut(table, "counter_stale", &[Kind::Replicated])?;
         if now_ms.saturating_sub(t.folded_at_ms) > max_stale_ms {
             t.fold(now_ms);

@@ -250,6 +250,12 @@ impl Rewrite {
     /// As PP actions.
     pub fn actions(&self) -> Vec<Action> {
         let mut v = Vec::new();
+        self.push_actions(&mut v);
+        v
+    }
+
+    /// As PP actions, added to `v`.
+    pub fn push_actions(&self, v: &mut Vec<Action>) {
         if !self.src.is_empty() {
             v.push(Action::SetSrc {
                 addr: self.src.addr,
@@ -262,7 +268,6 @@ impl Rewrite {
                 port: self.dst.port,
             });
         }
-        v
     }
 }
 

@@ -71,9 +71,12 @@ fn a_reply_whose_reverse_rule_was_lost_gets_the_flows_rules_back() {
             let again = ask(&mut c, rev.key, flags, now);
             assert!(!drops(&again.forward), "{kinds:?}: {again:?}");
             same_rule(&again.forward, &rev);
-            same_rule(&again.reverse.expect("its companion"), &first.forward);
+            same_rule(
+                again.reverse.as_ref().expect("its companion"),
+                &first.forward,
+            );
             let path: Vec<&str> = kinds.iter().rev().copied().collect();
-            assert_eq!(again.path, path, "replies meet the NFs last first");
+            assert_eq!(again.path_names(), path, "replies meet the NFs last first");
         }
     }
 }
@@ -88,7 +91,7 @@ fn a_reply_of_a_flow_no_nf_knows_is_still_refused() {
         .expect("key");
     let r = ask(&mut c, stray, SYN_ACK, 10);
     assert!(drops(&r.forward), "{r:?}");
-    assert_eq!(r.path, ["fw"], "asked forward, as any unknown flow");
+    assert_eq!(r.path_names(), ["fw"], "asked forward, as any unknown flow");
 }
 
 /// A replica restored from a snapshot (as a chain repair brings one in) holds its rows

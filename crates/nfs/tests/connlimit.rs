@@ -200,7 +200,7 @@ fn builds_from_json_and_runs_in_a_chain() {
         Chain::new(vec![nf], ChainSpec::seq(1), Egress::LOCAL, Egress::LOCAL).expect("chain");
     let env = &mut NfEnv::new(0, 1);
     let first = chain.decide(&pkt(&flow(5, 1, 0)), env).expect("decided");
-    assert_eq!(first.path, ["connlimit"]);
+    assert_eq!(first.path_names(), ["connlimit"]);
     assert!(
         first.reverse.is_some(),
         "an admitted flow gets a reply rule"

@@ -551,7 +551,7 @@ fn composes_in_a_chain_behind_a_firewall() {
     )
     .unwrap();
     let r = chain.decide(&pkt(flow(3)), &mut env(0)).unwrap();
-    assert_eq!(r.path, ["fw", "lb"]);
+    assert_eq!(r.path_names(), ["fw", "lb"]);
     let text = pipeline::format_actions(&r.forward.actions);
     assert!(text.starts_with("set-dst 198.19.1."), "{text}");
     // TCP SYN: the firewall gives PP's rule its established timeout (7440 s, which it

@@ -177,7 +177,7 @@ fn tiny_nat_in_a_chain() {
             &mut NfEnv::new(0, 42),
         )
         .expect("decided");
-    assert_eq!(r.path, ["monitor", "tiny-nat"]);
+    assert_eq!(r.path_names(), ["monitor", "tiny-nat"]);
     let fwd = format_actions(&r.forward.actions);
     assert!(fwd.starts_with("set-src 198.19.255.1:400"), "{fwd}");
     let rev = r.reverse.expect("reverse rule");
