@@ -690,17 +690,22 @@ impl<R> WireOf<R> {
     }
 }
 
-/// Bytes of a key or value that [`enc`] and [`enc_value`] serialise on the stack before
-/// copying them once; anything longer takes postcard's growing forms.
+/// Bytes of a key or value that [`enc_small`] serialises on the stack before copying
+/// them once; anything longer takes postcard's growing form.
 const ENC_STACK: usize = 128;
 
-/// A row's value. Into a stack buffer first: postcard's extend form grows the `SmallVec`
-/// one field at a time, which was 5% of a SNAT's new flow.
-fn enc_value<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Value, StateError> {
+/// `v` serialised into a `SmallVec` of inline capacity `A`. Into a stack buffer first:
+/// postcard's extend form grows the vector one field at a time, which was 5% of a SNAT's
+/// new flow.
+fn enc_small<A, T>(table: &str, v: &T) -> Result<SmallVec<A>, StateError>
+where
+    A: smallvec::Array<Item = u8>,
+    T: Serialize + ?Sized,
+{
     let mut buf = [0u8; ENC_STACK];
     let r = match postcard::to_slice(v, &mut buf) {
-        Ok(b) => Ok(Value::from_slice(b)),
-        Err(postcard::Error::SerializeBufferFull) => postcard::to_extend(v, Value::new()),
+        Ok(b) => Ok(SmallVec::from_slice(b)),
+        Err(postcard::Error::SerializeBufferFull) => postcard::to_extend(v, SmallVec::new()),
         Err(e) => Err(e),
     };
     r.map_err(|e| StateError::Value {
@@ -709,19 +714,9 @@ fn enc_value<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Value, StateEr
     })
 }
 
-/// A key: one allocation of its exact size, where `to_allocvec` starts empty and
-/// reallocates as it grows (two or three times for a SNAT mapping's key).
-fn enc<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Vec<u8>, StateError> {
-    let mut buf = [0u8; ENC_STACK];
-    let r = match postcard::to_slice(v, &mut buf) {
-        Ok(b) => Ok(b.to_vec()),
-        Err(postcard::Error::SerializeBufferFull) => postcard::to_allocvec(v),
-        Err(e) => Err(e),
-    };
-    r.map_err(|e| StateError::Value {
-        table: table.into(),
-        err: e.to_string(),
-    })
+/// A row's value.
+fn enc_value<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Value, StateError> {
+    enc_small(table, v)
 }
 
 /// A key encoded for a lookup only: on the stack unless longer than 64 bytes, so a read
@@ -729,16 +724,14 @@ fn enc<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Vec<u8>, StateError>
 type KeyBuf = SmallVec<[u8; 64]>;
 
 fn enc_key<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<KeyBuf, StateError> {
-    let mut buf = [0u8; ENC_STACK];
-    let r = match postcard::to_slice(v, &mut buf) {
-        Ok(b) => Ok(KeyBuf::from_slice(b)),
-        Err(postcard::Error::SerializeBufferFull) => postcard::to_allocvec(v).map(KeyBuf::from_vec),
-        Err(e) => Err(e),
-    };
-    r.map_err(|e| StateError::Value {
-        table: table.into(),
-        err: e.to_string(),
-    })
+    enc_small(table, v)
+}
+
+/// A key to keep: one allocation of its exact size (`into_vec` of an inline `SmallVec`
+/// collects with an exact length), where `to_allocvec` starts empty and reallocates as it
+/// grows (two or three times for a SNAT mapping's key).
+fn enc<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Vec<u8>, StateError> {
+    enc_key(table, v).map(SmallVec::into_vec)
 }
 
 fn dec<T: DeserializeOwned>(table: &str, b: &[u8]) -> Result<T, StateError> {
