@@ -25,6 +25,21 @@ fn main() {
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
+        // The setup path's per-flow byte fields decode as `Bytes`: a slice of the
+        // message's receive buffer, and a clone is a reference count. As `Vec<u8>`
+        // each one was an allocation per decode and per copy, at every hop of a flow's
+        // request and reply (PP, FM, three replicas). State transfer keeps `Vec<u8>`:
+        // it is not per flow, and its parts are kept long after the message is gone.
+        .bytes([
+            ".starfabric.v1.FlowKey.raw",
+            ".starfabric.v1.Endpoint.addr",
+            ".starfabric.v1.Encap",
+            ".starfabric.v1.RuleRequest.frame",
+            ".starfabric.v1.Action.fabric",
+            ".starfabric.v1.FabricFrame.frame",
+        ])
+        // Rule is written by hand (src/rule_msg.rs): it sizes its action list once.
+        .extern_path(".starfabric.v1.Rule", "crate::rule_msg::Rule")
         .compile_protos(&[proto], &["proto"])
         .unwrap_or_else(|e| panic!("compiling {proto}: {e}"));
 }

@@ -89,7 +89,9 @@ fn decided(i: u32) -> (CacheKey, v1::RuleReply, [u8; 40]) {
         key: Some((&k).into()),
         result: Some(v1::rule_reply::Result::Rule((&fwd).into())),
         also: vec![(&rev).into()],
-        decided_by: "SC group 1".into(),
+        // As FM caches an SC group's reply (group by id since `decided_by_group`).
+        decided_by: String::new(),
+        decided_by_group: 1,
         frame_forwarded: false,
     };
     ((1, 1, *k.as_bytes()), reply, *rkey.as_bytes())

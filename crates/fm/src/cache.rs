@@ -101,6 +101,7 @@ fn cached_reply(bytes: &[u8]) -> Option<v1::RuleReply> {
     r.id = 0;
     r.worker = 0;
     r.decided_by.clear();
+    r.decided_by_group = 0;
     Some(r)
 }
 
@@ -250,7 +251,7 @@ impl RuleCache {
             let Some(k) = a
                 .key
                 .as_ref()
-                .and_then(|k| <[u8; 40]>::try_from(k.raw.as_slice()).ok())
+                .and_then(|k| <[u8; 40]>::try_from(&k.raw[..]).ok())
             else {
                 continue;
             };
@@ -522,7 +523,7 @@ fn also_keys(r: &v1::RuleReply) -> impl Iterator<Item = [u8; 40]> + '_ {
     r.also.iter().filter_map(|a| {
         a.key
             .as_ref()
-            .and_then(|k| <[u8; 40]>::try_from(k.raw.as_slice()).ok())
+            .and_then(|k| <[u8; 40]>::try_from(&k.raw[..]).ok())
     })
 }
 
@@ -533,7 +534,7 @@ fn reverse_reply(mut fwd: v1::RuleReply, rkey: &[u8; 40]) -> Option<v1::RuleRepl
     let i = fwd
         .also
         .iter()
-        .position(|a| a.key.as_ref().is_some_and(|k| k.raw.as_slice() == rkey))?;
+        .position(|a| a.key.as_ref().is_some_and(|k| &k.raw[..] == rkey))?;
     let rev = fwd.also.swap_remove(i);
     let Some(v1::rule_reply::Result::Rule(mut rule)) = fwd.result.take() else {
         return None;
@@ -548,6 +549,7 @@ fn reverse_reply(mut fwd: v1::RuleReply, rkey: &[u8; 40]) -> Option<v1::RuleRepl
         result: Some(v1::rule_reply::Result::Rule(rev)),
         also: vec![rule],
         decided_by: String::new(),
+        decided_by_group: 0,
         frame_forwarded: false,
     })
 }
@@ -568,6 +570,7 @@ mod tests {
             also: vec![],
             worker: 3,
             decided_by: String::new(),
+            decided_by_group: 0,
             frame_forwarded: false,
         }
     }
@@ -652,7 +655,9 @@ mod tests {
     }
 
     fn fk(i: u8) -> v1::FlowKey {
-        v1::FlowKey { raw: vec![i; 40] }
+        v1::FlowKey {
+            raw: vec![i; 40].into(),
+        }
     }
 
     /// A reply for flow key 1 that carries the reverse direction's rule (key 2).

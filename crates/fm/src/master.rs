@@ -50,6 +50,7 @@ use pipeline::{FlowKey, LatencyHistogram};
 use proto::v1::{self, pp_down, sc_down};
 use proto::ChainDef;
 use serde_json::json;
+use smallvec::{smallvec, SmallVec};
 use tracing::{debug, info, warn};
 
 use crate::cache::{CacheKey, CacheStats, RuleCache};
@@ -343,7 +344,7 @@ struct Waiter {
     arrived_us: u64,
     /// The flow's first packet, if it came with the request: handed to the next-hop
     /// PP node if the answer is a fabric route (docs/fabric.md).
-    frame: Option<Vec<u8>>,
+    frame: Option<proto::Bytes>,
 }
 
 struct Inflight {
@@ -352,7 +353,9 @@ struct Inflight {
     request: v1::RuleRequest,
     sent_ms: u64,
     attempts: u32,
-    waiters: Vec<Waiter>,
+    /// Almost always one: a second asker of the same flow is rare, and an inline
+    /// first saves an allocation per flow.
+    waiters: SmallVec<[Waiter; 1]>,
 }
 
 #[derive(Default)]
@@ -1063,7 +1066,9 @@ impl Master {
             let msg = pp_down::Msg::Revoked(v1::RuleRevoke {
                 keys: chunk
                     .iter()
-                    .map(|k| v1::FlowKey { raw: k.to_vec() })
+                    .map(|k| v1::FlowKey {
+                        raw: proto::owned(*k),
+                    })
                     .collect(),
             });
             let mut sessions: Vec<u64> = self.pp.keys().copied().collect();
@@ -1138,6 +1143,7 @@ impl Master {
                         r.id = req.id;
                         r.worker = req.worker;
                         r.decided_by = CACHE_DECIDER.into();
+                        r.decided_by_group = 0;
                         self.fabric_route(session, ck.0, ck.1, r, frame)
                     }
                     None => {
@@ -1157,6 +1163,7 @@ impl Master {
                 r.id = req.id;
                 r.worker = req.worker;
                 r.decided_by = CACHE_DECIDER.into();
+                r.decided_by_group = 0;
                 let r = self.fabric_route(session, req.tenant, req.chain, r, frame);
                 self.answer_pp(session, r, arrived);
                 continue;
@@ -1213,7 +1220,7 @@ impl Master {
                     request,
                     sent_ms: now,
                     attempts: 1,
-                    waiters: vec![waiter],
+                    waiters: smallvec![waiter],
                 },
             );
         }
@@ -1223,7 +1230,7 @@ impl Master {
     /// this task, for the request latency observed when the reply leaves in `flush`.
     /// A reply no one else claimed is FM's own (a refusal): `decided_by` says so.
     fn answer_pp(&mut self, session: u64, mut reply: v1::RuleReply, arrived_us: u64) {
-        if reply.decided_by.is_empty() {
+        if reply.decided_by.is_empty() && reply.decided_by_group == 0 {
             reply.decided_by = "FM".into();
         }
         if let Some(s) = self.pp.get_mut(&session) {
@@ -1249,7 +1256,7 @@ impl Master {
         tenant: u32,
         chain: u32,
         mut reply: v1::RuleReply,
-        frame: Option<Vec<u8>>,
+        frame: Option<proto::Bytes>,
     ) -> v1::RuleReply {
         if self.fabric.is_empty() {
             return reply;
@@ -1264,7 +1271,7 @@ impl Master {
         let keys: Vec<[u8; 40]> = std::iter::once(rule)
             .chain(reply.also.iter())
             .filter_map(|r| r.key.as_ref())
-            .filter_map(|k| <[u8; 40]>::try_from(k.raw.as_slice()).ok())
+            .filter_map(|k| <[u8; 40]>::try_from(&k.raw[..]).ok())
             .collect();
         let asker = self
             .pp
@@ -1279,6 +1286,7 @@ impl Master {
                 )));
                 reply.also.clear();
                 reply.decided_by = "FM fabric".into();
+                reply.decided_by_group = 0;
             }
             crate::fabric::Hop::Peer { mac, node } => {
                 if let Some(frame) = frame {
@@ -1299,7 +1307,7 @@ impl Master {
     /// Take a request's first packet off it, if it has one FM can carry: one larger
     /// than [`proto::MAX_FABRIC_FRAME`] is dropped here, counted, and its ingress node
     /// releases the packet itself.
-    fn take_frame(&mut self, req: &mut v1::RuleRequest) -> Option<Vec<u8>> {
+    fn take_frame(&mut self, req: &mut v1::RuleRequest) -> Option<proto::Bytes> {
         let frame = std::mem::take(&mut req.frame);
         if frame.is_empty() {
             return None;
@@ -1325,7 +1333,7 @@ impl Master {
         chain: u32,
         keys: &[[u8; 40]],
         reply: &v1::RuleReply,
-        frame: Vec<u8>,
+        frame: proto::Bytes,
     ) -> bool {
         let drops = &mut self.fabric.stats.first_dropped;
         let Some(entry) = self.members.get(node) else {
@@ -1409,7 +1417,7 @@ impl Master {
             }
             for mut reply in r.replies {
                 self.stats.sc_replies += 1;
-                reply.decided_by = format!("SC group {}", results.group);
+                reply.decided_by_group = results.group;
                 if let Some(v1::rule_reply::Result::Error(e)) = &reply.result {
                     if e == proto::ERR_MOVED || e == proto::ERR_NOT_READY {
                         self.redirect(reply.id, results.group, now);
@@ -2043,7 +2051,7 @@ fn to_fabric(r: &mut v1::Rule, peer: [u8; 6]) {
             kind: Some(v1::action::Kind::Decap(v1::Empty {})),
         },
         v1::Action {
-            kind: Some(v1::action::Kind::Fabric(peer.to_vec())),
+            kind: Some(v1::action::Kind::Fabric(proto::owned(peer))),
         },
     ];
 }

@@ -1529,7 +1529,7 @@ mod tests {
         links.pp.insert(1, tx);
         let frame = || {
             pp(pp_down::Msg::Fabric(v1::FabricFrame {
-                frame: vec![0xab; 1000],
+                frame: vec![0xab; 1000].into(),
                 ..Default::default()
             }))
         };

@@ -83,7 +83,7 @@ fn a_host_reaches_a_host_the_other_partition_translates_by_its_mapping() {
         );
         let ext = r.mapped_source().expect("a mapping");
         hosts
-            .entry(r.decided_by.clone())
+            .entry(r.decided_by.to_string())
             .or_default()
             .push((host, ext));
     }
@@ -116,7 +116,8 @@ fn a_host_reaches_a_host_the_other_partition_translates_by_its_mapping() {
     );
     let sender_group = &hosts.iter().find(|(_, v)| v[0].0 == sender).unwrap().0;
     assert_eq!(
-        &r.decided_by, *sender_group,
+        &r.decided_by.to_string(),
+        *sender_group,
         "decided in the sender's partition"
     );
     let fm = cluster.stats();

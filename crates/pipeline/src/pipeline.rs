@@ -104,9 +104,8 @@ pub struct RuleReply {
     /// Not an answer: FM withdrew `key`'s rule (its chain went or was rebuilt). The
     /// worker removes it, so the flow's next packet asks again.
     pub revoke: bool,
-    /// Who decided, as FM says (`SC group 3`, `FM rule cache`, `FM`); empty when not
-    /// said. Shown by traces only.
-    pub decided_by: String,
+    /// Who decided, as FM says. Shown by traces only.
+    pub decided_by: DecidedBy,
     /// FM carried the request's frame (the flow's first held packet) to the next-hop
     /// node: the worker releases only the packets held after it, so none goes twice.
     pub frame_forwarded: bool,
@@ -114,6 +113,29 @@ pub struct RuleReply {
     /// installing this reply's rules, the worker runs it through its pipeline as if it
     /// had come over the fabric. Such a reply answers no request of this node's.
     pub inject: Option<Box<[u8]>>,
+}
+
+/// Who decided a [`RuleReply`], as FM's reply says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DecidedBy {
+    /// The reply does not say (a static rule, an older FM).
+    #[default]
+    Unsaid,
+    /// An SC group's chain computed it. FM names the group by id, so a flow's answer
+    /// carries no string; it reads "SC group G".
+    ScGroup(u64),
+    /// Anyone else, by name: `FM rule cache`, `FM fabric`, `FM` for FM's own refusals.
+    Named(String),
+}
+
+impl std::fmt::Display for DecidedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecidedBy::Unsaid => Ok(()),
+            DecidedBy::ScGroup(g) => write!(f, "SC group {g}"),
+            DecidedBy::Named(n) => f.write_str(n),
+        }
+    }
 }
 
 impl RuleReply {
@@ -138,7 +160,7 @@ impl RuleReply {
             result: Ok(rule),
             also: Vec::new(),
             revoke: false,
-            decided_by: String::new(),
+            decided_by: DecidedBy::Unsaid,
             frame_forwarded: false,
             inject: None,
         }
@@ -150,7 +172,7 @@ impl RuleReply {
             result: Err(e.into()),
             also: Vec::new(),
             revoke: false,
-            decided_by: String::new(),
+            decided_by: DecidedBy::Unsaid,
             frame_forwarded: false,
             inject: None,
         }
@@ -163,7 +185,7 @@ impl RuleReply {
             result: Err("revoked".into()),
             also: Vec::new(),
             revoke: true,
-            decided_by: String::new(),
+            decided_by: DecidedBy::Unsaid,
             frame_forwarded: false,
             inject: None,
         }
@@ -1297,7 +1319,7 @@ impl Pipeline {
                 .map(|r| format!("{}: {}", r.key, crate::format_actions(&r.actions)))
                 .collect(),
             installed,
-            decided_by: reply.decided_by.clone(),
+            decided_by: reply.decided_by.to_string(),
             after_us: now_us.saturating_sub(t0),
         };
         t.emit(TraceRecord::Decision(Box::new(d)));

@@ -43,7 +43,7 @@ fn a_trace_shows_the_miss_the_decision_and_the_hits() {
     r.send([tenant_udp(1000, 53), tenant_udp(1000, 53)]);
     r.replies
         .send(RuleReply {
-            decided_by: "SC group 4".into(),
+            decided_by: pipeline::DecidedBy::ScGroup(4),
             ..RuleReply::ok(Rule::new(
                 key(1000, 53),
                 parse_actions(

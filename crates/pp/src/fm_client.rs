@@ -550,7 +550,7 @@ async fn session(
         let requests: Vec<v1::RuleRequest> = outstanding
             .values_mut()
             .map(|o| {
-                o.req.frame = Vec::new();
+                o.req.frame = proto::Bytes::new();
                 o.req.clone()
             })
             .collect();
@@ -697,7 +697,7 @@ fn inject(f: v1::FabricFrame, outs: &[WorkerOut], stats: &FmClientStats) {
             .fetch_add(1, Ordering::Relaxed);
         return;
     };
-    reply.inject = Some(f.frame.into());
+    reply.inject = Some(f.frame[..].into());
     if out.replies.send(reply).is_err() {
         stats
             .fabric_frames_no_worker
@@ -755,23 +755,25 @@ fn deliver(
         {
             stats.setup_overload.fetch_add(1, Ordering::Relaxed);
         }
-        let reply = match RuleReply::try_from(&m) {
+        let worker = m.worker as usize;
+        let key = proto::key_of(m.key.as_ref());
+        let reply = match RuleReply::try_from(m) {
             Ok(r) => r,
             Err(e) => {
                 stats.bad_replies.fetch_add(1, Ordering::Relaxed);
                 // Release the worker's held packets now rather than at its timeout.
-                match proto::key_of(m.key.as_ref()) {
+                match key {
                     Ok(k) => RuleReply::err(k, format!("bad reply: {e}")),
                     Err(_) => continue,
                 }
             }
         };
-        let Some(out) = outs.get(m.worker as usize) else {
+        let Some(out) = outs.get(worker) else {
             stats.bad_replies.fetch_add(1, Ordering::Relaxed);
             continue;
         };
         if out.replies.send(reply).is_ok() {
-            rung[m.worker as usize] = true;
+            rung[worker] = true;
         }
     }
     for (i, r) in rung.into_iter().enumerate() {
@@ -807,7 +809,7 @@ mod tests {
         let stats = FmClientStats::default();
         let ok = v1::FabricFrame {
             install: Some(install(0)),
-            frame: vec![7; 60],
+            frame: vec![7; 60].into(),
         };
         inject(ok.clone(), &outs, &stats);
         let got = rx.try_recv().expect("handed to the worker");
@@ -819,7 +821,7 @@ mod tests {
         for frame in [vec![0; proto::MAX_FABRIC_FRAME + 1], vec![]] {
             inject(
                 v1::FabricFrame {
-                    frame,
+                    frame: frame.into(),
                     ..ok.clone()
                 },
                 &outs,
@@ -828,7 +830,9 @@ mod tests {
         }
         // No rule, or one that does not decode.
         let mut bad = install(0);
-        bad.key = Some(v1::FlowKey { raw: vec![1; 3] });
+        bad.key = Some(v1::FlowKey {
+            raw: vec![1; 3].into(),
+        });
         for install in [None, Some(bad)] {
             inject(
                 v1::FabricFrame {

@@ -12,17 +12,20 @@
 //! - [`tls`] is plane security: the orchestrator's CA, node certificates naming role and
 //!   id, mTLS servers and clients with rotation and revocation (docs/security.md).
 
+pub use bytes::Bytes;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use nf::{ChainSpec, Egress, PartitionBy};
-use pipeline::{Action, FlowKey, PacketMeta, Rule, RuleReply, RuleRequest};
+use pipeline::{Action, DecidedBy, FlowKey, PacketMeta, Rule, RuleReply, RuleRequest};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Generated messages and services of `starfabric.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
+    pub use crate::rule_msg::Rule;
     tonic::include_proto!("starfabric.v1");
 }
 
@@ -31,6 +34,7 @@ mod fm_addrs;
 pub mod json;
 pub mod lanes;
 pub mod liveness;
+mod rule_msg;
 pub mod tls;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
@@ -105,11 +109,73 @@ fn narrow<T: TryFrom<u64>>(what: &'static str, v: impl Into<u64>) -> Result<T> {
     T::try_from(v).map_err(|_| ConvertError::OutOfRange { what, value: v })
 }
 
-fn addr_bytes(a: IpAddr) -> Vec<u8> {
+fn addr_bytes(a: IpAddr) -> Bytes {
     match a {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
+        IpAddr::V4(a) => interned(&a.octets()),
+        IpAddr::V6(a) => interned(&a.octets()),
     }
+}
+
+/// Slots of [`interned`]'s cache, per thread.
+const INTERNED_SLOTS: usize = 64;
+
+/// One slot: the value's length (`u8::MAX` for an empty slot), its bytes, and the
+/// `Bytes` that holds them.
+type InternedSlot = (u8, [u8; 16], Bytes);
+
+thread_local! {
+    static INTERNED: std::cell::RefCell<Vec<InternedSlot>> =
+        std::cell::RefCell::new(vec![(u8::MAX, [0; 16], Bytes::new()); INTERNED_SLOTS]);
+}
+
+/// A small byte field (an address, a MAC; at most 16 bytes) as `Bytes`, from a
+/// per-thread, direct-mapped cache of the last ones made. A chain's rules repeat a
+/// few of them in every reply (the SNAT pool's address, the backends', the egress
+/// MACs), and a cached one costs a reference count where a new one is an allocation.
+/// A value that misses replaces its slot's; nothing grows.
+fn interned(b: &[u8]) -> Bytes {
+    if b.is_empty() || b.len() > 16 {
+        return Bytes::copy_from_slice(b);
+    }
+    let mut h = b.len() as u64;
+    for &x in b {
+        h = (h ^ u64::from(x)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    let slot = (h >> 58) as usize % INTERNED_SLOTS;
+    INTERNED.with(|c| {
+        let mut c = c.borrow_mut();
+        let (len, bytes, held) = &mut c[slot];
+        if usize::from(*len) == b.len() && bytes[..b.len()] == *b {
+            return held.clone();
+        }
+        let mut a = [0u8; 16];
+        a[..b.len()].copy_from_slice(b);
+        let v = Bytes::from_owner(a).slice(..b.len());
+        *len = b.len() as u8;
+        *bytes = a;
+        *held = v.clone();
+        v
+    })
+}
+
+/// `m` with every byte field in storage of its own. A decoded message's `Bytes` fields
+/// are slices of the buffer it arrived in, and each keeps all of that buffer alive. That
+/// is free while a message passes through (every hop of the setup path); a message kept
+/// for long, such as FM's scale pins, is detached first.
+pub fn detached<M: prost::Message + Default>(m: &M) -> M {
+    // Decoding from a plain slice copies each field out (`Buf::copy_to_bytes` on
+    // `&[u8]`). It cannot fail on bytes just encoded; a default is the safe answer if
+    // it ever did.
+    M::decode(m.encode_to_vec().as_slice()).unwrap_or_default()
+}
+
+/// A byte field made here, for a message about to be sent. prost encodes a `Bytes`
+/// field by cloning it, and the clone of a `Bytes` made from a `Vec` allocates its
+/// shared header (`Bytes::from(vec)` defers that). One made from an owned array
+/// allocates once, here, and every clone after that is a reference count: the same
+/// one allocation per field that a `Vec<u8>` field took.
+pub fn owned<const N: usize>(b: [u8; N]) -> Bytes {
+    Bytes::from_owner(b)
 }
 
 fn addr_from(b: &[u8]) -> Result<Option<IpAddr>> {
@@ -157,7 +223,7 @@ fn check_vni(vni: u32) -> Result<u32> {
 impl From<&FlowKey> for v1::FlowKey {
     fn from(k: &FlowKey) -> Self {
         v1::FlowKey {
-            raw: k.as_bytes().to_vec(),
+            raw: owned(*k.as_bytes()),
         }
     }
 }
@@ -167,7 +233,7 @@ impl TryFrom<&v1::FlowKey> for FlowKey {
     fn try_from(k: &v1::FlowKey) -> Result<Self> {
         let b: [u8; 40] = k
             .raw
-            .as_slice()
+            .as_ref()
             .try_into()
             .map_err(|_| ConvertError::KeyLength(k.raw.len()))?;
         Ok(FlowKey::from_bytes(b))
@@ -206,17 +272,17 @@ impl From<&Action> for v1::Action {
                 inner_dmac,
                 inner_smac,
             } => Kind::Encap(v1::Encap {
-                dst: dst.octets().to_vec(),
+                dst: interned(&dst.octets()),
                 vni: *vni,
-                inner_dmac: inner_dmac.map(|m| m.to_vec()).unwrap_or_default(),
-                inner_smac: inner_smac.map(|m| m.to_vec()).unwrap_or_default(),
+                inner_dmac: inner_dmac.map(|m| interned(&m)).unwrap_or_default(),
+                inner_smac: inner_smac.map(|m| interned(&m)).unwrap_or_default(),
             }),
             Action::Count => Kind::Count(v1::Empty {}),
             Action::Police { class } => Kind::Police(u32::from(*class)),
             Action::Offload => Kind::Offload(v1::Empty {}),
             Action::Output(p) => Kind::Output(u32::from(*p)),
             Action::Drop { reason } => Kind::Drop(reason.clone()),
-            Action::Fabric { peer } => Kind::Fabric(peer.to_vec()),
+            Action::Fabric { peer } => Kind::Fabric(interned(peer)),
         };
         v1::Action { kind: Some(kind) }
     }
@@ -279,16 +345,35 @@ impl From<&Rule> for v1::Rule {
     }
 }
 
+/// `r` as a message, under `key` when that is already `r`'s key as a message: the
+/// rule a flow's request is answered with matches the key the request carried, and a
+/// received key costs nothing to send on (a slice of its receive buffer), where a new
+/// one is an allocation.
+pub fn rule_keyed(r: &Rule, key: Option<&v1::FlowKey>) -> v1::Rule {
+    let key = match key {
+        Some(k) if k.raw[..] == r.key.as_bytes()[..] => k.clone(),
+        _ => (&r.key).into(),
+    };
+    v1::Rule {
+        key: Some(key),
+        actions: r.actions.iter().map(v1::Action::from).collect(),
+        idle_timeout_ms: r.idle_timeout.map(timeout_ms),
+    }
+}
+
 impl TryFrom<&v1::Rule> for Rule {
     type Error = ConvertError;
     fn try_from(r: &v1::Rule) -> Result<Self> {
+        // Sized up front: collecting through `Result` gives no size hint, so the list
+        // grew (and moved) once past four actions, and a rule of the built-in chain has
+        // more.
+        let mut actions = Vec::with_capacity(r.actions.len());
+        for a in &r.actions {
+            actions.push(Action::try_from(a)?);
+        }
         Ok(Rule {
             key: key_of(r.key.as_ref())?,
-            actions: r
-                .actions
-                .iter()
-                .map(Action::try_from)
-                .collect::<Result<_>>()?,
+            actions,
             idle_timeout: r.idle_timeout_ms.map(timeout_from),
         })
     }
@@ -329,7 +414,11 @@ pub fn request_to_proto(r: &RuleRequest, id: u64) -> v1::RuleRequest {
         chain: r.chain,
         meta: Some((&r.meta).into()),
         worker: u32::from(r.worker),
-        frame: r.frame.as_deref().map(<[u8]>::to_vec).unwrap_or_default(),
+        frame: r
+            .frame
+            .as_deref()
+            .map(Bytes::copy_from_slice)
+            .unwrap_or_default(),
     }
 }
 
@@ -343,7 +432,7 @@ impl TryFrom<&v1::RuleRequest> for RuleRequest {
             chain: r.chain,
             meta: PacketMeta::try_from(r.meta.as_ref().ok_or(ConvertError::Missing("meta"))?)?,
             worker: narrow("worker", r.worker)?,
-            frame: (!r.frame.is_empty()).then(|| r.frame.as_slice().into()),
+            frame: (!r.frame.is_empty()).then(|| r.frame.as_ref().into()),
         })
     }
 }
@@ -359,8 +448,24 @@ pub fn reply_to_proto(r: &RuleReply, id: u64, worker: u16) -> v1::RuleReply {
         }),
         also: r.also.iter().map(v1::Rule::from).collect(),
         worker: u32::from(worker),
-        decided_by: r.decided_by.clone(),
+        decided_by: match &r.decided_by {
+            DecidedBy::Named(n) => n.clone(),
+            DecidedBy::Unsaid | DecidedBy::ScGroup(_) => String::new(),
+        },
+        decided_by_group: match r.decided_by {
+            DecidedBy::ScGroup(g) => g,
+            DecidedBy::Unsaid | DecidedBy::Named(_) => 0,
+        },
         frame_forwarded: r.frame_forwarded,
+    }
+}
+
+/// Who decided, from a reply's two fields (see `RuleReply.decided_by_group`).
+fn decided_by(group: u64, name: String) -> DecidedBy {
+    match (group, name.is_empty()) {
+        (0, true) => DecidedBy::Unsaid,
+        (0, false) => DecidedBy::Named(name),
+        (g, _) => DecidedBy::ScGroup(g),
     }
 }
 
@@ -377,7 +482,30 @@ impl TryFrom<&v1::RuleReply> for RuleReply {
             result,
             also: r.also.iter().map(Rule::try_from).collect::<Result<_>>()?,
             revoke: false,
-            decided_by: r.decided_by.clone(),
+            decided_by: decided_by(r.decided_by_group, r.decided_by.clone()),
+            frame_forwarded: r.frame_forwarded,
+            inject: None,
+        })
+    }
+}
+
+/// The same as the conversion from `&v1::RuleReply`, moving the reply's strings (its
+/// error and `decided_by`) instead of copying them: PP's FM session converts every
+/// reply it receives, and each copy was an allocation per flow.
+impl TryFrom<v1::RuleReply> for RuleReply {
+    type Error = ConvertError;
+    fn try_from(mut r: v1::RuleReply) -> Result<Self> {
+        let key = key_of(r.key.as_ref())?;
+        let result = match r.result.take().ok_or(ConvertError::Missing("result"))? {
+            v1::rule_reply::Result::Rule(rule) => Ok(Rule::try_from(&rule)?),
+            v1::rule_reply::Result::Error(e) => Err(e),
+        };
+        Ok(RuleReply {
+            key,
+            result,
+            also: r.also.iter().map(Rule::try_from).collect::<Result<_>>()?,
+            revoke: false,
+            decided_by: decided_by(r.decided_by_group, std::mem::take(&mut r.decided_by)),
             frame_forwarded: r.frame_forwarded,
             inject: None,
         })
@@ -393,6 +521,7 @@ pub fn error_reply(req: &v1::RuleRequest, error: impl Into<String>) -> v1::RuleR
         also: Vec::new(),
         worker: req.worker,
         decided_by: String::new(),
+        decided_by_group: 0,
         frame_forwarded: false,
     }
 }
@@ -884,6 +1013,47 @@ mod tests {
     }
 
     #[test]
+    fn interned_fields_share_storage_and_keep_their_values() {
+        let a = interned(&[198, 18, 0, 1]);
+        let b = interned(&[198, 18, 0, 1]);
+        assert_eq!(&a[..], &[198, 18, 0, 1]);
+        assert_eq!(a.as_ptr(), b.as_ptr(), "the second is the first's storage");
+        // Enough other values to evict every slot: each still reads its own bytes.
+        for i in 0..4 * INTERNED_SLOTS as u32 {
+            let v = (0xC612_0000 + i).to_be_bytes();
+            assert_eq!(&interned(&v)[..], &v);
+            let mac = [2, 0, 0, 0, (i >> 8) as u8, i as u8];
+            assert_eq!(&interned(&mac)[..], &mac);
+        }
+        assert_eq!(&a[..], &[198, 18, 0, 1], "evicted, still intact");
+        assert_eq!(&interned(&[198, 18, 0, 1])[..], &[198, 18, 0, 1]);
+        let v6 = [0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(&interned(&v6)[..], &v6);
+        assert!(interned(&[]).is_empty());
+        assert_eq!(&interned(&[7; 40])[..], &[7; 40][..], "too long to intern");
+    }
+
+    #[test]
+    fn decoded_fields_slice_the_buffer_until_detached() {
+        let wire = Bytes::from(
+            reply_to_proto(&RuleReply::ok(Rule::new(key(), vec![])), 1, 0).encode_to_vec(),
+        );
+        let range = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();
+        let inside = |m: &v1::RuleReply| {
+            let p = m.key.as_ref().unwrap().raw.as_ptr() as usize;
+            range.contains(&p)
+        };
+        let m = v1::RuleReply::decode(wire.clone()).unwrap();
+        assert!(
+            inside(&m),
+            "a decoded key is a slice of what it was decoded from"
+        );
+        let d = detached(&m);
+        assert_eq!(d, m);
+        assert!(!inside(&d), "a detached key has storage of its own");
+    }
+
+    #[test]
     fn flow_events_round_trip_through_bytes() {
         let k = key();
         for e in [
@@ -969,7 +1139,9 @@ mod tests {
 
     #[test]
     fn bad_messages_are_typed_errors() {
-        let short = v1::FlowKey { raw: vec![0; 39] };
+        let short = v1::FlowKey {
+            raw: vec![0; 39].into(),
+        };
         assert_eq!(FlowKey::try_from(&short), Err(ConvertError::KeyLength(39)));
         assert_eq!(key_of(None), Err(ConvertError::Missing("key")));
         assert_eq!(
@@ -978,10 +1150,10 @@ mod tests {
         );
         let enc = |vni, dst: Vec<u8>, mac: Vec<u8>| v1::Action {
             kind: Some(v1::action::Kind::Encap(v1::Encap {
-                dst,
+                dst: dst.into(),
                 vni,
-                inner_dmac: mac,
-                inner_smac: vec![],
+                inner_dmac: mac.into(),
+                inner_smac: Bytes::new(),
             })),
         };
         assert_eq!(
@@ -998,14 +1170,14 @@ mod tests {
         );
         let port = v1::Action {
             kind: Some(v1::action::Kind::SetSrc(v1::Endpoint {
-                addr: vec![1; 3],
+                addr: vec![1; 3].into(),
                 port: None,
             })),
         };
         assert_eq!(Action::try_from(&port), Err(ConvertError::AddrLength(3)));
         let port = v1::Action {
             kind: Some(v1::action::Kind::SetDst(v1::Endpoint {
-                addr: vec![],
+                addr: Bytes::new(),
                 port: Some(70000),
             })),
         };

@@ -106,11 +106,15 @@ impl Outcome {
                 Ok(rules) => v1::RuleReply {
                     id: m.id,
                     key: m.key.clone(),
-                    result: Some(v1::rule_reply::Result::Rule((&rules.forward).into())),
+                    result: Some(v1::rule_reply::Result::Rule(proto::rule_keyed(
+                        &rules.forward,
+                        m.key.as_ref(),
+                    ))),
                     also: rules.reverse.iter().map(v1::Rule::from).collect(),
                     worker: m.worker,
                     // FM names the group when it forwards the reply.
                     decided_by: String::new(),
+                    decided_by_group: 0,
                     frame_forwarded: false,
                 },
                 Err(e) => proto::error_reply(m, e),

@@ -682,7 +682,8 @@ impl Master {
                 && h <= j.moved.1
         });
         if pinned {
-            self.pins.insert(ck, reply.clone());
+            // Held for the whole step: not as a slice of the SC results it came in.
+            self.pins.insert(ck, proto::detached(reply));
         }
     }
 

@@ -1376,7 +1376,7 @@ fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
                 };
                 let r = pipeline::Rule::try_from(r).expect("valid rule");
                 Some((
-                    f.frame.clone(),
+                    f.frame.to_vec(),
                     pipeline::format_actions(&r.actions),
                     install.id,
                 ))
@@ -1436,7 +1436,7 @@ fn fabric_acks(s: &Sim) -> Vec<bool> {
 }
 
 fn with_frame(mut r: v1::RuleRequest, frame: &[u8]) -> v1::RuleRequest {
-    r.frame = frame.to_vec();
+    r.frame = proto::Bytes::copy_from_slice(frame);
     r
 }
 
