@@ -142,7 +142,9 @@ fn interned(b: &[u8]) -> Bytes {
         h = (h ^ u64::from(x)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
     let slot = (h >> 58) as usize % INTERNED_SLOTS;
-    INTERNED.with(|c| {
+    // `try_with`: a conversion run while the thread's locals are being torn down gets
+    // a fresh copy instead of a panic.
+    let hit = INTERNED.try_with(|c| {
         let mut c = c.borrow_mut();
         let (len, bytes, held) = &mut c[slot];
         if usize::from(*len) == b.len() && bytes[..b.len()] == *b {
@@ -155,7 +157,8 @@ fn interned(b: &[u8]) -> Bytes {
         *bytes = a;
         *held = v.clone();
         v
-    })
+    });
+    hit.unwrap_or_else(|_| Bytes::copy_from_slice(b))
 }
 
 /// `m` with every byte field in storage of its own. A decoded message's `Bytes` fields
