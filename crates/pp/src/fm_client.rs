@@ -756,13 +756,15 @@ fn deliver(
             stats.setup_overload.fetch_add(1, Ordering::Relaxed);
         }
         let worker = m.worker as usize;
-        let key = proto::key_of(m.key.as_ref());
+        // The conversion takes the reply; its key message is kept (a reference count)
+        // only for the error path, where it is parsed.
+        let key = m.key.clone();
         let reply = match RuleReply::try_from(m) {
             Ok(r) => r,
             Err(e) => {
                 stats.bad_replies.fetch_add(1, Ordering::Relaxed);
                 // Release the worker's held packets now rather than at its timeout.
-                match key {
+                match proto::key_of(key.as_ref()) {
                     Ok(k) => RuleReply::err(k, format!("bad reply: {e}")),
                     Err(_) => continue,
                 }

@@ -340,11 +340,7 @@ fn timeout_from(ms: u64) -> Duration {
 
 impl From<&Rule> for v1::Rule {
     fn from(r: &Rule) -> Self {
-        v1::Rule {
-            key: Some((&r.key).into()),
-            actions: r.actions.iter().map(v1::Action::from).collect(),
-            idle_timeout_ms: r.idle_timeout.map(timeout_ms),
-        }
+        rule_keyed(r, None)
     }
 }
 
