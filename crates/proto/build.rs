@@ -40,6 +40,11 @@ fn main() {
         ])
         // Rule is written by hand (src/rule_msg.rs): it sizes its action list once.
         .extern_path(".starfabric.v1.Rule", "crate::rule_msg::Rule")
+        // So is RuleReplyBatch (src/reply_batch.rs): FM sends its cached encoding.
+        .extern_path(
+            ".starfabric.v1.RuleReplyBatch",
+            "crate::reply_batch::RuleReplyBatch",
+        )
         .compile_protos(&[proto], &["proto"])
         .unwrap_or_else(|e| panic!("compiling {proto}: {e}"));
 }

@@ -17,6 +17,7 @@
 //! only the forward key (`Body::Reverse`) and is answered from the forward entry.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 // hashbrown's default hasher (foldhash, seeded per map) rather than std's SipHash:
 // these maps are probed for every rule request and reply, with 48-byte keys.
@@ -59,8 +60,10 @@ enum Lookup {
 
 /// What an entry holds.
 enum Body {
-    /// The reply, encoded as it came (`get` clears id, worker and decided_by).
-    Reply(Box<[u8]>),
+    /// The reply, encoded without the asker's id and worker (`get` also clears
+    /// decided_by). Shared: the first answer to PP sends these bytes
+    /// (`v1::EncodedReply`).
+    Reply(Arc<[u8]>),
     /// The reverse direction of a flow: the forward entry's flow key, under the same
     /// tenant and chain. The forward reply carries the reverse rule among its
     /// companions, so this entry needs no copy of it: it is answered from the forward
@@ -92,6 +95,17 @@ pub struct RuleCache {
     next_gen: u64,
     sweep_at: usize,
     pub stats: CacheStats,
+}
+
+/// `reply` encoded straight into shared memory: one allocation, which the cache entry
+/// and the answers to PP hold.
+fn encode_shared(reply: &v1::RuleReply) -> Option<Arc<[u8]>> {
+    let n = reply.encoded_len();
+    // An exact-size iterator collects into one allocation of the Arc itself.
+    let mut bytes: Arc<[u8]> = std::iter::repeat_n(0u8, n).collect();
+    let mut out: &mut [u8] = Arc::get_mut(&mut bytes)?;
+    reply.encode(&mut out).ok()?;
+    out.is_empty().then_some(bytes)
 }
 
 /// A cached reply as the cache tells it: id, worker and decided_by are the asker's and
@@ -234,19 +248,32 @@ impl RuleCache {
     /// outer source port), so the first packet a PP node sees of a flow is often a
     /// reply; after a vIP moves it is the reply direction's every packet. Without the
     /// entry that packet would go to SC under a key no NF decided.
-    pub fn insert(&mut self, key: CacheKey, reply: &v1::RuleReply, now_ms: u64) {
+    ///
+    /// Returns the entry's bytes (a `RuleReply` with id and worker left out), which
+    /// the master sends as the flow's first answer; `None` for an error, which is not
+    /// cached. The master clears id and worker before it calls this; a reply that
+    /// still has them is encoded from a cleared copy.
+    pub fn insert(
+        &mut self,
+        key: CacheKey,
+        reply: &v1::RuleReply,
+        now_ms: u64,
+    ) -> Option<Arc<[u8]>> {
         let Some(v1::rule_reply::Result::Rule(fwd)) = &reply.result else {
-            return;
+            return None;
         };
         let ttl_ms = fwd.idle_timeout_ms.unwrap_or(self.default_ttl_ms);
-        // Encoded as it is, without a stripped copy: `get` clears what is the asker's.
-        let mut bytes = Vec::with_capacity(reply.encoded_len());
-        if reply.encode(&mut bytes).is_err() {
-            return;
-        }
+        let bytes = if reply.id == 0 && reply.worker == 0 {
+            encode_shared(reply)
+        } else {
+            encode_shared(&v1::RuleReply {
+                id: 0,
+                worker: 0,
+                ..reply.clone()
+            })
+        }?;
         let deadline_ms = now_ms.saturating_add(ttl_ms);
-        let body = Body::Reply(bytes.into_boxed_slice());
-        self.insert_one(key, body, ttl_ms, deadline_ms, now_ms);
+        self.insert_one(key, Body::Reply(bytes.clone()), ttl_ms, deadline_ms, now_ms);
         for a in &reply.also {
             let Some(k) = a
                 .key
@@ -261,6 +288,7 @@ impl RuleCache {
             // Lives as long as the forward entry: its own deadline never passes.
             self.insert_one((key.0, key.1, k), Body::Reverse(key.2), 0, u64::MAX, now_ms);
         }
+        Some(bytes)
     }
 
     /// The cached reply for flow `key` under whatever tenant chain holds it (see

@@ -363,7 +363,9 @@ struct PpSession {
     /// The node on the session: whom a fabric route is relative to.
     node: String,
     out: Vec<v1::RuleReply>,
-    /// Arrival time (µs) of the request each `out` reply answers.
+    /// Replies sent as the cache encoded them (`RuleReplyBatch::encoded`).
+    out_encoded: Vec<v1::EncodedReply>,
+    /// Arrival time (µs) of the request each reply (of either list) answers.
     out_arrived: Vec<u64>,
     /// First packets handed to this node since the last flush (bounded by
     /// [`MAX_FABRIC_FRAMES`]).
@@ -1229,6 +1231,14 @@ impl Master {
     /// Queue `reply` for PP session `session`; `arrived_us` is when its request reached
     /// this task, for the request latency observed when the reply leaves in `flush`.
     /// A reply no one else claimed is FM's own (a refusal): `decided_by` says so.
+    /// [`Master::answer_pp`] for a reply FM already holds encoded.
+    fn answer_pp_encoded(&mut self, session: u64, reply: v1::EncodedReply, arrived_us: u64) {
+        if let Some(s) = self.pp.get_mut(&session) {
+            s.out_encoded.push(reply);
+            s.out_arrived.push(arrived_us);
+        }
+    }
+
     fn answer_pp(&mut self, session: u64, mut reply: v1::RuleReply, arrived_us: u64) {
         if reply.decided_by.is_empty() && reply.decided_by_group == 0 {
             reply.decided_by = "FM".into();
@@ -1437,9 +1447,31 @@ impl Master {
                     self.stats.duplicate_replies += 1;
                     continue;
                 };
-                self.cache.insert(ck, &reply, now);
+                // The asker's fields, which each waiter's answer fills in: the cached
+                // body leaves them out.
+                reply.id = 0;
+                reply.worker = 0;
+                let body = self.cache.insert(ck, &reply, now);
                 if matches!(reply.result, Some(v1::rule_reply::Result::Rule(_))) {
                     self.scale_pin(results.group, ck, &reply);
+                }
+                // The answer is the cached bytes as they are when nothing changes them
+                // on the way: no fabric route to make, and a group to name (the decoded
+                // path's `answer_pp` would name FM for group 0). proto's `reply_batch`
+                // says what this saves.
+                if let Some(body) = body.filter(|_| self.fabric.is_empty() && results.group != 0) {
+                    for w in &f.waiters {
+                        self.answer_pp_encoded(
+                            w.session,
+                            v1::EncodedReply {
+                                id: w.id,
+                                worker: w.worker,
+                                body: body.clone(),
+                            },
+                            w.arrived_us,
+                        );
+                    }
+                    continue;
                 }
                 let mut reply = Some(reply);
                 for (i, w) in f.waiters.iter().enumerate() {
@@ -2021,18 +2053,21 @@ impl Master {
         }
         for (&session, s) in self.pp.iter_mut() {
             s.frames = 0;
-            if s.out.is_empty() {
+            if s.out.is_empty() && s.out_encoded.is_empty() {
                 continue;
             }
             for t in s.out_arrived.drain(..) {
                 self.request_latency.observe_us(now_us.saturating_sub(t));
             }
-            let replies = std::mem::take(&mut s.out);
-            self.stats.replies_to_pp += replies.len() as u64;
+            let batch = v1::RuleReplyBatch {
+                replies: std::mem::take(&mut s.out),
+                encoded: std::mem::take(&mut s.out_encoded),
+            };
+            self.stats.replies_to_pp += batch.len() as u64;
             self.out.push(Out::Pp {
                 session,
                 msg: v1::PpDown {
-                    msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
+                    msg: Some(pp_down::Msg::Replies(batch)),
                 },
             });
         }

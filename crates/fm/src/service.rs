@@ -1257,7 +1257,7 @@ impl FabricMaster for FmService {
             |open, tx| MasterIn::PpOpen { open, tx },
             pp_in,
             |replies| v1::PpDown {
-                msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch { replies })),
+                msg: Some(pp_down::Msg::Replies(v1::RuleReplyBatch::new(replies))),
             },
         )
         .await

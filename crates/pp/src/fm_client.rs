@@ -613,7 +613,15 @@ async fn session(
             m = inbound.message() => {
                 match m.map_err(|e| e.to_string())? {
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
-                        deliver(b.replies, outs, stats, outstanding);
+                        // Off the wire every reply is in `b.replies`; `encoded` ones
+                        // exist only in a batch built in memory.
+                        match b.into_replies() {
+                            Ok(replies) => deliver(replies, outs, stats, outstanding),
+                            Err(e) => {
+                                stats.bad_replies.fetch_add(1, Ordering::Relaxed);
+                                warn!(error = %e, "FM sent a reply batch that does not decode");
+                            }
+                        }
                     }
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
                         revoke(&r.keys, outs, stats);

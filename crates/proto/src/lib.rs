@@ -25,6 +25,7 @@ use thiserror::Error;
 /// Generated messages and services of `starfabric.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
+    pub use crate::reply_batch::{EncodedReply, RuleReplyBatch};
     pub use crate::rule_msg::Rule;
     tonic::include_proto!("starfabric.v1");
 }
@@ -34,6 +35,7 @@ mod fm_addrs;
 pub mod json;
 pub mod lanes;
 pub mod liveness;
+mod reply_batch;
 mod rule_msg;
 pub mod tls;
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};

@@ -433,7 +433,7 @@ impl Sim {
         std::mem::take(&mut self.to_pp)
             .into_iter()
             .filter_map(|m| match m {
-                pp_down::Msg::Replies(b) => Some(b.replies),
+                pp_down::Msg::Replies(b) => Some(b.into_replies().expect("decodes")),
                 _ => None,
             })
             .flatten()
@@ -653,6 +653,64 @@ fn identical_requests_in_flight_coalesce_into_one_submit() {
     ids.sort_unstable();
     assert_eq!(ids, vec![1, 2, 3]);
     assert!(s.m.inflight.is_empty());
+}
+
+#[test]
+fn a_new_flows_answers_are_the_cached_bytes_with_each_askers_id_and_worker() {
+    let mut s = cluster(2, 2);
+    s.forwarding_rules = true;
+    let pp = s.pp.unwrap();
+    let k = key(21);
+    let ask = |id, worker| v1::RuleRequest {
+        worker,
+        ..request(id, 1, 1, &k)
+    };
+    s.m.on_pp_requests(pp, vec![ask(5, 0), ask(6, 3)], s.now_us);
+    s.flush();
+    s.settle();
+    let batches: Vec<v1::RuleReplyBatch> = std::mem::take(&mut s.pp_out)
+        .into_iter()
+        .filter_map(|(_, m)| match m {
+            pp_down::Msg::Replies(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    let encoded: Vec<&v1::EncodedReply> = batches.iter().flat_map(|b| &b.encoded).collect();
+    assert_eq!(encoded.len(), 2, "{batches:?}");
+    assert!(batches.iter().all(|b| b.replies.is_empty()));
+    assert!(
+        Arc::ptr_eq(&encoded[0].body, &encoded[1].body),
+        "both answers share the cache entry's bytes"
+    );
+    let group = s.submits[0].1.group;
+    // On the wire each reads as the whole reply: the asker's id and worker, the
+    // group that decided it, the rule and its companion.
+    let mut got: Vec<v1::RuleReply> = batches
+        .iter()
+        .flat_map(|b| {
+            let wire = prost::Message::encode_to_vec(b);
+            <v1::RuleReplyBatch as prost::Message>::decode(&wire[..])
+                .unwrap()
+                .replies
+        })
+        .collect();
+    got.sort_by_key(|r| r.id);
+    assert_eq!(
+        got.iter().map(|r| (r.id, r.worker)).collect::<Vec<_>>(),
+        vec![(5, 0), (6, 3)]
+    );
+    for r in &got {
+        assert_eq!(r.decided_by_group, group);
+        assert_eq!(r.key, Some((&k).into()));
+        assert!(matches!(r.result, Some(v1::rule_reply::Result::Rule(_))));
+        assert_eq!(r.also.len(), 1);
+    }
+    // A later asker is answered from the same entry, decoded: the cache's own path.
+    s.ask(7, &k);
+    let r = s.pp_replies();
+    let last = r.iter().find(|r| r.id == 7).expect("answered");
+    assert_eq!(last.result, got[0].result);
+    assert_eq!(last.decided_by, "FM rule cache");
 }
 
 #[test]
@@ -1191,7 +1249,7 @@ fn answered(s: &mut Sim, session: u64) -> Vec<Vec<String>> {
     s.pp_out = rest;
     mine.into_iter()
         .filter_map(|(_, m)| match m {
-            pp_down::Msg::Replies(b) => Some(b.replies),
+            pp_down::Msg::Replies(b) => Some(b.into_replies().expect("decodes")),
             _ => None,
         })
         .flatten()
@@ -1390,7 +1448,7 @@ fn first_packets(s: &Sim, session: u64) -> Vec<(Vec<u8>, String, u64)> {
 fn replies_to(s: &Sim, session: u64) -> Vec<v1::RuleReply> {
     sent_to(s, session)
         .filter_map(|m| match m {
-            pp_down::Msg::Replies(b) => Some(b.replies.clone()),
+            pp_down::Msg::Replies(b) => Some(b.clone().into_replies().expect("decodes")),
             _ => None,
         })
         .flatten()
