@@ -1231,20 +1231,20 @@ impl Master {
     /// Queue `reply` for PP session `session`; `arrived_us` is when its request reached
     /// this task, for the request latency observed when the reply leaves in `flush`.
     /// A reply no one else claimed is FM's own (a refusal): `decided_by` says so.
-    /// [`Master::answer_pp`] for a reply FM already holds encoded.
-    fn answer_pp_encoded(&mut self, session: u64, reply: v1::EncodedReply, arrived_us: u64) {
-        if let Some(s) = self.pp.get_mut(&session) {
-            s.out_encoded.push(reply);
-            s.out_arrived.push(arrived_us);
-        }
-    }
-
     fn answer_pp(&mut self, session: u64, mut reply: v1::RuleReply, arrived_us: u64) {
         if reply.decided_by.is_empty() && reply.decided_by_group == 0 {
             reply.decided_by = "FM".into();
         }
         if let Some(s) = self.pp.get_mut(&session) {
             s.out.push(reply);
+            s.out_arrived.push(arrived_us);
+        }
+    }
+
+    /// [`Master::answer_pp`] for a reply FM already holds encoded, naming its group.
+    fn answer_pp_encoded(&mut self, session: u64, reply: v1::EncodedReply, arrived_us: u64) {
+        if let Some(s) = self.pp.get_mut(&session) {
+            s.out_encoded.push(reply);
             s.out_arrived.push(arrived_us);
         }
     }
