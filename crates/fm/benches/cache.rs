@@ -7,6 +7,13 @@
 //! Before the benches it prints the memory the cache takes per flow (resident set growth
 //! while `FLOWS` flows are cached, over `FLOWS`).
 //!
+//! `answer_new_flows` times what FM does per new flow after caching SC's reply, for a
+//! batch of `ANSWER_BATCH` flows: queue the answer, size the `PpDown` for the down
+//! queue's byte bound, and encode it as tonic does (`Message::encode`). `decoded` sends
+//! the reply as a message, which encodes it a second time (FM before
+//! `v1::EncodedReply`); `encoded` sends the cache entry's bytes. Both drop the decoded
+//! reply, as FM does.
+//!
 //! `cargo bench -p fm --bench cache`
 
 use std::net::Ipv4Addr;
@@ -17,6 +24,9 @@ use pipeline::{Action, FlowKey, Rule};
 use proto::v1;
 
 const FLOWS: u32 = 200_000;
+/// Replies per `PpDown` in `answer_new_flows` (FM's batches in `bench setup` averaged
+/// about 200 at saturation; fewer at lower rates).
+const ANSWER_BATCH: u32 = 64;
 /// Cache entries: a flow takes two (one per direction's key).
 const CAPACITY: usize = 2 * FLOWS as usize;
 
@@ -167,6 +177,56 @@ fn bench(c: &mut Criterion) {
             black_box(cache.get(&keys[i].1, 1))
         })
     });
+    g.finish();
+
+    let mut g = c.benchmark_group("answer_new_flows");
+    g.throughput(criterion::Throughput::Elements(u64::from(ANSWER_BATCH)));
+    for encoded in [false, true] {
+        let mut next = FLOWS;
+        let mut wire = prost::bytes::BytesMut::with_capacity(1 << 20);
+        let name = if encoded { "encoded" } else { "decoded" };
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    // SC's replies, and each one's cache entry as `RuleCache::insert`
+                    // makes it (a small cache: the insert is the same on both paths and
+                    // is `rule_cache`'s bench, not this one's).
+                    let mut cache = RuleCache::new(4 * ANSWER_BATCH as usize, 120_000);
+                    (0..ANSWER_BATCH)
+                        .map(|_| {
+                            next = next.wrapping_add(1);
+                            let (ck, mut r, _) = decided(next);
+                            let (id, worker) = (r.id, r.worker);
+                            (r.id, r.worker) = (0, 0);
+                            let body = cache.insert(ck, &r, 1).expect("a rule is cached");
+                            (r.id, r.worker) = (id, worker);
+                            (r, body)
+                        })
+                        .collect::<Vec<_>>()
+                },
+                |flows| {
+                    let mut batch = v1::RuleReplyBatch::default();
+                    for (r, body) in flows {
+                        if encoded {
+                            let (id, worker) = (r.id, r.worker);
+                            drop(r);
+                            batch.encoded.push(v1::EncodedReply { id, worker, body });
+                        } else {
+                            batch.replies.push(r);
+                        }
+                    }
+                    let down = v1::PpDown {
+                        msg: Some(v1::pp_down::Msg::Replies(batch)),
+                    };
+                    let bound = prost::Message::encoded_len(&down);
+                    wire.clear();
+                    prost::Message::encode(&down, &mut wire).expect("room");
+                    black_box((bound, wire.len()))
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
     g.finish();
 }
 
