@@ -28,6 +28,8 @@ use pp::{FmClient, FmClientConfig};
 use proto::ChainDef;
 use serde::Serialize;
 
+use crate::setup_workload::{PacedBy, SetupTrace, SetupWorkload, WARMUP_MAX_FLOWS};
+
 #[derive(Args, Clone, Debug)]
 pub struct SetupBenchArgs {
     /// Print JSON instead of text.
@@ -74,6 +76,12 @@ pub struct SetupBenchArgs {
     /// load alone spreads them out.
     #[arg(long, value_name = "FILE")]
     pub latency_log: Option<std::path::PathBuf>,
+    /// The chain and the new flows from a workload file (JSON; docs/benchmarks.md,
+    /// "Setup workload"): `nfs` replaces `--nfs`'s chain, `flows` or `flows_csv` the
+    /// generated flows, and `paced: "trace"` offers the paced measurement's flows at
+    /// their own times instead of at `--rate`.
+    #[arg(long, value_name = "FILE")]
+    pub workload: Option<std::path::PathBuf>,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -126,6 +134,19 @@ pub struct SetupBench {
     pub allocs_per_flow_by_thread: Option<Vec<(String, f64)>>,
     /// FM's runtime threads in this run (`--fm-threads`).
     pub fm_threads: u64,
+    /// Flows the chain's policy dropped (a drop rule came back), both measurements: they
+    /// were decided, so they are not in `failed`, and they have no release to time.
+    pub denied: u64,
+    /// How the paced measurement offered its flows: `rate` (`--rate`) or `trace` (the
+    /// workload's `at_us` times; `rate` is then the rate they came at).
+    pub paced_by: &'static str,
+    /// `--workload`: its name, its flows, the flows the measurements took from it, and
+    /// whether a measurement ran out of them before its time was up. `null` without one,
+    /// or when it lists no flows.
+    pub workload: Option<String>,
+    pub workload_flows: Option<u64>,
+    pub workload_flows_used: Option<u64>,
+    pub workload_exhausted: Option<bool>,
 }
 
 /// One thread's allocations so far, as an `alloc-count` build counts them.
@@ -181,10 +202,16 @@ fn process_cpu_s() -> f64 {
 }
 
 const VNI: u32 = 100;
-const DST: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 100);
+/// The service the generated flows ask for (UDP port 53); the built-in chains balance it.
+pub(crate) const SERVICE: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 100);
 const SNAT_ADDRS: usize = 32;
 
 fn chain(nfs: &str) -> Result<ChainDef> {
+    chain_of(builtin_nfs(nfs)?, nf::PartitionBy::Flow)
+}
+
+/// The NFs `--nfs` names, as a chain's `nfs` JSON.
+fn builtin_nfs(nfs: &str) -> Result<serde_json::Value> {
     let addrs: Vec<String> = (0..SNAT_ADDRS)
         .map(|i| format!("198.19.255.{}", i + 1))
         .collect();
@@ -192,28 +219,109 @@ fn chain(nfs: &str) -> Result<ChainDef> {
         "test" => serde_json::json!([
             {"kind": "test-fw", "deny_dports": [23]},
             {"kind": "test-snat", "addrs": addrs, "ports": [1024, 65535]},
-            {"kind": "test-lb", "vip": DST.to_string(), "port": 53,
+            {"kind": "test-lb", "vip": SERVICE.to_string(), "port": 53,
              "backend": "198.19.1.7", "backend_port": 5353}
         ]),
         "builtin" => serde_json::json!([
             {"kind": "fw", "tenants": [{"tenant": 1, "default_action": "allow", "rules": [
                 {"action": "deny", "proto": "tcp", "dport": 23}]}]},
             {"kind": "snat", "pools": [{"addresses": addrs, "ports": {"lo": 1024, "hi": 65535}}]},
-            {"kind": "lb", "services": [{"vip": DST.to_string(), "port": 53, "protocol": "udp",
+            {"kind": "lb", "services": [{"vip": SERVICE.to_string(), "port": 53, "protocol": "udp",
                 "backends": [{"addr": "198.19.1.7", "port": 5353}]}]}
         ]),
         other => bail!("unknown --nfs {other:?} (test or builtin)"),
     };
-    Ok(serde_json::from_value(serde_json::json!({
+    Ok(nfs)
+}
+
+/// Tenant 1's chain 1 of `nfs`, with the bench's VXLAN egress both ways.
+fn chain_of(nfs: serde_json::Value, partition: nf::PartitionBy) -> Result<ChainDef> {
+    let mut def: ChainDef = serde_json::from_value(serde_json::json!({
         "tenant": 1, "chain": 1, "nfs": nfs,
         "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 1},
         "reverse": {"decap": true, "encap": {"dst": "198.18.0.50", "vni": 100}, "output": 1}
-    }))?)
+    }))?;
+    def.partition = partition;
+    Ok(def)
 }
 
 enum Pace {
     Window(usize),
     Rate(f64),
+    /// At the workload's own arrival times (`SetupTrace::at_ns`).
+    Trace,
+}
+
+/// A workload's flows as a measurement takes them: flow number `base + k` is the
+/// trace's flow `start + k`.
+struct TraceSource {
+    trace: Arc<SetupTrace>,
+    start: usize,
+    /// Frames of one UDP and one TCP SYN flow (VXLAN, VNI 100); `write_trace_flow`
+    /// makes them another flow's.
+    udp: Vec<u8>,
+    tcp: Vec<u8>,
+}
+
+/// Inner frame offsets in the bench's VXLAN frames.
+const INNER_IP: usize = packet::build::VXLAN_V4_OVERHEAD + 14;
+const INNER_L4: usize = INNER_IP + 20;
+
+impl TraceSource {
+    fn new(trace: Arc<SetupTrace>, start: usize) -> Self {
+        use packet::build::{tcp_v4, udp_v4, vxlan_wrap};
+        let wrap =
+            |inner: Vec<u8>| vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner);
+        TraceSource {
+            trace,
+            start,
+            udp: wrap(udp_v4([0; 4], 1, [0; 4], 1, &[0u8; 18])),
+            tcp: wrap(tcp_v4(
+                [0; 4],
+                1,
+                [0; 4],
+                1,
+                packet::tcp_flags::SYN,
+                1,
+                &[0u8; 8],
+            )),
+        }
+    }
+
+    /// Write trace flow `i`'s first packet, ending in the flow number `id`, into `out`;
+    /// the frame's length.
+    fn write(&self, i: usize, id: u64, out: &mut [u8]) -> usize {
+        use packet::csum::{checksum, pseudo_v4};
+        let f = &self.trace.flows[i];
+        let (tpl, csum_at) = if f.proto == packet::proto::TCP {
+            (&self.tcp, INNER_L4 + 16)
+        } else {
+            (&self.udp, INNER_L4 + 6)
+        };
+        let len = tpl.len();
+        let out = &mut out[..len];
+        out.copy_from_slice(tpl);
+        out[INNER_IP + 12..INNER_IP + 16].copy_from_slice(&f.src.octets());
+        out[INNER_IP + 16..INNER_IP + 20].copy_from_slice(&f.dst.octets());
+        out[INNER_IP + 10..INNER_IP + 12].fill(0);
+        let ip = checksum(0, &out[INNER_IP..INNER_L4]);
+        out[INNER_IP + 10..INNER_IP + 12].copy_from_slice(&ip.to_be_bytes());
+        out[INNER_L4..INNER_L4 + 2].copy_from_slice(&f.sport.to_be_bytes());
+        out[INNER_L4 + 2..INNER_L4 + 4].copy_from_slice(&f.dport.to_be_bytes());
+        out[len - 8..].copy_from_slice(&id.to_le_bytes());
+        out[csum_at..csum_at + 2].fill(0);
+        let l4_len = (len - INNER_L4) as u16;
+        let mut c = checksum(
+            pseudo_v4(&f.src.octets(), &f.dst.octets(), f.proto, l4_len),
+            &out[INNER_L4..],
+        );
+        if c == 0 && f.proto == packet::proto::UDP {
+            // Zero means "no checksum" in UDP over IPv4 (RFC 768).
+            c = 0xffff;
+        }
+        out[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+        len
+    }
 }
 
 /// Makes one packet per new flow and times each flow from its packet's arrival to its
@@ -235,8 +343,17 @@ struct FlowGen {
     last_done_ns: u64,
     /// When each set-up flow completed, in `lat_ns`' order (kept for `--latency-log`).
     done_at: Option<Vec<u64>>,
-    /// Flows known to have failed (set by the driver from pipeline drop counters).
+    /// Flows known to have failed or been denied (set by the driver from pipeline drop
+    /// counters).
     failed: u64,
+    /// The workload's flows, if it lists them; else flows are generated.
+    trace: Option<TraceSource>,
+    /// Generate no more than this many flows.
+    limit: u64,
+    /// Generation stopped early: the workload's flows or `limit` ran out.
+    exhausted: bool,
+    /// When generation stopped (ns since `start`).
+    stopped_ns: Option<u64>,
 }
 
 impl FlowGen {
@@ -244,7 +361,7 @@ impl FlowGen {
         FlowGen {
             region: vec![0u8; slots * FRAME_SIZE],
             slots,
-            template: crate::bench::template(DST),
+            template: crate::bench::template(SERVICE),
             base,
             next: base,
             stop_generating: false,
@@ -255,6 +372,10 @@ impl FlowGen {
             last_done_ns: 0,
             done_at: None,
             failed: 0,
+            trace: None,
+            limit: u64::MAX,
+            exhausted: false,
+            stopped_ns: None,
         }
     }
 
@@ -266,18 +387,43 @@ impl FlowGen {
         self.generated() - self.lat_ns.len() as u64 - self.failed
     }
 
+    /// Stop making flows (the measurement's time is up, or its flows ran out).
+    fn stop(&mut self, now_ns: u64) {
+        if !self.stop_generating {
+            self.stop_generating = true;
+            self.stopped_ns = Some(now_ns);
+        }
+    }
+
+    /// The workload's flows this measurement has not offered yet.
+    fn trace_left(&self) -> u64 {
+        match &self.trace {
+            Some(t) => (t.trace.flows.len() - t.start) as u64 - self.generated(),
+            None => u64::MAX,
+        }
+    }
+
     /// Flows that may be generated now.
     fn due(&self, now_ns: u64) -> u64 {
         if self.stop_generating {
             return 0;
         }
-        match self.pace {
+        let due = match self.pace {
             Pace::Window(w) => (w as u64).saturating_sub(self.in_flight()),
             Pace::Rate(r) => {
                 let should = (now_ns as f64 * r / 1e9) as u64;
                 should.saturating_sub(self.generated())
             }
-        }
+            Pace::Trace => match &self.trace {
+                Some(t) => {
+                    let from = t.start + self.generated() as usize;
+                    t.trace.due(t.start, from, now_ns) as u64
+                }
+                None => 0,
+            },
+        };
+        due.min(self.trace_left())
+            .min(self.limit.saturating_sub(self.generated()))
     }
 
     /// How long an idle worker may sleep: until the next paced flow is due, but at
@@ -285,14 +431,19 @@ impl FlowGen {
     /// NIC ring rather than one wakeup per flow.
     fn until_due(&self) -> Duration {
         const GRAIN: u64 = 50_000;
-        match self.pace {
-            Pace::Window(_) => Duration::from_millis(1),
-            Pace::Rate(r) => {
-                let at = ((self.generated() + 1) as f64 / r * 1e9) as u64;
-                let now = self.start.elapsed().as_nanos() as u64;
-                Duration::from_nanos(at.saturating_sub(now).clamp(GRAIN, 1_000_000))
-            }
-        }
+        let now = self.start.elapsed().as_nanos() as u64;
+        let at = match self.pace {
+            Pace::Window(_) => return Duration::from_millis(1),
+            Pace::Rate(r) => ((self.generated() + 1) as f64 / r * 1e9) as u64,
+            Pace::Trace => match &self.trace {
+                Some(t) => t
+                    .trace
+                    .offset_ns(t.start, t.start + self.generated() as usize)
+                    .unwrap_or(now),
+                None => now,
+            },
+        };
+        Duration::from_nanos(at.saturating_sub(now).clamp(GRAIN, 1_000_000))
     }
 
     fn record(&mut self, region: &[u8], descs: &[Desc]) -> usize {
@@ -325,16 +476,27 @@ impl PacketIo for FlowGen {
     fn rx(&mut self, descs: &mut Vec<Desc>, max: usize) -> Result<usize, IoError> {
         descs.clear();
         let now = self.start.elapsed().as_nanos() as u64;
+        if !self.stop_generating && (self.trace_left() == 0 || self.generated() >= self.limit) {
+            self.exhausted = true;
+            self.stop(now);
+        }
         let n = self.due(now).min(max.min(self.slots) as u64) as usize;
-        let len = self.template.len();
         for i in 0..n {
             let flow = self.next;
             self.next += 1;
             let base = i * FRAME_SIZE;
-            let out = &mut self.region[base + HEADROOM..base + HEADROOM + len];
-            out.copy_from_slice(&self.template);
-            crate::bench::stamp_flow(out, flow);
-            out[len - 8..].copy_from_slice(&flow.to_le_bytes());
+            let out = &mut self.region[base + HEADROOM..base + FRAME_SIZE];
+            let len = match &self.trace {
+                Some(t) => t.write(t.start + (flow - self.base) as usize, flow, out),
+                None => {
+                    let len = self.template.len();
+                    let out = &mut out[..len];
+                    out.copy_from_slice(&self.template);
+                    crate::bench::stamp_flow(out, flow);
+                    out[len - 8..].copy_from_slice(&flow.to_le_bytes());
+                    len
+                }
+            };
             self.t_in.push(now);
             descs.push(Desc::new(base, HEADROOM, len, FRAME_SIZE, 0));
         }
@@ -363,6 +525,13 @@ struct Phase {
     flows_per_s: f64,
     lat_us: Vec<f64>,
     failed: u64,
+    /// Flows a drop rule decided (the chain's policy).
+    denied: u64,
+    /// Flows offered, and per second while they were being offered.
+    generated: u64,
+    offered_per_s: f64,
+    /// The phase ran out of flows before its time was up.
+    exhausted: bool,
     /// Process CPU seconds the phase took.
     cpu_s: f64,
 }
@@ -378,11 +547,12 @@ fn pct(v: &[f64], p: f64) -> f64 {
 /// The `--latency-log` file, with the name of the measurement being written.
 type LatencyLog<'a> = (&'static str, &'a mut std::io::BufWriter<std::fs::File>);
 
-/// Run one measurement on a fresh pipeline (fresh flow table) sharing the FM session.
+/// Run one measurement on a fresh pipeline (fresh flow table) sharing the FM session:
+/// flows numbered from `base`, at most `limit` of them, taken from `trace` when given.
 fn phase(
     link: &mut Option<pp::WorkerLink>,
     base: u64,
-    pace: Pace,
+    (pace, limit, trace): (Pace, u64, Option<TraceSource>),
     seconds: f64,
     log: Option<LatencyLog<'_>>,
 ) -> Result<(Phase, u64, pp::WorkerLink)> {
@@ -404,6 +574,8 @@ fn phase(
         },
     );
     let mut gen = FlowGen::new(base, pace, pipeline::MAX_BATCH);
+    gen.limit = limit;
+    gen.trace = trace;
     if log.is_some() {
         gen.done_at = Some(Vec::new());
     }
@@ -416,7 +588,7 @@ fn phase(
     loop {
         let el = w.io.start.elapsed();
         if el >= run_for {
-            w.io.stop_generating = true;
+            w.io.stop(el.as_nanos() as u64);
         }
         let s = w.pipeline.stats();
         w.io.failed = s.total_drops();
@@ -433,10 +605,17 @@ fn phase(
     let cpu_s = process_cpu_s() - cpu0;
     let s = w.pipeline.stats();
     let done = w.io.lat_ns.len() as u64;
-    let failed = w.io.generated() - done;
-    if s.total_drops() > 0 {
-        tracing::warn!(drops = s.total_drops(), "flows dropped in the setup bench");
+    let denied: u64 = s.rule_drops.iter().sum();
+    let failed = w.io.generated().saturating_sub(done + denied);
+    if s.total_drops() > denied {
+        tracing::warn!(
+            drops = s.total_drops() - denied,
+            "flows dropped in the setup bench"
+        );
     }
+    let generated = w.io.generated();
+    let exhausted = w.io.exhausted;
+    let gen_s = w.io.stopped_ns.map_or(seconds, |n| n as f64 / 1e9);
     let elapsed = w.io.start.elapsed().as_secs_f64().min(seconds + 5.0);
     let last = w.io.last_done_ns as f64 / 1e9;
     let span = if last > 0.0 { last } else { elapsed };
@@ -464,6 +643,10 @@ fn phase(
             flows_per_s: done as f64 / span,
             lat_us,
             failed,
+            denied,
+            generated,
+            offered_per_s: generated as f64 / gen_s.max(1e-9),
+            exhausted,
             cpu_s,
         },
         next,
@@ -534,9 +717,29 @@ pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
 }
 
 pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
-    let chain = chain(&a.nfs)?;
+    let workload = a.workload.as_deref().map(SetupWorkload::load).transpose()?;
+    let (chain, factory, chain_label) =
+        match workload.as_ref().and_then(|w| Some((w, w.nfs.as_ref()?))) {
+            Some((w, nfs)) => (
+                chain_of(serde_json::Value::Array(nfs.clone()), w.partition)?,
+                Arc::new(sc::BuiltinNfs) as Arc<dyn sc::ChainFactory>,
+                w.chain_label().unwrap_or_default(),
+            ),
+            None => (
+                chain(&a.nfs)?,
+                chain_factory(&a.nfs),
+                match a.nfs.as_str() {
+                    "test" => "test-fw → test-snat → test-lb".into(),
+                    _ => "fw → snat → lb".into(),
+                },
+            ),
+        };
+    let paced_by = workload.as_ref().map_or(PacedBy::Rate, |w| w.paced);
+    let trace = workload
+        .as_ref()
+        .and_then(|w| w.trace.clone())
+        .map(Arc::new);
     let proto_chain = chain.to_proto()?;
-    let factory = chain_factory(&a.nfs);
     let rt = fm_runtime(a.fm_threads)?;
     let pki = BenchPki::new(a.insecure)?;
     let tls = |role, id: &str| pki.node(role, id);
@@ -606,8 +809,16 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     };
     let doorbell = link.doorbell;
 
-    // Warm up connections, allocators and caches.
-    let (_, next, _) = phase(&mut Some(mk(&doorbell)), 0, Pace::Window(512), 0.3, None)?;
+    // Warm up connections, allocators and caches, with generated flows (a workload's
+    // flows are all measured; `SetupWorkload` refuses any that equals one of these).
+    let (_, next, _) = phase(
+        &mut Some(mk(&doorbell)),
+        0,
+        (Pace::Window(512), WARMUP_MAX_FLOWS, None),
+        0.3,
+        None,
+    )?;
+    let source = |start: usize| trace.clone().map(|t| TraceSource::new(t, start));
     let mut log = match &a.latency_log {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -629,17 +840,21 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let (sat, next, _) = phase(
         &mut Some(mk(&doorbell)),
         next,
-        Pace::Window(a.window),
+        (Pace::Window(a.window), u64::MAX, source(0)),
         a.seconds,
         log.as_mut().map(|l| ("saturated", l)),
     )?;
     let allocs = snap
         .zip(a0)
         .map(|(f, a0)| allocs_per_flow(&a0, &f(), sat.lat_us.len() as u64));
+    let paced_pace = match paced_by {
+        PacedBy::Rate => Pace::Rate(a.rate),
+        PacedBy::Trace => Pace::Trace,
+    };
     let (paced, _, _) = phase(
         &mut Some(mk(&doorbell)),
         next,
-        Pace::Rate(a.rate),
+        (paced_pace, u64::MAX, source(sat.generated as usize)),
         a.seconds,
         log.as_mut().map(|l| ("paced", l)),
     )?;
@@ -659,17 +874,17 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         flows_per_s: sat.flows_per_s,
         p50_us: pct(&paced.lat_us, 0.50),
         p99_us: pct(&paced.lat_us, 0.99),
-        rate: a.rate,
+        rate: match paced_by {
+            PacedBy::Rate => a.rate,
+            PacedBy::Trace => paced.offered_per_s,
+        },
         paced_flows_per_s: paced.flows_per_s,
         p999_us: pct(&paced.lat_us, 0.999),
         max_us: paced.lat_us.last().copied().unwrap_or(f64::NAN),
         saturated_p50_us: pct(&sat.lat_us, 0.50),
         saturated_p99_us: pct(&sat.lat_us, 0.99),
         window: a.window,
-        chain: match a.nfs.as_str() {
-            "test" => "test-fw → test-snat → test-lb".into(),
-            _ => "fw → snat → lb".into(),
-        },
+        chain: chain_label,
         failed: sat.failed + paced.failed,
         pp_batch: (c1.0 - c0.0) as f64 / ((c1.1 - c0.1).max(1)) as f64,
         fm_batch: (s1.submitted - s0.submitted) as f64 / ((s1.submits - s0.submits).max(1)) as f64,
@@ -683,6 +898,12 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         alloc_bytes_per_flow: allocs.as_ref().map(|a| a.1),
         allocs_per_flow_by_thread: allocs.map(|a| a.2),
         fm_threads: a.fm_threads,
+        denied: sat.denied + paced.denied,
+        paced_by: paced_by.as_str(),
+        workload: workload.as_ref().map(|w| w.name.clone()),
+        workload_flows: trace.as_ref().map(|t| t.flows.len() as u64),
+        workload_flows_used: trace.as_ref().map(|_| sat.generated + paced.generated),
+        workload_exhausted: trace.as_ref().map(|_| sat.exhausted || paced.exhausted),
     })
 }
 
@@ -692,18 +913,32 @@ pub fn print(r: &SetupBench) {
         "  chain: {} ({} SC group(s) on 3 SC nodes)",
         r.chain, r.groups
     );
+    if let Some(name) = &r.workload {
+        match (r.workload_flows, r.workload_flows_used) {
+            (Some(n), Some(used)) => println!(
+                "  workload: {name}: {used} of its {n} flows offered{}",
+                if r.workload_exhausted == Some(true) {
+                    " (ran out before a measurement's time was up)"
+                } else {
+                    ""
+                }
+            ),
+            _ => println!("  workload: {name} (the chain; flows generated)"),
+        }
+    }
     println!(
         "  saturated ({} in flight): {:.0} new flows/s   (p50 {:.0} µs, p99 {:.0} µs)",
         r.window, r.flows_per_s, r.saturated_p50_us, r.saturated_p99_us
     );
     println!(
-        "  paced at {:.0}/s: {:.0} new flows/s   first-packet latency p50 {:.0} µs, p99 {:.0} µs, \
+        "  paced at {:.0}/s ({}): {:.0} new flows/s   first-packet latency p50 {:.0} µs, p99 {:.0} µs, \
          p99.9 {:.0} µs, max {:.0} µs",
-        r.rate, r.paced_flows_per_s, r.p50_us, r.p99_us, r.p999_us, r.max_us
+        r.rate, r.paced_by, r.paced_flows_per_s, r.p50_us, r.p99_us, r.p999_us, r.max_us
     );
     println!(
-        "  batching: {:.1} requests per PP → FM message, {:.1} per FM → SC submit; failed flows: {}",
-        r.pp_batch, r.fm_batch, r.failed
+        "  batching: {:.1} requests per PP → FM message, {:.1} per FM → SC submit; failed flows: {}; \
+         denied by the chain: {}",
+        r.pp_batch, r.fm_batch, r.failed, r.denied
     );
     println!(
         "  session drops: {}   setup-overload refusals: {}",
@@ -774,6 +1009,7 @@ mod tests {
             insecure: true,
             tls: false,
             latency_log: Some(path.clone()),
+            workload: None,
         })
         .expect("bench setup");
         let log = std::fs::read_to_string(&path).expect("log");
@@ -792,5 +1028,72 @@ mod tests {
         }
         assert_eq!(sat, r.saturated_flows);
         assert!(sat > 0 && paced > 0, "{sat} saturated, {paced} paced lines");
+    }
+
+    /// A workload's chain and flows go through the real path: every flow it lists that
+    /// the chain's firewall denies (TCP to port 23) comes back as a drop rule, and no
+    /// other flow does, so the flows offered are the file's, in its order; the paced
+    /// measurement offers them at the file's times.
+    #[test]
+    fn a_workload_trace_runs_through_its_own_chain_at_its_own_times() {
+        const FLOWS: usize = 60_000;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut csv = String::from("proto,src,sport,dst,dport,at_us\n");
+        let deniable = |i: usize| i % 10 == 3;
+        for i in 0..FLOWS {
+            let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 1, 0, 0)) + (i / 1000) as u32);
+            let sport = 2000 + (i % 1000);
+            let (proto, dport) = if deniable(i) {
+                ("tcp", 23)
+            } else {
+                ("udp", 53)
+            };
+            // 100 µs apart: 10,000 flows/s when paced by the trace.
+            csv += &format!("{proto},{src},{sport},{SERVICE},{dport},{}\n", i * 100);
+        }
+        std::fs::write(dir.path().join("flows.csv"), csv).expect("csv");
+        let nfs = builtin_nfs("builtin").expect("nfs");
+        let wl = dir.path().join("w.json");
+        std::fs::write(
+            &wl,
+            serde_json::json!({"version": 1, "name": "trace test", "nfs": nfs,
+                "flows_csv": "flows.csv", "paced": "trace"})
+            .to_string(),
+        )
+        .expect("workload");
+        let r = run(SetupBenchArgs {
+            json: true,
+            seconds: 0.3,
+            rate: 50_000.0,
+            window: 64,
+            linger_us: 100,
+            fm_threads: 1,
+            nfs: "test".into(),
+            groups: 1,
+            insecure: true,
+            tls: false,
+            latency_log: None,
+            workload: Some(wl),
+        })
+        .expect("bench setup");
+        assert_eq!(r.chain, "fw → snat → lb");
+        assert_eq!(r.workload.as_deref(), Some("trace test"));
+        assert_eq!(r.workload_flows, Some(FLOWS as u64));
+        assert_eq!(r.workload_exhausted, Some(false));
+        let used = r.workload_flows_used.expect("used") as usize;
+        assert!(used > 0 && used < FLOWS, "{used} flows used");
+        assert_eq!(r.failed, 0);
+        assert_eq!(
+            r.denied,
+            (0..used).filter(|&i| deniable(i)).count() as u64,
+            "the flows denied are the file's TCP/23 flows among the {used} offered"
+        );
+        assert_eq!(r.paced_by, "trace");
+        assert!(
+            (7_000.0..13_000.0).contains(&r.rate),
+            "the trace offers 10,000 flows/s; offered {}",
+            r.rate
+        );
+        assert!(r.p50_us.is_finite(), "the paced measurement set up flows");
     }
 }

@@ -18,4 +18,5 @@ pub mod bench_setup;
 pub mod bench_workers;
 pub mod demo;
 mod demo_testbed;
+pub mod setup_workload;
 pub mod testbed_cmd;
