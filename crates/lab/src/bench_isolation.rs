@@ -15,7 +15,7 @@ use clap::Args;
 use testbed::isolation::{self, IsolationReport, IsolationSpec};
 use testbed::{Resources, Testbed, TopologySpec};
 
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct IsolationBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -23,24 +23,68 @@ pub struct IsolationBenchArgs {
     /// Write credit, state and rate over time (Fig. 10) as an SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// `--setup-capacity` of the PP node (new flows/s).
-    #[arg(long, default_value_t = IsolationSpec::new().setup_capacity)]
-    pub capacity: f64,
-    /// Every tenant's base new flows/s.
-    #[arg(long, default_value_t = IsolationSpec::new().base)]
-    pub base: f64,
-    /// Every tenant's burst new flows/s.
-    #[arg(long, default_value_t = IsolationSpec::new().burst)]
-    pub burst: f64,
-    /// Floods send this many times base SYNs per second.
-    #[arg(long, default_value_t = IsolationSpec::new().flood_factor)]
-    pub flood_factor: f64,
-    /// The victim's new TCP connections per second.
-    #[arg(long, default_value_t = IsolationSpec::new().victim_rate)]
-    pub victim_rate: f64,
+    /// The scenario's parameters as JSON (docs/benchmarks.md, "Isolation workload"):
+    /// any field of the report's `params`; the flags below override it.
+    #[arg(long, value_name = "FILE")]
+    pub workload: Option<PathBuf>,
+    /// `--setup-capacity` of the PP node (new flows/s) [default: 3000].
+    #[arg(long)]
+    pub capacity: Option<f64>,
+    /// Every tenant's base new flows/s [default: 1000].
+    #[arg(long)]
+    pub base: Option<f64>,
+    /// Every tenant's burst new flows/s [default: 2000].
+    #[arg(long)]
+    pub burst: Option<f64>,
+    /// Floods send this many times base SYNs per second [default: 10].
+    #[arg(long)]
+    pub flood_factor: Option<f64>,
+    /// The victim's new TCP connections per second [default: 50].
+    #[arg(long)]
+    pub victim_rate: Option<f64>,
+}
+
+/// The scenario `a` asks for: the workload file's parameters (defaults for the fields
+/// it leaves out), then the flags; checked.
+pub fn spec(a: &IsolationBenchArgs) -> Result<IsolationSpec> {
+    let mut spec = match &a.workload {
+        Some(path) => load_workload(path)?,
+        None => IsolationSpec::new(),
+    };
+    let set = |field: &mut f64, flag: Option<f64>| {
+        if let Some(v) = flag {
+            *field = v;
+        }
+    };
+    set(&mut spec.setup_capacity, a.capacity);
+    set(&mut spec.base, a.base);
+    set(&mut spec.burst, a.burst);
+    set(&mut spec.flood_factor, a.flood_factor);
+    set(&mut spec.victim_rate, a.victim_rate);
+    spec.check().map_err(anyhow::Error::msg)?;
+    Ok(spec)
+}
+
+fn load_workload(path: &std::path::Path) -> Result<IsolationSpec> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading workload {}", path.display()))?;
+    let bad = || format!("workload {}: not an isolation workload", path.display());
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(bad)?;
+    let Some(fields) = v.as_object() else {
+        bail!("{}: a JSON object of parameters", bad());
+    };
+    // The spec fills missing fields with defaults, so an unknown field (a typo) would
+    // pass unnoticed: refuse any the spec does not have.
+    let known = serde_json::to_value(IsolationSpec::new())?;
+    if let Some(k) = fields.keys().find(|k| known.get(k.as_str()).is_none()) {
+        bail!("{}: unknown field `{k}`", bad());
+    }
+    serde_json::from_value(v).with_context(bad)
 }
 
 pub fn run(a: &IsolationBenchArgs) -> Result<IsolationReport> {
+    // Parameters first: a bad file is an error before anything is built.
+    let spec = spec(a)?;
     if !testbed::is_root() {
         bail!(
             "bench isolation runs on the netns testbed, which needs root (network namespaces, veth, nftables): run it as root"
@@ -49,14 +93,6 @@ pub fn run(a: &IsolationBenchArgs) -> Result<IsolationReport> {
     testbed::install_signal_cleanup()?;
     testbed::check_prerequisites()?;
     testbed::sweep_stale("sfi-");
-    let spec = IsolationSpec {
-        setup_capacity: a.capacity,
-        base: a.base,
-        burst: a.burst,
-        flood_factor: a.flood_factor,
-        victim_rate: a.victim_rate,
-        ..IsolationSpec::new()
-    };
     let prefix = format!("sfi-{}-", std::process::id());
     // Dropped at the end of this function, also on an error: deletes everything.
     let res = Resources::new(&prefix);
@@ -162,5 +198,69 @@ pub fn print(r: &IsolationReport) {
     ];
     for (k, v) in rows {
         println!("{k:<42} {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(workload: Option<PathBuf>) -> IsolationBenchArgs {
+        IsolationBenchArgs {
+            workload,
+            ..IsolationBenchArgs::default()
+        }
+    }
+
+    #[test]
+    fn a_workload_file_sets_the_scenario_and_flags_override_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("w.json");
+        std::fs::write(
+            &p,
+            r#"{"base": 500, "burst": 1500, "flood_procs": 4, "fair_secs": 10}"#,
+        )
+        .expect("write");
+        let s = spec(&args(Some(p.clone()))).expect("valid");
+        assert_eq!(
+            (s.base, s.burst, s.flood_procs, s.fair_secs),
+            (500.0, 1500.0, 4, 10.0)
+        );
+        // Fields the file leaves out keep the bench's defaults.
+        assert_eq!(s.setup_capacity, IsolationSpec::new().setup_capacity);
+        let mut a = args(Some(p));
+        a.burst = Some(800.0);
+        assert_eq!(spec(&a).expect("valid").burst, 800.0);
+        let d = spec(&args(None)).expect("defaults");
+        assert_eq!(
+            serde_json::to_value(d).expect("json"),
+            serde_json::to_value(IsolationSpec::new()).expect("json")
+        );
+    }
+
+    #[test]
+    fn bad_isolation_workloads_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("w.json");
+        for (text, want) in [
+            (r#"{"bsae": 500}"#, "unknown field `bsae`"),
+            (r#"{"base": -1}"#, "base must be in"),
+            (
+                r#"{"base": 1000, "burst": 500}"#,
+                "burst (500) must be at least base",
+            ),
+            (r#"{"flood_procs": 0}"#, "flood_procs"),
+            (r#"{"fair_secs": 1e9}"#, "fair_secs"),
+            (r#"{"sample_ms": "fast"}"#, "not an isolation workload"),
+            ("[1, 2]", "a JSON object"),
+        ] {
+            std::fs::write(&p, text).expect("write");
+            let e = format!("{:#}", spec(&args(Some(p.clone()))).expect_err(text));
+            assert!(e.contains(want), "{text}: {e} (wanted {want:?})");
+        }
+        // A flag out of range is refused the same way.
+        let mut a = args(None);
+        a.victim_rate = Some(0.0);
+        assert!(format!("{:#}", spec(&a).unwrap_err()).contains("victim_rate"));
     }
 }

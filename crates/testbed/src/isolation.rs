@@ -61,8 +61,10 @@ pub const TENANT_A: u32 = 1;
 pub const TENANT_B: u32 = 2;
 pub const TENANT_C: u32 = 3;
 
-/// The scenario's parameters (all in the report).
+/// The scenario's parameters (all in the report). Read from JSON, a missing field takes
+/// its value from [`IsolationSpec::new`] (`bench isolation --workload FILE`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IsolationSpec {
     /// `--setup-capacity`: new flows/s the PP node shares out.
     pub setup_capacity: f64,
@@ -129,6 +131,65 @@ impl IsolationSpec {
 
     fn flood_pps(&self) -> f64 {
         self.flood_factor * self.base
+    }
+
+    /// Every value in range, so a scenario never starts with one it cannot run: rates
+    /// positive and bounded (the floods are real hping3 processes), burst at least base,
+    /// every phase bounded in time. The error names the field.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let rate = |name: &str, v: f64, max: f64| -> std::result::Result<(), String> {
+            if v.is_finite() && v > 0.0 && v <= max {
+                Ok(())
+            } else {
+                Err(format!("{name} must be in (0, {max}], got {v}"))
+            }
+        };
+        let secs = |name: &str, v: f64, min: f64| -> std::result::Result<(), String> {
+            if v.is_finite() && v >= min && v <= 600.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be in [{min}, 600] seconds, got {v}"))
+            }
+        };
+        rate("setup_capacity", self.setup_capacity, 1e7)?;
+        rate("base", self.base, 1e6)?;
+        rate("burst", self.burst, 1e6)?;
+        if self.burst < self.base {
+            return Err(format!(
+                "burst ({}) must be at least base ({})",
+                self.burst, self.base
+            ));
+        }
+        if !(self.debt.is_finite() && (0.0..=1e9).contains(&self.debt)) {
+            return Err(format!("debt must be in [0, 1e9], got {}", self.debt));
+        }
+        rate("flood_factor", self.flood_factor, 1000.0)?;
+        rate("victim_rate", self.victim_rate, 10_000.0)?;
+        if !(1..=16).contains(&self.flood_procs) {
+            return Err(format!(
+                "flood_procs must be 1..=16, got {}",
+                self.flood_procs
+            ));
+        }
+        if !(1..=256).contains(&self.victim_workers) {
+            return Err(format!(
+                "victim_workers must be 1..=256, got {}",
+                self.victim_workers
+            ));
+        }
+        secs("baseline_secs", self.baseline_secs, 0.5)?;
+        secs("quiet_secs", self.quiet_secs, 0.0)?;
+        secs("after_credit_secs", self.after_credit_secs, 0.0)?;
+        secs("flood_max_secs", self.flood_max_secs, 0.5)?;
+        secs("fair_warmup_secs", self.fair_warmup_secs, 0.0)?;
+        secs("fair_secs", self.fair_secs, 0.5)?;
+        if !(10..=10_000).contains(&self.sample_ms) {
+            return Err(format!(
+                "sample_ms must be 10..=10000, got {}",
+                self.sample_ms
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -443,6 +504,8 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
     if tb.spec.tenants < 3 {
         return Err(Error::Setup("the isolation scenario needs 3 VPCs".into()));
     }
+    s.check()
+        .map_err(|e| Error::Setup(format!("isolation parameters: {e}")))?;
     if cmd::which("hping3").is_none() {
         return Err(Error::MissingTool("hping3".into()));
     }
