@@ -990,6 +990,24 @@ mod tests {
         );
     }
 
+    /// 0.3 s measurements, 64 flows in flight, the test chain, plaintext links.
+    fn short_run(rate: f64) -> SetupBenchArgs {
+        SetupBenchArgs {
+            json: true,
+            seconds: 0.3,
+            rate,
+            window: 64,
+            linger_us: 100,
+            fm_threads: 1,
+            nfs: "test".into(),
+            groups: 1,
+            insecure: true,
+            tls: false,
+            latency_log: None,
+            workload: None,
+        }
+    }
+
     /// A short run through the real path (FM, three SC nodes, PP over loopback gRPC):
     /// the log holds one line per flow set up, in both measurements, and its saturated
     /// lines are the flows the cost figure divides by.
@@ -998,18 +1016,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("lat.txt");
         let r = run(SetupBenchArgs {
-            json: true,
-            seconds: 0.3,
-            rate: 2000.0,
-            window: 64,
-            linger_us: 100,
-            fm_threads: 1,
-            nfs: "test".into(),
-            groups: 1,
-            insecure: true,
-            tls: false,
             latency_log: Some(path.clone()),
-            workload: None,
+            ..short_run(2000.0)
         })
         .expect("bench setup");
         let log = std::fs::read_to_string(&path).expect("log");
@@ -1062,18 +1070,8 @@ mod tests {
         )
         .expect("workload");
         let r = run(SetupBenchArgs {
-            json: true,
-            seconds: 0.3,
-            rate: 50_000.0,
-            window: 64,
-            linger_us: 100,
-            fm_threads: 1,
-            nfs: "test".into(),
-            groups: 1,
-            insecure: true,
-            tls: false,
-            latency_log: None,
             workload: Some(wl),
+            ..short_run(50_000.0)
         })
         .expect("bench setup");
         assert_eq!(r.chain, "fw → snat → lb");
