@@ -140,9 +140,9 @@ pub struct SetupBench {
     /// How the paced measurement offered its flows: `rate` (`--rate`) or `trace` (the
     /// workload's `at_us` times; `rate` is then the rate they came at).
     pub paced_by: &'static str,
-    /// `--workload`: its name, its flows, the flows the measurements took from it, and
-    /// whether a measurement ran out of them before its time was up. `null` without one,
-    /// or when it lists no flows.
+    /// `--workload`: its name (`null` without one), then its flows, the flows the
+    /// measurements took from it, and whether a measurement ran out of them before its
+    /// time was up (these three also `null` when it lists no flows).
     pub workload: Option<String>,
     pub workload_flows: Option<u64>,
     pub workload_flows_used: Option<u64>,
@@ -257,8 +257,8 @@ enum Pace {
 struct TraceSource {
     trace: Arc<SetupTrace>,
     start: usize,
-    /// Frames of one UDP and one TCP SYN flow (VXLAN, VNI 100); `write_trace_flow`
-    /// makes them another flow's.
+    /// Frames of one UDP and one TCP SYN flow (VXLAN, VNI 100); `write` makes them
+    /// another flow's.
     udp: Vec<u8>,
     tcp: Vec<u8>,
 }
