@@ -144,6 +144,13 @@ impl IsolationSpec {
                 Err(format!("{name} must be in (0, {max}], got {v}"))
             }
         };
+        let count = |name: &str, v: u64, lo: u64, hi: u64| -> std::result::Result<(), String> {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{name} must be {lo}..={hi}, got {v}"))
+            }
+        };
         let secs = |name: &str, v: f64, min: f64| -> std::result::Result<(), String> {
             if v.is_finite() && v >= min && v <= 600.0 {
                 Ok(())
@@ -165,30 +172,15 @@ impl IsolationSpec {
         }
         rate("flood_factor", self.flood_factor, 1000.0)?;
         rate("victim_rate", self.victim_rate, 10_000.0)?;
-        if !(1..=16).contains(&self.flood_procs) {
-            return Err(format!(
-                "flood_procs must be 1..=16, got {}",
-                self.flood_procs
-            ));
-        }
-        if !(1..=256).contains(&self.victim_workers) {
-            return Err(format!(
-                "victim_workers must be 1..=256, got {}",
-                self.victim_workers
-            ));
-        }
+        count("flood_procs", self.flood_procs as u64, 1, 16)?;
+        count("victim_workers", self.victim_workers as u64, 1, 256)?;
         secs("baseline_secs", self.baseline_secs, 0.5)?;
         secs("quiet_secs", self.quiet_secs, 0.0)?;
         secs("after_credit_secs", self.after_credit_secs, 0.0)?;
         secs("flood_max_secs", self.flood_max_secs, 0.5)?;
         secs("fair_warmup_secs", self.fair_warmup_secs, 0.0)?;
         secs("fair_secs", self.fair_secs, 0.5)?;
-        if !(10..=10_000).contains(&self.sample_ms) {
-            return Err(format!(
-                "sample_ms must be 10..=10000, got {}",
-                self.sample_ms
-            ));
-        }
+        count("sample_ms", self.sample_ms, 10, 10_000)?;
         Ok(())
     }
 }
