@@ -235,7 +235,7 @@ fn builtin_nfs(nfs: &str) -> Result<serde_json::Value> {
 }
 
 /// Tenant 1's chain 1 of `nfs`, with the bench's VXLAN egress both ways.
-fn chain_of(nfs: serde_json::Value, partition: nf::PartitionBy) -> Result<ChainDef> {
+pub(crate) fn chain_of(nfs: serde_json::Value, partition: nf::PartitionBy) -> Result<ChainDef> {
     let mut def: ChainDef = serde_json::from_value(serde_json::json!({
         "tenant": 1, "chain": 1, "nfs": nfs,
         "forward": {"decap": true, "encap": {"dst": "198.18.0.9", "vni": 200}, "output": 1},

@@ -14,6 +14,8 @@
 //!   `state_intact` counts the rounds where it did.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -24,39 +26,63 @@ use serde::Serialize;
 // The plane tests' flows (tenant 1's chain 1 on VNI 100): the bench asks for the same.
 use testkit::flows::{flow, CHAIN, TENANT, VNI};
 
-#[derive(Args, Clone, Debug)]
+use crate::setup_workload::TraceFlow;
+use crate::workers_workload::{CountsSet, WorkersWorkload};
+
+#[derive(Args, Clone, Debug, Default)]
 pub struct WorkersBenchArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Worker threads per SC node.
-    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=256))]
-    pub workers: u64,
+    /// The chain, the wake flows and the counts as JSON (docs/benchmarks.md, "Workers
+    /// workload"); the flags below override the file's counts.
+    #[arg(long)]
+    pub workload: Option<PathBuf>,
+    /// Worker threads per SC node [default: 6].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub workers: Option<u64>,
     /// The scheduler slice each worker thread asks for, in µs (`starfabric sc
-    /// --worker-slice-us`; docs/workers.md). 0: the kernel's default, the baseline.
-    #[arg(long, default_value_t = sc::workers::DEFAULT_WORKER_SLICE.as_micros() as u64)]
-    pub worker_slice_us: u64,
-    /// SC groups (each three replicas, one per node) started at once.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub groups: u32,
-    /// Park-and-wake rounds.
-    #[arg(long, default_value_t = 200)]
-    pub rounds: u32,
-    /// NFs: `test` (the SC crate's FW → SNAT → LB) or `builtin` (nfs' FW → SNAT).
+    /// --worker-slice-us`; docs/workers.md). 0: the kernel's default, the baseline
+    /// [default: 200].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub worker_slice_us: Option<u64>,
+    /// SC groups (each three replicas, one per node) started at once [default: 16].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub groups: Option<u32>,
+    /// Park-and-wake rounds [default: 200].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rounds: Option<u32>,
+    /// NFs: `test` (the SC crate's FW → SNAT → LB) or `builtin` (nfs' FW → SNAT). A
+    /// workload's `nfs` replaces it.
     #[arg(long, default_value = "test")]
     pub nfs: String,
-    /// Starts one at a time on each node, with nothing else queued (0: skip).
-    #[arg(long, default_value_t = 64)]
-    pub single_starts: usize,
+    /// Starts one at a time on each node, with nothing else queued (0: skip)
+    /// [default: 64].
+    #[arg(long)]
+    pub single_starts: Option<usize>,
     /// Run every plane link in plaintext (lab use; docs/security.md). Default: mTLS, as
     /// production runs (a CA made in-process, a certificate per node).
     #[arg(long)]
     pub insecure: bool,
     /// FM's runtime threads. Two, as `starfabric fm` runs: the start and wake figures
     /// of earlier runs were taken so, and one moved none of them beyond their spread
-    /// (docs/setup-path.md, "FM on one runtime thread").
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
-    pub fm_threads: u64,
+    /// (docs/setup-path.md, "FM on one runtime thread") [default: 2].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub fm_threads: Option<u64>,
+}
+
+impl WorkersBenchArgs {
+    /// The counts the flags set.
+    fn counts(&self) -> CountsSet {
+        CountsSet {
+            groups: self.groups,
+            rounds: self.rounds,
+            workers: self.workers,
+            single_starts: self.single_starts,
+            worker_slice_us: self.worker_slice_us,
+            fm_threads: self.fm_threads,
+        }
+    }
 }
 
 /// Results; field names are the documented JSON interface.
@@ -88,6 +114,13 @@ pub struct WorkersBench {
     /// Rounds whose answer had the flow's mapping from before the first park.
     pub state_intact: u32,
     pub rounds: u32,
+    /// What `state_intact` compares with the flow's first answer: `snat-mapping` (its
+    /// external address and port) when the first answer mapped the source, else
+    /// `actions` (the whole forward rule's action list); `snat-mapping+actions` when the
+    /// flows differ.
+    pub state_check: &'static str,
+    /// Distinct flows the rounds cycled through.
+    pub wake_flows: u64,
     pub workers_per_node: u64,
     /// The slice the workers asked for (0: the kernel's default).
     pub worker_slice_us: u64,
@@ -95,6 +128,8 @@ pub struct WorkersBench {
     pub chain: String,
     /// FM's runtime threads in this run (`--fm-threads`).
     pub fm_threads: u64,
+    /// The workload's name (`--workload`), or null without one.
+    pub workload: Option<String>,
 }
 
 fn chain(nfs: &str) -> Result<proto::ChainDef> {
@@ -119,8 +154,54 @@ fn chain(nfs: &str) -> Result<proto::ChainDef> {
     }))?)
 }
 
-fn mapping(r: &RuleReply) -> Option<(IpAddr, u16)> {
-    r.mapped_source()
+/// What a wake round's answer must keep from the flow's first answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kept {
+    /// The SNAT mapping: external address and port.
+    Mapping(IpAddr, u16),
+    /// The forward rule's actions, for a chain that maps no source.
+    Actions(Vec<pipeline::Action>),
+}
+
+impl Kept {
+    fn of(r: &RuleReply) -> Result<Kept> {
+        if let Some((a, p)) = r.mapped_source() {
+            return Ok(Kept::Mapping(a, p));
+        }
+        match &r.result {
+            Ok(rule) => Ok(Kept::Actions(rule.actions.clone())),
+            Err(e) => bail!(
+                "the chain refused flow {} ({e}): a wake round needs a flow the chain admits",
+                r.key
+            ),
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Kept::Mapping(..) => "snat-mapping",
+            Kept::Actions(_) => "actions",
+        }
+    }
+}
+
+/// A wake flow's first packet as a PP worker asks for its rule (tenant 1's chain 1 on
+/// VNI 100); a TCP flow's is a SYN.
+fn request(f: &TraceFlow) -> pipeline::RuleRequest {
+    let flags = if f.proto == packet::proto::TCP {
+        packet::tcp_flags::SYN
+    } else {
+        0
+    };
+    let key = pipeline::FlowKey::new(
+        VNI,
+        f.proto,
+        IpAddr::V4(f.src),
+        f.sport,
+        IpAddr::V4(f.dst),
+        f.dport,
+    );
+    pipeline::RuleRequest::new(key, TENANT, CHAIN, pipeline::PacketMeta::new(60, flags))
 }
 
 fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
@@ -145,10 +226,33 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
-    let chain = chain(&a.nfs)?;
+    let workload = a
+        .workload
+        .as_deref()
+        .map(WorkersWorkload::load)
+        .transpose()?;
+    let counts = a
+        .counts()
+        .over(workload.as_ref().map(|w| w.counts).unwrap_or_default())
+        .resolve()?;
+    let (chain, factory, chain_label) =
+        match workload.as_ref().and_then(|w| Some((w, w.nfs.as_ref()?))) {
+            Some((w, nfs)) => (
+                crate::bench_setup::chain_of(serde_json::Value::Array(nfs.clone()), w.partition)?,
+                Arc::new(sc::BuiltinNfs) as Arc<dyn sc::ChainFactory>,
+                w.chain_label().unwrap_or_default(),
+            ),
+            None => (
+                chain(&a.nfs)?,
+                crate::bench_setup::chain_factory(&a.nfs),
+                match a.nfs.as_str() {
+                    "test" => "test-fw → test-snat → test-lb".into(),
+                    _ => "fw → snat".into(),
+                },
+            ),
+        };
     let proto_chain = chain.to_proto()?;
-    let factory = crate::bench_setup::chain_factory(&a.nfs);
-    let rt = crate::bench_setup::fm_runtime(a.fm_threads)?;
+    let rt = crate::bench_setup::fm_runtime(counts.fm_threads)?;
     let pki = crate::bench_setup::BenchPki::new(a.insecure)?;
     let fm_cfg = fm::FmConfig {
         chains: vec![chain],
@@ -165,9 +269,9 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         .map(|i| {
             let id = format!("sc-{i}");
             let mut c = sc::ScConfig::new(&id, local, &fm_addr);
-            c.workers = a.workers as usize;
+            c.workers = counts.workers as usize;
             c.worker_slice =
-                (a.worker_slice_us > 0).then(|| Duration::from_micros(a.worker_slice_us));
+                (counts.worker_slice_us > 0).then(|| Duration::from_micros(counts.worker_slice_us));
             c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             // Parking is on demand here (`park`), so every round parks at a known time.
             c.idle = None;
@@ -180,7 +284,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         let m = rt.block_on(fm.partition_map())?;
         (m.groups.len() == 1 && m.groups.iter().all(|g| g.replicas.len() == 3)).then_some(())
     })?;
-    let groups = a.groups.max(1);
+    let groups = counts.groups;
     if groups > 1 {
         let partitions = crate::bench_setup::equal_partitions(TENANT, CHAIN, groups);
         rt.block_on(fm.set_desired(vec![proto_chain.clone()], partitions, Vec::new()))
@@ -207,23 +311,39 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let RuleSource::Channel { requests, replies } = links.remove(0).source else {
         bail!("FM client gave no channel");
     };
-    let ask = |i: u32| -> Result<(RuleReply, Duration)> {
+    // The wake flows: the workload's, or the plane tests' first 64.
+    let wake: Vec<pipeline::RuleRequest> = match workload.as_ref().and_then(|w| w.flows.as_ref()) {
+        Some(flows) => flows.iter().map(request).collect(),
+        None => (0..64).map(flow).collect(),
+    };
+    let ask = |i: usize| -> Result<(RuleReply, Duration)> {
         let t = Instant::now();
-        requests.send(flow(i)).context("PP request channel")?;
+        requests
+            .send(wake[i].clone())
+            .context("PP request channel")?;
         let r = replies
             .recv_timeout(Duration::from_secs(10))
             .context("no answer within 10 s")?;
         Ok((r, t.elapsed()))
     };
-    // One flow per round, spread over the groups; their first mappings.
-    let flows: Vec<u32> = (0..a.rounds.max(1)).map(|r| r % 64).collect();
+    // One flow per round, spread over the groups; what their first answers carried.
+    let flows: Vec<usize> = (0..counts.rounds as usize)
+        .map(|r| r % wake.len())
+        .collect();
     let mut first = std::collections::HashMap::new();
     for &f in &flows {
         if let std::collections::hash_map::Entry::Vacant(e) = first.entry(f) {
             let (r, _) = ask(f)?;
-            e.insert(mapping(&r).context("no SNAT mapping in the first answer")?);
+            e.insert(Kept::of(&r)?);
         }
     }
+    // One label when every flow is compared the same way (a chain's SNAT may map only
+    // some sources).
+    let labels: std::collections::BTreeSet<&str> = first.values().map(Kept::label).collect();
+    let state_check = match labels.len() {
+        1 => labels.into_iter().next().unwrap_or_default(),
+        _ => "snat-mapping+actions",
+    };
 
     let mut request_ms = Vec::new();
     let mut intact = 0;
@@ -242,7 +362,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         })?;
         let (r, d) = ask(f)?;
         request_ms.push(d.as_secs_f64() * 1e3);
-        if mapping(&r) == first.get(&f).copied() {
+        if Kept::of(&r).ok().as_ref() == first.get(&f) {
             intact += 1;
         }
     }
@@ -261,7 +381,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             .probe_starts(
                 &proto_chain,
                 probe_partition,
-                a.single_starts,
+                counts.single_starts,
                 Duration::from_secs(5),
             )
             .with_context(|| format!("single starts on {}", s.node_id()))?;
@@ -297,14 +417,14 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         wake_request_ms_p99: pct(&mut request_ms, 0.99),
         state_intact: intact,
         rounds: flows.len() as u32,
-        workers_per_node: a.workers,
-        worker_slice_us: a.worker_slice_us,
+        state_check,
+        wake_flows: first.len() as u64,
+        workers_per_node: counts.workers,
+        worker_slice_us: counts.worker_slice_us,
         groups,
-        chain: match a.nfs.as_str() {
-            "test" => "test-fw → test-snat → test-lb".into(),
-            _ => "fw → snat".into(),
-        },
-        fm_threads: a.fm_threads,
+        chain: chain_label,
+        fm_threads: counts.fm_threads,
+        workload: workload.map(|w| w.name),
     })
 }
 
@@ -334,7 +454,7 @@ pub fn print(r: &WorkersBench) {
         r.wake_request_ms_p50, r.wake_request_ms_p99
     );
     println!(
-        "  state intact after wake: {}/{} rounds",
-        r.state_intact, r.rounds
+        "  state intact after wake: {}/{} rounds ({} flows; compared: {})",
+        r.state_intact, r.rounds, r.wake_flows, r.state_check
     );
 }

@@ -20,3 +20,4 @@ pub mod demo;
 mod demo_testbed;
 pub mod setup_workload;
 pub mod testbed_cmd;
+pub mod workers_workload;

@@ -43,14 +43,14 @@ struct File {
 /// One flow of `flows` or one row of `flows_csv`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FlowRow {
+pub(crate) struct FlowRow {
     proto: Proto,
     src: Ipv4Addr,
     sport: u16,
     dst: Ipv4Addr,
     dport: u16,
     #[serde(default)]
-    at_us: Option<f64>,
+    pub(crate) at_us: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -159,16 +159,7 @@ impl SetupWorkload {
         ensure!(f.version == 1, "version must be 1, got {}", f.version);
         let (nfs, partition) = match f.nfs {
             Some(nfs) => {
-                ensure!(!nfs.is_empty(), "nfs: a chain needs at least one NF");
-                let configs = nfs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        serde_json::from_value::<nfs::NfConfig>(v.clone())
-                            .with_context(|| format!("nfs[{i}]"))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let partition = nfs::chain_partition(&configs).context("nfs")?;
+                let partition = check_nfs(&nfs)?;
                 (Some(nfs), partition)
             }
             None => (None, nf::PartitionBy::Flow),
@@ -200,12 +191,51 @@ impl SetupWorkload {
 
     /// The chain's NF kinds, joined as the bench prints a chain: `fw → snat → lb`.
     pub fn chain_label(&self) -> Option<String> {
-        let nfs = self.nfs.as_ref()?;
-        let kinds: Vec<&str> = nfs
-            .iter()
-            .map(|v| v.get("kind").and_then(|k| k.as_str()).unwrap_or("?"))
-            .collect();
-        Some(kinds.join(" → "))
+        self.nfs.as_deref().map(chain_label)
+    }
+}
+
+/// A workload's `nfs`: each entry an NF configuration as the orchestrator's API takes it
+/// (`nfs::NfConfig`), checked by parsing; the chain's partitioning, as the orchestrator
+/// computes it from its NFs.
+pub(crate) fn check_nfs(nfs: &[serde_json::Value]) -> Result<nf::PartitionBy> {
+    ensure!(!nfs.is_empty(), "nfs: a chain needs at least one NF");
+    let configs = nfs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value::<nfs::NfConfig>(v.clone()).with_context(|| format!("nfs[{i}]"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    nfs::chain_partition(&configs).context("nfs")
+}
+
+/// The chain's NF kinds, joined as the benches print a chain: `fw → snat → lb`.
+pub(crate) fn chain_label(nfs: &[serde_json::Value]) -> String {
+    let kinds: Vec<&str> = nfs
+        .iter()
+        .map(|v| v.get("kind").and_then(|k| k.as_str()).unwrap_or("?"))
+        .collect();
+    kinds.join(" → ")
+}
+
+impl FlowRow {
+    /// The row's 5-tuple; `i` names it in an error.
+    pub(crate) fn tuple(&self, i: usize) -> Result<TraceFlow> {
+        ensure!(
+            self.sport != 0 && self.dport != 0,
+            "flows[{i}]: port 0 is not a flow's port"
+        );
+        Ok(TraceFlow {
+            proto: match self.proto {
+                Proto::Udp => packet::proto::UDP,
+                Proto::Tcp => packet::proto::TCP,
+            },
+            src: self.src,
+            sport: self.sport,
+            dst: self.dst,
+            dport: self.dport,
+        })
     }
 }
 
@@ -254,20 +284,7 @@ fn trace(rows: Vec<Result<FlowRow, String>>, paced: PacedBy) -> Result<SetupTrac
     let mut seen: HashMap<TraceFlow, usize> = HashMap::with_capacity(rows.len());
     for (i, row) in rows.into_iter().enumerate() {
         let row = row.map_err(anyhow::Error::msg)?;
-        ensure!(
-            row.sport != 0 && row.dport != 0,
-            "flows[{i}]: port 0 is not a flow's port"
-        );
-        let f = TraceFlow {
-            proto: match row.proto {
-                Proto::Udp => packet::proto::UDP,
-                Proto::Tcp => packet::proto::TCP,
-            },
-            src: row.src,
-            sport: row.sport,
-            dst: row.dst,
-            dport: row.dport,
-        };
+        let f = row.tuple(i)?;
         ensure!(
             !is_warmup_flow(&f, crate::bench_setup::SERVICE),
             "flows[{i}]: {f:?} is one of the bench's warm-up flows (UDP from \
