@@ -2,7 +2,8 @@
 //! SC replica does: a new flow (conntrack miss, ACL or Maglev or a port allocation, a row
 //! put with its timer)
 //! and a re-request of a known one, against tables already holding `FLOWS` flows (so
-//! lookups pay the cache misses of a loaded table, not of an empty one).
+//! lookups pay the cache misses of a loaded table, not of an empty one); and building
+//! each NF, as every new replica does.
 //!
 //! `cargo bench -p nfs --bench first_packet`
 
@@ -20,6 +21,10 @@ fn key(i: u32) -> FlowKey {
 }
 
 fn nf(kind: &str) -> Box<dyn NetworkFunction> {
+    nfs::build(&nf_config(kind)).expect("nf")
+}
+
+fn nf_config(kind: &str) -> nfs::NfConfig {
     let cfg = match kind {
         // Two addresses: 129k ports for the 101k mappings (endpoint-independent, one per
         // source endpoint) the bench makes.
@@ -31,7 +36,7 @@ fn nf(kind: &str) -> Box<dyn NetworkFunction> {
             "protocol": "udp", "backends": [{"addr": "198.19.1.7", "port": 5353},
             {"addr": "198.19.1.8", "port": 5353}]}]}),
     };
-    nfs::build(&serde_json::from_value(cfg).expect("config")).expect("nf")
+    serde_json::from_value(cfg).expect("config")
 }
 
 fn first(nf: &mut dyn NetworkFunction, k: FlowKey, now_ms: u64) {
@@ -72,6 +77,14 @@ fn bench(c: &mut Criterion) {
                 i = (i + 7919) % FLOWS as usize;
                 first(n.as_mut(), keys[i], 2_000_000);
             })
+        });
+        // Building the NF, as a replica's start does, the instances kept until the
+        // sample ends (a new replica's tables are in fresh memory). The LB's Maglev
+        // table is populated by its first build and shared by the others while one
+        // lives (`nfs::lb::maglev`).
+        let cfg = nf_config(kind);
+        g.bench_function("build", |b| {
+            b.iter_with_large_drop(|| nfs::build(&cfg).expect("nf"))
         });
         g.finish();
     }

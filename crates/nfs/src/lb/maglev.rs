@@ -16,8 +16,10 @@
 //! port) with a seeded hash, and the turn order is the identity order, so the table is a
 //! function of the backend *set* and not of the order a configuration lists it in.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -162,8 +164,50 @@ pub struct MaglevTable {
     /// The backends with weight > 0, in identity order; slots index into this.
     backends: Vec<BackendId>,
     /// `size` slots, each an index into `backends`; empty when there are no backends.
-    slots: Vec<u32>,
+    /// Shared by every table built from the same backends, size and seed in this
+    /// process ([`shared_slots`]).
+    slots: Arc<[u32]>,
     size: u32,
+}
+
+/// What a table is a function of: its weighted backends in identity order (weight > 0),
+/// its size and its seed.
+type TableKey = (Vec<(BackendId, u32)>, u32, u64);
+
+/// Tables built in this process, by what they are a function of. Every replica of a
+/// chain builds its LB's tables, and a node hosts many: one per partition group and
+/// scale step. A table of the default size takes 100s of µs to populate (its probes
+/// are random reads over 256 KiB: about 130,000 of them for two backends, 420,000 for
+/// ten) and holds 256 KiB, so the replicas of one service share one: a replica's start
+/// then costs a lookup here, not a population. Entries are weak: a table no LB holds is
+/// freed, and its entry goes at the next insert.
+fn built() -> &'static Mutex<HashMap<TableKey, Weak<[u32]>>> {
+    static BUILT: OnceLock<Mutex<HashMap<TableKey, Weak<[u32]>>>> = OnceLock::new();
+    BUILT.get_or_init(Default::default)
+}
+
+/// The slots of the table for `key`: a live one built before, or a new population.
+fn shared_slots(key: TableKey, ids: &[BackendId], weights: &[u64]) -> Arc<[u32]> {
+    // A poisoned lock only means a thread panicked while holding it; the map is still
+    // whole (every write is one insert or retain), so it is used as it is.
+    let lookup = |key: &TableKey| {
+        let map = built().lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).and_then(Weak::upgrade)
+    };
+    if let Some(slots) = lookup(&key) {
+        return slots;
+    }
+    // Populated without the lock, so a build of another service never waits for this
+    // one; two replicas building the same table at once both populate it, and the
+    // second keeps the first's (they are equal).
+    let slots: Arc<[u32]> = populate(ids, weights, key.1, key.2).into();
+    let mut map = built().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
+        return live;
+    }
+    map.retain(|_, w| w.strong_count() > 0);
+    map.insert(key, Arc::downgrade(&slots));
+    slots
 }
 
 impl MaglevTable {
@@ -182,12 +226,12 @@ impl MaglevTable {
         if ids.is_empty() {
             return Ok(MaglevTable {
                 backends: ids,
-                slots: Vec::new(),
+                slots: Arc::from(Vec::new()),
                 size,
             });
         }
         let weights: Vec<u64> = all.iter().map(|(_, w)| *w as u64).collect();
-        let slots = populate(&ids, &weights, size, seed);
+        let slots = shared_slots((all, size, seed), &ids, &weights);
         Ok(MaglevTable {
             backends: ids,
             slots,
@@ -227,7 +271,7 @@ impl MaglevTable {
     /// Number of slots each backend owns, in identity order.
     pub fn counts(&self) -> Vec<(BackendId, usize)> {
         let mut n = vec![0usize; self.backends.len()];
-        for &i in &self.slots {
+        for &i in self.slots.iter() {
             if let Some(c) = n.get_mut(i as usize) {
                 *c += 1;
             }
@@ -268,12 +312,24 @@ fn populate(ids: &[BackendId], weights: &[u64], size: u32, seed: u64) -> Vec<u32
                 continue;
             }
             credit[i] -= max_weight;
+            // `skip < m` and `cursor < m`, so one subtraction is the modulo: a division
+            // per probe was most of a build (the probes near the end, when few slots
+            // are left, are many).
             let skip = perms[i].1;
-            while slots[cursor[i]] != EMPTY {
-                cursor[i] = (cursor[i] + skip) % m;
+            let step = |c: usize| {
+                let n = c + skip;
+                if n >= m {
+                    n - m
+                } else {
+                    n
+                }
+            };
+            let mut c = cursor[i];
+            while slots[c] != EMPTY {
+                c = step(c);
             }
-            slots[cursor[i]] = i as u32;
-            cursor[i] = (cursor[i] + skip) % m;
+            slots[c] = i as u32;
+            cursor[i] = step(c);
             filled += 1;
             if filled == m {
                 return slots;
@@ -288,6 +344,96 @@ mod tests {
 
     fn id(i: u32) -> BackendId {
         BackendId::new(IpAddr::from([198, 19, 1, i as u8]), 8080)
+    }
+
+    /// Pseudo-code 1 as first written here, with a division per probe: what `populate`
+    /// must still produce, slot for slot, since replicas of different releases must
+    /// agree on every table.
+    fn populate_by_division(ids: &[BackendId], weights: &[u64], size: u32, seed: u64) -> Vec<u32> {
+        let m = size as usize;
+        let mut slots = vec![EMPTY; m];
+        let perms: Vec<(usize, usize)> = ids
+            .iter()
+            .map(|id| {
+                let (o, s) = permutation(id, size, seed);
+                (o as usize, s as usize)
+            })
+            .collect();
+        let mut cursor: Vec<usize> = perms.iter().map(|(o, _)| *o).collect();
+        let mut credit = vec![0u64; ids.len()];
+        let max_weight = weights.iter().copied().max().unwrap_or(1);
+        let mut filled = 0usize;
+        loop {
+            for i in 0..ids.len() {
+                credit[i] += weights[i];
+                if credit[i] < max_weight {
+                    continue;
+                }
+                credit[i] -= max_weight;
+                let skip = perms[i].1;
+                while slots[cursor[i]] != EMPTY {
+                    cursor[i] = (cursor[i] + skip) % m;
+                }
+                slots[cursor[i]] = i as u32;
+                cursor[i] = (cursor[i] + skip) % m;
+                filled += 1;
+                if filled == m {
+                    return slots;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn population_without_division_is_the_same_table() {
+        for (n, size, seed) in [
+            (1, 13, 0),
+            (2, 65_537, 0),
+            (3, 251, 7),
+            (10, 65_537, 42),
+            (40, 4099, 3),
+        ] {
+            let ids: Vec<BackendId> = (0..n).map(id).collect();
+            let weights: Vec<u64> = (0..n as u64).map(|i| 1 + i % 4).collect();
+            assert_eq!(
+                populate(&ids, &weights, size, seed),
+                populate_by_division(&ids, &weights, size, seed),
+                "{n} backends, size {size}, seed {seed}"
+            );
+        }
+    }
+
+    #[test]
+    fn tables_of_one_backend_set_share_their_slots_while_one_lives() {
+        // A seed no other test uses, so no other test's tables are in the way.
+        let seed = 0x5eed_7ab1e;
+        let b: Vec<_> = (0..4).map(|i| (id(i), 1)).collect();
+        let t1 = MaglevTable::build(&b, 251, seed).unwrap();
+        // The same set in another order, and the same set with a weight 0 backend
+        // added: the same table.
+        let mut shuffled = b.clone();
+        shuffled.reverse();
+        shuffled.push((id(9), 0));
+        let t2 = MaglevTable::build(&shuffled, 251, seed).unwrap();
+        assert!(Arc::ptr_eq(&t1.slots, &t2.slots));
+        assert_eq!(t1, t2);
+        // Another weight, size or seed: another table.
+        let mut heavier = b.clone();
+        heavier[0].1 = 2;
+        let t3 = MaglevTable::build(&heavier, 251, seed).unwrap();
+        let t4 = MaglevTable::build(&b, 257, seed).unwrap();
+        let t5 = MaglevTable::build(&b, 251, seed + 1).unwrap();
+        for t in [&t3, &t4, &t5] {
+            assert!(!Arc::ptr_eq(&t1.slots, &t.slots));
+        }
+        // Once no table holds them the slots are freed (the cache's entry is weak),
+        // and the next build populates the same table anew.
+        let weak = Arc::downgrade(&t1.slots);
+        let owners = t1.owners();
+        drop((t1, t2));
+        assert!(weak.upgrade().is_none());
+        let again = MaglevTable::build(&b, 251, seed).unwrap();
+        assert_eq!(again.owners(), owners);
     }
 
     #[test]
