@@ -15,13 +15,31 @@ use crate::DetRng;
 pub const PROBES: usize = 16;
 
 /// Free units of one pool row, one bit per unit of `lo..=hi`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct UnitSet {
     lo: u16,
     hi: u16,
+    /// One bit per unit, set while it is free; empty while every unit is free (a set
+    /// made by [`UnitSet::full`] and not taken from yet). A replica's start builds its
+    /// SNAT's pool rows, 8 KiB of bitmap per address for a whole port range, and wrote
+    /// every word of each: 32 addresses were most of a start's NF build. The first take
+    /// writes the bitmap.
     bits: Vec<u64>,
     free: u32,
 }
+
+impl PartialEq for UnitSet {
+    /// By the free units, however they are held.
+    fn eq(&self, other: &Self) -> bool {
+        if (self.lo, self.hi, self.free) != (other.lo, other.hi, other.free) {
+            return false;
+        }
+        // Every unit free on both sides, or (neither set unwritten) the same bits.
+        self.free == self.len() || self.bits == other.bits
+    }
+}
+
+impl Eq for UnitSet {}
 
 /// How [`UnitSet::alloc`] found its unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,19 +74,37 @@ impl UnitSet {
         }
     }
 
-    /// `lo..=hi`, every unit free.
+    /// `lo..=hi`, every unit free. The bitmap is written at the first take.
     pub fn full(lo: u16, hi: u16) -> Self {
-        let mut s = UnitSet::empty(lo, hi);
-        let len = s.len();
-        s.bits.iter_mut().for_each(|w| *w = !0);
+        let (lo, hi) = (lo.min(hi), lo.max(hi));
+        let mut s = UnitSet {
+            lo,
+            hi,
+            bits: Vec::new(),
+            free: 0,
+        };
+        s.free = s.len();
+        s
+    }
+
+    /// Whether the bitmap is unwritten: every unit free.
+    fn unwritten(&self) -> bool {
+        self.bits.is_empty()
+    }
+
+    /// Write the bitmap of an unwritten set (every unit free).
+    fn write(&mut self) {
+        if !self.unwritten() {
+            return;
+        }
+        let len = self.len();
+        self.bits = vec![!0; len.div_ceil(64) as usize];
         let tail = len % 64;
         if tail != 0 {
-            if let Some(last) = s.bits.last_mut() {
+            if let Some(last) = self.bits.last_mut() {
                 *last = (1u64 << tail) - 1;
             }
         }
-        s.free = len;
-        s
     }
 
     pub fn range(&self) -> (u16, u16) {
@@ -103,6 +139,9 @@ impl UnitSet {
     }
 
     pub fn is_free(&self, unit: u16) -> bool {
+        if self.unwritten() {
+            return self.contains(unit);
+        }
         self.index(unit)
             .and_then(|i| self.bits.get(i / 64).map(|w| w >> (i % 64) & 1 == 1))
             .unwrap_or(false)
@@ -113,6 +152,7 @@ impl UnitSet {
         let Some(i) = self.index(unit) else {
             return false;
         };
+        self.write();
         match self.bits.get_mut(i / 64) {
             Some(w) if *w >> (i % 64) & 1 == 1 => {
                 *w &= !(1u64 << (i % 64));
@@ -128,6 +168,9 @@ impl UnitSet {
         let Some(i) = self.index(unit) else {
             return false;
         };
+        if self.unwritten() {
+            return false;
+        }
         match self.bits.get_mut(i / 64) {
             Some(w) if *w >> (i % 64) & 1 == 0 => {
                 *w |= 1u64 << (i % 64);
@@ -140,6 +183,9 @@ impl UnitSet {
 
     /// The first free index at or after `start`, wrapping around.
     fn first_free_from(&self, start: usize) -> Option<usize> {
+        if self.unwritten() {
+            return (start < self.len() as usize).then_some(start);
+        }
         let n = self.bits.len();
         let (w0, b0) = (start / 64, (start % 64) as u32);
         let head = self.bits.get(w0)? & (!0u64 << b0);
@@ -161,7 +207,9 @@ impl UnitSet {
 
     /// The free units, ascending.
     pub fn free_units(&self) -> impl Iterator<Item = u16> + '_ {
-        self.bits.iter().enumerate().flat_map(move |(wi, &w)| {
+        // An unwritten set's units are the range; its bitmap, empty, adds none.
+        let all = self.unwritten().then_some(self.lo..=self.hi);
+        let written = self.bits.iter().enumerate().flat_map(move |(wi, &w)| {
             let mut w = w;
             std::iter::from_fn(move || {
                 (w != 0).then(|| {
@@ -170,11 +218,15 @@ impl UnitSet {
                     self.unit_at(wi * 64 + b)
                 })
             })
-        })
+        });
+        all.into_iter().flatten().chain(written)
     }
 
     /// The free units as inclusive ranges, ascending.
     pub fn ranges(&self) -> Vec<[u16; 2]> {
+        if self.unwritten() {
+            return vec![[self.lo, self.hi]];
+        }
         let mut out: Vec<[u16; 2]> = Vec::new();
         for p in self.free_units() {
             match out.last_mut() {
@@ -239,6 +291,11 @@ impl UnitSet {
         if self.range() != other.range() {
             return None;
         }
+        match (self.unwritten(), other.unwritten()) {
+            (true, _) => return other.free_units().next(),
+            (_, true) => return self.free_units().next(),
+            _ => {}
+        }
         (self.bits.iter().zip(&other.bits).enumerate())
             .find(|(_, (a, b))| *a & *b != 0)
             .map(|(i, (a, b))| self.unit_at(i * 64 + (a & b).trailing_zeros() as usize))
@@ -246,6 +303,11 @@ impl UnitSet {
 
     /// Take in another set's free units (same range, no overlap: checked by the caller).
     pub(crate) fn unite(&mut self, other: &UnitSet) {
+        if other.unwritten() {
+            *self = UnitSet::full(self.lo, self.hi);
+            return;
+        }
+        self.write();
         for (a, b) in self.bits.iter_mut().zip(&other.bits) {
             *a |= b;
         }
@@ -286,6 +348,99 @@ impl UnitSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// `lo..=hi` every unit free, with its bitmap written (as a snapshot's row is).
+    fn written_full(lo: u16, hi: u16) -> UnitSet {
+        let mut s = UnitSet::full(lo, hi);
+        s.write();
+        assert!(!s.unwritten());
+        s
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Take(u16),
+        Put(u16),
+        Alloc(u16, u64),
+        Split,
+        Unite,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            any::<u16>().prop_map(Op::Take),
+            any::<u16>().prop_map(Op::Put),
+            (any::<u16>(), any::<u64>()).prop_map(|(w, r)| Op::Alloc(w, r)),
+            Just(Op::Split),
+            Just(Op::Unite),
+        ]
+    }
+
+    proptest! {
+        /// A full set whose bitmap is not written yet answers every question and every
+        /// change as one whose bitmap is: the same free units, ranges, allocations,
+        /// splits, merges, overlaps and wire rows.
+        #[test]
+        fn an_unwritten_full_set_is_a_written_one(
+            lo in 0u16..2000,
+            len in 1u16..300,
+            ops in proptest::collection::vec(op(), 0..24),
+        ) {
+            let hi = lo.saturating_add(len - 1);
+            let mut a = UnitSet::full(lo, hi);
+            let mut b = written_full(lo, hi);
+            prop_assert_eq!(&a, &b);
+            let map = |u: u16| lo.wrapping_add(u % (len + 4)).wrapping_sub(2);
+            for op in ops {
+                match op {
+                    Op::Take(u) => prop_assert_eq!(a.take(map(u)), b.take(map(u))),
+                    Op::Put(u) => prop_assert_eq!(a.put(map(u)), b.put(map(u))),
+                    Op::Alloc(w, r) => prop_assert_eq!(
+                        a.alloc(map(w), &mut DetRng::new(r)),
+                        b.alloc(map(w), &mut DetRng::new(r))
+                    ),
+                    Op::Split => {
+                        let (ma, mb) = (a.split_upper_half(), b.split_upper_half());
+                        prop_assert_eq!(&ma, &mb);
+                        prop_assert_eq!(a.overlap(&ma), b.overlap(&mb));
+                    }
+                    Op::Unite => {
+                        // Whatever is not free here, as a part of its own.
+                        let mut rest = UnitSet::empty(lo, hi);
+                        (lo..=hi).filter(|&u| !a.is_free(u)).for_each(|u| { rest.put(u); });
+                        prop_assert_eq!(a.overlap(&rest), None);
+                        prop_assert_eq!(b.overlap(&rest), None);
+                        a.unite(&rest);
+                        b.unite(&rest);
+                    }
+                }
+                prop_assert_eq!(&a, &b);
+                prop_assert_eq!(a.free(), b.free());
+                prop_assert_eq!(a.ranges(), b.ranges());
+                prop_assert_eq!(a.free_units().collect::<Vec<_>>(), b.free_units().collect::<Vec<_>>());
+                prop_assert_eq!(a.to_wire(), b.to_wire());
+                prop_assert_eq!(a.is_free(map(7)), b.is_free(map(7)));
+                let full = written_full(lo, hi);
+                prop_assert_eq!(a.overlap(&full), b.overlap(&full));
+                prop_assert_eq!(full.overlap(&a), full.overlap(&b));
+                prop_assert_eq!(UnitSet::full(lo, hi).overlap(&a), a.free_units().next());
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_set_writes_its_bitmap_at_the_first_take() {
+        let mut s = UnitSet::full(1024, 65_535);
+        assert!(s.unwritten(), "nothing written at build");
+        assert!(s.is_free(2000) && !s.is_free(1023));
+        assert!(!s.put(2000), "already free");
+        assert!(s.unwritten());
+        assert!(s.take(2000));
+        assert!(!s.unwritten());
+        assert_eq!(s.free(), 64_511);
+        assert_eq!(s.ranges(), vec![[1024, 1999], [2001, 65_535]]);
+    }
 
     #[test]
     fn fill_take_put_and_ranges() {
