@@ -260,13 +260,18 @@ mod tests {
     }
 
     #[test]
-    fn the_committed_workload_loads() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../bench/workloads/workers-fw-snat-lb.json");
-        let w = WorkersWorkload::load(&path).expect("valid");
-        assert_eq!(w.chain_label().as_deref(), Some("fw → snat → lb"));
-        assert_eq!(w.flows.as_ref().map(Vec::len), Some(6));
-        assert_eq!(w.counts, CountsSet::default(), "the bench's own counts");
+    fn the_committed_workloads_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/workloads");
+        for name in ["workers-fw-snat-lb.json", "workers-fw-snat32-lb.json"] {
+            let w = WorkersWorkload::load(&dir.join(name)).expect(name);
+            assert_eq!(w.chain_label().as_deref(), Some("fw → snat → lb"), "{name}");
+            assert_eq!(w.flows.as_ref().map(Vec::len), Some(6), "{name}");
+            assert_eq!(
+                w.counts,
+                CountsSet::default(),
+                "{name}: the bench's own counts"
+            );
+        }
     }
 
     #[test]
