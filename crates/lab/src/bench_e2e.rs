@@ -19,9 +19,9 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use testbed::baseline::{self, KernelMode};
 use testbed::measure::{self, Numbers};
 use testbed::platform::{self, Platform, PlatformSpec};
@@ -30,23 +30,27 @@ use testbed::{services, Testbed, TopologySpec};
 
 use crate::testbed_cmd::{tenant_chain, ChainKind};
 
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct E2eBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 4)]
-    pub secs: u32,
-    /// UDP flows (source ports) of the packets/s run.
-    #[arg(long, default_value_t = 16)]
-    pub udp_flows: u16,
-    /// Concurrent wrk connections.
-    #[arg(long, default_value_t = 32)]
-    pub conns: u32,
-    /// nginx backends behind the load balancers.
-    #[arg(long, default_value_t = 3)]
-    pub backends: usize,
+    /// The run's settings as JSON (docs/benchmarks.md, "E2e workload"); the flags below
+    /// override the file.
+    #[arg(long)]
+    pub workload: Option<PathBuf>,
+    /// Seconds per measurement, 1–600 [default: 4].
+    #[arg(long)]
+    pub secs: Option<u32>,
+    /// UDP flows (source ports) of the packets/s run, 1–65535 [default: 16].
+    #[arg(long)]
+    pub udp_flows: Option<u16>,
+    /// Concurrent wrk connections, 1–10000 [default: 32].
+    #[arg(long)]
+    pub conns: Option<u32>,
+    /// nginx backends behind the load balancers, 1–64 [default: 3].
+    #[arg(long)]
+    pub backends: Option<usize>,
     /// Give the kernel baselines RPS on the PP namespace's underlay link, so their
     /// receive path spreads over every CPU (a veth has no RSS).
     #[arg(long)]
@@ -68,7 +72,132 @@ pub struct E2eBenchArgs {
     pub pp_args: Vec<String>,
 }
 
+/// The variants, by their JSON names (`--only`).
+pub const VARIANTS: [&str; 9] = [
+    "kernel_forward",
+    "kernel",
+    "kernel_dnat_lb",
+    "starfabric",
+    "afxdp",
+    "afxdp_ring",
+    "xdp_fastpath",
+    "starfabric_lb",
+    "ipsec",
+];
+
+/// The measurements (`--measure`).
+pub const MEASURES: [&str; 4] = ["tcp", "udp64", "core", "cps"];
+
+const DEFAULT_SECS: u32 = 4;
+const DEFAULT_UDP_FLOWS: u16 = 16;
+const DEFAULT_CONNS: u32 = 32;
+const DEFAULT_BACKENDS: usize = 3;
+
+/// `--workload FILE`: the settings the flags take, from a file, so a run can be
+/// written down and repeated; every field but `version` is optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct E2eWorkload {
+    version: u32,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    secs: Option<u32>,
+    #[serde(default)]
+    udp_flows: Option<u16>,
+    #[serde(default)]
+    conns: Option<u32>,
+    #[serde(default)]
+    backends: Option<usize>,
+    #[serde(default)]
+    kernel_rps: Option<bool>,
+    #[serde(default)]
+    only: Option<Vec<String>>,
+    #[serde(default)]
+    measure: Option<Vec<String>>,
+    #[serde(default)]
+    pp_args: Option<Vec<String>>,
+}
+
 impl E2eBenchArgs {
+    /// The settings the run uses: each flag given, else the workload file's value, else
+    /// the default; checked. Returns the workload's name (its path when it has none).
+    pub fn with_workload(mut self) -> Result<(E2eBenchArgs, Option<String>)> {
+        let mut name = None;
+        if let Some(path) = &self.workload {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading workload {}", path.display()))?;
+            let w: E2eWorkload = serde_json::from_str(&text)
+                .with_context(|| format!("workload {}: not an e2e workload", path.display()))?;
+            anyhow::ensure!(
+                w.version == 1,
+                "workload {}: version must be 1, got {}",
+                path.display(),
+                w.version
+            );
+            name = Some(w.name.unwrap_or_else(|| path.display().to_string()));
+            self.secs = self.secs.or(w.secs);
+            self.udp_flows = self.udp_flows.or(w.udp_flows);
+            self.conns = self.conns.or(w.conns);
+            self.backends = self.backends.or(w.backends);
+            self.kernel_rps |= w.kernel_rps.unwrap_or(false);
+            for (flag, file) in [
+                (&mut self.only, w.only),
+                (&mut self.measure, w.measure),
+                (&mut self.pp_args, w.pp_args),
+            ] {
+                if flag.is_empty() {
+                    *flag = file.unwrap_or_default();
+                }
+            }
+        }
+        self.check().map_err(|e| match &self.workload {
+            Some(p) => anyhow!("workload {}: {e}", p.display()),
+            None => e,
+        })?;
+        Ok((self, name))
+    }
+
+    /// Every setting in range and every name known; the error names the field.
+    fn check(&self) -> Result<()> {
+        let within = |name: &str, v: u64, lo: u64, hi: u64| -> Result<()> {
+            anyhow::ensure!(
+                (lo..=hi).contains(&v),
+                "{name} must be {lo}..={hi}, got {v}"
+            );
+            Ok(())
+        };
+        within("secs", self.secs().into(), 1, 600)?;
+        within("udp_flows", self.udp_flows().into(), 1, 65_535)?;
+        within("conns", self.conns().into(), 1, 10_000)?;
+        within("backends", self.backends() as u64, 1, 64)?;
+        for (field, names, known) in [
+            ("only", &self.only, &VARIANTS[..]),
+            ("measure", &self.measure, &MEASURES[..]),
+        ] {
+            if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
+                anyhow::bail!("{field}: unknown {bad:?} (one of {})", known.join(", "));
+            }
+        }
+        Ok(())
+    }
+
+    fn secs(&self) -> u32 {
+        self.secs.unwrap_or(DEFAULT_SECS)
+    }
+
+    fn udp_flows(&self) -> u16 {
+        self.udp_flows.unwrap_or(DEFAULT_UDP_FLOWS)
+    }
+
+    fn conns(&self) -> u32 {
+        self.conns.unwrap_or(DEFAULT_CONNS)
+    }
+
+    fn backends(&self) -> usize {
+        self.backends.unwrap_or(DEFAULT_BACKENDS)
+    }
+
     fn runs(&self, variant: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|v| v == variant)
     }
@@ -200,6 +329,8 @@ pub struct Setup {
     pub pp_io: Vec<String>,
     /// Whether the kernel baselines had RPS on the PP namespace's underlay link.
     pub kernel_rps: bool,
+    /// The workload's name (`--workload`), or null without one.
+    pub workload: Option<String>,
     /// Per 64-byte UDP run: what trafgen offered next to what arrived.
     pub udp64: Vec<String>,
     /// Who terminated the IPsec tunnel at the remote site (kernel xfrm, or the
@@ -232,7 +363,7 @@ fn starfabric_snat(
     label: &str,
     pp_args: &[&str],
 ) -> Result<Numbers> {
-    let p = start_platform(r.tb, bin, ChainKind::Snat, r.a.backends, pp_args)?;
+    let p = start_platform(r.tb, bin, ChainKind::Snat, r.a.backends(), pp_args)?;
     setup.pp_io.push(format!("{label}: {}", p.pp_listening()));
     let n = r.internet(label, &[p.pp.pid]);
     setup.pp_stats.push(p.pp_stats());
@@ -322,7 +453,7 @@ impl Runner<'_> {
         let mut tcp_gbps = None;
         if a.measures("tcp") {
             self.progress(&format!("{label}: iperf3"));
-            let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, a.secs);
+            let tcp = measure::tcp_gbps(tb, Node::Client(0), addr::INET, a.secs());
             tcp_gbps = self.note(&format!("{label} tcp"), tcp);
         }
         let mut udp64_pps = None;
@@ -331,9 +462,9 @@ impl Runner<'_> {
             let udp = measure::udp64_pps(
                 tb,
                 0,
-                a.udp_flows,
+                a.udp_flows(),
                 std::time::Duration::from_secs(1),
-                f64::from(a.secs),
+                f64::from(a.secs()),
             );
             udp64_pps = self.note(&format!("{label} udp64"), udp).map(|u| {
                 self.offered.push(format!(
@@ -350,7 +481,7 @@ impl Runner<'_> {
                 tb,
                 self.bin,
                 0,
-                a.udp_flows,
+                a.udp_flows(),
                 nf_pids,
                 std::time::Duration::from_secs(1),
                 1.0,
@@ -366,7 +497,7 @@ impl Runner<'_> {
         if a.measures("cps") {
             self.progress(&format!("{label}: wrk"));
             let url = format!("http://{}/", addr::INET);
-            let c = measure::cps(tb, Node::Client(0), &url, a.secs, a.conns);
+            let c = measure::cps(tb, Node::Client(0), &url, a.secs(), a.conns());
             cps = self.note(&format!("{label} cps"), c);
         }
         if !a.json {
@@ -386,7 +517,13 @@ impl Runner<'_> {
     fn lb(&mut self, label: &str) -> Numbers {
         self.progress(&format!("{label}: wrk"));
         let url = format!("http://{}/", addr::VIP);
-        let c = measure::cps(self.tb, Node::Client(0), &url, self.a.secs, self.a.conns);
+        let c = measure::cps(
+            self.tb,
+            Node::Client(0),
+            &url,
+            self.a.secs(),
+            self.a.conns(),
+        );
         let cps = self.note(&format!("{label} cps"), c);
         if !self.a.json {
             eprintln!("done");
@@ -399,11 +536,12 @@ impl Runner<'_> {
 }
 
 pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
+    let (a, workload) = a.with_workload()?;
     let (prefix, res) = crate::testbed_cmd::testbed_run("sfb-")?;
     let tb = Testbed::build(
         TopologySpec::new(&prefix)
             .tenants(1)
-            .backends(a.backends.max(1)),
+            .backends(a.backends().max(1)),
         res.clone(),
     )?;
     services::start_inet(&tb, false)?;
@@ -480,7 +618,7 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
         }
     }
     if a.runs("starfabric_lb") {
-        let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends, &["--io", "udp"])?;
+        let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends(), &["--io", "udp"])?;
         out.setup
             .pp_io
             .push(format!("starfabric LB: {}", p.pp_listening()));
@@ -496,12 +634,13 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
     out.derive();
     out.errors = r.errors;
     out.setup.udp64 = r.offered;
-    out.setup.secs = a.secs;
-    out.setup.udp_flows = a.udp_flows;
-    out.setup.wrk_connections = a.conns;
-    out.setup.backends = a.backends;
+    out.setup.secs = a.secs();
+    out.setup.udp_flows = a.udp_flows();
+    out.setup.wrk_connections = a.conns();
+    out.setup.backends = a.backends();
     out.setup.cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     out.setup.kernel_rps = a.kernel_rps;
+    out.setup.workload = workload;
     drop(tb);
     res.cleanup();
     Ok(out)
@@ -532,7 +671,7 @@ fn ipsec(r: &mut Runner<'_>, out: &mut E2eBench) -> Result<()> {
         let (a, b) = (Sa::new(0x3001, &key(0x31)), Sa::new(0x4001, &key(0x41)));
         site.install(tb, &b, std::slice::from_ref(&a))?;
         let k = KernelGateway::start(tb, &a, &b)?;
-        let g = measure::tcp_gbps(tb, Node::Client(0), tip::addr::HOST, r.a.secs);
+        let g = measure::tcp_gbps(tb, Node::Client(0), tip::addr::HOST, r.a.secs());
         out.ipsec_kernel_gbps = r.note("ipsec kernel xfrm tcp", g);
         k.stop(tb)?;
         if !r.a.json {
@@ -561,7 +700,7 @@ fn ipsec(r: &mut Runner<'_>, out: &mut E2eBench) -> Result<()> {
     api.put(tb, path, tip::tunnel_body(&ours, &[&theirs]))?;
     api.wait_applied(tb, path, ours.spi, std::time::Duration::from_secs(30))?;
     r.progress("starfabric IPsec: iperf3");
-    let g = measure::tcp_gbps(tb, Node::Client(0), tip::addr::HOST, r.a.secs);
+    let g = measure::tcp_gbps(tb, Node::Client(0), tip::addr::HOST, r.a.secs());
     out.ipsec_gbps = r.note("ipsec starfabric tcp", g);
     if let Ok((_, v)) = api.call(tb, "GET", path, None) {
         out.setup
@@ -667,6 +806,88 @@ pub fn print(r: &E2eBench) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with(text: &str, flags: E2eBenchArgs) -> Result<(E2eBenchArgs, Option<String>)> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("e2e.json");
+        std::fs::write(&path, text)?;
+        E2eBenchArgs {
+            workload: Some(path),
+            ..flags
+        }
+        .with_workload()
+    }
+
+    #[test]
+    fn a_workload_sets_the_run_and_flags_override_it() {
+        let (a, name) = with(
+            r#"{"version": 1, "name": "tcp only", "secs": 10, "conns": 64, "backends": 5,
+                "kernel_rps": true, "only": ["kernel", "xdp_fastpath"], "measure": ["tcp"],
+                "pp_args": ["--busy-poll=0"]}"#,
+            E2eBenchArgs {
+                secs: Some(2),
+                measure: vec!["cps".into()],
+                ..E2eBenchArgs::default()
+            },
+        )
+        .expect("valid");
+        assert_eq!(name.as_deref(), Some("tcp only"));
+        assert_eq!((a.secs(), a.conns(), a.backends()), (2, 64, 5));
+        assert_eq!(a.udp_flows(), DEFAULT_UDP_FLOWS);
+        assert!(a.kernel_rps);
+        assert!(a.runs("kernel") && a.runs("xdp_fastpath") && !a.runs("afxdp"));
+        assert!(
+            a.measures("cps") && !a.measures("tcp"),
+            "the flag's list wins"
+        );
+        assert_eq!(a.pp_args, ["--busy-poll=0"]);
+    }
+
+    #[test]
+    fn without_a_workload_the_flags_and_defaults_stand() {
+        let (a, name) = E2eBenchArgs::default().with_workload().expect("defaults");
+        assert_eq!(name, None);
+        assert_eq!(
+            (a.secs(), a.udp_flows(), a.conns(), a.backends()),
+            (
+                DEFAULT_SECS,
+                DEFAULT_UDP_FLOWS,
+                DEFAULT_CONNS,
+                DEFAULT_BACKENDS
+            )
+        );
+        assert!(VARIANTS.iter().all(|v| a.runs(v)) && MEASURES.iter().all(|m| a.measures(m)));
+        let bad = E2eBenchArgs {
+            only: vec!["nft".into()],
+            ..E2eBenchArgs::default()
+        };
+        let e = format!("{:#}", bad.with_workload().unwrap_err());
+        assert!(e.contains("only: unknown \"nft\""), "{e}");
+    }
+
+    #[test]
+    fn bad_e2e_workloads_are_refused_with_the_reason() {
+        for (text, want) in [
+            (r#"{"version": 2}"#, "version must be 1"),
+            (r#"{"version": 1, "rate": 5}"#, "not an e2e workload"),
+            (r#"{"version": 1, "secs": 0}"#, "secs must be 1..=600"),
+            (r#"{"version": 1, "secs": 601}"#, "secs must be 1..=600"),
+            (r#"{"version": 1, "udp_flows": 0}"#, "udp_flows must be"),
+            (
+                r#"{"version": 1, "udp_flows": 70000}"#,
+                "not an e2e workload",
+            ),
+            (r#"{"version": 1, "conns": 0}"#, "conns must be"),
+            (r#"{"version": 1, "backends": 65}"#, "backends must be"),
+            (
+                r#"{"version": 1, "measure": ["latency"]}"#,
+                "measure: unknown",
+            ),
+        ] {
+            let e = format!("{:#}", with(text, E2eBenchArgs::default()).expect_err(text));
+            assert!(e.contains(want), "{text}: {e} (wanted {want:?})");
+        }
+    }
 
     fn numbers(tcp: f64, udp: f64, core: f64, cps: Option<f64>, keep: f64) -> Numbers {
         Numbers {
