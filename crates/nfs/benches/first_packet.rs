@@ -86,6 +86,22 @@ fn bench(c: &mut Criterion) {
         g.bench_function("build", |b| {
             b.iter_with_large_drop(|| nfs::build(&cfg).expect("nf"))
         });
+        if kind == "lb" {
+            // A seed no build used before: the table is populated, not shared.
+            let mut seed = 1u64 << 40;
+            g.bench_function("build_first", |b| {
+                b.iter_batched(
+                    || {
+                        seed += 1;
+                        let mut v = serde_json::to_value(&cfg).expect("config");
+                        v["seed"] = seed.into();
+                        serde_json::from_value::<nfs::NfConfig>(v).expect("config")
+                    },
+                    |c| nfs::build(&c).expect("nf"),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
         g.finish();
     }
 }

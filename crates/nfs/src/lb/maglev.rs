@@ -312,9 +312,10 @@ fn populate(ids: &[BackendId], weights: &[u64], size: u32, seed: u64) -> Vec<u32
                 continue;
             }
             credit[i] -= max_weight;
-            // `skip < m` and `cursor < m`, so one subtraction is the modulo. A division
-            // per probe was about a third of a build (330 µs to 280 for two backends):
-            // the probes near the end, when few slots are left, are many.
+            // `skip < m` and `cursor < m`, so one subtraction is the modulo. The
+            // division per probe cost about a tenth of a build (first_packet's
+            // `lb/build_first`: medians 348 against 383 µs for two backends); the rest
+            // is the probes' random reads.
             let skip = perms[i].1;
             let step = |c: usize| {
                 let n = c + skip;
