@@ -241,6 +241,7 @@ impl Platform {
                         assigner_model: None,
                         assign_period: None,
                         tls: Some(node_tls(ca, proto::tls::Role::Sc, &format!("sc-{i}"))),
+                        spare_chains: 1,
                     },
                     stop.clone(),
                 )

@@ -29,7 +29,7 @@ use testkit::flows::{flow, CHAIN, TENANT, VNI};
 use crate::setup_workload::TraceFlow;
 use crate::workers_workload::{CountsSet, WorkersWorkload};
 
-#[derive(Args, Clone, Debug, Default)]
+#[derive(Args, Clone, Debug)]
 pub struct WorkersBenchArgs {
     /// Print JSON instead of text.
     #[arg(long)]
@@ -69,6 +69,11 @@ pub struct WorkersBenchArgs {
     /// (docs/setup-path.md, "FM on one runtime thread") [default: 2].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub fm_threads: Option<u64>,
+    /// Spare NF chains each SC node keeps built per hosted chain (`starfabric sc
+    /// --spare-chains`; docs/workers.md, "Spare chains"). 0: every start builds its
+    /// chain, as before they existed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub spare_chains: u64,
 }
 
 impl WorkersBenchArgs {
@@ -133,6 +138,15 @@ pub struct WorkersBench {
     pub fm_threads: u64,
     /// The workload's name (`--workload`), or null without one.
     pub workload: Option<String>,
+    /// `--spare-chains`, and how many starts took a spare chain instead of building
+    /// one: of the concurrent starts and of the single starts.
+    pub spare_chains: u64,
+    pub starts_from_spare: u64,
+    pub single_starts_from_spare: u64,
+    /// Every start over the run that built its chain because its spare was still being
+    /// built, or because the builder had the spares' lock at that instant.
+    pub spare_misses_building: u64,
+    pub spare_misses_contended: u64,
 }
 
 fn chain(nfs: &str) -> Result<proto::ChainDef> {
@@ -278,6 +292,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             // Parking is on demand here (`park`), so every round parks at a known time.
             c.idle = None;
+            c.spare_chains = a.spare_chains as usize;
             c.tls = pki.node(proto::tls::Role::Sc, &id)?;
             Ok(sc::ScProcess::spawn(c, factory.clone())?)
         })
@@ -403,6 +418,11 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             .with_context(|| format!("single starts on {}", s.node_id()))?;
         single.extend(d.iter().map(|d| d.as_secs_f64() * 1e6));
     }
+    let after: Vec<sc::WorkerStats> = scs.iter().map(|s| s.observer().worker_stats()).collect();
+    let spare_hits: u64 = after.iter().map(|s| s.spare_hits).sum();
+    let starts_from_spare: u64 = stats.iter().map(|s| s.spare_hits).sum();
+    let spare_misses_building = after.iter().map(|s| s.spare_misses_building).sum();
+    let spare_misses_contended = after.iter().map(|s| s.spare_misses_contended).sum();
     let samples = |f: fn(&sc::WorkerStats) -> &sc::workers::HistInner| -> Vec<f64> {
         stats
             .iter()
@@ -442,6 +462,11 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         chain: chain_label,
         fm_threads: counts.fm_threads,
         workload: workload.map(|w| w.name),
+        spare_chains: a.spare_chains,
+        starts_from_spare,
+        single_starts_from_spare: spare_hits - starts_from_spare,
+        spare_misses_building,
+        spare_misses_contended,
     })
 }
 
@@ -461,6 +486,10 @@ pub fn print(r: &WorkersBench) {
     println!(
         "  single start (one at a time, nothing else queued): p50 {:.1} µs, p99 {:.1} µs ({} starts)",
         r.single_start_us_p50, r.single_start_us_p99, r.single_starts
+    );
+    println!(
+        "  NF chain from a spare built ahead ({} per chain): {} of {} starts, {} of {} single starts",
+        r.spare_chains, r.starts_from_spare, r.starts, r.single_starts_from_spare, r.single_starts
     );
     println!(
         "  wake (input → first decision of a parked replica): p50 {:.1} µs, p99 {:.3} ms ({} wakes)",

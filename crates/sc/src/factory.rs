@@ -7,7 +7,9 @@ use crate::ScError;
 
 /// Builds the NF instances of a chain (with empty state). Every replica of a group
 /// builds the same chain from the same configuration, so a factory must be
-/// deterministic too.
+/// deterministic too: a pure function of the configuration, reading no clock, file or
+/// random source. A node may build a chain ahead of the start that uses it
+/// ([`crate::spares`]).
 pub trait ChainFactory: Send + Sync + 'static {
     fn build_nf(&self, config: &str) -> Result<Box<dyn NetworkFunction>, ScError>;
 

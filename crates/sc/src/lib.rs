@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod node;
 pub mod process;
 pub mod replica;
+pub mod spares;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod workers;

@@ -252,6 +252,19 @@ fn workers_encode(sc: &mut Scrape<'_>, s: &ScSnapshot) -> std::fmt::Result {
         w.parked_inputs,
     )?;
     sc.counter_family(
+        "replica_start_chains",
+        "Replica starts by where their NF chain came from: a spare built ahead, or built at the start.",
+        [
+            ([("from", "spare".to_string())], w.spare_hits),
+            ([("from", "build".to_string())], w.spare_misses),
+        ],
+    )?;
+    sc.counter(
+        "spare_chains_built",
+        "NF chains built ahead in the background for the next start.",
+        w.spares_built,
+    )?;
+    sc.counter_family(
         "shed_requests",
         "Rule requests refused early by backpressure, by reason.",
         [

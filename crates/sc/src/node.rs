@@ -44,6 +44,7 @@ use tracing::{debug, info, warn};
 use crate::assign::{Fallback, FallbackStep};
 use crate::factory::ChainFactory;
 use crate::replica::{LinkChange, Outbox, ReplicaCore, ReplicaStats};
+use crate::spares::SpareChains;
 use crate::workers::{
     default_workers, CoreAssigner, HistInner, Placed, RoundRobin, StartHistogram, Worker,
     WorkerLoad, WorkerPool,
@@ -98,6 +99,10 @@ pub struct ScConfig {
     /// mTLS for the replication server and the node's links (FM, successors); `None`
     /// is plaintext (`--insecure`, lab use only).
     pub tls: Option<Arc<proto::tls::NodeTls>>,
+    /// Spare NF chains kept built per chain configuration the node has started, so a
+    /// start takes one instead of building it ([`crate::spares`]); 0: every start
+    /// builds its chain.
+    pub spare_chains: usize,
 }
 
 /// The node's [`CoreAssigner`] (a newtype so that the configuration stays `Debug`).
@@ -137,6 +142,7 @@ impl ScConfig {
             assign_period: None,
             assign_watch: cores::watchdog::WatchdogConfig::default(),
             tls: None,
+            spare_chains: 1,
         }
     }
 }
@@ -318,6 +324,9 @@ struct Shared {
     place_hist: StartHistogram,
     /// The watch over a learned assigner (used when `cfg.assigner` is watched).
     fallback: Mutex<Fallback>,
+    /// NF chains built ahead for the next start of each hosted chain (Serpens' NF
+    /// Manager).
+    spares: SpareChains,
 }
 
 impl Shared {
@@ -398,6 +407,7 @@ pub async fn start_on(
         cfg.worker_slice,
     )?;
     let cfg_watch = cfg.assign_watch;
+    let spares = SpareChains::new(&cfg.node_id, cfg.spare_chains, factory.clone());
     let shared = Arc::new(Shared {
         cfg,
         advertise,
@@ -421,6 +431,7 @@ pub async fn start_on(
         build_hist: StartHistogram::default(),
         place_hist: StartHistogram::default(),
         fallback: Mutex::new(Fallback::new(cfg_watch)),
+        spares,
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -485,6 +496,7 @@ impl ScHandle {
             .clear();
         self.shared.tasks.abort_all();
         self.shared.pool.shutdown();
+        self.shared.spares.shutdown();
     }
 
     /// Measure the workers, ask the node's assigner for a core per worker, and pin
@@ -659,6 +671,12 @@ impl ScObserver {
             parks: c.parks.load(Ordering::Relaxed),
             wakes: c.wakes.load(Ordering::Relaxed),
             parked_inputs: c.parked_inputs.load(Ordering::Relaxed),
+            spare_hits: sh.spares.counters.hits.load(Ordering::Relaxed),
+            spare_misses: sh.spares.counters.misses.load(Ordering::Relaxed),
+            spare_misses_building: sh.spares.counters.misses_building.load(Ordering::Relaxed),
+            spare_misses_contended: sh.spares.counters.misses_contended.load(Ordering::Relaxed),
+            spares_built: sh.spares.counters.built.load(Ordering::Relaxed),
+            spares_failed: sh.spares.counters.failed.load(Ordering::Relaxed),
             shed_queue: c.shed_queue.load(Ordering::Relaxed),
             shed_chain_lag: c.shed_chain_lag.load(Ordering::Relaxed),
             loads: sh.pool.last_loads(),
@@ -708,6 +726,15 @@ pub struct WorkerStats {
     pub parks: u64,
     pub wakes: u64,
     pub parked_inputs: u64,
+    /// Starts whose NF chain was a spare built ahead, and starts that built it
+    /// ([`crate::spares`]); spares built in the background, and builds that failed.
+    pub spare_hits: u64,
+    pub spare_misses: u64,
+    /// Of the misses: the spare was still being built; the builder had the shelf.
+    pub spare_misses_building: u64,
+    pub spare_misses_contended: u64,
+    pub spares_built: u64,
+    pub spares_failed: u64,
     pub shed_queue: u64,
     pub shed_chain_lag: u64,
     /// The latest load sample.
@@ -1049,7 +1076,15 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
     if !g.replicas.iter().any(|r| r.node_id == shared.cfg.node_id) {
         return;
     }
-    let mut core = ReplicaCore::new(&shared.cfg.node_id, cfg.clone(), shared.factory.as_ref());
+    // The next spare is asked for when `_refill` drops: after the start is placed.
+    let (spare, _refill) = match &cfg.chain {
+        Some(c) => shared.spares.take(c),
+        None => (None, shared.spares.no_refill()),
+    };
+    let mut core = match spare {
+        Some(chain) => ReplicaCore::with_chain(&shared.cfg.node_id, cfg.clone(), Ok(chain)),
+        None => ReplicaCore::new(&shared.cfg.node_id, cfg.clone(), shared.factory.as_ref()),
+    };
     shared.build_hist.observe(at.elapsed());
     // Scale ops carry or produce a partition's bulk state: let the chain's replicas
     // apply them side by side (docs/scaling.md).
@@ -1097,7 +1132,7 @@ const MAX_BURST: Duration = Duration::from_millis(2);
 /// this one takes the rest of its queue (FM does the same; docs/setup-path.md).
 const FLUSH_AFTER: u64 = 256;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -65,6 +65,8 @@ pub struct ScProcessConfig {
     pub assign_period: Option<Duration>,
     /// mTLS on every link of the node; `None` is plaintext (`--insecure`).
     pub tls: Option<Arc<proto::tls::NodeTls>>,
+    /// Spare NF chains kept built per hosted chain ([`crate::ScConfig::spare_chains`]).
+    pub spare_chains: usize,
 }
 
 /// A running SC node.
@@ -146,6 +148,7 @@ pub fn start(
     }
     cfg.worker_slice = a.worker_slice;
     cfg.idle = a.idle;
+    cfg.spare_chains = a.spare_chains;
     for (flag, limit) in [
         ("--queue-limit", a.queue_limit),
         ("--lag-limit", a.lag_limit),

@@ -455,6 +455,12 @@ impl ReplicaCore {
     /// for a snapshot from its predecessor.
     pub fn new(node_id: &str, cfg: v1::GroupConfig, factory: &dyn ChainFactory) -> Self {
         let chain = build_chain(&cfg, factory);
+        Self::with_chain(node_id, cfg, chain)
+    }
+
+    /// [`ReplicaCore::new`] with its chain built already (a spare, [`crate::spares`]):
+    /// `chain` must be what the factory builds from `cfg.chain`.
+    pub fn with_chain(node_id: &str, cfg: v1::GroupConfig, chain: Result<Chain, String>) -> Self {
         let (_, epoch, _) = group_of(&cfg);
         let mut r = ReplicaCore {
             node_id: node_id.to_string(),
@@ -1965,6 +1971,48 @@ mod tests {
     /// writes to its mapping mirror leaves in its op results, and the other applies it
     /// as an op of its own and hairpins to the mapping (docs/nf-api.md, "Mirrored
     /// tables").
+    #[test]
+    fn a_replica_on_a_spare_chain_decides_as_one_that_built_its_own() {
+        // The built-in FW → SNAT → LB, as a node's spare shelf would build it ahead.
+        let nfs = serde_json::json!([
+            {"kind": "fw", "default_action": "allow"},
+            snat(),
+            {"kind": "lb", "services": [{"vip": "198.19.0.9", "port": 53, "protocol": "udp",
+              "backends": [{"addr": "198.19.1.1", "port": 5353},
+                           {"addr": "198.19.1.2", "port": 5353}]}]}
+        ]);
+        let cfg = group_config(nfs, 7, 1, &["a"], (0, u64::MAX), &[], 0);
+        let spares = crate::spares::SpareChains::new("a", 1, std::sync::Arc::new(TestNfs));
+        let c = cfg.chain.clone().unwrap();
+        assert!(spares.take(&c).0.is_none());
+        let t = std::time::Instant::now();
+        let spare = loop {
+            if let (Some(chain), _) = spares.take(&c) {
+                break chain;
+            }
+            let failed = spares
+                .counters
+                .failed
+                .load(std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(failed, 0, "the chain does not build");
+            assert!(t.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let mut built = replica("a", cfg.clone());
+        let mut taken = ReplicaCore::with_chain("a", cfg.clone(), Ok(spare));
+        taken.configure(cfg, &mut Outbox::default());
+        let (mut x, mut y) = (Outbox::default(), Outbox::default());
+        submit(&mut built, (0..64).map(request).collect(), &mut x);
+        submit(&mut taken, (0..64).map(request).collect(), &mut y);
+        assert_eq!(replies(&x).len(), 64);
+        assert!(
+            replies(&x).iter().all(|r| port(r).is_some()),
+            "every flow mapped"
+        );
+        assert_eq!(replies(&x), replies(&y));
+        spares.shutdown();
+    }
+
     #[test]
     fn mirrored_writes_leave_in_results_and_land_as_an_op_at_the_other_partition() {
         let nf = serde_json::json!({"kind": "snat", "pools": [

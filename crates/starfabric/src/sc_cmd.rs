@@ -85,6 +85,11 @@ pub struct ScArgs {
     /// Re-run the assigner on the measured loads this often (default: at start only).
     #[arg(long)]
     assign_period_ms: Option<u64>,
+    /// NF chains kept built ahead per hosted chain, so a replica's start takes one
+    /// instead of building its NFs (Serpens' pre-loaded NFs; docs/workers.md, "Spare
+    /// chains"). They are built on an idle CPU only. 0: every start builds its chain.
+    #[arg(long, default_value_t = 1)]
+    spare_chains: usize,
     #[command(flatten)]
     tls: crate::tls_args::TlsArgs,
 }
@@ -148,6 +153,7 @@ pub fn run(a: ScArgs) -> Result<()> {
         assigner_model: a.assigner_model,
         assign_period: a.assign_period_ms.map(Duration::from_millis),
         tls,
+        spare_chains: a.spare_chains,
     };
     let Some(node) = sc::process::start(cfg, stop)? else {
         return Ok(());
