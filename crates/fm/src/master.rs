@@ -810,8 +810,27 @@ impl Master {
         }
         self.sc.insert(session);
         self.sc_by_node.insert(id.clone(), session);
+        let chains = self.chains.clone();
+        self.deploy(&chains, Some(&id));
         self.sc_returned(&id, restarted);
         self.ensure_groups();
+    }
+
+    /// Send `chains` to SC node `node` (None: every live one), each only to the nodes in
+    /// its tenant's shard set: they build the chains' NFs ahead, so that a replica's
+    /// start there does not (docs/workers.md, "Spare chains").
+    fn deploy(&mut self, chains: &[v1::ChainConfig], node: Option<&str>) {
+        let nodes: Vec<String> = match node {
+            Some(n) => vec![n.to_string()],
+            None => self.sc_by_node.keys().cloned().collect(),
+        };
+        for c in chains {
+            for n in &nodes {
+                if self.in_shard_set(c.tenant, n) {
+                    self.send_sc(n, sc_down::Msg::Deploy(c.clone()));
+                }
+            }
+        }
     }
 
     pub(crate) fn on_sc_results(&mut self, session: u64, results: v1::GroupResults, now_us: u64) {
@@ -1040,7 +1059,13 @@ impl Master {
             self.teardown_chain(tenant, chain);
         }
         self.map.set_partitioning(&chains);
+        let fresh: Vec<v1::ChainConfig> = chains
+            .iter()
+            .filter(|c| !self.chains.contains(c))
+            .cloned()
+            .collect();
         self.chains = chains;
+        self.deploy(&fresh, None);
         self.partitions = partitions;
         if change != DesiredChange::default() {
             info!(

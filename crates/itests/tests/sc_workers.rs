@@ -299,3 +299,57 @@ fn single_start_probes_start_and_leave_without_disturbing_the_groups() {
     let replies = ask(&link.source, 0..4);
     assert!(replies.iter().all(|r| mapping(r).is_some()), "{replies:?}");
 }
+
+/// A scale-out's new group starts on chains its nodes built ahead: FM deployed the chain
+/// to every SC node when it registered (Serpens' deployment, `sc::spares`), and the flows
+/// the group takes over keep their mappings.
+#[test]
+fn a_scale_out_starts_its_replicas_on_spare_chains() {
+    let cfg = fm::FmConfig {
+        chains: vec![fw_snat(600)],
+        cache_capacity: 1,
+        ..fm::FmConfig::default()
+    };
+    // Six nodes: a scale-out takes three outside the chain's first group.
+    let c = Cluster::start_tuned(cfg, 6, Arc::new(sc::BuiltinNfs), |_| {});
+    c.wait_groups(1, 3);
+    let (_client, link) = pp_session(c.pp_config("pp-0"));
+    let before = mappings(&ask(&link.source, 0..40));
+    assert_eq!(before.len(), 40);
+    // Every node, hosting the chain or not, has a spare of it.
+    wait(Duration::from_secs(10), "a spare on every node", || {
+        c.scs
+            .iter()
+            .all(|s| s.observer().worker_stats().spares_built >= 1)
+            .then_some(())
+    });
+
+    common::scale_out(&c.rt, &c.fm);
+    let map = c.wait_groups(2, 3);
+    let new = map.groups.iter().max_by_key(|g| g.id).unwrap();
+    let hosts: Vec<&str> = new.replicas.iter().map(|r| r.node_id.as_str()).collect();
+    wait(
+        Duration::from_secs(10),
+        "the new group's replicas started",
+        || {
+            c.scs
+                .iter()
+                .filter(|s| hosts.contains(&s.node_id()))
+                .all(|s| s.observer().worker_stats().starts >= 1)
+                .then_some(())
+        },
+    );
+    for s in &c.scs {
+        let w = s.observer().worker_stats();
+        assert_eq!(w.spares_failed, 0, "{}", s.node_id());
+        if hosts.contains(&s.node_id()) {
+            assert_eq!(w.spare_hits, 1, "{} started without its spare", s.node_id());
+        }
+    }
+    // Half the key space moved to the group on spare chains: same flows, same ports.
+    let after = mappings(&ask(&link.source, 0..40));
+    assert_eq!(after, before);
+    let more = mappings(&ask(&link.source, 40..80));
+    assert_eq!(more.len(), 40);
+    assert!(more.values().all(|m| !before.values().any(|b| b == m)));
+}

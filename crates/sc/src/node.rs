@@ -994,6 +994,7 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
             Some(sc_down::Msg::End(e)) => scale_step(shared, e.group, v1::scale_op::Step::End(e)),
             Some(sc_down::Msg::Pull(p)) => scale_step(shared, p.group, v1::scale_op::Step::Pull(p)),
             Some(sc_down::Msg::Registered(_)) => {}
+            Some(sc_down::Msg::Deploy(chain)) => shared.spares.deploy(&chain),
             None => shared.bad(),
         }
     };

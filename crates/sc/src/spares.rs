@@ -53,6 +53,8 @@ pub struct SpareCounters {
     pub misses_contended: AtomicU64,
     /// Spare chains built in the background.
     pub built: AtomicU64,
+    /// Configurations FM deployed here before any start of them.
+    pub deployed: AtomicU64,
     /// Background builds that failed (the start builds in place and reports the error).
     pub failed: AtomicU64,
 }
@@ -170,6 +172,40 @@ impl SpareChains {
             config: ask.then(|| config.clone()),
         };
         (chain, refill)
+    }
+
+    /// FM says the node may host `config`'s groups: build its spares now, before any
+    /// start asks (Serpens deploys an NF before it starts an instance). A configuration
+    /// already on the shelf is left as it is, and a deploy never pushes another
+    /// configuration off a full shelf: only starts do.
+    pub fn deploy(&self, config: &v1::ChainConfig) {
+        if self.per_chain == 0 {
+            return;
+        }
+        let ask = {
+            let mut shelf = crate::node::lock(&self.shelf);
+            if shelf.find(config).is_some() || shelf.entries.len() >= MAX_CHAINS {
+                false
+            } else {
+                shelf.tick += 1;
+                let used = shelf.tick;
+                shelf.entries.push(Entry {
+                    config: config.clone(),
+                    spares: Vec::new(),
+                    refilling: true,
+                    broken: false,
+                    used,
+                });
+                true
+            }
+        };
+        if ask {
+            self.counters.deployed.fetch_add(1, Ordering::Relaxed);
+            drop(Refill {
+                spares: self,
+                config: Some(config.clone()),
+            });
+        }
     }
 
     /// A [`Refill`] that asks for nothing.
@@ -337,6 +373,22 @@ mod tests {
         assert_eq!(k.misses.load(Ordering::Relaxed), 2);
         s.shutdown();
         assert_eq!(s.ready(), 0);
+    }
+
+    #[test]
+    fn a_deployed_chain_has_its_spare_before_the_first_start() {
+        let s = SpareChains::new("n", 1, Arc::new(TestNfs));
+        let c = config(1100);
+        s.deploy(&c);
+        wait_ready(&s, 1);
+        // Deployed again: nothing more is built.
+        s.deploy(&c);
+        assert!(s.take(&c).0.is_some());
+        wait_ready(&s, 1);
+        let k = &s.counters;
+        assert_eq!(k.deployed.load(Ordering::Relaxed), 1);
+        assert_eq!(k.built.load(Ordering::Relaxed), 2);
+        assert_eq!(k.hits.load(Ordering::Relaxed), 1);
     }
 
     #[test]
