@@ -92,6 +92,8 @@ pub struct SpareChains {
     shelf: Arc<Mutex<Shelf>>,
     /// To the builder thread, started at the first configuration that needs it.
     builder: Mutex<Option<mpsc::Sender<v1::ChainConfig>>>,
+    /// Set by [`SpareChains::shutdown`]: no builder starts again.
+    closed: Arc<std::sync::atomic::AtomicBool>,
     pub counters: Arc<SpareCounters>,
 }
 
@@ -104,6 +106,7 @@ impl SpareChains {
             factory,
             shelf: Arc::new(Mutex::new(Shelf::default())),
             builder: Mutex::new(None),
+            closed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             counters: Arc::new(SpareCounters::default()),
         }
     }
@@ -227,6 +230,7 @@ impl SpareChains {
 
     /// Stop the builder thread (it finishes the build it is on) and free the spares.
     pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::Relaxed);
         crate::node::lock(&self.builder).take();
         let entries = std::mem::take(&mut crate::node::lock(&self.shelf).entries);
         drop(entries);
@@ -234,15 +238,19 @@ impl SpareChains {
 
     fn ask_build(&self, config: v1::ChainConfig) -> bool {
         let mut builder = crate::node::lock(&self.builder);
+        if self.closed.load(Ordering::Relaxed) {
+            return false;
+        }
         if builder.is_none() {
             let (tx, rx) = mpsc::channel();
             let shelf = self.shelf.clone();
             let factory = self.factory.clone();
             let counters = self.counters.clone();
             let per_chain = self.per_chain;
+            let closed = self.closed.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("sc-spares-{}", self.node_id))
-                .spawn(move || builder_loop(rx, shelf, factory, counters, per_chain));
+                .spawn(move || builder_loop(rx, shelf, factory, counters, per_chain, closed));
             match spawned {
                 Ok(_) => *builder = Some(tx),
                 Err(e) => {
@@ -282,15 +290,26 @@ fn builder_loop(
     factory: Arc<dyn ChainFactory>,
     counters: Arc<SpareCounters>,
     per_chain: usize,
+    closed: Arc<std::sync::atomic::AtomicBool>,
 ) {
     while let Ok(config) = rx.recv() {
         loop {
+            // Stopped: drop what is still queued.
+            if closed.load(Ordering::Relaxed) {
+                return;
+            }
             let built = ChainParts::try_from(&config)
                 .map_err(|e| e.to_string())
                 .and_then(|parts| factory.build(&parts).map_err(|e| e.to_string()));
             let ok = built.is_ok();
             let (more, unused) = {
                 let mut s = crate::node::lock(&shelf);
+                if closed.load(Ordering::Relaxed) {
+                    // Stopped while building: `shutdown` emptied the shelf, or is about
+                    // to; the chain goes with it, uncounted.
+                    s.entries.clear();
+                    return;
+                }
                 match (s.find(&config), built) {
                     // Evicted meanwhile.
                     (None, built) => (false, built.ok()),
@@ -373,6 +392,11 @@ mod tests {
         assert_eq!(k.misses.load(Ordering::Relaxed), 2);
         s.shutdown();
         assert_eq!(s.ready(), 0);
+        // A start racing the node's stop builds in place; nothing starts the builder again.
+        let built = k.built.load(Ordering::Relaxed);
+        assert!(s.take(&c).0.is_none());
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!((s.ready(), k.built.load(Ordering::Relaxed)), (0, built));
     }
 
     #[test]
