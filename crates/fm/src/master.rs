@@ -1059,9 +1059,10 @@ impl Master {
             self.teardown_chain(tenant, chain);
         }
         self.map.set_partitioning(&chains);
+        // Added or changed chains (`self.chains` was drained into `old` above).
         let fresh: Vec<v1::ChainConfig> = chains
             .iter()
-            .filter(|c| !self.chains.contains(c))
+            .filter(|c| old.get(&(c.tenant, c.chain)) != Some(*c))
             .cloned()
             .collect();
         self.chains = chains;
@@ -1851,7 +1852,20 @@ impl Master {
             .collect();
         if new != self.shards {
             info!(tenants = new.len(), "shard sets applied");
-            self.shards = new;
+            let old = std::mem::replace(&mut self.shards, new);
+            // A node a tenant's set gained has no spare of the tenant's chains yet.
+            let mut gained: Vec<(String, v1::ChainConfig)> = Vec::new();
+            for n in self.sc_by_node.keys() {
+                for c in &self.chains {
+                    let had = old.get(&c.tenant).is_none_or(|set| set.contains(n));
+                    if !had && self.in_shard_set(c.tenant, n) {
+                        gained.push((n.clone(), c.clone()));
+                    }
+                }
+            }
+            for (n, c) in gained {
+                self.send_sc(&n, sc_down::Msg::Deploy(c));
+            }
         }
     }
 

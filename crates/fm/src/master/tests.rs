@@ -571,6 +571,68 @@ fn cluster(nodes: usize, replicas: usize) -> Sim {
     s
 }
 
+/// Which nodes were sent a deploy of tenant 1's chain 1 since the last call.
+fn deployed(s: &mut Sim) -> Vec<String> {
+    s.pump();
+    let mut out: Vec<String> = s
+        .to_sc
+        .iter()
+        .filter(|(_, m)| matches!(m, sc_down::Msg::Deploy(c) if (c.tenant, c.chain) == (1, 1)))
+        .filter_map(|(session, _)| {
+            s.sc.iter()
+                .find(|(_, n)| n.session == *session)
+                .map(|(id, _)| id.clone())
+        })
+        .collect();
+    s.to_sc
+        .retain(|(_, m)| !matches!(m, sc_down::Msg::Deploy(_)));
+    out.sort();
+    out
+}
+
+#[test]
+fn chains_are_deployed_to_the_sc_nodes_that_may_host_them() {
+    let mut s = Sim::new(config(3), vec![chain(1, 1, &["fw"])]);
+    // At registration, every node (the tenant has no shard set yet).
+    for i in 0..5 {
+        s.sc_join(&format!("sc-{i}"), 1);
+    }
+    assert_eq!(deployed(&mut s).len(), 5);
+    let shards = |nodes: &[&str]| {
+        vec![v1::TenantShards {
+            tenant: 1,
+            sc_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        }]
+    };
+    // A set narrower than "every node": nobody new.
+    let chains = vec![chain(1, 1, &["fw"])];
+    s.m.set_desired(
+        chains.clone(),
+        Vec::new(),
+        shards(&["sc-0", "sc-1", "sc-2"]),
+        s.now_us,
+    );
+    assert_eq!(deployed(&mut s), Vec::<String>::new());
+    // A node that registers outside the set gets nothing; one the set gains gets it.
+    s.sc_join("sc-5", 1);
+    assert_eq!(deployed(&mut s), Vec::<String>::new());
+    s.m.set_desired(
+        chains,
+        Vec::new(),
+        shards(&["sc-0", "sc-1", "sc-2", "sc-5"]),
+        s.now_us,
+    );
+    assert_eq!(deployed(&mut s), vec!["sc-5".to_string()]);
+    // A changed chain goes to every node of the set.
+    s.m.set_desired(
+        vec![chain(1, 1, &["lb"])],
+        Vec::new(),
+        shards(&["sc-0", "sc-1", "sc-2", "sc-5"]),
+        s.now_us,
+    );
+    assert_eq!(deployed(&mut s), vec!["sc-0", "sc-1", "sc-2", "sc-5"]);
+}
+
 #[test]
 fn cache_hit_answers_without_an_sc_submit() {
     let mut s = cluster(2, 2);
