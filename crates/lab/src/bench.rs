@@ -123,8 +123,10 @@ pub struct PipelineBenchArgs {
     /// random cache line per packet).
     #[arg(long)]
     pub count: bool,
-    /// The chain row (FW → MON → NAT, Serpens Fig. 15) from this workload file
-    /// (docs/benchmarks.md, "Chain workload"); default 1M flows, 2 s.
+    /// A pipeline workload file (docs/benchmarks.md, "Pipeline workload"): the chain
+    /// row's settings (FW → MON → NAT, Serpens Fig. 15; default 1M flows, 2 s) and, in
+    /// its `hit` section, the hit points' flows: table sizes with a popularity law, or a
+    /// packet trace.
     #[arg(long)]
     pub workload: Option<std::path::PathBuf>,
 }
@@ -201,6 +203,8 @@ pub struct PipelineBench {
     pub chain_p99_us: f64,
     /// The chain row's details (flows, batch, per-packet times, setup time, the rule).
     pub chain: Option<crate::bench_chain::ChainResult>,
+    /// The hit points' workload, when a workload file had a `hit` section.
+    pub hit_workload: Option<crate::hit_workload::HitWorkloadInfo>,
 }
 
 const VNI: u32 = 100;
@@ -226,7 +230,15 @@ pub(crate) fn template(dst: Ipv4Addr) -> Vec<u8> {
 
 fn snat_rule(i: u64, count: bool) -> Rule {
     let (src, sport) = flow_src(i);
-    let key = FlowKey::new(VNI, 17, src.into(), sport, DST.into(), 53);
+    snat_rule_keyed(
+        FlowKey::new(VNI, 17, src.into(), sport, DST.into(), 53),
+        i,
+        count,
+    )
+}
+
+/// Flow `i`'s SNAT rule under `key`.
+fn snat_rule_keyed(key: FlowKey, i: u64, count: bool) -> Rule {
     // Paired pooling as SNAT would: 60000 ports per public address.
     let pool = Ipv4Addr::new(
         198,
@@ -302,6 +314,86 @@ impl FrameSource for Traffic {
     }
 }
 
+/// Generated flows in the order a popularity law drew them (`hit_workload::draw`),
+/// replayed in a loop.
+struct DrawnTraffic {
+    template: Vec<u8>,
+    seq: Vec<u32>,
+    pos: usize,
+}
+
+impl FrameSource for DrawnTraffic {
+    #[inline]
+    fn next_frame(&mut self, out: &mut [u8]) -> Option<(usize, u16)> {
+        let i = self.seq[self.pos];
+        self.pos += 1;
+        if self.pos == self.seq.len() {
+            self.pos = 0;
+        }
+        let n = self.template.len();
+        out[..n].copy_from_slice(&self.template);
+        stamp_flow(out, u64::from(i));
+        Some((n, 0))
+    }
+}
+
+/// A packet trace's packets, in its order, replayed in a loop. Like the generated
+/// traffic, a frame gets its flow's addresses and ports and keeps the template's
+/// checksums: the hit path rewrites them incrementally and never checks them.
+struct TraceTraffic {
+    udp: Vec<u8>,
+    tcp: Vec<u8>,
+    trace: crate::hit_workload::PacketTrace,
+    pos: usize,
+}
+
+impl TraceTraffic {
+    fn new(trace: crate::hit_workload::PacketTrace) -> Self {
+        use packet::build::tcp_v4;
+        let wrap =
+            |inner: Vec<u8>| vxlan_wrap([198, 18, 0, 50], [198, 18, 0, 1], 50000, VNI, &inner);
+        TraceTraffic {
+            // Both 60-byte inner frames; a TCP packet of an established flow (ACK).
+            udp: wrap(udp_v4([0; 4], 1, [0; 4], 1, &[0u8; 18])),
+            tcp: wrap(tcp_v4(
+                [0; 4],
+                1,
+                [0; 4],
+                1,
+                packet::tcp_flags::ACK,
+                1,
+                &[0u8; 6],
+            )),
+            trace,
+            pos: 0,
+        }
+    }
+}
+
+impl FrameSource for TraceTraffic {
+    #[inline]
+    fn next_frame(&mut self, out: &mut [u8]) -> Option<(usize, u16)> {
+        let f = &self.trace.flows[self.trace.packets[self.pos] as usize];
+        self.pos += 1;
+        if self.pos == self.trace.packets.len() {
+            self.pos = 0;
+        }
+        let tpl = if f.proto == packet::proto::TCP {
+            &self.tcp
+        } else {
+            &self.udp
+        };
+        let n = tpl.len();
+        out[..n].copy_from_slice(tpl);
+        const IP: usize = packet::build::VXLAN_V4_OVERHEAD + 14;
+        out[IP + 12..IP + 16].copy_from_slice(&f.src.octets());
+        out[IP + 16..IP + 20].copy_from_slice(&f.dst.octets());
+        out[IP + 20..IP + 22].copy_from_slice(&f.sport.to_be_bytes());
+        out[IP + 22..IP + 24].copy_from_slice(&f.dport.to_be_bytes());
+        Some((n, 0))
+    }
+}
+
 /// Write flow `i`'s inner source address and port into a [`template`] frame.
 #[inline]
 pub(crate) fn stamp_flow(frame: &mut [u8], i: u64) {
@@ -345,6 +437,22 @@ fn rss_bytes() -> Option<u64> {
 }
 
 fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> {
+    hit_point_with(
+        flows,
+        (0..flows as u64).map(|i| snat_rule(i, a.count)),
+        Traffic::random(flows as u64),
+        a,
+    )
+}
+
+/// A hit point: a table of `flows` flows holding `rules`, then `traffic` through it for
+/// `a.seconds`. Mpps, and resident bytes per flow.
+fn hit_point_with<S: FrameSource>(
+    flows: usize,
+    rules: impl Iterator<Item = Rule>,
+    traffic: S,
+    a: &PipelineBenchArgs,
+) -> Result<(f64, Option<f64>)> {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = flows;
     let rss0 = rss_bytes();
@@ -357,9 +465,8 @@ fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> 
             chain: 1,
         },
     );
-    for i in 0..flows as u64 {
-        p.install_rule(&snat_rule(i, a.count), 0)
-            .context("installing bench rules")?;
+    for r in rules {
+        p.install_rule(&r, 0).context("installing bench rules")?;
     }
     let rss1 = rss_bytes();
     anyhow::ensure!(
@@ -367,7 +474,7 @@ fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> 
         "table holds {} of {flows}",
         p.table().len()
     );
-    let io = MemRing::new(Traffic::random(flows as u64), a.batch);
+    let io = MemRing::new(traffic, a.batch);
     let mut w = Worker::new(p, io, a.batch, Box::new(MonotonicClock::new()));
     let mpps = timed(a.seconds, || w.run_once().unwrap_or(0));
     let s = w.pipeline.stats();
@@ -386,6 +493,93 @@ fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> 
         _ => None,
     };
     Ok((mpps, per_flow))
+}
+
+/// The hit points a workload's `hit` section asks for: (table size, Mpps, resident
+/// bytes per flow), and what to report about the workload.
+type HitPoints = (
+    Vec<(usize, f64, Option<f64>)>,
+    crate::hit_workload::HitWorkloadInfo,
+);
+
+fn workload_hit_points(
+    w: &crate::hit_workload::HitWorkload,
+    a: &PipelineBenchArgs,
+) -> Result<HitPoints> {
+    use crate::hit_workload::{draw, drawn_len, top1pct_share, HitFlows, Popularity};
+    let mut points = Vec::new();
+    let mut shares = BTreeMap::new();
+    let (popularity, trace_packets) = match &w.flows {
+        HitFlows::Generated { sizes, popularity } => {
+            let sizes = if sizes.is_empty() { &a.flows } else { sizes };
+            for &n in sizes {
+                let rules = (0..n as u64).map(|i| snat_rule(i, a.count));
+                let (mpps, rss) = match popularity {
+                    // The default traffic, as without a workload.
+                    Popularity::Uniform => hit_point_with(n, rules, Traffic::random(n as u64), a)?,
+                    p => {
+                        let seq = draw(*p, n, drawn_len(n), 0x5eed ^ n as u64);
+                        shares.insert(n.to_string(), top1pct_share(&seq, n));
+                        let t = DrawnTraffic {
+                            template: template(DST),
+                            seq,
+                            pos: 0,
+                        };
+                        hit_point_with(n, rules, t, a)?
+                    }
+                };
+                points.push((n, mpps, rss));
+            }
+            (popularity.to_string(), None)
+        }
+        HitFlows::Trace(t) => {
+            let n = t.flows.len();
+            shares.insert(n.to_string(), top1pct_share(&t.packets, n));
+            let rules = t.flows.iter().enumerate().map(|(i, f)| {
+                let key = FlowKey::new(VNI, f.proto, f.src.into(), f.sport, f.dst.into(), f.dport);
+                snat_rule_keyed(key, i as u64, a.count)
+            });
+            let packets = t.packets.len();
+            let (mpps, rss) = hit_point_with(n, rules, TraceTraffic::new(t.clone()), a)?;
+            points.push((n, mpps, rss));
+            ("trace".to_string(), Some(packets))
+        }
+    };
+    Ok((
+        points,
+        crate::hit_workload::HitWorkloadInfo {
+            name: w.name.clone(),
+            popularity,
+            trace_packets,
+            top1pct_share: shares,
+        },
+    ))
+}
+
+/// A pipeline workload file: the chain row's fields at the top level (the format it
+/// has always had) and an optional `hit` section.
+fn load_workload(
+    path: &std::path::Path,
+) -> Result<(
+    crate::bench_chain::ChainWorkload,
+    Option<crate::hit_workload::HitWorkload>,
+)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading workload {}", path.display()))?;
+    let mut v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("workload {}: not JSON", path.display()))?;
+    let obj = v
+        .as_object_mut()
+        .with_context(|| format!("workload {}: not a JSON object", path.display()))?;
+    let hit = obj.remove("hit");
+    let chain = crate::bench_chain::ChainWorkload::from_value(v)
+        .with_context(|| format!("workload {}", path.display()))?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let hit = hit
+        .map(|h| crate::hit_workload::HitWorkload::parse(h, path.display().to_string(), dir))
+        .transpose()
+        .with_context(|| format!("workload {}", path.display()))?;
+    Ok((chain, hit))
 }
 
 fn miss_point(a: &PipelineBenchArgs) -> Result<f64> {
@@ -485,23 +679,48 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         0.0
     };
     let parse_mpps = if want("parse") { parse_point(&a) } else { 0.0 };
+    let (chain_w, hit_w) = match &a.workload {
+        Some(p) => {
+            let (c, h) = load_workload(p)?;
+            (Some(c), h)
+        }
+        None => (None, None),
+    };
     let mut hit_mpps = BTreeMap::new();
     let mut rates = vec![(0, 0.0)];
     let mut rss_per_flow = None;
-    for &n in a.flows.iter().filter(|_| want("hit")) {
+    let mut hit_workload = None;
+    let mut record = |n: usize, mpps: f64, rss: Option<f64>| {
         rates.retain(|r| r.0 != 0);
-        let (mpps, rss) = hit_point(n, &a)?;
         hit_mpps.insert(n.to_string(), mpps);
         rates.push((n, mpps));
         rss_per_flow = rss;
+    };
+    match (&hit_w, want("hit")) {
+        (_, false) => {}
+        (None, true) => {
+            for &n in &a.flows {
+                let (mpps, rss) = hit_point(n, &a)?;
+                record(n, mpps, rss);
+            }
+        }
+        (Some(w), true) => {
+            // The section's settings apply to the hit points only, where it gives them.
+            let mut ha = a.clone();
+            ha.seconds = w.seconds.unwrap_or(a.seconds);
+            ha.batch = w.batch.unwrap_or(a.batch);
+            ha.count = w.count.unwrap_or(a.count);
+            let (points, info) = workload_hit_points(w, &ha)?;
+            for (n, mpps, rss) in points {
+                record(n, mpps, rss);
+            }
+            hit_workload = Some(info);
+        }
     }
     let miss_mpps = if want("miss") { miss_point(&a)? } else { 0.0 };
     let chain = if want("chain") {
-        let mut w = match &a.workload {
-            Some(p) => crate::bench_chain::ChainWorkload::load(p)?,
-            None => crate::bench_chain::ChainWorkload::default(),
-        };
-        if a.quick && a.workload.is_none() {
+        let mut w = chain_w.clone().unwrap_or_default();
+        if a.quick && chain_w.is_none() {
             w.flows = 100_000;
             w.seconds = 0.2;
         }
@@ -515,7 +734,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
     let large_over_small = rates.last().unwrap().1 / rates[0].1;
     Ok(PipelineBench {
         hit_mpps,
-        hit_rule_counts: a.count,
+        hit_rule_counts: hit_w.as_ref().and_then(|w| w.count).unwrap_or(a.count),
         miss_mpps,
         parse_mpps,
         baseline_mpps,
@@ -533,6 +752,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         chain_mpps: chain.as_ref().map_or(0.0, |c| c.mpps),
         chain_p99_us: chain.as_ref().map_or(0.0, |c| c.batch_p99_us),
         chain,
+        hit_workload,
     })
 }
 
@@ -549,9 +769,25 @@ pub fn print_table(r: &PipelineBench) {
         "  {:<36} {:>10.2} Mpps",
         "parse only (outer + inner)", r.parse_mpps
     );
-    for (n, m) in &r.hit_mpps {
+    if let Some(w) = &r.hit_workload {
         println!(
-            "  {:<36} {:>10.2} Mpps  ({:.0}% of baseline)",
+            "  hit points from workload {} ({}{})",
+            w.name,
+            w.popularity,
+            w.trace_packets
+                .map_or(String::new(), |p| format!(", {p} packets"))
+        );
+    }
+    for (n, m) in &r.hit_mpps {
+        let share = r
+            .hit_workload
+            .as_ref()
+            .and_then(|w| w.top1pct_share.get(n))
+            .map_or(String::new(), |s| {
+                format!("; busiest 1% of flows: {:.0}% of packets", 100.0 * s)
+            });
+        println!(
+            "  {:<36} {:>10.2} Mpps  ({:.0}% of baseline{share})",
             format!("hit: SNAT + re-encap, {n} flows"),
             m,
             100.0 * m / r.baseline_mpps
@@ -591,5 +827,95 @@ pub fn print_table(r: &PipelineBench) {
             c.setup_seconds
         );
         println!("    rule: {}", c.rule);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(workload: &std::path::Path) -> PipelineBenchArgs {
+        PipelineBenchArgs {
+            json: true,
+            flows: vec![1000],
+            seconds: 0.05,
+            batch: MAX_BATCH,
+            quick: false,
+            only: Some("hit".into()),
+            count: false,
+            workload: Some(workload.to_path_buf()),
+        }
+    }
+
+    #[test]
+    fn a_packet_trace_runs_through_the_hit_path_every_packet_a_hit() {
+        let dir = tempfile::tempdir().unwrap();
+        // Three flows, UDP and TCP; the trace's own order, flow 0 busiest.
+        let mut csv = String::from("proto,src,sport,dst,dport\n");
+        for i in 0..300 {
+            let row = match i % 6 {
+                0..=3 => "udp,198.18.7.1,4000,198.19.0.1,53",
+                4 => "tcp,198.18.7.2,5000,198.19.0.2,443",
+                _ => "udp,198.18.7.3,6000,198.19.0.1,123",
+            };
+            csv.push_str(row);
+            csv.push('\n');
+        }
+        std::fs::write(dir.path().join("t.csv"), csv).unwrap();
+        let file = dir.path().join("w.json");
+        std::fs::write(
+            &file,
+            r#"{"flows": 1000, "hit": {"name": "three", "packets_csv": "t.csv", "count": true}}"#,
+        )
+        .unwrap();
+        // `hit_point_with` fails the run on any miss or drop, so a frame stamped with
+        // another 5-tuple than its rule's would fail here.
+        let r = pipeline_bench(&args(&file)).unwrap();
+        assert_eq!(r.hit_mpps.keys().collect::<Vec<_>>(), vec!["3"]);
+        assert!(r.hit_mpps["3"] > 0.0);
+        assert!(r.hit_rule_counts);
+        let info = r.hit_workload.unwrap();
+        assert_eq!(info.name, "three");
+        assert_eq!(info.popularity, "trace");
+        assert_eq!(info.trace_packets, Some(300));
+        // The busiest 1% of 3 flows is one flow: 4 packets of every 6.
+        assert!((info.top1pct_share["3"] - 4.0 / 6.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn generated_flows_follow_the_sections_popularity() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("w.json");
+        std::fs::write(
+            &file,
+            r#"{"hit": {"flows": [2000], "popularity": {"zipf": 1.0}}}"#,
+        )
+        .unwrap();
+        let r = pipeline_bench(&args(&file)).unwrap();
+        assert!(r.hit_mpps["2000"] > 0.0);
+        let info = r.hit_workload.unwrap();
+        assert_eq!(info.popularity, "zipf(1)");
+        assert!(info.top1pct_share["2000"] > 0.2, "{info:?}");
+        // Without the section the points are `--flows`' and uniform, as before.
+        std::fs::write(&file, r#"{"flows": 1000}"#).unwrap();
+        let r = pipeline_bench(&args(&file)).unwrap();
+        assert_eq!(r.hit_mpps.keys().collect::<Vec<_>>(), vec!["1000"]);
+        assert!(r.hit_workload.is_none());
+    }
+
+    #[test]
+    fn a_bad_pipeline_workload_is_an_error_that_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("w.json");
+        for (text, want) in [
+            (r#"{"flowz": 1}"#, "not a chain workload"),
+            (r#"{"hit": 3}"#, "hit"),
+            (r#"{"hit": {"popularity": {"zipf": 0}}}"#, "zipf exponent"),
+            (r#"[1]"#, "not a JSON object"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = format!("{:#}", pipeline_bench(&args(&file)).unwrap_err());
+            assert!(e.contains(want) && e.contains("w.json"), "{text}: {e}");
+        }
     }
 }

@@ -25,7 +25,7 @@ use pipeline::{
 };
 use serde::{Deserialize, Serialize};
 
-/// `--workload FILE` of the chain row (JSON; docs/benchmarks.md, "Chain workload").
+/// `--workload FILE` of the chain row (JSON; docs/benchmarks.md, "Pipeline workload").
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChainWorkload {
@@ -70,10 +70,19 @@ impl ChainWorkload {
     pub fn load(path: &Path) -> Result<ChainWorkload> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading workload {}", path.display()))?;
-        let w: ChainWorkload = serde_json::from_str(&text)
-            .with_context(|| format!("workload {}: not a chain workload", path.display()))?;
-        w.check()
-            .with_context(|| format!("workload {}", path.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "workload {}: not a chain workload (not JSON)",
+                path.display()
+            )
+        })?;
+        Self::from_value(v).with_context(|| format!("workload {}", path.display()))
+    }
+
+    /// The chain row's fields of a pipeline workload, checked.
+    pub fn from_value(v: serde_json::Value) -> Result<ChainWorkload> {
+        let w: ChainWorkload = serde_json::from_value(v).context("not a chain workload")?;
+        w.check()?;
         Ok(w)
     }
 

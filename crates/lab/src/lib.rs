@@ -18,6 +18,7 @@ pub mod bench_setup;
 pub mod bench_workers;
 pub mod demo;
 mod demo_testbed;
+pub mod hit_workload;
 pub mod setup_workload;
 pub mod testbed_cmd;
 pub mod workers_workload;

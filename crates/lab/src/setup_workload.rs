@@ -167,7 +167,7 @@ impl SetupWorkload {
         let rows = match (f.flows, f.flows_csv) {
             (Some(_), Some(_)) => bail!("give flows or flows_csv, not both"),
             (Some(rows), None) => Some(rows.into_iter().map(Ok).collect::<Vec<_>>()),
-            (None, Some(csv)) => Some(read_csv(&dir.join(csv))?),
+            (None, Some(csv)) => Some(read_csv(&dir.join(csv), "flows_csv", MAX_FLOWS)?),
             (None, None) => None,
         };
         let trace = match rows {
@@ -240,21 +240,22 @@ impl FlowRow {
 }
 
 /// Rows of a CSV file with the header `proto,src,sport,dst,dport` and, optionally,
-/// `at_us`. A row that does not parse is kept as its error, to be named by row.
-fn read_csv(path: &Path) -> Result<Vec<Result<FlowRow, String>>> {
+/// `at_us`, at most `max` of them; `field` names the file in errors. A row that does
+/// not parse is kept as its error, to be named by row.
+pub(crate) fn read_csv(
+    path: &Path,
+    field: &str,
+    max: usize,
+) -> Result<Vec<Result<FlowRow, String>>> {
     let mut r = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_path(path)
-        .with_context(|| format!("flows_csv {}", path.display()))?;
+        .with_context(|| format!("{field} {}", path.display()))?;
     let mut rows = Vec::new();
     for (i, row) in r.deserialize::<FlowRow>().enumerate() {
-        ensure!(
-            i < MAX_FLOWS,
-            "flows_csv {}: more than {MAX_FLOWS} flows",
-            path.display()
-        );
+        ensure!(i < max, "{field} {}: more than {max} rows", path.display());
         // Row i is line i + 2 (after the header) when no field spans lines.
-        rows.push(row.map_err(|e| format!("flows_csv line {}: {e}", i + 2)));
+        rows.push(row.map_err(|e| format!("{field} line {}: {e}", i + 2)));
     }
     Ok(rows)
 }
