@@ -136,25 +136,28 @@ impl SpareChains {
         shelf.tick += 1;
         let tick = shelf.tick;
         let mut evicted = None;
-        if shelf.find(config).is_none() {
-            if shelf.entries.len() >= MAX_CHAINS {
-                let oldest = (0..shelf.entries.len())
-                    .min_by_key(|&i| shelf.entries[i].used)
-                    .unwrap_or(0);
-                evicted = Some(shelf.entries.swap_remove(oldest));
+        // One compare pass per start: the entry's index, or a new entry at the end.
+        let i = match shelf.entries.iter().position(|e| e.config == *config) {
+            Some(i) => i,
+            None => {
+                if shelf.entries.len() >= MAX_CHAINS {
+                    let oldest = (0..shelf.entries.len())
+                        .min_by_key(|&i| shelf.entries[i].used)
+                        .unwrap_or(0);
+                    evicted = Some(shelf.entries.swap_remove(oldest));
+                }
+                shelf.entries.push(Entry {
+                    config: config.clone(),
+                    spares: Vec::new(),
+                    refilling: false,
+                    broken: false,
+                    used: tick,
+                });
+                shelf.entries.len() - 1
             }
-            shelf.entries.push(Entry {
-                config: config.clone(),
-                spares: Vec::new(),
-                refilling: false,
-                broken: false,
-                used: tick,
-            });
-        }
-        let per_chain = self.per_chain;
-        let Some(e) = shelf.find(config) else {
-            return (None, none);
         };
+        let per_chain = self.per_chain;
+        let e = &mut shelf.entries[i];
         e.used = tick;
         let chain = e.spares.pop();
         let building = chain.is_none() && e.refilling;
