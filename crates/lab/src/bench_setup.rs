@@ -122,6 +122,11 @@ pub struct SetupBench {
     /// path's cost, which unlike `flows_per_s` does not move with what else the
     /// machine runs.
     pub cpu_us_per_flow: f64,
+    /// Page faults the whole process took per flow set up in the saturated
+    /// measurement: the fresh memory the flows' state is faulted into. Part of
+    /// `cpu_us_per_flow`, and the part a virtual machine prices very differently from
+    /// bare metal (docs/setup-path.md, "First touch of memory on this VM").
+    pub faults_per_flow: f64,
     /// Flows set up in the saturated measurement.
     pub saturated_flows: u64,
     /// Allocations per flow set up in the saturated measurement, over the whole
@@ -190,15 +195,17 @@ fn allocs_per_flow(
 }
 
 /// CPU time (user + system) of this process so far, in seconds.
-fn process_cpu_s() -> f64 {
+/// The whole process's CPU seconds (user + system) and page faults so far.
+fn process_usage() -> (f64, u64) {
     // SAFETY: getrusage writes into the zeroed struct we pass and reads nothing else.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above; RUSAGE_SELF is always valid.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return f64::NAN;
+        return (f64::NAN, 0);
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
+    let faults = (u.ru_minflt as u64).saturating_add(u.ru_majflt as u64);
+    (tv(u.ru_utime) + tv(u.ru_stime), faults)
 }
 
 const VNI: u32 = 100;
@@ -534,6 +541,8 @@ struct Phase {
     exhausted: bool,
     /// Process CPU seconds the phase took.
     cpu_s: f64,
+    /// Page faults the process took during the phase.
+    faults: u64,
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -581,7 +590,7 @@ fn phase(
     }
     let mut w = Worker::new(p, gen, pipeline::MAX_BATCH, Box::new(MonotonicClock::new()));
     let doorbell = l.doorbell;
-    let cpu0 = process_cpu_s();
+    let (cpu0, faults0) = process_usage();
     w.io.start = Instant::now();
     let run_for = Duration::from_secs_f64(seconds);
     let drain_limit = run_for + Duration::from_secs(5);
@@ -602,7 +611,8 @@ fn phase(
             let _ = doorbell.recv_timeout(w.io.until_due());
         }
     }
-    let cpu_s = process_cpu_s() - cpu0;
+    let (cpu1, faults1) = process_usage();
+    let (cpu_s, faults) = (cpu1 - cpu0, faults1.saturating_sub(faults0));
     let s = w.pipeline.stats();
     let done = w.io.lat_ns.len() as u64;
     let denied: u64 = s.rule_drops.iter().sum();
@@ -648,6 +658,7 @@ fn phase(
             offered_per_s: generated as f64 / gen_s.max(1e-9),
             exhausted,
             cpu_s,
+            faults,
         },
         next,
         pp::WorkerLink {
@@ -893,6 +904,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         session_drops: dead - d0,
         setup_overload: s1.setup_overload - s0.setup_overload,
         cpu_us_per_flow: sat.cpu_s * 1e6 / (sat.lat_us.len().max(1)) as f64,
+        faults_per_flow: sat.faults as f64 / (sat.lat_us.len().max(1)) as f64,
         saturated_flows: sat.lat_us.len() as u64,
         allocs_per_flow: allocs.as_ref().map(|a| a.0),
         alloc_bytes_per_flow: allocs.as_ref().map(|a| a.1),
@@ -945,8 +957,8 @@ pub fn print(r: &SetupBench) {
         r.session_drops, r.setup_overload
     );
     println!(
-        "  cost: {:.1} µs of process CPU per flow set up (saturated, {} flows)",
-        r.cpu_us_per_flow, r.saturated_flows
+        "  cost: {:.1} µs of process CPU and {:.2} page faults per flow set up (saturated, {} flows)",
+        r.cpu_us_per_flow, r.faults_per_flow, r.saturated_flows
     );
     if let (Some(n), Some(b), Some(t)) = (
         r.allocs_per_flow,
