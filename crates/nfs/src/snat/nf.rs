@@ -462,7 +462,7 @@ impl NetworkFunction for Snat {
     fn knows_reply(&self, key: &FlowKey) -> bool {
         let mut k = *key;
         k.set_vni(0);
-        (self.state.by_reply.get(&k)).is_some_and(|fk| fk != key)
+        (self.state.reply_to(&k)).is_some_and(|fk| fk != *key)
     }
 
     fn first_packet(&mut self, pkt: &FirstPacket, env: &mut NfEnv) -> Result<Decision, NfError> {
@@ -582,5 +582,97 @@ impl NetworkFunction for Snat {
         let other: SnatPart = part.downcast()?;
         self.check_part(&other)?;
         self.merge_part(other)
+    }
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+    use crate::snat::SnatPool;
+    use pipeline::PacketMeta;
+
+    fn key(s: &str) -> FlowKey {
+        s.parse().expect("test flow key")
+    }
+
+    fn decide(n: &mut Snat, k: FlowKey) -> Decision {
+        let flags = if k.proto() == proto::TCP { SYN } else { 0 };
+        let p = FirstPacket::new(k, 1, PacketMeta::new(60, flags));
+        (n.first_packet(&p, &mut NfEnv::new(0, 7))).expect("snat decides")
+    }
+
+    /// The reply key SC sees when PP lost a flow's reverse rule: remote → external
+    /// endpoint, on whatever VNI the reply arrives.
+    fn reply(k: &FlowKey, d: &Decision, vni: u32) -> FlowKey {
+        let mut r = d.forward.apply(k).reversed();
+        r.set_vni(vni);
+        r
+    }
+
+    #[test]
+    fn a_plain_flows_reply_is_found_through_its_mapping_and_only_hairpins_are_indexed() {
+        let pool = "198.19.255.1".parse().expect("address");
+        let mut n = Snat::new(SnatConfig::new(vec![SnatPool::new(
+            vec![pool],
+            1024,
+            65535,
+        )
+        .sources(&["198.18.0.0/16"])]))
+        .expect("config");
+        let mut plain = Vec::new();
+        for i in 0..50u16 {
+            for p in ["udp", "tcp", "icmp"] {
+                let k = key(&format!(
+                    "100 {p} 198.18.0.{}:{} > 198.19.0.10:53",
+                    i % 7 + 1,
+                    2000 + i
+                ));
+                let d = decide(&mut n, k);
+                plain.push((k, d));
+            }
+        }
+        // A hairpin flow: to the external endpoint of the first flow's mapping.
+        let (k0, d0) = plain[0].clone();
+        let ext = d0.forward.apply(&k0);
+        let hk = key(&format!(
+            "100 udp 198.18.0.9:999 > {}:{}",
+            ext.src(),
+            ext.sport()
+        ));
+        let hd = decide(&mut n, hk);
+        assert!(hd.forward.dst.addr.is_some(), "hairpinned: {hd:?}");
+        // Only the hairpin flow's reply key is indexed; every reply is still found.
+        assert_eq!(n.state.by_reply.len(), 1);
+        let check = |n: &Snat| {
+            for (k, d) in plain.iter().chain([(hk, hd.clone())].iter()) {
+                let r = reply(k, d, 200);
+                let mut r0 = r;
+                r0.set_vni(0);
+                assert_eq!(n.state.reply_to(&r0), Some(*k), "{k}");
+                assert!(n.knows_reply(&r), "{k}");
+                assert_eq!(n.state.lookup(&r).map(|(fk, _)| fk), Some(*k), "{k}");
+            }
+            // A new forward flow is not anyone's reply.
+            assert!(!n.knows_reply(&key("100 udp 198.18.0.1:4000 > 198.19.0.10:53")));
+            // Nor is a packet to a mapped endpoint from elsewhere than the flow's remote.
+            let mut stray = reply(&plain[0].0, &plain[0].1, 0);
+            stray = key(&format!(
+                "0 udp 198.19.0.11:53 > {}:{}",
+                stray.dst(),
+                stray.dport()
+            ));
+            assert_eq!(n.state.reply_to(&stray), None);
+        };
+        check(&n);
+        // Rebuilt from the tables (restore, split, merge): the same answers, the same index.
+        n.state.reindex_view();
+        assert_eq!(n.state.by_reply.len(), 1);
+        check(&n);
+        // A flow gone has no reply any more, though its mapping may stay.
+        let (k, d) = plain[1].clone();
+        n.on_event(&FlowEvent::Expired { key: k }, &mut NfEnv::new(1, 0));
+        let mut r = reply(&k, &d, 0);
+        r.set_vni(0);
+        assert_eq!(n.state.reply_to(&r), None);
     }
 }

@@ -301,9 +301,14 @@ pub(super) struct State {
     pub(super) by_internal: SlabMap<MappingKey, ExternalEndpoint>,
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
-    /// Derived: reply key (VNI 0) → forward key, counted per external address, so a
-    /// new flow's probe stops at its destination (`ReplyIndex`).
+    /// Derived: reply key (VNI 0) → forward key, for the flows whose reply key does not
+    /// lead back to them through their mapping ([`State::reply_to`]): hairpin flows,
+    /// and any other whose derivation does not round-trip. Counted per external
+    /// address (`ReplyIndex`).
     pub(super) by_reply: ReplyIndex,
+    /// Derived: mappings per (external address, protocol), so that a key whose
+    /// destination holds none is answered without probing `mappings`.
+    pub(super) mapped: HashMap<(IpAddr, u8), u32>,
     /// Derived: free ports per (pool address, protocol), read for every new mapping's
     /// choice of address.
     pub(super) free: HashMap<(IpAddr, u8), u32>,
@@ -334,6 +339,7 @@ impl State {
             by_internal: SlabMap::new(),
             pairings: HashMap::new(),
             by_reply: ReplyIndex::new(End::Dst),
+            mapped: HashMap::new(),
             free: HashMap::new(),
             stats: SnatStats::default(),
         };
@@ -380,8 +386,54 @@ impl State {
         }
         let mut k = *key;
         k.set_vni(0);
-        let fk = *self.by_reply.get(&k)?;
+        let fk = self.reply_to(&k)?;
         Some((fk, self.flow(&fk)?))
+    }
+
+    /// The forward key of the flow whose reply key (VNI 0) is `k`.
+    ///
+    /// A plain flow's reply goes to its own mapping's external endpoint, from the
+    /// endpoint the flow was sent to; the mapping names the internal endpoint and VNI,
+    /// so the forward key follows, and the flow's row confirms it. Nothing is indexed
+    /// for it: an index of every flow's reply key cost each replica about 100 bytes and
+    /// an insert per flow. The flows this does not find (hairpin flows, whose reply
+    /// comes from the peer's internal endpoint) are indexed in `by_reply`.
+    pub(super) fn reply_to(&self, k: &FlowKey) -> Option<FlowKey> {
+        self.derived_reply_to(k)
+            .or_else(|| self.by_reply.get(k).copied())
+    }
+
+    fn derived_reply_to(&self, k: &FlowKey) -> Option<FlowKey> {
+        if !self.mapped.contains_key(&(k.dst(), k.proto())) {
+            return None;
+        }
+        let own = ExternalEndpoint {
+            addr: k.dst(),
+            port: k.dport(),
+            proto: k.proto(),
+        };
+        let m = self.mappings.get(&own)?;
+        let fk = FlowKey::new(
+            m.key.vni,
+            k.proto(),
+            m.key.addr,
+            m.key.port,
+            k.src(),
+            k.sport(),
+        );
+        let (row, _) = (self.tables)
+            .get_flow_timed::<FlowRow>(FLOWS, &fk)
+            .ok()
+            .flatten()?;
+        (row.own == own && row.peer.is_none()).then_some(fk)
+    }
+
+    /// Index `key`'s reply key if deriving it would not find the flow.
+    fn index_reply(&mut self, key: FlowKey, f: &FlowEntry) {
+        let rk = reply_key(&f.forward.apply(&key));
+        if self.derived_reply_to(&rk) != Some(key) {
+            self.by_reply.insert(rk, key);
+        }
     }
 
     pub(super) fn flow_count(&self) -> usize {
@@ -408,7 +460,7 @@ impl State {
         }
         let mut k = *key;
         k.set_vni(0);
-        self.by_reply.get(&k).copied()
+        self.reply_to(&k)
     }
 
     /// A port taken from the pool (`pool_alloc`), for the free-count index.
@@ -422,8 +474,7 @@ impl State {
         (self.tables)
             .put_flow_timed(FLOWS, &key, &FlowRow::of(&f), f.deadline_ms)
             .map_err(state_err)?;
-        let translated = f.forward.apply(&key);
-        self.by_reply.insert(reply_key(&translated), key);
+        self.index_reply(key, &f);
         for e in std::iter::once(f.own).chain(f.peer) {
             if let Some(m) = self.mappings.get_mut(&e) {
                 m.flows = m.flows.saturating_add(1);
@@ -502,7 +553,13 @@ impl State {
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
         }
-        self.mappings.insert(ext, Mapping { key: mk, flows: 0 });
+        if self
+            .mappings
+            .insert(ext, Mapping { key: mk, flows: 0 })
+            .is_none()
+        {
+            *self.mapped.entry((ext.addr, ext.proto)).or_insert(0) += 1;
+        }
         self.by_internal.insert(mk, ext);
         self.pairings.entry(pk).or_insert((paired, 0)).1 += 1;
         Ok(())
@@ -513,6 +570,13 @@ impl State {
         let Some(m) = self.mappings.remove(ext) else {
             return;
         };
+        let end = (ext.addr, ext.proto);
+        if let Some(n) = self.mapped.get_mut(&end) {
+            *n -= 1;
+            if *n == 0 {
+                self.mapped.remove(&end);
+            }
+        }
         let _ = self.tables.delete(MAPPINGS, ext);
         if self.by_internal.get(&m.key) == Some(ext) {
             self.by_internal.remove(&m.key);
@@ -543,6 +607,7 @@ impl State {
     /// for a merge is looked at, not changed).
     pub(super) fn reindex_view(&mut self) {
         self.mappings.clear();
+        self.mapped.clear();
         self.by_internal.clear();
         self.by_reply.clear();
         self.pairings.clear();
@@ -551,7 +616,13 @@ impl State {
         // Rows in key order: of two mappings of one internal endpoint (a merge brought
         // them together) the index prefers the lowest external endpoint.
         for (e, mk) in rows {
-            self.mappings.insert(e, Mapping { key: mk, flows: 0 });
+            if self
+                .mappings
+                .insert(e, Mapping { key: mk, flows: 0 })
+                .is_none()
+            {
+                *self.mapped.entry((e.addr, e.proto)).or_insert(0) += 1;
+            }
             self.by_internal.entry(mk).or_insert(e);
         }
         self.free.clear();
@@ -563,8 +634,10 @@ impl State {
         let rows: Vec<(FlowKey, FlowRow)> = self.tables.flows(FLOWS).unwrap_or_default();
         for (k, r) in &rows {
             let f = r.entry(k, 0);
-            self.by_reply
-                .get_or_insert(reply_key(&f.forward.apply(k)), *k);
+            let rk = reply_key(&f.forward.apply(k));
+            if self.derived_reply_to(&rk) != Some(*k) {
+                self.by_reply.get_or_insert(rk, *k);
+            }
             for e in std::iter::once(f.own).chain(f.peer) {
                 if let Some(m) = self.mappings.get_mut(&e) {
                     m.flows = m.flows.saturating_add(1);
