@@ -217,6 +217,31 @@ impl<K, V, S> SlabMap<K, V, S> {
         self.iter().map(|(_, v)| v)
     }
 
+    /// The row in slot `s`, if it holds one. A slot is a row's address for as long as
+    /// the row lives (rows never move; [`Self::clear`], [`Self::drain`] and building a
+    /// map anew renumber them); a removed row's slot may be reused by a later insert.
+    /// The per-flow timer queue names rows by slot: 4 bytes where a key is 40.
+    pub fn at(&self, s: u32) -> Option<(&K, &V)> {
+        let s = s as usize;
+        let slot = self.chunks.get(s >> CHUNK_BITS)?.0.get(s & (CHUNK - 1))?;
+        slot.row.as_ref().map(|(k, v)| (k, v))
+    }
+
+    /// [`Self::at`], to change the value.
+    pub fn at_mut(&mut self, s: u32) -> Option<(&K, &mut V)> {
+        let s = s as usize;
+        let slot = (self.chunks.get_mut(s >> CHUNK_BITS)?.0).get_mut(s & (CHUNK - 1))?;
+        slot.row.as_mut().map(|(k, v)| (&*k, v))
+    }
+
+    /// Rows with their slots, in slot order.
+    pub fn slots(&self) -> impl Iterator<Item = (u32, &K, &V)> {
+        (self.chunks.iter())
+            .flat_map(|c| c.0.iter())
+            .enumerate()
+            .filter_map(|(s, slot)| slot.row.as_ref().map(|(k, v)| (s as u32, k, v)))
+    }
+
     #[inline]
     fn slot(&self, s: u32) -> &Slot<K, V> {
         let s = s as usize;
@@ -433,6 +458,15 @@ impl<K: Eq + Hash, V, S: BuildHasher> SlabMap<K, V, S> {
         Some(self.value_mut(s))
     }
 
+    /// The slot holding `key`'s row ([`Self::at`]).
+    pub fn slot_of<Q>(&self, key: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(key).map(|(s, _)| s)
+    }
+
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -574,6 +608,11 @@ impl<'a, K, V, S> OccupiedEntry<'a, K, V, S> {
     pub fn into_mut(self) -> &'a mut V {
         self.map.value_mut(self.slot)
     }
+
+    /// The row's slot ([`SlabMap::at`]).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
 }
 
 impl<'a, K: Eq + Hash, V, S: BuildHasher> VacantEntry<'a, K, V, S> {
@@ -584,6 +623,11 @@ impl<'a, K: Eq + Hash, V, S: BuildHasher> VacantEntry<'a, K, V, S> {
     pub fn insert(self, value: V) -> &'a mut V {
         let s = self.map.insert_new(self.tag, self.key, value);
         self.map.value_mut(s)
+    }
+
+    /// [`Self::insert`], answering the new row's slot ([`SlabMap::at`]).
+    pub fn insert_slot(self, value: V) -> u32 {
+        self.map.insert_new(self.tag, self.key, value)
     }
 }
 
@@ -853,17 +897,31 @@ mod tests {
         fn behaves_as_a_hash_map(ops in proptest::collection::vec(op(), 1..6_000)) {
             let mut m: SlabMap<u16, u32> = SlabMap::new();
             let mut model: StdMap<u16, u32> = StdMap::new();
+            // Each row's slot when it went in: a row keeps it until it is removed, through
+            // other rows' inserts, removals and the index's growth (the timer queue's
+            // entries rely on it).
+            let mut slots: StdMap<u16, u32> = StdMap::new();
             for op in ops {
                 match op {
-                    Op::Insert(k, v) => prop_assert_eq!(m.insert(k, v), model.insert(k, v)),
-                    Op::Remove(k) => prop_assert_eq!(m.remove(&k), model.remove(&k)),
+                    Op::Insert(k, v) => {
+                        prop_assert_eq!(m.insert(k, v), model.insert(k, v));
+                        let s = m.slot_of(&k).expect("just inserted");
+                        prop_assert_eq!(*slots.entry(k).or_insert(s), s);
+                        prop_assert_eq!(m.at(s), Some((&k, &v)));
+                    }
+                    Op::Remove(k) => {
+                        prop_assert_eq!(m.remove(&k), model.remove(&k));
+                        slots.remove(&k);
+                    }
                     Op::Get(k) => prop_assert_eq!(m.get(&k), model.get(&k)),
                     Op::Retain(d) => {
                         m.retain(|k, _| k % d as u16 != 0);
                         model.retain(|k, _| k % d as u16 != 0);
+                        slots.retain(|k, _| k % d as u16 != 0);
                     }
                     Op::Drain => {
                         if model.len() > 3_000 {
+                            slots.clear();
                             let mut got: Vec<_> = m.drain().collect();
                             got.sort();
                             let mut want: Vec<_> = model.drain().collect();
@@ -876,6 +934,13 @@ mod tests {
             }
             for (k, v) in &model {
                 prop_assert_eq!(m.get(k), Some(v));
+                prop_assert_eq!(m.slot_of(k), slots.get(k).copied());
+            }
+            let by_slot: Vec<_> = m.slots().map(|(s, k, v)| (s, *k, *v)).collect();
+            prop_assert_eq!(by_slot.len(), model.len());
+            for (s, k, v) in by_slot {
+                prop_assert_eq!(slots.get(&k), Some(&s));
+                prop_assert_eq!(model.get(&k), Some(&v));
             }
             let mut rows: Vec<_> = m.iter().map(|(k, v)| (*k, *v)).collect();
             rows.sort();

@@ -185,20 +185,17 @@ struct Row {
     value: Value,
     /// Serpens `timer(table, key, timeout)`: the row is removed at this time (per-flow).
     deadline_ms: OptMs,
-    /// The group a per-flow row counts in ([`StateTables::put_flow_in`]).
-    group: Option<Box<[u8]>>,
     /// When the row's live entry in the timer queue fires (at or before `deadline_ms`);
     /// an index detail, not carried in snapshots, rebuilt on restore and merge.
     scheduled: OptMs,
 }
 
 impl Row {
-    /// A shared table's row: a value, no timer, no group.
+    /// A shared table's row: a value, no timer.
     fn keyed(value: Value) -> Row {
         Row {
             value,
             deadline_ms: OptMs::NONE,
-            group: None,
             scheduled: OptMs::NONE,
         }
     }
@@ -222,25 +219,30 @@ struct WireRowV1 {
     group: Option<Vec<u8>>,
 }
 
+/// The row; a per-flow row's group is the table's to keep (`Table::flow_groups`).
 impl From<WireRow> for Row {
     fn from(w: WireRow) -> Row {
         Row {
             value: Value::from_slice(&w.value),
             deadline_ms: OptMs::new(w.deadline_ms),
-            group: w.group.map(Vec::into_boxed_slice),
             scheduled: OptMs::NONE,
         }
     }
 }
 
+/// A row without a group ([`wire_flow_row`] adds a per-flow row's).
 impl From<Row> for WireRow {
     fn from(r: Row) -> WireRow {
-        WireRow {
-            value: r.value.to_vec(),
-            deadline_ms: r.deadline_ms.get(),
-            group: r.group.map(Vec::from),
-            share: None,
-        }
+        wire_flow_row(r, None)
+    }
+}
+
+fn wire_flow_row(r: Row, group: Option<&[u8]>) -> WireRow {
+    WireRow {
+        value: r.value.to_vec(),
+        deadline_ms: r.deadline_ms.get(),
+        group: group.map(<[u8]>::to_vec),
+        share: None,
     }
 }
 
@@ -277,6 +279,10 @@ struct Table {
     spill: Option<Vec<u8>>,
     /// Per-flow rows per group, kept with every insert, removal and move.
     groups: BTreeMap<Vec<u8>, usize>,
+    /// The group of each per-flow row that is in one ([`StateTables::put_flow_in`]).
+    /// Beside the rows, not in them: few tables group their rows, and a field in every
+    /// row (16 bytes) was paid by every flow of every table at every replica.
+    flow_groups: hashbrown::HashMap<FlowKey, Box<[u8]>>,
     /// The per-flow timer queue, lazy: a row has one live entry, at or before its
     /// deadline. Moving a deadline later (the common case: activity, a handshake done)
     /// only changes the row; the entry, when it fires, re-queues itself at the real
@@ -323,41 +329,79 @@ impl Table {
         exists || self.max_rows.is_none_or(|m| self.len() < m)
     }
 
-    fn count(&mut self, group: Option<&[u8]>, up: bool) {
-        count_in(&mut self.groups, group, up);
+    /// Put flow `f`'s row in `group` (or in none), counting the move.
+    fn regroup(&mut self, f: FlowKey, group: Option<Box<[u8]>>) {
+        if group.is_none() && self.flow_groups.is_empty() {
+            return;
+        }
+        let old = match group {
+            Some(g) => {
+                count_in(&mut self.groups, Some(&g), true);
+                self.flow_groups.insert(f, g)
+            }
+            None => self.flow_groups.remove(&f),
+        };
+        count_in(&mut self.groups, old.as_deref(), false);
     }
 
     /// Insert or replace a row; a replaced row's queue entry stays live if it fires no
     /// later than the new deadline.
-    fn insert_flow(&mut self, f: FlowKey, mut row: Row) {
-        self.count(row.group.as_deref(), true);
-        let old = self.flows.get(&f).and_then(|r| r.scheduled.get());
+    fn insert_flow(&mut self, f: FlowKey, mut row: Row, group: Option<Box<[u8]>>) {
+        self.regroup(f, group);
+        let Table { flows, timers, .. } = self;
         row.scheduled = OptMs::NONE;
-        if let Some(d) = row.deadline_ms.get() {
-            row.scheduled = OptMs::some(self.schedule(&f, old, d));
-        }
-        if let Some(old) = self.flows.insert(f, row) {
-            self.count(old.group.as_deref(), false);
+        match flows.entry(f) {
+            Entry::Occupied(mut e) => {
+                let old = e.get().scheduled.get();
+                if let Some(d) = row.deadline_ms.get() {
+                    row.scheduled = OptMs::some(schedule_in(timers, e.slot(), old, d));
+                }
+                *e.get_mut() = row;
+            }
+            Entry::Vacant(e) => {
+                let deadline = row.deadline_ms.get();
+                row.scheduled = OptMs::new(deadline);
+                let slot = e.insert_slot(row);
+                if let Some(d) = deadline {
+                    timers.push(d, slot);
+                }
+            }
         }
     }
 
-    fn schedule(&mut self, f: &FlowKey, scheduled: Option<u64>, deadline_ms: u64) -> u64 {
-        schedule_in(&mut self.timers, f, scheduled, deadline_ms)
+    /// Queue every timed row afresh, at its deadline: after the map was built anew (a
+    /// split keeps the rows that stay in a new map), its slots are not the ones the
+    /// queue names.
+    fn requeue(&mut self) {
+        self.timers.clear();
+        let Table { flows, timers, .. } = self;
+        let timed: Vec<(u32, Option<u64>)> = (flows.slots())
+            .map(|(s, _, r)| (s, r.deadline_ms.get()))
+            .collect();
+        for (s, deadline) in timed {
+            if let Some(d) = deadline {
+                timers.push(d, s);
+            }
+            if let Some((_, r)) = flows.at_mut(s) {
+                r.scheduled = OptMs::new(deadline);
+            }
+        }
     }
 
     fn remove_flow(&mut self, f: &FlowKey) -> Option<Row> {
         let row = self.flows.remove(f)?;
-        self.count(row.group.as_deref(), false);
+        self.regroup(*f, None);
         Some(row)
     }
 
     /// A present row's timer; false if there is no such row.
     fn set_timer(&mut self, f: &FlowKey, deadline_ms: u64) -> bool {
-        let Some(scheduled) = self.flows.get(f).map(|r| r.scheduled.get()) else {
+        let Some(slot) = self.flows.slot_of(f) else {
             return false;
         };
-        let at = self.schedule(f, scheduled, deadline_ms);
-        if let Some(row) = self.flows.get_mut(f) {
+        let Table { flows, timers, .. } = self;
+        if let Some((_, row)) = flows.at_mut(slot) {
+            let at = schedule_in(timers, slot, row.scheduled.get(), deadline_ms);
             row.deadline_ms = OptMs::some(deadline_ms);
             row.scheduled = OptMs::some(at);
         }
@@ -366,25 +410,39 @@ impl Table {
 
     /// Pop the queue up to `now_ms`: remove the rows whose deadline passed, re-queue
     /// those whose deadline moved later, drop orphaned entries.
+    ///
+    /// An entry names a slot. It is live when the slot's row is queued for the entry's
+    /// time: an orphan's slot is empty, or holds a row (the same one or a later one
+    /// there) queued for another time. A later row queued for the same time is due then
+    /// anyway, so an entry that reaches it early only repeats its own entry, and a row
+    /// two entries name is taken once. Due rows go in key order, as a heap of keys would
+    /// pop them, whatever the slots (a restored replica numbers its rows differently).
     fn expire(&mut self, now_ms: u64, gone: &mut Vec<(FlowKey, Row)>) {
+        let mut rows: Vec<(FlowKey, u32)> = Vec::new();
         while let Some((at, due)) = self.timers.pop_due(now_ms) {
-            for k in due {
-                let f = FlowKey::from_bytes(k);
-                let Some(row) = self.flows.get(&f).filter(|r| r.scheduled.get() == Some(at)) else {
+            rows.clear();
+            rows.extend(due.into_iter().filter_map(|s| {
+                let (k, r) = self.flows.at(s)?;
+                (r.scheduled.get() == Some(at)).then_some((*k, s))
+            }));
+            rows.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            rows.dedup_by_key(|r| r.1);
+            for &(f, s) in &rows {
+                let Some(deadline) = self.flows.at(s).map(|(_, r)| r.deadline_ms.get()) else {
                     continue;
                 };
-                match row.deadline_ms.get() {
+                match deadline {
                     Some(d) if d <= now_ms => {
                         gone.extend(self.remove_flow(&f).map(|r| (f, r)));
                     }
                     Some(d) => {
-                        self.timers.push(d, k);
-                        if let Some(row) = self.flows.get_mut(&f) {
+                        self.timers.push(d, s);
+                        if let Some((_, row)) = self.flows.at_mut(s) {
                             row.scheduled = OptMs::some(d);
                         }
                     }
                     None => {
-                        if let Some(row) = self.flows.get_mut(&f) {
+                        if let Some((_, row)) = self.flows.at_mut(s) {
                             row.scheduled = OptMs::NONE;
                         }
                     }
@@ -394,9 +452,12 @@ impl Table {
     }
 
     /// Per-flow rows in key order, as snapshots and parts carry them.
-    fn sorted_flows(&self) -> Vec<(Vec<u8>, Row)> {
-        let mut out: Vec<(Vec<u8>, Row)> = (self.flows.iter())
-            .map(|(k, r)| (k.as_bytes().to_vec(), r.clone()))
+    fn sorted_flows(&self) -> Vec<(Vec<u8>, WireRow)> {
+        let mut out: Vec<(Vec<u8>, WireRow)> = (self.flows.iter())
+            .map(|(k, r)| {
+                let group = self.flow_groups.get(k).map(|g| &**g);
+                (k.as_bytes().to_vec(), wire_flow_row(r.clone(), group))
+            })
             .collect();
         out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         out
@@ -431,32 +492,32 @@ fn count_in(groups: &mut BTreeMap<Vec<u8>, usize>, group: Option<&[u8]>, up: boo
     }
 }
 
-/// The per-flow timer queue: each deadline (in ms) with the flows queued for it.
+/// The per-flow timer queue: each deadline (in ms) with the rows queued for it, each
+/// named by its slot in the table's map ([`SlabMap::at`]): 4 bytes an entry, where the
+/// flow's key took 40, and a per-flow table queues an entry per row at every replica.
 ///
 /// Why not `BinaryHeap`: its one array doubles by copying, and at 400k-odd flows that
 /// copy (about 10 MiB into 20 MiB of fresh pages, per table, at all three replicas at
 /// once) stopped every replica's chain for a tenth of a second in `bench setup`. Here
 /// no insert copies more than one millisecond's list, and the map's nodes are small.
-/// Pops keep the heap's order exactly: by deadline, then by key (a due list is sorted
-/// when it is taken), so replicas whose queues were filled in different orders (one
+/// Pops go by deadline; the table takes a due list's rows in key order
+/// ([`Table::expire`]), so replicas whose queues were filled in different orders (one
 /// restored from a snapshot) expire the same flows in the same order.
 #[derive(Debug, Clone, Default)]
 struct TimerQueue {
-    by_ms: BTreeMap<u64, Vec<[u8; FlowKey::LEN]>>,
+    by_ms: BTreeMap<u64, Vec<u32>>,
 }
 
 impl TimerQueue {
-    fn push(&mut self, at_ms: u64, key: [u8; FlowKey::LEN]) {
-        self.by_ms.entry(at_ms).or_default().push(key);
+    fn push(&mut self, at_ms: u64, slot: u32) {
+        self.by_ms.entry(at_ms).or_default().push(slot);
     }
 
-    /// The earliest deadline's entries, in key order, if that deadline is `now_ms` or
-    /// earlier.
-    fn pop_due(&mut self, now_ms: u64) -> Option<(u64, Vec<[u8; FlowKey::LEN]>)> {
+    /// The earliest deadline's entries, in the order they were queued, if that deadline
+    /// is `now_ms` or earlier.
+    fn pop_due(&mut self, now_ms: u64) -> Option<(u64, Vec<u32>)> {
         let first = self.by_ms.first_entry().filter(|e| *e.key() <= now_ms)?;
-        let (at, mut due) = first.remove_entry();
-        due.sort_unstable();
-        Some((at, due))
+        Some(first.remove_entry())
     }
 
     /// Entries queued, orphans included.
@@ -474,14 +535,14 @@ impl TimerQueue {
 /// is now `deadline_ms`: the old entry if it fires no later, else a new one.
 fn schedule_in(
     timers: &mut TimerQueue,
-    f: &FlowKey,
+    slot: u32,
     scheduled: Option<u64>,
     deadline_ms: u64,
 ) -> u64 {
     match scheduled {
         Some(at) if at <= deadline_ms => at,
         _ => {
-            timers.push(deadline_ms, *f.as_bytes());
+            timers.push(deadline_ms, slot);
             deadline_ms
         }
     }
@@ -949,21 +1010,16 @@ impl StateTables {
         let Table {
             flows,
             timers,
-            groups,
             max_rows,
             ..
-        } = t;
+        } = &mut *t;
         match flows.entry(*flow) {
             Entry::Occupied(mut e) => {
+                let slot = e.slot();
                 let r = e.get_mut();
-                if r.group != group {
-                    count_in(groups, r.group.as_deref(), false);
-                    count_in(groups, group.as_deref(), true);
-                    r.group = group;
-                }
                 r.value = value;
                 if let Some(d) = deadline {
-                    r.scheduled = OptMs::some(schedule_in(timers, flow, r.scheduled.get(), d));
+                    r.scheduled = OptMs::some(schedule_in(timers, slot, r.scheduled.get(), d));
                     r.deadline_ms = OptMs::some(d);
                 }
             }
@@ -974,16 +1030,17 @@ impl StateTables {
                 })
             }
             Entry::Vacant(e) => {
-                count_in(groups, group.as_deref(), true);
-                let scheduled = deadline.map(|d| schedule_in(timers, flow, None, d));
-                e.insert(Row {
+                let slot = e.insert_slot(Row {
                     value,
                     deadline_ms: OptMs::new(deadline),
-                    group,
-                    scheduled: OptMs::new(scheduled),
+                    scheduled: OptMs::new(deadline),
                 });
+                if let Some(d) = deadline {
+                    timers.push(d, slot);
+                }
             }
         }
+        t.regroup(*flow, group);
         Ok(())
     }
 
@@ -1553,7 +1610,7 @@ impl StateTables {
         self.encode(|_, t| {
             let counters = t.counters().into_iter().collect();
             let rows = match t.kind() {
-                Kind::PerFlow => wire_rows(t.sorted_flows()),
+                Kind::PerFlow => t.sorted_flows(),
                 Kind::Pool => pool_rows(t.pools.iter()),
                 _ => t.keyed_rows(t.rows.iter()),
             };
@@ -1574,6 +1631,7 @@ impl StateTables {
             t.counter_keys = 0;
             t.lanes = 0;
             t.groups.clear();
+            t.flow_groups.clear();
             t.timers.clear();
             t.shares.clear();
             t.pools.clear();
@@ -1603,7 +1661,7 @@ impl StateTables {
         let in_half = |h: u64| h >= half.moved_lo && h < half.moved_hi;
         let mut moved: BTreeMap<String, Vec<(Vec<u8>, WireRow)>> = BTreeMap::new();
         // Per-flow tables first: the with-flows rows follow the flows that leave.
-        let mut leaving: BTreeMap<String, Vec<(Vec<u8>, Row)>> = BTreeMap::new();
+        let mut leaving: BTreeMap<String, Vec<(Vec<u8>, WireRow)>> = BTreeMap::new();
         let by = self.partition;
         for (name, t) in self.tables.iter_mut() {
             if t.kind() != Kind::PerFlow {
@@ -1613,12 +1671,14 @@ impl StateTables {
                 .into_iter()
                 .partition(|(k, _)| half.moves_by(k, by));
             t.flows = keep;
-            // Their queue entries are orphans now, dropped when they fire.
-            for r in part.values() {
-                t.count(r.group.as_deref(), false);
-            }
-            let mut part: Vec<(Vec<u8>, Row)> = (part.into_iter())
-                .map(|(k, r)| (k.as_bytes().to_vec(), r))
+            // The rows that stay have new slots; those that left are gone from the queue.
+            t.requeue();
+            let mut part: Vec<(Vec<u8>, WireRow)> = (part.into_iter())
+                .map(|(k, r)| {
+                    let group = t.flow_groups.remove(&k);
+                    count_in(&mut t.groups, group.as_deref(), false);
+                    (k.as_bytes().to_vec(), wire_flow_row(r, group.as_deref()))
+                })
                 .collect();
             part.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             leaving.insert(name.clone(), part);
@@ -1649,7 +1709,7 @@ impl StateTables {
         for (name, t) in self.tables.iter_mut() {
             let out = moved.entry(name.clone()).or_default();
             match t.kind() {
-                Kind::PerFlow => *out = wire_rows(leaving.remove(name).unwrap_or_default()),
+                Kind::PerFlow => *out = leaving.remove(name).unwrap_or_default(),
                 Kind::Partitioned if shared => {
                     let (part, keep): (SlabMap<_, _>, _) = std::mem::take(&mut t.rows)
                         .into_iter()
@@ -1913,10 +1973,11 @@ impl StateTables {
                         }
                     }
                     (Kind::PerFlow, Some(f)) => {
+                        let group = w.group.as_deref().map(Box::from);
                         let row = Row::from(w);
                         let later = |r: &Row| r.deadline_ms.get().unwrap_or(u64::MAX);
                         if t.flows.get(&f).is_none_or(|mine| later(mine) < later(&row)) {
-                            t.insert_flow(f, row);
+                            t.insert_flow(f, row, group);
                         }
                     }
                     (Kind::PerFlow, None) => {}
@@ -2030,10 +2091,6 @@ fn sorted<V>(m: &SlabMap<Vec<u8>, V>) -> Vec<(&Vec<u8>, &V)> {
     v
 }
 
-fn wire_rows(rows: Vec<(Vec<u8>, Row)>) -> Vec<(Vec<u8>, WireRow)> {
-    rows.into_iter().map(|(k, r)| (k, r.into())).collect()
-}
-
 fn pool_rows<'a>(
     pools: impl Iterator<Item = (&'a Vec<u8>, &'a UnitSet)>,
 ) -> Vec<(Vec<u8>, WireRow)> {
@@ -2100,11 +2157,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_row_is_56_bytes_and_an_opt_ms_keeps_every_time_but_the_last() {
-        // A per-flow table moves and faults in this much per flow at every replica
-        // when it doubles: a value inline (24 with smallvec's `union`), two times (8
-        // each), a group (16).
-        assert_eq!(std::mem::size_of::<Row>(), 56);
+    fn a_row_is_40_bytes_and_an_opt_ms_keeps_every_time_but_the_last() {
+        // A per-flow table faults in this much per flow at every replica: a value
+        // inline (24 with smallvec's `union`) and two times (8 each). A group is kept
+        // beside the rows (`Table::flow_groups`).
+        assert_eq!(std::mem::size_of::<Row>(), 40);
         for t in [0, 1, 30_000, u64::MAX - 1] {
             assert_eq!(OptMs::some(t).get(), Some(t));
         }
@@ -2415,7 +2472,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The queue pops what a min-heap of (deadline, key) pops, in the same order,
+        /// The queue pops what a min-heap of (deadline, slot) pops, each deadline whole,
         /// whatever order the entries went in.
         #[test]
         fn timer_queue_pops_in_heap_order(
@@ -2425,12 +2482,14 @@ mod tests {
             let mut q = TimerQueue::default();
             let mut heap = std::collections::BinaryHeap::new();
             for (at, i) in &entries {
-                let k = *flow(*i).as_bytes();
+                let k = u32::from(*i);
                 q.push(*at, k);
                 heap.push(std::cmp::Reverse((*at, k)));
             }
             let mut popped = Vec::new();
-            while let Some((at, due)) = q.pop_due(cut) {
+            while let Some((at, mut due)) = q.pop_due(cut) {
+                // The table orders a due list itself (by the rows' keys).
+                due.sort_unstable();
                 popped.extend(due.into_iter().map(|k| (at, k)));
             }
             let mut want = Vec::new();
@@ -2439,6 +2498,146 @@ mod tests {
             }
             proptest::prop_assert_eq!(&popped, &want);
             proptest::prop_assert_eq!(q.len(), heap.len());
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum TimerOp {
+        Put(u16, u64),
+        PutUntimed(u16),
+        PutIn(u16, u8),
+        SetTimer(u16, u64),
+        Delete(u16),
+        Expire(u64),
+        Split,
+        Restore,
+    }
+
+    fn timer_op() -> impl proptest::strategy::Strategy<Value = TimerOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0u16..40, 0u64..60).prop_map(|(i, d)| TimerOp::Put(i, d)),
+            1 => (0u16..40).prop_map(TimerOp::PutUntimed),
+            2 => (0u16..40, 0u8..3).prop_map(|(i, g)| TimerOp::PutIn(i, g)),
+            3 => (0u16..40, 0u64..60).prop_map(|(i, d)| TimerOp::SetTimer(i, d)),
+            2 => (0u16..40).prop_map(TimerOp::Delete),
+            3 => (0u64..8).prop_map(TimerOp::Expire),
+            1 => Just(TimerOp::Split),
+            1 => Just(TimerOp::Restore),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Timers name rows by slot, and slots are reused and renumbered (a delete and a
+        /// put, a split, a restore): against a model of deadlines by key, every expiry
+        /// removes exactly the rows whose deadline passed, in key order, and a replica
+        /// that restored from a snapshot (other slots) expires the same flows. Groups,
+        /// kept beside the rows, follow them through all of it.
+        #[test]
+        fn timers_by_slot_expire_what_a_model_of_deadlines_by_key_expires(
+            ops in proptest::collection::vec(timer_op(), 0..200),
+        ) {
+            use std::collections::BTreeMap;
+            let mut a = StateTables::create(&specs()).expect("tables");
+            let mut b = StateTables::create(&specs()).expect("tables");
+            // Rows in the model: key → deadline (None: no timer).
+            let mut model: BTreeMap<[u8; FlowKey::LEN], Option<u64>> = BTreeMap::new();
+            let mut groups: BTreeMap<[u8; FlowKey::LEN], u8> = BTreeMap::new();
+            let k = |i: u16| *flow(i).as_bytes();
+            let mut now = 0u64;
+            for op in ops {
+                match op {
+                    TimerOp::Put(i, d) => {
+                        let d = now + d;
+                        for s in [&mut a, &mut b] {
+                            s.put_flow_timed("conns", &flow(i), &u32::from(i), d).expect("put");
+                        }
+                        model.insert(k(i), Some(d));
+                        groups.remove(&k(i));
+                    }
+                    TimerOp::PutUntimed(i) => {
+                        for s in [&mut a, &mut b] {
+                            s.put_flow("conns", &flow(i), &u32::from(i)).expect("put");
+                        }
+                        // A put without a deadline keeps the row's timer; one without
+                        // a group takes the row out of its group.
+                        model.entry(k(i)).or_insert(None);
+                        groups.remove(&k(i));
+                    }
+                    TimerOp::PutIn(i, g) => {
+                        for s in [&mut a, &mut b] {
+                            s.put_flow_in("conns", &flow(i), &g, &u32::from(i)).expect("put");
+                        }
+                        model.entry(k(i)).or_insert(None);
+                        groups.insert(k(i), g);
+                    }
+                    TimerOp::SetTimer(i, d) => {
+                        let d = now + d;
+                        let had = model.contains_key(&k(i));
+                        for s in [&mut a, &mut b] {
+                            proptest::prop_assert_eq!(
+                                s.set_timer("conns", &flow(i), d).expect("timer"),
+                                had
+                            );
+                        }
+                        if let Some(m) = model.get_mut(&k(i)) {
+                            *m = Some(d);
+                        }
+                    }
+                    TimerOp::Delete(i) => {
+                        let had = model.remove(&k(i)).is_some();
+                        groups.remove(&k(i));
+                        for s in [&mut a, &mut b] {
+                            proptest::prop_assert_eq!(s.delete_flow("conns", &flow(i)), Ok(had));
+                        }
+                    }
+                    TimerOp::Expire(step) => {
+                        now += step;
+                        let want: Vec<FlowKey> = (model.iter())
+                            .filter(|(_, d)| d.is_some_and(|d| d <= now))
+                            .map(|(k, _)| FlowKey::from_bytes(*k))
+                            .collect();
+                        model.retain(|_, d| d.is_none_or(|d| d > now));
+                        groups.retain(|k, _| model.contains_key(k));
+                        let got = a
+                            .expire_flows::<u32>("conns", now)
+                            .expect("expire")
+                            .into_iter()
+                            .map(|(k, _)| k)
+                            .collect::<Vec<_>>();
+                        proptest::prop_assert_eq!(&got, &want);
+                        proptest::prop_assert_eq!(b.expire(now), want);
+                    }
+                    TimerOp::Split => {
+                        // The half that leaves is dropped from the model and from both.
+                        for s in [&mut a, &mut b] {
+                            s.split_flows(&HALF).expect("split");
+                        }
+                        model.retain(|k, _| !HALF.moves(&FlowKey::from_bytes(*k)));
+                        groups.retain(|k, _| model.contains_key(k));
+                    }
+                    TimerOp::Restore => {
+                        let snap = b.snapshot().expect("snapshot");
+                        b = StateTables::create(&specs()).expect("tables");
+                        b.restore(&snap).expect("restore");
+                    }
+                }
+                let rows: Vec<FlowKey> = model.keys().map(|k| FlowKey::from_bytes(*k)).collect();
+                let of = |s: &StateTables| -> Vec<FlowKey> {
+                    s.flows::<u32>("conns").expect("flows").into_iter().map(|(k, _)| k).collect()
+                };
+                proptest::prop_assert_eq!(of(&a), rows.clone());
+                proptest::prop_assert_eq!(of(&b), rows);
+                for g in 0u8..3 {
+                    let want = groups.values().filter(|&&x| x == g).count();
+                    proptest::prop_assert_eq!(a.count_group("conns", &g), Ok(want));
+                    proptest::prop_assert_eq!(b.count_group("conns", &g), Ok(want));
+                }
+                for (key, d) in &model {
+                    let key = FlowKey::from_bytes(*key);
+                    proptest::prop_assert_eq!(a.timer("conns", &key), Ok(*d));
+                }
+            }
         }
     }
 
