@@ -30,9 +30,11 @@
 //! Timeouts follow Linux IPVS, the closest relative of this NF (an L4 DNAT balancer):
 //! TCP 900 s, TCP after FIN/RST 120 s, UDP 300 s.
 //!
-//! The reply-key index (`replies`) is derived from `conntrack` and never stored: the LB
-//! rebuilds it when the platform moves rows (`tables_changed`). Snapshots of older
-//! builds (version-1 JSON) are still read, so a group can take state from one.
+//! A reply's flow is found without an index of reply keys: a reply comes from a backend
+//! to the client, so the services that list that backend give the candidate forward keys
+//! (client → VIP:port), and `conntrack` says which is a flow pinned to that backend
+//! (`LoadBalancer::reply_to`). Snapshots of older builds (version-1 JSON) are still
+//! read, so a group can take state from one.
 
 pub mod maglev;
 
@@ -41,8 +43,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 // hashbrown's default hasher (foldhash) rather than SipHash, as in the SNAT and the FW:
-// `flows` is probed for every first packet, at every replica (`replies` only for a key
-// from a backend, see `ReplyIndex`).
+// `services` and `vips_of` are probed for every first packet, at every replica.
 use hashbrown::HashMap;
 
 use nf::{
@@ -53,8 +54,6 @@ use packet::proto;
 use pipeline::FlowKey;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tracing::{debug, info, warn};
-
-use crate::reply_index::{End, ReplyIndex};
 
 pub use maglev::{BackendId, MaglevTable, DEFAULT_TABLE_SIZE};
 
@@ -271,14 +270,11 @@ pub struct LoadBalancer {
     services: HashMap<ServiceKey, Service>,
     /// `conntrack` keyed on the forward key as this NF saw it (client → VIP:port).
     state: StateTables,
-    /// Reply key (backend → client) → forward key, counted per backend; derived from
-    /// `conntrack`, never snapshotted.
-    replies: ReplyIndex,
-    /// The other forward keys of reply keys two or more flows share (one client port
-    /// reaching two VIPs with a common backend), so that when `replies`' owner goes the
-    /// next one takes over, as a replica rebuilt from a snapshot would resolve it.
-    /// Empty in the common case; kept off the first-packet path.
-    shared_replies: HashMap<FlowKey, Vec<FlowKey>>,
+    /// Compiled from `services`: each backend (address, port, protocol) with the
+    /// services (VIP, port) that list it, in any state. A reply comes from a backend, so
+    /// these are where its flow can be ([`LoadBalancer::reply_to`]); a key from anything
+    /// else (every new flow's) is answered by this one probe of a small map.
+    vips_of: HashMap<(IpAddr, u16, u8), Vec<(IpAddr, u16)>>,
 }
 
 fn compile(cfg: &LbConfig) -> Result<HashMap<ServiceKey, Service>, NfError> {
@@ -355,6 +351,21 @@ fn compile(cfg: &LbConfig) -> Result<HashMap<ServiceKey, Service>, NfError> {
     Ok(out)
 }
 
+/// Each backend with the services that list it ([`LoadBalancer::vips_of`]).
+fn vips_of(
+    services: &HashMap<ServiceKey, Service>,
+) -> HashMap<(IpAddr, u16, u8), Vec<(IpAddr, u16)>> {
+    let mut out: HashMap<(IpAddr, u16, u8), Vec<(IpAddr, u16)>> = HashMap::new();
+    for (&(vip, port, proto), svc) in services {
+        for b in svc.states.keys() {
+            out.entry((b.addr, b.port, proto))
+                .or_default()
+                .push((vip, port));
+        }
+    }
+    out
+}
+
 impl LoadBalancer {
     pub fn new(cfg: LbConfig) -> Result<Self, NfError> {
         let services = compile(&cfg)?;
@@ -362,10 +373,9 @@ impl LoadBalancer {
         state.load(SERVICES, &CONFIG, &config_text(&cfg)?)?;
         Ok(LoadBalancer {
             cfg,
+            vips_of: vips_of(&services),
             services,
             state,
-            replies: ReplyIndex::new(End::Src),
-            shared_replies: HashMap::new(),
         })
     }
 
@@ -407,6 +417,7 @@ impl LoadBalancer {
         let services = compile(&cfg)?;
         self.state.load(SERVICES, &CONFIG, &config_text(&cfg)?)?;
         self.cfg = cfg;
+        self.vips_of = vips_of(&services);
         self.services = services;
         let dropped = self.prune();
         info!(
@@ -455,87 +466,33 @@ impl LoadBalancer {
         })
     }
 
-    fn reply_key(key: &FlowKey, backend: &BackendId) -> FlowKey {
-        Rewrite::dst(backend.addr, backend.port)
-            .apply(key)
-            .reversed()
+    /// The forward key of the flow whose reply key is `k`: of the flows `k` could answer
+    /// (from one of `k`'s source's services' VIPs to `k`'s destination), those pinned to
+    /// `k`'s source as their backend, the smallest key. Two flows share a reply key only
+    /// when one client port reaches two VIPs that share a backend; PP's reverse rules
+    /// collide then too, and every replica, whatever order its flows came in, answers
+    /// the same one.
+    fn reply_to(&self, k: &FlowKey) -> Option<FlowKey> {
+        let vips = self.vips_of.get(&(k.src(), k.sport(), k.proto()))?;
+        let backend = BackendId::new(k.src(), k.sport());
+        (vips.iter())
+            .map(|&(vip, port)| FlowKey::new(k.vni(), k.proto(), k.dst(), k.dport(), vip, port))
+            .filter(|fwd| self.flow(fwd).is_some_and(|f| f.backend == backend))
+            .min_by(|a, b| a.as_bytes().cmp(b.as_bytes()))
     }
 
-    /// Put a flow's row; `old` is the backend its row had, if it had one, so the reply
-    /// index changes only when the backend does.
-    fn insert(
-        &mut self,
-        key: FlowKey,
-        flow: LbFlow,
-        old: Option<BackendId>,
-    ) -> Result<(), NfError> {
+    /// Put a flow's row.
+    fn insert(&mut self, key: FlowKey, flow: LbFlow) -> Result<(), NfError> {
         let row = FlowRow {
             backend: flow.backend,
             closing: flow.closing,
         };
         (self.state).put_flow_timed(CONNTRACK, &key, &row, flow.deadline_ms)?;
-        match old {
-            Some(b) if b == flow.backend => {}
-            Some(b) => {
-                self.unindex(&key, &b);
-                self.index(key, &flow.backend);
-            }
-            None => self.index(key, &flow.backend),
-        }
         Ok(())
     }
 
-    fn index(&mut self, key: FlowKey, backend: &BackendId) {
-        // Two flows share a reply key only when one client port reaches two VIPs that
-        // share a backend; PP's reverse rules collide then too. Keep the smaller forward
-        // key so every replica, and a restored one, resolves it alike.
-        let rk = Self::reply_key(&key, backend);
-        let slot = self.replies.get_or_insert(rk, key);
-        if *slot == key {
-            return;
-        }
-        // The smaller key owns the slot; the other waits in `shared_replies`.
-        let waiting = if key.as_bytes() < slot.as_bytes() {
-            std::mem::replace(slot, key)
-        } else {
-            key
-        };
-        let others = self.shared_replies.entry(rk).or_default();
-        if let Err(i) = others.binary_search_by(|k| k.as_bytes().cmp(waiting.as_bytes())) {
-            others.insert(i, waiting);
-        }
-    }
-
-    fn unindex(&mut self, key: &FlowKey, backend: &BackendId) {
-        let rk = Self::reply_key(key, backend);
-        if self.replies.get(&rk) == Some(key) {
-            // The next smallest sharer (if any) owns the reply key now.
-            match self.shared_replies.get_mut(&rk) {
-                Some(others) if !others.is_empty() => {
-                    let next = others.remove(0);
-                    if others.is_empty() {
-                        self.shared_replies.remove(&rk);
-                    }
-                    self.replies.insert(rk, next);
-                }
-                _ => {
-                    self.replies.remove(&rk);
-                }
-            }
-        } else if let Some(others) = self.shared_replies.get_mut(&rk) {
-            others.retain(|k| k != key);
-            if others.is_empty() {
-                self.shared_replies.remove(&rk);
-            }
-        }
-    }
-
     fn remove(&mut self, key: &FlowKey) {
-        if let Some(f) = self.flow(key) {
-            if self.state.delete_flow(CONNTRACK, key) == Ok(true) {
-                self.unindex(key, &f.backend);
-            }
-        }
+        let _ = self.state.delete_flow(CONNTRACK, key);
     }
 
     /// Give a known flow its full timeout again from `now_ms`; answers the timeout.
@@ -544,16 +501,6 @@ impl LoadBalancer {
         let deadline = now_ms.saturating_add(t.as_millis() as u64);
         self.state.set_timer(CONNTRACK, &key, deadline)?;
         Ok(t)
-    }
-
-    /// Rebuild the reply index from `conntrack`, in key order, so the smaller forward
-    /// key owns a shared reply key as it did when the flows came one by one.
-    fn reindex(&mut self) {
-        self.replies.clear();
-        self.shared_replies.clear();
-        for (k, f) in self.flows() {
-            self.index(k, &f.backend);
-        }
     }
 
     /// Forget flows whose backend may no longer keep them; sorted keys.
@@ -586,7 +533,7 @@ impl LoadBalancer {
 
 impl NetworkFunction for LoadBalancer {
     fn knows_reply(&self, key: &FlowKey) -> bool {
-        (self.replies.get(key)).is_some_and(|fwd| self.flow(fwd).is_some())
+        self.reply_to(key).is_some()
     }
 
     fn kind(&self) -> &str {
@@ -599,11 +546,9 @@ impl NetworkFunction for LoadBalancer {
 
     nf::platform_state!(self.state);
 
-    /// The platform moved rows (split, merge): the index follows, and flows a merged part
-    /// pinned to backends our configuration has down or gone are re-balanced, as
-    /// `update` would.
+    /// The platform moved rows (split, merge): flows a merged part pinned to backends
+    /// our configuration has down or gone are re-balanced, as `update` would.
     fn tables_changed(&mut self) {
-        self.reindex();
         self.prune();
     }
 
@@ -618,7 +563,7 @@ impl NetworkFunction for LoadBalancer {
             }
         }
         // The reply direction of a known flow: the mirror image of its rewrites.
-        if let Some(fwd) = self.replies.get(&key).copied() {
+        if let Some(fwd) = self.reply_to(&key) {
             if let (Some(f), Some(svc)) = (self.flow(&fwd), self.service_of(&fwd)) {
                 let (vip, port) = (svc.vip, svc.port);
                 let t = self.rearm(fwd, f, env.now_ms)?;
@@ -664,7 +609,6 @@ impl NetworkFunction for LoadBalancer {
                 deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
                 closing: false,
             },
-            None,
         )?;
         debug!(%key, %backend, "lb: new flow");
         Ok(Self::forward_decision(vip, port, &backend, t))
@@ -674,11 +618,9 @@ impl NetworkFunction for LoadBalancer {
         match ev {
             FlowEvent::TcpClosing { key } | FlowEvent::Active { key } => {
                 let closing = matches!(ev, FlowEvent::TcpClosing { .. });
-                let Some((fwd, f)) = (self.flow(key).map(|f| (*key, f))).or_else(|| {
-                    self.replies
-                        .get(key)
-                        .and_then(|k| Some((*k, self.flow(k)?)))
-                }) else {
+                let Some((fwd, f)) = (self.flow(key).map(|f| (*key, f)))
+                    .or_else(|| self.reply_to(key).and_then(|k| Some((k, self.flow(&k)?))))
+                else {
                     return;
                 };
                 let f = LbFlow {
@@ -691,7 +633,7 @@ impl NetworkFunction for LoadBalancer {
                     deadline_ms: env.now_ms.saturating_add(t.as_millis() as u64),
                     ..f
                 };
-                if let Err(e) = self.insert(fwd, f, Some(f.backend)) {
+                if let Err(e) = self.insert(fwd, f) {
                     warn!(%fwd, error = %e, "lb: conntrack refused an update");
                 }
             }
@@ -704,14 +646,13 @@ impl NetworkFunction for LoadBalancer {
         }
     }
 
-    /// The platform's timer forgets flows past their deadline; the index follows.
+    /// The platform's timer forgets flows past their deadline.
     fn on_timer(&mut self, env: &mut NfEnv) -> Vec<FlowKey> {
         let gone =
             (self.state.expire_flows::<FlowRow>(CONNTRACK, env.now_ms)).unwrap_or_else(|e| {
                 warn!(error = %e, "lb: conntrack timer");
                 Vec::new()
             });
-        gone.iter().for_each(|(k, r)| self.unindex(k, &r.backend));
         gone.into_iter().map(|(k, _)| k).collect()
     }
 
@@ -727,6 +668,7 @@ impl NetworkFunction for LoadBalancer {
             serde_json::from_str(&cfg).map_err(|e| NfError::Snapshot(format!("lb: {e}")))?;
         let services = compile(&cfg)
             .map_err(|e| NfError::Snapshot(format!("lb: configuration in snapshot: {e}")))?;
+        self.vips_of = vips_of(&services);
         (self.cfg, self.services, self.state) = (cfg, services, next);
         self.tables_changed();
         Ok(())

@@ -1,15 +1,15 @@
 //! [`ReplyIndex`]: reply-direction key → forward key, which knows without probing it
 //! which keys it cannot hold.
 //!
-//! SNAT and the LB index each flow under its reply direction's key, so that a reply
-//! whose rule PP lost finds its flow. Every first packet asks that index whether it is
-//! such a reply (SNAT's replay, the LB's first packet, and for packets other than a TCP
-//! SYN the chain's `knows_reply`), and nearly every first packet is a new forward flow,
-//! whose probe misses: a cache miss in a table of a row per flow, at every replica. A
-//! reply key's *end* (for SNAT the external address it is sent to, for the LB the
-//! backend it comes from) is one of a handful, so the index counts its keys per end in
-//! a small map that stays in cache, and a key at an end that holds none is answered
-//! without the probe.
+//! SNAT indexes the flows whose reply key it cannot derive through their mapping
+//! (hairpin flows, `snat::table::State::reply_to`) under that key, so that a reply whose
+//! rule PP lost finds its flow. Every first packet asks whether it is such a reply
+//! (SNAT's replay, and for packets other than a TCP SYN the chain's `knows_reply`), and
+//! nearly every first packet is a new forward flow, whose probe misses. A reply key's
+//! *end* (the external address it is sent to) is one of a handful, so the index counts
+//! its keys per end in a small map that stays in cache, and a key at an end that holds
+//! none is answered without the probe. (The LB finds a reply's flow through the
+//! services that list the reply's source as a backend, and keeps no index.)
 
 use std::net::IpAddr;
 
@@ -18,45 +18,33 @@ use nf::slabmap::Entry;
 use nf::SlabMap;
 use pipeline::FlowKey;
 
-/// Which part of a reply key the index counts its keys by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum End {
-    /// Destination address and protocol: SNAT's reply keys go to its external addresses.
-    Dst,
-    /// Source address, port and protocol: the LB's reply keys come from its backends.
-    Src,
-}
-
-type EndKey = (IpAddr, u16, u8);
+/// A reply key's end: its destination address and protocol (SNAT's reply keys go to
+/// its external addresses).
+type EndKey = (IpAddr, u8);
 
 #[derive(Debug, Clone)]
 pub(crate) struct ReplyIndex {
     map: SlabMap<FlowKey, FlowKey>,
     /// Keys in `map` per end; an end with none has no entry.
     ends: HashMap<EndKey, u32>,
-    by: End,
 }
 
 impl ReplyIndex {
-    pub(crate) fn new(by: End) -> Self {
+    pub(crate) fn new() -> Self {
         ReplyIndex {
             map: SlabMap::new(),
             ends: HashMap::new(),
-            by,
         }
     }
 
     #[inline]
-    fn end(by: End, k: &FlowKey) -> EndKey {
-        match by {
-            End::Dst => (k.dst(), 0, k.proto()),
-            End::Src => (k.src(), k.sport(), k.proto()),
-        }
+    fn end(k: &FlowKey) -> EndKey {
+        (k.dst(), k.proto())
     }
 
     #[inline]
     pub(crate) fn get(&self, k: &FlowKey) -> Option<&FlowKey> {
-        if !self.ends.contains_key(&Self::end(self.by, k)) {
+        if !self.ends.contains_key(&Self::end(k)) {
             return None;
         }
         self.map.get(k)
@@ -66,14 +54,14 @@ impl ReplyIndex {
     pub(crate) fn insert(&mut self, k: FlowKey, fwd: FlowKey) -> Option<FlowKey> {
         let old = self.map.insert(k, fwd);
         if old.is_none() {
-            *self.ends.entry(Self::end(self.by, &k)).or_insert(0) += 1;
+            *self.ends.entry(Self::end(&k)).or_insert(0) += 1;
         }
         old
     }
 
     /// The forward key under `k`, inserting `fwd` if there is none.
     pub(crate) fn get_or_insert(&mut self, k: FlowKey, fwd: FlowKey) -> &mut FlowKey {
-        let end = Self::end(self.by, &k);
+        let end = Self::end(&k);
         match self.map.entry(k) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => {
@@ -85,7 +73,7 @@ impl ReplyIndex {
 
     pub(crate) fn remove(&mut self, k: &FlowKey) -> Option<FlowKey> {
         let old = self.map.remove(k)?;
-        let end = Self::end(self.by, k);
+        let end = Self::end(k);
         if let Some(n) = self.ends.get_mut(&end) {
             *n -= 1;
             if *n == 0 {
@@ -122,7 +110,7 @@ mod tests {
 
     #[test]
     fn keys_at_an_end_with_none_are_answered_without_the_map_and_counts_follow_every_change() {
-        let mut ix = ReplyIndex::new(End::Dst);
+        let mut ix = ReplyIndex::new();
         let fwd = k("100 udp 198.18.0.5:4000 > 198.19.0.9:53");
         let rk = k("0 udp 198.19.0.9:53 > 198.19.255.1:1024");
         assert_eq!(ix.insert(rk, fwd), None);
@@ -146,24 +134,5 @@ mod tests {
         ix.insert(rk, fwd);
         ix.clear();
         assert_eq!((ix.get(&rk), ix.ends()), (None, 0));
-    }
-
-    #[test]
-    fn the_lb_counts_by_backend() {
-        let mut ix = ReplyIndex::new(End::Src);
-        let fwd = k("100 tcp 198.18.0.5:4000 > 198.19.0.9:80");
-        let rk = k("100 tcp 198.19.1.7:8080 > 198.18.0.5:4000");
-        ix.insert(rk, fwd);
-        assert_eq!(ix.get(&rk), Some(&fwd));
-        // The same backend address on another port, or another protocol, is another end.
-        assert_eq!(
-            ix.get(&k("100 tcp 198.19.1.7:8081 > 198.18.0.5:4000")),
-            None
-        );
-        assert_eq!(
-            ix.get(&k("100 udp 198.19.1.7:8080 > 198.18.0.5:4000")),
-            None
-        );
-        assert_eq!(ix.ends(), 1);
     }
 }

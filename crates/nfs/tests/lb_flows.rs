@@ -593,9 +593,18 @@ fn shared_reply_key_resolves_alike_on_every_replica() {
         "the smaller forward key wins"
     );
     // Forgetting the other flow leaves the winner's reply index alone.
-    cfg.services.pop();
-    assert_eq!(a.update(cfg).unwrap(), vec![f2]);
+    let mut first_only = cfg.clone();
+    first_only.services.pop();
+    assert_eq!(a.update(first_only).unwrap(), vec![f2]);
     assert_eq!(decide(&mut a, reply).forward, Rewrite::src(ip(VIP), 80));
+    // Forgetting the winner hands the reply key to the other flow.
+    let mut second_only = cfg;
+    second_only.services.remove(0);
+    assert_eq!(z.update(second_only).unwrap(), vec![f1]);
+    assert_eq!(
+        decide(&mut z, reply).forward,
+        Rewrite::src(ip("198.19.0.101"), 80)
+    );
 }
 
 #[test]

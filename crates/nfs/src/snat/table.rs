@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::config::Plan;
 use super::snapshot::snap_err;
-use crate::reply_index::{End, ReplyIndex};
+use crate::reply_index::ReplyIndex;
 use ::nf::pool::PROBES;
 
 /// A translated endpoint: what the outside sees.
@@ -338,7 +338,7 @@ impl State {
             mappings: SlabMap::new(),
             by_internal: SlabMap::new(),
             pairings: HashMap::new(),
-            by_reply: ReplyIndex::new(End::Dst),
+            by_reply: ReplyIndex::new(),
             mapped: HashMap::new(),
             free: HashMap::new(),
             stats: SnatStats::default(),
