@@ -56,11 +56,13 @@ impl Snat {
             .state
             .mappings
             .iter()
-            .map(|(e, m)| MappingInfo {
-                key: m.key,
-                external: *e,
-                flows: m.flows,
-                sole_owner: self.state.sole_owner(e),
+            .filter_map(|(e, n)| {
+                Some(MappingInfo {
+                    key: self.state.mapping_key(e)?,
+                    external: *e,
+                    flows: *n,
+                    sole_owner: self.state.sole_owner(e),
+                })
             })
             .collect();
         v.sort_by_key(|m| m.external);
@@ -269,7 +271,7 @@ impl Snat {
         if let Err(e) = self.state.insert_flow(key, f) {
             // The mappings it made or joined must not outlive a flow that never was.
             for m in std::iter::once(own).chain(peer) {
-                if self.state.mappings.get(&m).is_some_and(|m| m.flows == 0) {
+                if self.state.mappings.get(&m).is_some_and(|n| *n == 0) {
                     self.state.free_mapping(&m);
                 }
             }
@@ -323,7 +325,10 @@ impl Snat {
         // This partition's own mapping, else another partition's, from the mirror: a
         // chain partitioned by inside host has the sender here and the target's
         // mapping wherever its host went.
-        let peer = (self.state.mappings.get(&target).map(|m| m.key)).or_else(|| {
+        let own = (self.state.mappings.contains_key(&target))
+            .then(|| self.state.mapping_key(&target))
+            .flatten();
+        let peer = own.or_else(|| {
             (self.state.tables)
                 .get::<_, MappingKey>(MIRROR, &target)
                 .ok()

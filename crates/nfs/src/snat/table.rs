@@ -74,14 +74,6 @@ pub(super) const STATS: &str = "stats";
 /// across partitions; docs/nf-api.md).
 pub(super) const MIRROR: &str = "mapping-mirror";
 
-/// A mapping as the derived index holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Mapping {
-    pub(super) key: MappingKey,
-    /// Flows of this partition using it (derived).
-    pub(super) flows: u32,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum FlowState {
@@ -296,8 +288,11 @@ fn state_err(e: ::nf::StateError) -> NfError {
 #[derive(Debug, Clone)]
 pub(super) struct State {
     pub(super) tables: StateTables,
-    /// Derived: every mapping of the tables, with the flows of this part using it.
-    pub(super) mappings: SlabMap<ExternalEndpoint, Mapping>,
+    /// Derived: every mapping of the tables, with the flows of this part using it. What
+    /// a mapping is for stays in its `mappings` row ([`State::mapping_key`]): a typed
+    /// copy here cost each replica 44 bytes a mapping, and a bench flow has a mapping of
+    /// its own.
+    pub(super) mappings: SlabMap<ExternalEndpoint, u32>,
     pub(super) by_internal: SlabMap<MappingKey, ExternalEndpoint>,
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
@@ -412,20 +407,21 @@ impl State {
             port: k.dport(),
             proto: k.proto(),
         };
-        let m = self.mappings.get(&own)?;
-        let fk = FlowKey::new(
-            m.key.vni,
-            k.proto(),
-            m.key.addr,
-            m.key.port,
-            k.src(),
-            k.sport(),
-        );
+        if !self.mappings.contains_key(&own) {
+            return None;
+        }
+        let m = self.mapping_key(&own)?;
+        let fk = FlowKey::new(m.vni, k.proto(), m.addr, m.port, k.src(), k.sport());
         let (row, _) = (self.tables)
             .get_flow_timed::<FlowRow>(FLOWS, &fk)
             .ok()
             .flatten()?;
         (row.own == own && row.peer.is_none()).then_some(fk)
+    }
+
+    /// What the mapping of external endpoint `e` is for, from its row.
+    pub(super) fn mapping_key(&self, e: &ExternalEndpoint) -> Option<MappingKey> {
+        self.tables.get(MAPPINGS, e).ok().flatten()
     }
 
     /// Index `key`'s reply key if deriving it would not find the flow.
@@ -476,8 +472,8 @@ impl State {
             .map_err(state_err)?;
         self.index_reply(key, &f);
         for e in std::iter::once(f.own).chain(f.peer) {
-            if let Some(m) = self.mappings.get_mut(&e) {
-                m.flows = m.flows.saturating_add(1);
+            if let Some(n) = self.mappings.get_mut(&e) {
+                *n = n.saturating_add(1);
             }
         }
         Ok(())
@@ -532,11 +528,11 @@ impl State {
     }
 
     pub(super) fn release(&mut self, ext: &ExternalEndpoint) {
-        let Some(m) = self.mappings.get_mut(ext) else {
+        let Some(n) = self.mappings.get_mut(ext) else {
             return;
         };
-        m.flows = m.flows.saturating_sub(1);
-        if m.flows == 0 && self.sole_owner(ext) {
+        *n = n.saturating_sub(1);
+        if *n == 0 && self.sole_owner(ext) {
             self.free_mapping(ext);
         }
     }
@@ -553,11 +549,7 @@ impl State {
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
         }
-        if self
-            .mappings
-            .insert(ext, Mapping { key: mk, flows: 0 })
-            .is_none()
-        {
+        if self.mappings.insert(ext, 0).is_none() {
             *self.mapped.entry((ext.addr, ext.proto)).or_insert(0) += 1;
         }
         self.by_internal.insert(mk, ext);
@@ -567,9 +559,12 @@ impl State {
 
     /// Drop a mapping and return its port to the pool.
     pub(super) fn free_mapping(&mut self, ext: &ExternalEndpoint) {
-        let Some(m) = self.mappings.remove(ext) else {
+        if self.mappings.remove(ext).is_none() {
             return;
-        };
+        }
+        // Every mapping in the index has its row (both change together); read before
+        // the row goes.
+        let key = self.mapping_key(ext);
         let end = (ext.addr, ext.proto);
         if let Some(n) = self.mapped.get_mut(&end) {
             *n -= 1;
@@ -578,16 +573,20 @@ impl State {
             }
         }
         let _ = self.tables.delete(MAPPINGS, ext);
-        if self.by_internal.get(&m.key) == Some(ext) {
-            self.by_internal.remove(&m.key);
-        }
-        let pk = (m.key.vni, m.key.addr);
-        if let Some(p) = self.pairings.get_mut(&pk) {
-            p.1 = p.1.saturating_sub(1);
-            if p.1 == 0 {
-                self.pairings.remove(&pk);
-                let _ = self.tables.delete(PAIRINGS, &pk);
+        if let Some(key) = key {
+            if self.by_internal.get(&key) == Some(ext) {
+                self.by_internal.remove(&key);
             }
+            let pk = (key.vni, key.addr);
+            if let Some(p) = self.pairings.get_mut(&pk) {
+                p.1 = p.1.saturating_sub(1);
+                if p.1 == 0 {
+                    self.pairings.remove(&pk);
+                    let _ = self.tables.delete(PAIRINGS, &pk);
+                }
+            }
+        } else {
+            warn!(?ext, "snat: a mapping without its row");
         }
         if self
             .tables
@@ -611,19 +610,15 @@ impl State {
         self.by_internal.clear();
         self.by_reply.clear();
         self.pairings.clear();
-        let rows: Vec<(ExternalEndpoint, MappingKey)> =
+        let maps: Vec<(ExternalEndpoint, MappingKey)> =
             self.tables.rows(MAPPINGS).unwrap_or_default();
         // Rows in key order: of two mappings of one internal endpoint (a merge brought
         // them together) the index prefers the lowest external endpoint.
-        for (e, mk) in rows {
-            if self
-                .mappings
-                .insert(e, Mapping { key: mk, flows: 0 })
-                .is_none()
-            {
+        for (e, mk) in &maps {
+            if self.mappings.insert(*e, 0).is_none() {
                 *self.mapped.entry((e.addr, e.proto)).or_insert(0) += 1;
             }
-            self.by_internal.entry(mk).or_insert(e);
+            self.by_internal.entry(*mk).or_insert(*e);
         }
         self.free.clear();
         let pools: Vec<((IpAddr, u8), u32)> = (self.tables.pools(PORTS).unwrap_or_default())
@@ -639,8 +634,8 @@ impl State {
                 self.by_reply.get_or_insert(rk, *k);
             }
             for e in std::iter::once(f.own).chain(f.peer) {
-                if let Some(m) = self.mappings.get_mut(&e) {
-                    m.flows = m.flows.saturating_add(1);
+                if let Some(n) = self.mappings.get_mut(&e) {
+                    *n = n.saturating_add(1);
                 }
             }
         }
@@ -648,8 +643,8 @@ impl State {
         for (pk, ext) in pairs {
             self.pairings.insert(pk, (ext, 0));
         }
-        for m in self.mappings.values() {
-            if let Some(p) = self.pairings.get_mut(&(m.key.vni, m.key.addr)) {
+        for (_, mk) in &maps {
+            if let Some(p) = self.pairings.get_mut(&(mk.vni, mk.addr)) {
                 p.1 += 1;
             }
         }
@@ -672,7 +667,7 @@ impl State {
             let _ = self.tables.delete(PAIRINGS, &pk);
         }
         let mut idle: Vec<ExternalEndpoint> = (self.mappings.iter())
-            .filter(|(e, m)| m.flows == 0 && self.sole_owner(e))
+            .filter(|(e, n)| **n == 0 && self.sole_owner(e))
             .map(|(e, _)| *e)
             .collect();
         idle.sort();
@@ -697,8 +692,8 @@ impl State {
             if self.is_free(e) {
                 return Err(snap_err(format!("{e:?} is mapped there and free here")));
             }
-            if let (Some(mine), Some(theirs)) = (self.mappings.get(e), other.mappings.get(e)) {
-                if mine.key != theirs.key {
+            if let (Some(mine), Some(theirs)) = (self.mapping_key(e), other.mapping_key(e)) {
+                if mine != theirs {
                     return Err(snap_err(format!(
                         "{e:?} is mapped for two internal endpoints"
                     )));
