@@ -78,7 +78,11 @@ struct Shard {
     /// A [`SlabMap`]: the shards fill alike, so hashbrown maps would all double within
     /// a few thousand flows of each other, one FM stall each.
     map: SlabMap<CacheKey, Entry>,
-    order: VecDeque<(CacheKey, u64)>,
+    /// FIFO order: each entry's slot in `map` ([`SlabMap::at`]) and the generation it
+    /// was inserted with, so a slot whose entry left or was replaced since is known
+    /// stale. 16 bytes a slot, where the entry's 48-byte key took 56: two entries per
+    /// flow.
+    order: VecDeque<(u32, u64)>,
 }
 
 pub struct RuleCache {
@@ -342,16 +346,20 @@ impl RuleCache {
         self.next_gen += 1;
         let capacity = self.capacity;
         let shard = &mut self.shards[s];
-        shard.map.insert(
-            key,
-            Entry {
-                body,
-                ttl_ms,
-                deadline_ms,
-                generation,
-            },
-        );
-        shard.order.push_back((key, generation));
+        let entry = Entry {
+            body,
+            ttl_ms,
+            deadline_ms,
+            generation,
+        };
+        let slot = match shard.map.entry(key) {
+            nf::slabmap::Entry::Occupied(mut o) => {
+                *o.get_mut() = entry;
+                o.slot()
+            }
+            nf::slabmap::Entry::Vacant(v) => v.insert_slot(entry),
+        };
+        shard.order.push_back((slot, generation));
         if !replaces {
             self.len += 1;
         }
@@ -361,7 +369,7 @@ impl RuleCache {
             let map = &shard.map;
             shard
                 .order
-                .retain(|(k, g)| map.get(k).is_some_and(|e| e.generation == *g));
+                .retain(|(slot, g)| map.at(*slot).is_some_and(|(_, e)| e.generation == *g));
         }
     }
 
@@ -494,20 +502,25 @@ impl RuleCache {
         (out, matched)
     }
 
-    /// Whether the entry under `key` (of generation `g`) is past its time: its own
-    /// deadline, or for a reverse entry its forward entry's. None when the order slot
-    /// is stale (the entry left or was replaced since).
-    fn idle(&self, s: usize, key: &CacheKey, g: u64, now_ms: u64) -> Option<bool> {
-        let e = self.shards[s].map.get(key).filter(|e| e.generation == g)?;
-        Some(match e.body {
+    /// The key of the entry in `slot` of shard `s` if it is still the one of generation
+    /// `g`, and whether it is past its time: its own deadline, or for a reverse entry
+    /// its forward entry's. None when the order slot is stale (the entry left or was
+    /// replaced since).
+    fn idle(&self, s: usize, slot: u32, g: u64, now_ms: u64) -> Option<(CacheKey, bool)> {
+        let (key, e) = self.shards[s]
+            .map
+            .at(slot)
+            .filter(|(_, e)| e.generation == g)?;
+        let idle = match e.body {
             Body::Reply(_) => e.deadline_ms <= now_ms,
             Body::Reverse(f) => !self.forward_live(&(key.0, key.1, f), now_ms),
-        })
+        };
+        Some((*key, idle))
     }
 
     fn evict_one(&mut self, s: usize, now_ms: u64) -> bool {
-        while let Some((k, g)) = self.shards[s].order.pop_front() {
-            let Some(idle) = self.idle(s, &k, g, now_ms) else {
+        while let Some((slot, g)) = self.shards[s].order.pop_front() {
+            let Some((k, idle)) = self.idle(s, slot, g, now_ms) else {
                 continue;
             };
             self.remove_entry(&k);
@@ -530,15 +543,15 @@ impl RuleCache {
             self.sweep_at = (self.sweep_at + 1) % SHARDS;
             let s = self.sweep_at;
             for _ in 0..per {
-                let Some((k, g)) = self.shards[s].order.pop_front() else {
+                let Some((slot, g)) = self.shards[s].order.pop_front() else {
                     break;
                 };
-                match self.idle(s, &k, g, now_ms) {
-                    Some(true) => {
+                match self.idle(s, slot, g, now_ms) {
+                    Some((k, true)) => {
                         self.remove_entry(&k);
                         self.stats.expired += 1;
                     }
-                    Some(false) => self.shards[s].order.push_back((k, g)),
+                    Some((_, false)) => self.shards[s].order.push_back((slot, g)),
                     None => {}
                 }
             }
@@ -660,6 +673,39 @@ mod tests {
         let mut newest = [0u8; 40];
         newest[12..16].copy_from_slice(&4999u32.to_le_bytes());
         assert!(c.get(&(1, 1, newest), 5000).is_some());
+    }
+
+    #[test]
+    fn eviction_goes_oldest_first_past_slots_reused_or_replaced_since() {
+        // Five keys of one shard, whose cap is 3.
+        let same: Vec<CacheKey> = (0..=u8::MAX)
+            .map(|i| (1, 1, [i; 40]))
+            .filter(|k| shard_of(k) == shard_of(&(1, 1, [0; 40])))
+            .take(5)
+            .collect();
+        let [a, b, c, d, e] = same[..] else {
+            panic!("five keys of one shard among 256");
+        };
+        let mut c_ = RuleCache::new(3 * SHARDS, 1 << 30);
+        c_.insert(a, &reply(None), 0);
+        c_.insert(b, &reply(None), 0);
+        // `a` leaves and `c` takes its slot: `a`'s order slot is stale, not `c`'s.
+        c_.invalidate(&a);
+        c_.insert(c, &reply(None), 0);
+        c_.insert(d, &reply(None), 0);
+        // Full: the oldest live entry goes, `b`.
+        c_.insert(e, &reply(None), 0);
+        assert_eq!(c_.stats.evicted_full, 1);
+        assert!(c_.get(&b, 1).is_none());
+        assert!(c_.get(&c, 1).is_some());
+        // `c` replaced in place is the newest now: `d` goes next, then `e`, then `c`.
+        c_.insert(c, &reply(None), 2);
+        for (gone, next) in [(d, a), (e, b), (c, d)] {
+            c_.insert(next, &reply(None), 3);
+            assert!(c_.get(&gone, 4).is_none(), "{gone:?}");
+        }
+        assert_eq!(c_.stats.evicted_full, 4);
+        assert_eq!(c_.len(), 3);
     }
 
     #[test]
