@@ -257,7 +257,7 @@ struct Table {
     /// Partitioned, with-flows, copied and read tables. A hash map, probed for every
     /// mapping an NF makes or frees; whatever leaves it (reads of every row, snapshots,
     /// parts) is sorted by key.
-    rows: SlabMap<Vec<u8>, Row>,
+    rows: SlabMap<RowKey, Row>,
     /// With-flows rows holding less than the whole share (absent: whole).
     shares: BTreeMap<Vec<u8>, u64>,
     /// With-flows tables: the per-flow table whose rows refer to these, and how.
@@ -784,6 +784,12 @@ fn enc_value<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<Value, StateEr
 /// (and a pool allocation, which only looks its pool up) allocates nothing.
 type KeyBuf = SmallVec<[u8; 64]>;
 
+/// A shared table's row key as the table keeps it: inline up to 16 bytes (a SNAT
+/// mapping's external endpoint takes 8), in the 24 bytes a `Vec` takes, so a new row
+/// costs no allocation of its key. Hashes and compares as the bytes, like the slices
+/// lookups borrow it as.
+type RowKey = SmallVec<[u8; 16]>;
+
 fn enc_key<T: Serialize + ?Sized>(table: &str, v: &T) -> Result<KeyBuf, StateError> {
     enc_small(table, v)
 }
@@ -1105,7 +1111,7 @@ impl StateTables {
         key: &K,
         value: &V,
     ) -> Result<(), StateError> {
-        let (k, v) = (enc(table, key)?, enc_value(table, value)?);
+        let (k, v) = (enc_key(table, key)?, enc_value(table, value)?);
         self.put_row(table, "put", Kind::KEYED, k, v)
     }
 
@@ -1116,7 +1122,7 @@ impl StateTables {
         key: &K,
         value: &V,
     ) -> Result<(), StateError> {
-        let (k, v) = (enc(table, key)?, enc_value(table, value)?);
+        let (k, v) = (enc_key(table, key)?, enc_value(table, value)?);
         self.put_row(table, "load", &[Kind::Read], k, v)
     }
 
@@ -1149,7 +1155,7 @@ impl StateTables {
         table: &str,
     ) -> Result<Vec<(K, V)>, StateError> {
         let t = self.kinded(table, "rows", READABLE)?;
-        let decode = |(k, r): (&Vec<u8>, &Row)| Ok((dec(table, k)?, dec(table, &r.value)?));
+        let decode = |(k, r): (&RowKey, &Row)| Ok((dec(table, k)?, dec(table, &r.value)?));
         sorted(&t.rows).into_iter().map(decode).collect()
     }
 
@@ -1195,7 +1201,7 @@ impl StateTables {
             table,
             "put_share",
             &[Kind::WithFlows],
-            k.clone(),
+            KeyBuf::from_slice(&k),
             enc_value(table, value)?,
         )?;
         let t = self.table_mut(table)?;
@@ -1302,7 +1308,7 @@ impl StateTables {
         table: &str,
         op: &'static str,
         want: &[Kind],
-        k: Vec<u8>,
+        k: KeyBuf,
         value: Value,
     ) -> Result<(), StateError> {
         let sending = op == "put" && self.mirror_sending;
@@ -1332,13 +1338,13 @@ impl StateTables {
         if let Some(mirror) = mirror {
             self.send_mirror(MirrorWrite {
                 table: mirror,
-                key: k.clone(),
+                key: k.to_vec(),
                 value: value.to_vec(),
                 deleted: false,
             });
         }
         let t = self.table_mut(table)?;
-        t.rows.insert(k, Row::keyed(value));
+        t.rows.insert(RowKey::from_slice(&k), Row::keyed(value));
         Ok(())
     }
 
@@ -1384,7 +1390,7 @@ impl StateTables {
     /// restore made them this part's own).
     fn drop_own_from_mirrors(&mut self) {
         for (m, src) in self.shadows() {
-            let own: Vec<Vec<u8>> = match self.tables.get(&src) {
+            let own: Vec<RowKey> = match self.tables.get(&src) {
                 Some(t) => t.rows.keys().cloned().collect(),
                 None => continue,
             };
@@ -1423,10 +1429,10 @@ impl StateTables {
             };
             if w.deleted {
                 if t.rows
-                    .get(&w.key)
+                    .get(w.key.as_slice())
                     .is_some_and(|r| r.value.as_slice() == w.value)
                 {
-                    t.rows.remove(&w.key);
+                    t.rows.remove(w.key.as_slice());
                 }
                 applied += 1;
                 continue;
@@ -1435,8 +1441,10 @@ impl StateTables {
                 skipped += 1;
                 continue;
             }
-            t.rows
-                .insert(w.key.clone(), Row::keyed(Value::from_slice(&w.value)));
+            t.rows.insert(
+                RowKey::from_slice(&w.key),
+                Row::keyed(Value::from_slice(&w.value)),
+            );
             applied += 1;
         }
         (applied, skipped)
@@ -1711,7 +1719,7 @@ impl StateTables {
             match t.kind() {
                 Kind::PerFlow => *out = leaving.remove(name).unwrap_or_default(),
                 Kind::Partitioned if shared => {
-                    let (part, keep): (SlabMap<_, _>, _) = std::mem::take(&mut t.rows)
+                    let (part, keep): (SlabMap<RowKey, _>, _) = std::mem::take(&mut t.rows)
                         .into_iter()
                         .partition(|(k, _)| in_half(key_hash(k)));
                     t.rows = keep;
@@ -1726,7 +1734,7 @@ impl StateTables {
                 Kind::WithFlows => {
                     let (gone, stay) = uses.remove(name).unwrap_or_default();
                     for k in gone.keys() {
-                        let Some(row) = t.rows.get(k).cloned() else {
+                        let Some(row) = t.rows.get(k.as_slice()).cloned() else {
                             continue;
                         };
                         let share = t.shares.get(k).copied().unwrap_or(WHOLE_SHARE);
@@ -1736,7 +1744,7 @@ impl StateTables {
                             t.shares.insert(k.clone(), share - give);
                             give
                         } else {
-                            t.rows.remove(k);
+                            t.rows.remove(k.as_slice());
                             t.shares.remove(k);
                             share
                         };
@@ -1757,13 +1765,13 @@ impl StateTables {
             };
             let moved_src = moved.get(&src).map(Vec::as_slice).unwrap_or_default();
             let gone: Vec<(Vec<u8>, Value)> = (moved_src.iter())
-                .filter(|(k, _)| !st.rows.contains_key(k))
+                .filter(|(k, _)| !st.rows.contains_key(k.as_slice()))
                 .map(|(k, w)| (k.clone(), Value::from_slice(&w.value)))
                 .collect();
-            let moved_keys: hashbrown::HashSet<&Vec<u8>> =
-                moved_src.iter().map(|(k, _)| k).collect();
+            let moved_keys: hashbrown::HashSet<&[u8]> =
+                moved_src.iter().map(|(k, _)| k.as_slice()).collect();
             let staying: Vec<(Vec<u8>, WireRow)> = (st.rows.iter())
-                .filter(|(k, _)| !moved_keys.contains(k))
+                .filter(|(k, _)| !moved_keys.contains(k.as_slice()))
                 .map(|(k, r)| {
                     let w = WireRow {
                         value: r.value.to_vec(),
@@ -1771,7 +1779,7 @@ impl StateTables {
                         group: None,
                         share: None,
                     };
-                    (k.clone(), w)
+                    (k.to_vec(), w)
                 })
                 .collect();
             drop(moved_keys);
@@ -1780,7 +1788,7 @@ impl StateTables {
             out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             if let Some(mt) = self.tables.get_mut(&m) {
                 for (k, value) in gone {
-                    mt.rows.insert(k, Row::keyed(value));
+                    mt.rows.insert(RowKey::from_vec(k), Row::keyed(value));
                 }
             }
         }
@@ -1894,7 +1902,7 @@ impl StateTables {
                 }
                 let present = match flow_of(k) {
                     Some(f) if t.kind() == Kind::PerFlow => t.flows.get(&f),
-                    _ => t.rows.get(k),
+                    _ => t.rows.get(k.as_slice()),
                 };
                 match present {
                     // Configuration: this part's copy stays (it may be the newer one).
@@ -1981,12 +1989,13 @@ impl StateTables {
                         }
                     }
                     (Kind::PerFlow, None) => {}
-                    (Kind::Read | Kind::Copy | Kind::Mirror, _) if t.rows.contains_key(&k) => {}
+                    (Kind::Read | Kind::Copy | Kind::Mirror, _)
+                        if t.rows.contains_key(k.as_slice()) => {}
                     (Kind::WithFlows, _) => {
-                        let have = if t.rows.contains_key(&k) {
+                        let have = if t.rows.contains_key(k.as_slice()) {
                             t.shares.get(&k).copied().unwrap_or(WHOLE_SHARE)
                         } else {
-                            t.rows.insert(k.clone(), Row::from(w));
+                            t.rows.insert(RowKey::from_slice(&k), Row::from(w));
                             0
                         };
                         let sum = have.saturating_add(share).min(WHOLE_SHARE);
@@ -1996,7 +2005,7 @@ impl StateTables {
                             t.shares.remove(&k);
                         }
                     }
-                    _ => _ = t.rows.insert(k, Row::from(w)),
+                    _ => _ = t.rows.insert(RowKey::from_vec(k), Row::from(w)),
                 }
             }
             if t.lanes == 0 {
@@ -2085,8 +2094,8 @@ fn whole<T>((v, rest): (T, &[u8])) -> Result<T, NfError> {
 }
 
 /// A hash map's rows in key order: what reaches a decision or a snapshot's bytes.
-fn sorted<V>(m: &SlabMap<Vec<u8>, V>) -> Vec<(&Vec<u8>, &V)> {
-    let mut v: Vec<(&Vec<u8>, &V)> = m.iter().collect();
+fn sorted<V>(m: &SlabMap<RowKey, V>) -> Vec<(&RowKey, &V)> {
+    let mut v: Vec<(&RowKey, &V)> = m.iter().collect();
     v.sort_unstable_by(|a, b| a.0.cmp(b.0));
     v
 }
@@ -2118,15 +2127,15 @@ impl Table {
     /// Keyed rows as parts carry them, in key order, with-flows rows with their shares.
     fn keyed_rows<'a>(
         &self,
-        rows: impl Iterator<Item = (&'a Vec<u8>, &'a Row)>,
+        rows: impl Iterator<Item = (&'a RowKey, &'a Row)>,
     ) -> Vec<(Vec<u8>, WireRow)> {
-        let mut rows: Vec<(&Vec<u8>, &Row)> = rows.collect();
+        let mut rows: Vec<(&RowKey, &Row)> = rows.collect();
         rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
         rows.into_iter()
             .map(|(k, r)| {
                 let mut w = WireRow::from(r.clone());
-                w.share = self.shares.get(k).copied();
-                (k.clone(), w)
+                w.share = self.shares.get(k.as_slice()).copied();
+                (k.to_vec(), w)
             })
             .collect()
     }

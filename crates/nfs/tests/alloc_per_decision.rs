@@ -81,7 +81,7 @@ fn key(i: u32) -> FlowKey {
 }
 
 #[test]
-fn a_new_flows_decision_allocates_its_two_rules_and_a_mapping_key() {
+fn a_new_flows_decision_allocates_its_two_rules() {
     let keys: Vec<FlowKey> = (0..60_000).map(key).collect();
     let mut chain = builtin_chain();
     // As SC applies them: ops of 64 requests, each op one group-clock time.
@@ -101,7 +101,8 @@ fn a_new_flows_decision_allocates_its_two_rules_and_a_mapping_key() {
     }
     let per = (allocs() - before) as f64 / 10_000.0;
     eprintln!("allocations per decision: {per:.2}");
-    // Three are left: the forward and the reverse rule's action lists, and the new
-    // mapping's row key (SNAT); the rest is the tables' amortised growth.
-    assert!(per <= 3.5, "{per:.2} allocations per decision");
+    // Two are left: the forward and the reverse rule's action lists; the rest is the
+    // tables' amortised growth. (The new mapping's row key, a third, is kept inline
+    // since 2026-11-30: 3.27 to 2.25.)
+    assert!(per <= 2.5, "{per:.2} allocations per decision");
 }
