@@ -1112,7 +1112,44 @@ impl StateTables {
         value: &V,
     ) -> Result<(), StateError> {
         let (k, v) = (enc_key(table, key)?, enc_value(table, value)?);
+        self.put_row(table, "put", Kind::KEYED, k, v).map(|_| ())
+    }
+
+    /// [`Self::put`], answering the row's slot ([`Self::at`]) and whether the row is
+    /// new: the one probe a put makes tells both.
+    pub fn put_slot<K: Serialize, V: Serialize>(
+        &mut self,
+        table: &str,
+        key: &K,
+        value: &V,
+    ) -> Result<(u32, bool), StateError> {
+        let (k, v) = (enc_key(table, key)?, enc_value(table, value)?);
         self.put_row(table, "put", Kind::KEYED, k, v)
+    }
+
+    /// Where a shared table's row is: its slot, which it keeps for as long as it lives.
+    /// Rows never move (`SlabMap`); only a restore, split or merge places them anew,
+    /// and each of those calls the NF's `tables_changed`. So an NF may keep what it
+    /// derives per row in a plain array by slot, where a map keyed by the row's key
+    /// would cost it the key again and a probe per insert.
+    pub fn slot<K: Serialize>(&self, table: &str, key: &K) -> Result<Option<u32>, StateError> {
+        let k = enc_key(table, key)?;
+        let t = self.kinded(table, "slot", READABLE)?;
+        Ok(t.rows.slot_of(k.as_slice()))
+    }
+
+    /// The row in `slot` of a shared table ([`Self::slot`]), decoded; `None` for a
+    /// slot that holds no row.
+    pub fn at<K: DeserializeOwned, V: DeserializeOwned>(
+        &self,
+        table: &str,
+        slot: u32,
+    ) -> Result<Option<(K, V)>, StateError> {
+        let t = self.kinded(table, "at", READABLE)?;
+        t.rows
+            .at(slot)
+            .map(|(k, r)| Ok((dec(table, k)?, dec(table, &r.value)?)))
+            .transpose()
     }
 
     /// Fill a read-only table (configuration: an ACL, a backend list) at setup.
@@ -1123,7 +1160,7 @@ impl StateTables {
         value: &V,
     ) -> Result<(), StateError> {
         let (k, v) = (enc_key(table, key)?, enc_value(table, value)?);
-        self.put_row(table, "load", &[Kind::Read], k, v)
+        self.put_row(table, "load", &[Kind::Read], k, v).map(|_| ())
     }
 
     pub fn delete<K: Serialize>(&mut self, table: &str, key: &K) -> Result<bool, StateError> {
@@ -1303,6 +1340,7 @@ impl StateTables {
             .collect()
     }
 
+    /// Put a shared table's row; its slot, and whether it is new.
     fn put_row(
         &mut self,
         table: &str,
@@ -1310,7 +1348,7 @@ impl StateTables {
         want: &[Kind],
         k: KeyBuf,
         value: Value,
-    ) -> Result<(), StateError> {
+    ) -> Result<(u32, bool), StateError> {
         let sending = op == "put" && self.mirror_sending;
         let t = self.table_mut(table)?;
         match (t.kind(), op) {
@@ -1344,8 +1382,13 @@ impl StateTables {
             });
         }
         let t = self.table_mut(table)?;
-        t.rows.insert(RowKey::from_slice(&k), Row::keyed(value));
-        Ok(())
+        Ok(match t.rows.entry(RowKey::from_slice(&k)) {
+            Entry::Occupied(mut o) => {
+                *o.get_mut() = Row::keyed(value);
+                (o.slot(), false)
+            }
+            Entry::Vacant(v) => (v.insert_slot(Row::keyed(value)), true),
+        })
     }
 
     // ---- mirrored tables (SplitRule::Mirror) ----
@@ -2310,6 +2353,44 @@ mod tests {
             panic!("a state error")
         };
         assert!(m.contains("never declared"), "{m}");
+    }
+
+    #[test]
+    fn a_shared_rows_slot_is_its_own_while_it_lives() {
+        let mut s = StateTables::create(&specs()).expect("tables");
+        let mut slots = Vec::new();
+        for p in 0..1500u16 {
+            let (slot, new) = s.put_slot("ports", &p, &u32::from(p)).expect("put");
+            assert!(new);
+            slots.push(slot);
+        }
+        // Rows placed since, and growth of the index past them, moved no row.
+        for (p, &slot) in slots.iter().enumerate() {
+            let p = p as u16;
+            assert_eq!(s.slot("ports", &p), Ok(Some(slot)));
+            assert_eq!(s.at::<u16, u32>("ports", slot), Ok(Some((p, u32::from(p)))));
+        }
+        // A put to a row that is there replaces it in place.
+        assert_eq!(s.put_slot("ports", &7u16, &70u32), Ok((slots[7], false)));
+        assert_eq!(s.at::<u16, u32>("ports", slots[7]), Ok(Some((7, 70))));
+        // A deleted row's slot holds nothing until a later row takes it.
+        assert_eq!(s.delete("ports", &9u16), Ok(true));
+        assert_eq!(s.slot("ports", &9u16), Ok(None));
+        assert_eq!(s.at::<u16, u32>("ports", slots[9]), Ok(None));
+        assert_eq!(s.at::<u16, u32>("ports", u32::MAX), Ok(None));
+        // Per-flow and counter tables have no rows by slot.
+        assert!(matches!(
+            s.slot("conns", &1u8),
+            Err(StateError::WrongKind { op: "slot", .. })
+        ));
+        assert!(matches!(
+            s.at::<u8, u8>("hits", 0),
+            Err(StateError::WrongKind { op: "at", .. })
+        ));
+        assert!(matches!(
+            s.at::<String, u32>("ports", slots[1]),
+            Err(StateError::Value { .. })
+        ));
     }
 
     #[test]

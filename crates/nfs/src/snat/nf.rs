@@ -52,17 +52,13 @@ impl Snat {
 
     /// Every mapping, sorted by external endpoint.
     pub fn mappings(&self) -> Vec<MappingInfo> {
-        let mut v: Vec<MappingInfo> = self
-            .state
-            .mappings
-            .iter()
-            .filter_map(|(e, n)| {
-                Some(MappingInfo {
-                    key: self.state.mapping_key(e)?,
-                    external: *e,
-                    flows: *n,
-                    sole_owner: self.state.sole_owner(e),
-                })
+        let st = &self.state;
+        let mut v: Vec<MappingInfo> = (st.mapping_rows().into_iter())
+            .map(|(s, e, mk)| MappingInfo {
+                key: mk,
+                external: e,
+                flows: st.flows_by_slot.get(s as usize).copied().unwrap_or(0),
+                sole_owner: st.sole_owner(&e),
             })
             .collect();
         v.sort_by_key(|m| m.external);
@@ -211,9 +207,9 @@ impl Snat {
         mk: MappingKey,
         rng: &mut DetRng,
     ) -> Option<ExternalEndpoint> {
-        if let Some(e) = self.state.by_internal.get(&mk) {
+        if let Some(e) = self.state.mapping_of(&mk) {
             self.state.stats.mappings_reused += 1;
-            return Some(*e);
+            return Some(e);
         }
         let p = self.plan.pools.get(pool)?;
         let st = &self.state;
@@ -271,7 +267,7 @@ impl Snat {
         if let Err(e) = self.state.insert_flow(key, f) {
             // The mappings it made or joined must not outlive a flow that never was.
             for m in std::iter::once(own).chain(peer) {
-                if self.state.mappings.get(&m).is_some_and(|n| *n == 0) {
+                if self.state.flows_of(&m) == Some(0) {
                     self.state.free_mapping(&m);
                 }
             }
@@ -325,9 +321,7 @@ impl Snat {
         // This partition's own mapping, else another partition's, from the mirror: a
         // chain partitioned by inside host has the sender here and the target's
         // mapping wherever its host went.
-        let own = (self.state.mappings.contains_key(&target))
-            .then(|| self.state.mapping_key(&target))
-            .flatten();
+        let own = self.state.mapping_key(&target);
         let peer = own.or_else(|| {
             (self.state.tables)
                 .get::<_, MappingKey>(MIRROR, &target)
@@ -391,7 +385,7 @@ impl Snat {
                 port: pkt.key.dport(),
                 proto: pkt.key.proto(),
             };
-            return Ok(if self.state.mappings.contains_key(&target) {
+            return Ok(if self.state.has_mapping(&target) {
                 self.refuse(reason::FILTERED)
             } else {
                 self.refuse(reason::NO_MAPPING)

@@ -7,13 +7,15 @@
 //! pairings are copied, the counters start a new part at zero. This module keeps only
 //! what is derived, rebuilt by [`State::reindex`] whenever the platform moved rows.
 
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 
 use ::nf::{Endpoint, NfError, Rewrite, SlabMap, StateTables, WHOLE_SHARE};
 use pipeline::FlowKey;
 // hashbrown's default hasher (foldhash) rather than SipHash: splits and merges of a
 // partition hash every flow key and endpoint several times (docs/scaling.md).
-use hashbrown::HashMap;
+use hashbrown::{DefaultHashBuilder, HashMap};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use tracing::warn;
@@ -288,12 +290,15 @@ fn state_err(e: ::nf::StateError) -> NfError {
 #[derive(Debug, Clone)]
 pub(super) struct State {
     pub(super) tables: StateTables,
-    /// Derived: every mapping of the tables, with the flows of this part using it. What
-    /// a mapping is for stays in its `mappings` row ([`State::mapping_key`]): a typed
-    /// copy here cost each replica 44 bytes a mapping, and a bench flow has a mapping of
-    /// its own.
-    pub(super) mappings: SlabMap<ExternalEndpoint, u32>,
-    pub(super) by_internal: SlabMap<MappingKey, ExternalEndpoint>,
+    /// Derived: the flows of this part using each mapping, by the mapping's slot in
+    /// the `mappings` table (`StateTables::slot`). A row keeps its slot for life, and
+    /// slots are renumbered only by what calls [`State::reindex`] (restore, split,
+    /// merge), so an array serves where a map keyed by the external endpoint cost each
+    /// replica 32 bytes and a cold insert per mapping (a bench flow has a mapping of
+    /// its own). Whether a mapping exists, and what it is for, is its row's.
+    pub(super) flows_by_slot: Vec<u32>,
+    /// Derived: internal endpoint → its mapping's slot.
+    pub(super) by_internal: InternalIndex,
     /// Derived: each internal address's paired pool address, and its mappings here.
     pub(super) pairings: HashMap<(u32, IpAddr), (IpAddr, u32)>,
     /// Derived: reply key (VNI 0) → forward key, for the flows whose reply key does not
@@ -330,8 +335,8 @@ impl State {
         }
         let mut st = State {
             tables,
-            mappings: SlabMap::new(),
-            by_internal: SlabMap::new(),
+            flows_by_slot: Vec::new(),
+            by_internal: InternalIndex::default(),
             pairings: HashMap::new(),
             by_reply: ReplyIndex::new(),
             mapped: HashMap::new(),
@@ -407,9 +412,6 @@ impl State {
             port: k.dport(),
             proto: k.proto(),
         };
-        if !self.mappings.contains_key(&own) {
-            return None;
-        }
         let m = self.mapping_key(&own)?;
         let fk = FlowKey::new(m.vni, k.proto(), m.addr, m.port, k.src(), k.sport());
         let (row, _) = (self.tables)
@@ -422,6 +424,40 @@ impl State {
     /// What the mapping of external endpoint `e` is for, from its row.
     pub(super) fn mapping_key(&self, e: &ExternalEndpoint) -> Option<MappingKey> {
         self.tables.get(MAPPINGS, e).ok().flatten()
+    }
+
+    /// Whether `e` is a mapping of this part.
+    pub(super) fn has_mapping(&self, e: &ExternalEndpoint) -> bool {
+        self.mapping_slot(e).is_some()
+    }
+
+    fn mapping_slot(&self, e: &ExternalEndpoint) -> Option<u32> {
+        self.tables.slot(MAPPINGS, e).ok().flatten()
+    }
+
+    /// The flows of this part using mapping `e`; `None` if there is no such mapping.
+    pub(super) fn flows_of(&self, e: &ExternalEndpoint) -> Option<u32> {
+        let s = self.mapping_slot(e)?;
+        Some(self.flows_by_slot.get(s as usize).copied().unwrap_or(0))
+    }
+
+    fn flows_of_mut(&mut self, e: &ExternalEndpoint) -> Option<&mut u32> {
+        let s = self.mapping_slot(e)? as usize;
+        Some(slot_count(&mut self.flows_by_slot, s))
+    }
+
+    /// The mapping made for internal endpoint `mk`, if any.
+    pub(super) fn mapping_of(&self, mk: &MappingKey) -> Option<ExternalEndpoint> {
+        self.by_internal.get(&self.tables, mk).map(|(_, e)| e)
+    }
+
+    /// Every mapping with its slot, in the table's key order.
+    pub(super) fn mapping_rows(&self) -> Vec<(u32, ExternalEndpoint, MappingKey)> {
+        let rows: Vec<(ExternalEndpoint, MappingKey)> =
+            self.tables.rows(MAPPINGS).unwrap_or_default();
+        rows.into_iter()
+            .filter_map(|(e, mk)| Some((self.mapping_slot(&e)?, e, mk)))
+            .collect()
     }
 
     /// Index `key`'s reply key if deriving it would not find the flow.
@@ -472,7 +508,7 @@ impl State {
             .map_err(state_err)?;
         self.index_reply(key, &f);
         for e in std::iter::once(f.own).chain(f.peer) {
-            if let Some(n) = self.mappings.get_mut(&e) {
+            if let Some(n) = self.flows_of_mut(&e) {
                 *n = n.saturating_add(1);
             }
         }
@@ -528,7 +564,7 @@ impl State {
     }
 
     pub(super) fn release(&mut self, ext: &ExternalEndpoint) {
-        let Some(n) = self.mappings.get_mut(ext) else {
+        let Some(n) = self.flows_of_mut(ext) else {
             return;
         };
         *n = n.saturating_sub(1);
@@ -544,27 +580,35 @@ impl State {
         mk: MappingKey,
         paired: IpAddr,
     ) -> Result<(), NfError> {
-        self.tables.put(MAPPINGS, &ext, &mk).map_err(state_err)?;
+        let (slot, new) = (self.tables)
+            .put_slot(MAPPINGS, &ext, &mk)
+            .map_err(state_err)?;
         let pk = (mk.vni, mk.addr);
         if !self.pairings.contains_key(&pk) {
             self.tables.put(PAIRINGS, &pk, &paired).map_err(state_err)?;
         }
-        if self.mappings.insert(ext, 0).is_none() {
+        *slot_count(&mut self.flows_by_slot, slot as usize) = 0;
+        if new {
             *self.mapped.entry((ext.addr, ext.proto)).or_insert(0) += 1;
         }
-        self.by_internal.insert(mk, ext);
+        self.by_internal.insert(&self.tables, mk, slot);
         self.pairings.entry(pk).or_insert((paired, 0)).1 += 1;
         Ok(())
     }
 
     /// Drop a mapping and return its port to the pool.
     pub(super) fn free_mapping(&mut self, ext: &ExternalEndpoint) {
-        if self.mappings.remove(ext).is_none() {
+        let Some(slot) = self.mapping_slot(ext) else {
             return;
-        }
-        // Every mapping in the index has its row (both change together); read before
-        // the row goes.
-        let key = self.mapping_key(ext);
+        };
+        // What the mapping was for, read before the row goes.
+        let key = (self
+            .tables
+            .at::<ExternalEndpoint, MappingKey>(MAPPINGS, slot))
+        .ok()
+        .flatten()
+        .map(|(_, mk)| mk);
+        *slot_count(&mut self.flows_by_slot, slot as usize) = 0;
         let end = (ext.addr, ext.proto);
         if let Some(n) = self.mapped.get_mut(&end) {
             *n -= 1;
@@ -574,9 +618,7 @@ impl State {
         }
         let _ = self.tables.delete(MAPPINGS, ext);
         if let Some(key) = key {
-            if self.by_internal.get(&key) == Some(ext) {
-                self.by_internal.remove(&key);
-            }
+            self.by_internal.remove(&key, slot);
             let pk = (key.vni, key.addr);
             if let Some(p) = self.pairings.get_mut(&pk) {
                 p.1 = p.1.saturating_sub(1);
@@ -605,20 +647,19 @@ impl State {
     /// The derived indexes of the tables as they are, changing no row (a part decoded
     /// for a merge is looked at, not changed).
     pub(super) fn reindex_view(&mut self) {
-        self.mappings.clear();
+        self.flows_by_slot.clear();
         self.mapped.clear();
         self.by_internal.clear();
         self.by_reply.clear();
         self.pairings.clear();
-        let maps: Vec<(ExternalEndpoint, MappingKey)> =
-            self.tables.rows(MAPPINGS).unwrap_or_default();
+        let maps = self.mapping_rows();
+        let top = maps.iter().map(|m| m.0 as usize + 1).max().unwrap_or(0);
+        self.flows_by_slot.resize(top, 0);
         // Rows in key order: of two mappings of one internal endpoint (a merge brought
-        // them together) the index prefers the lowest external endpoint.
-        for (e, mk) in &maps {
-            if self.mappings.insert(*e, 0).is_none() {
-                *self.mapped.entry((e.addr, e.proto)).or_insert(0) += 1;
-            }
-            self.by_internal.entry(*mk).or_insert(*e);
+        // them together) the index prefers the first.
+        for (s, e, mk) in &maps {
+            *self.mapped.entry((e.addr, e.proto)).or_insert(0) += 1;
+            self.by_internal.insert(&self.tables, *mk, *s);
         }
         self.free.clear();
         let pools: Vec<((IpAddr, u8), u32)> = (self.tables.pools(PORTS).unwrap_or_default())
@@ -634,7 +675,7 @@ impl State {
                 self.by_reply.get_or_insert(rk, *k);
             }
             for e in std::iter::once(f.own).chain(f.peer) {
-                if let Some(n) = self.mappings.get_mut(&e) {
+                if let Some(n) = self.flows_of_mut(&e) {
                     *n = n.saturating_add(1);
                 }
             }
@@ -643,7 +684,7 @@ impl State {
         for (pk, ext) in pairs {
             self.pairings.insert(pk, (ext, 0));
         }
-        for (_, mk) in &maps {
+        for (_, _, mk) in &maps {
             if let Some(p) = self.pairings.get_mut(&(mk.vni, mk.addr)) {
                 p.1 += 1;
             }
@@ -666,9 +707,11 @@ impl State {
             self.pairings.remove(&pk);
             let _ = self.tables.delete(PAIRINGS, &pk);
         }
-        let mut idle: Vec<ExternalEndpoint> = (self.mappings.iter())
-            .filter(|(e, n)| **n == 0 && self.sole_owner(e))
-            .map(|(e, _)| *e)
+        let mut idle: Vec<ExternalEndpoint> = (self.mapping_rows().into_iter())
+            .filter(|(s, e, _)| {
+                self.flows_by_slot.get(*s as usize).is_none_or(|n| *n == 0) && self.sole_owner(e)
+            })
+            .map(|(_, e, _)| e)
             .collect();
         idle.sort();
         for e in idle {
@@ -680,7 +723,7 @@ impl State {
     /// What the platform cannot see across tables, checked before a merge: a port
     /// mapped on one side is not free on the other.
     pub(super) fn check_merge(&self, other: &State) -> Result<(), NfError> {
-        for e in self.mappings.keys() {
+        for (_, e, _) in &self.mapping_rows() {
             if other.is_free(e) {
                 return Err(snap_err(format!(
                     "port {} of {} is free there and mapped here",
@@ -688,12 +731,12 @@ impl State {
                 )));
             }
         }
-        for e in other.mappings.keys() {
+        for (_, e, theirs) in &other.mapping_rows() {
             if self.is_free(e) {
                 return Err(snap_err(format!("{e:?} is mapped there and free here")));
             }
-            if let (Some(mine), Some(theirs)) = (self.mapping_key(e), other.mapping_key(e)) {
-                if mine != theirs {
+            if let Some(mine) = self.mapping_key(e) {
+                if mine != *theirs {
                     return Err(snap_err(format!(
                         "{e:?} is mapped for two internal endpoints"
                     )));
@@ -710,5 +753,213 @@ impl State {
             .iter()
             .filter(|(k, _)| self.tables.timer(FLOWS, k).ok().flatten().is_some())
             .count() as u64
+    }
+}
+
+/// The count in slot `s`, the array grown to hold it.
+fn slot_count(v: &mut Vec<u32>, s: usize) -> &mut u32 {
+    if v.len() <= s {
+        v.resize(s + 1, 0);
+    }
+    &mut v[s]
+}
+
+/// Internal endpoint → the slot of its mapping's row, the row being what a mapping is
+/// for ([`MAPPINGS`]: external endpoint → [`MappingKey`]). Keyed by a 64-bit hash of the
+/// key, and every hit checked against the row, where a `SlabMap<MappingKey,
+/// ExternalEndpoint>` held a copy of both: 24 bytes a slot instead of 72, at each
+/// replica, for every mapping. A key whose hash another key already holds (a 64-bit
+/// collision: not expected in practice, but a NAT must not translate by one) is kept by
+/// its key in `collided`.
+#[derive(Debug, Clone, Default)]
+pub(super) struct InternalIndex<S = DefaultHashBuilder> {
+    hasher: S,
+    by_hash: SlabMap<u64, u32>,
+    collided: BTreeMap<MappingKey, u32>,
+}
+
+impl<S: BuildHasher> InternalIndex<S> {
+    fn row(tables: &StateTables, slot: u32) -> Option<(ExternalEndpoint, MappingKey)> {
+        tables.at(MAPPINGS, slot).ok().flatten()
+    }
+
+    /// `mk`'s mapping: its slot and external endpoint.
+    pub(super) fn get(
+        &self,
+        tables: &StateTables,
+        mk: &MappingKey,
+    ) -> Option<(u32, ExternalEndpoint)> {
+        if let Some(&s) = self.by_hash.get(&self.hasher.hash_one(mk)) {
+            if let Some((e, k)) = Self::row(tables, s) {
+                if k == *mk {
+                    return Some((s, e));
+                }
+            }
+        }
+        if self.collided.is_empty() {
+            return None;
+        }
+        let s = *self.collided.get(mk)?;
+        Self::row(tables, s).map(|(e, _)| (s, e))
+    }
+
+    /// Index `mk`'s mapping at `slot`, unless `mk` already has one (the first stays).
+    pub(super) fn insert(&mut self, tables: &StateTables, mk: MappingKey, slot: u32) {
+        let h = self.hasher.hash_one(mk);
+        match self.by_hash.entry(h) {
+            ::nf::slabmap::Entry::Vacant(v) => {
+                v.insert(slot);
+            }
+            ::nf::slabmap::Entry::Occupied(o) => {
+                if Self::row(tables, *o.get()).is_none_or(|(_, k)| k != mk) {
+                    self.collided.entry(mk).or_insert(slot);
+                }
+            }
+        }
+    }
+
+    /// Drop `mk`'s entry if it names `slot` (a mapping being freed).
+    pub(super) fn remove(&mut self, mk: &MappingKey, slot: u32) {
+        let h = self.hasher.hash_one(mk);
+        if self.by_hash.get(&h) == Some(&slot) {
+            self.by_hash.remove(&h);
+        } else if self.collided.get(mk) == Some(&slot) {
+            self.collided.remove(mk);
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.by_hash.clear();
+        self.collided.clear();
+    }
+}
+
+#[cfg(test)]
+mod internal_index_tests {
+    use super::*;
+    use crate::snat::{Snat, SnatConfig, SnatPool};
+    use std::hash::{BuildHasherDefault, Hasher};
+
+    /// Every key hashes alike: each insert after the first is a collision.
+    #[derive(Default)]
+    struct Same;
+
+    impl Hasher for Same {
+        fn finish(&self) -> u64 {
+            42
+        }
+        fn write(&mut self, _: &[u8]) {}
+    }
+
+    fn mk(port: u16) -> MappingKey {
+        MappingKey {
+            vni: 100,
+            proto: 17,
+            addr: "198.18.0.1".parse().expect("address"),
+            port,
+            remote: None,
+        }
+    }
+
+    fn ext(port: u16) -> ExternalEndpoint {
+        ExternalEndpoint {
+            addr: "198.19.255.1".parse().expect("address"),
+            port,
+            proto: 17,
+        }
+    }
+
+    #[test]
+    fn colliding_internal_endpoints_each_find_their_own_mapping() {
+        let pool = SnatPool::new(vec!["198.19.255.1".parse().expect("address")], 1024, 65535);
+        let mut n = Snat::new(SnatConfig::new(vec![pool])).expect("config");
+        let t = &mut n.state.tables;
+        let mut slots = Vec::new();
+        for p in 1..=4u16 {
+            let (s, new) = t.put_slot(MAPPINGS, &ext(p), &mk(p)).expect("put");
+            assert!(new);
+            slots.push(s);
+        }
+        let t = &n.state.tables;
+        let mut idx: InternalIndex<BuildHasherDefault<Same>> = InternalIndex::default();
+        for p in 1..=3u16 {
+            idx.insert(t, mk(p), slots[p as usize - 1]);
+        }
+        // A second mapping of an indexed key does not replace the first.
+        idx.insert(t, mk(1), slots[1]);
+        assert_eq!(idx.collided.len(), 2);
+        for p in 1..=3u16 {
+            assert_eq!(idx.get(t, &mk(p)), Some((slots[p as usize - 1], ext(p))));
+        }
+        assert_eq!(idx.get(t, &mk(4)), None, "not indexed");
+        // Removal names the slot: a wrong one changes nothing.
+        idx.remove(&mk(2), slots[2]);
+        assert_eq!(idx.get(t, &mk(2)), Some((slots[1], ext(2))));
+        // The key holding the hash goes; the collided ones are still found.
+        idx.remove(&mk(1), slots[0]);
+        assert_eq!(idx.get(t, &mk(1)), None);
+        assert_eq!(idx.get(t, &mk(2)), Some((slots[1], ext(2))));
+        assert_eq!(idx.get(t, &mk(3)), Some((slots[2], ext(3))));
+        // The next key takes the free hash.
+        idx.insert(t, mk(4), slots[3]);
+        assert_eq!(idx.collided.len(), 2);
+        assert_eq!(idx.get(t, &mk(4)), Some((slots[3], ext(4))));
+        idx.remove(&mk(2), slots[1]);
+        idx.remove(&mk(3), slots[2]);
+        assert!(idx.collided.is_empty());
+        assert_eq!(idx.get(t, &mk(4)), Some((slots[3], ext(4))));
+    }
+
+    #[test]
+    fn flows_per_mapping_follow_the_mapping_rows_slots() {
+        let pool = SnatPool::new(vec!["198.19.255.1".parse().expect("address")], 1024, 65535)
+            .sources(&["198.18.0.0/16"]);
+        let mut n = Snat::new(SnatConfig::new(vec![pool])).expect("config");
+        let mut env = ::nf::NfEnv::new(0, 7);
+        // Three flows from one internal endpoint share its mapping (endpoint-independent
+        // mapping); one more endpoint has a mapping of its own.
+        let mut keys = Vec::new();
+        for (src, dst) in [(1000, 10), (1000, 11), (1000, 12), (2000, 10)] {
+            let k: FlowKey = format!("100 udp 198.18.0.1:{src} > 198.19.0.{dst}:53")
+                .parse()
+                .expect("flow key");
+            let p = ::nf::FirstPacket::new(k, 1, pipeline::PacketMeta::new(60, 0));
+            ::nf::NetworkFunction::first_packet(&mut n, &p, &mut env).expect("decided");
+            keys.push(k);
+        }
+        let counts = |n: &Snat| -> Vec<u32> { n.mappings().iter().map(|m| m.flows).collect() };
+        let mut c = counts(&n);
+        c.sort();
+        assert_eq!(c, vec![1, 3]);
+        // Rebuilt from the tables: the same counts.
+        n.state.reindex_view();
+        let mut c2 = counts(&n);
+        c2.sort();
+        assert_eq!(c2, c);
+        // The lone endpoint's flow goes: its mapping and port go with it, and its slot
+        // is free for the next mapping, which starts at no flows but its own.
+        let before = n.free_port_count("198.19.255.1".parse().expect("address"), 17);
+        ::nf::NetworkFunction::on_event(
+            &mut n,
+            &::nf::FlowEvent::Expired { key: keys[3] },
+            &mut ::nf::NfEnv::new(1, 0),
+        );
+        assert_eq!(counts(&n), vec![3]);
+        assert_eq!(
+            n.free_port_count("198.19.255.1".parse().expect("address"), 17),
+            before + 1
+        );
+        let k: FlowKey = "100 udp 198.18.0.2:3000 > 198.19.0.10:53"
+            .parse()
+            .expect("flow key");
+        let p = ::nf::FirstPacket::new(k, 1, pipeline::PacketMeta::new(60, 0));
+        ::nf::NetworkFunction::first_packet(&mut n, &p, &mut env).expect("decided");
+        let mut c3 = counts(&n);
+        c3.sort();
+        assert_eq!(c3, vec![1, 3]);
+        // Every mapping is found from its internal endpoint.
+        for m in n.mappings() {
+            assert_eq!(n.state.mapping_of(&m.key), Some(m.external));
+        }
     }
 }
