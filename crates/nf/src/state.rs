@@ -45,6 +45,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use crate::pool::{Alloc, PoolWire, UnitSet};
@@ -156,17 +157,22 @@ type Value = SmallVec<[u8; 16]>;
 
 /// An optional time in ms in 8 bytes, where `Option<u64>` takes 16: a per-flow table
 /// holds a row per flow at every replica, and its rows' size is what a table doubling
-/// moves and faults in (docs/setup-path.md). `u64::MAX` is none; a time of `u64::MAX`
-/// itself (584 million years on) is kept as one ms earlier, which never fires either.
+/// moves and faults in (docs/setup-path.md). Kept as the time plus one in a
+/// `NonZeroU64`, whose zero is then free for the slab's empty slot: `Option<(key,
+/// Row)>` takes no tag of its own, 8 bytes less for every row of every table.
+/// `u64::MAX` is none; a time of `u64::MAX - 1` or later (584 million years on) is kept
+/// as `u64::MAX - 2`, which never fires either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OptMs(u64);
+struct OptMs(NonZeroU64);
 
 impl OptMs {
-    const NONE: OptMs = OptMs(u64::MAX);
+    const NONE: OptMs = OptMs(NonZeroU64::MAX);
+    /// The latest time kept.
+    const LAST: u64 = u64::MAX - 2;
 
     fn new(t: Option<u64>) -> OptMs {
         match t {
-            Some(t) => OptMs(t.min(u64::MAX - 1)),
+            Some(t) => OptMs(NonZeroU64::MIN.saturating_add(t.min(OptMs::LAST))),
             None => OptMs::NONE,
         }
     }
@@ -176,7 +182,7 @@ impl OptMs {
     }
 
     fn get(self) -> Option<u64> {
-        (self != OptMs::NONE).then_some(self.0)
+        (self != OptMs::NONE).then_some(self.0.get() - 1)
     }
 }
 
@@ -2209,15 +2215,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_row_is_40_bytes_and_an_opt_ms_keeps_every_time_but_the_last() {
+    fn a_row_is_40_bytes_its_slot_needs_no_tag_and_an_opt_ms_keeps_every_time_but_the_last_two() {
         // A per-flow table faults in this much per flow at every replica: a value
         // inline (24 with smallvec's `union`) and two times (8 each). A group is kept
         // beside the rows (`Table::flow_groups`).
         assert_eq!(std::mem::size_of::<Row>(), 40);
-        for t in [0, 1, 30_000, u64::MAX - 1] {
+        // The time's niche holds the slab slot's emptiness: a per-flow slot is the key,
+        // the row and the slab's tag and generation, nothing more.
+        assert_eq!(std::mem::size_of::<Option<(FlowKey, Row)>>(), 80);
+        assert_eq!(std::mem::size_of::<Option<(RowKey, Row)>>(), 64);
+        for t in [0, 1, 30_000, u64::MAX - 2] {
             assert_eq!(OptMs::some(t).get(), Some(t));
         }
-        assert_eq!(OptMs::some(u64::MAX).get(), Some(u64::MAX - 1));
+        assert_eq!(OptMs::some(u64::MAX - 1).get(), Some(u64::MAX - 2));
+        assert_eq!(OptMs::some(u64::MAX).get(), Some(u64::MAX - 2));
         assert_eq!(OptMs::new(None).get(), None);
         assert_eq!(OptMs::NONE.get(), None);
     }
