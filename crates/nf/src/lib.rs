@@ -30,6 +30,7 @@
 
 mod chain;
 mod env;
+pub mod flowmap;
 mod index_alloc;
 pub mod pool;
 pub mod slabmap;

@@ -37,7 +37,8 @@ use std::collections::BTreeMap;
 
 // hashbrown with its default hasher (foldhash) rather than SipHash, as the NFs' own maps
 // were: per-flow rows are probed for every first packet, at every replica.
-use crate::slabmap::{Entry, SlabMap};
+use crate::flowmap::{self, FlowMap};
+use crate::slabmap::SlabMap;
 use smallvec::SmallVec;
 
 use pipeline::FlowKey;
@@ -259,7 +260,7 @@ struct Table {
     /// probed for every first packet at every replica, and holds a row per flow.
     /// Nothing iterates it where order could reach a decision or a snapshot's bytes;
     /// those paths sort.
-    flows: SlabMap<FlowKey, Row>,
+    flows: FlowMap<Row>,
     /// Partitioned, with-flows, copied and read tables. A hash map, probed for every
     /// mapping an NF makes or frees; whatever leaves it (reads of every row, snapshots,
     /// parts) is sorted by key.
@@ -357,14 +358,14 @@ impl Table {
         let Table { flows, timers, .. } = self;
         row.scheduled = OptMs::NONE;
         match flows.entry(f) {
-            Entry::Occupied(mut e) => {
+            flowmap::Entry::Occupied(mut e) => {
                 let old = e.get().scheduled.get();
                 if let Some(d) = row.deadline_ms.get() {
                     row.scheduled = OptMs::some(schedule_in(timers, e.slot(), old, d));
                 }
                 *e.get_mut() = row;
             }
-            Entry::Vacant(e) => {
+            flowmap::Entry::Vacant(e) => {
                 let deadline = row.deadline_ms.get();
                 row.scheduled = OptMs::new(deadline);
                 let slot = e.insert_slot(row);
@@ -429,7 +430,7 @@ impl Table {
             rows.clear();
             rows.extend(due.into_iter().filter_map(|s| {
                 let (k, r) = self.flows.at(s)?;
-                (r.scheduled.get() == Some(at)).then_some((*k, s))
+                (r.scheduled.get() == Some(at)).then_some((k, s))
             }));
             rows.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             rows.dedup_by_key(|r| r.1);
@@ -461,7 +462,7 @@ impl Table {
     fn sorted_flows(&self) -> Vec<(Vec<u8>, WireRow)> {
         let mut out: Vec<(Vec<u8>, WireRow)> = (self.flows.iter())
             .map(|(k, r)| {
-                let group = self.flow_groups.get(k).map(|g| &**g);
+                let group = self.flow_groups.get(&k).map(|g| &**g);
                 (k.as_bytes().to_vec(), wire_flow_row(r.clone(), group))
             })
             .collect();
@@ -1026,7 +1027,7 @@ impl StateTables {
             ..
         } = &mut *t;
         match flows.entry(*flow) {
-            Entry::Occupied(mut e) => {
+            flowmap::Entry::Occupied(mut e) => {
                 let slot = e.slot();
                 let r = e.get_mut();
                 r.value = value;
@@ -1035,13 +1036,13 @@ impl StateTables {
                     r.deadline_ms = OptMs::some(d);
                 }
             }
-            Entry::Vacant(_) if !room => {
+            flowmap::Entry::Vacant(_) if !room => {
                 return Err(StateError::Full {
                     table: table.into(),
                     max_rows: max_rows.unwrap_or(0),
                 })
             }
-            Entry::Vacant(e) => {
+            flowmap::Entry::Vacant(e) => {
                 let slot = e.insert_slot(Row {
                     value,
                     deadline_ms: OptMs::new(deadline),
@@ -1090,7 +1091,7 @@ impl StateTables {
     pub fn flows<V: DeserializeOwned>(&self, table: &str) -> Result<Vec<(FlowKey, V)>, StateError> {
         let t = self.kinded(table, "flows", &[Kind::PerFlow])?;
         let mut out = (t.flows.iter())
-            .map(|(k, r)| Ok((*k, dec(table, &r.value)?)))
+            .map(|(k, r)| Ok((k, dec(table, &r.value)?)))
             .collect::<Result<Vec<(FlowKey, V)>, StateError>>()?;
         out.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         Ok(out)
@@ -1389,11 +1390,11 @@ impl StateTables {
         }
         let t = self.table_mut(table)?;
         Ok(match t.rows.entry(RowKey::from_slice(&k)) {
-            Entry::Occupied(mut o) => {
+            crate::slabmap::Entry::Occupied(mut o) => {
                 *o.get_mut() = Row::keyed(value);
                 (o.slot(), false)
             }
-            Entry::Vacant(v) => (v.insert_slot(Row::keyed(value)), true),
+            crate::slabmap::Entry::Vacant(v) => (v.insert_slot(Row::keyed(value)), true),
         })
     }
 
@@ -1654,7 +1655,7 @@ impl StateTables {
         let by = self.partition;
         let mut out: Vec<u64> = (self.tables.values())
             .filter(|t| t.kind() == Kind::PerFlow)
-            .flat_map(|t| t.flows.keys().map(move |k| by.hash(k)))
+            .flat_map(|t| t.flows.keys().map(move |k| by.hash(&k)))
             .collect();
         out.sort_unstable();
         out.dedup();
@@ -1724,7 +1725,7 @@ impl StateTables {
             if t.kind() != Kind::PerFlow {
                 continue;
             }
-            let (part, keep): (SlabMap<_, _>, SlabMap<_, _>) = std::mem::take(&mut t.flows)
+            let (part, keep): (FlowMap<_>, FlowMap<_>) = std::mem::take(&mut t.flows)
                 .into_iter()
                 .partition(|(k, _)| half.moves_by(k, by));
             t.flows = keep;
