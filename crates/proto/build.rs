@@ -37,6 +37,7 @@ fn main() {
             ".starfabric.v1.RuleRequest.frame",
             ".starfabric.v1.Action.fabric",
             ".starfabric.v1.FabricFrame.frame",
+            ".starfabric.v1.EncodedRuleReply.body",
         ])
         // Rule is written by hand (src/rule_msg.rs): it sizes its action list once.
         .extern_path(".starfabric.v1.Rule", "crate::rule_msg::Rule")

@@ -14,6 +14,15 @@
 //! `v1::EncodedReply`); `encoded` sends the cache entry's bytes. Both drop the decoded
 //! reply, as FM does.
 //!
+//! `sc_results` times what a batch of `ANSWER_BATCH` new flows' replies costs from the
+//! SC tail's node to FM's cache, both ends: the node encoding its `ScUp` (`sc_encode`)
+//! and FM decoding it and caching each rule (`fm_cache`). `decoded` sends the replies
+//! as messages (`OpResult.replies`, SC before `encoded_replies`), which FM decodes and
+//! the cache encodes again; `encoded` has the node encode each reply once
+//! (`proto::encode_rule_replies`) and FM cache the bytes (`RuleCache::insert_encoded`);
+//! `encoded_checked` also decodes each body at FM, as a check that PP will read it
+//! (what FM would pay to vouch for SC's bytes).
+//!
 //! `cargo bench -p fm --bench cache`
 
 use std::net::Ipv4Addr;
@@ -222,6 +231,107 @@ fn bench(c: &mut Criterion) {
                     wire.clear();
                     prost::Message::encode(&down, &mut wire).expect("room");
                     black_box((bound, wire.len()))
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+
+    // The tail's results for one batch of new flows, as the node builds them.
+    let results = |from: u32| -> Vec<v1::OpResult> {
+        vec![v1::OpResult {
+            seq: 1,
+            replies: (from..from + ANSWER_BATCH)
+                .map(|i| {
+                    let (_, mut r, _) = decided(i);
+                    r.decided_by_group = 0;
+                    r
+                })
+                .collect(),
+            ..Default::default()
+        }]
+    };
+    let up = |results: Vec<v1::OpResult>| v1::ScUp {
+        msg: Some(v1::sc_up::Msg::Results(v1::GroupResults {
+            group: 1,
+            epoch: 1,
+            results,
+        })),
+    };
+    let mut g = c.benchmark_group("sc_results");
+    g.throughput(criterion::Throughput::Elements(u64::from(ANSWER_BATCH)));
+    for encoded in [false, true] {
+        let name = if encoded {
+            "sc_encode/encoded"
+        } else {
+            "sc_encode/decoded"
+        };
+        let mut wire = prost::bytes::BytesMut::with_capacity(1 << 20);
+        let mut next = 0u32;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    next = next.wrapping_add(ANSWER_BATCH);
+                    results(next)
+                },
+                |mut rs| {
+                    if encoded {
+                        proto::encode_rule_replies(&mut rs, 1);
+                    }
+                    wire.clear();
+                    prost::Message::encode(&up(rs), &mut wire).expect("room");
+                    black_box(wire.len())
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    for (name, encoded, checked) in [
+        ("fm_cache/decoded", false, false),
+        ("fm_cache/encoded", true, false),
+        ("fm_cache/encoded_checked", true, true),
+    ] {
+        let mut next = 0u32;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    next = next.wrapping_add(ANSWER_BATCH);
+                    let mut rs = results(next);
+                    if encoded {
+                        proto::encode_rule_replies(&mut rs, 1);
+                    }
+                    let keys: Vec<CacheKey> =
+                        (next..next + ANSWER_BATCH).map(|i| decided(i).0).collect();
+                    let wire = prost::bytes::Bytes::from(prost::Message::encode_to_vec(&up(rs)));
+                    (
+                        RuleCache::new(4 * ANSWER_BATCH as usize, 120_000),
+                        keys,
+                        wire,
+                    )
+                },
+                |(mut cache, keys, wire)| {
+                    // As tonic decodes a message: from the frame's `Bytes`.
+                    let m: v1::ScUp = prost::Message::decode(wire).expect("decodes");
+                    let Some(v1::sc_up::Msg::Results(g)) = m.msg else {
+                        unreachable!()
+                    };
+                    for r in g.results {
+                        for (mut reply, ck) in r.replies.into_iter().zip(&keys) {
+                            reply.decided_by_group = g.group;
+                            (reply.id, reply.worker) = (0, 0);
+                            black_box(cache.insert(*ck, &reply, 1));
+                        }
+                        for (e, ck) in r.encoded_replies.iter().zip(&keys) {
+                            if checked {
+                                let r: v1::RuleReply =
+                                    prost::Message::decode(e.body.clone()).expect("decodes");
+                                black_box(r);
+                            }
+                            black_box(cache.insert_encoded(*ck, &e.body, 1));
+                        }
+                    }
+                    cache
                 },
                 criterion::BatchSize::SmallInput,
             )

@@ -42,6 +42,9 @@ pub struct CacheStats {
     pub expired: u64,
     /// Removed because SC dropped the flow's state.
     pub invalidated: u64,
+    /// Removed because the entry's bytes did not decode when asked for (SC's encoding
+    /// of a reply is cached as it came, `insert_encoded`); the request went to SC.
+    pub unreadable: u64,
 }
 
 struct Entry {
@@ -98,6 +101,8 @@ pub struct RuleCache {
     default_ttl_ms: u64,
     next_gen: u64,
     sweep_at: usize,
+    /// Scratch for an inserted reply's companion keys (no allocation per insert).
+    also_keys: Vec<[u8; 40]>,
     pub stats: CacheStats,
 }
 
@@ -161,6 +166,7 @@ impl RuleCache {
             default_ttl_ms,
             next_gen: 1,
             sweep_at: 0,
+            also_keys: Vec::new(),
             stats: CacheStats::default(),
         }
     }
@@ -220,8 +226,10 @@ impl RuleCache {
         let r = cached_reply(bytes);
         e.deadline_ms = now_ms.saturating_add(e.ttl_ms);
         if r.is_none() {
-            // Cannot happen (we encoded it); treat as a miss.
+            // Bytes SC encoded that scanned as a rule but do not decode: a miss, so
+            // the flow is decided again.
             self.remove_entry(key);
+            self.stats.unreadable += 1;
         }
         Lookup::Forward(r)
     }
@@ -266,7 +274,6 @@ impl RuleCache {
         let Some(v1::rule_reply::Result::Rule(fwd)) = &reply.result else {
             return None;
         };
-        let ttl_ms = fwd.idle_timeout_ms.unwrap_or(self.default_ttl_ms);
         let bytes = if reply.id == 0 && reply.worker == 0 {
             encode_shared(reply)
         } else {
@@ -276,23 +283,64 @@ impl RuleCache {
                 ..reply.clone()
             })
         }?;
-        let deadline_ms = now_ms.saturating_add(ttl_ms);
-        self.insert_one(key, Body::Reply(bytes.clone()), ttl_ms, deadline_ms, now_ms);
-        for a in &reply.also {
-            let Some(k) = a
-                .key
+        let mut also = std::mem::take(&mut self.also_keys);
+        also.clear();
+        also.extend(reply.also.iter().filter_map(|a| {
+            a.key
                 .as_ref()
                 .and_then(|k| <[u8; 40]>::try_from(&k.raw[..]).ok())
-            else {
-                continue;
-            };
+        }));
+        self.insert_flow(key, bytes.clone(), fwd.idle_timeout_ms, &also, now_ms);
+        self.also_keys = also;
+        Some(bytes)
+    }
+
+    /// [`RuleCache::insert`] for a reply SC sent encoded (`v1::EncodedRuleReply`'s
+    /// body: id and worker left out), read without decoding it
+    /// ([`proto::scan_rule_reply`]). Returns the entry's bytes, a copy of `body` in one
+    /// allocation; `None`, caching nothing, for bytes that are not a rule reply or do
+    /// not read as one, or that carry an asker's field (id, worker) the answers to PP
+    /// could not override.
+    pub fn insert_encoded(&mut self, key: CacheKey, body: &[u8], now_ms: u64) -> Option<Arc<[u8]>> {
+        let mut also = std::mem::take(&mut self.also_keys);
+        also.clear();
+        let scanned = proto::scan_rule_reply(body, |k| {
+            if let Ok(k) = <[u8; 40]>::try_from(k) {
+                also.push(k);
+            }
+        });
+        let r = match scanned {
+            Ok(s) if s.rule && !s.asker_fields => {
+                let bytes: Arc<[u8]> = Arc::from(body);
+                self.insert_flow(key, bytes.clone(), s.idle_timeout_ms, &also, now_ms);
+                Some(bytes)
+            }
+            _ => None,
+        };
+        self.also_keys = also;
+        r
+    }
+
+    /// Cache a flow's encoded rule reply under `key`, and an entry naming it under each
+    /// of its companions' keys `also`.
+    fn insert_flow(
+        &mut self,
+        key: CacheKey,
+        bytes: Arc<[u8]>,
+        idle_timeout_ms: Option<u64>,
+        also: &[[u8; 40]],
+        now_ms: u64,
+    ) {
+        let ttl_ms = idle_timeout_ms.unwrap_or(self.default_ttl_ms);
+        let deadline_ms = now_ms.saturating_add(ttl_ms);
+        self.insert_one(key, Body::Reply(bytes), ttl_ms, deadline_ms, now_ms);
+        for &k in also {
             if k == key.2 {
                 continue;
             }
             // Lives as long as the forward entry: its own deadline never passes.
             self.insert_one((key.0, key.1, k), Body::Reverse(key.2), 0, u64::MAX, now_ms);
         }
-        Some(bytes)
     }
 
     /// The cached reply for flow `key` under whatever tenant chain holds it (see

@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline::{FlowKey, LatencyHistogram};
+use prost::Message;
 use proto::v1::{self, pp_down, sc_down};
 use proto::ChainDef;
 use serde_json::json;
@@ -209,6 +210,9 @@ pub struct FmStats {
     pub sc_replies: u64,
     /// Answers for requests no longer in flight (repeats after a repair).
     pub duplicate_replies: u64,
+    /// Encoded replies from SC that did not read as a reply: their flows were refused
+    /// with [`proto::ERR_BAD_SC_REPLY`] (the PP node asks again).
+    pub bad_sc_replies: u64,
     pub replies_to_pp: u64,
     /// Flow rules withdrawn from PP nodes because their chain went or was rebuilt.
     pub rules_revoked: u64,
@@ -1451,67 +1455,11 @@ impl Master {
                     }
                 }
             }
-            for mut reply in r.replies {
-                self.stats.sc_replies += 1;
-                reply.decided_by_group = results.group;
-                if let Some(v1::rule_reply::Result::Error(e)) = &reply.result {
-                    if e == proto::ERR_MOVED || e == proto::ERR_NOT_READY {
-                        self.redirect(reply.id, results.group, now);
-                        continue;
-                    }
-                    if e == proto::ERR_MIGRATING {
-                        self.stats.scale_migrating += 1;
-                        self.migrating(reply.id, results.group, now);
-                        continue;
-                    }
-                }
-                let Some(ck) = self.by_id.remove(&reply.id) else {
-                    self.stats.duplicate_replies += 1;
-                    continue;
-                };
-                let Some(f) = self.inflight.remove(&ck) else {
-                    self.stats.duplicate_replies += 1;
-                    continue;
-                };
-                // The asker's fields, which each waiter's answer fills in: the cached
-                // body leaves them out.
-                reply.id = 0;
-                reply.worker = 0;
-                let body = self.cache.insert(ck, &reply, now);
-                if matches!(reply.result, Some(v1::rule_reply::Result::Rule(_))) {
-                    self.scale_pin(results.group, ck, &reply);
-                }
-                // The answer is the cached bytes as they are when nothing changes them
-                // on the way: no fabric route to make, and a group to name (the decoded
-                // path's `answer_pp` would name FM for group 0). proto's `reply_batch`
-                // says what this saves.
-                if let Some(body) = body.filter(|_| self.fabric.is_empty() && results.group != 0) {
-                    for w in &f.waiters {
-                        self.answer_pp_encoded(
-                            w.session,
-                            v1::EncodedReply {
-                                id: w.id,
-                                worker: w.worker,
-                                body: body.clone(),
-                            },
-                            w.arrived_us,
-                        );
-                    }
-                    continue;
-                }
-                let mut reply = Some(reply);
-                for (i, w) in f.waiters.iter().enumerate() {
-                    let mut r = if i + 1 == f.waiters.len() {
-                        reply.take().unwrap_or_default()
-                    } else {
-                        reply.clone().unwrap_or_default()
-                    };
-                    r.id = w.id;
-                    r.worker = w.worker;
-                    let frame = w.frame.clone();
-                    let r = self.fabric_route(w.session, ck.0, ck.1, r, frame);
-                    self.answer_pp(w.session, r, w.arrived_us);
-                }
+            for reply in r.replies {
+                self.on_sc_reply(results.group, reply, now);
+            }
+            for reply in r.encoded_replies {
+                self.on_sc_encoded(results.group, reply, now);
             }
         }
         // The NF's timer forgot these flows. PP's rules may be set to outlive the NF's
@@ -1520,6 +1468,138 @@ impl Master {
         // with state — a port, a backend — the NF has given back. A flow still busy had
         // been refreshed by PP's `Active` reports and is not among them.
         self.revoke_at_pp(withdraw);
+    }
+
+    /// A decoded reply from group `group`'s tail: an error (which FM may act on: a
+    /// moved key, a migrating flow) or a rule from an SC node that sent it decoded.
+    fn on_sc_reply(&mut self, group: u64, mut reply: v1::RuleReply, now: u64) {
+        self.stats.sc_replies += 1;
+        reply.decided_by_group = group;
+        if let Some(v1::rule_reply::Result::Error(e)) = &reply.result {
+            if e == proto::ERR_MOVED || e == proto::ERR_NOT_READY {
+                self.redirect(reply.id, group, now);
+                return;
+            }
+            if e == proto::ERR_MIGRATING {
+                self.stats.scale_migrating += 1;
+                self.migrating(reply.id, group, now);
+                return;
+            }
+        }
+        let Some((ck, f)) = self.take_inflight(reply.id) else {
+            return;
+        };
+        // The asker's fields, which each waiter's answer fills in: the cached body
+        // leaves them out.
+        reply.id = 0;
+        reply.worker = 0;
+        let body = self.cache.insert(ck, &reply, now);
+        if matches!(reply.result, Some(v1::rule_reply::Result::Rule(_)))
+            && self.scale_pinned(group, ck)
+        {
+            self.pins.insert(ck, proto::detached(&reply));
+        }
+        self.answer_waiters(group, ck, f, body, reply);
+    }
+
+    /// A rule reply the tail encoded (`OpResult.encoded_replies`): cached as its bytes
+    /// and, in the common case, sent on to each waiter as they are, never decoded here.
+    fn on_sc_encoded(&mut self, group: u64, e: v1::EncodedRuleReply, now: u64) {
+        self.stats.sc_replies += 1;
+        let Some((ck, f)) = self.take_inflight(e.id) else {
+            return;
+        };
+        let body = self.cache.insert_encoded(ck, &e.body, now);
+        let decoded = match &body {
+            // Decoded only where something needs the message: a scale's pin, a fabric
+            // route, a reply FM must name itself.
+            Some(b) => {
+                let pinned = self.scale_pinned(group, ck);
+                if !pinned && self.fabric.is_empty() && group != 0 {
+                    self.answer_waiters(group, ck, f, body, v1::RuleReply::default());
+                    return;
+                }
+                let r = v1::RuleReply::decode(&b[..]);
+                if let (true, Ok(r)) = (pinned, &r) {
+                    self.pins.insert(ck, r.clone());
+                }
+                r
+            }
+            // Not a rule after all, or bytes that do not read as one.
+            None => v1::RuleReply::decode(&e.body[..]),
+        };
+        match decoded {
+            Ok(reply) => self.answer_waiters(group, ck, f, body, reply),
+            Err(err) => {
+                // Scanned as a rule but not a whole reply: nothing of it is kept.
+                self.stats.bad_sc_replies += 1;
+                warn!(group, error = %err, "an SC reply that does not decode; its flow is refused");
+                let _ = self.cache.invalidate(&ck);
+                self.pins.remove(&ck);
+                let refusal = v1::RuleReply {
+                    result: Some(v1::rule_reply::Result::Error(
+                        proto::ERR_BAD_SC_REPLY.into(),
+                    )),
+                    ..Default::default()
+                };
+                self.answer_waiters(group, ck, f, None, refusal);
+            }
+        }
+    }
+
+    /// The request FM numbered `id` and what waits for it, taken out of flight; a
+    /// reply to no request in flight (a repeat after a repair) is counted.
+    fn take_inflight(&mut self, id: u64) -> Option<(CacheKey, Inflight)> {
+        let Some(ck) = self.by_id.remove(&id) else {
+            self.stats.duplicate_replies += 1;
+            return None;
+        };
+        let Some(f) = self.inflight.remove(&ck) else {
+            self.stats.duplicate_replies += 1;
+            return None;
+        };
+        Some((ck, f))
+    }
+
+    /// Answer every waiter of flow `ck` with `reply` (id and worker cleared), or with
+    /// `body`, the cache's bytes of it, when nothing changes the reply on the way: no
+    /// fabric route to make, and a group to name (the decoded path's `answer_pp` would
+    /// name FM for group 0). proto's `reply_batch` says what sending the bytes saves.
+    fn answer_waiters(
+        &mut self,
+        group: u64,
+        ck: CacheKey,
+        f: Inflight,
+        body: Option<Arc<[u8]>>,
+        reply: v1::RuleReply,
+    ) {
+        if let Some(body) = body.filter(|_| self.fabric.is_empty() && group != 0) {
+            for w in &f.waiters {
+                self.answer_pp_encoded(
+                    w.session,
+                    v1::EncodedReply {
+                        id: w.id,
+                        worker: w.worker,
+                        body: body.clone(),
+                    },
+                    w.arrived_us,
+                );
+            }
+            return;
+        }
+        let mut reply = Some(reply);
+        for (i, w) in f.waiters.iter().enumerate() {
+            let mut r = if i + 1 == f.waiters.len() {
+                reply.take().unwrap_or_default()
+            } else {
+                reply.clone().unwrap_or_default()
+            };
+            r.id = w.id;
+            r.worker = w.worker;
+            let frame = w.frame.clone();
+            let r = self.fabric_route(w.session, ck.0, ck.1, r, frame);
+            self.answer_pp(w.session, r, w.arrived_us);
+        }
     }
 
     /// A group's writes to mirrored NF tables, queued for every other group of its
@@ -2101,6 +2181,7 @@ impl Master {
             let batch = v1::RuleReplyBatch {
                 replies: std::mem::take(&mut s.out),
                 encoded: std::mem::take(&mut s.out_encoded),
+                unreadable: 0,
             };
             self.stats.replies_to_pp += batch.len() as u64;
             self.out.push(Out::Pp {

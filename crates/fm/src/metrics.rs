@@ -166,6 +166,11 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
         "Cached rules dropped because SC dropped the flow.",
         s.cache.invalidated,
     )?;
+    sc.counter(
+        "cache_unreadable",
+        "Cached rules dropped because their bytes (as SC encoded them) did not decode.",
+        s.cache.unreadable,
+    )?;
     sc.gauge(
         "cache_entries",
         "Rules in the cache.",
@@ -192,6 +197,11 @@ fn fm_encode(sc: &mut Scrape<'_>, f: &FmSnapshot) -> std::fmt::Result {
         "duplicate_replies",
         "SC answers for requests no longer in flight.",
         s.duplicate_replies,
+    )?;
+    sc.counter(
+        "bad_replies",
+        "Encoded SC replies that did not read as a reply; their flows were refused (sc-bad-reply).",
+        s.bad_sc_replies,
     )?;
     sc.counter("replies", "Replies sent to PP nodes.", s.replies_to_pp)?;
     sc.counter("timeouts", "Requests that ran out of attempts.", s.timeouts)?;

@@ -215,6 +215,7 @@ fn report(rt: &tokio::runtime::Handle, fm: &FmHandle, chains: usize) -> Option<v
         ("cache_misses", s.cache.misses),
         ("submitted", s.submitted),
         ("sc_replies", s.sc_replies),
+        ("bad_sc_replies", s.bad_sc_replies),
         ("timeouts", s.timeouts),
         ("reconfigurations", s.reconfigurations),
     ]
@@ -224,10 +225,9 @@ fn report(rt: &tokio::runtime::Handle, fm: &FmHandle, chains: usize) -> Option<v
     Some(v1::NodeReport {
         load: Some(v1::Load {
             requests_per_s: 0.0,
-            flows: s
-                .cache
-                .inserts
-                .saturating_sub(s.cache.evicted_full + s.cache.expired + s.cache.invalidated),
+            flows: s.cache.inserts.saturating_sub(
+                s.cache.evicted_full + s.cache.expired + s.cache.invalidated + s.cache.unreadable,
+            ),
             groups: map.groups.len() as u32,
             ..Default::default()
         }),

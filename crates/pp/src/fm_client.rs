@@ -614,7 +614,13 @@ async fn session(
                 match m.map_err(|e| e.to_string())? {
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
                         // Off the wire every reply is in `b.replies`; `encoded` ones
-                        // exist only in a batch built in memory.
+                        // exist only in a batch built in memory. A reply that did not
+                        // decode is counted; if its id read, its flow has an error
+                        // reply among the others (proto's `reply_batch`).
+                        if b.unreadable > 0 {
+                            stats.bad_replies.fetch_add(u64::from(b.unreadable), Ordering::Relaxed);
+                            warn!(unreadable = b.unreadable, "FM sent replies that do not decode");
+                        }
                         match b.into_replies() {
                             Ok(replies) => deliver(replies, outs, stats, outstanding),
                             Err(e) => {

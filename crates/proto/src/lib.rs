@@ -31,6 +31,7 @@ pub mod v1 {
 }
 
 pub mod agent;
+mod encoded_rules;
 mod fm_addrs;
 pub mod json;
 pub mod lanes;
@@ -38,6 +39,7 @@ pub mod liveness;
 mod reply_batch;
 mod rule_msg;
 pub mod tls;
+pub use encoded_rules::{encode_rule_replies, op_replies, scan_rule_reply, ScannedReply};
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
@@ -67,6 +69,10 @@ pub const ERR_NOT_READY: &str = "sc-not-ready";
 /// A new owner's refusal during a gradual scale-out: the flow's state is still at the
 /// old owner. FM has it pulled over (ScalePull) and sends the request again after.
 pub const ERR_MIGRATING: &str = "sc-migrating";
+
+/// Error FM answers for a flow whose reply from SC did not read as one (an encoded
+/// rule reply that does not decode; FM counts it). The PP node asks again.
+pub const ERR_BAD_SC_REPLY: &str = "sc-bad-reply";
 
 /// Error FM answers for a rule request it sheds because its setup path (its input
 /// queue, or the requests in flight to SC) is over its bound. The flow is refused, not

@@ -15,6 +15,15 @@
 //! Decoding fills `replies` only: a batch read off the wire has every reply there.
 //! [`RuleReplyBatch::into_replies`] also decodes the `encoded` ones, for a batch
 //! handed over in memory.
+//!
+//! Decoding takes each reply on its own. FM passes the SC tail's encoding of a rule on
+//! without decoding it (`encoded_rules.rs`), so a reply that does not read (a bug at
+//! the node that made it) must cost its own flow only, not the batch and the session
+//! it came in: the batch's framing holds its length, so the decoder counts it
+//! (`unreadable`) and goes on. When the reply's own top level still reads (its id,
+//! worker and key, which FM writes around the body), it becomes an error reply
+//! ([`crate::ERR_BAD_SC_REPLY`]) for that flow, so the asker releases what it holds for
+//! it and asks again.
 
 use std::sync::Arc;
 
@@ -68,6 +77,9 @@ pub struct RuleReplyBatch {
     pub replies: Vec<RuleReply>,
     /// Replies sent as they were encoded, after `replies`. Never filled by decoding.
     pub encoded: Vec<EncodedReply>,
+    /// Replies on the wire that did not decode (never sent). Those whose id could be
+    /// read are in `replies` as [`crate::ERR_BAD_SC_REPLY`] errors; all are counted here.
+    pub unreadable: u32,
 }
 
 impl RuleReplyBatch {
@@ -76,6 +88,7 @@ impl RuleReplyBatch {
         RuleReplyBatch {
             replies,
             encoded: Vec::new(),
+            unreadable: 0,
         }
     }
 
@@ -123,13 +136,32 @@ impl Message for RuleReplyBatch {
         buf: &mut impl Buf,
         ctx: DecodeContext,
     ) -> Result<(), DecodeError> {
+        let field_err = |mut e: DecodeError| {
+            e.push("RuleReplyBatch", "replies");
+            e
+        };
         match tag {
-            1 => encoding::message::merge_repeated(wire_type, &mut self.replies, buf, ctx).map_err(
-                |mut e| {
-                    e.push("RuleReplyBatch", "replies");
-                    e
-                },
-            ),
+            1 => {
+                // The reply's bytes, by the batch's framing (an error here is the
+                // batch's: nothing after it can be found).
+                encoding::check_wire_type(WireType::LengthDelimited, wire_type)
+                    .map_err(field_err)?;
+                let len = encoding::decode_varint(buf).map_err(field_err)?;
+                if len > buf.remaining() as u64 {
+                    return Err(field_err(DecodeError::new("buffer underflow")));
+                }
+                let bytes = buf.copy_to_bytes(len as usize);
+                match RuleReply::decode(bytes.clone()) {
+                    Ok(r) => self.replies.push(r),
+                    Err(_) => {
+                        self.unreadable += 1;
+                        if let Some(r) = refusal_of(&bytes) {
+                            self.replies.push(r);
+                        }
+                    }
+                }
+                Ok(())
+            }
             _ => encoding::skip_field(wire_type, tag, buf, ctx),
         }
     }
@@ -149,7 +181,40 @@ impl Message for RuleReplyBatch {
     fn clear(&mut self) {
         self.replies.clear();
         self.encoded.clear();
+        self.unreadable = 0;
     }
+}
+
+/// An error reply ([`crate::ERR_BAD_SC_REPLY`]) for a reply that does not decode, if
+/// its top level still reads: its id, worker and key. `None` without an id.
+fn refusal_of(mut bytes: &[u8]) -> Option<RuleReply> {
+    let mut r = RuleReply {
+        result: Some(crate::v1::rule_reply::Result::Error(
+            crate::ERR_BAD_SC_REPLY.into(),
+        )),
+        ..Default::default()
+    };
+    let mut id = None;
+    let buf = &mut bytes;
+    while buf.has_remaining() {
+        let (tag, wt) = encoding::decode_key(buf).ok()?;
+        match (tag, wt) {
+            (1, WireType::Varint) => id = Some(encoding::decode_varint(buf).ok()?),
+            (6, WireType::Varint) => r.worker = encoding::decode_varint(buf).ok()? as u32,
+            (2, WireType::LengthDelimited) => {
+                let len = encoding::decode_varint(buf).ok()?;
+                if len > buf.len() as u64 {
+                    return None;
+                }
+                let (key, rest) = buf.split_at(len as usize);
+                r.key = crate::v1::FlowKey::decode(key).ok();
+                *buf = rest;
+            }
+            _ => encoding::skip_field(wt, tag, buf, DecodeContext::default()).ok()?,
+        }
+    }
+    r.id = id?;
+    Some(r)
 }
 
 #[cfg(test)]
@@ -213,6 +278,7 @@ mod tests {
         let ours = RuleReplyBatch {
             replies: vec![cases[0].clone()],
             encoded: cases[1..].iter().map(encoded).collect(),
+            unreadable: 0,
         };
         let wire = ours.encode_to_vec();
         assert_eq!(wire.len(), ours.encoded_len());
@@ -253,6 +319,7 @@ mod tests {
         // A corrupt cached body is an error when decoded in memory, not a panic.
         let bad = RuleReplyBatch {
             replies: vec![],
+            unreadable: 0,
             encoded: vec![EncodedReply {
                 id: 1,
                 worker: 0,
@@ -260,5 +327,51 @@ mod tests {
             }],
         };
         assert!(bad.into_replies().is_err());
+    }
+
+    #[test]
+    fn a_reply_that_does_not_read_costs_its_own_flow_only() {
+        // Three replies on the wire; the middle one's rule holds an action that is a
+        // truncated varint (it frames, but does not decode). FM writes the asker's id
+        // and worker around the body, so they still read.
+        let mut body = reply(0, 0, 3);
+        body.result = None;
+        let mut bad_body = body.encode_to_vec();
+        bad_body.extend_from_slice(&[0x1a, 0x04, 0x12, 0x02, 0x08, 0x80]);
+        let batch = RuleReplyBatch {
+            replies: vec![reply(1, 2, 3)],
+            encoded: vec![
+                EncodedReply {
+                    id: 9,
+                    worker: 4,
+                    body: Arc::from(&bad_body[..]),
+                },
+                encoded(&reply(10, 1, 3)),
+            ],
+            unreadable: 0,
+        };
+        let wire = batch.encode_to_vec();
+        let back = RuleReplyBatch::decode(&wire[..]).unwrap();
+        assert_eq!(back.unreadable, 1);
+        assert_eq!(back.replies.len(), 3);
+        assert_eq!(back.replies[0], reply(1, 2, 3));
+        assert_eq!(back.replies[2], reply(10, 1, 3));
+        let refused = &back.replies[1];
+        assert_eq!((refused.id, refused.worker), (9, 4));
+        assert_eq!(
+            refused.key, body.key,
+            "the key is kept, for the asker to release"
+        );
+        assert_eq!(
+            refused.result,
+            Some(rule_reply::Result::Error(crate::ERR_BAD_SC_REPLY.into()))
+        );
+        // Without a readable id there is no flow to answer: counted only.
+        let mut wire = Vec::new();
+        encoding::encode_key(1, WireType::LengthDelimited, &mut wire);
+        encoding::encode_varint(2, &mut wire);
+        wire.extend_from_slice(&[0x08, 0x80]);
+        let back = RuleReplyBatch::decode(&wire[..]).unwrap();
+        assert_eq!((back.unreadable, back.replies.len()), (1, 0));
     }
 }

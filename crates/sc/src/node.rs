@@ -1761,11 +1761,15 @@ fn flush(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: O
         }));
     }
     if !out.results.is_empty() {
+        // Encoded here, on the replica's worker, once per reply: FM passes the bytes on
+        // to PP as they are (proto's `encoded_rules` says what this saves).
+        let mut results = out.results;
+        proto::encode_rule_replies(&mut results, core.group_id());
         let _ = shared.to_fm.send(v1::ScUp {
             msg: Some(sc_up::Msg::Results(v1::GroupResults {
                 group: core.group_id(),
                 epoch: core.epoch(),
-                results: out.results,
+                results,
             })),
         });
     }

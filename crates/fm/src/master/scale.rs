@@ -669,22 +669,22 @@ impl Master {
             .any(|j| j.from == gid && j.phase != Phase::Aborting)
     }
 
-    /// The old owner of a scale under way decided flow `ck` (a rule, `reply`): if its key
-    /// is in the moved range, pin the rule until the new owner has merged the delta, so
-    /// the flow is answered here and never decided again by the new owner.
-    pub(super) fn scale_pin(&mut self, gid: u64, ck: CacheKey, reply: &v1::RuleReply) {
+    /// Whether flow `ck`, which group `gid` just decided (a rule), must be pinned: `gid`
+    /// is the old owner of a scale under way and the key is in the moved range. FM then
+    /// holds the rule until the new owner has merged the delta, so the flow is answered
+    /// here and never decided again by the new owner.
+    pub(super) fn scale_pinned(&self, gid: u64, ck: CacheKey) -> bool {
+        if self.scales.is_empty() {
+            return false;
+        }
         let h = self.map.key_hash(ck.0, ck.1, &FlowKey::from_bytes(ck.2));
-        let pinned = self.scales.values().any(|j| {
+        self.scales.values().any(|j| {
             j.from == gid
                 && j.phase != Phase::Aborting
                 && (j.tenant, j.chain) == (ck.0, ck.1)
                 && j.moved.0 <= h
                 && h <= j.moved.1
-        });
-        if pinned {
-            // Held for the whole step: not as a slice of the SC results it came in.
-            self.pins.insert(ck, proto::detached(reply));
-        }
+        })
     }
 
     fn unpin(&mut self, tenant: u32, chain: u32, moved: (u64, u64)) {

@@ -146,6 +146,9 @@ struct Sim {
     /// Answer with rules that forward VXLAN (decap … out) and carry a reverse rule, as
     /// a real chain's do, instead of empty ones.
     forwarding_rules: bool,
+    /// Answer with rule replies as messages (`OpResult.replies`) instead of encoded,
+    /// as SC nodes did before `OpResult.encoded_replies`.
+    decoded_results: bool,
     /// Everything sent to any PP node, with its session.
     pp_out: Vec<(u64, pp_down::Msg)>,
 }
@@ -167,6 +170,7 @@ impl Sim {
             submits: Vec::new(),
             answer_submits: true,
             forwarding_rules: false,
+            decoded_results: false,
             pp_out: Vec::new(),
         }
     }
@@ -379,13 +383,17 @@ impl Sim {
                         }
                     })
                     .collect();
-                result(
+                let mut r = result(
                     s.group,
                     v1::OpResult {
                         replies,
                         ..Default::default()
                     },
-                )
+                );
+                if !self.decoded_results {
+                    proto::encode_rule_replies(&mut r.results, s.group);
+                }
+                r
             }
             _ => return None,
         })
@@ -719,8 +727,16 @@ fn identical_requests_in_flight_coalesce_into_one_submit() {
 
 #[test]
 fn a_new_flows_answers_are_the_cached_bytes_with_each_askers_id_and_worker() {
+    // SC's reply as the tail encodes it, and as a message (an older node).
+    for decoded in [false, true] {
+        new_flows_answers_are_the_cached_bytes(decoded);
+    }
+}
+
+fn new_flows_answers_are_the_cached_bytes(decoded_results: bool) {
     let mut s = cluster(2, 2);
     s.forwarding_rules = true;
+    s.decoded_results = decoded_results;
     let pp = s.pp.unwrap();
     let k = key(21);
     let ask = |id, worker| v1::RuleRequest {
@@ -773,6 +789,95 @@ fn a_new_flows_answers_are_the_cached_bytes_with_each_askers_id_and_worker() {
     let last = r.iter().find(|r| r.id == 7).expect("answered");
     assert_eq!(last.result, got[0].result);
     assert_eq!(last.decided_by, "FM rule cache");
+    assert_eq!(s.m.stats.bad_sc_replies, 0);
+}
+
+/// What the PP node reads of what FM sent it: each `RuleReplyBatch` through the wire,
+/// as the node decodes it (a reply that does not read becomes an error for its flow).
+fn pp_replies_off_the_wire(s: &mut Sim) -> (Vec<v1::RuleReply>, u32) {
+    let mut unreadable = 0;
+    let replies = std::mem::take(&mut s.to_pp)
+        .into_iter()
+        .filter_map(|m| match m {
+            pp_down::Msg::Replies(b) => {
+                let wire = prost::Message::encode_to_vec(&b);
+                let b = <v1::RuleReplyBatch as prost::Message>::decode(&wire[..]).unwrap();
+                unreadable += b.unreadable;
+                Some(b.replies)
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    (replies, unreadable)
+}
+
+#[test]
+fn an_encoded_reply_that_does_not_read_costs_its_flow_only_counted_and_is_not_served_again() {
+    let mut s = cluster(2, 2);
+    s.answer_submits = false;
+    let pp = s.pp.unwrap();
+    // A body that scans as a rule but does not decode (its one action is a truncated
+    // varint): FM passes it on unread, and the PP node refuses the flow. One that does
+    // not scan at all: FM refuses the flow itself. Neither costs the batch or the session.
+    let bad_action = vec![0x1a, 0x04, 0x12, 0x02, 0x08, 0x80];
+    assert!(proto::scan_rule_reply(&bad_action, |_| ()).unwrap().rule);
+    assert!(<v1::RuleReply as prost::Message>::decode(&bad_action[..]).is_err());
+    let submit = |s: &mut Sim, id: u64, k: &FlowKey| {
+        s.m.on_pp_requests(pp, vec![request(id, 1, 1, k)], s.now_us);
+        s.flush();
+        loop {
+            match s.to_sc.pop_front() {
+                Some((session, sc_down::Msg::Submit(sub))) => break (session, sub),
+                Some(_) => continue,
+                None => panic!("no submit"),
+            }
+        }
+    };
+    for (n, body) in [bad_action, vec![0x1a, 0x7f]].into_iter().enumerate() {
+        let k = key(40 + n as u64);
+        let (session, sub) = submit(&mut s, 9, &k);
+        let id = sub.requests.unwrap().requests[0].id;
+        let results = v1::GroupResults {
+            group: sub.group,
+            epoch: 0,
+            results: vec![v1::OpResult {
+                encoded_replies: vec![v1::EncodedRuleReply {
+                    id,
+                    body: body.into(),
+                }],
+                ..Default::default()
+            }],
+        };
+        s.m.on_sc_results(session, results, s.now_us);
+        s.flush();
+        let (r, unreadable) = pp_replies_off_the_wire(&mut s);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].id, 9);
+        assert_eq!(
+            r[0].result,
+            Some(v1::rule_reply::Result::Error(
+                proto::ERR_BAD_SC_REPLY.into()
+            ))
+        );
+        assert!(s.m.inflight.is_empty());
+        if n == 0 {
+            // Read by PP, not by FM; the cache holds it until it is asked for.
+            assert_eq!((unreadable, s.m.stats.bad_sc_replies), (1, 0));
+            // Asked again: the entry does not decode, so it is dropped, counted, and
+            // the flow goes to SC again.
+            let (_, again) = submit(&mut s, 10, &k);
+            assert_eq!(again.requests.unwrap().requests.len(), 1);
+            assert_eq!(s.m.cache.stats.unreadable, 1);
+            assert!(s.pp_replies().is_empty(), "not answered from the cache");
+            s.m.inflight.clear();
+            s.m.by_id.clear();
+        } else {
+            // Refused at FM; nothing cached.
+            assert_eq!((unreadable, s.m.stats.bad_sc_replies), (0, 1));
+        }
+        assert_eq!(s.m.cache.len(), 0);
+    }
 }
 
 #[test]

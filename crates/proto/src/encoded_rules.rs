@@ -1,0 +1,387 @@
+//! Rule replies encoded once, at the SC tail, and carried as bytes to PP
+//! (`OpResult.encoded_replies`, `v1::EncodedRuleReply`).
+//!
+//! FM caches every rule it returns as its encoding (`fm::cache`) and answers PP with
+//! those bytes (`RuleReplyBatch`, `reply_batch.rs`). When SC sent its replies as
+//! messages, FM decoded each one (a `Rule` with its action list, twice: the flow's and
+//! its companion's) only to encode it again for the cache, and the SC node's link had
+//! encoded it under five levels of nesting (`ScUp`, `GroupResults`, `OpResult`,
+//! `RuleReply`, `Rule`), prost walking the rule once per level for its length. Now the
+//! tail's node encodes each rule reply once, into one buffer for the batch
+//! ([`encode_rule_replies`]); FM reads the three things it needs from the bytes
+//! ([`scan_rule_reply`]: that it is a rule, the rule's idle timeout, the companions'
+//! keys) and copies the bytes into its cache.
+//!
+//! Errors stay decoded in `OpResult.replies`: FM acts on them (a moved key, a
+//! migrating flow) and never caches them.
+
+use prost::bytes::{Buf, BytesMut};
+use prost::encoding::{self, DecodeContext, WireType};
+use prost::{DecodeError, Message};
+
+use crate::v1;
+
+/// Move the rule replies of `results` to `encoded_replies`, each encoded without its
+/// id and worker and naming `group` as the one that decided it. All bodies share one
+/// buffer: two allocations for the batch, not one per reply. Error replies stay.
+pub fn encode_rule_replies(results: &mut [v1::OpResult], group: u64) {
+    let is_rule = |r: &v1::RuleReply| matches!(r.result, Some(v1::rule_reply::Result::Rule(_)));
+    let mut total = 0;
+    for r in results.iter_mut() {
+        for reply in r.replies.iter_mut().filter(|r| is_rule(r)) {
+            reply.worker = 0;
+            reply.decided_by_group = group;
+            // With its id, which is left out below: a few bytes over, never under.
+            total += reply.encoded_len();
+        }
+    }
+    if total == 0 {
+        return;
+    }
+    let mut buf = BytesMut::with_capacity(total);
+    for r in results.iter_mut() {
+        if !r.replies.iter().any(is_rule) {
+            continue;
+        }
+        let replies = std::mem::take(&mut r.replies);
+        r.encoded_replies.reserve(replies.len());
+        for mut reply in replies {
+            if !is_rule(&reply) {
+                r.replies.push(reply);
+                continue;
+            }
+            let id = std::mem::take(&mut reply.id);
+            // `encode_raw`, not `encode`: the buffer has room, so `encode`'s length
+            // check would only walk the rules once more.
+            reply.encode_raw(&mut buf);
+            r.encoded_replies.push(v1::EncodedRuleReply {
+                id,
+                body: buf.split().freeze(),
+            });
+        }
+    }
+}
+
+/// What [`scan_rule_reply`] read from an encoded reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScannedReply {
+    /// The reply is a rule (`result` is field 3), not an error or nothing.
+    pub rule: bool,
+    /// The rule's `idle_timeout_ms`, if it has one.
+    pub idle_timeout_ms: Option<u64>,
+    /// The bytes carry an id or a worker (fields 1, 6), which an encoded body leaves
+    /// to the answer it goes out in: protobuf's last value wins, so the body's would
+    /// override the asker's.
+    pub asker_fields: bool,
+}
+
+/// Read an encoded `RuleReply` (an [`v1::EncodedRuleReply`]'s body) for what FM's
+/// cache needs, without decoding it: whether it is a rule, the rule's idle timeout, and
+/// each companion rule's flow key (`also_key`, in order; the raw bytes, any length).
+///
+/// Checks the structure it walks: every field's wire type where it reads one, and
+/// every length. Fields it does not need are skipped, not checked inside (an action
+/// list is PP's to decode).
+pub fn scan_rule_reply(
+    mut body: &[u8],
+    mut also_key: impl FnMut(&[u8]),
+) -> Result<ScannedReply, DecodeError> {
+    let mut out = ScannedReply {
+        rule: false,
+        idle_timeout_ms: None,
+        asker_fields: false,
+    };
+    let buf = &mut body;
+    while buf.has_remaining() {
+        let (tag, wt) = encoding::decode_key(buf)?;
+        match tag {
+            3 => {
+                let mut rule = nested(buf, wt, "result.rule")?;
+                out.rule = true;
+                out.idle_timeout_ms = scan_rule(&mut rule, |_| ())?;
+            }
+            4 => {
+                // An error (a string): the result is not a rule, whatever came first.
+                nested(buf, wt, "result.error")?;
+                out.rule = false;
+                out.idle_timeout_ms = None;
+            }
+            5 => {
+                let mut rule = nested(buf, wt, "also")?;
+                scan_rule(&mut rule, &mut also_key)?;
+            }
+            _ => {
+                out.asker_fields |= tag == 1 || tag == 6;
+                encoding::skip_field(wt, tag, buf, DecodeContext::default())?
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A length-delimited field's bytes, taken off `buf`.
+fn nested<'a>(
+    buf: &mut &'a [u8],
+    wt: WireType,
+    field: &'static str,
+) -> Result<&'a [u8], DecodeError> {
+    let err = |m: &str| {
+        let mut e = DecodeError::new(m.to_string());
+        e.push("RuleReply", field);
+        e
+    };
+    if wt != WireType::LengthDelimited {
+        return Err(err("invalid wire type"));
+    }
+    let len = encoding::decode_varint(buf)?;
+    if len > buf.len() as u64 {
+        return Err(err("buffer underflow"));
+    }
+    let (head, rest) = buf.split_at(len as usize);
+    *buf = rest;
+    Ok(head)
+}
+
+/// A `Rule`'s idle timeout; its key's raw bytes go to `key`.
+fn scan_rule(buf: &mut &[u8], mut key: impl FnMut(&[u8])) -> Result<Option<u64>, DecodeError> {
+    let mut ttl = None;
+    while buf.has_remaining() {
+        let (tag, wt) = encoding::decode_key(buf)?;
+        match tag {
+            1 => {
+                let mut k = nested(buf, wt, "Rule.key")?;
+                while k.has_remaining() {
+                    let (tag, wt) = encoding::decode_key(&mut k)?;
+                    if tag == 1 {
+                        key(nested(&mut k, wt, "Rule.key.raw")?);
+                    } else {
+                        encoding::skip_field(wt, tag, &mut k, DecodeContext::default())?;
+                    }
+                }
+            }
+            3 => {
+                if wt != WireType::Varint {
+                    let mut e = DecodeError::new("invalid wire type");
+                    e.push("Rule", "idle_timeout_ms");
+                    return Err(e);
+                }
+                ttl = Some(encoding::decode_varint(buf)?);
+            }
+            _ => encoding::skip_field(wt, tag, buf, DecodeContext::default())?,
+        }
+    }
+    Ok(ttl)
+}
+
+impl v1::EncodedRuleReply {
+    /// The reply as a message, its id filled in.
+    pub fn decode_reply(&self) -> Result<v1::RuleReply, DecodeError> {
+        let mut r = v1::RuleReply::decode(&self.body[..])?;
+        r.id = self.id;
+        Ok(r)
+    }
+}
+
+/// Every reply of `r`, decoded: `replies`, then `encoded_replies` (for tests and tools;
+/// FM reads the encoded ones without decoding them).
+pub fn op_replies(r: &v1::OpResult) -> Result<Vec<v1::RuleReply>, DecodeError> {
+    let mut out = r.replies.clone();
+    for e in &r.encoded_replies {
+        out.push(e.decode_reply()?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{action, rule_reply, Action, FlowKey, Rule};
+
+    fn key(b: u8) -> Option<FlowKey> {
+        Some(FlowKey {
+            raw: vec![b; 40].into(),
+        })
+    }
+
+    fn rule(k: u8, ttl: Option<u64>, actions: usize) -> Rule {
+        Rule {
+            key: key(k),
+            actions: vec![
+                Action {
+                    kind: Some(action::Kind::Output(2)),
+                };
+                actions
+            ],
+            idle_timeout_ms: ttl,
+        }
+    }
+
+    fn rule_reply(id: u64, ttl: Option<u64>, also: &[u8]) -> v1::RuleReply {
+        v1::RuleReply {
+            id,
+            key: key(id as u8),
+            result: Some(rule_reply::Result::Rule(rule(id as u8, ttl, 3))),
+            also: also.iter().map(|&k| rule(k, Some(5), 2)).collect(),
+            worker: 4,
+            ..Default::default()
+        }
+    }
+
+    fn error_reply(id: u64) -> v1::RuleReply {
+        v1::RuleReply {
+            id,
+            key: key(1),
+            result: Some(rule_reply::Result::Error("sc-moved".into())),
+            worker: 4,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rules_move_to_encoded_bodies_and_read_back_with_their_group() {
+        let first = vec![
+            rule_reply(1, Some(30_000), &[7]),
+            error_reply(2),
+            rule_reply(3, None, &[]),
+        ];
+        let second = vec![rule_reply(u64::MAX, Some(u64::MAX), &[8, 9])];
+        let mut results = vec![
+            v1::OpResult {
+                seq: 1,
+                replies: first.clone(),
+                ..Default::default()
+            },
+            v1::OpResult {
+                seq: 2,
+                replies: vec![error_reply(5)],
+                ..Default::default()
+            },
+            v1::OpResult {
+                seq: 3,
+                replies: second.clone(),
+                ..Default::default()
+            },
+        ];
+        encode_rule_replies(&mut results, 12);
+        // Errors stay as they were.
+        assert_eq!(results[0].replies, vec![error_reply(2)]);
+        assert_eq!(results[1].replies, vec![error_reply(5)]);
+        assert!(results[1].encoded_replies.is_empty());
+        assert!(results[2].replies.is_empty());
+        let ids: Vec<u64> = results
+            .iter()
+            .flat_map(|r| r.encoded_replies.iter().map(|e| e.id))
+            .collect();
+        assert_eq!(ids, vec![1, 3, u64::MAX]);
+        // Each body decodes to its reply, worker cleared and the group named.
+        let expect = |mut r: v1::RuleReply| {
+            r.worker = 0;
+            r.decided_by_group = 12;
+            r
+        };
+        assert_eq!(
+            op_replies(&results[0]).unwrap(),
+            vec![
+                error_reply(2),
+                expect(first[0].clone()),
+                expect(first[2].clone())
+            ]
+        );
+        assert_eq!(
+            op_replies(&results[2]).unwrap(),
+            vec![expect(second[0].clone())]
+        );
+        // The body leaves the id out (FM adds each asker's).
+        let body = &results[2].encoded_replies[0].body;
+        assert_eq!(v1::RuleReply::decode(&body[..]).unwrap().id, 0);
+        // And the result encodes on the wire and back as it is.
+        let wire = results[0].encode_to_vec();
+        assert_eq!(v1::OpResult::decode(&wire[..]).unwrap(), results[0]);
+    }
+
+    #[test]
+    fn a_scan_reads_what_a_decode_does() {
+        for r in [
+            rule_reply(1, Some(30_000), &[7]),
+            rule_reply(2, None, &[]),
+            rule_reply(3, Some(u64::MAX), &[8, 9, 10]),
+            rule_reply(4, Some(0), &[11]),
+        ] {
+            let body = r.encode_to_vec();
+            let mut keys = Vec::new();
+            let s = scan_rule_reply(&body, |k| keys.push(k.to_vec())).unwrap();
+            let Some(rule_reply::Result::Rule(fwd)) = &r.result else {
+                unreachable!()
+            };
+            assert!(s.rule);
+            assert_eq!(s.idle_timeout_ms, fwd.idle_timeout_ms);
+            let want: Vec<Vec<u8>> = r
+                .also
+                .iter()
+                .map(|a| a.key.as_ref().unwrap().raw.to_vec())
+                .collect();
+            assert_eq!(keys, want);
+        }
+        let s = scan_rule_reply(&error_reply(3).encode_to_vec(), |_| panic!()).unwrap();
+        assert_eq!(
+            s,
+            ScannedReply {
+                rule: false,
+                idle_timeout_ms: None,
+                asker_fields: true,
+            }
+        );
+        // A body as the tail encodes it has neither id nor worker.
+        let mut r = rule_reply(5, None, &[]);
+        assert!(
+            scan_rule_reply(&r.encode_to_vec(), |_| ())
+                .unwrap()
+                .asker_fields
+        );
+        r.id = 0;
+        assert!(
+            scan_rule_reply(&r.encode_to_vec(), |_| ())
+                .unwrap()
+                .asker_fields
+        );
+        r.worker = 0;
+        assert!(
+            !scan_rule_reply(&r.encode_to_vec(), |_| ())
+                .unwrap()
+                .asker_fields
+        );
+        assert!(!scan_rule_reply(&[], |_| ()).unwrap().rule);
+    }
+
+    #[test]
+    fn a_bad_body_is_an_error_not_a_panic() {
+        let good = rule_reply(1, Some(30_000), &[7]).encode_to_vec();
+        // Every truncation of a good body either scans (it ended between fields) or
+        // is an error.
+        for n in 0..good.len() {
+            let _ = scan_rule_reply(&good[..n], |_| ());
+        }
+        // The rule as a varint: the wrong wire type, named.
+        let e = scan_rule_reply(&[0x18, 0x01], |_| ()).unwrap_err();
+        assert!(e.to_string().contains("RuleReply.result.rule"), "{e}");
+        // A length past the end.
+        let e = scan_rule_reply(&[0x2a, 0x7f, 0x0a], |_| ()).unwrap_err();
+        assert!(e.to_string().contains("RuleReply.also"), "{e}");
+        // An idle timeout that is not a varint.
+        let e = scan_rule_reply(&[0x1a, 0x02, 0x1a, 0x00], |_| ()).unwrap_err();
+        assert!(e.to_string().contains("idle_timeout_ms"), "{e}");
+        // Random bytes never panic.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            let mut b = good.clone();
+            for _ in 0..3 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x as usize) % b.len();
+                b[i] = (x >> 32) as u8;
+            }
+            let _ = scan_rule_reply(&b, |_| ());
+        }
+    }
+}
