@@ -641,6 +641,7 @@ impl Master {
             },
             // First packets are worth their bytes only where a chain is split.
             fabric_frames: role == v1::Role::Pp && !self.fabric.is_empty(),
+            encoded_replies: role == v1::Role::Sc,
         }
     }
 

@@ -62,6 +62,23 @@ pub fn encode_rule_replies(results: &mut [v1::OpResult], group: u64) {
     }
 }
 
+/// Undo [`encode_rule_replies`]: decode `encoded_replies` back into `replies`, for an
+/// FM that does not take them (`RegisterAck.encoded_replies` false: an older FM, which
+/// would skip the field it does not know). A body that does not decode is dropped and
+/// counted in the answer; FM then times its request out and the PP node asks again.
+pub fn decode_rule_replies(results: &mut [v1::OpResult]) -> usize {
+    let mut bad = 0;
+    for r in results {
+        for e in std::mem::take(&mut r.encoded_replies) {
+            match e.decode_reply() {
+                Ok(reply) => r.replies.push(reply),
+                Err(_) => bad += 1,
+            }
+        }
+    }
+    bad
+}
+
 /// What [`scan_rule_reply`] read from an encoded reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScannedReply {
@@ -297,6 +314,22 @@ mod tests {
         // And the result encodes on the wire and back as it is.
         let wire = results[0].encode_to_vec();
         assert_eq!(v1::OpResult::decode(&wire[..]).unwrap(), results[0]);
+        // For an FM that does not take them, they go back to messages.
+        let mut back = results.clone();
+        assert_eq!(decode_rule_replies(&mut back), 0);
+        assert!(back.iter().all(|r| r.encoded_replies.is_empty()));
+        for (b, r) in back.iter().zip(&results) {
+            assert_eq!(b.replies, op_replies(r).unwrap());
+        }
+        let mut bad = vec![v1::OpResult {
+            encoded_replies: vec![v1::EncodedRuleReply {
+                id: 1,
+                body: vec![0x1a, 0x7f].into(),
+            }],
+            ..Default::default()
+        }];
+        assert_eq!(decode_rule_replies(&mut bad), 1);
+        assert!(bad[0].replies.is_empty() && bad[0].encoded_replies.is_empty());
     }
 
     #[test]

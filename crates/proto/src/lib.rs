@@ -39,7 +39,9 @@ pub mod liveness;
 mod reply_batch;
 mod rule_msg;
 pub mod tls;
-pub use encoded_rules::{encode_rule_replies, op_replies, scan_rule_reply, ScannedReply};
+pub use encoded_rules::{
+    decode_rule_replies, encode_rule_replies, op_replies, scan_rule_reply, ScannedReply,
+};
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).

@@ -327,6 +327,10 @@ struct Shared {
     /// NF chains built ahead for the next start of each hosted chain (Serpens' NF
     /// Manager).
     spares: SpareChains,
+    /// The FM of the current session takes rule replies encoded
+    /// (`RegisterAck.encoded_replies`); until a session says so, and with an older FM,
+    /// results go to FM decoded.
+    fm_takes_encoded: AtomicBool,
 }
 
 impl Shared {
@@ -432,6 +436,7 @@ pub async fn start_on(
         place_hist: StartHistogram::default(),
         fallback: Mutex::new(Fallback::new(cfg_watch)),
         spares,
+        fm_takes_encoded: AtomicBool::new(false),
     });
     let svc = ServiceComputationServer::new(ScService {
         shared: shared.clone(),
@@ -915,9 +920,22 @@ async fn fm_session(shared: &Arc<Shared>, fm: &str, opened: &mut bool) -> Result
     // Tail results (from every replica) → this session.
     let fwd_tx = otx.data.clone();
     let s2 = shared.clone();
+    let encoded = ack.encoded_replies;
+    shared.fm_takes_encoded.store(encoded, Ordering::Relaxed);
     let forward = shared.tasks.spawn(async move {
         let mut rx = s2.to_fm_rx.lock().await;
-        while let Some(m) = rx.recv().await {
+        while let Some(mut m) = rx.recv().await {
+            // Encoded for an FM before this one (a failover to an older FM): decoded
+            // back, so this one reads them.
+            if let (false, Some(sc_up::Msg::Results(r))) = (encoded, &mut m.msg) {
+                let bad = proto::decode_rule_replies(&mut r.results);
+                if bad > 0 {
+                    warn!(
+                        bad,
+                        "encoded replies that do not decode; dropped (FM retries them)"
+                    );
+                }
+            }
             if fwd_tx.send(m).is_err() {
                 break;
             }
@@ -1764,7 +1782,9 @@ fn flush(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: O
         // Encoded here, on the replica's worker, once per reply: FM passes the bytes on
         // to PP as they are (proto's `encoded_rules` says what this saves).
         let mut results = out.results;
-        proto::encode_rule_replies(&mut results, core.group_id());
+        if shared.fm_takes_encoded.load(Ordering::Relaxed) {
+            proto::encode_rule_replies(&mut results, core.group_id());
+        }
         let _ = shared.to_fm.send(v1::ScUp {
             msg: Some(sc_up::Msg::Results(v1::GroupResults {
                 group: core.group_id(),

@@ -1883,3 +1883,10 @@ fn without_a_split_chain_fm_asks_for_no_first_packets() {
     let acks = fabric_acks(&s);
     assert_eq!(acks, vec![false]);
 }
+
+#[test]
+fn sc_nodes_are_told_to_send_rule_replies_encoded_and_pp_nodes_are_not() {
+    let s = cluster(2, 2);
+    assert!(s.m.register_ack(v1::Role::Sc, 0).encoded_replies);
+    assert!(!s.m.register_ack(v1::Role::Pp, 0).encoded_replies);
+}
