@@ -21,7 +21,10 @@
 //! the cache encodes again; `encoded` has the node encode each reply once
 //! (`proto::encode_rule_replies`) and FM cache the bytes (`RuleCache::insert_encoded`);
 //! `encoded_checked` also decodes each body at FM, as a check that PP will read it
-//! (what FM would pay to vouch for SC's bytes).
+//! (what FM would pay to vouch for SC's bytes). `tail_reply` times the tail from the
+//! chain's rules on: `messages` builds each reply as a message and encodes it
+//! (`proto::encode_rule_replies`), `direct` encodes the rules into the body
+//! (`proto::DecidedReply`), as the tail does now.
 //!
 //! `cargo bench -p fm --bench cache`
 
@@ -49,6 +52,23 @@ fn key(i: u32) -> FlowKey {
 /// What SC's tail returns for an SNAT → LB flow: decap, source and destination
 /// rewritten, encap toward the next hop; the reverse rule undoes both.
 fn decided(i: u32) -> (CacheKey, v1::RuleReply, [u8; 40]) {
+    let (k, fwd, rev) = decided_rules(i);
+    let reply = v1::RuleReply {
+        id: u64::from(i),
+        worker: 0,
+        key: Some((&k).into()),
+        result: Some(v1::rule_reply::Result::Rule((&fwd).into())),
+        also: vec![(&rev).into()],
+        // As FM caches an SC group's reply (group by id since `decided_by_group`).
+        decided_by: String::new(),
+        decided_by_group: 1,
+        frame_forwarded: false,
+    };
+    ((1, 1, *k.as_bytes()), reply, *rev.key.as_bytes())
+}
+
+/// [`decided`]'s flow key, rule and companion as the chain composes them.
+fn decided_rules(i: u32) -> (FlowKey, Rule, Rule) {
     let k = key(i);
     // Ports as SNAT hands them out: 60,000 per public address, so every flow's reverse
     // key is its own.
@@ -102,18 +122,7 @@ fn decided(i: u32) -> (CacheKey, v1::RuleReply, [u8; 40]) {
         ],
     );
     rev.idle_timeout = fwd.idle_timeout;
-    let reply = v1::RuleReply {
-        id: u64::from(i),
-        worker: 0,
-        key: Some((&k).into()),
-        result: Some(v1::rule_reply::Result::Rule((&fwd).into())),
-        also: vec![(&rev).into()],
-        // As FM caches an SC group's reply (group by id since `decided_by_group`).
-        decided_by: String::new(),
-        decided_by_group: 1,
-        frame_forwarded: false,
-    };
-    ((1, 1, *k.as_bytes()), reply, *rkey.as_bytes())
+    (k, fwd, rev)
 }
 
 /// A cache holding flows 0..FLOWS, and each flow's forward and reverse cache keys.
@@ -282,6 +291,82 @@ fn bench(c: &mut Criterion) {
                     wire.clear();
                     prost::Message::encode(&up(rs), &mut wire).expect("room");
                     black_box(wire.len())
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    // From the chain's rules to the tail's `ScUp`: building each reply as a message
+    // and encoding it (`messages`, the tail before `proto::DecidedReply`), or encoding
+    // the rules straight into the body (`direct`), in 64 KiB chunks as the tail does.
+    for direct in [false, true] {
+        let name = if direct {
+            "tail_reply/direct"
+        } else {
+            "tail_reply/messages"
+        };
+        let mut wire = prost::bytes::BytesMut::with_capacity(1 << 20);
+        let mut chunk = prost::bytes::BytesMut::new();
+        let mut next = 0u32;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    next = next.wrapping_add(ANSWER_BATCH);
+                    (next..next + ANSWER_BATCH)
+                        .map(|i| {
+                            let (k, fwd, rev) = decided_rules(i);
+                            (u64::from(i), v1::FlowKey::from(&k), fwd, rev)
+                        })
+                        .collect::<Vec<_>>()
+                },
+                |flows| {
+                    let mut r = v1::OpResult {
+                        seq: 1,
+                        ..Default::default()
+                    };
+                    if direct {
+                        r.encoded_replies.reserve(flows.len());
+                        for (id, key, fwd, rev) in &flows {
+                            let body = proto::DecidedReply {
+                                key: Some(key),
+                                rule: fwd,
+                                also: Some(rev),
+                                group: 1,
+                            };
+                            let n = body.encoded_len();
+                            if chunk.capacity() < n {
+                                chunk = prost::bytes::BytesMut::with_capacity(n.max(64 * 1024));
+                            }
+                            body.encode(&mut chunk);
+                            r.encoded_replies.push(v1::EncodedRuleReply {
+                                id: *id,
+                                body: chunk.split().freeze(),
+                            });
+                        }
+                    } else {
+                        r.replies.reserve(flows.len());
+                        for (id, key, fwd, rev) in &flows {
+                            r.replies.push(v1::RuleReply {
+                                id: *id,
+                                key: Some(key.clone()),
+                                result: Some(v1::rule_reply::Result::Rule(proto::rule_keyed(
+                                    fwd,
+                                    Some(key),
+                                ))),
+                                also: vec![v1::Rule::from(rev)],
+                                worker: 1,
+                                ..Default::default()
+                            });
+                        }
+                    }
+                    let mut rs = vec![r];
+                    if !direct {
+                        proto::encode_rule_replies(&mut rs, 1);
+                    }
+                    wire.clear();
+                    prost::Message::encode(&up(rs), &mut wire).expect("room");
+                    black_box(wire.len());
+                    flows
                 },
                 criterion::BatchSize::SmallInput,
             )

@@ -40,7 +40,8 @@ mod reply_batch;
 mod rule_msg;
 pub mod tls;
 pub use encoded_rules::{
-    decode_rule_replies, encode_rule_replies, op_replies, scan_rule_reply, ScannedReply,
+    decode_rule_replies, encode_rule_replies, op_replies, scan_rule_reply, DecidedReply,
+    ScannedReply,
 };
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
 

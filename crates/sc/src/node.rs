@@ -1778,11 +1778,17 @@ fn flush(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: O
             msg: Some(replicate_up::Msg::Ack(v1::Ack { seq })),
         }));
     }
+    // The tail encodes its next results' rule replies as it makes them, for an FM
+    // that takes them so (`ReplicaCore::encode_replies`).
+    let encoded = shared.fm_takes_encoded.load(Ordering::Relaxed);
+    core.encode_replies(encoded);
     if !out.results.is_empty() {
-        // Encoded here, on the replica's worker, once per reply: FM passes the bytes on
-        // to PP as they are (proto's `encoded_rules` says what this saves).
+        // Encoded on the replica's worker, once per reply: FM passes the bytes on to PP
+        // as they are (proto's `encoded_rules` says what this saves). Most came encoded
+        // from the core; this catches the rest (made before the FM said it takes them,
+        // or restored from a snapshot).
         let mut results = out.results;
-        if shared.fm_takes_encoded.load(Ordering::Relaxed) {
+        if encoded {
             proto::encode_rule_replies(&mut results, core.group_id());
         }
         let _ = shared.to_fm.send(v1::ScUp {

@@ -48,6 +48,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use nf::{Chain, ComposedRules, FirstPacket, NfEnv, SplitHalf};
 use pipeline::RuleRequest;
+use prost::bytes::BytesMut;
 use proto::{v1, ChainParts};
 use tracing::{debug, info, warn};
 
@@ -89,10 +90,12 @@ impl Outcome {
 
     /// The proto result of `op`, whose requests the decisions answer in order.
     fn to_proto(&self, op: &v1::Op) -> v1::OpResult {
-        self.clone().into_proto(op)
+        self.clone().into_proto(op, None)
     }
 
-    fn into_proto(self, op: &v1::Op) -> v1::OpResult {
+    /// With `encoding`, each rule reply goes straight to its encoded body
+    /// (`encoded_replies`, [`proto::DecidedReply`]) instead of a message.
+    fn into_proto(self, op: &v1::Op, encoding: Option<&mut ReplyEncoding>) -> v1::OpResult {
         let mut r = self.rest;
         if self.decisions.is_empty() {
             return r;
@@ -100,8 +103,17 @@ impl Outcome {
         let Some(v1::op::Body::Requests(b)) = &op.body else {
             return r;
         };
-        r.replies.reserve(self.decisions.len());
+        let mut encoding = encoding.filter(|e| e.on);
+        if encoding.is_some() {
+            r.encoded_replies.reserve(self.decisions.len());
+        } else {
+            r.replies.reserve(self.decisions.len());
+        }
         for (m, d) in b.requests.iter().zip(self.decisions) {
+            if let (Some(enc), Ok(rules)) = (encoding.as_deref_mut(), &d) {
+                r.encoded_replies.push(enc.encode(m, rules));
+                continue;
+            }
             r.replies.push(match d {
                 Ok(rules) => v1::RuleReply {
                     id: m.id,
@@ -121,6 +133,42 @@ impl Outcome {
             });
         }
         r
+    }
+}
+
+/// How the tail hands its rule replies to its node: as messages, or (when the node's
+/// FM takes them, `RegisterAck.encoded_replies`) as the bodies FM passes on to PP,
+/// encoded from the chain's rules without a message in between.
+#[derive(Debug, Default)]
+struct ReplyEncoding {
+    on: bool,
+    group: u64,
+    /// The bodies' storage: each body is split off it, so a chunk's one allocation
+    /// serves many flows; a new chunk is taken when one is used up.
+    buf: BytesMut,
+}
+
+/// Bytes allocated at a time for encoded bodies (a built-in chain's reply is about
+/// 200 bytes).
+const REPLY_CHUNK: usize = 64 * 1024;
+
+impl ReplyEncoding {
+    fn encode(&mut self, m: &v1::RuleRequest, rules: &ComposedRules) -> v1::EncodedRuleReply {
+        let body = proto::DecidedReply {
+            key: m.key.as_ref(),
+            rule: &rules.forward,
+            also: rules.reverse.as_ref(),
+            group: self.group,
+        };
+        let n = body.encoded_len();
+        if self.buf.capacity() < n {
+            self.buf = BytesMut::with_capacity(n.max(REPLY_CHUNK));
+        }
+        body.encode(&mut self.buf);
+        v1::EncodedRuleReply {
+            id: m.id,
+            body: self.buf.split().freeze(),
+        }
     }
 }
 
@@ -426,6 +474,8 @@ pub struct ReplicaCore {
     /// A scale op already forwarded but not yet applied, and the ops of its batch after
     /// it (with the predecessor connection they came on).
     pending: Option<Pending>,
+    /// How results' rule replies are made ([`ReplicaCore::encode_replies`]).
+    encoding: ReplyEncoding,
     pub stats: ReplicaStats,
 }
 
@@ -479,10 +529,19 @@ impl ReplicaCore {
             scale: ScaleState::initial(&cfg),
             forward_first: false,
             pending: None,
+            encoding: ReplyEncoding::default(),
             stats: ReplicaStats::default(),
         };
         r.cfg = cfg;
         r
+    }
+
+    /// Make results' rule replies as encoded bodies (`OpResult.encoded_replies`, what
+    /// `proto::encode_rule_replies` would make of the messages), or as messages. Off
+    /// by default; the node turns it on for an FM that takes encoded replies.
+    pub fn encode_replies(&mut self, on: bool) {
+        self.encoding.on = on;
+        self.encoding.group = self.group_id();
     }
 
     /// Let a non-tail replica send a scale op (a split, install or merge, which carries
@@ -671,7 +730,8 @@ impl ReplicaCore {
     fn become_tail(&mut self, out: &mut Outbox) {
         for a in self.unacked.drain(..) {
             if a.result.worth_sending() {
-                out.results.push(a.result.into_proto(&a.op));
+                out.results
+                    .push(a.result.into_proto(&a.op, Some(&mut self.encoding)));
             }
         }
         self.acked = self.applied;
@@ -959,7 +1019,8 @@ impl ReplicaCore {
     fn route(&mut self, op: v1::Op, result: Outcome, out: &mut Outbox) {
         if self.is_tail() {
             if result.worth_sending() {
-                out.results.push(result.into_proto(&op));
+                out.results
+                    .push(result.into_proto(&op, Some(&mut self.encoding)));
             }
             self.acked = self.applied;
             if self.pos != Some(0) {
@@ -1880,6 +1941,58 @@ mod tests {
         let decided = replies(&tail);
         assert_eq!(decided.len(), 64);
         (a, b, decided)
+    }
+
+    #[test]
+    fn a_tail_that_encodes_its_replies_sends_what_encoding_its_messages_makes() {
+        // One replica (head and tail) per way, the same 600 flows: SNAT's 512 ports
+        // run out (drop rules), and every 50th request has a key that does not read
+        // (a refusal, which stays a message).
+        let cfg = scaling_config(snat(), 7, &["b"], (0, u64::MAX), 0);
+        let mut plain = replica("b", cfg.clone());
+        let mut encoding = replica("b", cfg);
+        encoding.encode_replies(true);
+        let reqs: Vec<_> = (0..600)
+            .map(|i| {
+                let mut r = request(i);
+                if i % 50 == 7 {
+                    r.key = Some(v1::FlowKey {
+                        raw: vec![1, 2, 3].into(),
+                    });
+                }
+                r
+            })
+            .collect();
+        let (mut as_messages, mut as_bodies) = (Outbox::default(), Outbox::default());
+        for chunk in reqs.chunks(100) {
+            submit(&mut plain, chunk.to_vec(), &mut as_messages);
+            submit(&mut encoding, chunk.to_vec(), &mut as_bodies);
+        }
+        let refusals = replies(&as_messages)
+            .into_iter()
+            .filter(|r| matches!(r.result, Some(v1::rule_reply::Result::Error(_))))
+            .count();
+        assert_eq!(refusals, 12);
+        let dropped = replies(&as_messages)
+            .iter()
+            .filter(|r| format!("{:?}", r.result).contains("snat-exhausted"))
+            .count();
+        assert_eq!(dropped, 600 - 12 - 512);
+        let mut want = as_messages.results;
+        proto::encode_rule_replies(&mut want, 7);
+        assert_eq!(
+            want.iter().map(|r| r.encoded_replies.len()).sum::<usize>(),
+            588
+        );
+        assert_eq!(as_bodies.results, want);
+        // Off again: messages, as before.
+        encoding.encode_replies(false);
+        let mut out = Outbox::default();
+        submit(&mut encoding, vec![request(0)], &mut out);
+        assert_eq!(
+            (replies(&out).len(), out.results[0].encoded_replies.len()),
+            (1, 0)
+        );
     }
 
     #[test]
