@@ -26,6 +26,10 @@
 //! (`proto::encode_rule_replies`), `direct` encodes the rules into the body
 //! (`proto::DecidedReply`), as the tail does now.
 //!
+//! `pp_read` times the PP node's end for a batch of `ANSWER_BATCH` replies: decoding
+//! the `PpDown` and reading each reply into the pipeline's `RuleReply`, through a
+//! message (`messages`) or straight from the bytes (`direct`, `proto::read_rule_reply`).
+//!
 //! `cargo bench -p fm --bench cache`
 
 use std::net::Ipv4Addr;
@@ -417,6 +421,55 @@ fn bench(c: &mut Criterion) {
                         }
                     }
                     cache
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+
+    // The PP node's end: a `PpDown` of a batch's replies off the wire, each read into
+    // the pipeline's reply as PP's FM session hands it to its worker. `messages`
+    // decodes each into a `v1::RuleReply` and converts that (PP before
+    // `proto::read_rule_reply`); `direct` reads the bytes into the pipeline's reply.
+    let mut g = c.benchmark_group("pp_read");
+    g.throughput(criterion::Throughput::Elements(u64::from(ANSWER_BATCH)));
+    for direct in [false, true] {
+        let name = if direct { "direct" } else { "messages" };
+        let mut next = 0u32;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    next = next.wrapping_add(ANSWER_BATCH);
+                    let replies = (next..next + ANSWER_BATCH)
+                        .map(|i| {
+                            let mut r = decided(i).1;
+                            (r.id, r.worker) = (u64::from(i), 1);
+                            r
+                        })
+                        .collect();
+                    let down = v1::PpDown {
+                        msg: Some(v1::pp_down::Msg::Replies(v1::RuleReplyBatch::new(replies))),
+                    };
+                    prost::bytes::Bytes::from(prost::Message::encode_to_vec(&down))
+                },
+                |wire| {
+                    // As tonic decodes a message: from the frame's `Bytes`.
+                    let m: v1::PpDown = prost::Message::decode(wire).expect("decodes");
+                    let Some(v1::pp_down::Msg::Replies(batch)) = m.msg else {
+                        unreachable!()
+                    };
+                    let mut out = Vec::with_capacity(batch.len());
+                    for b in &batch.wire {
+                        let reply = if direct {
+                            proto::read_rule_reply(b).expect("reads").reply
+                        } else {
+                            let m: v1::RuleReply = prost::Message::decode(&b[..]).expect("decodes");
+                            pipeline::RuleReply::try_from(m).expect("converts")
+                        };
+                        out.push(reply);
+                    }
+                    out
                 },
                 criterion::BatchSize::SmallInput,
             )

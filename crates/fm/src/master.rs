@@ -2182,7 +2182,7 @@ impl Master {
             let batch = v1::RuleReplyBatch {
                 replies: std::mem::take(&mut s.out),
                 encoded: std::mem::take(&mut s.out_encoded),
-                unreadable: 0,
+                wire: Vec::new(),
             };
             self.stats.replies_to_pp += batch.len() as u64;
             self.out.push(Out::Pp {

@@ -24,6 +24,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use hashbrown::HashMap;
 use pipeline::{CounterReport, FlowNotice, NoticeKind, RuleReply, RuleRequest, RuleSource};
 use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
+use proto::Bytes;
 use thiserror::Error;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -613,21 +614,9 @@ async fn session(
             m = inbound.message() => {
                 match m.map_err(|e| e.to_string())? {
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Replies(b)) }) => {
-                        // Off the wire every reply is in `b.replies`; `encoded` ones
-                        // exist only in a batch built in memory. A reply that did not
-                        // decode is counted; if its id read, its flow has an error
-                        // reply among the others (proto's `reply_batch`).
-                        if b.unreadable > 0 {
-                            stats.bad_replies.fetch_add(u64::from(b.unreadable), Ordering::Relaxed);
-                            warn!(unreadable = b.unreadable, "FM sent replies that do not decode");
-                        }
-                        match b.into_replies() {
-                            Ok(replies) => deliver(replies, outs, stats, outstanding),
-                            Err(e) => {
-                                stats.bad_replies.fetch_add(1, Ordering::Relaxed);
-                                warn!(error = %e, "FM sent a reply batch that does not decode");
-                            }
-                        }
+                        // Off the wire every reply is its bytes, read here straight
+                        // into the pipeline's reply.
+                        deliver(&b.into_wire(), outs, stats, outstanding);
                     }
                     Some(v1::PpDown { msg: Some(pp_down::Msg::Revoked(r)) }) => {
                         revoke(&r.keys, outs, stats);
@@ -752,45 +741,57 @@ fn revoke(keys: &[v1::FlowKey], outs: &[WorkerOut], stats: &FmClientStats) {
     }
 }
 
+/// Read each of FM's replies (a `RuleReply`'s bytes) into the pipeline's reply and hand
+/// it to the worker that asked. A reply that does not read is counted
+/// (`bad_replies`); when its id, worker and key still read, the flow gets an error
+/// reply, so its worker releases the packets it holds now rather than at its timeout.
 fn deliver(
-    replies: Vec<v1::RuleReply>,
+    replies: &[Bytes],
     outs: &[WorkerOut],
     stats: &FmClientStats,
     outstanding: &mut HashMap<u64, Outstanding>,
 ) {
     let mut rung = vec![false; outs.len()];
-    for m in replies {
+    let mut unreadable = 0u64;
+    for bytes in replies {
         stats.replies.fetch_add(1, Ordering::Relaxed);
-        if outstanding.remove(&m.id).is_none() {
+        let (id, worker, reply) = match proto::read_rule_reply(bytes) {
+            Ok(r) => (r.id, r.worker, r.reply),
+            Err(e) => {
+                unreadable += 1;
+                let Some(refusal) = proto::refusal_of(bytes) else {
+                    continue;
+                };
+                let Ok(key) = proto::key_of(refusal.key.as_ref()) else {
+                    // Still answered, or it would count as stray below.
+                    outstanding.remove(&refusal.id);
+                    continue;
+                };
+                let why = match e {
+                    proto::ReadError::Decode(_) => proto::ERR_BAD_SC_REPLY.to_string(),
+                    proto::ReadError::Convert(e) => format!("bad reply: {e}"),
+                };
+                (refusal.id, refusal.worker, RuleReply::err(key, why))
+            }
+        };
+        if outstanding.remove(&id).is_none() {
             stats.stray_replies.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        if matches!(&m.result, Some(v1::rule_reply::Result::Error(e)) if e == proto::ERR_SETUP_OVERLOAD)
-        {
+        if matches!(&reply.result, Err(e) if e == proto::ERR_SETUP_OVERLOAD) {
             stats.setup_overload.fetch_add(1, Ordering::Relaxed);
         }
-        let worker = m.worker as usize;
-        // The conversion takes the reply; its key message is kept (a reference count)
-        // only for the error path, where it is parsed.
-        let key = m.key.clone();
-        let reply = match RuleReply::try_from(m) {
-            Ok(r) => r,
-            Err(e) => {
-                stats.bad_replies.fetch_add(1, Ordering::Relaxed);
-                // Release the worker's held packets now rather than at its timeout.
-                match proto::key_of(key.as_ref()) {
-                    Ok(k) => RuleReply::err(k, format!("bad reply: {e}")),
-                    Err(_) => continue,
-                }
-            }
-        };
-        let Some(out) = outs.get(worker) else {
-            stats.bad_replies.fetch_add(1, Ordering::Relaxed);
+        let Some(out) = outs.get(worker as usize) else {
+            unreadable += 1;
             continue;
         };
         if out.replies.send(reply).is_ok() {
-            rung[worker] = true;
+            rung[worker as usize] = true;
         }
+    }
+    if unreadable > 0 {
+        stats.bad_replies.fetch_add(unreadable, Ordering::Relaxed);
+        warn!(unreadable, "FM sent replies that do not read");
     }
     for (i, r) in rung.into_iter().enumerate() {
         if r {
@@ -816,6 +817,90 @@ mod tests {
         let key: pipeline::FlowKey = "100 udp 198.18.10.2:5 > 198.19.0.9:53".parse().unwrap();
         let rule = pipeline::Rule::new(key, pipeline::parse_actions("out 0").unwrap());
         proto::reply_to_proto(&RuleReply::ok(rule), 0, worker as u16)
+    }
+
+    #[test]
+    fn replies_read_off_the_wire_reach_their_workers_and_bad_ones_cost_their_flow_only() {
+        let (out, rx) = worker();
+        let outs = [out];
+        let stats = FmClientStats::default();
+        let mut outstanding = HashMap::new();
+        for id in 1..=7 {
+            outstanding.insert(
+                id,
+                Outstanding {
+                    req: v1::RuleRequest::default(),
+                    sent: Instant::now(),
+                },
+            );
+        }
+        let with = |id: u64, f: &dyn Fn(&mut v1::RuleReply)| {
+            let mut m = install(0);
+            m.id = id;
+            f(&mut m);
+            v1::RuleReplyBatch::new(vec![m]).into_wire().remove(0)
+        };
+        let good = with(1, &|_| {});
+        let overload = with(2, &|m| {
+            m.result = Some(v1::rule_reply::Result::Error(
+                proto::ERR_SETUP_OVERLOAD.into(),
+            ))
+        });
+        // Decodes, but its output port does not fit a pipeline port.
+        let unconvertible = with(3, &|m| {
+            if let Some(v1::rule_reply::Result::Rule(r)) = &mut m.result {
+                r.actions[0].kind = Some(v1::action::Kind::Output(1 << 20));
+            }
+        });
+        // Its top level reads; an action inside is a cut-off varint.
+        let mut undecodable = with(4, &|m| m.result = None).to_vec();
+        undecodable.extend_from_slice(&[0x1a, 0x04, 0x12, 0x02, 0x08, 0x80]);
+        let no_worker = with(5, &|m| m.worker = 9);
+        let stray = with(99, &|_| {});
+        let no_id = Bytes::from_static(&[0x08, 0x80]);
+        deliver(
+            &[
+                good,
+                overload,
+                unconvertible,
+                undecodable.into(),
+                no_worker,
+                stray,
+                no_id,
+            ],
+            &outs,
+            &stats,
+            &mut outstanding,
+        );
+        let got: Vec<RuleReply> = rx.try_iter().collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got[0].result.is_ok());
+        assert_eq!(
+            got[0].key,
+            install(0)
+                .key
+                .as_ref()
+                .map(|k| proto::key_of(Some(k)).unwrap())
+                .unwrap()
+        );
+        assert_eq!(got[1].result, Err(proto::ERR_SETUP_OVERLOAD.to_string()));
+        assert!(
+            matches!(&got[2].result, Err(e) if e.starts_with("bad reply: ")),
+            "{:?}",
+            got[2].result
+        );
+        assert_eq!(got[3].result, Err(proto::ERR_BAD_SC_REPLY.to_string()));
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(
+            (
+                n(&stats.replies),
+                n(&stats.bad_replies),
+                n(&stats.stray_replies),
+                n(&stats.setup_overload)
+            ),
+            (7, 4, 1, 1)
+        );
+        assert_eq!(outstanding.len(), 2, "ids 6 and 7 still wait");
     }
 
     #[test]

@@ -36,6 +36,7 @@ mod fm_addrs;
 pub mod json;
 pub mod lanes;
 pub mod liveness;
+mod read_reply;
 mod reply_batch;
 mod rule_msg;
 pub mod tls;
@@ -44,6 +45,8 @@ pub use encoded_rules::{
     ScannedReply,
 };
 pub use fm_addrs::{FmAddrs, FmAddrsError, Next};
+pub use read_reply::{read_rule_reply, ReadError, ReadReply};
+pub use reply_batch::refusal_of;
 
 /// Major version of the protocol this build speaks (`NodeInfo.proto_version`).
 pub const PROTO_VERSION: u32 = 1;
@@ -245,13 +248,16 @@ impl From<&FlowKey> for v1::FlowKey {
 impl TryFrom<&v1::FlowKey> for FlowKey {
     type Error = ConvertError;
     fn try_from(k: &v1::FlowKey) -> Result<Self> {
-        let b: [u8; 40] = k
-            .raw
-            .as_ref()
-            .try_into()
-            .map_err(|_| ConvertError::KeyLength(k.raw.len()))?;
-        Ok(FlowKey::from_bytes(b))
+        key_from_raw(&k.raw)
     }
+}
+
+/// A key from `FlowKey.raw`'s bytes.
+fn key_from_raw(raw: &[u8]) -> Result<FlowKey> {
+    let b: [u8; 40] = raw
+        .try_into()
+        .map_err(|_| ConvertError::KeyLength(raw.len()))?;
+    Ok(FlowKey::from_bytes(b))
 }
 
 /// A required key field.
@@ -266,11 +272,6 @@ fn endpoint_msg(addr: Option<IpAddr>, port: Option<u16>) -> v1::Endpoint {
         addr: addr.map(addr_bytes).unwrap_or_default(),
         port: port.map(u32::from),
     }
-}
-
-fn endpoint_from(e: &v1::Endpoint) -> Result<(Option<IpAddr>, Option<u16>)> {
-    let port = e.port.map(|p| narrow("port", p)).transpose()?;
-    Ok((addr_from(&e.addr)?, port))
 }
 
 impl From<&Action> for v1::Action {
@@ -305,34 +306,8 @@ impl From<&Action> for v1::Action {
 impl TryFrom<&v1::Action> for Action {
     type Error = ConvertError;
     fn try_from(a: &v1::Action) -> Result<Self> {
-        use v1::action::Kind;
-        Ok(match a.kind.as_ref().ok_or(ConvertError::UnknownAction)? {
-            Kind::Decap(_) => Action::DecapVxlan,
-            Kind::SetSrc(e) => {
-                let (addr, port) = endpoint_from(e)?;
-                Action::SetSrc { addr, port }
-            }
-            Kind::SetDst(e) => {
-                let (addr, port) = endpoint_from(e)?;
-                Action::SetDst { addr, port }
-            }
-            Kind::Encap(e) => Action::EncapVxlan {
-                dst: ipv4_from(&e.dst)?,
-                vni: check_vni(e.vni)?,
-                inner_dmac: mac_from(&e.inner_dmac)?,
-                inner_smac: mac_from(&e.inner_smac)?,
-            },
-            Kind::Count(_) => Action::Count,
-            Kind::Police(c) => Action::Police {
-                class: narrow("police class", *c)?,
-            },
-            Kind::Offload(_) => Action::Offload,
-            Kind::Output(p) => Action::Output(narrow("output port", *p)?),
-            Kind::Drop(r) => Action::Drop { reason: r.clone() },
-            Kind::Fabric(m) => Action::Fabric {
-                peer: mac_from(m)?.ok_or(ConvertError::MacLength(0))?,
-            },
-        })
+        // One set of checks for a message and for bytes read directly (`read_reply`).
+        read_reply::Kind::of(a).convert()
     }
 }
 

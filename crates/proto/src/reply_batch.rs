@@ -12,22 +12,24 @@
 //! fields that are the asker's, id and worker, which the cached body leaves out; it
 //! goes on the wire as one `RuleReply`, and nothing on the receiving side can tell.
 //!
-//! Decoding fills `replies` only: a batch read off the wire has every reply there.
-//! [`RuleReplyBatch::into_replies`] also decodes the `encoded` ones, for a batch
-//! handed over in memory.
+//! Decoding fills `wire` only: each reply's bytes, a slice of the receive buffer (a
+//! reference count), not yet read. PP reads them straight into the pipeline's replies
+//! ([`crate::read_rule_reply`]), with no message in between;
+//! [`RuleReplyBatch::into_replies`] decodes every kind into messages, for tests and
+//! tools.
 //!
-//! Decoding takes each reply on its own. FM passes the SC tail's encoding of a rule on
+//! Each reply is read on its own. FM passes the SC tail's encoding of a rule on
 //! without decoding it (`encoded_rules.rs`), so a reply that does not read (a bug at
 //! the node that made it) must cost its own flow only, not the batch and the session
-//! it came in: the batch's framing holds its length, so the decoder counts it
-//! (`unreadable`) and goes on. When the reply's own top level still reads (its id,
-//! worker and key, which FM writes around the body), it becomes an error reply
-//! ([`crate::ERR_BAD_SC_REPLY`]) for that flow, so the asker releases what it holds for
-//! it and asks again.
+//! it came in: the batch's framing holds its length, so the reader counts it and goes
+//! on. When the reply's own top level still reads (its id, worker and key, which FM
+//! writes around the body), it becomes an error reply ([`crate::ERR_BAD_SC_REPLY`],
+//! [`refusal_of`]) for that flow, so the asker releases what it holds for it and asks
+//! again.
 
 use std::sync::Arc;
 
-use prost::bytes::{Buf, BufMut};
+use prost::bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 
@@ -62,6 +64,17 @@ impl EncodedReply {
         id + self.body.len() + worker
     }
 
+    /// The reply's fields, without the batch's tag and length prefix.
+    fn encode_inner(&self, buf: &mut impl BufMut) {
+        if self.id != 0 {
+            encoding::uint64::encode(1, &self.id, buf);
+        }
+        buf.put_slice(&self.body);
+        if self.worker != 0 {
+            encoding::uint32::encode(6, &self.worker, buf);
+        }
+    }
+
     /// The reply as a message.
     pub fn decode(&self) -> Result<RuleReply, DecodeError> {
         let mut r = RuleReply::decode(&self.body[..])?;
@@ -77,9 +90,9 @@ pub struct RuleReplyBatch {
     pub replies: Vec<RuleReply>,
     /// Replies sent as they were encoded, after `replies`. Never filled by decoding.
     pub encoded: Vec<EncodedReply>,
-    /// Replies on the wire that did not decode (never sent). Those whose id could be
-    /// read are in `replies` as [`crate::ERR_BAD_SC_REPLY`] errors; all are counted here.
-    pub unreadable: u32,
+    /// Replies as they came off the wire, each one `RuleReply`'s bytes, not yet read:
+    /// all a decoded batch has. Sent after the others, as they are.
+    pub wire: Vec<Bytes>,
 }
 
 impl RuleReplyBatch {
@@ -88,28 +101,64 @@ impl RuleReplyBatch {
         RuleReplyBatch {
             replies,
             encoded: Vec::new(),
-            unreadable: 0,
+            wire: Vec::new(),
         }
     }
 
-    /// Replies in the batch, of either kind.
+    /// Replies in the batch, of any kind.
     pub fn len(&self) -> usize {
-        self.replies.len() + self.encoded.len()
+        self.replies.len() + self.encoded.len() + self.wire.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.replies.is_empty() && self.encoded.is_empty()
+        self.len() == 0
     }
 
-    /// Every reply as a message: `replies`, then the `encoded` ones decoded, in the
-    /// order the wire carries them.
+    /// Every reply as a message, in the order the wire carries them: `replies`, the
+    /// `encoded` ones decoded, then the `wire` ones. A `wire` reply that does not
+    /// decode becomes its [`refusal_of`], or is left out without an id.
     pub fn into_replies(self) -> Result<Vec<RuleReply>, DecodeError> {
+        self.into_replies_counted().map(|(r, _)| r)
+    }
+
+    /// [`Self::into_replies`], with the number of `wire` replies that did not decode.
+    pub fn into_replies_counted(self) -> Result<(Vec<RuleReply>, u32), DecodeError> {
         let mut out = self.replies;
-        out.reserve_exact(self.encoded.len());
+        out.reserve_exact(self.encoded.len() + self.wire.len());
         for e in &self.encoded {
             out.push(e.decode()?);
         }
-        Ok(out)
+        let mut unreadable = 0;
+        for b in &self.wire {
+            match RuleReply::decode(&b[..]) {
+                Ok(r) => out.push(r),
+                Err(_) => {
+                    unreadable += 1;
+                    out.extend(refusal_of(b));
+                }
+            }
+        }
+        Ok((out, unreadable))
+    }
+
+    /// Every reply as its bytes, in the order the wire carries them: what a batch read
+    /// off the wire has already, and the others encoded.
+    pub fn into_wire(self) -> Vec<Bytes> {
+        if self.replies.is_empty() && self.encoded.is_empty() {
+            return self.wire;
+        }
+        let mut out: Vec<Bytes> = self
+            .replies
+            .iter()
+            .map(|r| r.encode_to_vec().into())
+            .collect();
+        for e in &self.encoded {
+            let mut b = Vec::with_capacity(e.inner_len());
+            e.encode_inner(&mut b);
+            out.push(b.into());
+        }
+        out.extend(self.wire);
+        out
     }
 }
 
@@ -119,13 +168,12 @@ impl Message for RuleReplyBatch {
         for e in &self.encoded {
             encoding::encode_key(1, WireType::LengthDelimited, buf);
             encoding::encode_varint(e.inner_len() as u64, buf);
-            if e.id != 0 {
-                encoding::uint64::encode(1, &e.id, buf);
-            }
-            buf.put_slice(&e.body);
-            if e.worker != 0 {
-                encoding::uint32::encode(6, &e.worker, buf);
-            }
+            e.encode_inner(buf);
+        }
+        for b in &self.wire {
+            encoding::encode_key(1, WireType::LengthDelimited, buf);
+            encoding::encode_varint(b.len() as u64, buf);
+            buf.put_slice(b);
         }
     }
 
@@ -150,16 +198,7 @@ impl Message for RuleReplyBatch {
                 if len > buf.remaining() as u64 {
                     return Err(field_err(DecodeError::new("buffer underflow")));
                 }
-                let bytes = buf.copy_to_bytes(len as usize);
-                match RuleReply::decode(bytes.clone()) {
-                    Ok(r) => self.replies.push(r),
-                    Err(_) => {
-                        self.unreadable += 1;
-                        if let Some(r) = refusal_of(&bytes) {
-                            self.replies.push(r);
-                        }
-                    }
-                }
+                self.wire.push(buf.copy_to_bytes(len as usize));
                 Ok(())
             }
             _ => encoding::skip_field(wire_type, tag, buf, ctx),
@@ -176,18 +215,25 @@ impl Message for RuleReplyBatch {
                     encoding::key_len(1) + encoding::encoded_len_varint(n as u64) + n
                 })
                 .sum::<usize>()
+            + self
+                .wire
+                .iter()
+                .map(|b| {
+                    encoding::key_len(1) + encoding::encoded_len_varint(b.len() as u64) + b.len()
+                })
+                .sum::<usize>()
     }
 
     fn clear(&mut self) {
         self.replies.clear();
         self.encoded.clear();
-        self.unreadable = 0;
+        self.wire.clear();
     }
 }
 
 /// An error reply ([`crate::ERR_BAD_SC_REPLY`]) for a reply that does not decode, if
 /// its top level still reads: its id, worker and key. `None` without an id.
-fn refusal_of(mut bytes: &[u8]) -> Option<RuleReply> {
+pub fn refusal_of(mut bytes: &[u8]) -> Option<RuleReply> {
     let mut r = RuleReply {
         result: Some(crate::v1::rule_reply::Result::Error(
             crate::ERR_BAD_SC_REPLY.into(),
@@ -278,7 +324,7 @@ mod tests {
         let ours = RuleReplyBatch {
             replies: vec![cases[0].clone()],
             encoded: cases[1..].iter().map(encoded).collect(),
-            unreadable: 0,
+            wire: Vec::new(),
         };
         let wire = ours.encode_to_vec();
         assert_eq!(wire.len(), ours.encoded_len());
@@ -291,10 +337,22 @@ mod tests {
         let back = Derived::decode(&wire[..]).unwrap();
         assert_eq!(back.replies, cases);
         let ours_back = RuleReplyBatch::decode(&wire[..]).unwrap();
-        assert_eq!(ours_back.replies, cases);
-        assert!(ours_back.encoded.is_empty());
+        assert!(ours_back.replies.is_empty() && ours_back.encoded.is_empty());
+        assert_eq!(ours_back.len(), 4, "every reply kept as its bytes");
+        // Sent on again, a decoded batch is the same bytes.
+        assert_eq!(ours_back.encode_to_vec(), wire);
+        assert_eq!(ours_back.encoded_len(), wire.len());
+        assert_eq!(ours_back.clone().into_replies().unwrap(), cases);
         assert_eq!(ours.clone().into_replies().unwrap(), cases);
         assert_eq!(ours.len(), 4);
+        // As bytes, in memory or off the wire, each reply reads as the message.
+        for b in [ours.into_wire(), ours_back.into_wire()] {
+            let read: Vec<RuleReply> = b
+                .iter()
+                .map(|b| RuleReply::decode(&b[..]).unwrap())
+                .collect();
+            assert_eq!(read, cases);
+        }
     }
 
     #[test]
@@ -319,7 +377,7 @@ mod tests {
         // A corrupt cached body is an error when decoded in memory, not a panic.
         let bad = RuleReplyBatch {
             replies: vec![],
-            unreadable: 0,
+            wire: vec![],
             encoded: vec![EncodedReply {
                 id: 1,
                 worker: 0,
@@ -348,15 +406,21 @@ mod tests {
                 },
                 encoded(&reply(10, 1, 3)),
             ],
-            unreadable: 0,
+            wire: vec![],
         };
         let wire = batch.encode_to_vec();
         let back = RuleReplyBatch::decode(&wire[..]).unwrap();
-        assert_eq!(back.unreadable, 1);
-        assert_eq!(back.replies.len(), 3);
-        assert_eq!(back.replies[0], reply(1, 2, 3));
-        assert_eq!(back.replies[2], reply(10, 1, 3));
-        let refused = &back.replies[1];
+        assert_eq!(
+            back.wire.len(),
+            3,
+            "the batch reads; its replies are read one by one"
+        );
+        let (replies, unreadable) = back.into_replies_counted().unwrap();
+        assert_eq!(unreadable, 1);
+        assert_eq!(replies.len(), 3);
+        assert_eq!(replies[0], reply(1, 2, 3));
+        assert_eq!(replies[2], reply(10, 1, 3));
+        let refused = &replies[1];
         assert_eq!((refused.id, refused.worker), (9, 4));
         assert_eq!(
             refused.key, body.key,
@@ -371,7 +435,10 @@ mod tests {
         encoding::encode_key(1, WireType::LengthDelimited, &mut wire);
         encoding::encode_varint(2, &mut wire);
         wire.extend_from_slice(&[0x08, 0x80]);
-        let back = RuleReplyBatch::decode(&wire[..]).unwrap();
-        assert_eq!((back.unreadable, back.replies.len()), (1, 0));
+        let (replies, unreadable) = RuleReplyBatch::decode(&wire[..])
+            .unwrap()
+            .into_replies_counted()
+            .unwrap();
+        assert_eq!((unreadable, replies.len()), (1, 0));
     }
 }

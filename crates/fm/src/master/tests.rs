@@ -769,7 +769,8 @@ fn new_flows_answers_are_the_cached_bytes(decoded_results: bool) {
             let wire = prost::Message::encode_to_vec(b);
             <v1::RuleReplyBatch as prost::Message>::decode(&wire[..])
                 .unwrap()
-                .replies
+                .into_replies()
+                .unwrap()
         })
         .collect();
     got.sort_by_key(|r| r.id);
@@ -802,8 +803,9 @@ fn pp_replies_off_the_wire(s: &mut Sim) -> (Vec<v1::RuleReply>, u32) {
             pp_down::Msg::Replies(b) => {
                 let wire = prost::Message::encode_to_vec(&b);
                 let b = <v1::RuleReplyBatch as prost::Message>::decode(&wire[..]).unwrap();
-                unreadable += b.unreadable;
-                Some(b.replies)
+                let (replies, n) = b.into_replies_counted().unwrap();
+                unreadable += n;
+                Some(replies)
             }
             _ => None,
         })
