@@ -636,12 +636,13 @@ async fn session(
             batch = net.recv() => {
                 let Some(batch) = batch else { return Ok(()) };
                 let now = Instant::now();
+                let mut slab = proto::FieldSlab::new(batch.len() * pipeline::FlowKey::LEN);
                 let requests: Vec<v1::RuleRequest> = batch
                     .iter()
                     .map(|r| {
                         let id = *next_id;
                         *next_id += 1;
-                        let m = proto::request_to_proto(r, id);
+                        let m = proto::request_in(r, id, &mut slab);
                         outstanding.insert(id, Outstanding { req: m.clone(), sent: now });
                         m
                     })

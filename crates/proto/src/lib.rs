@@ -14,6 +14,8 @@
 
 pub use bytes::Bytes;
 
+use bytes::BytesMut;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
@@ -391,19 +393,66 @@ impl TryFrom<&v1::PacketMeta> for PacketMeta {
 
 /// A pipeline request as a message with the sender's request id.
 pub fn request_to_proto(r: &RuleRequest, id: u64) -> v1::RuleRequest {
+    request_with(
+        r,
+        id,
+        owned(*r.key.as_bytes()),
+        r.frame
+            .as_deref()
+            .map(Bytes::copy_from_slice)
+            .unwrap_or_default(),
+    )
+}
+
+/// [`request_to_proto`] for one of a batch: its byte fields (the key, the frame) cut
+/// from `slab`, so the batch's keys take one allocation between them rather than one
+/// each.
+pub fn request_in(r: &RuleRequest, id: u64, slab: &mut FieldSlab) -> v1::RuleRequest {
+    let frame = r.frame.as_deref().map(|f| slab.cut(f)).unwrap_or_default();
+    request_with(r, id, slab.cut(r.key.as_bytes()), frame)
+}
+
+fn request_with(r: &RuleRequest, id: u64, key: Bytes, frame: Bytes) -> v1::RuleRequest {
     v1::RuleRequest {
         id,
-        key: Some((&r.key).into()),
+        key: Some(v1::FlowKey { raw: key }),
         hash: r.hash,
         tenant: r.tenant,
         chain: r.chain,
         meta: Some((&r.meta).into()),
         worker: u32::from(r.worker),
-        frame: r
-            .frame
-            .as_deref()
-            .map(Bytes::copy_from_slice)
-            .unwrap_or_default(),
+        frame,
+    }
+}
+
+/// Byte fields for a batch of messages about to be sent, cut from one buffer.
+///
+/// A field made on its own is an allocation ([`owned`]); a flow's request key is 40
+/// bytes, and PP sends a few hundred keys a batch. Cut from a buffer sized for the
+/// batch, each key is a slice of it (a reference count), and the batch costs two
+/// allocations: the buffer and its shared header. The buffer lives until the last of
+/// its fields is dropped, which for a request is its answer or its timeout.
+pub struct FieldSlab {
+    buf: BytesMut,
+    chunk: usize,
+}
+
+impl FieldSlab {
+    /// A slab that takes `chunk` bytes at a time (at least the field being cut).
+    pub fn new(chunk: usize) -> Self {
+        FieldSlab {
+            buf: BytesMut::new(),
+            chunk,
+        }
+    }
+
+    /// `b` as a field, copied into the slab.
+    pub fn cut(&mut self, b: &[u8]) -> Bytes {
+        if self.buf.capacity() < b.len() {
+            self.buf = BytesMut::with_capacity(b.len().max(self.chunk));
+        }
+        self.buf.extend_from_slice(b);
+        self.buf.split().freeze()
     }
 }
 
@@ -1105,6 +1154,26 @@ mod tests {
         let m = request_to_proto(&with, 78);
         assert_eq!(m.frame, vec![0xab; 90]);
         assert_eq!(RuleRequest::try_from(&m).unwrap(), with);
+
+        // A batch's fields cut from one slab: the same messages, and the keys side by
+        // side in one buffer until a chunk is full.
+        let mut slab = FieldSlab::new(3 * FlowKey::LEN);
+        let batch: Vec<v1::RuleRequest> = [&req, &req, &with, &req]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| request_in(r, i as u64, &mut slab))
+            .collect();
+        for (i, (m, r)) in batch.iter().zip([&req, &req, &with, &req]).enumerate() {
+            assert_eq!(*m, request_to_proto(r, i as u64));
+        }
+        let at = |i: usize| batch[i].key.as_ref().unwrap().raw.as_ptr() as usize;
+        assert_eq!(at(1), at(0) + FlowKey::LEN, "one buffer, not one per key");
+        // The frame did not fit the 40 bytes left, nor the key after it the 30 left
+        // after the frame: each began a chunk, and the next key follows on.
+        let frame = batch[2].frame.as_ptr() as usize;
+        assert_ne!(frame, at(1) + FlowKey::LEN);
+        assert_ne!(at(2), frame + 90);
+        assert_eq!(at(3), at(2) + FlowKey::LEN);
 
         let mut reply = RuleReply::ok(Rule::new(key(), parse_actions("out 0").unwrap()));
         reply.also.push(Rule::new(
