@@ -99,8 +99,9 @@ pub struct RuleReply {
     pub key: FlowKey,
     pub result: Result<Rule, String>,
     /// Rules to install alongside, such as the flow's reverse-direction rule, so replies
-    /// hit without a request of their own.
-    pub also: Vec<Rule>,
+    /// hit without a request of their own. One is held inline: a new flow's reply
+    /// carries its reverse rule, and a list on the heap was an allocation per flow.
+    pub also: Companions,
     /// Not an answer: FM withdrew `key`'s rule (its chain went or was rebuilt). The
     /// worker removes it, so the flow's next packet asks again.
     pub revoke: bool,
@@ -114,6 +115,9 @@ pub struct RuleReply {
     /// had come over the fabric. Such a reply answers no request of this node's.
     pub inject: Option<Box<[u8]>>,
 }
+
+/// A reply's companion rules ([`RuleReply::also`]).
+pub type Companions = smallvec::SmallVec<[Rule; 1]>;
 
 /// Who decided a [`RuleReply`], as FM's reply says.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -158,7 +162,7 @@ impl RuleReply {
         RuleReply {
             key: rule.key,
             result: Ok(rule),
-            also: Vec::new(),
+            also: Companions::new(),
             revoke: false,
             decided_by: DecidedBy::Unsaid,
             frame_forwarded: false,
@@ -170,7 +174,7 @@ impl RuleReply {
         RuleReply {
             key,
             result: Err(e.into()),
-            also: Vec::new(),
+            also: Companions::new(),
             revoke: false,
             decided_by: DecidedBy::Unsaid,
             frame_forwarded: false,
@@ -183,7 +187,7 @@ impl RuleReply {
         RuleReply {
             key,
             result: Err("revoked".into()),
-            also: Vec::new(),
+            also: Companions::new(),
             revoke: true,
             decided_by: DecidedBy::Unsaid,
             frame_forwarded: false,

@@ -331,7 +331,10 @@ impl RuleContext {
     pub fn compile(&mut self, rule: &Rule) -> Result<RuleSlot, RuleError> {
         let mut s = RuleSlot::default();
         let mut terminal = false;
-        let mut acquired_addrs: Vec<u16> = Vec::new();
+        // Kept only to undo a failed compile. A rule holds two addresses at most (a
+        // later rewrite of a field releases the earlier one), so this stays inline: a
+        // `Vec` here was an allocation per installed rule.
+        let mut acquired_addrs: smallvec::SmallVec<[u16; 4]> = smallvec::SmallVec::new();
         let family_v4 = rule.key.is_v4();
         let result = (|| {
             for (i, a) in rule.actions.iter().enumerate() {

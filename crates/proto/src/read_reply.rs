@@ -367,7 +367,7 @@ pub fn read_rule_reply(msg: &[u8]) -> Result<ReadReply, ReadError> {
     let mut worker = 0;
     let mut key: Option<&[u8]> = None;
     let mut outcome = Outcome::Unset;
-    let mut also: Vec<Rule> = Vec::new();
+    let mut also = pipeline::Companions::new();
     let mut also_bad: Option<ConvertError> = None;
     let mut name = "";
     let mut group = 0;
@@ -690,7 +690,7 @@ mod tests {
         let got = read_rule_reply(&body).unwrap();
         assert_eq!((got.id, got.worker), (77, 2));
         assert_eq!(got.reply.result, Ok(fwd.clone()));
-        assert_eq!(got.reply.also, vec![rev]);
+        assert_eq!(got.reply.also.as_slice(), [rev]);
         assert_eq!(got.reply.decided_by, pipeline::DecidedBy::ScGroup(3));
         assert_eq!(got.reply.key, fwd.key);
         assert_eq!(
