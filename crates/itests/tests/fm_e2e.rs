@@ -249,7 +249,7 @@ fn scenario(chain: ChainDef, test_nfs: bool) {
     }
 }
 
-fn actions_of(pp: &Pp, sport: u16, dport: u16) -> Vec<pipeline::Action> {
+fn actions_of(pp: &Pp, sport: u16, dport: u16) -> pipeline::Actions {
     pp.worker
         .pipeline
         .lookup_rule(&key(sport, dport))

@@ -246,7 +246,8 @@ fn snat_rule_keyed(key: FlowKey, i: u64, count: bool) -> Rule {
         100 + (i / 60000 / 256) as u8,
         (i / 60000 % 256) as u8,
     );
-    let mut actions = vec![
+    let mut actions = pipeline::Actions::new();
+    actions.extend([
         Action::DecapVxlan,
         Action::SetSrc {
             addr: Some(IpAddr::V4(pool)),
@@ -258,7 +259,7 @@ fn snat_rule_keyed(key: FlowKey, i: u64, count: bool) -> Rule {
             inner_dmac: None,
             inner_smac: None,
         },
-    ];
+    ]);
     if count {
         actions.push(Action::Count);
     }

@@ -177,7 +177,7 @@ enum Kept {
     /// The SNAT mapping: external address and port.
     Mapping(IpAddr, u16),
     /// The forward rule's actions, for a chain that maps no source.
-    Actions(Vec<pipeline::Action>),
+    Actions(pipeline::Actions),
 }
 
 impl Kept {

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipeline::{Action, FlowKey, Rule};
+use pipeline::{Action, Actions, FlowKey, Rule};
 use smallvec::SmallVec;
 use thiserror::Error;
 
@@ -88,15 +88,10 @@ impl Egress {
         output: 0,
     };
 
-    /// The rule's actions: decap, `rw`'s rewrites, encap, count, output. One allocation,
-    /// sized to fit.
-    fn frame(&self, rw: &Rewrite) -> Vec<Action> {
-        let n = usize::from(self.decap)
-            + usize::from(!rw.src.is_empty())
-            + usize::from(!rw.dst.is_empty())
-            + usize::from(self.encap.is_some())
-            + 2;
-        let mut v = Vec::with_capacity(n);
+    /// The rule's actions: decap, `rw`'s rewrites, encap, count, output. At most six,
+    /// held inline: a decision allocates nothing for its rules.
+    fn frame(&self, rw: &Rewrite) -> Actions {
+        let mut v = Actions::new();
         if self.decap {
             v.push(Action::DecapVxlan);
         }
@@ -289,7 +284,9 @@ impl Chain {
         };
         let timeout = walk.timeout;
         if let Some(reason) = walk.dropped {
-            let mut forward = Rule::new(pkt.key, vec![Action::Count, Action::Drop { reason }]);
+            let mut forward = Rule::new(pkt.key, Actions::new());
+            forward.actions.push(Action::Count);
+            forward.actions.push(Action::Drop { reason });
             forward.idle_timeout = timeout;
             return Ok(ComposedRules {
                 forward,

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipeline::{Action, FlowKey, PacketMeta};
+use pipeline::{Action, Actions, FlowKey, PacketMeta};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -248,14 +248,14 @@ impl Rewrite {
     }
 
     /// As PP actions.
-    pub fn actions(&self) -> Vec<Action> {
-        let mut v = Vec::new();
+    pub fn actions(&self) -> Actions {
+        let mut v = Actions::new();
         self.push_actions(&mut v);
         v
     }
 
     /// As PP actions, added to `v`.
-    pub fn push_actions(&self, v: &mut Vec<Action>) {
+    pub fn push_actions(&self, v: &mut Actions) {
         if !self.src.is_empty() {
             v.push(Action::SetSrc {
                 addr: self.src.addr,

@@ -104,6 +104,50 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
+    chain_bench(c, &keys);
+}
+
+/// The built-in FW → SNAT → LB as one chain with the setup bench's VXLAN egress both
+/// ways: what a replica runs per new flow, the two composed rules included (each a
+/// six-action list: decap, two rewrites, encap, count, output).
+fn chain(keys: &[FlowKey]) -> nf::Chain {
+    let nfs = ["fw", "snat", "lb"].map(nf).into_iter().collect();
+    let egress = |vni| nf::Egress {
+        decap: true,
+        encap: Some((std::net::Ipv4Addr::new(198, 18, 0, 50), vni)),
+        inner_dmac: None,
+        output: 1,
+    };
+    let mut c =
+        nf::Chain::new(nfs, nf::ChainSpec::seq(3), egress(200), egress(100)).expect("chain");
+    for (i, k) in keys.iter().take(FLOWS as usize).enumerate() {
+        decide(&mut c, *k, i as u64);
+    }
+    c
+}
+
+fn decide(c: &mut nf::Chain, k: FlowKey, now_ms: u64) -> nf::ComposedRules {
+    let p = FirstPacket::new(k, 1, PacketMeta::new(60, 0));
+    c.decide(&p, &mut NfEnv::new(now_ms, now_ms))
+        .expect("decided")
+}
+
+fn chain_bench(c: &mut Criterion, keys: &[FlowKey]) {
+    let mut g = c.benchmark_group("chain");
+    // 1024 new flows into a loaded chain, each decision kept until the batch ends (a
+    // replica keeps its decisions until the tail's ack).
+    g.bench_function("new_flows_x1024", |b| {
+        b.iter_batched_ref(
+            || (chain(keys), Vec::with_capacity(1024)),
+            |(c, kept)| {
+                for k in &keys[FLOWS as usize..] {
+                    kept.push(decide(c, *k, 1_000_000));
+                }
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
 }
 
 criterion_group!(benches, bench);

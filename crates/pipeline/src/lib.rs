@@ -33,8 +33,8 @@ pub use pipeline::{
     Policer, RuleReply, RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
 };
 pub use rule::{
-    format_actions, parse_actions, parse_endpoint, Action, Nexthop, NodeAddr, Rule, RuleContext,
-    RuleCounters, RuleError, RuleSlot,
+    format_actions, parse_actions, parse_endpoint, Action, Actions, Nexthop, NodeAddr, Rule,
+    RuleContext, RuleCounters, RuleError, RuleSlot,
 };
 pub use stats::{DropReason, LatencyHistogram, Stats, TenantCounters, LATENCY_BOUNDS_US};
 pub use table::{

@@ -870,7 +870,7 @@ impl Pipeline {
     }
 
     /// The rule installed for `key`, as an action list, with its counters.
-    pub fn lookup_rule(&self, key: &FlowKey) -> Option<(Vec<crate::Action>, u64, u64)> {
+    pub fn lookup_rule(&self, key: &FlowKey) -> Option<(crate::Actions, u64, u64)> {
         let i = self.table.lookup(key)?;
         let c = self.table.counters(i);
         Some((self.ctx.decompile(self.table.rule(i)), c.packets, c.bytes))

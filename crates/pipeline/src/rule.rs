@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use packet::build::EncapV4;
 use packet::rewrite::Addr;
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use crate::key::FlowKey;
@@ -61,20 +62,27 @@ pub enum Action {
     Fabric { peer: [u8; 6] },
 }
 
+/// A rule's action list, held inline up to six actions: decap, a source and a
+/// destination rewrite, encap, count and output, the longest list a built-in chain
+/// composes. A rule is made for every new flow at each SC replica and read from every
+/// reply at PP, so a heap list cost an allocation per direction per flow at each of
+/// them (docs/setup-path.md, "Action lists held inline"). Longer lists spill to the heap.
+pub type Actions = SmallVec<[Action; 6]>;
+
 /// A match plus a composed action list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub key: FlowKey,
-    pub actions: Vec<Action>,
+    pub actions: Actions,
     /// Idle timeout; `None` uses the worker's default for the protocol.
     pub idle_timeout: Option<Duration>,
 }
 
 impl Rule {
-    pub fn new(key: FlowKey, actions: Vec<Action>) -> Self {
+    pub fn new(key: FlowKey, actions: impl Into<Actions>) -> Self {
         Rule {
             key,
-            actions,
+            actions: actions.into(),
             idle_timeout: None,
         }
     }
@@ -561,8 +569,8 @@ impl RuleContext {
     }
 
     /// Rebuild the API-level action list of a compiled slot.
-    pub fn decompile(&self, s: &RuleSlot) -> Vec<Action> {
-        let mut out = Vec::new();
+    pub fn decompile(&self, s: &RuleSlot) -> Actions {
+        let mut out = Actions::new();
         let f = s.flags;
         let ip = |i: u16| self.addr(i).map(|a| IpAddr::from(*a));
         if f & slot_flag::SLOT_DECAP != 0 {

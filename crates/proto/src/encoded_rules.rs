@@ -693,7 +693,7 @@ mod decided_tests {
         )
             .prop_map(|(k, actions, idle_timeout)| Rule {
                 key: FlowKey::from_bytes(k),
-                actions,
+                actions: actions.into(),
                 idle_timeout,
             })
     }

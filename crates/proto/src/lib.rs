@@ -351,10 +351,7 @@ pub fn rule_keyed(r: &Rule, key: Option<&v1::FlowKey>) -> v1::Rule {
 impl TryFrom<&v1::Rule> for Rule {
     type Error = ConvertError;
     fn try_from(r: &v1::Rule) -> Result<Self> {
-        // Sized up front: collecting through `Result` gives no size hint, so the list
-        // grew (and moved) once past four actions, and a rule of the built-in chain has
-        // more.
-        let mut actions = Vec::with_capacity(r.actions.len());
+        let mut actions = pipeline::Actions::with_capacity(r.actions.len());
         for a in &r.actions {
             actions.push(Action::try_from(a)?);
         }

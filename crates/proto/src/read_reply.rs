@@ -23,7 +23,7 @@
 //! group nested more than 96 deep inside an action reads here and fails there. No
 //! sender in this project writes groups at all.
 
-use pipeline::{Action, FlowKey, Rule, RuleReply};
+use pipeline::{Action, Actions, FlowKey, Rule, RuleReply};
 use prost::bytes::Buf;
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::DecodeError;
@@ -306,23 +306,14 @@ impl<'a> Kind<'a> {
 #[derive(Default)]
 struct RuleParts<'a> {
     key: Option<&'a [u8]>,
-    actions: Vec<Action>,
+    /// Inline up to six: a rule of the built-in chains reads without allocating.
+    actions: Actions,
     idle_timeout_ms: Option<u64>,
     bad: Option<ConvertError>,
 }
 
 impl<'a> RuleParts<'a> {
     fn merge(&mut self, msg: &'a [u8]) -> Read<()> {
-        if self.actions.capacity() == 0 {
-            // Sized once for the rule's action count (one allocation, no slack kept in
-            // the flow table), by a pass over the bytes that allocates nothing.
-            let mut n = 0;
-            let _ = fields(msg, |tag, wt, buf| {
-                n += usize::from(tag == 2);
-                skip(buf, tag, wt)
-            });
-            self.actions.reserve_exact(n);
-        }
         fields(msg, |tag, wt, buf| {
             match tag {
                 1 => flow_key(delimited(buf, wt)?, self.key.get_or_insert(&[]))?,
@@ -353,6 +344,9 @@ impl<'a> RuleParts<'a> {
 }
 
 /// `RuleReply.result` as read so far.
+// One lives on the stack per reply read; boxing the rule would put back the allocation
+// that holding its actions inline took away.
+#[allow(clippy::large_enum_variant)]
 enum Outcome<'a> {
     Unset,
     Rule(RuleParts<'a>),
@@ -693,10 +687,9 @@ mod tests {
         assert_eq!(got.reply.also.as_slice(), [rev]);
         assert_eq!(got.reply.decided_by, pipeline::DecidedBy::ScGroup(3));
         assert_eq!(got.reply.key, fwd.key);
-        assert_eq!(
-            got.reply.result.as_ref().unwrap().actions.capacity(),
-            3,
-            "sized exactly"
+        assert!(
+            !got.reply.result.as_ref().unwrap().actions.spilled(),
+            "held inline"
         );
     }
 
