@@ -494,25 +494,30 @@ impl WorkerPool {
         }
     }
 
-    /// NFVnice's rate-cost proportional share (paper 002 §III-B): each worker's CFS
-    /// weight follows arrival rate × cost per request. CFS weights fall by ~1.25× per
-    /// nice step, so a worker with a tenth of the heaviest one's demand gets nice
-    /// `log1.25(10)` ≈ 10, the weakest level used. Workers without measured demand stay
-    /// at 0: nice levels compete with every thread on the machine, not only with the
-    /// other workers, so a new or just-woken replica must not start starved (its demand
-    /// shows in the next sample). Returns the nice level per worker.
+    /// NFVnice's rate-cost proportional share (paper 002 §III-B): on a contended core,
+    /// each worker's CFS weight follows arrival rate × cost per request, against the
+    /// heaviest worker on the same core ([`rate_cost_levels`] says when a core is
+    /// contended). CFS weights fall by ~1.25× per nice step, so a worker with a tenth
+    /// of the heaviest one's demand gets nice `log1.25(10)` ≈ 10, the weakest level
+    /// used. Workers without measured demand stay at 0: nice levels compete with every
+    /// thread on the machine, not only with the other workers, so a new or just-woken
+    /// replica must not start starved (its demand shows in the next sample). Returns
+    /// the nice level per worker.
     pub fn apply_rate_cost_share(&self, loads: &[WorkerLoad]) -> Vec<i32> {
         let demand: Vec<f64> = loads
             .iter()
             .map(|l| l.arrival_per_s * l.cost_ns_per_req)
             .collect();
-        let top = demand.iter().copied().fold(0.0, f64::max);
-        let levels: Vec<i32> = self
-            .workers
-            .iter()
-            .zip(&demand)
-            .map(|(w, &d)| rate_cost_nice(w.replicas() > 0, d, top))
+        let placed: Vec<RateCostInput> = (self.workers.iter().zip(&demand))
+            .enumerate()
+            .map(|(i, (w, &d))| RateCostInput {
+                core: w.core.load(Ordering::Relaxed),
+                hosts_replicas: w.replicas() > 0,
+                demand_ns_per_s: d,
+                queue_len: loads.get(i).map_or(0, |l| l.queue_len),
+            })
             .collect();
+        let levels = rate_cost_levels(&placed);
         for (w, &n) in self.workers.iter().zip(&levels) {
             if w.nice.swap(n, Ordering::Relaxed) != n || n != 0 {
                 if let Err(e) = set_nice(w.tid.load(Ordering::Relaxed), n) {
@@ -575,8 +580,63 @@ fn warm_up(rt: &tokio::runtime::Runtime) {
     });
 }
 
-/// Nice level for a worker's demand against the heaviest worker's (see
-/// [`WorkerPool::apply_rate_cost_share`]).
+/// A core whose workers' measured demand adds up to this share of it is contended.
+/// The demand is what the workers were served (requests applied × busy time per
+/// request), so it cannot exceed the CPU they got; 0.9 leaves room for the node's own
+/// threads on a core the workers otherwise fill.
+pub const RATE_COST_CONTENDED: f64 = 0.9;
+
+/// Inputs queued at a worker from which its core counts as contended whatever the
+/// demand: the worker is behind, which is what happens when other processes take the
+/// core and the demand measured stays low.
+pub const RATE_COST_BACKLOG: usize = 64;
+
+/// One worker as [`rate_cost_levels`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateCostInput {
+    pub core: usize,
+    pub hosts_replicas: bool,
+    /// Arrival rate × cost per request: ns of CPU per second.
+    pub demand_ns_per_s: f64,
+    pub queue_len: usize,
+}
+
+/// The nice level of each worker under NFVnice's rate-cost share. Weights arbitrate
+/// between workers that all want more of a core than they get; on a core that is not
+/// contended (its workers' demand under [`RATE_COST_CONTENDED`] and none of them
+/// [`RATE_COST_BACKLOG`] behind) every worker already gets what it asks for, and a
+/// lower weight would only make a light worker wait longer at each wake-up behind the
+/// other threads on the machine (the kernel's EEVDF scheduler gives a low-weight
+/// thread a later deadline). That is what a light tenant's replicas paid when the
+/// levels followed the heaviest worker on the node whatever the load: nice 4 to 10 for
+/// a tenant at 50 flows/s beside one at 2,000/s, on cores the workers kept under 0.9
+/// busy (docs/rate-isolation.md). On a contended core each worker's level follows its
+/// demand against the heaviest worker's on that core, as NFVnice sets shares per core.
+pub fn rate_cost_levels(workers: &[RateCostInput]) -> Vec<i32> {
+    let cores = workers.iter().map(|w| w.core + 1).max().unwrap_or(0);
+    let mut load = vec![0.0f64; cores];
+    let mut top = vec![0.0f64; cores];
+    let mut behind = vec![false; cores];
+    for w in workers.iter().filter(|w| w.hosts_replicas) {
+        let d = w.demand_ns_per_s.max(0.0);
+        load[w.core] += d / 1e9;
+        top[w.core] = top[w.core].max(d);
+        behind[w.core] |= w.queue_len >= RATE_COST_BACKLOG;
+    }
+    workers
+        .iter()
+        .map(|w| {
+            let contended = load[w.core] >= RATE_COST_CONTENDED || behind[w.core];
+            if !contended {
+                return 0;
+            }
+            rate_cost_nice(w.hosts_replicas, w.demand_ns_per_s, top[w.core])
+        })
+        .collect()
+}
+
+/// Nice level for a worker's demand against the heaviest worker's on its core (see
+/// [`rate_cost_levels`]).
 pub fn rate_cost_nice(hosts_replicas: bool, demand: f64, top: f64) -> i32 {
     const STEP: f64 = 1.25;
     const WEAKEST: f64 = 10.0;
@@ -880,6 +940,97 @@ mod tests {
         assert_eq!(rate_cost_nice(true, 0.0, 100.0), 0);
         assert_eq!(rate_cost_nice(false, 0.0, 100.0), 0);
         assert_eq!(rate_cost_nice(true, 0.0, 0.0), 0);
+    }
+
+    #[test]
+    fn rate_cost_levels_weigh_only_contended_cores() {
+        let w = |core, demand_ms: f64, queue_len| RateCostInput {
+            core,
+            hosts_replicas: true,
+            demand_ns_per_s: demand_ms * 1e6,
+            queue_len,
+        };
+        // A heavy and a light tenant's workers on two cores a tenth busy: nobody is
+        // weighed down (the light one used to get nice 10 against the heavy one).
+        let idle = [w(0, 80.0, 0), w(1, 2.0, 0), w(0, 2.0, 0), w(1, 80.0, 3)];
+        assert_eq!(rate_cost_levels(&idle), vec![0, 0, 0, 0]);
+        // Core 0 full (0.95 of it), core 1 not: only core 0's light worker yields
+        // (log1.25(18) = 13, held to the weakest level, 10).
+        let busy = [w(0, 900.0, 0), w(0, 50.0, 0), w(1, 300.0, 0), w(1, 30.0, 0)];
+        assert_eq!(rate_cost_levels(&busy), vec![0, 10, 0, 0]);
+        // Weighed against the heaviest worker on its own core, not the node's.
+        let two = [
+            w(0, 800.0, 0),
+            w(0, 160.0, 0),
+            w(1, 900.0, 0),
+            w(1, 60.0, 0),
+        ];
+        assert_eq!(rate_cost_levels(&two), vec![0, 7, 0, 10]);
+        // A worker far behind makes its core contended whatever the demand measured
+        // (other processes took the core): weights apply there.
+        let behind = [w(0, 200.0, RATE_COST_BACKLOG), w(0, 20.0, 0), w(1, 20.0, 0)];
+        assert_eq!(rate_cost_levels(&behind), vec![0, 10, 0]);
+        let below = [w(0, 200.0, RATE_COST_BACKLOG - 1), w(0, 20.0, 0)];
+        assert_eq!(rate_cost_levels(&below), vec![0, 0]);
+        // A worker with no replica neither counts toward its core nor is weighed.
+        let mut spare = w(0, 0.0, 0);
+        spare.hosts_replicas = false;
+        assert_eq!(rate_cost_levels(&[w(0, 950.0, 0), spare]), vec![0, 0]);
+        assert_eq!(rate_cost_levels(&[]), Vec::<i32>::new());
+    }
+
+    /// Every worker on core 0, whatever the machine.
+    struct AllOnZero;
+
+    impl CoreAssigner for AllOnZero {
+        fn name(&self) -> &str {
+            "zero"
+        }
+        fn assign(&self, _cores: usize, workers: &[WorkerLoad]) -> Vec<usize> {
+            vec![0; workers.len()]
+        }
+    }
+
+    #[test]
+    fn the_pool_weighs_its_workers_only_when_their_core_is_contended() {
+        let pool = WorkerPool::start("t", 3, None).unwrap();
+        for g in 1..=2 {
+            pool.take(Placed {
+                group: g,
+                tenant: g as u32,
+                chain: 1,
+                queued: Arc::new(AtomicUsize::new(0)),
+            });
+        }
+        let load = |worker, arrival_per_s, cost_ns_per_req| WorkerLoad {
+            worker,
+            arrival_per_s,
+            cost_ns_per_req,
+            ..Default::default()
+        };
+        pool.reassign(&AllOnZero, &pool.sample()).unwrap();
+        // 2,000 and 50 requests/s at 40 µs: a tenth of the core between them.
+        let light = [
+            load(0, 2000.0, 40e3),
+            load(1, 50.0, 40e3),
+            load(2, 0.0, 0.0),
+        ];
+        assert_eq!(pool.apply_rate_cost_share(&light), vec![0, 0, 0]);
+        let nice: Vec<i32> = pool.workers().iter().map(|w| w.nice()).collect();
+        assert_eq!(nice, vec![0, 0, 0]);
+        // 22,500 and 1,500 requests/s: 0.96 of the core, so the light one yields
+        // (log1.25(15) = 12, held to 10); the worker without a replica does not.
+        let full = [
+            load(0, 22500.0, 40e3),
+            load(1, 1500.0, 40e3),
+            load(2, 0.0, 0.0),
+        ];
+        assert_eq!(pool.apply_rate_cost_share(&full), vec![0, 10, 0]);
+        let nice: Vec<i32> = pool.workers().iter().map(|w| w.nice()).collect();
+        assert_eq!(nice, vec![0, 10, 0]);
+        // The load falls again: the light worker's level goes back to 0.
+        assert_eq!(pool.apply_rate_cost_share(&light), vec![0, 0, 0]);
+        assert_eq!(pool.workers()[1].nice(), 0);
     }
 
     #[test]
