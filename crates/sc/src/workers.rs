@@ -1002,32 +1002,33 @@ mod tests {
                 queued: Arc::new(AtomicUsize::new(0)),
             });
         }
-        let load = |worker, arrival_per_s, cost_ns_per_req| WorkerLoad {
-            worker,
-            arrival_per_s,
-            cost_ns_per_req,
-            ..Default::default()
+        // Workers 0 and 1 at `heavy` and `light` requests/s of 40 µs; worker 2 idle.
+        let loads = |heavy: f64, light: f64| -> Vec<WorkerLoad> {
+            [(heavy, 40e3), (light, 40e3), (0.0, 0.0)]
+                .into_iter()
+                .enumerate()
+                .map(|(worker, (arrival_per_s, cost_ns_per_req))| WorkerLoad {
+                    worker,
+                    arrival_per_s,
+                    cost_ns_per_req,
+                    ..Default::default()
+                })
+                .collect()
         };
+        let levels =
+            |pool: &WorkerPool| -> Vec<i32> { pool.workers().iter().map(|w| w.nice()).collect() };
         pool.reassign(&AllOnZero, &pool.sample()).unwrap();
-        // 2,000 and 50 requests/s at 40 µs: a tenth of the core between them.
-        let light = [
-            load(0, 2000.0, 40e3),
-            load(1, 50.0, 40e3),
-            load(2, 0.0, 0.0),
-        ];
+        // 2,000 and 50 requests/s: a tenth of the core between them.
+        let light = loads(2000.0, 50.0);
         assert_eq!(pool.apply_rate_cost_share(&light), vec![0, 0, 0]);
-        let nice: Vec<i32> = pool.workers().iter().map(|w| w.nice()).collect();
-        assert_eq!(nice, vec![0, 0, 0]);
+        assert_eq!(levels(&pool), vec![0, 0, 0]);
         // 22,500 and 1,500 requests/s: 0.96 of the core, so the light one yields
         // (log1.25(15) = 12, held to 10); the worker without a replica does not.
-        let full = [
-            load(0, 22500.0, 40e3),
-            load(1, 1500.0, 40e3),
-            load(2, 0.0, 0.0),
-        ];
-        assert_eq!(pool.apply_rate_cost_share(&full), vec![0, 10, 0]);
-        let nice: Vec<i32> = pool.workers().iter().map(|w| w.nice()).collect();
-        assert_eq!(nice, vec![0, 10, 0]);
+        assert_eq!(
+            pool.apply_rate_cost_share(&loads(22500.0, 1500.0)),
+            vec![0, 10, 0]
+        );
+        assert_eq!(levels(&pool), vec![0, 10, 0]);
         // The load falls again: the light worker's level goes back to 0.
         assert_eq!(pool.apply_rate_cost_share(&light), vec![0, 0, 0]);
         assert_eq!(pool.workers()[1].nice(), 0);
