@@ -35,7 +35,7 @@ APT_PACKAGES=(
     linux-perf
     # `make k8s-check`: its Python tools go into a venv of Debian's python (below).
     python3-venv
-    # The dashboard's browser test (crates/itests/tests/ui_browser.rs): headless
+    # The dashboard's browser test (crates/itests/tests/cross_plane/ui_browser.rs): headless
     # chromium driven over WebDriver by chromedriver.
     chromium chromium-driver
     # `starfabric trace --pcap`'s e2e test reads the pcapng file back with tshark

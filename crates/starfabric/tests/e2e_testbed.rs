@@ -1153,7 +1153,7 @@ fn record<'a>(
 ///   chain went to zero wakes the chain and gets the same external address and port (an
 ///   endpoint-independent mapping).
 ///
-/// (Conntrack entries expiring while parked: `cargo test -p itests --test sc_workers`.)
+/// (Conntrack entries expiring while parked: `cargo test -p itests --test cross_plane sc_workers::`.)
 #[test]
 fn an_idle_chain_scales_to_zero_and_wakes_with_its_snat_mapping_and_conntrack() {
     let Some(lab) = Lab::new(1, 0) else { return };

@@ -5,7 +5,7 @@
 //! epochs, orders, ranges), keep the NF state (flows asked again get the rules they had),
 //! serve new flows, and own the map afterwards (it repairs a replica that dies).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

@@ -9,7 +9,7 @@ use orchestrator::agent::Agent;
 use proto::v1;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::{http, node_info, put_created, ready, wait, Orch};
 
 fn agent(

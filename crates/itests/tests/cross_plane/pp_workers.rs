@@ -4,7 +4,7 @@
 //! (without SC: what a reply that RSS put on the other queue does), and a revocation
 //! reaches both workers.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

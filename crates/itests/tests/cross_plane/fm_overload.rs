@@ -3,7 +3,7 @@
 //! replies, counted at FM and at PP, and must never drop a session: no live node may
 //! look dead because requests filled a queue.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! outstanding requests. Four SC nodes run: three form the group, the fourth is the
 //! spare FM adds at the tail after the failure, which joins by snapshot.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

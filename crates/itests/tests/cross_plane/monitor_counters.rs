@@ -4,7 +4,7 @@
 //! group applies them to the monitor through its op log, and FM's `Traffic` query reads
 //! them back. Every packet counts, not one per flow, in both directions.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

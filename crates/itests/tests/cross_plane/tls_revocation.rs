@@ -7,7 +7,7 @@
 //! - Rotation: FM's certificate is replaced while the PP session is up and flows are
 //!   being set up; the session is not re-opened and every flow is answered.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};

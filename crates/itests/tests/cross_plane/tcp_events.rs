@@ -3,7 +3,7 @@
 //! FM routes it to the SC group owning the flow, and the built-in SNAT moves the flow
 //! from RFC 5382's transitory idle timeout to the established one.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

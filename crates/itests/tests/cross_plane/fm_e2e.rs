@@ -1,7 +1,7 @@
 //! End to end in one process: a PP pipeline on its in-memory ring, the FM client, an FM,
 //! and one SC group of three replicas, all speaking real gRPC on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! autoscaler's kinds and refusing FM's own; the JSON-lines file; and `Load` counting the
 //! requests dispatched per group.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! results into the other group's op log, is what lets it find the host behind it
 //! (docs/nf-api.md, "Mirrored tables").
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};

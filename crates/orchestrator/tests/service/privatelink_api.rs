@@ -3,7 +3,7 @@
 //! VPC and a `privatelink` NF naming it, which the orchestrator resolves. Every refusal
 //! leaves the store revision where it was.
 
-mod common;
+use crate::common;
 
 use common::{Orch, ADMIN};
 use orchestrator::client::Reply;

@@ -4,7 +4,7 @@
 //! refused or undecodable, never a panic. The seed files in fuzz/corpus/control/ must be
 //! what this test builds: `SF_WRITE_FUZZ_SEEDS=1` rewrites them after a protocol change.
 
-mod common;
+use crate::common;
 
 use fm::fuzzing::{run, Op, Summary};
 use prost::Message;

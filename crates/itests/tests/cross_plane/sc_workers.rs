@@ -3,7 +3,7 @@
 //! its NF timers at every replica while parked, and wakes on the next request with the
 //! state intact. Real gRPC on 127.0.0.1: FM, three SC nodes, a PP session.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -9,7 +9,7 @@ use orchestrator::agent::Agent;
 use proto::v1;
 use serde_json::json;
 
-mod common;
+use crate::common;
 use common::{http, node_info, ready, wait, Orch};
 
 fn agent(orch: &Orch, id: &str, role: v1::Role, capacity: Option<v1::NodeCapacity>) -> Agent {
