@@ -608,7 +608,7 @@ fn phase(
         let n = w.run_once()?;
         if n == 0 && w.io.lat_ns.len() == before {
             // Idle: sleep until a reply rings or the next paced flow is due.
-            let _ = doorbell.recv_timeout(w.io.until_due());
+            let _ = doorbell.wait_ring(w.io.until_due());
         }
     }
     let (cpu1, faults1) = process_usage();
@@ -811,7 +811,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
     let pipeline::RuleSource::Channel { requests, replies } = link.source else {
         bail!("FM client gave no channel");
     };
-    let mk = |d: &crossbeam_channel::Receiver<()>| pp::WorkerLink {
+    let mk = |d: &std::sync::Arc<pp::Doorbell>| pp::WorkerLink {
         source: pipeline::RuleSource::Channel {
             requests: requests.clone(),
             replies: replies.clone(),

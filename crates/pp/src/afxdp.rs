@@ -40,6 +40,7 @@ use std::collections::VecDeque;
 use std::io::Write as _;
 use std::num::NonZeroU32;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline::{Desc, IoError, PacketIo, Verdict, FRAME_SIZE, HEADROOM};
@@ -49,6 +50,7 @@ use xsk_rs::config::{
 };
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, TxQueue, Umem};
 
+use crate::doorbell::{self, Doorbell};
 use crate::gso_tx::{self, PacketGsoTx};
 
 /// Largest RX batch, and the most descriptors moved per ring operation.
@@ -295,6 +297,8 @@ pub struct AfXdpIo {
     phase_ring: Vec<usize>,
     /// Entries of the TX ring.
     tx_ring_size: u32,
+    /// Rung when FM's replies for this worker arrive: an idle wait ends for them too.
+    doorbell: Option<Arc<Doorbell>>,
 }
 
 // SAFETY: `base` points into the UMEM mapping that `umem` keeps alive; nothing else
@@ -447,6 +451,7 @@ impl AfXdpIo {
             phase_runs: Vec::with_capacity(AFXDP_MAX_BATCH),
             phase_ring: Vec::with_capacity(AFXDP_MAX_BATCH),
             tx_ring_size: ring_size(cfg.frames),
+            doorbell: None,
             cfg,
         };
         let want_gso = match io.cfg.tx {
@@ -740,24 +745,17 @@ impl AfXdpIo {
     }
 
     fn wait_readable(&self, timeout: Duration) -> Result<bool, IoError> {
-        let mut pfd = libc::pollfd {
-            fd: self.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd that lives for the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            // A signal (Ctrl-C) wakes us: no packets, so the loop checks its flag.
-            return if e.raw_os_error() == Some(libc::EINTR) {
-                Ok(false)
-            } else {
-                Err(IoError::Os(e))
-            };
-        }
-        Ok(r > 0)
+        // A ring (FM's replies) or a signal ends the wait with no packets, and the
+        // worker's loop services the replies or looks at its stop flag.
+        doorbell::wait(Some(self.as_raw_fd()), self.doorbell.as_deref(), timeout)
+            .map(|(readable, _)| readable)
+            .map_err(IoError::Os)
+    }
+
+    /// Wait on `bell` too whenever the socket has nothing: the FM client rings it when
+    /// replies for this worker arrive.
+    pub fn set_doorbell(&mut self, bell: Arc<Doorbell>) {
+        self.doorbell = Some(bell);
     }
 
     /// One busy-polling `recvfrom` (`xsk_recvmsg` runs `sk_busy_loop`, the NAPI poll of

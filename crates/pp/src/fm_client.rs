@@ -3,8 +3,10 @@
 //!
 //! Two threads, so that no pipeline worker ever blocks on the network:
 //! - the *collector* waits for a worker's first request, then gathers more for up to
-//!   `linger` (~100 µs) or `batch_max` requests, and hands the batch to
-//! - the *session* thread (a single-threaded tokio runtime), which numbers requests,
+//!   `linger` (~100 µs) or `batch_max` requests, and hands the batch to the session
+//!   thread. It lingers only while batches follow each other within `linger`: after a
+//!   quiet spell the first request goes at once, with whatever is already queued.
+//! - The *session* thread (a single-threaded tokio runtime), which numbers requests,
 //!   sends one `RuleRequestBatch` per batch, and routes each reply to the worker that
 //!   asked (by the `worker` field FM echoes), ringing that worker's doorbell.
 //!
@@ -20,14 +22,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 // foldhash rather than SipHash: `outstanding` is probed for every request and reply.
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::doorbell::Doorbell;
 use hashbrown::HashMap;
 use pipeline::{CounterReport, FlowNotice, NoticeKind, RuleReply, RuleRequest, RuleSource};
 use proto::v1::{self, fabric_master_client::FabricMasterClient, pp_down, pp_up};
 use proto::Bytes;
 use thiserror::Error;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// The span a heartbeat's `packets_per_s` is measured over.
 const RATE_WINDOW: Duration = Duration::from_millis(500);
@@ -104,10 +108,10 @@ impl FmClientConfig {
 }
 
 /// What a pipeline worker needs: its rule source, and a doorbell that rings when
-/// replies for it arrive (so an idle worker can sleep on it instead of spinning).
+/// replies for it arrive (so an idle worker waits on it and its socket together).
 pub struct WorkerLink {
     pub source: RuleSource,
-    pub doorbell: Receiver<()>,
+    pub doorbell: Arc<Doorbell>,
 }
 
 /// A worker's way to send its counter reports to FM (as `FlowEvent.counters`), without
@@ -242,7 +246,7 @@ fn notice_to_proto(n: &FlowNotice) -> v1::FlowEvent {
 
 struct WorkerOut {
     replies: Sender<RuleReply>,
-    bell: Sender<()>,
+    bell: Arc<Doorbell>,
 }
 
 impl FmClient {
@@ -259,17 +263,19 @@ impl FmClient {
             // Unbounded: replies are bounded by the requests a worker has outstanding,
             // and the session thread must never block on a slow worker.
             let (rep_tx, rep_rx) = crossbeam_channel::unbounded();
-            let (bell_tx, bell_rx) = crossbeam_channel::bounded(1);
+            let bell = Arc::new(
+                Doorbell::new().map_err(|e| FmClientError::Start(format!("doorbell: {e}")))?,
+            );
             links.push(WorkerLink {
                 source: RuleSource::Channel {
                     requests: req_tx.clone(),
                     replies: rep_rx,
                 },
-                doorbell: bell_rx,
+                doorbell: bell.clone(),
             });
             outs.push(WorkerOut {
                 replies: rep_tx,
-                bell: bell_tx,
+                bell,
             });
         }
         drop(req_tx);
@@ -367,6 +373,7 @@ fn collect(
     stop: Arc<AtomicBool>,
 ) {
     let max = cfg.batch_max.max(1);
+    let mut last_batch = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let first = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(r) => r,
@@ -382,12 +389,14 @@ fn collect(
         };
         let mut batch = Vec::with_capacity(max.min(64));
         batch.push(first);
-        let deadline = Instant::now() + cfg.linger;
+        let now = Instant::now();
+        let linger = linger_for(cfg.linger, now.saturating_duration_since(last_batch));
+        let deadline = now + linger;
         while batch.len() < max {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
                 Err(_) => {
-                    if cfg.linger.is_zero() {
+                    if linger.is_zero() {
                         break;
                     }
                     match rx.recv_deadline(deadline) {
@@ -397,9 +406,24 @@ fn collect(
                 }
             }
         }
+        last_batch = Instant::now();
         if net.send(batch).is_err() {
             break;
         }
+    }
+}
+
+/// How long to gather more requests after a batch's first, given the time since the last
+/// batch closed. Lingering pays only while requests come closer together than the
+/// linger: when the last batch closed longer ago than that, the next request is
+/// unlikely to come within it, and waiting would only add the linger to this flow's
+/// setup (on an idle node: `linger` to every new flow). Requests that are already
+/// queued still go in the same batch.
+fn linger_for(linger: Duration, since_last_batch: Duration) -> Duration {
+    if since_last_batch > linger {
+        Duration::ZERO
+    } else {
+        linger
     }
 }
 
@@ -709,9 +733,7 @@ fn inject(f: v1::FabricFrame, outs: &[WorkerOut], stats: &FmClientStats) {
         return;
     }
     stats.fabric_frames.fetch_add(1, Ordering::Relaxed);
-    match out.bell.try_send(()) {
-        Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
-    }
+    out.bell.ring();
 }
 
 /// Hand FM's revocations to every worker: FM does not know which worker holds a flow,
@@ -736,9 +758,7 @@ fn revoke(keys: &[v1::FlowKey], outs: &[WorkerOut], stats: &FmClientStats) {
                 break;
             }
         }
-        match out.bell.try_send(()) {
-            Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
-        }
+        out.bell.ring();
     }
 }
 
@@ -796,10 +816,7 @@ fn deliver(
     }
     for (i, r) in rung.into_iter().enumerate() {
         if r {
-            match outs[i].bell.try_send(()) {
-                Ok(()) | Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => debug!(worker = i, "worker gone"),
-            }
+            outs[i].bell.ring();
         }
     }
 }
@@ -810,7 +827,7 @@ mod tests {
 
     fn worker() -> (WorkerOut, Receiver<RuleReply>) {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let (bell, _) = crossbeam_channel::bounded(1);
+        let bell = Arc::new(Doorbell::new().unwrap());
         (WorkerOut { replies: tx, bell }, rx)
     }
 
@@ -818,6 +835,18 @@ mod tests {
         let key: pipeline::FlowKey = "100 udp 198.18.10.2:5 > 198.19.0.9:53".parse().unwrap();
         let rule = pipeline::Rule::new(key, pipeline::parse_actions("out 0").unwrap());
         proto::reply_to_proto(&RuleReply::ok(rule), 0, worker as u16)
+    }
+
+    #[test]
+    fn the_collector_lingers_only_while_batches_come_within_the_linger() {
+        let l = Duration::from_micros(100);
+        // Busy: the last batch closed 20 µs ago; wait for more.
+        assert_eq!(linger_for(l, Duration::from_micros(20)), l);
+        assert_eq!(linger_for(l, l), l);
+        // Quiet: the last batch closed 2 ms ago; send at once.
+        assert_eq!(linger_for(l, Duration::from_millis(2)), Duration::ZERO);
+        // No linger configured: never.
+        assert_eq!(linger_for(Duration::ZERO, Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

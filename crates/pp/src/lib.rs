@@ -17,6 +17,7 @@
 //!   `recvmmsg`/`sendmmsg`, for loopback, `0.0.0.0` and anywhere XDP cannot attach.
 
 mod afxdp;
+pub mod doorbell;
 pub mod fm_client;
 pub mod gso_tx;
 pub mod metrics;
@@ -34,6 +35,7 @@ pub use afxdp::{
     AfXdpConfig, AfXdpError, AfXdpIo, AfXdpKernelStats, AfXdpStats, AfXdpTx, BusyPoll, FrameCensus,
     NapiDeferral, XskMode, AFXDP_MAX_BATCH, RX_HEADROOM, XDP_HEADROOM,
 };
+pub use doorbell::Doorbell;
 pub use fm_client::{
     FmClient, FmClientConfig, FmClientError, FmClientStats, NoticeSender, ReportSender, WorkerLink,
 };

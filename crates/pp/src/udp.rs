@@ -31,12 +31,15 @@
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use packet::csum::{checksum, put16};
 use packet::{ethertype, parse_frame, proto, IpVersion, L3, L4, VXLAN_PORT};
 use pipeline::{Desc, IoError, PacketIo, Verdict, FRAME_SIZE, HEADROOM, MAX_FRAME};
 use thiserror::Error;
+
+use crate::doorbell::{self, Doorbell};
 
 /// Outer Ethernet (14) + IPv4 (20) + UDP (8) header synthesized in front of a datagram.
 pub const SYNTH_HDR_LEN: usize = 14 + 20 + 8;
@@ -427,6 +430,8 @@ pub struct UdpVxlanIo {
     /// GSO on this socket (the config's wish, unless the kernel refused it).
     gso: bool,
     stats: UdpVxlanStats,
+    /// Rung when FM's replies for this worker arrive: an idle wait ends for them too.
+    doorbell: Option<Arc<Doorbell>>,
 }
 
 impl UdpVxlanIo {
@@ -490,6 +495,7 @@ impl UdpVxlanIo {
             gso: cfg.gso,
             cfg,
             stats: UdpVxlanStats::default(),
+            doorbell: None,
         })
     }
 
@@ -681,26 +687,23 @@ impl UdpVxlanIo {
         }
     }
 
-    /// Wait up to the poll timeout for the socket to become readable.
+    /// Wait up to the poll timeout for the socket to become readable. A ring (FM's
+    /// replies) or a signal ends the wait with no packets, and the worker's loop
+    /// services the replies or looks at its stop flag.
     fn wait_readable(&self) -> Result<bool, IoError> {
-        let mut pfd = libc::pollfd {
-            fd: self.sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = self.cfg.poll_timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd that lives for the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = errno();
-            // A signal (Ctrl-C) wakes us: report no packets so the loop checks its flag.
-            return if e.raw_os_error() == Some(libc::EINTR) {
-                Ok(false)
-            } else {
-                Err(IoError::Os(e))
-            };
-        }
-        Ok(r > 0)
+        doorbell::wait(
+            Some(self.sock.as_raw_fd()),
+            self.doorbell.as_deref(),
+            self.cfg.poll_timeout,
+        )
+        .map(|(readable, _)| readable)
+        .map_err(IoError::Os)
+    }
+
+    /// Wait on `bell` too whenever the socket has nothing: the FM client rings it when
+    /// replies for this worker arrive.
+    pub fn set_doorbell(&mut self, bell: Arc<Doorbell>) {
+        self.doorbell = Some(bell);
     }
 }
 

@@ -72,7 +72,7 @@ fn key(sport: u16, dport: u16) -> FlowKey {
 struct Pp {
     client: FmClient,
     worker: Worker<MemRing<VecSource>>,
-    doorbell: crossbeam_channel::Receiver<()>,
+    doorbell: std::sync::Arc<pp::Doorbell>,
 }
 
 fn pp_node(cluster: &Cluster, id: &str) -> Pp {
@@ -104,7 +104,7 @@ impl Pp {
     fn await_release(&mut self, n: u64) {
         let target = self.worker.pipeline.stats().pending_released + n;
         wait(Duration::from_secs(10), "the rule", || {
-            let _ = self.doorbell.recv_timeout(Duration::from_millis(10));
+            let _ = self.doorbell.wait_ring(Duration::from_millis(10));
             self.worker.run_once().unwrap();
             (self.worker.pipeline.stats().pending_released >= target).then_some(())
         });
@@ -194,7 +194,7 @@ fn scenario(chain: ChainDef, test_nfs: bool) {
     pp.worker.io.source.push(packet(40001, 23, 9), 0);
     pp.worker.run_once().unwrap();
     wait(Duration::from_secs(10), "the drop rule", || {
-        let _ = pp.doorbell.recv_timeout(Duration::from_millis(10));
+        let _ = pp.doorbell.wait_ring(Duration::from_millis(10));
         pp.worker.run_once().unwrap();
         pp.worker.pipeline.lookup_rule(&key(40001, 23))
     });
@@ -328,7 +328,7 @@ fn desired_chains_come_and_go_and_flows_lists_the_cache() {
     // next packet asks again instead of running a rule of a chain that is gone.
     assert!(pp.worker.pipeline.lookup_rule(&key(40001, 80)).is_some());
     wait(Duration::from_secs(5), "the revocation at PP", || {
-        let _ = pp.doorbell.recv_timeout(Duration::from_millis(10));
+        let _ = pp.doorbell.wait_ring(Duration::from_millis(10));
         pp.worker.run_once().unwrap();
         pp.worker
             .pipeline

@@ -101,7 +101,7 @@ fn every_packet_of_a_flow_reaches_the_monitor_in_both_directions() {
     sent = (sent.0 + 1, sent.1 + f.len() as u64);
     w.io.source.push(f, 0);
     wait(Duration::from_secs(10), "the rule", || {
-        let _ = link.doorbell.recv_timeout(Duration::from_millis(10));
+        let _ = link.doorbell.wait_ring(Duration::from_millis(10));
         w.run_once().unwrap();
         (w.pipeline.stats().pending_released >= 1).then_some(())
     });

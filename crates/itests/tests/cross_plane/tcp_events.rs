@@ -79,7 +79,7 @@ fn a_handshake_through_pp_moves_the_snat_mapping_to_the_established_timeout() {
     w.io.source.push(segment(SYN), 0);
     w.run_once().unwrap();
     wait(Duration::from_secs(10), "the flow's rule", || {
-        let _ = link.doorbell.recv_timeout(Duration::from_millis(10));
+        let _ = link.doorbell.wait_ring(Duration::from_millis(10));
         w.run_once().unwrap();
         w.pipeline.lookup_rule(&key())
     });

@@ -236,6 +236,16 @@ pub fn add_udp(a: &mut UdpVxlanStats, b: &UdpVxlanStats) {
     );
 }
 
+impl PpIo {
+    /// Wait on `bell` too when idle (the FM client rings it for this worker's replies).
+    pub fn set_doorbell(&mut self, bell: std::sync::Arc<crate::Doorbell>) {
+        match self {
+            PpIo::AfXdp(io) => io.set_doorbell(bell),
+            PpIo::Udp(io) => io.set_doorbell(bell),
+        }
+    }
+}
+
 impl PacketIo for PpIo {
     #[inline]
     fn rx(&mut self, descs: &mut Vec<Desc>, max: usize) -> Result<usize, IoError> {

@@ -341,8 +341,9 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
         listen: a.listen,
         peer_port: a.peer_port,
         batch: a.batch,
-        // Replies are serviced between receive batches: an idle socket must not hold
-        // them back for long.
+        // Replies are serviced between receive batches. They ring the worker's doorbell,
+        // which ends an idle wait at once; the short timeout bounds the rest of the
+        // work between batches (and what a ring lost to a race would cost).
         poll_timeout: if a.fm.is_some() || a.orchestrator.is_some() {
             Duration::from_millis(1)
         } else {
@@ -485,7 +486,16 @@ fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNod
                     .clamp(1, u128::from(u32::MAX / 2)) as u32,
                 ..Default::default()
             });
-            links.into_iter().map(|l| l.source).collect()
+            // Each worker waits on its doorbell beside its socket: FM's replies wake an
+            // idle worker at once, not at its next poll timeout (crate::doorbell).
+            links
+                .into_iter()
+                .zip(ios.iter_mut())
+                .map(|(l, io)| {
+                    io.set_doorbell(l.doorbell);
+                    l.source
+                })
+                .collect()
         }
         None => {
             cfg.default_idle_timeout = STATIC_IDLE;
