@@ -61,18 +61,21 @@ impl Doorbell {
     /// Clear a ring, before taking the replies it announced: a reply queued after this
     /// rings again.
     pub fn answer(&self) {
-        if self.rung.swap(false, Ordering::AcqRel) {
-            let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd;
-            // EAGAIN (nothing to read) is harmless.
-            let _ = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    (&mut v as *mut u64).cast::<libc::c_void>(),
-                    8,
-                )
-            };
-        }
+        self.rung.swap(false, Ordering::AcqRel);
+        // Drain even when the flag was already clear: a ring that set the flag before
+        // an answer may write after it, and a write left unread would keep the fd
+        // readable with the flag clear, so that every wait returned at once until the
+        // next ring.
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd;
+        // EAGAIN (nothing to read) is harmless.
+        let _ = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut v as *mut u64).cast::<libc::c_void>(),
+                8,
+            )
+        };
     }
 
     /// The eventfd, readable while the bell is rung.
@@ -159,6 +162,23 @@ mod tests {
         assert!(bell.wait_ring(Duration::from_secs(10)).unwrap());
         assert!(start.elapsed() < Duration::from_secs(5));
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_write_that_lands_after_its_answer_is_drained_by_the_next_wait() {
+        // The race's outcome: a ring set the flag, the worker answered (clearing it),
+        // then the ring's write landed. The fd is readable with the flag clear.
+        let bell = Doorbell::new().unwrap();
+        let one: u64 = 1;
+        // SAFETY: 8 bytes of a live u64 to the bell's own eventfd.
+        let n = unsafe { libc::write(bell.fd(), (&one as *const u64).cast(), 8) };
+        assert_eq!(n, 8);
+        // One spurious wake-up, then quiet: the fd must not stay readable.
+        assert!(bell.wait_ring(Duration::ZERO).unwrap());
+        assert!(!bell.wait_ring(Duration::from_millis(2)).unwrap());
+        // And the next ring still wakes.
+        bell.ring();
+        assert!(bell.wait_ring(Duration::ZERO).unwrap());
     }
 
     #[test]
