@@ -165,6 +165,14 @@ pub fn print(r: &IsolationReport) {
             "victim max setup ms (flood)",
             ms(Some(r.victim_max_setup_us_flood)),
         ),
+        (
+            "victim slowest setups (flood; ms at s)",
+            r.victim_slowest_flood
+                .iter()
+                .map(|x| format!("{:.1}@{:.1}", x.setup_us as f64 / 1e3, x.t_ms as f64 / 1e3))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
         ("victim_rate_limited", format!("{}", r.victim_rate_limited)),
         (
             "aggressor_rate_limited",

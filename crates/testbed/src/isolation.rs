@@ -240,6 +240,13 @@ pub struct IsolationReport {
     pub victim_p99_us_flood_after: Option<u64>,
     /// B's slowest established connection during the flood.
     pub victim_max_setup_us_flood: u64,
+    /// B's ten slowest established connections of the baseline and of the flood, the
+    /// slowest first, each at its start on the clock of `series`: whether the tail is a
+    /// few stalls that hit several connections at once, or scattered single waits.
+    #[serde(default)]
+    pub victim_slowest_baseline: Vec<SlowSetup>,
+    #[serde(default)]
+    pub victim_slowest_flood: Vec<SlowSetup>,
     /// B's new flows refused at PP during phase 1 (should be 0).
     pub victim_rate_limited: f64,
     /// A's new flows refused at PP during phase 1.
@@ -274,6 +281,31 @@ pub struct IsolationReport {
     pub scrape_errors: u64,
     /// Every sample of every tenant, both runs.
     pub series: Vec<RatePoint>,
+}
+
+/// One of B's slow connection setups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlowSetup {
+    /// When the connection started, in ms since the run's platform started (the clock
+    /// of [`RatePoint::t_ms`]).
+    pub t_ms: u64,
+    pub setup_us: u64,
+}
+
+/// The `n` slowest established connections of `v`, the slowest first; `offset_ms` puts
+/// their starts on the run's clock.
+pub fn slowest(v: &[ConnSample], offset_ms: u64, n: usize) -> Vec<SlowSetup> {
+    let mut s: Vec<SlowSetup> = v
+        .iter()
+        .filter(|c| !matches!(c.outcome, Outcome::Failed(_)))
+        .map(|c| SlowSetup {
+            t_ms: offset_ms + c.start_us / 1000,
+            setup_us: c.setup_us,
+        })
+        .collect();
+    s.sort_unstable_by(|a, b| b.setup_us.cmp(&a.setup_us).then(a.t_ms.cmp(&b.t_ms)));
+    s.truncate(n);
+    s
 }
 
 /// A thread in the PP namespace scraping `/metrics` every `period`.
@@ -510,6 +542,7 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
     let scraper = Scraper::start(tb, "flood", period, t0)?;
     info!("phase 0: B alone");
     let lp = ConnLoop::start(tb, &victim_load(s, s.baseline_secs))?;
+    let baseline_offset_ms = lp.t0().duration_since(t0).as_millis() as u64;
     cmd::sleep(Duration::from_secs_f64(s.baseline_secs))?;
     let baseline = lp.stop()?;
     cmd::sleep(Duration::from_secs_f64(s.quiet_secs))?;
@@ -687,6 +720,8 @@ pub fn run(tb: &Testbed, bin: &Path, s: &IsolationSpec) -> Result<IsolationRepor
         victim_p99_us_flood_burst,
         victim_p99_us_flood_after,
         victim_max_setup_us_flood,
+        victim_slowest_baseline: slowest(&baseline, baseline_offset_ms, 10),
+        victim_slowest_flood: slowest(&victim, lp_offset_ms, 10),
         victim_rate_limited,
         aggressor_rate_limited,
         rate_limited_drops: drops,
@@ -913,6 +948,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_slowest_setups_are_the_established_ones_slowest_first_on_the_run_clock() {
+        let c = |start_us, setup_us, outcome| ConnSample {
+            start_us,
+            setup_us,
+            end_us: start_us + setup_us,
+            local_port: 1,
+            external: None,
+            outcome,
+        };
+        let v = vec![
+            c(1_000, 300, Outcome::Ok),
+            c(2_000, 9_000, Outcome::Failed("timeout".into())),
+            c(3_000, 700, Outcome::Ok),
+            c(4_000, 500, Outcome::Ok),
+            c(5_000, 700, Outcome::Ok),
+        ];
+        let s = slowest(&v, 100, 3);
+        let got: Vec<(u64, u64)> = s.iter().map(|x| (x.t_ms, x.setup_us)).collect();
+        assert_eq!(got, vec![(103, 700), (105, 700), (104, 500)]);
+        assert!(slowest(&[], 0, 10).is_empty());
+    }
+
+    #[test]
     fn jain_is_one_when_equal_and_half_when_one_takes_all() {
         assert!((jain(&[5.0, 5.0]) - 1.0).abs() < 1e-9);
         assert!((jain(&[10.0, 0.0]) - 0.5).abs() < 1e-9);
@@ -970,6 +1028,8 @@ mod tests {
             victim_p99_us_flood_burst: None,
             victim_p99_us_flood_after: None,
             victim_max_setup_us_flood: 0,
+            victim_slowest_baseline: Vec::new(),
+            victim_slowest_flood: Vec::new(),
             victim_rate_limited: 0.0,
             aggressor_rate_limited: 0.0,
             rate_limited_drops: 0.0,
