@@ -28,9 +28,10 @@ pub use io::{
 pub use key::{flow_hash, flow_hash_with, vxlan_source_port, FlowKey, KeyError};
 pub use pending::{Held, PendingConfig, PendingQueue};
 pub use pipeline::{
-    Clock, Companions, CounterReport, CounterReportConfig, DecidedBy, ElephantPolicy, FlowNotice,
-    ManualClock, MonotonicClock, NoticeConfig, NoticeKind, PacketMeta, Pipeline, PipelineConfig,
-    Policer, RuleReply, RuleRequest, RuleSource, VpcBinding, Worker, MAX_BATCH,
+    report_budget, Clock, Companions, CounterReport, CounterReportConfig, DecidedBy,
+    ElephantPolicy, FlowNotice, ManualClock, MonotonicClock, NoticeConfig, NoticeKind, PacketMeta,
+    Pipeline, PipelineConfig, Policer, RuleReply, RuleRequest, RuleSource, VpcBinding, Worker,
+    MAX_BATCH, REPORT_SPREAD, REPORT_STEPS,
 };
 pub use rule::{
     format_actions, parse_actions, parse_endpoint, Action, Actions, Nexthop, NodeAddr, Rule,

@@ -417,8 +417,9 @@ pub struct PipelineConfig {
 /// How a worker reports its counted rules' counters (`Action::Count`) toward SC, where
 /// the monitor NF adds them up (docs/metrics.md, "Monitor counters").
 ///
-/// Every `interval_ms` a report pass walks the flow table's arena, `scan_per_service`
-/// slots per [`Pipeline::service`] call (so no call stalls the data path), and queues a
+/// Every `interval_ms` a report pass walks the flow table's arena, at most
+/// `scan_per_service` slots per [`Pipeline::service`] call (so no call stalls the data
+/// path) and paced over [`REPORT_SPREAD`] of the interval, and queues a
 /// [`CounterReport`] for each counted rule that counted something since its last
 /// report, zeroing its counters. A rule that leaves the table (idle, evicted, revoked,
 /// replaced) has its last counts queued right away. The queue holds at most `queue`
@@ -431,6 +432,34 @@ pub struct CounterReportConfig {
     pub interval_ms: u32,
     pub queue: usize,
     pub scan_per_service: usize,
+}
+
+/// The share of a counter report interval one pass is spread over (the rest is slack,
+/// so a pass slowed by a full queue still ends before the next is due), and the steps
+/// it takes. Paced, the reports leave in [`REPORT_STEPS`] batches per pass. Unpaced, a
+/// pass over a table of a few thousand flows took a few ms, and its reports reached FM
+/// and then every SC hop as one burst per interval, queued ahead of every tenant's rule
+/// requests: that burst was most of another tenant's setup p99 under a SYN flood
+/// (docs/rate-isolation.md, "The tail was the counter reports"). Steps rather than a
+/// slot or two per call: each batch is a message to FM and a wakeup of the FM client.
+pub const REPORT_SPREAD: (u64, u64) = (3, 4);
+/// See [`REPORT_SPREAD`].
+pub const REPORT_STEPS: u64 = 32;
+
+/// How many arena slots the report pass may examine now: up to where a pass begun
+/// `elapsed_ms` ago over an arena of `len` slots should be, paced in [`REPORT_STEPS`]
+/// steps over [`REPORT_SPREAD`] of `interval_ms`, and at most `cap`.
+pub fn report_budget(
+    elapsed_ms: u32,
+    interval_ms: u32,
+    cursor: usize,
+    len: usize,
+    cap: usize,
+) -> usize {
+    let spread = (u64::from(interval_ms) * REPORT_SPREAD.0 / REPORT_SPREAD.1).max(1);
+    let step = (u64::from(elapsed_ms) * REPORT_STEPS / spread).min(REPORT_STEPS);
+    let due = (len as u64 * step).div_ceil(REPORT_STEPS) as usize;
+    due.saturating_sub(cursor).min(cap)
 }
 
 impl Default for CounterReportConfig {
@@ -452,7 +481,9 @@ pub struct NoticeConfig {
     /// timeout (SNAT and FW time half-open TCP at 240 s and 120 s), since NFs refresh
     /// their deadlines only on these reports.
     pub active_period_ms: u32,
-    /// Arena slots the activity walk examines per serviced batch.
+    /// Most arena slots the activity walk examines per serviced batch. The walk is
+    /// paced over 3/4 of `active_period_ms` in steps, like the counter report pass
+    /// ([`report_budget`]).
     pub active_budget: usize,
     /// Most notices queued between two drains; more are dropped and counted
     /// (`Stats::notices_dropped`): a lost `Active` is made good by the next walk, a
@@ -1442,11 +1473,27 @@ impl Pipeline {
                 0
             }
         };
-        // Before the first walk, everything installed counts as seen since.
-        let since = self
-            .active_prev
-            .map_or(u32::MAX, |p| self.active_started.wrapping_sub(p));
-        let end = (i + self.cfg.notices.active_budget.max(1)).min(self.table.slots());
+        // Paced like the counter report pass (`report_budget`): a walk that reported a
+        // whole table's active flows at once sent FM and the SC chains one burst every
+        // period, ahead of every tenant's rule requests.
+        let slots = self.table.slots();
+        let budget = report_budget(
+            age(now, self.active_started),
+            period,
+            i,
+            slots,
+            self.cfg.notices.active_budget.max(1),
+        );
+        if budget == 0 && i < slots {
+            self.active_walk = Some(i);
+            return;
+        }
+        // Seen since the previous walk started (before the first walk, everything
+        // installed counts). Compared with that start, not with this walk's: a paced
+        // walk reaches a slot long after it started, and a flow hit in between is still
+        // active.
+        let prev = self.active_prev;
+        let end = (i + budget).min(slots);
         for j in i..end {
             let e = self.table.entry(j as u32);
             if !e.is_live() || self.table.flags(j as u32) & REPORTS == 0 {
@@ -1458,12 +1505,12 @@ impl Pipeline {
                 Some(r) => newer(e.last_seen, self.table.entry(r).last_seen),
                 None => e.last_seen,
             };
-            if age(self.active_started, last_seen) <= since {
+            if prev.is_none_or(|p| (last_seen.wrapping_sub(p) as i32) >= 0) {
                 let key = e.key;
                 self.notice(NoticeKind::Active, key);
             }
         }
-        if end >= self.table.slots() {
+        if end >= slots {
             self.active_walk = None;
             self.active_prev = Some(self.active_started);
         } else {
@@ -1563,10 +1610,21 @@ impl Pipeline {
         if !r.scanning {
             return;
         }
+        let (cursor, len) = self.table.report_position();
+        let budget = report_budget(
+            age(now, r.pass_start),
+            rc.interval_ms,
+            cursor,
+            len,
+            rc.scan_per_service,
+        );
+        if budget == 0 && cursor < len {
+            return;
+        }
         let (vpcs, default, queue) = (&self.vpcs, self.default_binding, &mut r.queue);
         let mut queued = 0u64;
         let mut full = false;
-        let done = self.table.report_counters(rc.scan_per_service, |k, p, b| {
+        let done = self.table.report_counters(budget, |k, p, b| {
             if queue.len() >= rc.queue {
                 full = true;
                 return false;

@@ -618,6 +618,11 @@ impl FlowTable {
         }
     }
 
+    /// Where the counter report pass is: the hand's slot and the arena's length.
+    pub fn report_position(&self) -> (usize, usize) {
+        (self.report_cursor, self.entries.len())
+    }
+
     /// Start the next report pass from the arena's first slot.
     pub fn restart_report_pass(&mut self) {
         self.report_cursor = 0;

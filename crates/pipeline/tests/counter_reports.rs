@@ -2,7 +2,8 @@
 //! deltas, periodically and when a rule leaves the table, bounded by the report queue.
 
 use pipeline::{
-    parse_actions, CounterReport, CounterReportConfig, FlowKey, PipelineConfig, Rule, RuleReply,
+    parse_actions, report_budget, CounterReport, CounterReportConfig, FlowKey, PipelineConfig,
+    Rule, RuleReply,
 };
 use testkit::rig::{client_udp, node, Rig, TENANT_VNI};
 
@@ -98,6 +99,63 @@ fn every_packet_of_a_counted_rule_is_reported_once_as_deltas() {
     }
     assert!(r.worker.pipeline.report_all_counters());
     assert!(take(&mut r).is_empty());
+}
+
+/// A pass is paced over the interval: its reports leave in many small batches, not in
+/// one burst at the start of each interval (docs/rate-isolation.md).
+#[test]
+fn a_pass_spreads_its_reports_over_the_interval() {
+    let mut r = rig(CounterReportConfig {
+        interval_ms: 1000,
+        queue: 1024,
+        scan_per_service: 4096,
+    });
+    for s in 0..64 {
+        set_up(&mut r, 3000 + s, true, 10);
+    }
+    take(&mut r);
+    // Traffic on every flow, then two intervals in 10 ms steps (the first pass began
+    // and ended on the empty table).
+    for s in 0..64 {
+        r.send([tenant_udp(3000 + s, 10)]);
+    }
+    r.worker.run_once().unwrap();
+    let mut batches = Vec::new();
+    for step in 0..200u32 {
+        r.clock.advance(10);
+        r.worker.run_once().unwrap();
+        let got = take(&mut r);
+        if !got.is_empty() {
+            batches.push((step, got.len()));
+        }
+    }
+    let total: usize = batches.iter().map(|b| b.1).sum();
+    assert!(
+        total >= 64,
+        "every flow reported within two intervals: {batches:?}"
+    );
+    let biggest = batches.iter().map(|b| b.1).max().unwrap_or(0);
+    assert!(
+        batches.len() >= 16 && biggest <= 16,
+        "reports leave in small batches spread over the interval: {batches:?}"
+    );
+}
+
+#[test]
+fn the_report_budget_follows_the_clock_in_steps() {
+    // Nothing at the pass's start, all of it by 3/4 of the interval, never past `cap`.
+    assert_eq!(report_budget(0, 1000, 0, 3200, usize::MAX), 0);
+    assert_eq!(report_budget(375, 1000, 0, 3200, usize::MAX), 1600);
+    assert_eq!(report_budget(375, 1000, 1500, 3200, usize::MAX), 100);
+    assert_eq!(report_budget(750, 1000, 0, 3200, usize::MAX), 3200);
+    assert_eq!(report_budget(5000, 1000, 0, 3200, 4096), 3200);
+    assert_eq!(report_budget(750, 1000, 0, 3200, 64), 64);
+    // Steps: a pass over 3200 slots moves in 100-slot steps.
+    assert_eq!(report_budget(20, 1000, 0, 3200, usize::MAX), 0);
+    assert_eq!(report_budget(24, 1000, 0, 3200, usize::MAX), 100);
+    // A tiny interval is all due at once, and an empty arena has nothing to scan.
+    assert_eq!(report_budget(1, 1, 0, 10, usize::MAX), 10);
+    assert_eq!(report_budget(500, 1000, 0, 0, usize::MAX), 0);
 }
 
 #[test]

@@ -170,6 +170,26 @@ fn rules_not_asked_for_report_nothing() {
     assert!(r.worker.pipeline.take_notices().is_empty());
 }
 
+/// Serve through one whole activity walk (started by the first service): 8 s in
+/// 250 ms steps, with the notices it reported.
+fn walk(r: &mut Rig) -> Vec<FlowNotice> {
+    walk_with_traffic(r, None)
+}
+
+/// [`walk`], with a packet of flow `sport` at every step.
+fn walk_with_traffic(r: &mut Rig, sport: Option<u16>) -> Vec<FlowNotice> {
+    let mut n = Vec::new();
+    for _ in 0..32 {
+        if let Some(s) = sport {
+            r.send([tcp(s, PSH | ACK, false)]);
+        }
+        r.worker.run_once().unwrap();
+        n.extend(r.worker.pipeline.take_notices());
+        r.clock.advance(250);
+    }
+    n
+}
+
 #[test]
 fn activity_is_reported_per_walk_for_flows_seen_since_the_last() {
     let mut r = rig(NoticeConfig {
@@ -181,10 +201,10 @@ fn activity_is_reported_per_walk_for_flows_seen_since_the_last() {
     open(&mut r, 1000);
     open(&mut r, 1001);
     assert!(r.worker.pipeline.take_notices().is_empty());
-    // The next, a period later, reports both: seen (installed) since the first.
+    // The next, a period later, reports both: seen (installed) since the first. A walk
+    // is paced over 3/4 of the period (`pipeline::report_budget`).
     r.clock.advance(10_000);
-    r.worker.run_once().unwrap();
-    let n = r.worker.pipeline.take_notices();
+    let n = walk(&mut r);
     let active: Vec<_> = kinds(&n)
         .into_iter()
         .filter(|(k, _)| *k == NoticeKind::Active)
@@ -197,31 +217,33 @@ fn activity_is_reported_per_walk_for_flows_seen_since_the_last() {
         ]
     );
     // Within the period no walk starts, whatever the traffic.
-    r.clock.advance(5_000);
+    r.clock.advance(1_000);
     r.send([tcp(1000, ACK, false)]);
     r.worker.pipeline.take_notices();
     r.send([tcp(1000, PSH | ACK, false)]);
     assert!(r.worker.pipeline.take_notices().is_empty());
     // After it, only the flow with traffic since the previous walk is reported.
     r.clock.advance(6_000);
-    r.worker.run_once().unwrap();
-    assert_eq!(
-        kinds(&r.worker.pipeline.take_notices()),
-        [(NoticeKind::Active, key(1000))]
-    );
+    assert_eq!(kinds(&walk(&mut r)), [(NoticeKind::Active, key(1000))]);
     // Another period of silence: nothing.
     r.clock.advance(11_000);
-    r.worker.run_once().unwrap();
-    assert!(r.worker.pipeline.take_notices().is_empty());
+    assert!(walk(&mut r).is_empty());
     // Traffic only toward the client (the reply rule) keeps the flow active too.
     r.clock.advance(1_000);
     r.send([tcp(1001, PSH | ACK, true)]);
     r.clock.advance(10_000);
-    r.worker.run_once().unwrap();
-    assert_eq!(
-        kinds(&r.worker.pipeline.take_notices()),
-        [(NoticeKind::Active, key(1001))]
-    );
+    assert_eq!(kinds(&walk(&mut r)), [(NoticeKind::Active, key(1001))]);
+    // A flow with traffic all through the walks is active, though every hit is newer
+    // than the walk's start by the time the paced walk reaches its slot.
+    r.clock.advance(10_000);
+    let mut n = walk_with_traffic(&mut r, Some(1000));
+    r.clock.advance(2_000);
+    n.extend(walk_with_traffic(&mut r, Some(1000)));
+    let active = kinds(&n)
+        .into_iter()
+        .filter(|k| *k == (NoticeKind::Active, key(1000)))
+        .count();
+    assert_eq!(active, 2, "once per walk: {n:?}");
 }
 
 #[test]
