@@ -88,9 +88,9 @@ impl Egress {
         output: 0,
     };
 
-    /// The rule's actions: decap, `rw`'s rewrites, encap, count, output. At most six,
-    /// held inline: a decision allocates nothing for its rules.
-    fn frame(&self, rw: &Rewrite) -> Actions {
+    /// The rule's actions: decap, `rw`'s rewrites, encap, count (if `count`), output.
+    /// At most six, held inline: a decision allocates nothing for its rules.
+    fn frame(&self, rw: &Rewrite, count: bool) -> Actions {
         let mut v = Actions::new();
         if self.decap {
             v.push(Action::DecapVxlan);
@@ -104,7 +104,9 @@ impl Egress {
                 inner_smac: None,
             });
         }
-        v.push(Action::Count);
+        if count {
+            v.push(Action::Count);
+        }
         v.push(Action::Output(self.output));
         v
     }
@@ -161,6 +163,9 @@ pub struct Chain {
     /// The spec as replies meet it (NFs last first), if it has no branch.
     reply_spec: Option<Arc<ChainSpec>>,
     partition: PartitionBy,
+    /// Whether one of the NFs reads PP's counters
+    /// ([`NetworkFunction::counts_traffic`]): then the chain's rules count.
+    counts: bool,
     pub forward_egress: Egress,
     pub reverse_egress: Egress,
 }
@@ -192,6 +197,7 @@ impl Chain {
             ))
         });
         let kinds = nfs.iter().map(|nf| Arc::from(nf.kind())).collect();
+        let counts = nfs.iter().any(|nf| nf.counts_traffic());
         Ok(Chain {
             nfs,
             kinds,
@@ -199,6 +205,7 @@ impl Chain {
             spec: Arc::new(spec),
             reply_spec,
             partition: PartitionBy::Flow,
+            counts,
             forward_egress,
             reverse_egress,
         })
@@ -285,7 +292,9 @@ impl Chain {
         let timeout = walk.timeout;
         if let Some(reason) = walk.dropped {
             let mut forward = Rule::new(pkt.key, Actions::new());
-            forward.actions.push(Action::Count);
+            if self.counts {
+                forward.actions.push(Action::Count);
+            }
             forward.actions.push(Action::Drop { reason });
             forward.idle_timeout = timeout;
             return Ok(ComposedRules {
@@ -294,13 +303,13 @@ impl Chain {
                 path: walk.path,
             });
         }
-        let mut forward = Rule::new(pkt.key, fwd_egress.frame(&walk.forward));
+        let mut forward = Rule::new(pkt.key, fwd_egress.frame(&walk.forward, self.counts));
         forward.idle_timeout = timeout;
         let mut rkey: FlowKey = walk.key.reversed();
         if let Some((_, vni)) = fwd_egress.encap {
             rkey.set_vni(vni);
         }
-        let mut reverse = Rule::new(rkey, rev_egress.frame(&walk.reverse));
+        let mut reverse = Rule::new(rkey, rev_egress.frame(&walk.reverse, self.counts));
         reverse.idle_timeout = timeout;
         Ok(ComposedRules {
             forward,
@@ -405,6 +414,12 @@ impl Chain {
             self.triggered
                 .extend(env.triggers.drain(..).map(|t| (i, t)));
         }
+    }
+
+    /// Whether the chain's rules count (`Action::Count`): one of its NFs reads PP's
+    /// counters ([`NetworkFunction::counts_traffic`]).
+    pub fn counts_traffic(&self) -> bool {
+        self.counts
     }
 
     /// What the chain's traffic-counting NFs counted, summed; None if none counts.
@@ -678,6 +693,10 @@ mod tests {
         fn first_packet(&mut self, _: &FirstPacket, _: &mut NfEnv) -> Result<Decision, NfError> {
             Ok(self.1.clone())
         }
+        /// The stand-in for the monitor reads PP's counters, as the monitor does.
+        fn counts_traffic(&self) -> bool {
+            self.0 == "monitor"
+        }
         fn snapshot(&self) -> Result<Vec<u8>, NfError> {
             Ok(self.0.as_bytes().to_vec())
         }
@@ -765,11 +784,13 @@ mod tests {
             output: 1,
         };
         let mut c = Chain::new(fw_lb_snat(), ChainSpec::seq(3), fwd, rev).unwrap();
+        assert!(!c.counts_traffic());
         let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
         assert_eq!(r.path_names(), ["fw", "lb", "snat"]);
+        // No NF of the chain reads PP's counters: the rules do not count.
         assert_eq!(
             format_actions(&r.forward.actions),
-            "decap; set-src 198.19.255.1:50000; set-dst 198.19.1.7:8080; encap 198.18.0.9 vni 200; count; out 1"
+            "decap; set-src 198.19.255.1:50000; set-dst 198.19.1.7:8080; encap 198.18.0.9 vni 200; out 1"
         );
         let rv = r.reverse.unwrap();
         assert_eq!(
@@ -779,9 +800,34 @@ mod tests {
         // The reply becomes VIP → client: SNAT's reverse, then LB's.
         assert_eq!(
             format_actions(&rv.actions),
-            "decap; set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; encap 198.18.0.50 vni 100; count; out 1"
+            "decap; set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; encap 198.18.0.50 vni 100; out 1"
         );
         assert_eq!(rv.idle_timeout, Some(Duration::from_secs(240)));
+    }
+
+    #[test]
+    fn a_chain_with_a_counting_nf_counts_both_directions_and_drops() {
+        let mut nfs = fw_lb_snat();
+        nfs.push(Box::new(Fixed("monitor", Decision::pass())));
+        let mut c = Chain::new(nfs, ChainSpec::seq(4), Egress::LOCAL, Egress::LOCAL).unwrap();
+        assert!(c.counts_traffic());
+        let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
+        assert_eq!(
+            format_actions(&r.forward.actions),
+            "set-src 198.19.255.1:50000; set-dst 198.19.1.7:8080; count; out 0"
+        );
+        assert_eq!(
+            format_actions(&r.reverse.unwrap().actions),
+            "set-src 198.19.0.100:80; set-dst 198.18.10.2:40000; count; out 0"
+        );
+
+        let mut nfs = fw_lb_snat();
+        nfs[0] = Box::new(Fixed("fw", Decision::drop("acl-deny")));
+        nfs.push(Box::new(Fixed("monitor", Decision::pass())));
+        let mut c = Chain::new(nfs, ChainSpec::seq(4), Egress::LOCAL, Egress::LOCAL).unwrap();
+        let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
+        assert_eq!(r.path_names(), ["fw"]);
+        assert_eq!(format_actions(&r.forward.actions), "count; drop acl-deny");
     }
 
     /// Records the keys it is shown.
@@ -901,7 +947,7 @@ mod tests {
         let mut c = pool_chain(Pool::default());
         let env = &mut NfEnv::new(0, 1);
         let r = c.decide(&pkt(), env).unwrap();
-        assert_eq!(format_actions(&r.forward.actions), "count; drop exhausted");
+        assert_eq!(format_actions(&r.forward.actions), "drop exhausted");
         // Nothing ran inside the op: the handler did not wait.
         assert_eq!(pool_state(&c), "0 0 []");
         let (n, errors) = c.run_triggers(env);
@@ -951,7 +997,7 @@ mod tests {
         let mut c = local_chain(nfs);
         let r = c.decide(&pkt(), &mut NfEnv::new(0, 1)).unwrap();
         assert_eq!(r.path_names(), ["fw"]);
-        assert_eq!(format_actions(&r.forward.actions), "count; drop acl-deny");
+        assert_eq!(format_actions(&r.forward.actions), "drop acl-deny");
         assert!(r.reverse.is_none());
     }
 

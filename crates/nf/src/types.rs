@@ -618,6 +618,15 @@ pub trait NetworkFunction: Send {
     /// A later event on a flow this NF decided (TCP close, expiry, PP's counters).
     fn on_event(&mut self, _ev: &FlowEvent, _env: &mut NfEnv) {}
 
+    /// Whether this NF reads PP's counters of the flows it decides
+    /// ([`FlowEvent::Counters`]). A chain's rules carry `Action::Count` only when one of
+    /// its NFs answers yes: a counted rule costs PP a second cache line per packet and a
+    /// report per flow per interval, and FM an op through every replica of the group, so
+    /// a chain nobody reads the counters of does not pay for them. Default: no.
+    fn counts_traffic(&self) -> bool {
+        false
+    }
+
     /// The traffic this NF has counted, if it counts traffic (the monitor does); read by
     /// `starfabric stats` through SC's `GroupStatus`.
     fn traffic(&self) -> Option<TrafficReport> {

@@ -193,6 +193,11 @@ impl NetworkFunction for Monitor {
         Ok(Decision::pass())
     }
 
+    /// Its packets and bytes are PP's counters of the flows' rules.
+    fn counts_traffic(&self) -> bool {
+        true
+    }
+
     fn on_event(&mut self, ev: &FlowEvent, _env: &mut NfEnv) {
         if let FlowEvent::Counters {
             key,

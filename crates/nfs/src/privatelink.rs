@@ -486,7 +486,7 @@ mod tests {
         let f = format_actions(&r.forward.actions);
         assert!(
             f.starts_with("decap; set-src 198.19.9.1:")
-                && f.ends_with("set-dst 198.19.1.2:8080; encap 198.18.11.2 vni 101; count; out 0"),
+                && f.ends_with("set-dst 198.19.1.2:8080; encap 198.18.11.2 vni 101; out 0"),
             "{f}"
         );
         let rv = r.reverse.unwrap();
@@ -498,7 +498,7 @@ mod tests {
         );
         assert_eq!(
             format_actions(&rv.actions),
-            "decap; set-src 198.19.7.10:80; set-dst 198.19.1.2:40000; encap 198.18.10.2 vni 100; count; out 0"
+            "decap; set-src 198.19.7.10:80; set-dst 198.19.1.2:40000; encap 198.18.10.2 vni 100; out 0"
         );
     }
 

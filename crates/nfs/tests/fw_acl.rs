@@ -199,7 +199,7 @@ fn denied_flow_becomes_a_cached_drop_rule() {
         .unwrap();
     assert_eq!(
         pipeline::format_actions(&r.forward.actions),
-        "count; drop acl-deny"
+        "drop acl-deny"
     );
     assert_eq!(
         r.forward.idle_timeout,
