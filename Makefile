@@ -38,12 +38,15 @@ setup:
 build:
 	$(CARGO) build --release --workspace
 
+# Clippy and rustdoc check under the test profile, not dev: then the build scripts and
+# proc macros they compile and run are the ones the test build reuses (docs/structure.md,
+# "What CI builds"). No code differs: nothing in the workspace is cfg(debug_assertions).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --profile $(TEST_PROFILE) -- -D warnings
 	# Rustdoc too: a broken or private intra-doc link fails the lint.
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --profile $(TEST_PROFILE)
 
 # Sequential on purpose (also under -j): setup, lint, unit/integration tests, the
 # Kubernetes manifests (with the binary those tests built), golden corpus freshness,

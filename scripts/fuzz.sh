@@ -6,16 +6,24 @@
 # SECONDS (default 60) is the fuzzing time per target; TARGETs default to every
 # target in fuzz/fuzz_targets/. Fails (exit 1) on a crash, printing the artifact path.
 #
+# It builds and runs the targets as `cargo fuzz run` does (cargo-fuzz 0.13's flags), with
+# cargo and the target binaries directly: one `cargo build` of all the targets, then each
+# binary with libFuzzer's arguments. cargo-fuzz itself is not needed (its install cost a
+# new machine a minute of CI); `cargo fuzz run TARGET` in fuzz/ still works for anyone
+# who has it. The flags: -Cpasses=sancov-module, -Cllvm-args=-sanitizer-coverage-*
+# (inline 8-bit counters, PC table, trace-compares, stack depth), --cfg fuzzing,
+# -Cdebug-assertions, no branch folding, one codegen unit, release with line tables.
+# (Sixteen codegen units built no faster here: 417 s either way from an empty target
+# directory on 2 CPUs; docs/structure.md, "What CI builds".)
+#
 # Sanitizer (FUZZ_SANITIZER=auto|address|none, default auto): with a nightly toolchain
 # installed (`rustup toolchain list` shows one), the targets build with
-# AddressSanitizer (`cargo +nightly fuzz run --sanitizer address`), so an out-of-bounds
-# read or a use-after-free in unsafe code (the AF_XDP rings, the XDP map views) or in a
-# C dependency stops the run with a report, not only a panic. Without nightly, auto
-# falls back to `--sanitizer none` on stable and says so: that build uses only stable
-# codegen flags (-Cpasses=sancov-module, -Cllvm-args=-sanitizer-coverage-*,
-# --cfg fuzzing, -Cdebug-assertions); only the sanitizers (-Zsanitizer=...) need
-# nightly. No RUSTC_BOOTSTRAP is needed (and we avoid it: it makes build scripts that
-# probe for nightly turn on unstable features).
+# AddressSanitizer (-Zsanitizer=address), so an out-of-bounds read or a use-after-free
+# in unsafe code (the AF_XDP rings, the XDP map views) or in a C dependency stops the run
+# with a report, not only a panic. Without nightly, auto falls back to no sanitizer on
+# stable and says so: that build uses only stable codegen flags; only the sanitizers
+# need nightly. No RUSTC_BOOTSTRAP is needed (and we avoid it: it makes build scripts
+# that probe for nightly turn on unstable features).
 #
 # New inputs libFuzzer finds go to fuzz/target/corpus/<target>/ (git-ignored); the
 # committed seeds in fuzz/corpus/<target>/ are read but not written.
@@ -29,10 +37,6 @@ SECS="${1:-60}"
 shift || true
 
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "fuzz: cargo-fuzz not installed: run scripts/setup.sh (or make setup)" >&2
-    exit 1
-fi
 
 if [ "$#" -gt 0 ]; then
     TARGETS=("$@")
@@ -40,6 +44,9 @@ else
     mapfile -t TARGETS < <(cd fuzz/fuzz_targets && ls -1 *.rs | sed 's/\.rs$//')
 fi
 [ "${#TARGETS[@]}" -gt 0 ] || { echo "fuzz: no targets in fuzz/fuzz_targets" >&2; exit 1; }
+for t in "${TARGETS[@]}"; do
+    [ -f "fuzz/fuzz_targets/$t.rs" ] || { echo "fuzz: no target $t in fuzz/fuzz_targets" >&2; exit 2; }
+done
 
 SAN="${FUZZ_SANITIZER:-auto}"
 TOOLCHAIN=()
@@ -61,6 +68,39 @@ if [ "$SAN" = address ]; then
 fi
 echo "fuzz: sanitizer: $SAN (toolchain: ${TOOLCHAIN[*]:-default})"
 
+# --target makes RUSTFLAGS apply to the targets and their dependencies, not to build
+# scripts and proc macros (which must run uninstrumented).
+TRIPLE="$(rustc "${TOOLCHAIN[@]}" -vV | sed -n 's/^host: //p')"
+[ -n "$TRIPLE" ] || { echo "fuzz: cannot tell the host triple from rustc -vV" >&2; exit 1; }
+FLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
+FLAGS+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters"
+FLAGS+=" -Cllvm-args=-sanitizer-coverage-pc-table"
+FLAGS+=" -Cllvm-args=-sanitizer-coverage-trace-compares"
+FLAGS+=" --cfg fuzzing -Cllvm-args=-simplifycfg-branch-fold-threshold=0"
+FLAGS+=" -Cllvm-args=-sanitizer-coverage-stack-depth -Cdebug-assertions"
+FLAGS+=" -Ccodegen-units=1"
+if [ "$SAN" = address ]; then
+    FLAGS+=" -Zsanitizer=address"
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_odr_violation=0"
+fi
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/fuzz/target}"
+BINS=()
+for t in "${TARGETS[@]}"; do BINS+=(--bin "$t"); done
+
+mkdir -p fuzz/target
+build_log="fuzz/target/fuzz-build.log"
+echo "fuzz: building ${TARGETS[*]} (log: $build_log)"
+start=$SECONDS
+if ! RUSTFLAGS="$FLAGS ${RUSTFLAGS:-}" cargo "${TOOLCHAIN[@]}" build \
+        --manifest-path fuzz/Cargo.toml --target "$TRIPLE" --release \
+        --config 'profile.release.debug="line-tables-only"' \
+        --target-dir "$TARGET_DIR" "${BINS[@]}" >"$build_log" 2>&1; then
+    tail -n 40 "$build_log" >&2
+    echo "fuzz: FAILED: the targets did not build (log: $build_log)" >&2
+    exit 1
+fi
+echo "fuzz: built in $((SECONDS - start))s"
+
 status=0
 for t in "${TARGETS[@]}"; do
     gen="fuzz/target/corpus/$t"
@@ -70,11 +110,12 @@ for t in "${TARGETS[@]}"; do
     mkdir -p "$gen" "$seeds" "$arts"
     before="$(ls -1 "$arts")"
 
-    echo "fuzz: $t: building and fuzzing for ${SECS}s (log: $log)"
+    echo "fuzz: $t: fuzzing for ${SECS}s (log: $log)"
     start=$SECONDS
     rc=0
-    cargo "${TOOLCHAIN[@]}" fuzz run --sanitizer "$SAN" "$t" "$gen" "$seeds" -- \
-        -max_total_time="$SECS" -timeout=10 -print_final_stats=1 >"$log" 2>&1 || rc=$?
+    "$TARGET_DIR/$TRIPLE/release/$t" -artifact_prefix="$ROOT/$arts/" \
+        -max_total_time="$SECS" -timeout=10 -print_final_stats=1 "$gen" "$seeds" \
+        >"$log" 2>&1 || rc=$?
     took=$((SECONDS - start))
 
     new="$(comm -13 <(printf '%s\n' "$before" | sort) <(ls -1 "$arts" | sort) | sed '/^$/d')"
@@ -95,10 +136,10 @@ for t in "${TARGETS[@]}"; do
     if [ -n "$new" ]; then
         while IFS= read -r a; do
             echo "fuzz: $t: FAILED: crash artifact: $ROOT/$arts/$a" >&2
-            echo "fuzz:   reproduce: cargo ${TOOLCHAIN[*]} fuzz run --sanitizer $SAN $t $arts/$a" >&2
+            echo "fuzz:   reproduce: $TARGET_DIR/$TRIPLE/release/$t $arts/$a" >&2
         done <<<"$new"
     else
-        echo "fuzz: $t: FAILED (exit $rc) without an artifact: build error? see $log" >&2
+        echo "fuzz: $t: FAILED (exit $rc) without an artifact: see $log" >&2
     fi
 done
 

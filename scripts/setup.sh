@@ -150,14 +150,7 @@ for comp in rustfmt clippy; do
     fi
 done
 
-# ---- cargo-fuzz -------------------------------------------------------------
-if cargo fuzz --version >/dev/null 2>&1; then
-    step "cargo-fuzz: present ($(cargo fuzz --version 2>/dev/null))"
-else
-    step "cargo-fuzz: installing (cargo install cargo-fuzz --locked; takes a few minutes)"
-    cargo install cargo-fuzz --locked --quiet \
-        || die "cargo install cargo-fuzz failed"
-    cargo fuzz --version >/dev/null 2>&1 || die "cargo fuzz still not usable after install"
-fi
+# cargo-fuzz is not installed: scripts/fuzz.sh builds and runs the fuzz targets with
+# cargo and libFuzzer's own arguments (libfuzzer-sys builds libFuzzer with g++, above).
 
 step "done"
