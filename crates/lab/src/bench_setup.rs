@@ -53,6 +53,9 @@ pub struct SetupBenchArgs {
     /// `starfabric fm` runs by default.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub fm_threads: u64,
+    /// Each SC node's runtime threads (`ScConfig::io_threads`; `starfabric sc` runs 2).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub sc_threads: u64,
     /// NFs of the chain: `test` (the SC crate's deterministic FW → SNAT → LB) or
     /// `builtin` (nfs' firewall, SNAT and load balancer).
     #[arg(long, default_value = "test")]
@@ -139,6 +142,8 @@ pub struct SetupBench {
     pub allocs_per_flow_by_thread: Option<Vec<(String, f64)>>,
     /// FM's runtime threads in this run (`--fm-threads`).
     pub fm_threads: u64,
+    /// Each SC node's runtime threads in this run (`--sc-threads`).
+    pub sc_threads: u64,
     /// Flows the chain's policy dropped (a drop rule came back), both measurements: they
     /// were decided, so they are not in `failed`, and they have no release to time.
     pub denied: u64,
@@ -778,6 +783,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
             // nodes sharing a host should (`ScConfig::worker_cpus`).
             c.worker_cpus = Some(sc::workers::rotated(&cpus, i));
             c.tls = tls(proto::tls::Role::Sc, &id)?;
+            c.io_threads = a.sc_threads as usize;
             Ok(sc::ScProcess::spawn(c, factory.clone())?)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -910,6 +916,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         alloc_bytes_per_flow: allocs.as_ref().map(|a| a.1),
         allocs_per_flow_by_thread: allocs.map(|a| a.2),
         fm_threads: a.fm_threads,
+        sc_threads: a.sc_threads,
         denied: sat.denied + paced.denied,
         paced_by: paced_by.as_str(),
         workload: workload.as_ref().map(|w| w.name.clone()),
@@ -1011,6 +1018,7 @@ mod tests {
             window: 64,
             linger_us: 100,
             fm_threads: 1,
+            sc_threads: 2,
             nfs: "test".into(),
             groups: 1,
             insecure: true,

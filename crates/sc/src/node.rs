@@ -103,6 +103,13 @@ pub struct ScConfig {
     /// start takes one instead of building it ([`crate::spares`]); 0: every start
     /// builds its chain.
     pub spare_chains: usize,
+    /// Threads of the node's own tokio runtime when [`ScProcess::spawn`] (or `starfabric
+    /// sc`) builds it: the gRPC server, the successor links and the FM session. The
+    /// replicas run on the worker pool, not here, and heartbeats have their own thread
+    /// (`proto::liveness`). 2 by default; 1 where several nodes share two cores, since
+    /// each input then wakes one thread, not one plus an idle one that comes to steal
+    /// (docs/setup-path.md, "One runtime thread per SC node").
+    pub io_threads: usize,
 }
 
 /// The node's [`CoreAssigner`] (a newtype so that the configuration stays `Debug`).
@@ -143,6 +150,7 @@ impl ScConfig {
             assign_watch: cores::watchdog::WatchdogConfig::default(),
             tls: None,
             spare_chains: 1,
+            io_threads: 2,
         }
     }
 }
@@ -1125,6 +1133,7 @@ fn on_configure(shared: &Arc<Shared>, cfg: v1::GroupConfig) {
         up: None,
         worker: None,
         park_now: false,
+        ack: HeldAck::default(),
     };
     let mut groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
     if groups.get(&gid).is_some_and(|g| !g.is_stopped()) {
@@ -1284,6 +1293,74 @@ struct Links {
     worker: Option<usize>,
     /// Asked to park at the end of this burst.
     park_now: bool,
+    /// The ack owed upstream, held back a little (see [`ACK_HOLD`]).
+    ack: HeldAck,
+}
+
+/// How long a replica may hold its ack to the predecessor back, so that the acks of
+/// several bursts leave as one. At a few thousand new flows a second every op is a
+/// burst of its own, and each ack wakes two runtimes and two workers on its way to the
+/// head (tail → middle → head): about 40% of the thread wake-ups a flow costs there.
+/// Nothing waits on an ack to answer a flow (the tail's result to FM is what commits
+/// it); acks only trim the predecessors' resend buffers, which hold up to this much
+/// more for it (and `ScConfig::lag_limit`, if set, counts those ops too).
+const ACK_HOLD: Duration = Duration::from_millis(5);
+
+/// An ack covering this many more ops than the last one sent leaves at once.
+const ACK_HOLD_OPS: u64 = 1024;
+
+/// The ack a replica owes its predecessor and has not sent yet.
+#[derive(Default)]
+struct HeldAck {
+    /// (predecessor connection, highest seq to acknowledge), since when.
+    pending: Option<(u64, u64, Instant)>,
+    /// The last seq sent upstream.
+    sent: u64,
+}
+
+impl Links {
+    /// Owe the predecessor an ack of `seq`; sent now if `now` (or when it is due).
+    fn ack(&mut self, seq: u64, now: bool) {
+        let Some((conn, _)) = &self.up else {
+            return;
+        };
+        let conn = *conn;
+        let since = match self.ack.pending {
+            Some((c, _, since)) if c == conn => since,
+            _ => Instant::now(),
+        };
+        let seq = match self.ack.pending {
+            Some((c, s, _)) if c == conn => s.max(seq),
+            _ => seq,
+        };
+        self.ack.pending = Some((conn, seq, since));
+        if now || seq.saturating_sub(self.ack.sent) >= ACK_HOLD_OPS {
+            self.send_ack();
+        }
+    }
+
+    /// When the held ack is due, if there is one.
+    fn ack_due(&self) -> Option<tokio::time::Instant> {
+        self.ack
+            .pending
+            .map(|(_, _, since)| tokio::time::Instant::from_std(since + ACK_HOLD))
+    }
+
+    /// Send the held ack, if any, to the predecessor it is for (a predecessor that has
+    /// gone since is not told: its successor's handshake says where it stands).
+    fn send_ack(&mut self) {
+        let Some((conn, seq, _)) = self.ack.pending.take() else {
+            return;
+        };
+        if let Some((c, up)) = &self.up {
+            if *c == conn {
+                let _ = up.send(Ok(v1::ReplicateUp {
+                    msg: Some(replicate_up::Msg::Ack(v1::Ack { seq })),
+                }));
+                self.ack.sent = seq;
+            }
+        }
+    }
 }
 
 /// A replica's stay on one worker.
@@ -1357,7 +1434,11 @@ async fn replica_task(
             },
             _ = timer.tick() => {
                 core.timer(wall_ms(), &mut out);
-                flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
+                flush_holding_ack(&shared, &mut core, &mut links, std::mem::take(&mut out));
+                continue;
+            }
+            _ = sleep_until(links.ack_due()) => {
+                links.send_ack();
                 continue;
             }
             _ = sleep_until(idle_at) => {
@@ -1389,7 +1470,7 @@ async fn replica_task(
             }
             run.first_decision();
             if core.stats.requests_applied - flushed_at >= FLUSH_AFTER {
-                flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
+                flush_holding_ack(&shared, &mut core, &mut links, std::mem::take(&mut out));
                 flushed_at = core.stats.requests_applied;
             }
             if burst.elapsed() < MAX_BURST {
@@ -1399,7 +1480,7 @@ async fn replica_task(
                 }
             }
         }
-        flush(&shared, &mut core, &mut links, std::mem::take(&mut out));
+        flush_holding_ack(&shared, &mut core, &mut links, std::mem::take(&mut out));
         run.worker
             .record(core.stats.requests_applied - before, burst.elapsed());
         if links.park_now {
@@ -1418,6 +1499,7 @@ async fn replica_task(
         }
         tokio::task::yield_now().await;
     }
+    links.send_ack();
     if let Some(l) = links.link.take() {
         l.abort();
     }
@@ -1446,6 +1528,8 @@ fn park(
     mut links: Links,
     rx: mpsc::UnboundedReceiver<ReplicaIn>,
 ) -> Result<(), Box<Parked>> {
+    // A parked replica has no timer to send it later.
+    links.send_ack();
     let mut st = lock(&run.slot.state);
     if run.slot.queued.load(Ordering::Relaxed) > 0 || core.has_pending() {
         return Err(Box::new(Parked { core, links, rx }));
@@ -1748,6 +1832,22 @@ fn heavy<T>(f: impl FnOnce() -> T) -> T {
 }
 
 fn flush(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: Outbox) {
+    flush_with(shared, core, links, out, true);
+}
+
+/// [`flush`], but the ack upstream may be held back ([`ACK_HOLD`]): only the replica
+/// task's own flushes do this, since its loop sends the ack when it falls due.
+fn flush_holding_ack(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: Outbox) {
+    flush_with(shared, core, links, out, false);
+}
+
+fn flush_with(
+    shared: &Arc<Shared>,
+    core: &mut ReplicaCore,
+    links: &mut Links,
+    out: Outbox,
+    ack_now: bool,
+) {
     if out.snapshot.is_some() || !out.down.is_empty() {
         if let Some((conn, down)) = &links.down {
             let mut ok = true;
@@ -1773,10 +1873,10 @@ fn flush(shared: &Arc<Shared>, core: &mut ReplicaCore, links: &mut Links, out: O
             }
         }
     }
-    if let (Some(seq), Some((_, up))) = (out.ack_up, &links.up) {
-        let _ = up.send(Ok(v1::ReplicateUp {
-            msg: Some(replicate_up::Msg::Ack(v1::Ack { seq })),
-        }));
+    match out.ack_up {
+        Some(seq) => links.ack(seq, ack_now),
+        None if ack_now => links.send_ack(),
+        None => {}
     }
     // The tail encodes its next results' rule replies as it makes them, for an FM
     // that takes them so (`ReplicaCore::encode_replies`).
@@ -2003,10 +2103,10 @@ pub struct ScProcess {
 impl ScProcess {
     pub fn spawn(cfg: ScConfig, factory: Arc<dyn ChainFactory>) -> Result<ScProcess, ScError> {
         let node_id = cfg.node_id.clone();
-        // Two workers, so a replica busy with a large snapshot never holds up the
-        // node's heartbeats.
+        // Multi-threaded even with one thread: `heavy` moves a long snapshot off the
+        // runtime with `block_in_place`, which a current-thread runtime cannot do.
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(cfg.io_threads.max(1))
             .thread_name(format!("sc-{node_id}"))
             .enable_all()
             .build()

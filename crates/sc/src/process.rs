@@ -173,7 +173,7 @@ pub fn start(
     cfg.assign_period = a.assign_period;
     cfg.tls = a.tls.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(cfg.io_threads.max(1))
         .enable_all()
         .build()
         .map_err(|e| ScProcessError::Io(e.to_string()))?;
