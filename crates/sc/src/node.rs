@@ -1334,7 +1334,8 @@ impl Links {
             _ => seq,
         };
         self.ack.pending = Some((conn, seq, since));
-        if now || seq.saturating_sub(self.ack.sent) >= ACK_HOLD_OPS {
+        // Due by time too: a replica busy burst after burst may not get to its timer.
+        if now || seq.saturating_sub(self.ack.sent) >= ACK_HOLD_OPS || since.elapsed() >= ACK_HOLD {
             self.send_ack();
         }
     }
@@ -2171,5 +2172,86 @@ impl ScProcess {
 impl Drop for ScProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links_with_up(
+        conn: u64,
+    ) -> (
+        Links,
+        mpsc::UnboundedReceiver<Result<v1::ReplicateUp, Status>>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let links = Links {
+            link: None,
+            link_epoch: Arc::new(AtomicU64::new(0)),
+            down: None,
+            up: Some((conn, tx)),
+            worker: None,
+            park_now: false,
+            ack: HeldAck::default(),
+        };
+        (links, rx)
+    }
+
+    fn acked(rx: &mut mpsc::UnboundedReceiver<Result<v1::ReplicateUp, Status>>) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        while let Ok(Ok(m)) = rx.try_recv() {
+            if let Some(replicate_up::Msg::Ack(a)) = m.msg {
+                seqs.push(a.seq);
+            }
+        }
+        seqs
+    }
+
+    #[test]
+    fn a_held_ack_leaves_once_for_several_bursts_and_at_once_when_asked() {
+        let (mut l, mut rx) = links_with_up(7);
+        l.ack(3, false);
+        l.ack(9, false);
+        assert!(acked(&mut rx).is_empty(), "held, not sent");
+        assert!(l.ack_due().is_some());
+        l.send_ack();
+        assert_eq!(acked(&mut rx), vec![9], "one ack, the highest seq");
+        assert!(l.ack_due().is_none());
+        l.ack(10, true);
+        assert_eq!(acked(&mut rx), vec![10]);
+    }
+
+    #[test]
+    fn a_held_ack_leaves_when_it_covers_enough_ops_or_is_old_enough() {
+        let (mut l, mut rx) = links_with_up(7);
+        l.ack(ACK_HOLD_OPS, false);
+        assert_eq!(
+            acked(&mut rx),
+            vec![ACK_HOLD_OPS],
+            "1,024 ops past the last sent"
+        );
+        l.ack(ACK_HOLD_OPS + 1, false);
+        assert!(acked(&mut rx).is_empty());
+        std::thread::sleep(ACK_HOLD + Duration::from_millis(1));
+        l.ack(ACK_HOLD_OPS + 2, false);
+        assert_eq!(acked(&mut rx), vec![ACK_HOLD_OPS + 2], "due by time");
+    }
+
+    #[test]
+    fn a_held_ack_is_not_sent_to_a_new_predecessor() {
+        let (mut l, mut rx) = links_with_up(7);
+        l.ack(5, false);
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        l.up = Some((8, tx2));
+        l.send_ack();
+        assert!(acked(&mut rx).is_empty(), "the old link is gone");
+        assert!(
+            acked(&mut rx2).is_empty(),
+            "the new predecessor was not told"
+        );
+        l.ack(6, false);
+        l.send_ack();
+        assert_eq!(acked(&mut rx2), vec![6]);
     }
 }
