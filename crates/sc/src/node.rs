@@ -106,9 +106,9 @@ pub struct ScConfig {
     /// Threads of the node's own tokio runtime when [`ScProcess::spawn`] (or `starfabric
     /// sc`) builds it: the gRPC server, the successor links and the FM session. The
     /// replicas run on the worker pool, not here, and heartbeats have their own thread
-    /// (`proto::liveness`). 2 by default; 1 where several nodes share two cores, since
-    /// each input then wakes one thread, not one plus an idle one that comes to steal
-    /// (docs/setup-path.md, "One runtime thread per SC node").
+    /// (`proto::liveness`). 2 by default. With 1, three nodes sharing two cores switched
+    /// threads a fifth less often in the setup bench, but used no less CPU
+    /// (docs/setup-path.md, "What a flow costs at a few thousand a second").
     pub io_threads: usize,
 }
 
