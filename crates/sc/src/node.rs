@@ -1325,13 +1325,9 @@ impl Links {
             return;
         };
         let conn = *conn;
-        let since = match self.ack.pending {
-            Some((c, _, since)) if c == conn => since,
-            _ => Instant::now(),
-        };
-        let seq = match self.ack.pending {
-            Some((c, s, _)) if c == conn => s.max(seq),
-            _ => seq,
+        let (seq, since) = match self.ack.pending {
+            Some((c, held, since)) if c == conn => (held.max(seq), since),
+            _ => (seq, Instant::now()),
         };
         self.ack.pending = Some((conn, seq, since));
         // Due by time too: a replica busy burst after burst may not get to its timer.
