@@ -85,6 +85,30 @@ pub struct SetupBenchArgs {
     /// their own times instead of at `--rate`.
     #[arg(long, value_name = "FILE")]
     pub workload: Option<std::path::PathBuf>,
+    /// Pack the planes' control threads onto the fewest CPUs that keep up, as every
+    /// node does by default (`auto`; `off`; or a CPU list; docs/corepack.md). The
+    /// bench's PP worker is data path and is never moved, as on a PP node.
+    #[arg(long, env = "STARFABRIC_PACK_CPUS", default_value = "off", value_parser = parse_pack)]
+    pub pack_cpus: corepack::PackSpec,
+}
+
+fn parse_pack(s: &str) -> Result<corepack::PackSpec, String> {
+    s.parse()
+}
+
+/// What the control-thread packer did during the run (`--pack-cpus`).
+#[derive(Serialize, Debug, Default)]
+pub struct PackReport {
+    /// `auto`, `off` or the CPU list.
+    pub spec: String,
+    /// CPUs the control threads could use at the end of the saturated and the paced
+    /// measurement.
+    pub active_saturated: usize,
+    pub active_paced: usize,
+    pub cpus: usize,
+    pub grows: u64,
+    pub shrinks: u64,
+    pub failed_probes: u64,
 }
 
 /// Results; field names are the documented JSON interface.
@@ -130,6 +154,12 @@ pub struct SetupBench {
     /// `cpu_us_per_flow`, and the part a virtual machine prices very differently from
     /// bare metal (docs/setup-path.md, "First touch of memory on this VM").
     pub faults_per_flow: f64,
+    /// The same CPU per flow in the paced measurement, where at low rates each flow
+    /// is a batch of its own and costs far more (docs/setup-path.md, "What a flow
+    /// costs at a few thousand a second").
+    pub paced_cpu_us_per_flow: f64,
+    /// The control-thread packer (`--pack-cpus`).
+    pub pack: PackReport,
     /// Flows set up in the saturated measurement.
     pub saturated_flows: u64,
     /// Allocations per flow set up in the saturated measurement, over the whole
@@ -733,6 +763,11 @@ pub(crate) fn chain_factory(nfs: &str) -> Arc<dyn sc::ChainFactory> {
 }
 
 pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
+    // Started first, so every plane thread is one it manages. This thread runs the PP
+    // worker (data path).
+    corepack::exclude_current_thread();
+    let packer = a.pack_cpus.start().context("--pack-cpus")?;
+    let pack_stats = || packer.as_ref().map(|p| p.stats()).unwrap_or_default();
     let workload = a.workload.as_deref().map(SetupWorkload::load).transpose()?;
     let (chain, factory, chain_label) =
         match workload.as_ref().and_then(|w| Some((w, w.nfs.as_ref()?))) {
@@ -861,6 +896,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         a.seconds,
         log.as_mut().map(|l| ("saturated", l)),
     )?;
+    let pack_sat = pack_stats();
     let allocs = snap
         .zip(a0)
         .map(|(f, a0)| allocs_per_flow(&a0, &f(), sat.lat_us.len() as u64));
@@ -875,6 +911,7 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         a.seconds,
         log.as_mut().map(|l| ("paced", l)),
     )?;
+    let pack_paced = pack_stats();
     if let Some(mut l) = log {
         use std::io::Write;
         l.flush().context("writing the latency log")?;
@@ -911,6 +948,16 @@ pub fn run(a: SetupBenchArgs) -> Result<SetupBench> {
         setup_overload: s1.setup_overload - s0.setup_overload,
         cpu_us_per_flow: sat.cpu_s * 1e6 / (sat.lat_us.len().max(1)) as f64,
         faults_per_flow: sat.faults as f64 / (sat.lat_us.len().max(1)) as f64,
+        paced_cpu_us_per_flow: paced.cpu_s * 1e6 / (paced.lat_us.len().max(1)) as f64,
+        pack: PackReport {
+            spec: a.pack_cpus.to_string(),
+            active_saturated: pack_sat.active,
+            active_paced: pack_paced.active,
+            cpus: pack_paced.cpus,
+            grows: pack_paced.grows,
+            shrinks: pack_paced.shrinks,
+            failed_probes: pack_paced.failed_probes,
+        },
         saturated_flows: sat.lat_us.len() as u64,
         allocs_per_flow: allocs.as_ref().map(|a| a.0),
         alloc_bytes_per_flow: allocs.as_ref().map(|a| a.1),
@@ -964,8 +1011,20 @@ pub fn print(r: &SetupBench) {
         r.session_drops, r.setup_overload
     );
     println!(
-        "  cost: {:.1} µs of process CPU and {:.2} page faults per flow set up (saturated, {} flows)",
-        r.cpu_us_per_flow, r.faults_per_flow, r.saturated_flows
+        "  cost: {:.1} µs of process CPU and {:.2} page faults per flow set up (saturated, {} flows); \
+         {:.1} µs per flow paced",
+        r.cpu_us_per_flow, r.faults_per_flow, r.saturated_flows, r.paced_cpu_us_per_flow
+    );
+    println!(
+        "  control threads packed ({}): on {} of {} CPUs at the end of the saturated run, {} at the end \
+         of the paced one; {} grows, {} shrinks ({} undone)",
+        r.pack.spec,
+        r.pack.active_saturated,
+        r.pack.cpus,
+        r.pack.active_paced,
+        r.pack.grows,
+        r.pack.shrinks,
+        r.pack.failed_probes
     );
     if let (Some(n), Some(b), Some(t)) = (
         r.allocs_per_flow,
@@ -1025,7 +1084,29 @@ mod tests {
             tls: false,
             latency_log: None,
             workload: None,
+            pack_cpus: corepack::PackSpec::Off,
         }
+    }
+
+    /// With the control threads packed onto one CPU (a list of one), every plane thread
+    /// runs there and the flows still all come back; the report says what the packer
+    /// did.
+    #[test]
+    fn a_run_with_its_control_threads_on_one_cpu_sets_up_every_flow() {
+        let first = corepack::allowed_cpus()[0];
+        let r = run(SetupBenchArgs {
+            pack_cpus: corepack::PackSpec::List(vec![first]),
+            ..short_run(2000.0)
+        })
+        .expect("bench setup");
+        assert_eq!(r.pack.spec, first.to_string());
+        assert_eq!((r.pack.cpus, r.pack.active_paced), (1, 1));
+        assert_eq!(r.failed, 0);
+        assert!(r.saturated_flows > 0 && r.paced_cpu_us_per_flow > 0.0);
+        assert!(
+            corepack::process_stats().is_none(),
+            "the packer stopped with the run"
+        );
     }
 
     /// A short run through the real path (FM, three SC nodes, PP over loopback gRPC):

@@ -315,6 +315,9 @@ impl WorkerPool {
                 .name(format!("sc-w{id}-{node}"))
                 .spawn(move || {
                     w2.tid.store(gettid(), Ordering::Relaxed);
+                    // Pinned by the core assigner, not by an operator: packed with the
+                    // node's other threads at low load (docs/corepack.md).
+                    corepack::allow_repin_current_thread();
                     let sliced = slice.map(set_slice);
                     warm_up(&rt);
                     let _ = ready_tx.send(sliced);

@@ -48,6 +48,8 @@ pub struct FmArgs {
     threads: u64,
     #[command(flatten)]
     tls: crate::tls_args::TlsArgs,
+    #[command(flatten)]
+    pack: crate::pack_args::PackArgs,
 }
 
 pub fn run(a: FmArgs) -> Result<()> {
@@ -63,6 +65,7 @@ pub fn run(a: FmArgs) -> Result<()> {
     cfg.events_file = a.events.clone();
     cfg.tls = a.tls.load(proto::tls::Role::Fm, &a.id)?;
     crate::signals::install()?;
+    let _packer = a.pack.start()?;
     let node = fm::node::start(fm::node::FmNodeConfig {
         fm: cfg,
         listen: a.listen,

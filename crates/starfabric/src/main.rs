@@ -26,6 +26,7 @@ mod alloc_count;
 mod autoscale_cmd;
 mod fm_cmd;
 mod orchestrator_cmd;
+mod pack_args;
 mod pp_cmd;
 mod sc_cmd;
 mod signals;

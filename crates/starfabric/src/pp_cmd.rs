@@ -187,6 +187,8 @@ pub struct PpArgs {
     packet_capacity: f64,
     #[command(flatten)]
     tls: crate::tls_args::TlsArgs,
+    #[command(flatten)]
+    pack: crate::pack_args::PackArgs,
 }
 
 fn parse_binding(s: &str) -> Result<VpcBinding, String> {
@@ -251,6 +253,7 @@ pub fn run(a: PpArgs) -> Result<()> {
         None
     };
     let stop = crate::signals::install()?;
+    let _packer = a.pack.start()?;
     let o = &a.offload;
     let cfg = PpNodeConfig {
         listen: a.listen,

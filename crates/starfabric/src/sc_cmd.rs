@@ -92,6 +92,8 @@ pub struct ScArgs {
     spare_chains: usize,
     #[command(flatten)]
     tls: crate::tls_args::TlsArgs,
+    #[command(flatten)]
+    pack: crate::pack_args::PackArgs,
 }
 
 /// `bw=10,cpu=2,mem=4,price=1` (any subset, any order) as a node capacity.
@@ -127,6 +129,7 @@ pub fn run(a: ScArgs) -> Result<()> {
     };
     let tls = a.tls.load(proto::tls::Role::Sc, &a.id)?;
     let stop = crate::signals::install()?;
+    let _packer = a.pack.start()?;
     let cfg = sc::process::ScProcessConfig {
         id: a.id,
         fm: a.fm,

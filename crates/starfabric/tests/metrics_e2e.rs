@@ -213,6 +213,8 @@ fn every_node_serves_metrics_for_real_traffic() {
     for i in 0..3 {
         let id = format!("sc-{i}");
         let sc_dir = dir(proto::tls::Role::Sc, &id);
+        // sc-0 packs its control threads (docs/corepack.md); the others do not.
+        let pack = if i == 0 { "auto" } else { "off" };
         let n = start(
             &mut g,
             &id,
@@ -228,6 +230,8 @@ fn every_node_serves_metrics_for_real_traffic() {
                 "127.0.0.1:0",
                 "--tls-dir",
                 &sc_dir,
+                "--pack-cpus",
+                pack,
             ],
         );
         n.line("sc: node ");
@@ -408,6 +412,19 @@ fn every_node_serves_metrics_for_real_traffic() {
         scs.push(s);
     }
     assert!(most >= flows.len() as f64, "some replica applied them all");
+    // The packing node shows its packer; the others show none.
+    let cpus = corepack::allowed_cpus().len() as f64;
+    assert_eq!(val(&scs[0], "starfabric_sc_pack_cpus", &[]), cpus);
+    let active = val(&scs[0], "starfabric_sc_pack_active_cpus", &[]);
+    assert!((1.0..=cpus).contains(&active), "{active} of {cpus}");
+    assert!(val(&scs[0], "starfabric_sc_pack_managed_threads", &[]) >= 1.0);
+    assert_eq!(
+        val(&scs[0], "starfabric_sc_pack_affinity_errors_total", &[]),
+        0.0
+    );
+    for s in &scs[1..] {
+        assert_eq!(scrape::value(s, "starfabric_sc_pack_cpus", &[]), None);
+    }
     roles.sort_unstable();
     assert_eq!(roles, ["head", "middle", "tail"]);
 

@@ -74,8 +74,10 @@ pub struct Exporter {
 impl Exporter {
     /// Metric names get `prefix_` in front.
     pub fn new(prefix: &str) -> Self {
+        let mut registry = Registry::with_prefix(prefix);
+        registry.register_collector(Box::new(collector(pack_metrics)));
         Exporter {
-            registry: Registry::with_prefix(prefix),
+            registry,
             refresh: None,
             routes: None,
         }
@@ -215,6 +217,49 @@ impl Scrape<'_> {
             .encode_descriptor(name, help, Some(&unit), MetricType::Histogram)?;
         m.encode_histogram::<NoLabelSet>(sum, count, buckets, None)
     }
+}
+
+/// The process's control-thread packer (`--pack-cpus`, docs/corepack.md), on every
+/// node's endpoint; nothing when no packer runs.
+fn pack_metrics(s: &mut Scrape<'_>) -> fmt::Result {
+    let Some(p) = corepack::process_stats() else {
+        return Ok(());
+    };
+    s.gauge(
+        "pack_active_cpus",
+        "CPUs the node's control threads may use now (corepack)",
+        p.active as i64,
+    )?;
+    s.gauge(
+        "pack_cpus",
+        "CPUs the packer may spread the control threads over",
+        p.cpus as i64,
+    )?;
+    s.gauge(
+        "pack_managed_threads",
+        "Threads the packer places (data-path and externally pinned threads excluded)",
+        p.managed_threads as i64,
+    )?;
+    s.counter(
+        "pack_grows",
+        "Times the packer gave the control threads one more CPU",
+        p.grows,
+    )?;
+    s.counter(
+        "pack_shrinks",
+        "Times the packer took one CPU from the control threads",
+        p.shrinks,
+    )?;
+    s.counter(
+        "pack_failed_probes",
+        "Shrinks undone within the probe window (the load did not fit)",
+        p.failed_probes,
+    )?;
+    s.counter(
+        "pack_affinity_errors",
+        "sched_setaffinity calls the kernel refused",
+        p.affinity_errors,
+    )
 }
 
 /// A collector from a closure that writes metrics into a [`Scrape`].
@@ -460,6 +505,22 @@ mod tests {
 
     fn local() -> SocketAddr {
         "127.0.0.1:0".parse().unwrap()
+    }
+
+    #[test]
+    fn every_endpoint_shows_the_packer_while_one_runs() {
+        let e = Exporter::new("t");
+        let packer = corepack::CorePacker::start(corepack::PackConfig::default()).unwrap();
+        let text = e.encode().unwrap();
+        let cpus = corepack::allowed_cpus().len();
+        assert!(text.contains(&format!("t_pack_cpus {cpus}")), "{text}");
+        assert!(text.contains("t_pack_active_cpus "), "{text}");
+        assert!(text.contains("t_pack_failed_probes_total 0"), "{text}");
+        packer.stop();
+        assert!(
+            !e.encode().unwrap().contains("pack_"),
+            "gone with the packer"
+        );
     }
 
     fn sample_exporter(n: Arc<Mutex<u64>>) -> Exporter {

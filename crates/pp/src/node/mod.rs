@@ -333,6 +333,8 @@ fn check_workers(cfg: &PpNodeConfig) -> Result<(), PpNodeError> {
 type Ready = std::sync::mpsc::SyncSender<Option<(SocketAddrV4, Option<SocketAddr>)>>;
 
 fn run(a: PpNodeConfig, stop: Arc<AtomicBool>, ready: Ready) -> Result<(), PpNodeError> {
+    // Worker 0's thread: data path, left where the scheduler (or the operator) puts it.
+    corepack::exclude_current_thread();
     let say = |l: &str| a.lines.say(l);
     let id = a.id.clone().unwrap_or_else(|| format!("pp-{}", a.listen));
     let nworkers = a.workers;
@@ -796,6 +798,7 @@ fn governor(priority: i32, always: bool) -> rt::RtGovernor {
 /// A worker other than 0: the data path, its miss path's notices and counter
 /// reports, and the node-wide changes the control loop sends it.
 fn run_peer(mut w: Worker<PpIo>, c: PeerCtx) -> Result<(), PpNodeError> {
+    corepack::exclude_current_thread();
     let mut rt = c.rt.map(|(p, always)| governor(p, always));
     let mut next_pub = Instant::now();
     let mut next_flush = Instant::now();
