@@ -5,8 +5,8 @@
 //! hand-off sit on different CPUs, the wake-up is an inter-processor interrupt, and the
 //! idle CPU has to come out of its halt; under a hypervisor both are exits to the host.
 //! On the 2-vCPU VM this project is measured on, a ping-pong between two threads costs
-//! 23 µs a round trip across CPUs and 4 µs on one CPU (`perf bench sched pipe`, with and
-//! without `taskset -c 0`), and a few thousand setups a second kept 1.3 CPUs busy
+//! 23–74 µs a round trip across CPUs and 3–4 µs on one CPU (`perf bench sched pipe`,
+//! with and without `taskset -c 0`), and a few thousand setups a second kept 1.3 CPUs busy
 //! spread out but 0.8 on one (docs/corepack.md). The kernel's scheduler spreads woken
 //! threads onto idle CPUs, which is right for throughput and wrong for such a chain at
 //! low load.
