@@ -57,6 +57,8 @@ pub enum PackError {
     },
     #[error("starting the packer thread: {0}")]
     Spawn(std::io::Error),
+    #[error("a packer already runs in this process (two would undo each other's masks)")]
+    Running,
 }
 
 /// Settings of a [`CorePacker`].
@@ -201,6 +203,10 @@ impl CorePacker {
             None => allowed.clone(),
         };
         let stat = CpuStat::read()?;
+        let mut slot = lock(running());
+        if slot.is_some() {
+            return Err(PackError::Running);
+        }
         let shared = Arc::new(Shared::default());
         shared.active.store(cpus.len(), Ordering::Relaxed);
         shared.cpus.store(cpus.len(), Ordering::Relaxed);
@@ -209,7 +215,7 @@ impl CorePacker {
             .name("corepack".into())
             .spawn(move || run(cfg, cpus, allowed, stat, sh))
             .map_err(PackError::Spawn)?;
-        *lock(running()) = Some(shared.clone());
+        *slot = Some(shared.clone());
         Ok(CorePacker {
             shared,
             thread: Some(thread),
@@ -256,7 +262,6 @@ fn run(cfg: PackConfig, cpus: Vec<usize>, allowed: Vec<usize>, mut stat: CpuStat
     let start = Instant::now();
     let mut policy = PackPolicy::new(cpus.len(), cfg.policy.clone());
     let mut seen: HashMap<i32, Seen> = HashMap::new();
-    let me = gettid();
     info!(cpus = ?cpus, "corepack: packing control threads onto the CPUs that keep up");
     while !sh.stop.load(Ordering::Relaxed) {
         std::thread::park_timeout(cfg.interval);
@@ -291,10 +296,10 @@ fn run(cfg: PackConfig, cpus: Vec<usize>, allowed: Vec<usize>, mut stat: CpuStat
         // Every CPU the process has: each thread's own mask. A list narrower than the
         // process's (`--pack-cpus 0`) keeps the threads on it at any load.
         let spread = allowed.iter().all(|c| active.contains(c));
-        apply(&mut seen, me, &allowed, active, spread, &sh);
+        apply(&mut seen, &allowed, active, spread, &sh);
     }
     // Give every moved thread its own mask back.
-    apply(&mut seen, me, &allowed, &allowed, true, &sh);
+    apply(&mut seen, &allowed, &allowed, true, &sh);
     sh.active.store(cpus.len(), Ordering::Relaxed);
 }
 
@@ -302,7 +307,6 @@ fn run(cfg: PackConfig, cpus: Vec<usize>, allowed: Vec<usize>, mut stat: CpuStat
 /// its own mask where the two meet), or on its own mask when `spread`.
 fn apply(
     seen: &mut HashMap<i32, Seen>,
-    me: i32,
     allowed: &[usize],
     active: &[usize],
     spread: bool,
@@ -321,7 +325,7 @@ fn apply(
     };
     let mut managed = 0;
     for tid in tids {
-        if tid != me && excluded.contains(&tid) {
+        if excluded.contains(&tid) {
             continue;
         }
         let Some(cur) = get_affinity(tid) else {

@@ -76,6 +76,13 @@ fn packed_threads_meet_on_the_first_cpu_and_get_their_masks_back() {
         cpus: None,
     })
     .unwrap();
+    assert!(
+        matches!(
+            CorePacker::start(PackConfig::default()),
+            Err(corepack::PackError::Running)
+        ),
+        "a second packer is refused"
+    );
     wait_for("one active CPU", || packer.stats().active == 1);
     wait_for("the plain thread on the first CPU", || {
         affinity(plain) == vec![first]
