@@ -436,9 +436,48 @@ impl CpuStat {
     }
 }
 
-/// The CPUs the calling thread may run on, ascending.
+/// The CPUs this process may run on, ascending: the calling thread's affinity mask,
+/// which every thread inherits from the process unless something pinned it (call it
+/// from a thread nobody pinned, as node start does). Falls back to `0..N` (N the
+/// available parallelism) if the kernel will not say.
 pub fn allowed_cpus() -> Vec<usize> {
-    get_affinity(0).unwrap_or_else(|| vec![0])
+    match get_affinity(0) {
+        Some(all) if !all.is_empty() => all,
+        _ => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    }
+}
+
+/// Parse a CPU list as `taskset -c` and VPP's `corelist-workers` write it: `0-3,6,8-9`.
+/// The order is kept (it is the round-robin order); a CPU named twice is an error.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+    let mut out: Vec<usize> = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let num = |x: &str| {
+            x.parse::<usize>()
+                .map_err(|_| format!("{part:?} is not a CPU number or range (e.g. 0-3,6)"))
+        };
+        let (lo, hi) = (num(lo)?, num(hi)?);
+        if lo > hi {
+            return Err(format!("range {part:?} runs backwards"));
+        }
+        if hi >= libc::CPU_SETSIZE as usize {
+            return Err(format!(
+                "CPU {hi} is beyond the {} a CPU set holds",
+                libc::CPU_SETSIZE
+            ));
+        }
+        for c in lo..=hi {
+            if out.contains(&c) {
+                return Err(format!("CPU {c} is listed twice"));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
 }
 
 fn get_affinity(tid: i32) -> Option<Vec<usize>> {
@@ -547,29 +586,7 @@ impl std::str::FromStr for PackSpec {
             "" => return Err("expected auto, off or a CPU list such as 0,1".into()),
             _ => {}
         }
-        let mut out = Vec::new();
-        for part in s.split(',') {
-            let part = part.trim();
-            let num = |x: &str| {
-                x.trim().parse::<usize>().map_err(|_| {
-                    format!("{x:?} is not a CPU number (expected auto, off or a list such as 0,1)")
-                })
-            };
-            match part.split_once('-') {
-                Some((a, b)) => {
-                    let (a, b) = (num(a)?, num(b)?);
-                    if a > b {
-                        return Err(format!("range {part} runs backwards"));
-                    }
-                    if b - a >= libc::CPU_SETSIZE as usize {
-                        return Err(format!("range {part} is larger than any CPU set"));
-                    }
-                    out.extend(a..=b);
-                }
-                None => out.push(num(part)?),
-            }
-        }
-        Ok(PackSpec::List(out))
+        parse_cpu_list(s).map(PackSpec::List)
     }
 }
 
@@ -612,6 +629,7 @@ mod spec_tests {
         assert_eq!("off".parse(), Ok(PackSpec::Off));
         assert_eq!("1,0".parse(), Ok(PackSpec::List(vec![1, 0])));
         assert_eq!("2-4, 0".parse(), Ok(PackSpec::List(vec![2, 3, 4, 0])));
+        assert!("0,0".parse::<PackSpec>().is_err(), "a CPU named twice");
         assert_eq!(PackSpec::List(vec![2, 0]).to_string(), "2,0");
         assert_eq!(PackSpec::Auto.to_string(), "auto");
         for bad in ["", "x", "1,,2", "3-1", "-1", "0-99999999"] {

@@ -651,59 +651,9 @@ pub fn rate_cost_nice(hosts_replicas: bool, demand: f64, top: f64) -> i32 {
         .clamp(0.0, WEAKEST) as i32
 }
 
-/// The CPUs this process may run on, ascending: the calling thread's affinity mask,
-/// which every thread inherits from the process unless something pinned it (call it
-/// from a thread nobody pinned, as node start does). Falls back to
-/// `0..online_cores()` if the kernel will not say.
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is a plain bit array that sched_getaffinity fills; zeroed is the
-    // empty set, and CPU_ISSET only reads inside it (indices below CPU_SETSIZE).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            let all: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect();
-            if !all.is_empty() {
-                return all;
-            }
-        }
-    }
-    (0..online_cores()).collect()
-}
-
-/// Parse a CPU list as `taskset -c` and VPP's `corelist-workers` write it: `0-3,6,8-9`.
-/// The order is kept (it is the round-robin order); a CPU named twice is an error.
-pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
-    let mut out: Vec<usize> = Vec::new();
-    for part in s.split(',').map(str::trim) {
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.trim(), b.trim()),
-            None => (part, part),
-        };
-        let num = |x: &str| {
-            x.parse::<usize>()
-                .map_err(|_| format!("{part:?} is not a CPU number or range (e.g. 0-3,6)"))
-        };
-        let (lo, hi) = (num(lo)?, num(hi)?);
-        if lo > hi {
-            return Err(format!("range {part:?} runs backwards"));
-        }
-        if hi >= libc::CPU_SETSIZE as usize {
-            return Err(format!(
-                "CPU {hi} is beyond the {} a CPU set holds",
-                libc::CPU_SETSIZE
-            ));
-        }
-        for c in lo..=hi {
-            if out.contains(&c) {
-                return Err(format!("CPU {c} is listed twice"));
-            }
-            out.push(c);
-        }
-    }
-    Ok(out)
-}
+// The process's CPUs and the `taskset -c` list format, shared with the control-thread
+// packer (`--pack-cpus` parses the same lists).
+pub use corepack::{allowed_cpus, parse_cpu_list};
 
 /// `cpus` turned left by `by`: the list a node takes when several share a host (node
 /// `i` takes `rotated(cpus, i)`), so that their first workers, where a node's first
