@@ -190,8 +190,13 @@ pub struct PipelineBench {
     pub companion_bytes: usize,
     /// Resident memory added per flow by the largest table, measured.
     pub rss_bytes_per_flow: Option<f64>,
-    /// hit rate at the largest flow count over the rate at the smallest.
+    /// hit rate at the largest flow count over the rate at the smallest, each point
+    /// measured on its own, seconds apart.
     pub large_over_small: f64,
+    /// The same ratio with both tables run in alternating 50 ms slices
+    /// ([`PairedHit::ratio`]); absent with a workload's `hit` section or one flow count.
+    pub large_over_small_paired: Option<f64>,
+    pub paired: Option<PairedHit>,
     pub batch: usize,
     pub seconds_per_point: f64,
     pub inner_frame_bytes: usize,
@@ -437,15 +442,6 @@ fn rss_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
-fn hit_point(flows: usize, a: &PipelineBenchArgs) -> Result<(f64, Option<f64>)> {
-    hit_point_with(
-        flows,
-        (0..flows as u64).map(|i| snat_rule(i, a.count)),
-        Traffic::random(flows as u64),
-        a,
-    )
-}
-
 /// A hit point: a table of `flows` flows holding `rules`, then `traffic` through it for
 /// `a.seconds`. Mpps, and resident bytes per flow.
 fn hit_point_with<S: FrameSource>(
@@ -454,6 +450,17 @@ fn hit_point_with<S: FrameSource>(
     traffic: S,
     a: &PipelineBenchArgs,
 ) -> Result<(f64, Option<f64>)> {
+    let (mpps, rss, _) = hit_point_kept(flows, rules, traffic, a)?;
+    Ok((mpps, rss))
+}
+
+/// [`hit_point_with`], and the worker with its table, for the interleaved ratio.
+fn hit_point_kept<S: FrameSource>(
+    flows: usize,
+    rules: impl Iterator<Item = Rule>,
+    traffic: S,
+    a: &PipelineBenchArgs,
+) -> Result<(f64, Option<f64>, Worker<MemRing<S>>)> {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = flows;
     let rss0 = rss_bytes();
@@ -478,6 +485,16 @@ fn hit_point_with<S: FrameSource>(
     let io = MemRing::new(traffic, a.batch);
     let mut w = Worker::new(p, io, a.batch, Box::new(MonotonicClock::new()));
     let mpps = timed(a.seconds, || w.run_once().unwrap_or(0));
+    all_hits(&w)?;
+    let per_flow = match (rss0, rss1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / flows as f64),
+        _ => None,
+    };
+    Ok((mpps, per_flow, w))
+}
+
+/// Fails the run unless every packet so far hit and was transmitted.
+fn all_hits<S: FrameSource>(w: &Worker<MemRing<S>>) -> Result<()> {
     let s = w.pipeline.stats();
     anyhow::ensure!(
         s.misses == 0 && s.total_drops() == 0,
@@ -489,11 +506,77 @@ fn hit_point_with<S: FrameSource>(
         w.io.sink.packets == s.tx_packets,
         "every hit was transmitted"
     );
-    let per_flow = match (rss0, rss1) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / flows as f64),
-        _ => None,
+    Ok(())
+}
+
+/// The largest table's hit rate over the smallest's, both tables held at once and run in
+/// alternating slices. This VM's speed drifts by tens of percent from one minute to the
+/// next (the 1k-flow point read 8.4 to 14.6 Mpps in six runs within a quarter hour), so a
+/// ratio of two points taken seconds apart measures the drift as much as the table;
+/// slices 50 ms apart see the same machine.
+#[derive(Serialize, Debug, Clone)]
+pub struct PairedHit {
+    pub small_flows: usize,
+    pub large_flows: usize,
+    /// Rounds of four slices: small, large, large, small.
+    pub rounds: usize,
+    pub slice_seconds: f64,
+    /// Median over the rounds of (large's two slices) / (small's two slices).
+    pub ratio: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// Each table's rate over all its slices.
+    pub small_mpps: f64,
+    pub large_mpps: f64,
+}
+
+/// Slice length of [`PairedHit`]: long enough that a slice's warm-up (64 batches, which
+/// refill the small table's lines the large one evicted) is under 2% of it at 1k flows.
+const PAIRED_SLICE_SECONDS: f64 = 0.05;
+
+fn paired_hit<S1: FrameSource, S2: FrameSource>(
+    small: &mut Worker<MemRing<S1>>,
+    large: &mut Worker<MemRing<S2>>,
+    seconds: f64,
+) -> Result<PairedHit> {
+    let slice = PAIRED_SLICE_SECONDS;
+    // Each table runs `seconds` in all, as a sequential point does; three rounds at least.
+    let rounds = ((seconds / (2.0 * slice)).ceil() as usize).max(3);
+    let mut ratios = Vec::with_capacity(rounds);
+    let (mut s_sum, mut l_sum) = (0.0, 0.0);
+    for _ in 0..rounds {
+        let s1 = timed(slice, || small.run_once().unwrap_or(0));
+        let l1 = timed(slice, || large.run_once().unwrap_or(0));
+        let l2 = timed(slice, || large.run_once().unwrap_or(0));
+        let s2 = timed(slice, || small.run_once().unwrap_or(0));
+        anyhow::ensure!(
+            s1 + s2 > 0.0,
+            "the small table forwarded nothing in a round"
+        );
+        ratios.push((l1 + l2) / (s1 + s2));
+        s_sum += s1 + s2;
+        l_sum += l1 + l2;
+    }
+    all_hits(small)?;
+    all_hits(large)?;
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    let ratio = if n % 2 == 1 {
+        ratios[n / 2]
+    } else {
+        (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
     };
-    Ok((mpps, per_flow))
+    Ok(PairedHit {
+        small_flows: small.pipeline.table().len(),
+        large_flows: large.pipeline.table().len(),
+        rounds,
+        slice_seconds: slice,
+        ratio,
+        ratio_min: ratios[0],
+        ratio_max: ratios[n - 1],
+        small_mpps: s_sum / (2 * rounds) as f64,
+        large_mpps: l_sum / (2 * rounds) as f64,
+    })
 }
 
 /// The hit points a workload's `hit` section asks for: (table size, Mpps, resident
@@ -691,6 +774,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
     let mut rates = vec![(0, 0.0)];
     let mut rss_per_flow = None;
     let mut hit_workload = None;
+    let mut paired = None;
     let mut record = |n: usize, mpps: f64, rss: Option<f64>| {
         rates.retain(|r| r.0 != 0);
         hit_mpps.insert(n.to_string(), mpps);
@@ -700,9 +784,25 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
     match (&hit_w, want("hit")) {
         (_, false) => {}
         (None, true) => {
-            for &n in &a.flows {
-                let (mpps, rss) = hit_point(n, &a)?;
+            // The smallest and the largest table are kept for the interleaved ratio; the
+            // ones between are freed before the next is made, as before.
+            let mut sizes = a.flows.clone();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let mut small = None;
+            let mut large = None;
+            for (k, &n) in sizes.iter().enumerate() {
+                let rules = (0..n as u64).map(|i| snat_rule(i, a.count));
+                let (mpps, rss, w) = hit_point_kept(n, rules, Traffic::random(n as u64), &a)?;
                 record(n, mpps, rss);
+                if k == 0 {
+                    small = Some(w);
+                } else if k + 1 == sizes.len() {
+                    large = Some(w);
+                }
+            }
+            if let (Some(s), Some(l)) = (small.as_mut(), large.as_mut()) {
+                paired = Some(paired_hit(s, l, a.seconds)?);
             }
         }
         (Some(w), true) => {
@@ -747,6 +847,8 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         companion_bytes: std::mem::size_of::<u32>(),
         rss_bytes_per_flow: rss_per_flow,
         large_over_small,
+        large_over_small_paired: paired.as_ref().map(|p| p.ratio),
+        paired,
         batch: a.batch,
         seconds_per_point: a.seconds,
         inner_frame_bytes: 60,
@@ -816,6 +918,20 @@ pub fn print_table(r: &PipelineBench) {
         "  largest/smallest flow count rate ratio: {:.2}",
         r.large_over_small
     );
+    if let Some(p) = &r.paired {
+        println!(
+            "  the same, interleaved ({} rounds of {:.0} ms slices, {} and {} flows): {:.2} (rounds {:.2}–{:.2}; {:.2} and {:.2} Mpps)",
+            p.rounds,
+            p.slice_seconds * 1e3,
+            p.small_flows,
+            p.large_flows,
+            p.ratio,
+            p.ratio_min,
+            p.ratio_max,
+            p.small_mpps,
+            p.large_mpps
+        );
+    }
     if let Some(c) = &r.chain {
         println!(
             "  {:<36} {:>10.2} Mpps  (batch p99 {:.1} µs; {:.3} µs/packet, p99 {:.3}; {} flows decided in {:.1} s)",
@@ -884,6 +1000,35 @@ mod tests {
     }
 
     #[test]
+    fn the_interleaved_ratio_runs_both_kept_tables_every_packet_a_hit() {
+        // Given out of order: the smallest and the largest are paired, whatever the order.
+        let r = pipeline_bench(&PipelineBenchArgs {
+            json: true,
+            flows: vec![50_000, 1000, 5000],
+            seconds: 0.3,
+            batch: MAX_BATCH,
+            quick: false,
+            only: Some("hit".into()),
+            count: false,
+            workload: None,
+        })
+        .unwrap();
+        assert_eq!(r.hit_mpps.len(), 3);
+        let p = r.paired.clone().unwrap();
+        assert_eq!((p.small_flows, p.large_flows), (1000, 50_000));
+        // 0.3 s per table in rounds of two 50 ms slices each.
+        assert_eq!(p.rounds, 3);
+        assert!(p.ratio_min <= p.ratio && p.ratio <= p.ratio_max, "{p:?}");
+        assert!(p.small_mpps > 0.0 && p.large_mpps > 0.0, "{p:?}");
+        assert_eq!(r.large_over_small_paired, Some(p.ratio));
+        // One flow count has nothing to pair.
+        let mut one = args(std::path::Path::new("unused"));
+        one.workload = None;
+        let r = pipeline_bench(&one).unwrap();
+        assert!(r.paired.is_none() && r.large_over_small_paired.is_none());
+    }
+
+    #[test]
     fn generated_flows_follow_the_sections_popularity() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("w.json");
@@ -897,6 +1042,8 @@ mod tests {
         let info = r.hit_workload.unwrap();
         assert_eq!(info.popularity, "zipf(1)");
         assert!(info.top1pct_share["2000"] > 0.2, "{info:?}");
+        // A workload's points are not paired.
+        assert!(r.paired.is_none());
         // Without the section the points are `--flows`' and uniform, as before.
         std::fs::write(&file, r#"{"flows": 1000}"#).unwrap();
         let r = pipeline_bench(&args(&file)).unwrap();
