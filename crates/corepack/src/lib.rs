@@ -25,10 +25,12 @@
 //!   `taskset` wins.
 //!
 //! Threads a policy of this process pins (SC's NF workers, which the core assigner
-//! places) call [`allow_repin_current_thread`]: while packed they run on the active
-//! CPUs (on their own CPU if it is one of them), and when the packer grows back to
-//! every CPU each thread gets back the mask it had before. A mask set by anyone else
-//! meanwhile becomes the thread's new own mask.
+//! places) call [`allow_repin_current_thread`], and the policy pins them with
+//! [`pin_thread`]: while packed they run on the active CPUs (on their own CPU if it is
+//! one of them), and when the packer grows back to every CPU each thread gets back the
+//! mask the policy last gave it. A pin and a packer's pass take one lock, so neither
+//! undoes the other. A mask set by anyone else meanwhile becomes the thread's new own
+//! mask.
 //!
 //! All processes pack toward the same CPUs (the lowest of each one's list), so the
 //! planes of one host meet on the same CPU at low load, and the system-wide busy time
@@ -84,10 +86,21 @@ impl Default for PackConfig {
     }
 }
 
+/// What the packer and the process's own pinning share. One lock serialises a pin
+/// ([`pin_thread`]) with the packer's passes, so neither undoes the other: a pin that
+/// landed between a pass's read of a mask and its write would otherwise be overwritten
+/// with a mask derived from the thread's previous home, and that old home given back
+/// when the packer spread again.
 #[derive(Default)]
 struct Registry {
     excluded: BTreeSet<i32>,
     repin: BTreeSet<i32>,
+    /// Every thread whose mask the packer or [`pin_thread`] set: its own mask and the
+    /// one set.
+    seen: HashMap<i32, Seen>,
+    /// The CPUs a running packer keeps the control threads on while packed; None when
+    /// spread or when no packer runs.
+    packed_onto: Option<Vec<usize>>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -105,17 +118,64 @@ fn gettid() -> i32 {
 }
 
 /// The calling thread is data path: the packer never moves it. Call it at the start of
-/// the thread; a thread id the kernel reuses later inherits the mark, which at worst
-/// leaves one control thread unpacked.
+/// the thread. The mark goes with the thread: the packer's next pass after the thread
+/// ends drops it, so a later thread given the same id by the kernel is packed as any
+/// other (Linux hands out ids in order up to `pid_max` before it reuses one, so the id
+/// cannot come back within a pass).
 pub fn exclude_current_thread() {
     lock(registry()).excluded.insert(gettid());
 }
 
 /// The calling thread is pinned by a policy of this process (not by an operator): the
 /// packer may move it onto the active CPUs while packed, and gives it its own mask back
-/// when it spreads again.
+/// when it spreads again. The policy pins it with [`pin_thread`].
 pub fn allow_repin_current_thread() {
     lock(registry()).repin.insert(gettid());
+}
+
+/// Pin thread `tid` of this process to `cpus`, as a policy of this process (SC's core
+/// assigner), and make `cpus` its own mask: while a packer has the control threads
+/// packed, the thread runs where `cpus` meets the active CPUs (on the active CPUs if they
+/// do not meet), and it gets `cpus` when the packer spreads again or stops. Without a
+/// packer it is `sched_setaffinity`. The thread may be repinned by the packer from then
+/// on, as [`allow_repin_current_thread`] allows.
+pub fn pin_thread(tid: i32, cpus: &[usize]) -> Result<(), std::io::Error> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("CPU set {cpus:?}: empty, or beyond {}", libc::CPU_SETSIZE),
+        ));
+    }
+    let mut r = lock(registry());
+    let applied = match &r.packed_onto {
+        Some(active) => narrowed(cpus, active),
+        None => cpus.to_vec(),
+    };
+    set_affinity(tid, &applied)?;
+    r.repin.insert(tid);
+    r.seen.insert(
+        tid,
+        Seen {
+            home: cpus.to_vec(),
+            applied,
+        },
+    );
+    Ok(())
+}
+
+/// A thread's own mask where it meets the active CPUs, or the active CPUs if the two do
+/// not meet.
+fn narrowed(home: &[usize], active: &[usize]) -> Vec<usize> {
+    let both: Vec<usize> = home
+        .iter()
+        .copied()
+        .filter(|c| active.contains(c))
+        .collect();
+    if both.is_empty() {
+        active.to_vec()
+    } else {
+        both
+    }
 }
 
 fn running() -> &'static Mutex<Option<Arc<Shared>>> {
@@ -261,7 +321,6 @@ struct Seen {
 fn run(cfg: PackConfig, cpus: Vec<usize>, allowed: Vec<usize>, mut stat: CpuStat, sh: Arc<Shared>) {
     let start = Instant::now();
     let mut policy = PackPolicy::new(cpus.len(), cfg.policy.clone());
-    let mut seen: HashMap<i32, Seen> = HashMap::new();
     info!(cpus = ?cpus, "corepack: packing control threads onto the CPUs that keep up");
     while !sh.stop.load(Ordering::Relaxed) {
         std::thread::park_timeout(cfg.interval);
@@ -296,65 +355,55 @@ fn run(cfg: PackConfig, cpus: Vec<usize>, allowed: Vec<usize>, mut stat: CpuStat
         // Every CPU the process has: each thread's own mask. A list narrower than the
         // process's (`--pack-cpus 0`) keeps the threads on it at any load.
         let spread = allowed.iter().all(|c| active.contains(c));
-        apply(&mut seen, &allowed, active, spread, &sh);
+        apply(&allowed, active, spread, &sh);
     }
     // Give every moved thread its own mask back.
-    apply(&mut seen, &allowed, &allowed, true, &sh);
+    apply(&allowed, &allowed, true, &sh);
     sh.active.store(cpus.len(), Ordering::Relaxed);
 }
 
 /// One pass over the process's threads: each managed thread runs on `active` (within
-/// its own mask where the two meet), or on its own mask when `spread`.
-fn apply(
-    seen: &mut HashMap<i32, Seen>,
-    allowed: &[usize],
-    active: &[usize],
-    spread: bool,
-    sh: &Shared,
-) {
+/// its own mask where the two meet), or on its own mask when `spread`. Holds the
+/// registry's lock throughout (see [`Registry`]); a pass is one directory read and two
+/// system calls per thread.
+fn apply(allowed: &[usize], active: &[usize], spread: bool, sh: &Shared) {
+    let mut r = lock(registry());
+    // Read under the lock: a thread that registers after this read is not dropped below.
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return;
     };
-    let tids: Vec<i32> = dir
+    let tids: BTreeSet<i32> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
-    seen.retain(|t, _| tids.contains(t));
-    let (excluded, repin) = {
-        let r = lock(registry());
-        (r.excluded.clone(), r.repin.clone())
-    };
+    // Threads that ended take their marks with them.
+    r.seen.retain(|t, _| tids.contains(t));
+    r.excluded.retain(|t| tids.contains(t));
+    r.repin.retain(|t| tids.contains(t));
+    r.packed_onto = (!spread).then(|| active.to_vec());
+    let r = &mut *r;
     let mut managed = 0;
-    for tid in tids {
-        if excluded.contains(&tid) {
+    for &tid in &tids {
+        if r.excluded.contains(&tid) {
             continue;
         }
         let Some(cur) = get_affinity(tid) else {
             continue;
         };
-        let home = match seen.get(&tid) {
+        let home = match r.seen.get(&tid) {
             Some(s) if s.applied == cur => s.home.clone(),
             // New, or moved by someone else since: that is its own mask now.
             _ => cur.clone(),
         };
-        let ours = home == allowed || repin.contains(&tid);
+        let ours = home == allowed || r.repin.contains(&tid);
         if !ours {
-            seen.remove(&tid);
+            r.seen.remove(&tid);
             continue;
         }
         managed += 1;
         let want = if spread {
             home.clone()
         } else {
-            let both: Vec<usize> = home
-                .iter()
-                .copied()
-                .filter(|c| active.contains(c))
-                .collect();
-            if both.is_empty() {
-                active.to_vec()
-            } else {
-                both
-            }
+            narrowed(&home, active)
         };
         let applied = if want != cur {
             match set_affinity(tid, &want) {
@@ -368,7 +417,7 @@ fn apply(
         } else {
             cur
         };
-        seen.insert(tid, Seen { home, applied });
+        r.seen.insert(tid, Seen { home, applied });
     }
     sh.managed.store(managed, Ordering::Relaxed);
 }
@@ -497,8 +546,8 @@ fn get_affinity(tid: i32) -> Option<Vec<usize>> {
 }
 
 fn set_affinity(tid: i32, cpus: &[usize]) -> Result<(), std::io::Error> {
-    // SAFETY: as in get_affinity; CPU_SET ignores nothing out of range because every
-    // CPU here came from a mask the kernel returned.
+    // SAFETY: as in get_affinity. Every CPU here is below CPU_SETSIZE: it came from a
+    // mask the kernel returned, or pin_thread checked it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &c in cpus {
@@ -531,6 +580,27 @@ mod tests {
         assert!((l.busy_since(&s, &[0, 1]) - (1.0 + 10.0 / 50.0)).abs() < 1e-9);
         // A CPU the file does not list counts nothing.
         assert_eq!(l.busy_since(&s, &[7]), 0.0);
+    }
+
+    #[test]
+    fn an_ended_threads_marks_go_at_the_next_pass() {
+        let t = std::thread::spawn(|| {
+            exclude_current_thread();
+            allow_repin_current_thread();
+            gettid()
+        });
+        let tid = t.join().unwrap();
+        {
+            let r = lock(registry());
+            assert!(r.excluded.contains(&tid) && r.repin.contains(&tid));
+        }
+        // Spread over the process's own CPUs: every thread keeps the mask it has.
+        let all = allowed_cpus();
+        apply(&all, &all, true, &Shared::default());
+        let r = lock(registry());
+        assert!(!r.excluded.contains(&tid), "a reused id is not excluded");
+        assert!(!r.repin.contains(&tid) && !r.seen.contains_key(&tid));
+        assert!(r.packed_onto.is_none());
     }
 
     #[test]

@@ -491,7 +491,7 @@ impl WorkerPool {
     fn pin(&self, w: &Worker, core: usize) {
         w.core.store(core, Ordering::Relaxed);
         let cpu = self.cpu(core);
-        if let Err(e) = set_affinity(w.tid.load(Ordering::Relaxed), cpu) {
+        if let Err(e) = pin_worker(w.tid.load(Ordering::Relaxed), cpu) {
             self.counters.os_errors.fetch_add(1, Ordering::Relaxed);
             debug!(worker = w.id, core, cpu, error = %e, "sched_setaffinity");
         }
@@ -697,25 +697,16 @@ fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
-fn set_affinity(tid: i32, core: usize) -> Result<(), String> {
+/// Through corepack, so that a pin and a pass of a packer running in this process are
+/// serialised: the pin's CPU stays the worker's own when the packer spreads again.
+fn pin_worker(tid: i32, cpu: usize) -> Result<(), String> {
     if tid == 0 {
         return Err("thread not started".into());
     }
-    // SAFETY: cpu_set_t is a plain bit array; zeroed is the empty set, and CPU_SET only
-    // writes inside it (the core index is bounded by the set's size below).
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if core >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
-            return Err(format!("core {core} beyond the cpu set"));
-        }
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error().to_string())
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu} beyond the cpu set"));
     }
+    corepack::pin_thread(tid, &[cpu]).map_err(|e| e.to_string())
 }
 
 /// Ask for a fair-scheduler slice of `slice` for the calling thread, keeping its nice
