@@ -85,9 +85,10 @@ pub struct SetupBenchArgs {
     /// their own times instead of at `--rate`.
     #[arg(long, value_name = "FILE")]
     pub workload: Option<std::path::PathBuf>,
-    /// Pack the planes' control threads onto the fewest CPUs that keep up, as every
-    /// node does by default (`auto`; `off`; or a CPU list; docs/corepack.md). The
-    /// bench's PP worker is data path and is never moved, as on a PP node.
+    /// Pack the planes' control threads onto the fewest CPUs that keep up, as a node
+    /// does with `--pack-cpus` (`off`, the nodes' default too; `auto`; or a CPU list;
+    /// docs/corepack.md). The bench's PP worker is data path and is never moved, as on
+    /// a PP node.
     #[arg(long, env = "STARFABRIC_PACK_CPUS", default_value = "off", value_parser = parse_pack)]
     pub pack_cpus: corepack::PackSpec,
 }
@@ -1093,6 +1094,7 @@ mod tests {
     /// did.
     #[test]
     fn a_run_with_its_control_threads_on_one_cpu_sets_up_every_flow() {
+        let _one = crate::PACKER_TEST.lock().unwrap_or_else(|e| e.into_inner());
         let first = corepack::allowed_cpus()[0];
         let r = run(SetupBenchArgs {
             pack_cpus: corepack::PackSpec::List(vec![first]),

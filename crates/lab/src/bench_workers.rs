@@ -74,6 +74,31 @@ pub struct WorkersBenchArgs {
     /// chain, as before they existed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub spare_chains: u64,
+    /// Pack the planes' control threads, SC's NF workers with them, onto the fewest CPUs
+    /// that keep up (`starfabric sc --pack-cpus`; `off`, `auto` or a CPU list;
+    /// docs/corepack.md). `auto` starts spread and packs after a second with room, so
+    /// the concurrent starts at the run's start are taken spread; a list applies from
+    /// the first pass, before any start.
+    #[arg(long, env = "STARFABRIC_PACK_CPUS", default_value = "off", value_parser = parse_pack)]
+    pub pack_cpus: corepack::PackSpec,
+}
+
+fn parse_pack(s: &str) -> Result<corepack::PackSpec, String> {
+    s.parse()
+}
+
+/// What the control-thread packer did during the run (`--pack-cpus`).
+#[derive(Serialize, Debug, Default)]
+pub struct WorkersPack {
+    /// `off`, `auto` or the CPU list.
+    pub spec: String,
+    /// CPUs the control threads could use when the concurrent starts were asked for, and
+    /// at the end of the run.
+    pub active_at_starts: usize,
+    pub active_at_end: usize,
+    pub cpus: usize,
+    pub grows: u64,
+    pub shrinks: u64,
 }
 
 impl WorkersBenchArgs {
@@ -147,6 +172,8 @@ pub struct WorkersBench {
     /// built, or because the builder had the spares' lock at that instant.
     pub spare_misses_building: u64,
     pub spare_misses_contended: u64,
+    /// The control-thread packer (`--pack-cpus`).
+    pub pack: WorkersPack,
 }
 
 fn chain(nfs: &str) -> Result<proto::ChainDef> {
@@ -269,6 +296,10 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
             ),
         };
     let proto_chain = chain.to_proto()?;
+    // The CPU list is read before the packer can narrow this thread's mask.
+    let cpus = sc::workers::allowed_cpus();
+    let packer = a.pack_cpus.start().context("--pack-cpus")?;
+    let pack_stats = || packer.as_ref().map(|p| p.stats()).unwrap_or_default();
     let rt = crate::bench_setup::fm_runtime(counts.fm_threads)?;
     let pki = crate::bench_setup::BenchPki::new(a.insecure)?;
     let fm_cfg = fm::FmConfig {
@@ -281,7 +312,6 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     let local = "127.0.0.1:0".parse()?;
     let fm = rt.block_on(fm::start(fm_cfg, local))?;
     let fm_addr = fm.addr().to_string();
-    let cpus = sc::workers::allowed_cpus();
     let scs = (0..3)
         .map(|i| {
             let id = format!("sc-{i}");
@@ -303,6 +333,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         (m.groups.len() == 1 && m.groups.iter().all(|g| g.replicas.len() == 3)).then_some(())
     })?;
     let groups = counts.groups;
+    let active_at_starts = pack_stats().active;
     if groups > 1 {
         let partitions = crate::bench_setup::equal_partitions(TENANT, CHAIN, groups);
         rt.block_on(fm.set_desired(vec![proto_chain.clone()], partitions, Vec::new()))
@@ -436,6 +467,7 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
     drop(client);
     fm.stop();
     drop(scs);
+    let pack_end = pack_stats();
     Ok(WorkersBench {
         starts: starts.len() as u64,
         start_us_p50: pct(&mut starts, 0.50),
@@ -467,6 +499,14 @@ pub fn run(a: WorkersBenchArgs) -> Result<WorkersBench> {
         single_starts_from_spare: spare_hits - starts_from_spare,
         spare_misses_building,
         spare_misses_contended,
+        pack: WorkersPack {
+            spec: a.pack_cpus.to_string(),
+            active_at_starts,
+            active_at_end: pack_end.active,
+            cpus: pack_end.cpus,
+            grows: pack_end.grows,
+            shrinks: pack_end.shrinks,
+        },
     })
 }
 
@@ -491,6 +531,17 @@ pub fn print(r: &WorkersBench) {
         "  NF chain from a spare built ahead ({} per chain): {} of {} starts, {} of {} single starts",
         r.spare_chains, r.starts_from_spare, r.starts, r.single_starts_from_spare, r.single_starts
     );
+    if r.pack.spec != "off" {
+        println!(
+            "  control threads packed ({}): on {} of {} CPUs at the concurrent starts, {} at the end ({} shrinks, {} grows)",
+            r.pack.spec,
+            r.pack.active_at_starts,
+            r.pack.cpus,
+            r.pack.active_at_end,
+            r.pack.shrinks,
+            r.pack.grows
+        );
+    }
     println!(
         "  wake (input → first decision of a parked replica): p50 {:.1} µs, p99 {:.3} ms ({} wakes)",
         r.wake_us_p50, r.wake_ms_p99, r.wakes
@@ -503,4 +554,44 @@ pub fn print(r: &WorkersBench) {
         "  state intact after wake: {}/{} rounds ({} flows; compared: {})",
         r.state_intact, r.rounds, r.wake_flows, r.state_check
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the nodes' control threads and NF workers packed onto one CPU, a short run
+    /// starts every replica, wakes every parked one with its state, and says where the
+    /// packer had the threads.
+    #[test]
+    fn a_run_packed_onto_one_cpu_starts_and_wakes_with_the_state_intact() {
+        let _one = crate::PACKER_TEST.lock().unwrap_or_else(|e| e.into_inner());
+        let first = corepack::allowed_cpus()[0];
+        let r = run(WorkersBenchArgs {
+            json: true,
+            workload: None,
+            workers: Some(2),
+            worker_slice_us: None,
+            groups: Some(2),
+            rounds: Some(10),
+            nfs: "test".into(),
+            single_starts: Some(4),
+            insecure: true,
+            fm_threads: Some(1),
+            spare_chains: 1,
+            pack_cpus: corepack::PackSpec::List(vec![first]),
+        })
+        .expect("bench workers");
+        assert_eq!(r.pack.spec, first.to_string());
+        assert_eq!((r.pack.cpus, r.pack.active_at_starts), (1, 1));
+        // The first group's three as the nodes register, then the two groups' six.
+        assert_eq!(r.starts, 9);
+        assert_eq!(r.single_starts, 12, "four a node");
+        assert_eq!(r.state_intact, r.rounds);
+        assert!(r.start_us_p50 > 0.0 && r.wake_us_p50 > 0.0);
+        assert!(
+            corepack::process_stats().is_none(),
+            "the packer stopped with the run"
+        );
+    }
 }

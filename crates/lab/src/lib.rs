@@ -22,3 +22,8 @@ pub mod hit_workload;
 pub mod setup_workload;
 pub mod testbed_cmd;
 pub mod workers_workload;
+
+/// Tests that start a packer take this first: one packer runs per process, and it moves
+/// every thread of it, the other tests' too.
+#[cfg(test)]
+pub(crate) static PACKER_TEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
