@@ -1,25 +1,12 @@
 //! The packer on this process's real threads (its own test binary: it moves every
 //! thread of the process).
 
+mod common;
+
+use common::{affinity, wait_for};
 use corepack::{allowed_cpus, CorePacker, PackConfig, PolicyConfig};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-fn affinity(tid: i32) -> Vec<usize> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("Cpus_allowed_list:"))
-        .unwrap();
-    let mut out = Vec::new();
-    for part in line["Cpus_allowed_list:".len()..].trim().split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => out.push(part.parse().unwrap()),
-        }
-    }
-    out
-}
+use std::time::Duration;
 
 /// A thread that reports its id and waits until told to end.
 fn thread(setup: fn()) -> (i32, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
@@ -32,17 +19,6 @@ fn thread(setup: fn()) -> (i32, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
         let _ = end_rx.recv();
     });
     (id_rx.recv().unwrap(), end_tx, h)
-}
-
-fn wait_for(what: &str, ok: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

@@ -1,36 +1,12 @@
 //! A policy's pins ([`corepack::pin_thread`]) beside a running packer, on real threads
 //! (a test binary of its own: the packer moves every thread of the process).
 
+mod common;
+
+use common::{affinity, wait_for};
 use corepack::{allowed_cpus, pin_thread, CorePacker, PackConfig, PolicyConfig};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-fn affinity(tid: i32) -> Vec<usize> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("Cpus_allowed_list:"))
-        .unwrap();
-    let mut out = Vec::new();
-    for part in line["Cpus_allowed_list:".len()..].trim().split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => out.push(part.parse().unwrap()),
-        }
-    }
-    out
-}
-
-fn wait_for(what: &str, ok: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use std::time::Duration;
 
 #[test]
 fn a_policy_pin_is_narrowed_while_packed_and_is_the_mask_given_back() {
