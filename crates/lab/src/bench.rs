@@ -561,11 +561,7 @@ fn paired_hit<S1: FrameSource, S2: FrameSource>(
     all_hits(large)?;
     ratios.sort_by(f64::total_cmp);
     let n = ratios.len();
-    let ratio = if n % 2 == 1 {
-        ratios[n / 2]
-    } else {
-        (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
-    };
+    let ratio = crate::median(ratios.clone()).context("no round had a finite ratio")?;
     Ok(PairedHit {
         small_flows: small.pipeline.table().len(),
         large_flows: large.pipeline.table().len(),

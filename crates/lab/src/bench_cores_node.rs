@@ -524,20 +524,6 @@ pub fn run(
     Ok((summarize(&detail, cores), detail))
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    })
-}
-
 /// Medians over instances; `s2c_vs_rr` is the median of per-instance ratios; ρ pools
 /// every (instance, RR/LLF/FFD) pair.
 pub fn summarize(d: &NodeDetail, cores: usize) -> NodeSection {
@@ -554,10 +540,10 @@ pub fn summarize(d: &NodeDetail, cores: usize) -> NodeSection {
             .iter()
             .filter_map(|i| i.runs.get(name).map(|r| r.latency_ms))
             .collect();
-        if let Some(m) = median(t) {
+        if let Some(m) = crate::median(t) {
             throughput.insert(name.to_string(), m);
         }
-        if let Some(m) = median(l) {
+        if let Some(m) = crate::median(l) {
             latency.insert(name.to_string(), m);
         }
     }
@@ -585,7 +571,7 @@ pub fn summarize(d: &NodeDetail, cores: usize) -> NodeSection {
         cores,
         throughput_rps: throughput,
         latency_ms: latency,
-        s2c_vs_rr: median(ratios),
+        s2c_vs_rr: crate::median(ratios),
         twin_spearman_rho: rho.is_finite().then_some(rho),
     }
 }

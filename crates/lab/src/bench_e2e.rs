@@ -70,6 +70,13 @@ pub struct E2eBenchArgs {
     /// variant's own (e.g. `--pp-arg=--busy-poll=0`, to compare with a setting off).
     #[arg(long = "pp-arg", allow_hyphen_values = true)]
     pub pp_args: Vec<String>,
+    /// After the variants, TCP again in this many pairs per SNAT variant that ran: the
+    /// kernel's nftables SNAT and the variant back to back, in turns (the kernel first
+    /// in even pairs), so each ratio is over a kernel run seconds away, not minutes.
+    /// `tcp_ratio_paired` is the median of each variant's pairs. 0 (the default): none,
+    /// 0–20 [default: 0].
+    #[arg(long)]
+    pub tcp_pairs: Option<u32>,
 }
 
 /// The variants, by their JSON names (`--only`).
@@ -117,6 +124,8 @@ struct E2eWorkload {
     measure: Option<Vec<String>>,
     #[serde(default)]
     pp_args: Option<Vec<String>>,
+    #[serde(default)]
+    tcp_pairs: Option<u32>,
 }
 
 impl E2eBenchArgs {
@@ -140,6 +149,7 @@ impl E2eBenchArgs {
             self.udp_flows = self.udp_flows.or(w.udp_flows);
             self.conns = self.conns.or(w.conns);
             self.backends = self.backends.or(w.backends);
+            self.tcp_pairs = self.tcp_pairs.or(w.tcp_pairs);
             self.kernel_rps |= w.kernel_rps.unwrap_or(false);
             for (flag, file) in [
                 (&mut self.only, w.only),
@@ -171,6 +181,7 @@ impl E2eBenchArgs {
         within("udp_flows", self.udp_flows().into(), 1, 65_535)?;
         within("conns", self.conns().into(), 1, 10_000)?;
         within("backends", self.backends() as u64, 1, 64)?;
+        within("tcp_pairs", self.tcp_pairs().into(), 0, 20)?;
         for (field, names, known) in [
             ("only", &self.only, &VARIANTS[..]),
             ("measure", &self.measure, &MEASURES[..]),
@@ -184,6 +195,10 @@ impl E2eBenchArgs {
 
     fn secs(&self) -> u32 {
         self.secs.unwrap_or(DEFAULT_SECS)
+    }
+
+    fn tcp_pairs(&self) -> u32 {
+        self.tcp_pairs.unwrap_or(0)
     }
 
     fn udp_flows(&self) -> u16 {
@@ -268,9 +283,39 @@ pub struct E2eBench {
     /// What each backend, and the kernel, forwards at 2 x its peak offered load over its
     /// peak, per core (`overload_keep` of each variant; issue 18's goal: >= 0.9).
     pub overload_keep: ByBackend,
+    /// `tcp_ratio` again from `--tcp-pairs` pairs: each variant's TCP Gbit/s over the
+    /// kernel nftables SNAT's measured right beside it, the median of the variant's
+    /// pairs. This VM's speed drifts from one minute to the next, and the variants'
+    /// own TCP runs come minutes after the kernel's; `tcp_ratio` stays as it was.
+    pub tcp_ratio_paired: ByBackend,
+    /// Every pair: (variant, kernel Gbit/s, variant Gbit/s).
+    pub tcp_pairs: Vec<TcpPair>,
     pub setup: Setup,
     /// Measurements that failed, with why.
     pub errors: Vec<String>,
+}
+
+/// One pair of `--tcp-pairs`: the kernel nftables SNAT and a starfabric SNAT variant,
+/// one iperf3 run each, back to back.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct TcpPair {
+    /// The variant's JSON name (`starfabric`, `afxdp`, `afxdp_ring`, `xdp_fastpath`).
+    pub variant: String,
+    pub kernel_gbps: f64,
+    pub gbps: f64,
+    /// Whether the kernel ran first in this pair.
+    pub kernel_first: bool,
+}
+
+/// The median of `variant`'s pairs' ratios, if it has any.
+fn paired_ratio(pairs: &[TcpPair], variant: &str) -> Option<f64> {
+    crate::median(
+        pairs
+            .iter()
+            .filter(|p| p.variant == variant && p.kernel_gbps > 0.0)
+            .map(|p| p.gbps / p.kernel_gbps)
+            .collect(),
+    )
 }
 
 /// One figure per SNAT variant: the PP node on the UDP-socket backend, on AF_XDP (packet
@@ -306,6 +351,13 @@ impl E2eBench {
         self.udp64_ratio = ratios(|n| n.udp64_pps);
         self.udp64_core_ratio = ratios(|n| n.udp64_core_pps);
         self.cps_ratio = ratios(|n| n.cps);
+        self.tcp_ratio_paired = ByBackend {
+            udp_socket: paired_ratio(&self.tcp_pairs, "starfabric"),
+            afxdp: paired_ratio(&self.tcp_pairs, "afxdp"),
+            afxdp_ring: paired_ratio(&self.tcp_pairs, "afxdp_ring"),
+            xdp_fastpath: paired_ratio(&self.tcp_pairs, "xdp_fastpath"),
+            kernel: None,
+        };
         self.overload_keep = ByBackend {
             udp_socket: self.starfabric.overload_keep,
             afxdp: self.afxdp.overload_keep,
@@ -369,6 +421,56 @@ fn starfabric_snat(
     setup.pp_stats.push(p.pp_stats());
     p.stop(r.tb);
     Ok(n)
+}
+
+/// One `--tcp-pairs` pair: iperf3 through the kernel's nftables SNAT and through the
+/// variant, back to back, the kernel first when `kernel_first`. None when either run
+/// failed (its error is in the report's `errors`).
+fn tcp_pair(
+    r: &mut Runner<'_>,
+    bin: &Path,
+    variant: &str,
+    label: &str,
+    pp_args: &[&str],
+    kernel_first: bool,
+) -> Result<Option<TcpPair>> {
+    let secs = r.a.secs();
+    let kernel = |r: &mut Runner<'_>| -> Result<Option<f64>> {
+        r.progress("kernel (paired): iperf3");
+        let k = baseline::start_kernel(r.tb, KernelMode::Snat)?;
+        let g = measure::tcp_gbps(r.tb, Node::Client(0), addr::INET, secs);
+        k.stop(r.tb);
+        if !r.a.json {
+            eprintln!("done");
+        }
+        Ok(r.note("kernel paired tcp", g))
+    };
+    let ours = |r: &mut Runner<'_>| -> Result<Option<f64>> {
+        r.progress(&format!("{label} (paired): iperf3"));
+        let p = start_platform(r.tb, bin, ChainKind::Snat, r.a.backends(), pp_args)?;
+        let g = measure::tcp_gbps(r.tb, Node::Client(0), addr::INET, secs);
+        p.stop(r.tb);
+        if !r.a.json {
+            eprintln!("done");
+        }
+        Ok(r.note(&format!("{label} paired tcp"), g))
+    };
+    let (k, g) = if kernel_first {
+        let k = kernel(r)?;
+        (k, ours(r)?)
+    } else {
+        let g = ours(r)?;
+        (kernel(r)?, g)
+    };
+    Ok(match (k, g) {
+        (Some(kernel_gbps), Some(gbps)) => Some(TcpPair {
+            variant: variant.to_string(),
+            kernel_gbps,
+            gbps,
+            kernel_first,
+        }),
+        _ => None,
+    })
 }
 
 /// The `setup.udp64` line of a per-core ladder: the peak, the 2× step, the unpaced
@@ -617,6 +719,20 @@ pub fn run(a: E2eBenchArgs) -> Result<E2eBench> {
             _ => out.xdp_fastpath = n,
         }
     }
+    if a.tcp_pairs() > 0 && a.measures("tcp") {
+        for (variant, label, pp_args) in snat_variants {
+            if !a.runs(variant) {
+                continue;
+            }
+            let mut pp_args: Vec<&str> = pp_args.to_vec();
+            pp_args.extend(a.pp_args.iter().map(String::as_str));
+            for i in 0..a.tcp_pairs() {
+                if let Some(p) = tcp_pair(&mut r, &bin, variant, label, &pp_args, i % 2 == 0)? {
+                    out.tcp_pairs.push(p);
+                }
+            }
+        }
+    }
     if a.runs("starfabric_lb") {
         let p = start_platform(&tb, &bin, ChainKind::Lb, a.backends(), &["--io", "udp"])?;
         out.setup
@@ -771,6 +887,33 @@ pub fn print(r: &E2eBench) {
     ] {
         row(name, n, ratio);
     }
+    for (name, v) in [
+        ("TCP paired: UDP socket", r.tcp_ratio_paired.udp_socket),
+        ("TCP paired: AF_XDP", r.tcp_ratio_paired.afxdp),
+        ("TCP paired: AF_XDP ring", r.tcp_ratio_paired.afxdp_ring),
+        ("TCP paired: XDP fp", r.tcp_ratio_paired.xdp_fastpath),
+    ] {
+        if v.is_some() {
+            println!(
+                "{:<24} {:>10}  (median over kernel runs beside it)",
+                name,
+                cell(v, 1.0, 2)
+            );
+        }
+    }
+    for p in &r.tcp_pairs {
+        println!(
+            "tcp pair {}: kernel {:.2} Gbit/s, {:.2} Gbit/s ({})",
+            p.variant,
+            p.kernel_gbps,
+            p.gbps,
+            if p.kernel_first {
+                "kernel first"
+            } else {
+                "kernel second"
+            }
+        );
+    }
     println!(
         "{:<24} {:>10}",
         "starfabric IPsec",
@@ -857,6 +1000,7 @@ mod tests {
             )
         );
         assert!(VARIANTS.iter().all(|v| a.runs(v)) && MEASURES.iter().all(|m| a.measures(m)));
+        assert_eq!(a.tcp_pairs(), 0, "no pairs unless asked");
         let bad = E2eBenchArgs {
             only: vec!["nft".into()],
             ..E2eBenchArgs::default()
@@ -880,6 +1024,10 @@ mod tests {
             (r#"{"version": 1, "conns": 0}"#, "conns must be"),
             (r#"{"version": 1, "backends": 65}"#, "backends must be"),
             (
+                r#"{"version": 1, "tcp_pairs": 21}"#,
+                "tcp_pairs must be 0..=20",
+            ),
+            (
                 r#"{"version": 1, "measure": ["latency"]}"#,
                 "measure: unknown",
             ),
@@ -898,6 +1046,35 @@ mod tests {
             overload_keep: Some(keep),
             overload_keep_paired: None,
         }
+    }
+
+    #[test]
+    fn paired_tcp_ratios_are_each_variants_median_over_the_kernel_beside_it() {
+        let pair = |v: &str, k: f64, g: f64| TcpPair {
+            variant: v.into(),
+            kernel_gbps: k,
+            gbps: g,
+            kernel_first: true,
+        };
+        let mut b = E2eBench {
+            tcp_pairs: vec![
+                pair("afxdp", 2.0, 1.8),
+                pair("afxdp", 1.0, 1.1),
+                pair("afxdp", 2.0, 2.4),
+                pair("starfabric", 2.0, 2.0),
+                pair("starfabric", 2.0, 3.0),
+                // A kernel run that read nothing is not divided by.
+                pair("xdp_fastpath", 0.0, 2.0),
+            ],
+            ..E2eBench::default()
+        };
+        b.derive();
+        let p = &b.tcp_ratio_paired;
+        assert!((p.afxdp.unwrap() - 1.1).abs() < 1e-12, "{p:?}");
+        assert!((p.udp_socket.unwrap() - 1.25).abs() < 1e-12, "{p:?}");
+        assert_eq!((p.afxdp_ring, p.xdp_fastpath, p.kernel), (None, None, None));
+        // The sequential summary is left as it was: no variant ran on its own here.
+        assert_eq!(b.tcp_ratio.afxdp, None);
     }
 
     #[test]
