@@ -237,6 +237,11 @@ fn directives_follow_desired_state_and_silent_nodes_go_down() {
 fn a_node_that_stops_reporting_is_marked_down() {
     let orch = Orch::start(|_| {});
     let (base, control) = (orch.base.clone(), orch.control.clone());
+    // The clock starts before the hello is sent: the orchestrator stamps the node's last
+    // report when it reads the hello, which is after this instant, so "down" can't come
+    // sooner than three periods after it. (Started after the session opened, as it was,
+    // the hello's own delay came off the measured time and the bound failed by 1 ms.)
+    let t0 = Instant::now();
     // Hello, then silence, with the stream held open.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tx.send(v1::NodeUp {
@@ -257,7 +262,6 @@ fn a_node_that_stops_reporting_is_marked_down() {
             .unwrap()
             .into_inner()
     });
-    let t0 = Instant::now();
     wait(Duration::from_secs(5), "registered", || {
         let (s, _) = http(&base, "GET", "/v1/nodes/sc-hung", None);
         (s == 200).then_some(())
