@@ -129,6 +129,11 @@ pub struct PipelineBenchArgs {
     /// packet trace.
     #[arg(long)]
     pub workload: Option<std::path::PathBuf>,
+    /// Also run the hit points on N pipelines at once, one thread pinned to each of N
+    /// CPUs, as a PP node with `--workers N` runs them (`node_hit` in the JSON). 1: only
+    /// the one-core points.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
 }
 
 pub fn run(c: BenchCmd) -> Result<()> {
@@ -210,6 +215,27 @@ pub struct PipelineBench {
     pub chain: Option<crate::bench_chain::ChainResult>,
     /// The hit points' workload, when a workload file had a `hit` section.
     pub hit_workload: Option<crate::hit_workload::HitWorkloadInfo>,
+    /// The hit points on `--workers N` pipelines at once (absent with one worker, or
+    /// with a workload's `hit` section).
+    pub node_hit: Option<NodeHit>,
+}
+
+/// The hit path of a PP node that runs one pipeline per CPU (`starfabric pp --workers
+/// N`): N threads, each pinned to its own CPU, each with its own table and traffic, all
+/// measured over the same seconds. Flow `i` belongs to worker `i % N`, as the node's
+/// steering hash spreads flows; a worker's table holds its share of the flows and its
+/// traffic draws among them.
+#[derive(Serialize, Debug, Clone)]
+pub struct NodeHit {
+    pub workers: usize,
+    /// The CPU each worker was pinned to, in worker order.
+    pub cpus: Vec<usize>,
+    /// The node's rate, the sum over its workers, Mpps, by the node's flow count.
+    pub mpps: BTreeMap<String, f64>,
+    pub per_worker_mpps: BTreeMap<String, Vec<f64>>,
+    /// `mpps` over the one-core `hit_mpps` at the same flow count, measured in the same
+    /// run (seconds apart, so the VM's drift is in it: `PairedHit` says how much).
+    pub over_one_core: BTreeMap<String, f64>,
 }
 
 const VNI: u32 = 100;
@@ -279,6 +305,9 @@ pub(crate) struct Traffic {
     rng: u64,
     sequential: bool,
     next: u64,
+    /// Draw `j` is flow `j * stride + offset`: one worker's share of a node's flows.
+    stride: u64,
+    offset: u64,
 }
 
 impl Traffic {
@@ -289,6 +318,18 @@ impl Traffic {
             rng: 0x2545_f491_4f6c_dd1d,
             sequential: false,
             next: 0,
+            stride: 1,
+            offset: 0,
+        }
+    }
+
+    /// Worker `w`'s share of `total` flows on a node of `n` workers: the flows `i` with
+    /// `i % n == w`.
+    fn shard(total: u64, n: u64, w: u64) -> Self {
+        Traffic {
+            stride: n,
+            offset: w,
+            ..Traffic::random(total.saturating_sub(w).div_ceil(n))
         }
     }
 
@@ -311,7 +352,7 @@ impl FrameSource for Traffic {
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
             // Multiply-shift range reduction: a 64-bit `%` costs more than a table hit.
-            ((self.rng as u128 * self.flows as u128) >> 64) as u64
+            ((self.rng as u128 * self.flows as u128) >> 64) as u64 * self.stride + self.offset
         };
         let n = self.template.len();
         out[..n].copy_from_slice(&self.template);
@@ -461,6 +502,20 @@ fn hit_point_kept<S: FrameSource>(
     traffic: S,
     a: &PipelineBenchArgs,
 ) -> Result<(f64, Option<f64>, Worker<MemRing<S>>)> {
+    let (mut w, per_flow) = hit_worker(flows, rules, traffic, a)?;
+    let mpps = timed(a.seconds, || w.run_once().unwrap_or(0));
+    all_hits(&w)?;
+    Ok((mpps, per_flow, w))
+}
+
+/// A worker over a table of `flows` flows holding `rules`, ready to run `traffic`, and
+/// the resident bytes per flow its table added.
+fn hit_worker<S: FrameSource>(
+    flows: usize,
+    rules: impl Iterator<Item = Rule>,
+    traffic: S,
+    a: &PipelineBenchArgs,
+) -> Result<(Worker<MemRing<S>>, Option<f64>)> {
     let mut cfg = PipelineConfig::new(node());
     cfg.flow_capacity = flows;
     let rss0 = rss_bytes();
@@ -483,14 +538,59 @@ fn hit_point_kept<S: FrameSource>(
         p.table().len()
     );
     let io = MemRing::new(traffic, a.batch);
-    let mut w = Worker::new(p, io, a.batch, Box::new(MonotonicClock::new()));
-    let mpps = timed(a.seconds, || w.run_once().unwrap_or(0));
-    all_hits(&w)?;
+    let w = Worker::new(p, io, a.batch, Box::new(MonotonicClock::new()));
     let per_flow = match (rss0, rss1) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / flows as f64),
         _ => None,
     };
-    Ok((mpps, per_flow, w))
+    Ok((w, per_flow))
+}
+
+/// The calling thread's id (`/proc/thread-self` links to `PID/task/TID`).
+fn own_tid() -> Result<i32> {
+    let link = std::fs::read_link("/proc/thread-self").context("reading /proc/thread-self")?;
+    link.file_name()
+        .and_then(|t| t.to_str()?.parse().ok())
+        .with_context(|| format!("no thread id in {}", link.display()))
+}
+
+/// The hit path at `flows` flows on `cpus.len()` workers at once ([`NodeHit`]): each
+/// worker's Mpps.
+fn node_hit_point(flows: usize, cpus: &[usize], a: &PipelineBenchArgs) -> Result<Vec<f64>> {
+    let n = cpus.len();
+    // Every worker builds its table before any measures, so that the rates are of the
+    // same seconds; one that fails still reaches the barrier, or the others would wait.
+    let ready = std::sync::Barrier::new(n);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (cpus.iter().enumerate())
+            .map(|(w, &cpu)| {
+                let ready = &ready;
+                s.spawn(move || -> Result<f64> {
+                    let built = (|| {
+                        corepack::pin_thread(own_tid()?, &[cpu])
+                            .with_context(|| format!("pinning worker {w} to CPU {cpu}"))?;
+                        let traffic = Traffic::shard(flows as u64, n as u64, w as u64);
+                        let share = traffic.flows as usize;
+                        let rules = (w as u64..flows as u64)
+                            .step_by(n)
+                            .map(|i| snat_rule(i, a.count));
+                        hit_worker(share, rules, traffic, a)
+                    })();
+                    ready.wait();
+                    let (mut wk, _) = built?;
+                    let mpps = timed(a.seconds, || wk.run_once().unwrap_or(0));
+                    all_hits(&wk)?;
+                    Ok(mpps)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .map_err(|_| anyhow::anyhow!("a node worker panicked"))?
+            })
+            .collect()
+    })
 }
 
 /// Fails the run unless every packet so far hit and was transmitted.
@@ -752,6 +852,12 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
     }
     anyhow::ensure!(!a.flows.is_empty(), "no flow counts given");
     anyhow::ensure!(a.batch >= 1 && a.batch <= 1024, "batch must be 1..=1024");
+    let allowed = corepack::allowed_cpus();
+    anyhow::ensure!(
+        a.workers >= 1 && a.workers <= allowed.len(),
+        "--workers must be 1..={} (the CPUs this process may use: {allowed:?})",
+        allowed.len()
+    );
     let want = |part: &str| a.only.as_deref().is_none_or(|o| o == part);
     let baseline_mpps = if want("baseline") {
         baseline_point(&a)
@@ -814,6 +920,28 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
             hit_workload = Some(info);
         }
     }
+    // After the one-core points, whose kept tables are freed by now.
+    let node_hit = if a.workers > 1 && hit_w.is_none() && want("hit") {
+        let cpus = allowed[..a.workers].to_vec();
+        let mut node = NodeHit {
+            workers: a.workers,
+            cpus: cpus.clone(),
+            mpps: BTreeMap::new(),
+            per_worker_mpps: BTreeMap::new(),
+            over_one_core: BTreeMap::new(),
+        };
+        for (key, one) in &hit_mpps {
+            let flows: usize = key.parse().context("a hit point's flow count")?;
+            let each = node_hit_point(flows, &cpus, &a)?;
+            let sum: f64 = each.iter().sum();
+            node.mpps.insert(key.clone(), sum);
+            node.per_worker_mpps.insert(key.clone(), each);
+            node.over_one_core.insert(key.clone(), sum / one);
+        }
+        Some(node)
+    } else {
+        None
+    };
     let miss_mpps = if want("miss") { miss_point(&a)? } else { 0.0 };
     let chain = if want("chain") {
         let mut w = chain_w.clone().unwrap_or_default();
@@ -852,6 +980,7 @@ pub fn pipeline_bench(a: &PipelineBenchArgs) -> Result<PipelineBench> {
         chain_p99_us: chain.as_ref().map_or(0.0, |c| c.batch_p99_us),
         chain,
         hit_workload,
+        node_hit,
     })
 }
 
@@ -928,6 +1057,22 @@ pub fn print_table(r: &PipelineBench) {
             p.large_mpps
         );
     }
+    if let Some(h) = &r.node_hit {
+        for (n, m) in &h.mpps {
+            let each: Vec<String> = h.per_worker_mpps[n]
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect();
+            println!(
+                "  {:<36} {:>10.2} Mpps  (×{:.2} one core; CPUs {:?}: {} Mpps)",
+                format!("hit on {} workers, {n} flows", h.workers),
+                m,
+                h.over_one_core[n],
+                h.cpus,
+                each.join(" + ")
+            );
+        }
+    }
     if let Some(c) = &r.chain {
         println!(
             "  {:<36} {:>10.2} Mpps  (batch p99 {:.1} µs; {:.3} µs/packet, p99 {:.3}; {} flows decided in {:.1} s)",
@@ -957,6 +1102,7 @@ mod tests {
             only: Some("hit".into()),
             count: false,
             workload: Some(workload.to_path_buf()),
+            workers: 1,
         }
     }
 
@@ -1007,6 +1153,7 @@ mod tests {
             only: Some("hit".into()),
             count: false,
             workload: None,
+            workers: 1,
         })
         .unwrap();
         assert_eq!(r.hit_mpps.len(), 3);
@@ -1022,6 +1169,70 @@ mod tests {
         one.workload = None;
         let r = pipeline_bench(&one).unwrap();
         assert!(r.paired.is_none() && r.large_over_small_paired.is_none());
+    }
+
+    /// `--workers N`: every hit point again on N pinned workers at once, each over its
+    /// share of the flows, every packet a hit (checked per worker), the node's rate the
+    /// sum of the workers'. More workers than CPUs is refused.
+    #[test]
+    fn the_node_points_run_every_worker_over_its_share_every_packet_a_hit() {
+        let cpus = corepack::allowed_cpus();
+        let mut a = args(std::path::Path::new("unused"));
+        a.workload = None;
+        a.flows = vec![1001, 20_000];
+        a.workers = cpus.len() + 1;
+        let e = pipeline_bench(&a).unwrap_err().to_string();
+        assert!(e.contains("--workers must be"), "{e}");
+        if cpus.len() < 2 {
+            return;
+        }
+        a.workers = 2;
+        let r = pipeline_bench(&a).unwrap();
+        let h = r.node_hit.clone().unwrap();
+        assert_eq!((h.workers, h.cpus.clone()), (2, cpus[..2].to_vec()));
+        assert_eq!(
+            h.mpps.keys().collect::<Vec<_>>(),
+            r.hit_mpps.keys().collect::<Vec<_>>()
+        );
+        for (n, each) in &h.per_worker_mpps {
+            assert_eq!(each.len(), 2);
+            assert!(each.iter().all(|&m| m > 0.0), "{n}: {each:?}");
+            assert!((each.iter().sum::<f64>() - h.mpps[n]).abs() < 1e-9);
+            assert!((h.over_one_core[n] - h.mpps[n] / r.hit_mpps[n]).abs() < 1e-9);
+        }
+        // One worker: no node points.
+        a.workers = 1;
+        assert!(pipeline_bench(&a).unwrap().node_hit.is_none());
+    }
+
+    /// A worker's share: flows `i` with `i % n == w`, and nothing else.
+    #[test]
+    fn a_shards_traffic_draws_only_its_own_flows() {
+        for (total, n, w, share) in [
+            (1001u64, 2u64, 0u64, 501u64),
+            (1001, 2, 1, 500),
+            (10, 3, 2, 3),
+        ] {
+            let mut t = Traffic::shard(total, n, w);
+            assert_eq!(t.flows, share);
+            let mut frame = vec![0u8; 256];
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..20_000 {
+                let (len, _) = t.next_frame(&mut frame).unwrap();
+                let src = &frame[INNER_SRC..INNER_SRC + 4];
+                let sport = u16::from_be_bytes([frame[INNER_SPORT], frame[INNER_SPORT + 1]]);
+                let i = (0..total)
+                    .find(|&i| {
+                        let (a, p) = flow_src(i);
+                        a.octets() == src && p == sport
+                    })
+                    .expect("a flow of the node");
+                assert_eq!(i % n, w);
+                assert!(len > INNER_SPORT);
+                seen.insert(i);
+            }
+            assert_eq!(seen.len() as u64, share, "every flow of the share is drawn");
+        }
     }
 
     #[test]

@@ -211,6 +211,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         only: None,
         count: false,
         workload: None,
+        workers: 1,
     })?;
     crate::bench::print_table(&r);
     println!("\n(full run with 10M flows: starfabric bench pipeline [--json])");
