@@ -305,9 +305,6 @@ pub(crate) struct Traffic {
     rng: u64,
     sequential: bool,
     next: u64,
-    /// Draw `j` is flow `j * stride + offset`: one worker's share of a node's flows.
-    stride: u64,
-    offset: u64,
 }
 
 impl Traffic {
@@ -318,18 +315,6 @@ impl Traffic {
             rng: 0x2545_f491_4f6c_dd1d,
             sequential: false,
             next: 0,
-            stride: 1,
-            offset: 0,
-        }
-    }
-
-    /// Worker `w`'s share of `total` flows on a node of `n` workers: the flows `i` with
-    /// `i % n == w`.
-    fn shard(total: u64, n: u64, w: u64) -> Self {
-        Traffic {
-            stride: n,
-            offset: w,
-            ..Traffic::random(total.saturating_sub(w).div_ceil(n))
         }
     }
 
@@ -348,16 +333,60 @@ impl FrameSource for Traffic {
             self.next += 1;
             self.next
         } else {
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            // Multiply-shift range reduction: a 64-bit `%` costs more than a table hit.
-            ((self.rng as u128 * self.flows as u128) >> 64) as u64 * self.stride + self.offset
+            self.draw()
         };
         let n = self.template.len();
         out[..n].copy_from_slice(&self.template);
         stamp_flow(out, i);
         Some((n, 0))
+    }
+}
+
+impl Traffic {
+    /// The next random flow, `0..flows`.
+    #[inline]
+    fn draw(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        // Multiply-shift range reduction: a 64-bit `%` costs more than a table hit.
+        ((self.rng as u128 * self.flows as u128) >> 64) as u64
+    }
+}
+
+/// One worker's share of a node's flows ([`NodeHit`]): draw `j` of [`Traffic`] is flow
+/// `j * stride + offset`. A type of its own so that the one-core points' traffic does
+/// no more work per packet than it did.
+struct ShardTraffic {
+    inner: Traffic,
+    stride: u64,
+    offset: u64,
+}
+
+impl ShardTraffic {
+    /// Worker `w`'s share of `total` flows on a node of `n` workers: the flows `i` with
+    /// `i % n == w`.
+    fn new(total: u64, n: u64, w: u64) -> Self {
+        ShardTraffic {
+            inner: Traffic::random(total.saturating_sub(w).div_ceil(n)),
+            stride: n,
+            offset: w,
+        }
+    }
+
+    fn flows(&self) -> u64 {
+        self.inner.flows
+    }
+}
+
+impl FrameSource for ShardTraffic {
+    #[inline]
+    fn next_frame(&mut self, out: &mut [u8]) -> Option<(usize, u16)> {
+        let i = self.inner.draw() * self.stride + self.offset;
+        let t = &self.inner.template;
+        out[..t.len()].copy_from_slice(t);
+        stamp_flow(out, i);
+        Some((t.len(), 0))
     }
 }
 
@@ -569,8 +598,8 @@ fn node_hit_point(flows: usize, cpus: &[usize], a: &PipelineBenchArgs) -> Result
                     let built = (|| {
                         corepack::pin_thread(own_tid()?, &[cpu])
                             .with_context(|| format!("pinning worker {w} to CPU {cpu}"))?;
-                        let traffic = Traffic::shard(flows as u64, n as u64, w as u64);
-                        let share = traffic.flows as usize;
+                        let traffic = ShardTraffic::new(flows as u64, n as u64, w as u64);
+                        let share = traffic.flows() as usize;
                         let rules = (w as u64..flows as u64)
                             .step_by(n)
                             .map(|i| snat_rule(i, a.count));
@@ -1213,8 +1242,8 @@ mod tests {
             (1001, 2, 1, 500),
             (10, 3, 2, 3),
         ] {
-            let mut t = Traffic::shard(total, n, w);
-            assert_eq!(t.flows, share);
+            let mut t = ShardTraffic::new(total, n, w);
+            assert_eq!(t.flows(), share);
             let mut frame = vec![0u8; 256];
             let mut seen = std::collections::BTreeSet::new();
             for _ in 0..20_000 {
