@@ -23,21 +23,8 @@ pub mod setup_workload;
 pub mod testbed_cmd;
 pub mod workers_workload;
 
-/// The median of the finite values, or None if there are none (the mean of the two
-/// middle values for an even count).
-pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    })
-}
+/// The median of the finite values (the benches' paired ratios): [`testbed::ladder::median`].
+pub(crate) use testbed::ladder::median;
 
 /// Tests that start a packer take this first: one packer runs per process, and it moves
 /// every thread of it, the other tests' too.

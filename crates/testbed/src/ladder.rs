@@ -220,24 +220,31 @@ impl Ladder {
     /// NF keeps under overload, each sample against a neighbour in time rather than the
     /// run's maximum. `None` until a pair is complete.
     pub fn overload_keep_paired(&self) -> Option<f64> {
-        let mut ratios: Vec<f64> = self
+        let ratios: Vec<f64> = self
             .steps
             .windows(2)
             .filter(|w| w[0].phase == Phase::PairPeak && w[1].phase == Phase::PairOverload)
             .filter(|w| w[0].forwarded > 0.0)
             .map(|w| w[1].forwarded / w[0].forwarded)
             .collect();
-        if ratios.is_empty() {
-            return None;
-        }
-        ratios.sort_by(f64::total_cmp);
-        let n = ratios.len();
-        Some(if n % 2 == 1 {
-            ratios[n / 2]
-        } else {
-            (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
-        })
+        median(ratios)
     }
+}
+
+/// The median of the finite values, or None if there are none (the mean of the two
+/// middle values for an even count). The benches' paired ratios all take it.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    })
 }
 
 #[cfg(test)]
@@ -376,5 +383,13 @@ mod tests {
         assert!(l.steps.iter().all(|s| s.phase != Phase::Bisect));
         assert_eq!(l.overload().unwrap().asked, 2 * LADDER_START);
         assert!(l.unpaced().is_some());
+    }
+
+    #[test]
+    fn the_median_skips_what_is_not_finite_and_means_the_middle_pair() {
+        assert_eq!(median(vec![3.0, f64::NAN, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, f64::INFINITY, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN]), None);
+        assert_eq!(median(Vec::new()), None);
     }
 }
